@@ -1,0 +1,148 @@
+//! Meta frame encoding and decoding, byte-compatible with C++ ps-lite.
+//!
+//! C++ ps-lite always writes `head`, `request`, `push`, `pull`, `simple_app`,
+//! `customer_id` and `priority`; writes `app_id` and `timestamp` unless they
+//! are `kEmpty`; writes `body`, `control` and `data_type` only when non-empty;
+//! never writes `data_size`. In the control part it always writes `cmd` and
+//! every field of each node, `barrier_group` only on BARRIER and `msg_sig`
+//! only on ACK. [`Meta::encode`] follows those rules, so it reproduces C++'s
+//! bytes exactly; [`Meta::decode`] reverses them and rejects, with a typed
+//! error, only what cannot be interpreted (bad protobuf, unknown enum values).
+
+use prost::Message as _;
+
+use crate::ids::K_EMPTY;
+use crate::pb::{PbControl, PbMeta, PbNode};
+use crate::{Command, Control, DataType, Meta, Node, Role};
+
+/// Why a meta frame could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The bytes are not a valid `PBMeta` protobuf.
+    #[error("meta frame is not a valid PBMeta protobuf: {0}")]
+    Protobuf(#[from] prost::DecodeError),
+    /// `PBNode.role` is not 0, 1 or 2.
+    #[error("meta frame names unknown role {0} (expected 0 server, 1 worker, 2 scheduler)")]
+    UnknownRole(i32),
+    /// `PBControl.cmd` is not 0..=5.
+    #[error("meta frame names unknown control command {0} (expected 0..=5)")]
+    UnknownCommand(i32),
+    /// A `data_type` entry is not 0..=11.
+    #[error("meta frame names unknown data type {0} (expected 0..=11)")]
+    UnknownDataType(i32),
+}
+
+impl Meta {
+    /// The meta frame C++ ps-lite would write for this meta.
+    pub fn encode(&self) -> Vec<u8> {
+        let pb = self.to_pb();
+        let mut buf = Vec::with_capacity(pb.encoded_len());
+        // Encoding into a Vec with enough capacity cannot fail.
+        let _ = pb.encode(&mut buf);
+        buf
+    }
+
+    /// Decodes a meta frame. `sender` and `recver` are left `K_EMPTY`: they
+    /// come from the transport, not from the frame.
+    pub fn decode(frame: &[u8]) -> Result<Meta, DecodeError> {
+        Meta::from_pb(PbMeta::decode(frame)?)
+    }
+
+    /// This meta as the generated protobuf struct, with C++'s presence rules.
+    pub fn to_pb(&self) -> PbMeta {
+        let control = (!self.control.is_empty()).then(|| control_to_pb(&self.control));
+        PbMeta {
+            head: Some(self.head),
+            body: (!self.body.is_empty()).then(|| self.body.clone()),
+            control,
+            request: Some(self.request),
+            push: Some(self.push),
+            simple_app: Some(self.simple_app),
+            app_id: (self.app_id != K_EMPTY).then_some(self.app_id),
+            timestamp: (self.timestamp != K_EMPTY).then_some(self.timestamp),
+            data_type: self.data_type.iter().map(|&t| t as i32).collect(),
+            customer_id: Some(self.customer_id),
+            data_size: None,
+            pull: Some(self.pull),
+            priority: Some(self.priority),
+        }
+    }
+
+    /// Reads the generated protobuf struct, with C++'s defaults for absent fields.
+    pub fn from_pb(pb: PbMeta) -> Result<Meta, DecodeError> {
+        let control = match pb.control {
+            Some(ctrl) => control_from_pb(ctrl)?,
+            None => Control::default(),
+        };
+        let data_type = pb
+            .data_type
+            .iter()
+            .map(|&t| DataType::from_i32(t).ok_or(DecodeError::UnknownDataType(t)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Meta {
+            head: pb.head.unwrap_or(0),
+            body: pb.body.unwrap_or_default(),
+            control,
+            request: pb.request.unwrap_or(false),
+            push: pb.push.unwrap_or(false),
+            pull: pb.pull.unwrap_or(false),
+            simple_app: pb.simple_app.unwrap_or(false),
+            app_id: pb.app_id.unwrap_or(K_EMPTY),
+            customer_id: pb.customer_id.unwrap_or(0),
+            timestamp: pb.timestamp.unwrap_or(K_EMPTY),
+            data_type,
+            priority: pb.priority.unwrap_or(0),
+            sender: K_EMPTY,
+            recver: K_EMPTY,
+        })
+    }
+}
+
+fn control_to_pb(ctrl: &Control) -> PbControl {
+    PbControl {
+        cmd: ctrl.cmd as i32,
+        node: ctrl.node.iter().map(node_to_pb).collect(),
+        barrier_group: (ctrl.cmd == Command::Barrier).then_some(ctrl.barrier_group),
+        msg_sig: (ctrl.cmd == Command::Ack).then_some(ctrl.msg_sig),
+    }
+}
+
+fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
+    let cmd = Command::from_i32(pb.cmd).ok_or(DecodeError::UnknownCommand(pb.cmd))?;
+    let node = pb
+        .node
+        .into_iter()
+        .map(node_from_pb)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Control {
+        cmd,
+        node,
+        barrier_group: pb.barrier_group.unwrap_or(0),
+        msg_sig: pb.msg_sig.unwrap_or(0),
+    })
+}
+
+fn node_to_pb(node: &Node) -> PbNode {
+    PbNode {
+        role: node.role as i32,
+        id: Some(node.id),
+        hostname: Some(node.hostname.clone()),
+        port: Some(node.port),
+        is_recovery: Some(node.is_recovery),
+        customer_id: Some(node.customer_id),
+    }
+}
+
+fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
+    Ok(Node {
+        role: Role::from_i32(pb.role).ok_or(DecodeError::UnknownRole(pb.role))?,
+        id: pb.id.unwrap_or(K_EMPTY),
+        hostname: pb.hostname.unwrap_or_default(),
+        port: pb.port.unwrap_or(0),
+        is_recovery: pb.is_recovery.unwrap_or(false),
+        customer_id: pb.customer_id.unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests;

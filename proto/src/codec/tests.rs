@@ -1,0 +1,258 @@
+//! The golden meta frames of PROTOCOL.md, captured from C++ ps-lite traffic:
+//! each is rebuilt from its decoded values and must encode to the same bytes.
+
+use super::*;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn node(role: Role, id: i32, port: i32, customer_id: i32) -> Node {
+    Node {
+        role,
+        id,
+        hostname: "127.0.0.1".into(),
+        port,
+        is_recovery: false,
+        customer_id,
+    }
+}
+
+fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
+    Control {
+        cmd,
+        node: nodes,
+        barrier_group,
+        msg_sig: 0,
+    }
+}
+
+/// Encodes `meta`, compares with `golden`, decodes `golden` and compares with `meta`.
+fn check(name: &str, meta: Meta, golden: &str) {
+    assert_eq!(hex(&meta.encode()), golden, "{name}: encoding differs from C++");
+    let decoded = Meta::decode(&unhex(golden)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(decoded, meta, "{name}: decoding differs");
+}
+
+#[test]
+fn add_node_request() {
+    let meta = Meta {
+        control: control(
+            Command::AddNode,
+            vec![node(Role::Server, K_EMPTY, 9092, 0)],
+            0,
+        ),
+        timestamp: 0,
+        ..Meta::default()
+    };
+    check(
+        "ADD_NODE request",
+        meta,
+        "08ffffffff071a1e0802121a080010ffffffff071a093132372e302e302e3120844728005000200028003000400050ffffffff0760006800",
+    );
+}
+
+#[test]
+fn add_node_reply() {
+    let nodes = vec![
+        node(Role::Server, 8, 9092, 0),
+        node(Role::Worker, 9, 9093, 0),
+        node(Role::Worker, 11, 9094, 0),
+        node(Role::Scheduler, 1, 9091, 376),
+    ];
+    let meta = Meta {
+        control: control(Command::AddNode, nodes, 0),
+        timestamp: 2,
+        ..Meta::default()
+    };
+    check(
+        "ADD_NODE reply",
+        meta,
+        "08ffffffff071a6308021216080010081a093132372e302e302e31208447280050001216080110091a093132372e302e302e312085472800500012160801100b1a093132372e302e302e31208647280050001217080210011a093132372e302e302e31208347280050f802200028003000400250ffffffff0760006800",
+    );
+}
+
+#[test]
+fn barrier_request_and_reply() {
+    let request = Meta {
+        control: control(Command::Barrier, vec![], 7),
+        request: true,
+        app_id: 0,
+        customer_id: 0,
+        timestamp: 3,
+        ..Meta::default()
+    };
+    check(
+        "BARRIER request",
+        request,
+        "08ffffffff071a040803180720012800300038004003500060006800",
+    );
+    let reply = Meta {
+        control: control(Command::Barrier, vec![], 441_436_800),
+        app_id: 0,
+        customer_id: 0,
+        timestamp: 7,
+        ..Meta::default()
+    };
+    check(
+        "BARRIER reply",
+        reply,
+        "08ffffffff071a080803188095bfd20120002800300038004007500060006800",
+    );
+}
+
+#[test]
+fn terminate() {
+    let meta = Meta {
+        control: control(Command::Terminate, vec![], 0),
+        customer_id: 0,
+        ..Meta::default()
+    };
+    check("TERMINATE", meta, "08ffffffff071a020801200028003000500060006800");
+}
+
+fn data_meta(timestamp: i32) -> Meta {
+    Meta {
+        head: 0,
+        app_id: 0,
+        customer_id: 0,
+        timestamp,
+        ..Meta::default()
+    }
+}
+
+#[test]
+fn kv_messages() {
+    let types = vec![DataType::UInt64, DataType::Other, DataType::Int32];
+    let push = Meta {
+        request: true,
+        push: true,
+        data_type: types.clone(),
+        ..data_meta(3)
+    };
+    check(
+        "push request",
+        push,
+        "0800200128013000380040034a03080b03500060006800",
+    );
+    let push_response = Meta {
+        push: true,
+        ..data_meta(1)
+    };
+    check(
+        "push response",
+        push_response,
+        "080020002801300038004001500060006800",
+    );
+    let pull_response = Meta {
+        pull: true,
+        data_type: types,
+        ..data_meta(6)
+    };
+    check(
+        "pull response",
+        pull_response,
+        "0800200028003000380040064a03080b03500060016800",
+    );
+}
+
+#[test]
+fn simple_app_response() {
+    let meta = Meta {
+        head: 3,
+        simple_app: true,
+        ..data_meta(0)
+    };
+    check(
+        "SimpleApp response",
+        meta,
+        "080320002800300138004000500060006800",
+    );
+}
+
+#[test]
+fn body_is_written_only_when_present() {
+    let mut meta = data_meta(5);
+    meta.simple_app = true;
+    meta.request = true;
+    meta.body = bytes::Bytes::from_static(b"test");
+    let decoded = Meta::decode(&meta.encode()).unwrap();
+    assert_eq!(decoded.body.as_ref(), b"test");
+    meta.body = bytes::Bytes::new();
+    assert!(!hex(&meta.encode()).contains("1204"));
+}
+
+#[test]
+fn negative_garbage_barrier_group_round_trips() {
+    // C++ leaves barrier_group uninitialised in replies: it may be negative,
+    // which protobuf writes as a 10-byte varint.
+    let meta = Meta {
+        control: control(Command::Barrier, vec![], -1_234_567),
+        app_id: 0,
+        customer_id: 0,
+        timestamp: 9,
+        ..Meta::default()
+    };
+    let frame = meta.encode();
+    assert_eq!(Meta::decode(&frame).unwrap(), meta);
+}
+
+#[test]
+fn ack_carries_msg_sig_only() {
+    let mut meta = Meta::default();
+    meta.control = Control::new(Command::Ack);
+    meta.control.msg_sig = 0xdead_beef_1234;
+    meta.control.barrier_group = 5; // not written on ACK
+    let decoded = Meta::decode(&meta.encode()).unwrap();
+    assert_eq!(decoded.control.msg_sig, 0xdead_beef_1234);
+    assert_eq!(decoded.control.barrier_group, 0);
+}
+
+#[test]
+fn absent_fields_take_cxx_defaults() {
+    // An empty frame is a valid (all-absent) PBMeta.
+    let meta = Meta::decode(&[]).unwrap();
+    assert_eq!(meta.head, 0);
+    assert_eq!(meta.app_id, K_EMPTY);
+    assert_eq!(meta.timestamp, K_EMPTY);
+    assert_eq!(meta.customer_id, 0);
+    assert!(meta.control.is_empty());
+}
+
+#[test]
+fn malformed_frames_are_typed_errors() {
+    assert!(matches!(
+        Meta::decode(&unhex("ffffffff")),
+        Err(DecodeError::Protobuf(_))
+    ));
+    // control with cmd 9
+    assert!(matches!(
+        Meta::decode(&unhex("1a020809")),
+        Err(DecodeError::UnknownCommand(9))
+    ));
+    // data_type [12]
+    assert!(matches!(
+        Meta::decode(&unhex("4a010c")),
+        Err(DecodeError::UnknownDataType(12))
+    ));
+    // ADD_NODE with a node of role 7
+    assert!(matches!(
+        Meta::decode(&unhex("1a0608021202 0807".replace(' ', "").as_str())),
+        Err(DecodeError::UnknownRole(7))
+    ));
+    // A control part without its required cmd reads as cmd 0 (a data
+    // message), as prost does not track presence of required scalars.
+    assert!(Meta::decode(&unhex("1a00")).unwrap().control.is_empty());
+    // every truncation of a golden frame is an error or a valid meta, never a panic
+    let golden = unhex("08ffffffff071a1e0802121a080010ffffffff071a093132372e302e302e3120844728005000200028003000400050ffffffff0760006800");
+    for len in 0..golden.len() {
+        let _ = Meta::decode(&golden[..len]);
+    }
+}

@@ -1,0 +1,43 @@
+//! ps-lite's wire format, in Rust types.
+//!
+//! Every ps-lite message is one ZeroMQ multipart message: a *meta* frame (the
+//! protobuf `PBMeta` of `proto/meta.proto`) followed by zero or more *data*
+//! frames. This crate owns that schema and the domain types the rest of the
+//! runtime works with:
+//!
+//! - [`Role`], [`Node`] and the node-id / group arithmetic of [`ids`];
+//! - [`Command`], [`Control`], [`Meta`] and [`DataType`];
+//! - [`Message`]: a meta plus data frames held as [`bytes::Bytes`], so frames
+//!   move between threads and sockets without copies;
+//! - [`Meta::encode`] / [`Meta::decode`], which write exactly the bytes C++
+//!   ps-lite writes and read whatever it sends (including the uninitialised
+//!   values it leaves in some fields) without ever panicking.
+//!
+//! ```
+//! use pslite_proto::{Command, Control, Meta};
+//!
+//! let mut meta = Meta::default();
+//! meta.control = Control::new(Command::Terminate);
+//! meta.customer_id = 0;
+//! let bytes = meta.encode();
+//! assert_eq!(Meta::decode(&bytes).unwrap().control.cmd, Command::Terminate);
+//! ```
+
+mod codec;
+pub mod ids;
+mod message;
+mod meta;
+mod node;
+
+/// The prost structs generated from `proto/meta.proto`. Prefer [`Meta`]; these
+/// exist for code that needs the raw protobuf view (fuzzers, captures).
+pub mod pb {
+    #![allow(missing_docs, clippy::all)]
+    include!(concat!(env!("OUT_DIR"), "/ps.rs"));
+}
+
+pub use codec::DecodeError;
+pub use ids::{NodeId, K_EMPTY};
+pub use message::Message;
+pub use meta::{Command, Control, DataType, Meta};
+pub use node::{Node, ParseRoleError, Role};

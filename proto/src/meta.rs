@@ -1,0 +1,186 @@
+//! The meta of a message: what it is, who it is for, and how to read its data.
+
+use bytes::Bytes;
+
+use crate::ids::{NodeId, K_EMPTY};
+use crate::Node;
+
+/// The control command of a message; [`Command::Empty`] marks a data message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Command {
+    /// Not a control message.
+    #[default]
+    Empty = 0,
+    /// Stop the receive loop (a node sends it to itself).
+    Terminate = 1,
+    /// Register with the scheduler / the scheduler's node table.
+    AddNode = 2,
+    /// Barrier request (to the scheduler) or release (from it).
+    Barrier = 3,
+    /// Acknowledges a message by signature (resender).
+    Ack = 4,
+    /// Liveness report to the scheduler, and its answer.
+    Heartbeat = 5,
+}
+
+impl Command {
+    /// The command with wire number `value`.
+    pub fn from_i32(value: i32) -> Option<Command> {
+        Some(match value {
+            0 => Command::Empty,
+            1 => Command::Terminate,
+            2 => Command::AddNode,
+            3 => Command::Barrier,
+            4 => Command::Ack,
+            5 => Command::Heartbeat,
+            _ => return None,
+        })
+    }
+}
+
+/// The control part of a meta (`PBControl`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Control {
+    /// What to do; `Empty` for data messages.
+    pub cmd: Command,
+    /// Nodes carried by ADD_NODE and HEARTBEAT.
+    pub node: Vec<Node>,
+    /// The group of a BARRIER (1..=7). Replies from a C++ scheduler carry
+    /// garbage here, so receivers must not trust it.
+    pub barrier_group: i32,
+    /// The signature an ACK acknowledges.
+    pub msg_sig: u64,
+}
+
+impl Control {
+    /// A control part with command `cmd` and nothing else.
+    pub fn new(cmd: Command) -> Control {
+        Control {
+            cmd,
+            ..Control::default()
+        }
+    }
+
+    /// Whether this is a data message (no control command).
+    pub fn is_empty(&self) -> bool {
+        self.cmd == Command::Empty
+    }
+}
+
+/// The element type of a data frame (`PBMeta.data_type`, one per frame).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `char`.
+    Char = 0,
+    /// `int8_t`.
+    Int8 = 1,
+    /// `int16_t`.
+    Int16 = 2,
+    /// `int32_t`.
+    Int32 = 3,
+    /// `int64_t`.
+    Int64 = 4,
+    /// `uint8_t`.
+    UInt8 = 5,
+    /// `uint16_t`.
+    UInt16 = 6,
+    /// `uint32_t`.
+    UInt32 = 7,
+    /// `uint64_t` (keys).
+    UInt64 = 8,
+    /// `float`.
+    Float = 9,
+    /// `double`.
+    Double = 10,
+    /// Anything else; C++ `KVWorker<char>` (MXNet) types its values this way.
+    Other = 11,
+}
+
+impl DataType {
+    /// The data type with wire number `value`.
+    pub fn from_i32(value: i32) -> Option<DataType> {
+        Some(match value {
+            0 => DataType::Char,
+            1 => DataType::Int8,
+            2 => DataType::Int16,
+            3 => DataType::Int32,
+            4 => DataType::Int64,
+            5 => DataType::UInt8,
+            6 => DataType::UInt16,
+            7 => DataType::UInt32,
+            8 => DataType::UInt64,
+            9 => DataType::Float,
+            10 => DataType::Double,
+            11 => DataType::Other,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element (1 for `Char`, `Other`).
+    pub fn size(self) -> usize {
+        match self {
+            DataType::Char | DataType::Int8 | DataType::UInt8 | DataType::Other => 1,
+            DataType::Int16 | DataType::UInt16 => 2,
+            DataType::Int32 | DataType::UInt32 | DataType::Float => 4,
+            DataType::Int64 | DataType::UInt64 | DataType::Double => 8,
+        }
+    }
+}
+
+/// Everything about a message but its data frames (`PBMeta`, plus the sender
+/// and receiver ids that travel in ZeroMQ identities rather than in the meta).
+///
+/// The defaults are C++ ps-lite's: ids, head, app id, customer id and
+/// timestamp are [`K_EMPTY`]; flags are false; priority is 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// The app's command (SimpleApp head, KV `cmd`); `K_EMPTY` on control messages.
+    pub head: i32,
+    /// SimpleApp body; empty when absent.
+    pub body: Bytes,
+    /// Control command and its arguments; empty for data messages.
+    pub control: Control,
+    /// Request (true) or response (false).
+    pub request: bool,
+    /// A KV push.
+    pub push: bool,
+    /// A KV pull.
+    pub pull: bool,
+    /// A SimpleApp message.
+    pub simple_app: bool,
+    /// Which app the message is for.
+    pub app_id: i32,
+    /// Which customer (on a worker) the message is for or from.
+    pub customer_id: i32,
+    /// Pairs a response with its request.
+    pub timestamp: i32,
+    /// One entry per data frame.
+    pub data_type: Vec<DataType>,
+    /// Scheduling priority (higher first); carried, not interpreted.
+    pub priority: i32,
+    /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
+    pub sender: NodeId,
+    /// The receiver's node id (selects the socket; not in the meta frame).
+    pub recver: NodeId,
+}
+
+impl Default for Meta {
+    fn default() -> Meta {
+        Meta {
+            head: K_EMPTY,
+            body: Bytes::new(),
+            control: Control::default(),
+            request: false,
+            push: false,
+            pull: false,
+            simple_app: false,
+            app_id: K_EMPTY,
+            customer_id: K_EMPTY,
+            timestamp: K_EMPTY,
+            data_type: Vec::new(),
+            priority: 0,
+            sender: K_EMPTY,
+            recver: K_EMPTY,
+        }
+    }
+}
