@@ -1,0 +1,35 @@
+//! The Van: ps-lite's ZeroMQ transport and control plane.
+//!
+//! - [`transport`]: sockets, identities (`ps<id>`), zero-copy frames.
+//! - [`scheduler`]: the scheduler's membership, barrier, heartbeat and
+//!   recovery logic as a state machine without I/O.
+//! - [`Van`]: the driver. It binds this node's ROUTER, runs the receive
+//!   thread, joins the cluster (or, on the scheduler, forms it), runs
+//!   barriers and hands data messages to a [`Dispatch`].
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use pslite_proto::{Message, Role};
+//! use pslite_van::{Dispatch, Van, VanConfig};
+//!
+//! struct Print;
+//! impl Dispatch for Print {
+//!     fn deliver(&self, msg: Message) {
+//!         println!("data from node {}", msg.meta.sender);
+//!     }
+//! }
+//!
+//! let van = Van::start(VanConfig::local(Role::Worker, 1, 1, 9091), Arc::new(Print))?;
+//! van.register(0)?; // joins the cluster
+//! van.barrier(0, 7, None)?; // everyone
+//! # Ok::<(), pslite_van::VanError>(())
+//! ```
+
+mod error;
+pub mod scheduler;
+pub mod transport;
+mod van;
+
+pub use error::VanError;
+pub use transport::Transport;
+pub use van::{describe, Dispatch, Van, VanConfig};

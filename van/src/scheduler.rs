@@ -1,0 +1,417 @@
+//! The scheduler's control plane as a state machine, with no sockets and no
+//! clock: the Van feeds it each control message and the current time, and
+//! carries out the [`Action`]s it returns.
+//!
+//! It collects ADD_NODE registrations until `num_servers + num_workers` have
+//! arrived, orders them by (hostname, port, customer id), assigns ids (server
+//! rank r is 8+2r, worker rank r is 9+2r), maps the extra customers of one
+//! process onto that process's first id, and sends every process the whole
+//! table. Afterwards it counts barrier arrivals per group and releases each
+//! group when all of its members arrived, answers heartbeats, and lets a
+//! restarted node take over the id of a dead one (recovery).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use log::{debug, info, warn};
+use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
+
+/// What the scheduler needs to know about the cluster it forms.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// `DMLC_NUM_SERVER`.
+    pub num_servers: i32,
+    /// `DMLC_NUM_WORKER`.
+    pub num_workers: i32,
+    /// The scheduler's own node (role SCHEDULER, id 1, its host and port).
+    pub me: Node,
+    /// A node whose last message is older than this is dead
+    /// (`PS_HEARTBEAT_TIMEOUT`); `None` means never.
+    pub heartbeat_timeout: Option<Duration>,
+}
+
+/// Something the Van must do for the scheduler, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Open (or replace) the DEALER to this node before sending to it.
+    Connect(Node),
+    /// Send this message to `meta.recver`. The Van stamps the timestamp.
+    Send(Message),
+    /// Every node has registered and received its id.
+    Ready,
+}
+
+/// How many registrations are still missing, per role.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Missing {
+    /// Servers that have not registered.
+    pub servers: i32,
+    /// Workers that have not registered.
+    pub workers: i32,
+}
+
+#[derive(Default)]
+struct BarrierRound {
+    /// (process id, customer id) of every arrival.
+    arrived: HashSet<(NodeId, i32)>,
+    app_id: i32,
+    customer_id: i32,
+}
+
+/// The scheduler's membership, barrier and liveness state.
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    /// Registrations before the cluster formed; the table (without the
+    /// scheduler) after. Entries of one process share its id.
+    nodes: Vec<Node>,
+    ready: bool,
+    barriers: HashMap<i32, BarrierRound>,
+    last_seen: HashMap<NodeId, Instant>,
+    /// Customers of a recovered process that have registered since its
+    /// last recovery; a repeat means the process restarted again.
+    recovered_customers: HashMap<NodeId, HashSet<i32>>,
+}
+
+impl Scheduler {
+    /// A scheduler waiting for its first registration.
+    pub fn new(cfg: SchedulerConfig) -> Scheduler {
+        Scheduler {
+            cfg,
+            nodes: Vec::new(),
+            ready: false,
+            barriers: HashMap::new(),
+            last_seen: HashMap::new(),
+            recovered_customers: HashMap::new(),
+        }
+    }
+
+    /// Whether every node has registered and been given its id.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// The node table (servers and workers with their ids), once ready.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// How many servers and workers have not registered yet.
+    pub fn missing(&self) -> Missing {
+        let count = |role| self.nodes.iter().filter(|n| n.role == role).count() as i32;
+        Missing {
+            servers: (self.cfg.num_servers - count(Role::Server)).max(0),
+            workers: (self.cfg.num_workers - count(Role::Worker)).max(0),
+        }
+    }
+
+    /// Ids of the processes (not the scheduler) whose last message is older
+    /// than the heartbeat timeout. Empty when no timeout is configured.
+    pub fn dead_nodes(&self, now: Instant) -> Vec<NodeId> {
+        self.processes()
+            .into_iter()
+            .filter(|&id| self.is_dead(id, now))
+            .collect()
+    }
+
+    /// Handles one control message addressed to the scheduler.
+    pub fn handle(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+        let sender = msg.meta.sender;
+        if sender != K_EMPTY && self.is_member(sender) {
+            self.last_seen.insert(sender, now);
+        }
+        match msg.meta.control.cmd {
+            Command::AddNode => self.add_node(msg, now),
+            Command::Barrier => self.barrier(msg),
+            Command::Heartbeat => self.heartbeat(msg),
+            cmd => {
+                warn!("scheduler: dropping {cmd:?} from node {sender}: not a scheduler command");
+                Vec::new()
+            }
+        }
+    }
+
+    fn add_node(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+        let sender = msg.meta.sender;
+        let [node] = msg.meta.control.node.as_slice() else {
+            warn!(
+                "scheduler: dropping ADD_NODE from {sender} with {} nodes (expected 1)",
+                msg.meta.control.node.len()
+            );
+            return Vec::new();
+        };
+        if node.role == Role::Scheduler {
+            warn!("scheduler: dropping ADD_NODE from {node}: a second scheduler cannot join");
+            return Vec::new();
+        }
+        if node.hostname.is_empty() || !(1..=65535).contains(&node.port) {
+            warn!("scheduler: dropping ADD_NODE with an unusable address {:?}", node.address());
+            return Vec::new();
+        }
+        if self.ready {
+            return self.late_add_node(node, sender, now);
+        }
+        let duplicate = self
+            .nodes
+            .iter()
+            .any(|n| n.same_process(node) && n.customer_id == node.customer_id);
+        if duplicate {
+            debug!("scheduler: ignoring a repeated ADD_NODE from {node}");
+            return Vec::new();
+        }
+        let (have, want) = match node.role {
+            Role::Server => (self.count(Role::Server), self.cfg.num_servers),
+            _ => (self.count(Role::Worker), self.cfg.num_workers),
+        };
+        if have >= want {
+            warn!(
+                "scheduler: dropping ADD_NODE from {node}: all {want} {}s have registered \
+                 (is DMLC_NUM_{} right?)",
+                node.role,
+                node.role.as_str().to_uppercase()
+            );
+            return Vec::new();
+        }
+        let mut node = node.clone();
+        node.id = K_EMPTY;
+        node.is_recovery = false;
+        debug!("scheduler: {node} registered (customer {})", node.customer_id);
+        self.nodes.push(node);
+        if self.nodes.len() as i32 == self.cfg.num_servers + self.cfg.num_workers {
+            self.form_cluster(now)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn count(&self, role: Role) -> i32 {
+        self.nodes.iter().filter(|n| n.role == role).count() as i32
+    }
+
+    /// Assigns ids in (hostname, port, customer) order and sends the table.
+    fn form_cluster(&mut self, now: Instant) -> Vec<Action> {
+        self.nodes.sort_by(|a, b| {
+            (&a.hostname, a.port, a.customer_id).cmp(&(&b.hostname, b.port, b.customer_id))
+        });
+        let (mut servers, mut workers) = (0, 0);
+        let mut process_ids: HashMap<(String, i32), NodeId> = HashMap::new();
+        for node in &mut self.nodes {
+            let id = if node.role == Role::Server {
+                servers += 1;
+                ids::server_rank_to_id(servers - 1)
+            } else {
+                workers += 1;
+                ids::worker_rank_to_id(workers - 1)
+            };
+            let key = (node.hostname.clone(), node.port);
+            node.id = *process_ids.entry(key).or_insert(id);
+            if node.id != id {
+                debug!("scheduler: id {id} shares process {}", node.id);
+            }
+        }
+        let mut actions = Vec::new();
+        let table = self.table_message();
+        let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
+        for node in processes {
+            info!("scheduler: assigned id {} to {}", node.id, node.address());
+            self.last_seen.insert(node.id, now);
+            let mut msg = table.clone();
+            msg.meta.recver = node.id;
+            actions.push(Action::Connect(node));
+            actions.push(Action::Send(msg));
+        }
+        self.ready = true;
+        actions.push(Action::Ready);
+        actions
+    }
+
+    /// An ADD_NODE after the cluster formed: a restarted node recovering.
+    fn late_add_node(&mut self, node: &Node, sender: NodeId, now: Instant) -> Vec<Action> {
+        // The same process (same address) registering again.
+        if let Some(pid) = self.nodes.iter().find(|n| n.same_process(node)).map(|n| n.id) {
+            if sender != K_EMPTY && sender != pid {
+                warn!("scheduler: dropping ADD_NODE for {} sent by node {sender}", node.address());
+                return Vec::new();
+            }
+            let seen = self.recovered_customers.entry(pid).or_default();
+            let restarted = seen.is_empty() || seen.contains(&node.customer_id);
+            if sender == K_EMPTY && restarted {
+                // First contact from a known address: the process restarted.
+                return self.recover(pid, node, now);
+            }
+            // Another customer of a process that already has its id.
+            seen.insert(node.customer_id);
+            let mut table = self.table_message();
+            table.meta.recver = pid;
+            return vec![Action::Send(table)];
+        }
+        if sender != K_EMPTY {
+            warn!("scheduler: dropping ADD_NODE from node {sender}: it is not in the table");
+            return Vec::new();
+        }
+        let dead = self
+            .processes()
+            .into_iter()
+            .filter(|&id| ids::role_of_id(id) == Some(node.role) && self.is_dead(id, now))
+            .min();
+        match dead {
+            Some(pid) => self.recover(pid, node, now),
+            None => {
+                warn!(
+                    "scheduler: the cluster is full and no {} is dead: ignoring ADD_NODE from {}",
+                    node.role,
+                    node.address()
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Gives process `pid`'s id to `node` and tells everyone.
+    fn recover(&mut self, pid: NodeId, node: &Node, now: Instant) -> Vec<Action> {
+        let mut recovered = None;
+        for entry in self.nodes.iter_mut().filter(|n| n.id == pid) {
+            entry.hostname = node.hostname.clone();
+            entry.port = node.port;
+            entry.is_recovery = true;
+            recovered.get_or_insert_with(|| entry.clone());
+        }
+        let Some(recovered) = recovered else {
+            return Vec::new();
+        };
+        info!("scheduler: {} replaces node {pid}", recovered.address());
+        self.recovered_customers
+            .insert(pid, HashSet::from([node.customer_id]));
+        self.last_seen.insert(pid, now);
+        // Barrier arrivals of the dead incarnation no longer count.
+        for round in self.barriers.values_mut() {
+            round.arrived.retain(|&(id, _)| id != pid);
+        }
+        let mut actions = vec![Action::Connect(recovered.clone())];
+        let mut table = self.table_message();
+        table.meta.recver = pid;
+        actions.push(Action::Send(table));
+        for other in self.processes() {
+            if other == pid || self.is_dead(other, now) {
+                continue;
+            }
+            let mut update = Message::control(Command::AddNode, other);
+            update.meta.control.node = vec![recovered.clone()];
+            actions.push(Action::Send(update));
+        }
+        actions
+    }
+
+    fn barrier(&mut self, msg: &Message) -> Vec<Action> {
+        let sender = msg.meta.sender;
+        let group = msg.meta.control.barrier_group;
+        if !msg.meta.request {
+            warn!("scheduler: dropping a BARRIER reply from node {sender}");
+            return Vec::new();
+        }
+        if !ids::is_role_group(group) {
+            warn!("scheduler: dropping BARRIER from node {sender}: group {group} is not 1..=7");
+            return Vec::new();
+        }
+        if !self.ready {
+            warn!("scheduler: dropping BARRIER from node {sender}: the cluster has not formed");
+            return Vec::new();
+        }
+        if !self.is_member(sender) || !ids::group_contains(group, sender) {
+            warn!("scheduler: dropping BARRIER from node {sender}: not a member of group {group}");
+            return Vec::new();
+        }
+        let expected = self.group_size(group);
+        let round = self.barriers.entry(group).or_default();
+        round.arrived.insert((sender, msg.meta.customer_id));
+        round.app_id = msg.meta.app_id;
+        round.customer_id = msg.meta.customer_id;
+        let arrived = round.arrived.len() as i32;
+        debug!("scheduler: barrier {group}: {arrived}/{expected} arrived (node {sender})");
+        if arrived < expected {
+            return Vec::new();
+        }
+        let round = self.barriers.remove(&group).unwrap_or_default();
+        let mut members: BTreeSet<NodeId> = self
+            .process_nodes()
+            .into_iter()
+            .filter(|n| ids::group_contains(group, n.id))
+            .map(|n| n.id)
+            .collect();
+        if group & ids::SCHEDULER_GROUP != 0 {
+            members.insert(SCHEDULER);
+        }
+        members
+            .into_iter()
+            .map(|id| {
+                let mut reply = Message::control(Command::Barrier, id);
+                reply.meta.control.barrier_group = group;
+                reply.meta.app_id = round.app_id;
+                reply.meta.customer_id = round.customer_id;
+                Action::Send(reply)
+            })
+            .collect()
+    }
+
+    fn heartbeat(&mut self, msg: &Message) -> Vec<Action> {
+        let sender = msg.meta.sender;
+        if !self.is_member(sender) {
+            debug!("scheduler: dropping HEARTBEAT from unknown node {sender}");
+            return Vec::new();
+        }
+        let mut ack = Message::control(Command::Heartbeat, sender);
+        ack.meta.control.node = vec![self.cfg.me.clone()];
+        vec![Action::Send(ack)]
+    }
+
+    /// The number of registrations a barrier over `group` waits for.
+    fn group_size(&self, group: i32) -> i32 {
+        let mut size = 0;
+        if group & ids::SCHEDULER_GROUP != 0 {
+            size += 1;
+        }
+        if group & ids::SERVER_GROUP != 0 {
+            size += self.cfg.num_servers;
+        }
+        if group & ids::WORKER_GROUP != 0 {
+            size += self.cfg.num_workers;
+        }
+        size
+    }
+
+    fn is_member(&self, id: NodeId) -> bool {
+        id == SCHEDULER || (self.ready && self.nodes.iter().any(|n| n.id == id))
+    }
+
+    fn is_dead(&self, id: NodeId, now: Instant) -> bool {
+        let Some(timeout) = self.cfg.heartbeat_timeout else {
+            return false;
+        };
+        self.last_seen
+            .get(&id)
+            .is_none_or(|&seen| now.saturating_duration_since(seen) > timeout)
+    }
+
+    /// The first entry of each process, in id order.
+    fn process_nodes(&self) -> Vec<&Node> {
+        let mut seen = HashSet::new();
+        let mut nodes: Vec<&Node> = self.nodes.iter().filter(|n| seen.insert(n.id)).collect();
+        nodes.sort_by_key(|n| n.id);
+        nodes
+    }
+
+    fn processes(&self) -> Vec<NodeId> {
+        self.process_nodes().into_iter().map(|n| n.id).collect()
+    }
+
+    /// ADD_NODE carrying the whole table: every entry, then the scheduler.
+    fn table_message(&self) -> Message {
+        let mut msg = Message::control(Command::AddNode, K_EMPTY);
+        msg.meta.control.node = self.nodes.clone();
+        msg.meta.control.node.push(self.cfg.me.clone());
+        msg
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,276 @@
+//! The ZeroMQ layer: endpoints, identities, and moving frames in and out of
+//! sockets without copying payloads.
+//!
+//! Every node binds one ROUTER. To reach a peer it opens its own DEALER
+//! connected to that peer's ROUTER, with identity `ps<id>`; the ROUTER hands
+//! that identity over as the first frame of each message, which is how the
+//! receiver learns who sent it. A message is `[meta][data 0]..[data n-1]`.
+
+use std::net::{IpAddr, ToSocketAddrs};
+use std::os::raw::c_void;
+
+use bytes::Bytes;
+use pslite_proto::{NodeId, K_EMPTY};
+
+/// Frames at most this long are copied into ZeroMQ's inline storage instead
+/// of being handed over by reference (a reference costs an allocation too).
+const COPY_LIMIT: usize = 64;
+
+/// The ZeroMQ identity of node `id`: `ps<id>`.
+pub fn identity(id: NodeId) -> String {
+    format!("ps{id}")
+}
+
+/// The node id in a ZeroMQ identity, or `K_EMPTY` if it is not `ps<digits>`.
+pub fn parse_identity(frame: &[u8]) -> NodeId {
+    let Some(digits) = frame.strip_prefix(b"ps") else {
+        return K_EMPTY;
+    };
+    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return K_EMPTY;
+    }
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|s| s.parse::<i32>().ok())
+        .filter(|&id| id != K_EMPTY)
+        .unwrap_or(K_EMPTY)
+}
+
+/// Where a node's ROUTER listens: TCP, or a Unix socket under `/tmp` when
+/// `DMLC_LOCAL=1` (ps-lite names it after the port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// `tcp://host:port`.
+    Tcp,
+    /// `ipc:///tmp/<port>`.
+    Ipc,
+}
+
+impl Transport {
+    /// The endpoint a peer connects to.
+    pub fn connect_endpoint(self, hostname: &str, port: i32) -> String {
+        match self {
+            Transport::Tcp if hostname.contains(':') => format!("tcp://[{hostname}]:{port}"),
+            Transport::Tcp => format!("tcp://{hostname}:{port}"),
+            Transport::Ipc => format!("ipc:///tmp/{port}"),
+        }
+    }
+
+    /// The endpoint to bind, on IP `bind_ip` (TCP only).
+    pub fn bind_endpoint(self, bind_ip: &str, port: i32) -> String {
+        match self {
+            Transport::Tcp if bind_ip.contains(':') => format!("tcp://[{bind_ip}]:{port}"),
+            Transport::Tcp => format!("tcp://{bind_ip}:{port}"),
+            Transport::Ipc => format!("ipc:///tmp/{port}"),
+        }
+    }
+}
+
+/// Resolves a hostname (or IP literal, or `*`) to the address to bind on.
+pub fn resolve_bind_ip(host: &str) -> Option<String> {
+    match host {
+        "*" | "0.0.0.0" => return Some("0.0.0.0".into()),
+        "::" | "[::]" => return Some("::".into()),
+        _ => {}
+    }
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Some(ip.to_string());
+    }
+    let addrs: Vec<_> = (host, 0).to_socket_addrs().ok()?.collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .map(|a| a.ip().to_string())
+}
+
+/// Whether `host` resolves at all (an IP literal always does).
+pub fn resolves(host: &str) -> bool {
+    host.parse::<IpAddr>().is_ok()
+        || (host, 0)
+            .to_socket_addrs()
+            .map(|mut a| a.next().is_some())
+            .unwrap_or(false)
+}
+
+/// A received frame kept in ZeroMQ's own buffer; `Bytes` points into it.
+struct ZmqFrame(zmq::Message);
+
+impl AsRef<[u8]> for ZmqFrame {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Turns a received ZeroMQ frame into `Bytes` without copying large payloads.
+pub fn frame_to_bytes(msg: zmq::Message) -> Bytes {
+    if msg.len() <= COPY_LIMIT {
+        Bytes::copy_from_slice(&msg)
+    } else {
+        Bytes::from_owner(ZmqFrame(msg))
+    }
+}
+
+unsafe extern "C" fn release_bytes(_data: *mut c_void, hint: *mut c_void) {
+    // SAFETY: `hint` is the `Box<Bytes>` leaked in `send_frame`; ZeroMQ calls
+    // this exactly once, when it no longer needs the data.
+    drop(unsafe { Box::from_raw(hint as *mut Bytes) });
+}
+
+/// Sends one frame. Large frames are handed to ZeroMQ by reference: the
+/// `Bytes` stays alive until ZeroMQ has written it, with no copy.
+pub fn send_frame(socket: &mut zmq::Socket, frame: &Bytes, more: bool) -> zmq::Result<()> {
+    let flags = if more { zmq::SNDMORE } else { 0 };
+    if frame.len() <= COPY_LIMIT {
+        return socket.send(&frame[..], flags);
+    }
+    let owner = Box::new(frame.clone());
+    let data = owner.as_ptr() as *mut c_void;
+    let len = owner.len();
+    let hint = Box::into_raw(owner) as *mut c_void;
+    let mut msg = zmq_sys::zmq_msg_t { __: [0; 64] };
+    // SAFETY: `data` stays valid until `release_bytes` frees its owner, which
+    // ZeroMQ calls once it is done with the message (also on failure, via
+    // zmq_msg_close). The socket pointer is live for the borrow of `socket`.
+    unsafe {
+        if zmq_sys::zmq_msg_init_data(&mut msg, data, len, Some(release_bytes), hint) != 0 {
+            drop(Box::from_raw(hint as *mut Bytes));
+            return Err(zmq::Error::from_raw(zmq_sys::zmq_errno()));
+        }
+        if zmq_sys::zmq_msg_send(&mut msg, socket.as_mut_ptr(), flags) < 0 {
+            let err = zmq::Error::from_raw(zmq_sys::zmq_errno());
+            zmq_sys::zmq_msg_close(&mut msg);
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Sends a whole message: the encoded meta, then each data frame.
+pub fn send_message(socket: &mut zmq::Socket, meta: &[u8], data: &[Bytes]) -> zmq::Result<usize> {
+    socket.send(meta, if data.is_empty() { 0 } else { zmq::SNDMORE })?;
+    let mut sent = meta.len();
+    for (i, frame) in data.iter().enumerate() {
+        send_frame(socket, frame, i + 1 < data.len())?;
+        sent += frame.len();
+    }
+    Ok(sent)
+}
+
+/// One message as read from a ROUTER: the sender identity and the rest.
+pub struct RawMessage {
+    /// The sender id from the identity frame (`K_EMPTY` if not `ps<id>`).
+    pub sender: NodeId,
+    /// The identity frame as received (for logs).
+    pub identity: Vec<u8>,
+    /// The meta frame, if the message had one.
+    pub meta: Option<zmq::Message>,
+    /// The data frames.
+    pub data: Vec<Bytes>,
+}
+
+/// Receives one whole multipart message from a ROUTER (blocking, honouring
+/// the socket's receive timeout).
+pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {
+    let identity = router.recv_msg(0)?;
+    let mut raw = RawMessage {
+        sender: parse_identity(&identity),
+        identity: identity.to_vec(),
+        meta: None,
+        data: Vec::new(),
+    };
+    let mut more = identity.get_more();
+    while more {
+        let frame = router.recv_msg(0)?;
+        more = frame.get_more();
+        if raw.meta.is_none() {
+            raw.meta = Some(frame);
+        } else {
+            raw.data.push(frame_to_bytes(frame));
+        }
+    }
+    Ok(raw)
+}
+
+/// An IPv4 address of a network interface (`DMLC_INTERFACE`), e.g. `lo`.
+pub fn interface_ipv4(name: &str) -> Option<String> {
+    let mut result = None;
+    // SAFETY: getifaddrs fills a linked list we only read and then free.
+    unsafe {
+        let mut addrs: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut addrs) != 0 {
+            return None;
+        }
+        let mut cur = addrs;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            if !ifa.ifa_addr.is_null()
+                && i32::from((*ifa.ifa_addr).sa_family) == libc::AF_INET
+                && std::ffi::CStr::from_ptr(ifa.ifa_name).to_bytes() == name.as_bytes()
+            {
+                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                result = Some(ip.to_string());
+                break;
+            }
+            cur = ifa.ifa_next;
+        }
+        libc::freeifaddrs(addrs);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities() {
+        assert_eq!(identity(9), "ps9");
+        assert_eq!(parse_identity(b"ps9"), 9);
+        assert_eq!(parse_identity(b"ps11"), 11);
+        assert_eq!(parse_identity(b"ps"), K_EMPTY);
+        assert_eq!(parse_identity(b"px9"), K_EMPTY);
+        assert_eq!(parse_identity(b"ps-1"), K_EMPTY);
+        assert_eq!(parse_identity(b"ps99999999999"), K_EMPTY);
+        assert_eq!(parse_identity(b"ps2147483647"), K_EMPTY);
+        assert_eq!(parse_identity(&[0, 1, 2, 3, 4]), K_EMPTY);
+    }
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(Transport::Tcp.connect_endpoint("h", 5), "tcp://h:5");
+        assert_eq!(Transport::Tcp.connect_endpoint("::1", 5), "tcp://[::1]:5");
+        assert_eq!(Transport::Ipc.connect_endpoint("h", 5), "ipc:///tmp/5");
+    }
+
+    #[test]
+    fn resolution() {
+        assert_eq!(resolve_bind_ip("127.0.0.1").as_deref(), Some("127.0.0.1"));
+        assert_eq!(resolve_bind_ip("localhost").as_deref(), Some("127.0.0.1"));
+        assert!(resolve_bind_ip("no-such-host.invalid").is_none());
+        assert!(!resolves("no-such-host.invalid"));
+        assert_eq!(interface_ipv4("lo").as_deref(), Some("127.0.0.1"));
+        assert!(interface_ipv4("no-such-if0").is_none());
+    }
+
+    #[test]
+    fn zero_copy_round_trip() {
+        let ctx = zmq::Context::new();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.bind("inproc://t").unwrap();
+        let mut dealer = ctx.socket(zmq::DEALER).unwrap();
+        dealer.set_identity(b"ps9").unwrap();
+        dealer.connect("inproc://t").unwrap();
+        let big = Bytes::from(vec![7u8; 100_000]);
+        let small = Bytes::from_static(b"abc");
+        send_message(&mut dealer, b"meta", &[big.clone(), Bytes::new(), small]).unwrap();
+        let raw = recv_message(&router).unwrap();
+        assert_eq!(raw.sender, 9);
+        assert_eq!(&raw.meta.unwrap()[..], b"meta");
+        assert_eq!(raw.data.len(), 3);
+        assert_eq!(raw.data[0], big);
+        assert!(raw.data[1].is_empty());
+        assert_eq!(&raw.data[2][..], b"abc");
+    }
+}
