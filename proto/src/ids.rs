@@ -44,7 +44,11 @@ pub fn id_to_rank(id: NodeId) -> i32 {
 pub fn role_of_id(id: NodeId) -> Option<Role> {
     match id {
         SCHEDULER => Some(Role::Scheduler),
-        8.. if id != K_EMPTY => Some(if id % 2 == 0 { Role::Server } else { Role::Worker }),
+        8.. if id != K_EMPTY => Some(if id % 2 == 0 {
+            Role::Server
+        } else {
+            Role::Worker
+        }),
         _ => None,
     }
 }
@@ -120,7 +124,10 @@ mod tests {
     fn groups() {
         assert_eq!(group_members(ALL_GROUP, 2, 2), vec![1, 8, 9, 10, 11]);
         assert_eq!(group_members(WORKER_GROUP, 2, 3), vec![9, 11, 13]);
-        assert_eq!(group_members(SERVER_GROUP + SCHEDULER_GROUP, 1, 3), vec![1, 8]);
+        assert_eq!(
+            group_members(SERVER_GROUP + SCHEDULER_GROUP, 1, 3),
+            vec![1, 8]
+        );
         assert_eq!(group_members(10, 2, 2), vec![10]);
         assert_eq!(group_members(12, 2, 2), Vec::<NodeId>::new());
         assert!(group_contains(6, 9) && group_contains(6, 8) && !group_contains(6, 1));

@@ -145,7 +145,10 @@ impl Scheduler {
             return Vec::new();
         }
         if node.hostname.is_empty() || !(1..=65535).contains(&node.port) {
-            warn!("scheduler: dropping ADD_NODE with an unusable address {:?}", node.address());
+            warn!(
+                "scheduler: dropping ADD_NODE with an unusable address {:?}",
+                node.address()
+            );
             return Vec::new();
         }
         if self.ready {
@@ -175,7 +178,10 @@ impl Scheduler {
         let mut node = node.clone();
         node.id = K_EMPTY;
         node.is_recovery = false;
-        debug!("scheduler: {node} registered (customer {})", node.customer_id);
+        debug!(
+            "scheduler: {node} registered (customer {})",
+            node.customer_id
+        );
         self.nodes.push(node);
         if self.nodes.len() as i32 == self.cfg.num_servers + self.cfg.num_workers {
             self.form_cluster(now)
@@ -228,9 +234,17 @@ impl Scheduler {
     /// An ADD_NODE after the cluster formed: a restarted node recovering.
     fn late_add_node(&mut self, node: &Node, sender: NodeId, now: Instant) -> Vec<Action> {
         // The same process (same address) registering again.
-        if let Some(pid) = self.nodes.iter().find(|n| n.same_process(node)).map(|n| n.id) {
+        if let Some(pid) = self
+            .nodes
+            .iter()
+            .find(|n| n.same_process(node))
+            .map(|n| n.id)
+        {
             if sender != K_EMPTY && sender != pid {
-                warn!("scheduler: dropping ADD_NODE for {} sent by node {sender}", node.address());
+                warn!(
+                    "scheduler: dropping ADD_NODE for {} sent by node {sender}",
+                    node.address()
+                );
                 return Vec::new();
             }
             let seen = self.recovered_customers.entry(pid).or_default();

@@ -153,7 +153,9 @@ impl Van {
         } else {
             config.host.clone()
         };
-        let router = ctx.socket(zmq::ROUTER).map_err(zmq_err("creating the ROUTER"))?;
+        let router = ctx
+            .socket(zmq::ROUTER)
+            .map_err(zmq_err("creating the ROUTER"))?;
         // A restarted peer reconnecting with its old identity takes over.
         router
             .set_router_handover(true)
@@ -470,12 +472,10 @@ fn bind_router(
         }
         None => {
             let endpoint = Transport::Tcp.bind_endpoint(&ip, 0).replace(":0", ":*");
-            router
-                .bind(&endpoint)
-                .map_err(|source| VanError::Bind {
-                    endpoint: endpoint.clone(),
-                    source,
-                })?;
+            router.bind(&endpoint).map_err(|source| VanError::Bind {
+                endpoint: endpoint.clone(),
+                source,
+            })?;
             let bound = router
                 .get_last_endpoint()
                 .map_err(zmq_err("reading the bound endpoint"))?
@@ -519,14 +519,20 @@ pub fn describe(msg: &Message) -> String {
         s += &format!(" ts {}", m.timestamp);
     }
     if !msg.data.is_empty() {
-        s += &format!(" data {:?}", msg.data.iter().map(Bytes::len).collect::<Vec<_>>());
+        s += &format!(
+            " data {:?}",
+            msg.data.iter().map(Bytes::len).collect::<Vec<_>>()
+        );
     }
     s
 }
 
 impl Shared {
     fn my_node(&self) -> Node {
-        self.my_node.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.my_node
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn my_id(&self) -> NodeId {
@@ -812,7 +818,10 @@ impl Shared {
     /// entries of recovered nodes afterwards.
     fn process_node_table(&self, msg: &Message) {
         if msg.meta.sender != SCHEDULER {
-            warn!("dropping ADD_NODE from node {}: only the scheduler sends node tables", msg.meta.sender);
+            warn!(
+                "dropping ADD_NODE from node {}: only the scheduler sends node tables",
+                msg.meta.sender
+            );
             return;
         }
         let nodes = &msg.meta.control.node;
@@ -894,12 +903,18 @@ impl Shared {
 
     fn process_barrier_release(&self, msg: &Message) {
         if msg.meta.sender != SCHEDULER || msg.meta.request {
-            warn!("dropping BARRIER from node {}: only the scheduler releases barriers", msg.meta.sender);
+            warn!(
+                "dropping BARRIER from node {}: only the scheduler releases barriers",
+                msg.meta.sender
+            );
             return;
         }
         let group = msg.meta.control.barrier_group;
         let mut state = lock(&self.state);
-        let matching = state.barriers.iter().any(|w| w.group == group && !w.released);
+        let matching = state
+            .barriers
+            .iter()
+            .any(|w| w.group == group && !w.released);
         if matching {
             for w in state.barriers.iter_mut().filter(|w| w.group == group) {
                 w.released = true;

@@ -128,7 +128,10 @@ fn nodes_get_ids_by_role_and_address() {
     // Ids follow the port order (all on 127.0.0.1).
     let mut by_port: Vec<_> = c.workers.iter().map(|v| v.my_node()).collect();
     by_port.sort_by_key(|n| n.port);
-    assert_eq!(by_port.iter().map(|n| n.id).collect::<Vec<_>>(), vec![9, 11, 13]);
+    assert_eq!(
+        by_port.iter().map(|n| n.id).collect::<Vec<_>>(),
+        vec![9, 11, 13]
+    );
     // Everyone knows the whole table.
     for van in c.all() {
         assert_eq!(van.nodes().len(), 6);
@@ -168,7 +171,10 @@ fn data_reaches_the_receiver_with_sender_id() {
     msg.meta.request = true;
     msg.meta.push = true;
     msg.data = vec![bytes::Bytes::from(vec![1u8; 1 << 20]), bytes::Bytes::new()];
-    msg.meta.data_type = vec![pslite_proto::DataType::UInt64, pslite_proto::DataType::Float];
+    msg.meta.data_type = vec![
+        pslite_proto::DataType::UInt64,
+        pslite_proto::DataType::Float,
+    ];
     worker.send(msg).unwrap();
     let got = c.inboxes[1].recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(got.meta.sender, worker.my_node().id);

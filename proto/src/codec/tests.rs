@@ -36,7 +36,11 @@ fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
 
 /// Encodes `meta`, compares with `golden`, decodes `golden` and compares with `meta`.
 fn check(name: &str, meta: Meta, golden: &str) {
-    assert_eq!(hex(&meta.encode()), golden, "{name}: encoding differs from C++");
+    assert_eq!(
+        hex(&meta.encode()),
+        golden,
+        "{name}: encoding differs from C++"
+    );
     let decoded = Meta::decode(&unhex(golden)).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(decoded, meta, "{name}: decoding differs");
 }
@@ -115,7 +119,11 @@ fn terminate() {
         customer_id: 0,
         ..Meta::default()
     };
-    check("TERMINATE", meta, "08ffffffff071a020801200028003000500060006800");
+    check(
+        "TERMINATE",
+        meta,
+        "08ffffffff071a020801200028003000500060006800",
+    );
 }
 
 fn data_meta(timestamp: i32) -> Meta {
@@ -206,8 +214,10 @@ fn negative_garbage_barrier_group_round_trips() {
 
 #[test]
 fn ack_carries_msg_sig_only() {
-    let mut meta = Meta::default();
-    meta.control = Control::new(Command::Ack);
+    let mut meta = Meta {
+        control: Control::new(Command::Ack),
+        ..Meta::default()
+    };
     meta.control.msg_sig = 0xdead_beef_1234;
     meta.control.barrier_group = 5; // not written on ACK
     let decoded = Meta::decode(&meta.encode()).unwrap();

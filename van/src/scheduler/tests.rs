@@ -83,9 +83,30 @@ fn ids_follow_hostname_then_numeric_port() {
     assert_eq!(actions.last(), Some(&Action::Ready));
     // 9999 < 10000 numerically although "10000" < "9999" as text.
     assert_eq!(id_of(&s, 10000), 10);
-    assert_eq!(s.nodes().iter().find(|n| n.port == 9999 && n.role == Role::Server).unwrap().id, 8);
-    assert_eq!(s.nodes().iter().find(|n| n.hostname == "a.host").unwrap().id, 9);
-    assert_eq!(s.nodes().iter().find(|n| n.hostname == "b.host").unwrap().id, 11);
+    assert_eq!(
+        s.nodes()
+            .iter()
+            .find(|n| n.port == 9999 && n.role == Role::Server)
+            .unwrap()
+            .id,
+        8
+    );
+    assert_eq!(
+        s.nodes()
+            .iter()
+            .find(|n| n.hostname == "a.host")
+            .unwrap()
+            .id,
+        9
+    );
+    assert_eq!(
+        s.nodes()
+            .iter()
+            .find(|n| n.hostname == "b.host")
+            .unwrap()
+            .id,
+        11
+    );
     assert_eq!(s.missing(), Missing::default());
 }
 
@@ -140,7 +161,10 @@ fn table_goes_to_every_process_after_connecting_to_it() {
     let nodes = &table.meta.control.node;
     assert_eq!(nodes.len(), 4);
     let last = nodes.last().unwrap();
-    assert_eq!((last.role, last.id, last.port), (Role::Scheduler, SCHEDULER, 9000));
+    assert_eq!(
+        (last.role, last.id, last.port),
+        (Role::Scheduler, SCHEDULER, 9000)
+    );
 }
 
 #[test]
@@ -149,17 +173,35 @@ fn missing_counts_per_role() {
     let now = Instant::now();
     s.handle(&add_node(Role::Worker, HOST, 9001, 0), now);
     s.handle(&add_node(Role::Server, HOST, 9002, 0), now);
-    assert_eq!(s.missing(), Missing { servers: 1, workers: 2 });
+    assert_eq!(
+        s.missing(),
+        Missing {
+            servers: 1,
+            workers: 2
+        }
+    );
 }
 
 #[test]
 fn repeated_and_surplus_registrations_are_dropped() {
     let mut s = scheduler(1, 1, None);
     let now = Instant::now();
-    assert!(s.handle(&add_node(Role::Server, HOST, 9001, 0), now).is_empty());
-    assert!(s.handle(&add_node(Role::Server, HOST, 9001, 0), now).is_empty());
-    assert!(s.handle(&add_node(Role::Server, HOST, 9005, 0), now).is_empty());
-    assert_eq!(s.missing(), Missing { servers: 0, workers: 1 });
+    assert!(s
+        .handle(&add_node(Role::Server, HOST, 9001, 0), now)
+        .is_empty());
+    assert!(s
+        .handle(&add_node(Role::Server, HOST, 9001, 0), now)
+        .is_empty());
+    assert!(s
+        .handle(&add_node(Role::Server, HOST, 9005, 0), now)
+        .is_empty());
+    assert_eq!(
+        s.missing(),
+        Missing {
+            servers: 0,
+            workers: 1
+        }
+    );
     let actions = s.handle(&add_node(Role::Worker, HOST, 9002, 0), now);
     assert_eq!(recvers(&actions), vec![8, 9]);
 }
@@ -169,12 +211,27 @@ fn malformed_registrations_are_dropped() {
     let mut s = scheduler(1, 1, None);
     let now = Instant::now();
     let mut two = add_node(Role::Server, HOST, 9001, 0);
-    two.meta.control.node.push(Node::new(Role::Worker, HOST, 9002));
+    two.meta
+        .control
+        .node
+        .push(Node::new(Role::Worker, HOST, 9002));
     assert!(s.handle(&two, now).is_empty());
-    assert!(s.handle(&add_node(Role::Scheduler, HOST, 9003, 0), now).is_empty());
-    assert!(s.handle(&add_node(Role::Server, HOST, 0, 0), now).is_empty());
-    assert!(s.handle(&add_node(Role::Server, "", 9004, 0), now).is_empty());
-    assert_eq!(s.missing(), Missing { servers: 1, workers: 1 });
+    assert!(s
+        .handle(&add_node(Role::Scheduler, HOST, 9003, 0), now)
+        .is_empty());
+    assert!(s
+        .handle(&add_node(Role::Server, HOST, 0, 0), now)
+        .is_empty());
+    assert!(s
+        .handle(&add_node(Role::Server, "", 9004, 0), now)
+        .is_empty());
+    assert_eq!(
+        s.missing(),
+        Missing {
+            servers: 1,
+            workers: 1
+        }
+    );
 }
 
 #[test]
@@ -190,14 +247,20 @@ fn customers_of_one_process_share_its_id() {
         ],
         Instant::now(),
     );
-    let workers: Vec<_> = s.nodes().iter().filter(|n| n.role == Role::Worker).collect();
+    let workers: Vec<_> = s
+        .nodes()
+        .iter()
+        .filter(|n| n.role == Role::Worker)
+        .collect();
     assert_eq!(workers.len(), 2);
     assert!(workers.iter().all(|n| n.id == 9));
     // One table per process, not per customer.
     assert_eq!(recvers(&actions), vec![8, 9]);
 
     // A worker barrier counts both customers, then releases the process once.
-    assert!(s.handle(&barrier(9, 0, ids::WORKER_GROUP), Instant::now()).is_empty());
+    assert!(s
+        .handle(&barrier(9, 0, ids::WORKER_GROUP), Instant::now())
+        .is_empty());
     let release = s.handle(&barrier(9, 1, ids::WORKER_GROUP), Instant::now());
     assert_eq!(recvers(&release), vec![9]);
 }
@@ -252,7 +315,10 @@ fn barriers_are_counted_per_group() {
     for id in [8, 10] {
         assert!(s.handle(&barrier(id, 0, 6), now).is_empty());
     }
-    assert_eq!(recvers(&s.handle(&barrier(11, 0, 6), now)), vec![8, 9, 10, 11]);
+    assert_eq!(
+        recvers(&s.handle(&barrier(11, 0, 6), now)),
+        vec![8, 9, 10, 11]
+    );
     // Scheduler with servers.
     assert!(s.handle(&barrier(1, 0, 3), now).is_empty());
     assert!(s.handle(&barrier(8, 0, 3), now).is_empty());
@@ -272,13 +338,18 @@ fn bad_barriers_are_dropped() {
     // A worker in the server group, an unknown node, a reply.
     assert!(s.handle(&barrier(9, 0, ids::SERVER_GROUP), now).is_empty());
     assert!(s.handle(&barrier(13, 0, ids::WORKER_GROUP), now).is_empty());
-    assert!(s.handle(&barrier(K_EMPTY, 0, ids::WORKER_GROUP), now).is_empty());
+    assert!(s
+        .handle(&barrier(K_EMPTY, 0, ids::WORKER_GROUP), now)
+        .is_empty());
     let mut reply = barrier(11, 0, ids::WORKER_GROUP);
     reply.meta.request = false;
     assert!(s.handle(&reply, now).is_empty());
     // None of them counted: the worker group still needs both workers.
     assert!(s.handle(&barrier(9, 0, ids::WORKER_GROUP), now).is_empty());
-    assert_eq!(recvers(&s.handle(&barrier(11, 0, ids::WORKER_GROUP), now)), vec![9, 11]);
+    assert_eq!(
+        recvers(&s.handle(&barrier(11, 0, ids::WORKER_GROUP), now)),
+        vec![9, 11]
+    );
 }
 
 #[test]
@@ -325,9 +396,13 @@ fn a_new_node_takes_over_a_dead_node_of_its_role() {
     // Server 10 has been silent for more than 10 s at t2.
     let t2 = t0 + Duration::from_secs(12);
     // A worker cannot take a server's place.
-    assert!(s.handle(&add_node(Role::Worker, HOST, 9500, 0), t2).is_empty());
+    assert!(s
+        .handle(&add_node(Role::Worker, HOST, 9500, 0), t2)
+        .is_empty());
     let actions = s.handle(&add_node(Role::Server, HOST, 9600, 0), t2);
-    assert!(matches!(&actions[0], Action::Connect(n) if n.id == 10 && n.port == 9600 && n.is_recovery));
+    assert!(
+        matches!(&actions[0], Action::Connect(n) if n.id == 10 && n.port == 9600 && n.is_recovery)
+    );
     let msgs = sends(&actions);
     // The recovered node gets the whole table, the live ones only its entry.
     assert_eq!(msgs[0].meta.recver, 10);
@@ -335,7 +410,9 @@ fn a_new_node_takes_over_a_dead_node_of_its_role() {
     let updates: Vec<_> = msgs[1..].iter().map(|m| m.meta.recver).collect();
     assert_eq!(updates, vec![8, 9, 11]);
     for m in &msgs[1..] {
-        let [entry] = m.meta.control.node.as_slice() else { panic!() };
+        let [entry] = m.meta.control.node.as_slice() else {
+            panic!()
+        };
         assert_eq!((entry.id, entry.port, entry.is_recovery), (10, 9600, true));
     }
     assert!(s.dead_nodes(t2).is_empty());
@@ -346,10 +423,14 @@ fn a_new_node_takes_over_a_dead_node_of_its_role() {
 fn a_full_cluster_without_dead_nodes_ignores_new_nodes() {
     let t0 = Instant::now();
     let mut s = formed_1_2_2(Some(10), t0);
-    assert!(s.handle(&add_node(Role::Server, HOST, 9600, 0), t0).is_empty());
+    assert!(s
+        .handle(&add_node(Role::Server, HOST, 9600, 0), t0)
+        .is_empty());
     let mut s = formed_1_2_2(None, t0);
     let later = t0 + Duration::from_secs(1000);
-    assert!(s.handle(&add_node(Role::Server, HOST, 9600, 0), later).is_empty());
+    assert!(s
+        .handle(&add_node(Role::Server, HOST, 9600, 0), later)
+        .is_empty());
 }
 
 #[test]
@@ -374,5 +455,8 @@ fn recovery_drops_the_dead_incarnations_barrier_arrival() {
     s.handle(&add_node(Role::Worker, HOST, 9003, 0), t0);
     // Worker 9 restarted: its earlier arrival is void.
     assert!(s.handle(&barrier(11, 0, ids::WORKER_GROUP), t0).is_empty());
-    assert_eq!(recvers(&s.handle(&barrier(9, 0, ids::WORKER_GROUP), t0)), vec![9, 11]);
+    assert_eq!(
+        recvers(&s.handle(&barrier(9, 0, ids::WORKER_GROUP), t0)),
+        vec![9, 11]
+    );
 }

@@ -1,0 +1,44 @@
+//! Every node runs barriers over every group it belongs to (1 scheduler,
+//! 2 servers, 4 workers and their sums), several rounds. Every node visits
+//! the groups in the same order, so each barrier completes.
+//!
+//! `BARRIER_ROUNDS` sets the number of rounds (default 5).
+
+use std::process::ExitCode;
+
+use pslite::{ids, Postoffice};
+
+fn main() -> ExitCode {
+    pslite::init_logging();
+    pslite::exit_code(run())
+}
+
+fn run() -> Result<(), pslite::Error> {
+    let rounds: u32 = match std::env::var("BARRIER_ROUNDS") {
+        Ok(v) => v.trim().parse().map_err(|_| pslite::ConfigError::Invalid {
+            var: "BARRIER_ROUNDS",
+            value: v.clone(),
+            expected: "a whole number",
+        })?,
+        Err(_) => 5,
+    };
+    let po = Postoffice::from_env()?;
+    po.start(0, true)?;
+    let my_group = ids::role_group(po.role());
+    let mut count = 0;
+    for _ in 0..rounds {
+        for group in 1..=ids::ALL_GROUP {
+            if group & my_group != 0 {
+                po.barrier(0, group)?;
+                count += 1;
+            }
+        }
+    }
+    println!(
+        "{} rank {}: {count} barriers passed",
+        po.role(),
+        po.my_rank()?
+    );
+    po.finalize(0, true)?;
+    Ok(())
+}

@@ -1,0 +1,467 @@
+//! Node configuration: the `DMLC_*` / `PS_*` environment variables ps-lite
+//! users already set, parsed with errors that name the variable and the fix.
+
+use std::time::Duration;
+
+use pslite_proto::Role;
+use pslite_van::{transport, Transport, VanConfig};
+
+/// A configuration value that is missing or unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A required variable is not set.
+    #[error("{var} is not set: {hint}")]
+    Missing {
+        /// The variable.
+        var: &'static str,
+        /// What to set it to.
+        hint: &'static str,
+    },
+    /// A variable is set to something unusable.
+    #[error("{var} must be {expected}, got {value:?}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// A host name that does not resolve.
+    #[error(
+        "{var} {value:?} does not resolve to an IP address: use an IP or a resolvable host name"
+    )]
+    Unresolvable {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// `DMLC_INTERFACE` names no interface with an IPv4 address.
+    #[error(
+        "DMLC_INTERFACE {0:?} is not a network interface with an IPv4 address (try lo or eth0)"
+    )]
+    Interface(String),
+}
+
+/// Everything a node needs to join a cluster.
+///
+/// Build it from the environment with [`Config::from_env`], or in code with
+/// [`Config::new`] and the public fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// `DMLC_ROLE`.
+    pub role: Role,
+    /// `DMLC_NUM_SERVER`.
+    pub num_servers: i32,
+    /// `DMLC_NUM_WORKER`.
+    pub num_workers: i32,
+    /// `DMLC_PS_ROOT_URI`: the scheduler's host.
+    pub scheduler_host: String,
+    /// `DMLC_PS_ROOT_PORT`: the scheduler's port.
+    pub scheduler_port: i32,
+    /// The host this node advertises: `DMLC_NODE_HOST`, else the address of
+    /// `DMLC_INTERFACE`, else 127.0.0.1 when the scheduler is on loopback,
+    /// else this machine's first non-loopback IPv4 address.
+    pub host: String,
+    /// `PS_BIND_HOST`: where to bind (e.g. `0.0.0.0` in a container);
+    /// default: the advertised host.
+    pub bind_host: Option<String>,
+    /// `PORT`: this node's port; default: a free one.
+    pub port: Option<i32>,
+    /// `DMLC_LOCAL=1`: IPC sockets under /tmp instead of TCP.
+    pub local: bool,
+    /// `DMLC_PS_WATER_MARK`: send high-water mark per peer.
+    pub water_mark: Option<i32>,
+    /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 every message.
+    pub verbose: u8,
+    /// `PS_START_TIMEOUT` (seconds, default 300): how long joining may take.
+    pub start_timeout: Duration,
+    /// `PS_HEARTBEAT_INTERVAL` (seconds, 0 = off, the default).
+    pub heartbeat_interval: Option<Duration>,
+    /// `PS_HEARTBEAT_TIMEOUT` (seconds, 0 = never dead, the default).
+    pub heartbeat_timeout: Option<Duration>,
+    /// `PS_RESEND=1`: acknowledge and resend lost messages.
+    pub resend: bool,
+    /// `PS_RESEND_TIMEOUT` (milliseconds, default 1000).
+    pub resend_timeout: Duration,
+    /// `PS_DROP_MSG`: percentage of received messages to drop, for tests.
+    pub drop_percent: u32,
+}
+
+impl Config {
+    /// A configuration with ps-lite's defaults for a cluster of
+    /// `num_servers` and `num_workers` around the scheduler at
+    /// `scheduler_host:scheduler_port`, advertising 127.0.0.1.
+    pub fn new(
+        role: Role,
+        num_servers: i32,
+        num_workers: i32,
+        scheduler_host: impl Into<String>,
+        scheduler_port: i32,
+    ) -> Config {
+        Config {
+            role,
+            num_servers,
+            num_workers,
+            scheduler_host: scheduler_host.into(),
+            scheduler_port,
+            host: "127.0.0.1".into(),
+            bind_host: None,
+            port: None,
+            local: false,
+            water_mark: None,
+            verbose: 0,
+            start_timeout: Duration::from_secs(300),
+            heartbeat_interval: None,
+            heartbeat_timeout: None,
+            resend: false,
+            resend_timeout: Duration::from_millis(1000),
+            drop_percent: 0,
+        }
+    }
+
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads configuration through `lookup` (a variable name to its value).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let env = Env(&lookup);
+        let role_value = env.required("DMLC_ROLE", "set it to scheduler, server or worker")?;
+        let role = role_value.parse().map_err(|_| ConfigError::Invalid {
+            var: "DMLC_ROLE",
+            value: role_value.clone(),
+            expected: "scheduler, server or worker",
+        })?;
+        let num_servers = env.positive("DMLC_NUM_SERVER")?;
+        let num_workers = env.positive("DMLC_NUM_WORKER")?;
+        let scheduler_host = env.required(
+            "DMLC_PS_ROOT_URI",
+            "set it to the scheduler's IP or host name (e.g. 127.0.0.1)",
+        )?;
+        if !transport::resolves(&scheduler_host) {
+            return Err(ConfigError::Unresolvable {
+                var: "DMLC_PS_ROOT_URI",
+                value: scheduler_host,
+            });
+        }
+        let port_value = env.required("DMLC_PS_ROOT_PORT", "set it to the scheduler's port")?;
+        let scheduler_port = parse_port("DMLC_PS_ROOT_PORT", &port_value)?;
+        let host = match (env.get("DMLC_NODE_HOST"), env.get("DMLC_INTERFACE")) {
+            (Some(host), _) => {
+                if !transport::resolves(&host) {
+                    return Err(ConfigError::Unresolvable {
+                        var: "DMLC_NODE_HOST",
+                        value: host,
+                    });
+                }
+                host
+            }
+            (None, Some(interface)) => {
+                transport::interface_ipv4(&interface).ok_or(ConfigError::Interface(interface))?
+            }
+            (None, None) => default_host(&scheduler_host),
+        };
+        let bind_host = env.get("PS_BIND_HOST");
+        if let Some(bind) = &bind_host {
+            if transport::resolve_bind_ip(bind).is_none() {
+                return Err(ConfigError::Unresolvable {
+                    var: "PS_BIND_HOST",
+                    value: bind.clone(),
+                });
+            }
+        }
+        let port = env
+            .get("PORT")
+            .map(|v| parse_port("PORT", &v))
+            .transpose()?;
+        let verbose = env.number("PS_VERBOSE", 0, 0..=2, "0, 1 or 2")?;
+        let seconds = |var, default| -> Result<Option<Duration>, ConfigError> {
+            let secs = env.number(
+                var,
+                default,
+                0..=u32::MAX as u64,
+                "a whole number of seconds",
+            )?;
+            Ok((secs > 0).then(|| Duration::from_secs(secs)))
+        };
+        let start_timeout = seconds("PS_START_TIMEOUT", 300)?.ok_or(ConfigError::Invalid {
+            var: "PS_START_TIMEOUT",
+            value: "0".into(),
+            expected: "a positive number of seconds",
+        })?;
+        Ok(Config {
+            role,
+            num_servers,
+            num_workers,
+            scheduler_host,
+            scheduler_port,
+            host,
+            bind_host,
+            port,
+            local: env.flag("DMLC_LOCAL")?,
+            water_mark: env
+                .get("DMLC_PS_WATER_MARK")
+                .map(|v| parse_positive("DMLC_PS_WATER_MARK", &v))
+                .transpose()?,
+            verbose: verbose as u8,
+            start_timeout,
+            heartbeat_interval: seconds("PS_HEARTBEAT_INTERVAL", 0)?,
+            heartbeat_timeout: seconds("PS_HEARTBEAT_TIMEOUT", 0)?,
+            resend: env.flag("PS_RESEND")?,
+            resend_timeout: Duration::from_millis(env.number(
+                "PS_RESEND_TIMEOUT",
+                1000,
+                1..=3_600_000,
+                "a positive number of milliseconds",
+            )?),
+            drop_percent: env.number("PS_DROP_MSG", 0, 0..=100, "a percentage from 0 to 100")?
+                as u32,
+        })
+    }
+
+    /// The transport-level part of this configuration.
+    pub fn van_config(&self) -> VanConfig {
+        VanConfig {
+            role: self.role,
+            num_servers: self.num_servers,
+            num_workers: self.num_workers,
+            scheduler_host: self.scheduler_host.clone(),
+            scheduler_port: self.scheduler_port,
+            host: self.host.clone(),
+            bind_host: self.bind_host.clone(),
+            port: self.port,
+            transport: if self.local {
+                Transport::Ipc
+            } else {
+                Transport::Tcp
+            },
+            water_mark: self.water_mark,
+            start_timeout: self.start_timeout,
+            heartbeat_interval: self.heartbeat_interval,
+            heartbeat_timeout: self.heartbeat_timeout,
+        }
+    }
+}
+
+/// The host to advertise when none is configured.
+fn default_host(scheduler_host: &str) -> String {
+    let loopback = transport::resolve_bind_ip(scheduler_host)
+        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+        .is_some_and(|ip| ip.is_loopback());
+    if loopback {
+        return "127.0.0.1".into();
+    }
+    ["eth0", "en0", "ens3", "ens4", "ens5", "eno1", "enp0s3"]
+        .iter()
+        .find_map(|name| transport::interface_ipv4(name))
+        .unwrap_or_else(|| "127.0.0.1".into())
+}
+
+struct Env<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+impl Env<'_> {
+    /// A set, non-blank variable.
+    fn get(&self, var: &str) -> Option<String> {
+        (self.0)(var)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn required(&self, var: &'static str, hint: &'static str) -> Result<String, ConfigError> {
+        self.get(var).ok_or(ConfigError::Missing { var, hint })
+    }
+
+    fn positive(&self, var: &'static str) -> Result<i32, ConfigError> {
+        let value = self.required(var, "set it to a positive integer")?;
+        parse_positive(var, &value)
+    }
+
+    fn number(
+        &self,
+        var: &'static str,
+        default: u64,
+        range: std::ops::RangeInclusive<u64>,
+        expected: &'static str,
+    ) -> Result<u64, ConfigError> {
+        let Some(value) = self.get(var) else {
+            return Ok(default);
+        };
+        value
+            .parse::<u64>()
+            .ok()
+            .filter(|v| range.contains(v))
+            .ok_or(ConfigError::Invalid {
+                var,
+                value,
+                expected,
+            })
+    }
+
+    fn flag(&self, var: &'static str) -> Result<bool, ConfigError> {
+        match self
+            .get(var)
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("0") | Some("false") | Some("no") | Some("off") => Ok(false),
+            Some("1") | Some("true") | Some("yes") | Some("on") => Ok(true),
+            Some(_) => Err(ConfigError::Invalid {
+                var,
+                value: self.get(var).unwrap_or_default(),
+                expected: "0 or 1",
+            }),
+        }
+    }
+}
+
+fn parse_positive(var: &'static str, value: &str) -> Result<i32, ConfigError> {
+    value
+        .parse::<i32>()
+        .ok()
+        .filter(|&v| v > 0)
+        .ok_or(ConfigError::Invalid {
+            var,
+            value: value.to_string(),
+            expected: "a positive integer",
+        })
+}
+
+fn parse_port(var: &'static str, value: &str) -> Result<i32, ConfigError> {
+    value
+        .parse::<i32>()
+        .ok()
+        .filter(|p| (1..=65535).contains(p))
+        .ok_or(ConfigError::Invalid {
+            var,
+            value: value.to_string(),
+            expected: "a port number from 1 to 65535",
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let base = [
+            ("DMLC_ROLE", "worker"),
+            ("DMLC_NUM_SERVER", "2"),
+            ("DMLC_NUM_WORKER", "3"),
+            ("DMLC_PS_ROOT_URI", "127.0.0.1"),
+            ("DMLC_PS_ROOT_PORT", "9091"),
+        ];
+        let mut env: HashMap<String, String> = base
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for (k, v) in vars {
+            if v.is_empty() {
+                env.remove(*k);
+            } else {
+                env.insert(k.to_string(), v.to_string());
+            }
+        }
+        Config::from_lookup(|k| env.get(k).cloned())
+    }
+
+    fn message(vars: &[(&str, &str)]) -> String {
+        parse(vars).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.role, Role::Worker);
+        assert_eq!((c.num_servers, c.num_workers), (2, 3));
+        assert_eq!(c.host, "127.0.0.1");
+        assert_eq!(c.start_timeout, Duration::from_secs(300));
+        assert_eq!(c.heartbeat_interval, None);
+        assert_eq!(c.resend_timeout, Duration::from_millis(1000));
+        assert!(!c.local && !c.resend);
+        assert_eq!(c.port, None);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = parse(&[
+            ("DMLC_ROLE", " Scheduler "),
+            ("DMLC_NODE_HOST", "localhost"),
+            ("PORT", "9100"),
+            ("DMLC_LOCAL", "1"),
+            ("DMLC_PS_WATER_MARK", "500"),
+            ("PS_VERBOSE", "2"),
+            ("PS_HEARTBEAT_INTERVAL", "1"),
+            ("PS_HEARTBEAT_TIMEOUT", "5"),
+            ("PS_RESEND", "1"),
+            ("PS_RESEND_TIMEOUT", "200"),
+            ("PS_DROP_MSG", "10"),
+            ("PS_START_TIMEOUT", "7"),
+            ("PS_BIND_HOST", "0.0.0.0"),
+        ])
+        .unwrap();
+        assert_eq!(c.role, Role::Scheduler);
+        assert_eq!(c.host, "localhost");
+        assert_eq!(c.port, Some(9100));
+        assert!(c.local && c.resend);
+        assert_eq!(c.water_mark, Some(500));
+        assert_eq!(c.verbose, 2);
+        assert_eq!(c.heartbeat_interval, Some(Duration::from_secs(1)));
+        assert_eq!(c.heartbeat_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(c.resend_timeout, Duration::from_millis(200));
+        assert_eq!(c.drop_percent, 10);
+        assert_eq!(c.start_timeout, Duration::from_secs(7));
+        assert_eq!(c.bind_host.as_deref(), Some("0.0.0.0"));
+        assert_eq!(c.van_config().transport, Transport::Ipc);
+    }
+
+    #[test]
+    fn interface_gives_the_host() {
+        let c = parse(&[("DMLC_INTERFACE", "lo")]).unwrap();
+        assert_eq!(c.host, "127.0.0.1");
+        assert_eq!(
+            message(&[("DMLC_INTERFACE", "nope0")]),
+            "DMLC_INTERFACE \"nope0\" is not a network interface with an IPv4 address (try lo or eth0)"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_variable_and_the_fix() {
+        assert_eq!(
+            message(&[("DMLC_NUM_SERVER", "x")]),
+            "DMLC_NUM_SERVER must be a positive integer, got \"x\""
+        );
+        assert_eq!(
+            message(&[("DMLC_NUM_SERVER", "0")]),
+            "DMLC_NUM_SERVER must be a positive integer, got \"0\""
+        );
+        assert_eq!(
+            message(&[("DMLC_NUM_WORKER", "")]),
+            "DMLC_NUM_WORKER is not set: set it to a positive integer"
+        );
+        assert_eq!(
+            message(&[("DMLC_ROLE", "boss")]),
+            "DMLC_ROLE must be scheduler, server or worker, got \"boss\""
+        );
+        assert!(message(&[("DMLC_ROLE", "")]).starts_with("DMLC_ROLE is not set"));
+        assert!(message(&[("DMLC_PS_ROOT_PORT", "70000")])
+            .starts_with("DMLC_PS_ROOT_PORT must be a port"));
+        assert!(message(&[("DMLC_PS_ROOT_URI", "no-such-host.invalid")])
+            .starts_with("DMLC_PS_ROOT_URI \"no-such-host.invalid\" does not resolve"));
+        assert!(
+            message(&[("DMLC_NODE_HOST", "no-such-host.invalid")]).starts_with("DMLC_NODE_HOST")
+        );
+        assert!(message(&[("PORT", "-1")]).starts_with("PORT must be"));
+        assert!(message(&[("PS_VERBOSE", "3")]).starts_with("PS_VERBOSE must be 0, 1 or 2"));
+        assert!(message(&[("PS_DROP_MSG", "101")]).starts_with("PS_DROP_MSG must be"));
+        assert!(message(&[("PS_RESEND", "maybe")]).starts_with("PS_RESEND must be 0 or 1"));
+        assert!(message(&[("PS_START_TIMEOUT", "0")])
+            .starts_with("PS_START_TIMEOUT must be a positive"));
+        assert!(message(&[("PS_HEARTBEAT_INTERVAL", "1.5")])
+            .starts_with("PS_HEARTBEAT_INTERVAL must be"));
+    }
+}

@@ -1,0 +1,23 @@
+//! A ps-lite node: its [`Config`] (from `DMLC_*` / `PS_*` variables or code)
+//! and its [`Postoffice`], which owns the Van, node groups, barriers and the
+//! routes to this process's customers.
+//!
+//! The life cycle is ps-lite's:
+//!
+//! ```no_run
+//! use pslite_postoffice::Postoffice;
+//!
+//! let po = Postoffice::from_env()?;  // DMLC_ROLE, DMLC_NUM_SERVER, ...
+//! po.start(0, true)?;                 // join, then a barrier over everyone
+//! println!("I am {:?} rank {}", po.role(), po.my_rank()?);
+//! po.finalize(0, true)?;              // a barrier over everyone, then stop
+//! # Ok::<(), pslite_postoffice::Error>(())
+//! ```
+
+mod config;
+mod postoffice;
+mod router;
+
+pub use config::{Config, ConfigError};
+pub use postoffice::{key_ranges, Error, KeyRange, Postoffice};
+pub use router::{CustomerKey, CustomerRouter};

@@ -1,0 +1,345 @@
+//! The Postoffice: one per node, owning the Van, the node groups, barriers
+//! and the routes to this process's customers.
+//!
+//! Unlike C++ ps-lite's `Postoffice::Get()` it is a value, not a global:
+//! several nodes can live in one process (tests do that). Clones share the
+//! same node.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+use log::debug;
+use pslite_proto::ids::{self, NodeId};
+use pslite_proto::{Message, Node, Role};
+use pslite_van::{Van, VanError};
+
+use crate::router::CustomerRouter;
+use crate::{Config, ConfigError};
+
+/// A Postoffice error: configuration, start-up, or the transport.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The environment does not describe a usable node.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Start-up failed in a way the user can fix (port in use...).
+    #[error("{0}")]
+    Start(String),
+    /// The transport or control plane failed.
+    #[error(transparent)]
+    Van(#[from] VanError),
+    /// The customer is registered already.
+    #[error("app {app_id} customer {customer_id} is already registered in this process")]
+    DuplicateCustomer {
+        /// Its app id.
+        app_id: i32,
+        /// Its customer id.
+        customer_id: i32,
+    },
+    /// Used before `start`.
+    #[error("the postoffice has not started: call start() first")]
+    NotStarted,
+}
+
+/// A half-open range of keys `[begin, end)`; the last server's range also
+/// holds `u64::MAX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    /// First key of the range.
+    pub begin: u64,
+    /// One past the last key (`u64::MAX` for the last server: it owns all
+    /// keys from `begin` on).
+    pub end: u64,
+}
+
+impl KeyRange {
+    /// Whether `key` falls in this range.
+    pub fn contains(&self, key: u64) -> bool {
+        key >= self.begin && (key < self.end || self.end == u64::MAX)
+    }
+}
+
+/// The key ranges of `num_servers` servers, as C++ ps-lite computes them:
+/// server r owns `[r * (MAX / n), (r + 1) * (MAX / n))`, the division first.
+/// The last range is stretched to `u64::MAX` so that every key has a server.
+pub fn key_ranges(num_servers: i32) -> Vec<KeyRange> {
+    let n = num_servers.max(1) as u64;
+    let step = u64::MAX / n;
+    (0..n)
+        .map(|r| KeyRange {
+            begin: step * r,
+            end: if r + 1 == n { u64::MAX } else { step * (r + 1) },
+        })
+        .collect()
+}
+
+struct Inner {
+    config: Config,
+    router: Arc<CustomerRouter>,
+    van: Mutex<Option<Arc<Van>>>,
+}
+
+/// A node of a ps-lite cluster. See the crate docs for the life cycle.
+#[derive(Clone)]
+pub struct Postoffice {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Postoffice {
+    /// A node configured by `config`; nothing is started yet.
+    pub fn new(config: Config) -> Postoffice {
+        let router = Arc::new(CustomerRouter::new(config.role));
+        Postoffice {
+            inner: Arc::new(Inner {
+                config,
+                router,
+                van: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// A node configured by the `DMLC_*` / `PS_*` environment variables.
+    pub fn from_env() -> Result<Postoffice, Error> {
+        Ok(Postoffice::new(Config::from_env()?))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Starts the node (once per process) and joins the cluster as
+    /// `customer_id`; with `do_barrier`, then waits until every node has
+    /// started (a recovered node skips that barrier, as the others are past it).
+    pub fn start(&self, customer_id: i32, do_barrier: bool) -> Result<(), Error> {
+        let van = {
+            let mut slot = lock(&self.inner.van);
+            match &*slot {
+                Some(van) => Arc::clone(van),
+                None => {
+                    let dispatch = Arc::clone(&self.inner.router) as Arc<dyn pslite_van::Dispatch>;
+                    let van = Van::start(self.inner.config.van_config(), dispatch)
+                        .map_err(|e| self.explain_start_error(e))?;
+                    let van = Arc::new(van);
+                    *slot = Some(Arc::clone(&van));
+                    van
+                }
+            }
+        };
+        van.register(customer_id)?;
+        if do_barrier && !van.my_node().is_recovery {
+            self.barrier_with_timeout(
+                customer_id,
+                ids::ALL_GROUP,
+                Some(self.inner.config.start_timeout),
+            )?;
+        }
+        debug!("customer {customer_id} started");
+        Ok(())
+    }
+
+    /// Leaves the cluster: with `do_barrier`, first waits until every node
+    /// is finalizing. Customer 0 then stops the node.
+    pub fn finalize(&self, customer_id: i32, do_barrier: bool) -> Result<(), Error> {
+        let result = if do_barrier {
+            self.barrier(customer_id, ids::ALL_GROUP)
+        } else {
+            Ok(())
+        };
+        if customer_id == 0 {
+            if let Some(van) = lock(&self.inner.van).take() {
+                van.stop();
+            }
+        }
+        result
+    }
+
+    /// Waits until every member of `group` (a sum of [`ids::SCHEDULER_GROUP`],
+    /// [`ids::SERVER_GROUP`], [`ids::WORKER_GROUP`]) has called `barrier` for
+    /// it. Returns at once if this node is the group's only member.
+    pub fn barrier(&self, customer_id: i32, group: i32) -> Result<(), Error> {
+        self.barrier_with_timeout(customer_id, group, None)
+    }
+
+    /// [`Postoffice::barrier`] with a deadline.
+    pub fn barrier_with_timeout(
+        &self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+    ) -> Result<(), Error> {
+        let van = self.van()?;
+        let c = &self.inner.config;
+        let role_ok = ids::is_role_group(group) && group & ids::role_group(c.role) != 0;
+        if role_ok && ids::group_members(group, c.num_servers, c.num_workers).len() <= 1 {
+            return Ok(());
+        }
+        Ok(van.barrier(customer_id, group, timeout)?)
+    }
+
+    /// Registers a customer (an app instance); data messages for it arrive
+    /// on the returned queue, starting with any that came before.
+    pub fn register_customer(
+        &self,
+        app_id: i32,
+        customer_id: i32,
+    ) -> Result<Receiver<Message>, Error> {
+        self.inner
+            .router
+            .register((app_id, customer_id))
+            .ok_or(Error::DuplicateCustomer {
+                app_id,
+                customer_id,
+            })
+    }
+
+    /// Removes a customer registered with [`Postoffice::register_customer`].
+    pub fn unregister_customer(&self, app_id: i32, customer_id: i32) {
+        self.inner.router.unregister((app_id, customer_id));
+    }
+
+    /// Sends a message; returns the bytes sent.
+    pub fn send(&self, msg: Message) -> Result<usize, Error> {
+        Ok(self.van()?.send(msg)?)
+    }
+
+    /// The running Van.
+    pub fn van(&self) -> Result<Arc<Van>, Error> {
+        lock(&self.inner.van).clone().ok_or(Error::NotStarted)
+    }
+
+    /// This node's role.
+    pub fn role(&self) -> Role {
+        self.inner.config.role
+    }
+
+    /// Whether this node is a worker.
+    pub fn is_worker(&self) -> bool {
+        self.role() == Role::Worker
+    }
+
+    /// Whether this node is a server.
+    pub fn is_server(&self) -> bool {
+        self.role() == Role::Server
+    }
+
+    /// Whether this node is the scheduler.
+    pub fn is_scheduler(&self) -> bool {
+        self.role() == Role::Scheduler
+    }
+
+    /// This node as the cluster knows it (id assigned once started).
+    pub fn my_node(&self) -> Result<Node, Error> {
+        Ok(self.van()?.my_node())
+    }
+
+    /// This node's id (1 for the scheduler, 8+2r servers, 9+2r workers).
+    pub fn my_id(&self) -> Result<NodeId, Error> {
+        Ok(self.my_node()?.id)
+    }
+
+    /// This node's rank among the nodes of its role.
+    pub fn my_rank(&self) -> Result<i32, Error> {
+        Ok(ids::id_to_rank(self.my_id()?))
+    }
+
+    /// Whether this node replaced a dead one.
+    pub fn is_recovery(&self) -> bool {
+        self.van().is_ok_and(|v| v.my_node().is_recovery)
+    }
+
+    /// `DMLC_NUM_WORKER`.
+    pub fn num_workers(&self) -> i32 {
+        self.inner.config.num_workers
+    }
+
+    /// `DMLC_NUM_SERVER`.
+    pub fn num_servers(&self) -> i32 {
+        self.inner.config.num_servers
+    }
+
+    /// The key range each server owns, by server rank.
+    pub fn server_key_ranges(&self) -> Vec<KeyRange> {
+        key_ranges(self.num_servers())
+    }
+
+    /// The node ids of `group` (a role union 1..=7 or a node id): one per
+    /// process once started (customers of one process share its id).
+    pub fn node_ids(&self, group: i32) -> Vec<NodeId> {
+        let c = &self.inner.config;
+        let ids = ids::group_members(group, c.num_servers, c.num_workers);
+        let Ok(van) = self.van() else {
+            return ids;
+        };
+        let table = van.nodes();
+        if table.is_empty() {
+            return ids;
+        }
+        let mut ids: Vec<NodeId> = table
+            .iter()
+            .map(|n| n.id)
+            .filter(|&id| ids::group_contains(group, id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Nodes silent for longer than the heartbeat timeout (see
+    /// [`Van::dead_nodes`]).
+    pub fn dead_nodes(&self) -> Vec<NodeId> {
+        self.van().map(|v| v.dead_nodes()).unwrap_or_default()
+    }
+
+    fn explain_start_error(&self, err: VanError) -> Error {
+        let c = &self.inner.config;
+        match err {
+            VanError::Bind { endpoint, source } => {
+                let (var, what) = if c.role == Role::Scheduler {
+                    ("DMLC_PS_ROOT_PORT", c.scheduler_port.to_string())
+                } else {
+                    ("PORT", c.port.map(|p| p.to_string()).unwrap_or_default())
+                };
+                Error::Start(format!(
+                    "cannot listen on {endpoint} ({source}): {var} {what} is taken or the host \
+                     is not an address of this machine; choose a free port, or set PS_BIND_HOST \
+                     (e.g. 0.0.0.0) to bind another address"
+                ))
+            }
+            VanError::Resolve { host } => Error::Start(format!(
+                "cannot bind: host {host:?} does not resolve; set PS_BIND_HOST to an IP of this machine"
+            )),
+            other => Error::Van(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_ranges_match_cxx() {
+        let r = key_ranges(1);
+        assert_eq!(
+            r,
+            vec![KeyRange {
+                begin: 0,
+                end: u64::MAX
+            }]
+        );
+        assert!(r[0].contains(u64::MAX));
+        let r = key_ranges(2);
+        assert_eq!(r[1].begin, 9_223_372_036_854_775_807);
+        assert_eq!(r[0].end, r[1].begin);
+        let r = key_ranges(3);
+        assert_eq!(r[1].begin, u64::MAX / 3);
+        assert_eq!(r[2].begin, u64::MAX / 3 * 2);
+        assert!(r[2].contains(u64::MAX) && !r[1].contains(r[2].begin));
+    }
+}

@@ -1,0 +1,167 @@
+//! Routing data messages to the customers (apps) of this process.
+//!
+//! A message names its app (`app_id`) and, on a worker, its customer
+//! (`customer_id`; servers and the scheduler use the app id for both, as
+//! ps-lite does). Messages for a customer that has not registered yet are
+//! held, in order, and handed over when it registers: a server may receive
+//! pushes before its `KVServer` exists (C++ ps-lite aborts after 5 s there).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use log::{debug, warn};
+use pslite_proto::{Message, Role, K_EMPTY};
+use pslite_van::Dispatch;
+
+/// At most this many messages wait for customers that have not registered;
+/// beyond it (a misbehaving or hostile peer) new ones are dropped and logged.
+const MAX_HELD: usize = 1_000_000;
+
+/// (app id, customer id).
+pub type CustomerKey = (i32, i32);
+
+#[derive(Default)]
+struct Routes {
+    customers: HashMap<CustomerKey, Sender<Message>>,
+    held: HashMap<CustomerKey, Vec<Message>>,
+    held_total: usize,
+}
+
+/// The [`Dispatch`] of a Postoffice: delivers each data message to its
+/// customer's queue.
+pub struct CustomerRouter {
+    role: Role,
+    routes: Mutex<Routes>,
+}
+
+impl CustomerRouter {
+    /// A router for a node of `role`.
+    pub fn new(role: Role) -> CustomerRouter {
+        CustomerRouter {
+            role,
+            routes: Mutex::new(Routes::default()),
+        }
+    }
+
+    /// The customer a message is for.
+    pub fn key_of(&self, msg: &Message) -> CustomerKey {
+        let app_id = msg.meta.app_id;
+        let customer_id = if self.role == Role::Worker {
+            msg.meta.customer_id
+        } else {
+            app_id
+        };
+        (app_id, customer_id)
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a customer; its queue starts with whatever was held for it.
+    /// `None` if the customer is already registered.
+    pub fn register(&self, key: CustomerKey) -> Option<Receiver<Message>> {
+        let mut routes = self.routes();
+        if routes.customers.contains_key(&key) {
+            return None;
+        }
+        let (tx, rx) = unbounded();
+        if let Some(held) = routes.held.remove(&key) {
+            debug!(
+                "app {} customer {}: delivering {} messages that arrived before it registered",
+                key.0,
+                key.1,
+                held.len()
+            );
+            routes.held_total -= held.len();
+            for msg in held {
+                let _ = tx.send(msg);
+            }
+        }
+        routes.customers.insert(key, tx);
+        Some(rx)
+    }
+
+    /// Removes a customer; later messages for it are held again.
+    pub fn unregister(&self, key: CustomerKey) {
+        self.routes().customers.remove(&key);
+    }
+}
+
+impl Dispatch for CustomerRouter {
+    fn deliver(&self, msg: Message) {
+        if msg.meta.app_id == K_EMPTY {
+            warn!(
+                "dropping a data message from node {} without an app id",
+                msg.meta.sender
+            );
+            return;
+        }
+        let key = self.key_of(&msg);
+        let mut routes = self.routes();
+        if let Some(tx) = routes.customers.get(&key) {
+            if tx.send(msg).is_ok() {
+                return;
+            }
+            routes.customers.remove(&key);
+            warn!(
+                "app {} customer {} has gone: dropping a message for it",
+                key.0, key.1
+            );
+            return;
+        }
+        if routes.held_total >= MAX_HELD {
+            warn!(
+                "dropping a message from node {} for app {} customer {}: too many messages wait \
+                 for customers that never registered",
+                msg.meta.sender, key.0, key.1
+            );
+            return;
+        }
+        debug!(
+            "holding a message for app {} customer {} until it registers",
+            key.0, key.1
+        );
+        routes.held_total += 1;
+        routes.held.entry(key).or_default().push(msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(app_id: i32, customer_id: i32, ts: i32) -> Message {
+        let mut m = Message::default();
+        m.meta.app_id = app_id;
+        m.meta.customer_id = customer_id;
+        m.meta.timestamp = ts;
+        m
+    }
+
+    #[test]
+    fn messages_before_registration_are_held_in_order() {
+        let r = CustomerRouter::new(Role::Worker);
+        r.deliver(msg(0, 1, 1));
+        r.deliver(msg(0, 1, 2));
+        r.deliver(msg(0, 0, 3));
+        let rx = r.register((0, 1)).unwrap();
+        r.deliver(msg(0, 1, 4));
+        let got: Vec<_> = rx.try_iter().map(|m| m.meta.timestamp).collect();
+        assert_eq!(got, vec![1, 2, 4]);
+        let rx0 = r.register((0, 0)).unwrap();
+        assert_eq!(rx0.try_recv().unwrap().meta.timestamp, 3);
+        assert!(r.register((0, 0)).is_none());
+    }
+
+    #[test]
+    fn servers_route_by_app_id() {
+        let r = CustomerRouter::new(Role::Server);
+        let rx = r.register((3, 3)).unwrap();
+        r.deliver(msg(3, 7, 1));
+        assert_eq!(rx.try_recv().unwrap().meta.timestamp, 1);
+        r.deliver(msg(K_EMPTY, 0, 2));
+        assert!(rx.try_recv().is_err());
+    }
+}

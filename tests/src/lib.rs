@@ -1,0 +1,304 @@
+//! Fixtures for the integration tests: the release binaries (built once per
+//! test run), and bounded runs of `pslite launch` or of single nodes.
+//!
+//! Every run has a deadline: a process still running at its deadline is
+//! killed and the run reports `timed_out`, so a hang fails a test instead of
+//! blocking CI.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+fn release_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"));
+    let target = if target.is_absolute() {
+        target
+    } else {
+        workspace().join(target)
+    };
+    target.join("release")
+}
+
+/// Builds the `pslite` binary and the examples in release mode, once per
+/// test process, and returns the release directory.
+pub fn release_bins() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(workspace())
+            .args(["build", "--release", "-p", "pslite", "--bins", "--examples"])
+            .status()
+            .expect("cannot run cargo build for the release binaries");
+        assert!(status.success(), "cargo build --release failed");
+        release_dir()
+    })
+}
+
+/// The `pslite` binary.
+pub fn pslite_bin() -> PathBuf {
+    release_bins().join("pslite")
+}
+
+/// A built example program.
+pub fn example(name: &str) -> PathBuf {
+    release_bins().join("examples").join(name)
+}
+
+/// What a bounded run produced.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit status (None if killed at the deadline).
+    pub status: Option<ExitStatus>,
+    /// Whether the deadline passed.
+    pub timed_out: bool,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl Run {
+    /// The exit code (None if killed by a signal or at the deadline).
+    pub fn code(&self) -> Option<i32> {
+        self.status.and_then(|s| s.code())
+    }
+
+    /// Whether it exited 0.
+    pub fn ok(&self) -> bool {
+        self.code() == Some(0)
+    }
+
+    /// Both outputs, for assertion messages.
+    pub fn output(&self) -> String {
+        format!(
+            "status {:?} (timed out: {})\n--- stdout\n{}\n--- stderr\n{}",
+            self.status, self.timed_out, self.stdout, self.stderr
+        )
+    }
+
+    /// Panics with the output unless the run exited 0.
+    pub fn assert_ok(&self) -> &Self {
+        assert!(self.ok(), "run failed:\n{}", self.output());
+        self
+    }
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// A started process whose output is being collected.
+pub struct Spawned {
+    child: Child,
+    out: Option<std::thread::JoinHandle<String>>,
+    err: Option<std::thread::JoinHandle<String>>,
+    started: Instant,
+}
+
+/// Starts `cmd` with piped output, in its own process group.
+pub fn spawn(mut cmd: Command) -> Spawned {
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().expect("cannot spawn a test process");
+    let out = child.stdout.take().map(drain);
+    let err = child.stderr.take().map(drain);
+    Spawned {
+        child,
+        out,
+        err,
+        started: Instant::now(),
+    }
+}
+
+impl Spawned {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` to the whole process group.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on the group we created.
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), sig);
+        }
+    }
+
+    /// Waits up to `limit`, killing the process group if it is still running.
+    pub fn wait(mut self, limit: Duration) -> Run {
+        let deadline = self.started + limit;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let pid = self.child.id();
+        let waiter = std::thread::spawn(move || {
+            let status = self.child.wait();
+            let _ = tx.send(());
+            status
+        });
+        let timed_out = rx.recv_deadline(deadline).is_err();
+        if timed_out {
+            // SAFETY: kill(2) on the group we created.
+            unsafe {
+                libc::kill(-(pid as libc::pid_t), libc::SIGKILL);
+            }
+        }
+        let status = waiter.join().ok().and_then(Result::ok);
+        Run {
+            status: if timed_out { None } else { status },
+            timed_out,
+            stdout: self
+                .out
+                .take()
+                .and_then(|h| h.join().ok())
+                .unwrap_or_default(),
+            stderr: self
+                .err
+                .take()
+                .and_then(|h| h.join().ok())
+                .unwrap_or_default(),
+            elapsed: self.started.elapsed(),
+        }
+    }
+}
+
+/// Runs `cmd` to completion within `limit`.
+pub fn run(cmd: Command, limit: Duration) -> Run {
+    spawn(cmd).wait(limit)
+}
+
+/// A `pslite launch` of an example program, bounded in time.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// `--servers`.
+    pub servers: usize,
+    /// `--workers`.
+    pub workers: usize,
+    /// Extra launcher arguments (before `--`).
+    pub launcher_args: Vec<String>,
+    /// The program (a path) and its arguments.
+    pub program: Vec<String>,
+    /// Extra environment.
+    pub env: HashMap<String, String>,
+    /// The launcher's `--timeout`; the test kills it 15 s later.
+    pub timeout: Duration,
+}
+
+impl Launch {
+    /// `servers` + `workers` nodes of example `name`.
+    pub fn example(name: &str, servers: usize, workers: usize) -> Launch {
+        Launch {
+            servers,
+            workers,
+            launcher_args: Vec::new(),
+            program: vec![example(name).to_string_lossy().into_owned()],
+            env: HashMap::new(),
+            timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, key: &str, value: &str) -> Launch {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds launcher arguments.
+    pub fn arg(mut self, arg: &str) -> Launch {
+        self.launcher_args.push(arg.into());
+        self
+    }
+
+    /// Adds program arguments.
+    pub fn program_arg(mut self, arg: &str) -> Launch {
+        self.program.push(arg.into());
+        self
+    }
+
+    /// Sets the time limit.
+    pub fn timeout(mut self, t: Duration) -> Launch {
+        self.timeout = t;
+        self
+    }
+
+    /// The launcher command.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(pslite_bin());
+        cmd.arg("launch")
+            .arg("--servers")
+            .arg(self.servers.to_string())
+            .arg("--workers")
+            .arg(self.workers.to_string())
+            .arg("--timeout")
+            .arg(self.timeout.as_secs_f64().to_string())
+            .args(&self.launcher_args)
+            .arg("--")
+            .args(&self.program)
+            .envs(&self.env)
+            .env_remove("RUST_LOG");
+        cmd
+    }
+
+    /// Runs it to completion.
+    pub fn run(&self) -> Run {
+        run(self.command(), self.timeout + Duration::from_secs(15))
+    }
+}
+
+/// The environment of one node of a cluster around a scheduler at
+/// 127.0.0.1:`port`.
+pub fn node_env(role: &str, servers: usize, workers: usize, port: u16) -> Vec<(String, String)> {
+    [
+        ("DMLC_ROLE", role.to_string()),
+        ("DMLC_NUM_SERVER", servers.to_string()),
+        ("DMLC_NUM_WORKER", workers.to_string()),
+        ("DMLC_PS_ROOT_URI", "127.0.0.1".to_string()),
+        ("DMLC_PS_ROOT_PORT", port.to_string()),
+        ("DMLC_NODE_HOST", "127.0.0.1".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// A command running example `name` as one node, with a clean ps-lite
+/// environment plus `env`.
+pub fn node_command(name: &str, env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(example(name));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DMLC_") || k.starts_with("PS_") || k == "PORT" || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    cmd
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on 127.0.0.1")
+}

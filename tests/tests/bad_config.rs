@@ -1,0 +1,150 @@
+//! Bad configuration fails at once, with one line naming the variable and the
+//! fix, and a missing node fails the cluster at the start deadline instead of
+//! hanging it.
+
+use std::time::Duration;
+
+use pslite_tests::{free_port, node_command, node_env, run, spawn, Run};
+
+/// Runs one `connection` node with `env` changed by `edits` (empty value =
+/// unset) and returns the run; it must end within 10 s.
+fn node(role: &str, edits: &[(&str, &str)]) -> Run {
+    let mut env = node_env(role, 1, 1, free_port());
+    for (key, value) in edits {
+        env.retain(|(k, _)| k != key);
+        if !value.is_empty() {
+            env.push((key.to_string(), value.to_string()));
+        }
+    }
+    run(node_command("connection", &env), Duration::from_secs(10))
+}
+
+fn assert_config_error(run: &Run, expected: &str) {
+    assert_eq!(run.code(), Some(2), "{}", run.output());
+    let lines: Vec<_> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected:\n{}", run.output());
+    assert!(
+        lines[0].contains(expected),
+        "{expected:?} not in:\n{}",
+        run.output()
+    );
+    assert!(
+        run.elapsed < Duration::from_secs(5),
+        "took {:?}",
+        run.elapsed
+    );
+}
+
+#[test]
+fn missing_num_server() {
+    let run = node("worker", &[("DMLC_NUM_SERVER", "")]);
+    assert_config_error(
+        &run,
+        "DMLC_NUM_SERVER is not set: set it to a positive integer",
+    );
+}
+
+#[test]
+fn non_numeric_num_server() {
+    let run = node("server", &[("DMLC_NUM_SERVER", "two")]);
+    assert_config_error(
+        &run,
+        "DMLC_NUM_SERVER must be a positive integer, got \"two\"",
+    );
+}
+
+#[test]
+fn zero_num_server() {
+    let run = node("scheduler", &[("DMLC_NUM_SERVER", "0")]);
+    assert_config_error(
+        &run,
+        "DMLC_NUM_SERVER must be a positive integer, got \"0\"",
+    );
+}
+
+#[test]
+fn unknown_role() {
+    let run = node("chef", &[]);
+    assert_config_error(
+        &run,
+        "DMLC_ROLE must be scheduler, server or worker, got \"chef\"",
+    );
+}
+
+#[test]
+fn unresolvable_scheduler_host() {
+    let run = node("worker", &[("DMLC_PS_ROOT_URI", "no-such-host.invalid")]);
+    assert_config_error(
+        &run,
+        "DMLC_PS_ROOT_URI \"no-such-host.invalid\" does not resolve",
+    );
+}
+
+#[test]
+fn unresolvable_node_host() {
+    let run = node("server", &[("DMLC_NODE_HOST", "no-such-host.invalid")]);
+    assert_config_error(
+        &run,
+        "DMLC_NODE_HOST \"no-such-host.invalid\" does not resolve",
+    );
+}
+
+#[test]
+fn scheduler_port_in_use() {
+    let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let run = node("scheduler", &[("DMLC_PS_ROOT_PORT", &port)]);
+    assert_eq!(run.code(), Some(1), "{}", run.output());
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.output());
+    assert!(
+        run.stderr
+            .contains(&format!("DMLC_PS_ROOT_PORT {port} is taken")),
+        "{}",
+        run.output()
+    );
+    assert!(run.elapsed < Duration::from_secs(5));
+}
+
+#[test]
+fn missing_node_fails_at_the_start_deadline() {
+    // One server and one worker expected; only the server comes.
+    let port = free_port();
+    let with_timeout = |role| {
+        let mut env = node_env(role, 1, 1, port);
+        env.push(("PS_START_TIMEOUT".into(), "2".into()));
+        spawn(node_command("connection", &env))
+    };
+    let scheduler = with_timeout("scheduler");
+    let server = with_timeout("server");
+    let scheduler = scheduler.wait(Duration::from_secs(20));
+    let server = server.wait(Duration::from_secs(20));
+    assert_eq!(scheduler.code(), Some(1), "{}", scheduler.output());
+    assert!(
+        scheduler
+            .stderr
+            .contains("0 of 1 servers and 1 of 1 workers never registered"),
+        "{}",
+        scheduler.output()
+    );
+    assert_eq!(server.code(), Some(1), "{}", server.output());
+    assert!(
+        server.stderr.contains("no node table from the scheduler"),
+        "{}",
+        server.output()
+    );
+    for r in [&scheduler, &server] {
+        assert!(r.elapsed < Duration::from_secs(10), "took {:?}", r.elapsed);
+    }
+}
+
+#[test]
+fn unreachable_scheduler_fails_at_the_start_deadline() {
+    let run = node("worker", &[("PS_START_TIMEOUT", "1")]);
+    assert_eq!(run.code(), Some(1), "{}", run.output());
+    assert!(
+        run.stderr
+            .contains("check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"),
+        "{}",
+        run.output()
+    );
+}

@@ -1,0 +1,124 @@
+//! Clusters form, run barriers and shut down: real processes under
+//! `pslite launch` on 127.0.0.1.
+
+use std::time::Duration;
+
+use pslite_tests::Launch;
+
+fn count(haystack: &str, needle: &str) -> usize {
+    haystack.matches(needle).count()
+}
+
+#[test]
+fn connection_2_servers_2_workers() {
+    let run = Launch::example("connection", 2, 2).run();
+    run.assert_ok();
+    assert_eq!(count(&run.stdout, "finalized"), 5, "{}", run.output());
+    for node in [
+        "[scheduler]",
+        "[server 0]",
+        "[server 1]",
+        "[worker 0]",
+        "[worker 1]",
+    ] {
+        assert!(
+            run.stdout.contains(node),
+            "no output from {node}:\n{}",
+            run.output()
+        );
+    }
+    // Ids: servers 8, 10; workers 9, 11.
+    for id in ["(node 8)", "(node 9)", "(node 10)", "(node 11)", "(node 1)"] {
+        assert!(run.stdout.contains(id), "{id} missing:\n{}", run.output());
+    }
+}
+
+#[test]
+fn connection_8_servers_8_workers() {
+    let run = Launch::example("connection", 8, 8).run();
+    run.assert_ok();
+    assert_eq!(count(&run.stdout, "finalized"), 17, "{}", run.output());
+    assert!(run.stdout.contains("(node 23)") && run.stdout.contains("(node 22)"));
+}
+
+#[test]
+fn barriers_over_every_group() {
+    let run = Launch::example("barriers", 2, 2)
+        .env("BARRIER_ROUNDS", "5")
+        .run();
+    run.assert_ok();
+    // Each role belongs to 4 of the 7 groups: 20 barriers in 5 rounds.
+    assert_eq!(
+        count(&run.stdout, "20 barriers passed"),
+        5,
+        "{}",
+        run.output()
+    );
+}
+
+#[test]
+fn ipc_transport_with_dmlc_local() {
+    let run = Launch::example("barriers", 2, 2)
+        .env("DMLC_LOCAL", "1")
+        .env("BARRIER_ROUNDS", "2")
+        .run();
+    run.assert_ok();
+    assert_eq!(
+        count(&run.stdout, "8 barriers passed"),
+        5,
+        "{}",
+        run.output()
+    );
+}
+
+#[test]
+fn host_names_work_where_ips_do() {
+    let run = Launch::example("connection", 1, 2)
+        .arg("--host")
+        .arg("localhost")
+        .run();
+    run.assert_ok();
+    assert_eq!(count(&run.stdout, "finalized"), 4, "{}", run.output());
+}
+
+#[test]
+fn node_ids_are_deterministic_for_fixed_addresses() {
+    // With PORT fixed per process, the (hostname, port) order fixes the ids.
+    // The launcher cannot give each node its own PORT, so run nodes directly.
+    use pslite_tests::{free_port, node_command, node_env, spawn};
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let port = free_port();
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut procs = vec![spawn(node_command(
+            "connection",
+            &node_env("scheduler", 1, 2, port),
+        ))];
+        for (i, role) in ["server", "worker", "worker"].iter().enumerate() {
+            let mut env = node_env(role, 1, 2, port);
+            env.push(("PORT".into(), ports[i].to_string()));
+            procs.push(spawn(node_command("connection", &env)));
+        }
+        let runs: Vec<_> = procs
+            .into_iter()
+            .map(|p| p.wait(Duration::from_secs(60)))
+            .collect();
+        for run in &runs {
+            run.assert_ok();
+        }
+        // Worker ids follow port order.
+        let (lo, hi) = if ports[1] < ports[2] { (2, 3) } else { (3, 2) };
+        assert!(
+            runs[lo].stdout.contains("(node 9)"),
+            "{}",
+            runs[lo].output()
+        );
+        assert!(
+            runs[hi].stdout.contains("(node 11)"),
+            "{}",
+            runs[hi].output()
+        );
+        ids.push(runs[1].stdout.contains("(node 8)"));
+    }
+    assert_eq!(ids, vec![true, true]);
+}
