@@ -5,7 +5,7 @@
 //! is and where the scheduler listens (`pslite launch` sets them all):
 //!
 //! ```no_run
-//! use pslite::Postoffice;
+//! use pslite::{DefaultHandle, KVOptions, KVServer, KVWorker, Postoffice};
 //!
 //! fn main() -> std::process::ExitCode {
 //!     pslite::init_logging();
@@ -15,8 +15,20 @@
 //! fn run() -> Result<(), pslite::Error> {
 //!     let po = Postoffice::from_env()?;
 //!     po.start(0, true)?;
-//!     // ... apps: SimpleApp, KVWorker, KVServer ...
-//!     po.finalize(0, true)?;
+//!     if po.is_server() {
+//!         let server = KVServer::<f32>::new(&po, 0)?;
+//!         server.set_request_handle(DefaultHandle::new().into_handle());
+//!         po.finalize(0, true)?; // serves until every node finalizes
+//!     } else if po.is_worker() {
+//!         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
+//!         let keys = [1, 3, 5];
+//!         kv.wait(kv.push(&keys, &[1.0, 2.0, 3.0], KVOptions::new())?)?;
+//!         let pulled = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
+//!         println!("{:?}", &pulled.vals[..]);
+//!         po.finalize(0, true)?;
+//!     } else {
+//!         po.finalize(0, true)?;
+//!     }
 //!     Ok(())
 //! }
 //! ```
@@ -25,15 +37,28 @@
 //! (ZeroMQ transport, scheduler state machine), `pslite-postoffice`
 //! (configuration, node life cycle, barriers, routing to customers).
 
+pub mod customer;
+mod error;
+pub mod kv_pairs;
+pub mod kv_server;
+pub mod kv_worker;
 pub mod launcher;
 mod logging;
+pub mod sarray;
+pub mod simple_app;
 
 use std::process::ExitCode;
 
+pub use error::Error;
+pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
+pub use kv_server::{DefaultHandle, KVServer};
+pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
 pub use logging::init_logging;
-pub use pslite_postoffice::{key_ranges, Config, ConfigError, Error, KeyRange, Postoffice};
+pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Postoffice};
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};
 pub use pslite_proto::{DataType, Message, Meta, Node, Role};
+pub use sarray::{misaligned_copies, SArray};
+pub use simple_app::{SimpleApp, SimpleData};
 
 /// Exit code for configuration errors (the environment is wrong).
 pub const EXIT_CONFIG: u8 = 2;
@@ -43,13 +68,13 @@ pub const EXIT_CONFIG: u8 = 2;
 pub fn exit_code<E: Into<Error>>(result: Result<(), E>) -> ExitCode {
     match result.map_err(Into::into) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Error::Config(e)) => {
-            eprintln!("error: {e}");
-            ExitCode::from(EXIT_CONFIG)
-        }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            if e.is_config() {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

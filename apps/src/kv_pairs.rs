@@ -1,0 +1,313 @@
+//! Key-value data as it travels: [`KVPairs`] (keys, values, optional
+//! lengths), the value types a KV app can carry ([`Val`]), and the mapping
+//! to and from data frames (`[keys][vals][lens]`).
+
+use std::fmt::Debug;
+use std::ops::AddAssign;
+
+use bytemuck::Pod;
+use bytes::Bytes;
+use pslite_proto::{DataType, Message};
+
+use crate::sarray::SArray;
+use crate::Error;
+
+/// A key: ps-lite keys are `uint64_t`.
+pub type Key = u64;
+
+/// A value type a KV app can carry: plain numbers, little-endian on the wire.
+pub trait Val: Pod + Default + Debug + PartialEq + AddAssign + Send + Sync + 'static {
+    /// The `data_type` written for value frames.
+    const DATA_TYPE: DataType;
+}
+
+macro_rules! impl_val {
+    ($($t:ty => $d:ident),*) => {
+        $(impl Val for $t {
+            const DATA_TYPE: DataType = DataType::$d;
+        })*
+    };
+}
+
+impl_val!(
+    f32 => Float, f64 => Double, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64,
+    u8 => UInt8, u16 => UInt16, u32 => UInt32, u64 => UInt64
+);
+
+/// Whether a frame typed `frame` can be read as `V`: its own type, raw
+/// bytes (`OTHER`, as C++ `KVWorker<char>` sends), or any one-byte type for
+/// one-byte values.
+pub fn accepts<V: Val>(frame: DataType) -> bool {
+    frame == V::DATA_TYPE
+        || frame == DataType::Other
+        || (std::mem::size_of::<V>() == 1
+            && matches!(frame, DataType::Char | DataType::Int8 | DataType::UInt8))
+}
+
+/// Keys with their values and, optionally, the number of values per key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KVPairs<V: Val> {
+    /// Sorted, unique keys.
+    pub keys: SArray<Key>,
+    /// The values: `lens[i]` for key i, or `vals.len() / keys.len()` each.
+    pub vals: SArray<V>,
+    /// Values per key; empty when every key has the same number.
+    pub lens: SArray<i32>,
+}
+
+impl<V: Val> Default for KVPairs<V> {
+    fn default() -> Self {
+        KVPairs {
+            keys: SArray::new(),
+            vals: SArray::new(),
+            lens: SArray::new(),
+        }
+    }
+}
+
+impl<V: Val> KVPairs<V> {
+    /// Pairs from keys and values (each key the same number of values).
+    pub fn new(keys: impl Into<SArray<Key>>, vals: impl Into<SArray<V>>) -> Self {
+        KVPairs {
+            keys: keys.into(),
+            vals: vals.into(),
+            lens: SArray::new(),
+        }
+    }
+
+    /// Pairs with a number of values per key.
+    pub fn with_lens(
+        keys: impl Into<SArray<Key>>,
+        vals: impl Into<SArray<V>>,
+        lens: impl Into<SArray<i32>>,
+    ) -> Self {
+        KVPairs {
+            keys: keys.into(),
+            vals: vals.into(),
+            lens: lens.into(),
+        }
+    }
+
+    /// Checks keys are sorted and unique, and vals fit keys/lens. With
+    /// `need_vals` (pushes) values must be present.
+    pub fn validate(&self, need_vals: bool) -> Result<(), Error> {
+        let keys = self.keys.as_slice();
+        if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(if keys[i] == keys[i + 1] {
+                Error::DuplicateKey { key: keys[i] }
+            } else {
+                Error::UnsortedKeys { index: i + 1 }
+            });
+        }
+        if !need_vals && self.vals.is_empty() && self.lens.is_empty() {
+            return Ok(());
+        }
+        if !self.lens.is_empty() {
+            if self.lens.len() != keys.len() {
+                return Err(Error::LensMismatch {
+                    keys: keys.len(),
+                    lens: self.lens.len(),
+                });
+            }
+            if let Some(&bad) = self.lens.iter().find(|&&l| l < 0) {
+                return Err(Error::InvalidInput(format!(
+                    "negative length {bad} in lens"
+                )));
+            }
+            let total: i64 = self.lens.iter().map(|&l| i64::from(l)).sum();
+            if total != self.vals.len() as i64 {
+                return Err(Error::ValsMismatch {
+                    vals: self.vals.len(),
+                    expected: format!("{total} (the sum of lens)"),
+                });
+            }
+        } else if keys.is_empty() {
+            if !self.vals.is_empty() {
+                return Err(Error::ValsMismatch {
+                    vals: self.vals.len(),
+                    expected: "0 (no keys)".into(),
+                });
+            }
+        } else if self.vals.len() % keys.len() != 0 || (need_vals && self.vals.is_empty()) {
+            return Err(Error::ValsMismatch {
+                vals: self.vals.len(),
+                expected: format!("a positive multiple of the {} keys", keys.len()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The data frames and their types: keys, vals (empty for a pull
+    /// request), then lens if any.
+    pub fn to_frames(&self) -> (Vec<Bytes>, Vec<DataType>) {
+        let mut frames = vec![self.keys.bytes().clone(), self.vals.bytes().clone()];
+        let mut types = vec![DataType::UInt64, V::DATA_TYPE];
+        if !self.lens.is_empty() {
+            frames.push(self.lens.bytes().clone());
+            types.push(DataType::Int32);
+        }
+        (frames, types)
+    }
+
+    /// Reads the data frames of a KV message, checking their types and sizes.
+    pub fn from_message(msg: &Message) -> Result<Self, Error> {
+        let malformed = |what: String| Error::Malformed {
+            sender: msg.meta.sender,
+            what,
+        };
+        let types = &msg.meta.data_type;
+        let type_of = |i: usize| types.get(i).copied();
+        let mut out = KVPairs::default();
+        let mut frames = msg.data.iter().cloned();
+        if let Some(keys) = frames.next() {
+            if type_of(0).is_some_and(|t| t != DataType::UInt64) {
+                return Err(malformed(format!("keys frame typed {:?}", type_of(0))));
+            }
+            out.keys = SArray::from_bytes(keys).map_err(|e| malformed(format!("keys: {e}")))?;
+        }
+        if let Some(vals) = frames.next() {
+            if let Some(t) = type_of(1).filter(|&t| !accepts::<V>(t)) {
+                return Err(malformed(format!(
+                    "values typed {t:?}, expected {:?}",
+                    V::DATA_TYPE
+                )));
+            }
+            out.vals = SArray::from_bytes(vals).map_err(|e| malformed(format!("values: {e}")))?;
+        }
+        if let Some(lens) = frames.next() {
+            if type_of(2).is_some_and(|t| t != DataType::Int32) {
+                return Err(malformed(format!("lens frame typed {:?}", type_of(2))));
+            }
+            out.lens = SArray::from_bytes(lens).map_err(|e| malformed(format!("lens: {e}")))?;
+        }
+        if frames.next().is_some() {
+            return Err(malformed(format!(
+                "{} data frames (at most 3)",
+                msg.data.len()
+            )));
+        }
+        out.validate(false).map_err(|e| malformed(e.to_string()))?;
+        Ok(out)
+    }
+
+    /// The number of values each key has (from lens, or uniform).
+    pub fn values_per_key(&self) -> Vec<usize> {
+        if !self.lens.is_empty() {
+            return self.lens.iter().map(|&l| l.max(0) as usize).collect();
+        }
+        let k = self.vals.len().checked_div(self.keys.len()).unwrap_or(0);
+        vec![k; self.keys.len()]
+    }
+}
+
+/// What a server's request handle learns about a request besides its data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KVMeta {
+    /// The worker's command (`cmd`, sent as `head`).
+    pub cmd: i32,
+    /// A push.
+    pub push: bool,
+    /// A pull.
+    pub pull: bool,
+    /// The requesting node's id.
+    pub sender: i32,
+    /// The request's timestamp (echoed in the response).
+    pub timestamp: i32,
+    /// The requesting customer (echoed in the response).
+    pub customer_id: i32,
+    /// The app the request is for.
+    pub app_id: i32,
+    /// The request's priority.
+    pub priority: i32,
+}
+
+impl KVMeta {
+    /// The KV meta of a request message.
+    pub fn of(msg: &Message) -> KVMeta {
+        KVMeta {
+            cmd: msg.meta.head,
+            push: msg.meta.push,
+            pull: msg.meta.pull,
+            sender: msg.meta.sender,
+            timestamp: msg.meta.timestamp,
+            customer_id: msg.meta.customer_id,
+            app_id: msg.meta.app_id,
+            priority: msg.meta.priority,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        let ok = KVPairs::<f32>::new(vec![1, 2, 3], vec![1.0; 6]);
+        assert!(ok.validate(true).is_ok());
+        assert!(matches!(
+            KVPairs::<f32>::new(vec![1, 3, 2], vec![1.0; 3]).validate(true),
+            Err(Error::UnsortedKeys { index: 2 })
+        ));
+        assert!(matches!(
+            KVPairs::<f32>::new(vec![1, 1], vec![1.0; 2]).validate(true),
+            Err(Error::DuplicateKey { key: 1 })
+        ));
+        assert!(matches!(
+            KVPairs::<f32>::new(vec![1, 2], vec![1.0; 3]).validate(true),
+            Err(Error::ValsMismatch { .. })
+        ));
+        assert!(matches!(
+            KVPairs::<f32>::new(vec![1, 2], Vec::new()).validate(true),
+            Err(Error::ValsMismatch { .. })
+        ));
+        assert!(KVPairs::<f32>::new(vec![1, 2], Vec::new())
+            .validate(false)
+            .is_ok());
+        let lens = KVPairs::<f32>::with_lens(vec![1, 2], vec![1.0; 5], vec![2, 3]);
+        assert!(lens.validate(true).is_ok());
+        assert_eq!(lens.values_per_key(), vec![2, 3]);
+        assert!(matches!(
+            KVPairs::<f32>::with_lens(vec![1, 2], vec![1.0; 5], vec![2, 2]).validate(true),
+            Err(Error::ValsMismatch { .. })
+        ));
+        assert!(matches!(
+            KVPairs::<f32>::with_lens(vec![1, 2], vec![1.0; 5], vec![5]).validate(true),
+            Err(Error::LensMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn frames_round_trip_and_reject_garbage() {
+        let pairs = KVPairs::<f64>::with_lens(vec![7, 9], vec![1.0, 2.0, 3.0], vec![1, 2]);
+        let (frames, types) = pairs.to_frames();
+        let mut msg = Message {
+            data: frames,
+            ..Message::default()
+        };
+        msg.meta.data_type = types;
+        assert_eq!(KVPairs::<f64>::from_message(&msg).unwrap(), pairs);
+        // Raw bytes (OTHER) are accepted.
+        msg.meta.data_type[1] = DataType::Other;
+        assert!(KVPairs::<f64>::from_message(&msg).is_ok());
+        // A wrong value type is not.
+        msg.meta.data_type[1] = DataType::Int8;
+        assert!(KVPairs::<f64>::from_message(&msg).is_err());
+        msg.meta.data_type[1] = DataType::Double;
+        // Keys not a multiple of 8 bytes.
+        msg.data[0] = Bytes::from_static(&[1, 2, 3]);
+        assert!(KVPairs::<f64>::from_message(&msg).is_err());
+        // Lens that do not add up.
+        msg.data[0] = pairs.keys.bytes().clone();
+        msg.data[2] = SArray::from_vec(vec![1i32, 5]).bytes().clone();
+        assert!(KVPairs::<f64>::from_message(&msg).is_err());
+    }
+
+    #[test]
+    fn one_byte_values_read_char_frames() {
+        assert!(accepts::<u8>(DataType::Char));
+        assert!(accepts::<u8>(DataType::Other));
+        assert!(accepts::<i8>(DataType::UInt8));
+        assert!(!accepts::<f32>(DataType::Char));
+    }
+}

@@ -1,0 +1,225 @@
+//! `KVServer<V>`: answers the pushes and pulls of the workers.
+//!
+//! Its request handle gets each request's [`KVMeta`] and [`KVPairs`] and
+//! answers with [`KVServer::response`], at once or later, from any thread
+//! (the handle gets a `KVServer` it may clone). Requests that arrive before
+//! a handle is set wait for it. [`DefaultHandle`] is ps-lite's
+//! `KVServerDefaultHandle`: a store that sums pushes and answers pulls, here
+//! also for several (and variable numbers of) values per key.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use log::warn;
+use pslite_postoffice::Postoffice;
+use pslite_proto::Message;
+
+use crate::customer::{Customer, Handler};
+use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
+use crate::sarray::SArray;
+use crate::Error;
+
+type Handle<V> = Box<dyn FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send>;
+
+struct Inner<V: Val> {
+    app_id: i32,
+    po: Postoffice,
+    customer: OnceLock<Customer>,
+    handle: Mutex<Option<Handle<V>>>,
+    queued: Mutex<VecDeque<(KVMeta, KVPairs<V>)>>,
+    me: Weak<Inner<V>>,
+}
+
+/// A server's key-value app; cheap to clone (clones share the app).
+pub struct KVServer<V: Val> {
+    inner: Arc<Inner<V>>,
+}
+
+impl<V: Val> Clone for KVServer<V> {
+    fn clone(&self) -> Self {
+        KVServer {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<V: Val> KVServer<V> {
+    /// A server app with id `app_id` (its customer id too, as in ps-lite).
+    pub fn new(po: &Postoffice, app_id: i32) -> Result<Self, Error> {
+        let inner = Arc::new_cyclic(|me| Inner {
+            app_id,
+            po: po.clone(),
+            customer: OnceLock::new(),
+            handle: Mutex::new(None),
+            queued: Mutex::new(VecDeque::new()),
+            me: me.clone(),
+        });
+        let handler: Weak<dyn Handler> = Arc::downgrade(&inner) as Weak<dyn Handler>;
+        let customer = Customer::new(po, app_id, app_id, handler)?;
+        let _ = inner.customer.set(customer);
+        Ok(KVServer { inner })
+    }
+
+    /// Sets the request handle; requests that arrived before it are handled
+    /// now, in order.
+    pub fn set_request_handle(
+        &self,
+        handle: impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static,
+    ) {
+        let mut slot = lock(&self.inner.handle);
+        let mut handle: Handle<V> = Box::new(handle);
+        let queued: Vec<_> = lock(&self.inner.queued).drain(..).collect();
+        for (meta, kvs) in queued {
+            handle(&meta, kvs, self);
+        }
+        *slot = Some(handle);
+    }
+
+    /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
+    pub fn response(&self, req: &KVMeta, res: KVPairs<V>) -> Result<(), Error> {
+        let mut msg = Message::default();
+        msg.meta.app_id = self.inner.app_id;
+        msg.meta.customer_id = req.customer_id;
+        msg.meta.request = false;
+        msg.meta.push = req.push;
+        msg.meta.pull = req.pull;
+        msg.meta.head = req.cmd;
+        msg.meta.priority = req.priority;
+        msg.meta.timestamp = req.timestamp;
+        msg.meta.recver = req.sender;
+        if !res.keys.is_empty() || !res.vals.is_empty() {
+            let (frames, types) = res.to_frames();
+            msg.data = frames;
+            msg.meta.data_type = types;
+        }
+        self.inner.po.send(msg)?;
+        Ok(())
+    }
+
+    /// The app id.
+    pub fn app_id(&self) -> i32 {
+        self.inner.app_id
+    }
+}
+
+impl<V: Val> Handler for Inner<V> {
+    fn on_request(&self, msg: Message) {
+        if msg.meta.simple_app {
+            warn!(
+                "KVServer app {} dropping a SimpleApp request from node {}",
+                self.app_id, msg.meta.sender
+            );
+            return;
+        }
+        let kvs = match KVPairs::<V>::from_message(&msg) {
+            Ok(kvs) if !msg.meta.push || !kvs.vals.is_empty() || kvs.keys.is_empty() => kvs,
+            Ok(_) => {
+                warn!(
+                    "dropping a push without values from node {}",
+                    msg.meta.sender
+                );
+                return;
+            }
+            Err(e) => {
+                warn!("KVServer app {}: {e}; dropped", self.app_id);
+                return;
+            }
+        };
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let server = KVServer { inner: me };
+        let meta = KVMeta::of(&msg);
+        let mut slot = lock(&self.handle);
+        match slot.as_mut() {
+            Some(handle) => handle(&meta, kvs, &server),
+            None => lock(&self.queued).push_back((meta, kvs)),
+        }
+    }
+
+    fn on_response(&self, msg: Message) {
+        warn!(
+            "KVServer app {} dropping a response from node {}: servers send no requests",
+            self.app_id, msg.meta.sender
+        );
+    }
+
+    fn on_complete(&self, _ts: i32, _failure: Option<String>) {}
+}
+
+/// ps-lite's default server handle: pushes add into a store, pulls read it.
+/// Keys may hold any number of values (lens); a key pulled before any push
+/// reads as one zero.
+#[derive(Default)]
+pub struct DefaultHandle<V: Val> {
+    store: HashMap<Key, Vec<V>>,
+}
+
+impl<V: Val> DefaultHandle<V> {
+    /// An empty store.
+    pub fn new() -> Self {
+        DefaultHandle {
+            store: HashMap::new(),
+        }
+    }
+
+    /// Applies one request to the store and returns the response pairs.
+    pub fn apply(&mut self, meta: &KVMeta, req: &KVPairs<V>) -> KVPairs<V> {
+        if meta.push {
+            let per_key = req.values_per_key();
+            let mut offset = 0;
+            for (&key, &n) in req.keys.iter().zip(&per_key) {
+                let vals = &req.vals[offset..offset + n];
+                offset += n;
+                let slot = self.store.entry(key).or_default();
+                if slot.len() < vals.len() {
+                    slot.resize(vals.len(), V::default());
+                }
+                for (s, v) in slot.iter_mut().zip(vals) {
+                    *s += *v;
+                }
+            }
+        }
+        if !meta.pull {
+            return KVPairs::default();
+        }
+        let mut vals = Vec::new();
+        let mut lens = Vec::with_capacity(req.keys.len());
+        for key in req.keys.iter() {
+            match self.store.get(key) {
+                Some(stored) => {
+                    vals.extend_from_slice(stored);
+                    lens.push(stored.len() as i32);
+                }
+                None => {
+                    vals.push(V::default());
+                    lens.push(1);
+                }
+            }
+        }
+        let uniform = lens.windows(2).all(|w| w[0] == w[1]);
+        KVPairs {
+            keys: req.keys.clone(),
+            vals: SArray::from_vec(vals),
+            lens: if uniform {
+                SArray::new()
+            } else {
+                SArray::from_vec(lens)
+            },
+        }
+    }
+
+    /// The handle as a closure for [`KVServer::set_request_handle`].
+    pub fn into_handle(mut self) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static {
+        move |meta, req, server| {
+            let res = self.apply(meta, &req);
+            if let Err(e) = server.response(meta, res) {
+                warn!("cannot answer node {}: {e}", meta.sender);
+            }
+        }
+    }
+}

@@ -1,0 +1,501 @@
+//! `KVWorker<V>`: pushes values to and pulls values from the servers.
+//!
+//! A request's keys are split over the servers by key range (or by a
+//! custom [`Slicer`]); each server that owns some of the keys gets one
+//! message, the others are not contacted and count as answered. Pulled
+//! values come back in key order. Every call returns a timestamp to
+//! [`KVWorker::wait`] on; [`KVWorker::take_pull`] waits and hands over the
+//! pulled values; an optional callback runs when the request completes.
+//!
+//! The `z` variants take [`SArray`]s and send their buffers without copying
+//! them; the plain variants copy the caller's slices once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+use std::time::Duration;
+
+use log::warn;
+use pslite_postoffice::{KeyRange, Postoffice};
+use pslite_proto::ids;
+use pslite_proto::Message;
+
+use crate::customer::{Customer, Handler};
+use crate::kv_pairs::{KVPairs, Key, Val};
+use crate::sarray::SArray;
+use crate::Error;
+
+/// Splits a request over the servers: one entry per server rank, `None` for
+/// servers that get nothing.
+pub type Slicer<V> = Box<dyn Fn(&KVPairs<V>, &[KeyRange]) -> Vec<Option<KVPairs<V>>> + Send + Sync>;
+
+/// Runs when a request completes: the pulled pairs (empty for a push), or
+/// why it failed.
+pub type Callback<V> = Box<dyn FnOnce(Result<KVPairs<V>, Error>) + Send>;
+
+/// Options of a request: command, priority, lens and callback.
+pub struct KVOptions<V: Val> {
+    cmd: i32,
+    priority: i32,
+    lens: Option<SArray<i32>>,
+    callback: Option<Callback<V>>,
+}
+
+impl<V: Val> Default for KVOptions<V> {
+    fn default() -> Self {
+        KVOptions {
+            cmd: 0,
+            priority: 0,
+            lens: None,
+            callback: None,
+        }
+    }
+}
+
+impl<V: Val> KVOptions<V> {
+    /// The default options: cmd 0, priority 0, uniform values, no callback.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The command the server's handle sees (sent as `head`).
+    pub fn cmd(mut self, cmd: i32) -> Self {
+        self.cmd = cmd;
+        self
+    }
+
+    /// The request's priority.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Values per key, for pushes with variable-length values (copied).
+    pub fn lens(mut self, lens: &[i32]) -> Self {
+        self.lens = Some(SArray::from_slice(lens));
+        self
+    }
+
+    /// Values per key, shared without copying.
+    pub fn zlens(mut self, lens: SArray<i32>) -> Self {
+        self.lens = Some(lens);
+        self
+    }
+
+    /// Runs `callback` when the request completes, with the pulled pairs.
+    pub fn callback(
+        mut self,
+        callback: impl FnOnce(Result<KVPairs<V>, Error>) + Send + 'static,
+    ) -> Self {
+        self.callback = Some(Box::new(callback));
+        self
+    }
+}
+
+/// The default slicer: server r gets the keys in its range.
+pub fn default_slicer<V: Val>(send: &KVPairs<V>, ranges: &[KeyRange]) -> Vec<Option<KVPairs<V>>> {
+    let keys = send.keys.as_slice();
+    let per_key = send.values_per_key();
+    let mut val_offset = Vec::with_capacity(keys.len() + 1);
+    val_offset.push(0usize);
+    for n in &per_key {
+        val_offset.push(val_offset.last().copied().unwrap_or(0) + n);
+    }
+    let has_vals = !send.vals.is_empty();
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut start = 0;
+    for (rank, range) in ranges.iter().enumerate() {
+        let end = if rank + 1 == ranges.len() {
+            keys.len()
+        } else {
+            start + keys[start..].partition_point(|&k| k < range.end)
+        };
+        // Keys below this range's start belong to no server (cannot happen
+        // with ranges starting at 0); skip them defensively.
+        let first = start + keys[start..end].partition_point(|&k| k < range.begin);
+        if first == end {
+            out.push(None);
+        } else {
+            out.push(Some(KVPairs {
+                keys: send.keys.slice(first..end),
+                vals: if has_vals {
+                    send.vals.slice(val_offset[first]..val_offset[end])
+                } else {
+                    SArray::new()
+                },
+                lens: if send.lens.is_empty() {
+                    SArray::new()
+                } else {
+                    send.lens.slice(first..end)
+                },
+            }));
+        }
+        start = end;
+    }
+    out
+}
+
+struct Pending<V: Val> {
+    pull: bool,
+    keys: SArray<Key>,
+    parts: Vec<KVPairs<V>>,
+    error: Option<String>,
+    callback: Option<Callback<V>>,
+}
+
+struct Inner<V: Val> {
+    app_id: i32,
+    customer_id: i32,
+    po: Postoffice,
+    customer: OnceLock<Customer>,
+    slicer: RwLock<Slicer<V>>,
+    pending: Mutex<HashMap<i32, Pending<V>>>,
+    pulled: Mutex<HashMap<i32, Result<KVPairs<V>, Error>>>,
+}
+
+/// A worker's key-value app; cheap to clone (clones share the app).
+pub struct KVWorker<V: Val> {
+    inner: Arc<Inner<V>>,
+}
+
+impl<V: Val> Clone for KVWorker<V> {
+    fn clone(&self) -> Self {
+        KVWorker {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<V: Val> KVWorker<V> {
+    /// A worker app with id `app_id`, as customer `customer_id` of `po`.
+    pub fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<Self, Error> {
+        let inner = Arc::new(Inner {
+            app_id,
+            customer_id,
+            po: po.clone(),
+            customer: OnceLock::new(),
+            slicer: RwLock::new(Box::new(default_slicer::<V>)),
+            pending: Mutex::new(HashMap::new()),
+            pulled: Mutex::new(HashMap::new()),
+        });
+        let handler: Weak<dyn Handler> = Arc::downgrade(&inner) as Weak<dyn Handler>;
+        let customer = Customer::new(po, app_id, customer_id, handler)?;
+        let _ = inner.customer.set(customer);
+        Ok(KVWorker { inner })
+    }
+
+    fn customer(&self) -> Result<&Customer, Error> {
+        self.inner
+            .customer
+            .get()
+            .ok_or_else(|| Error::Failed("the app has no customer".into()))
+    }
+
+    /// Replaces how requests are split over servers.
+    pub fn set_slicer(
+        &self,
+        slicer: impl Fn(&KVPairs<V>, &[KeyRange]) -> Vec<Option<KVPairs<V>>> + Send + Sync + 'static,
+    ) {
+        *self.inner.slicer.write().unwrap_or_else(|e| e.into_inner()) = Box::new(slicer);
+    }
+
+    /// Pushes `vals` for `keys` (copied once). Returns the timestamp.
+    pub fn push(&self, keys: &[Key], vals: &[V], opts: KVOptions<V>) -> Result<i32, Error> {
+        self.zpush(SArray::from_slice(keys), SArray::from_slice(vals), opts)
+    }
+
+    /// Pulls the values of `keys`; get them with [`KVWorker::take_pull`] or
+    /// a callback.
+    pub fn pull(&self, keys: &[Key], opts: KVOptions<V>) -> Result<i32, Error> {
+        self.zpull(SArray::from_slice(keys), opts)
+    }
+
+    /// Pushes and pulls in one request: the pull sees this push applied.
+    pub fn push_pull(&self, keys: &[Key], vals: &[V], opts: KVOptions<V>) -> Result<i32, Error> {
+        self.zpush_pull(SArray::from_slice(keys), SArray::from_slice(vals), opts)
+    }
+
+    /// [`KVWorker::push`] without copying the buffers.
+    pub fn zpush(
+        &self,
+        keys: SArray<Key>,
+        vals: SArray<V>,
+        opts: KVOptions<V>,
+    ) -> Result<i32, Error> {
+        self.send(true, false, keys, vals, opts)
+    }
+
+    /// [`KVWorker::pull`] without copying the keys.
+    pub fn zpull(&self, keys: SArray<Key>, opts: KVOptions<V>) -> Result<i32, Error> {
+        self.send(false, true, keys, SArray::new(), opts)
+    }
+
+    /// [`KVWorker::push_pull`] without copying the buffers.
+    pub fn zpush_pull(
+        &self,
+        keys: SArray<Key>,
+        vals: SArray<V>,
+        opts: KVOptions<V>,
+    ) -> Result<i32, Error> {
+        self.send(true, true, keys, vals, opts)
+    }
+
+    /// Waits until request `ts` has completed.
+    pub fn wait(&self, ts: i32) -> Result<(), Error> {
+        self.customer()?.wait(ts)
+    }
+
+    /// [`KVWorker::wait`] with a deadline.
+    pub fn wait_timeout(&self, ts: i32, timeout: Duration) -> Result<(), Error> {
+        self.customer()?.wait_timeout(ts, timeout)
+    }
+
+    /// Waits for pull (or push-pull) `ts` and returns its pairs, in key
+    /// order. Each pull's values can be taken once (not if it had a callback).
+    pub fn take_pull(&self, ts: i32) -> Result<KVPairs<V>, Error> {
+        self.wait(ts)?;
+        lock(&self.inner.pulled).remove(&ts).unwrap_or_else(|| {
+            Err(Error::InvalidInput(format!(
+                "request {ts} has no pulled values to take (not a pull, taken already, or \
+                 given to a callback)"
+            )))
+        })
+    }
+
+    /// [`KVWorker::take_pull`] with a deadline.
+    pub fn take_pull_timeout(&self, ts: i32, timeout: Duration) -> Result<KVPairs<V>, Error> {
+        self.wait_timeout(ts, timeout)?;
+        self.take_pull(ts)
+    }
+
+    fn send(
+        &self,
+        push: bool,
+        pull: bool,
+        keys: SArray<Key>,
+        vals: SArray<V>,
+        opts: KVOptions<V>,
+    ) -> Result<i32, Error> {
+        let customer = self.customer()?;
+        let kvs = KVPairs {
+            keys,
+            vals,
+            lens: opts.lens.unwrap_or_default(),
+        };
+        kvs.validate(push)?;
+        let ranges = self.inner.po.server_key_ranges();
+        let sliced = {
+            let slicer = self.inner.slicer.read().unwrap_or_else(|e| e.into_inner());
+            slicer(&kvs, &ranges)
+        };
+        if sliced.len() != ranges.len() {
+            return Err(Error::InvalidInput(format!(
+                "the slicer returned {} slices for {} servers",
+                sliced.len(),
+                ranges.len()
+            )));
+        }
+        let targets: Vec<(usize, KVPairs<V>)> = sliced
+            .into_iter()
+            .enumerate()
+            .filter_map(|(rank, s)| s.map(|s| (rank, s)))
+            .collect();
+        // Register before sending: responses can arrive at once.
+        let ts = customer.new_request(targets.len());
+        lock(&self.inner.pending).insert(
+            ts,
+            Pending {
+                pull,
+                keys: kvs.keys.clone(),
+                parts: Vec::new(),
+                error: None,
+                callback: opts.callback,
+            },
+        );
+        if targets.is_empty() {
+            self.inner.complete(ts, None);
+            return Ok(ts);
+        }
+        for (rank, slice) in targets {
+            let mut msg = Message::default();
+            msg.meta.app_id = self.inner.app_id;
+            msg.meta.customer_id = self.inner.customer_id;
+            msg.meta.request = true;
+            msg.meta.push = push;
+            msg.meta.pull = pull;
+            msg.meta.head = opts.cmd;
+            msg.meta.priority = opts.priority;
+            msg.meta.timestamp = ts;
+            msg.meta.recver = ids::server_rank_to_id(rank as i32);
+            let slice = if push {
+                slice
+            } else {
+                KVPairs {
+                    keys: slice.keys,
+                    vals: SArray::new(),
+                    lens: SArray::new(),
+                }
+            };
+            let (frames, types) = slice.to_frames();
+            msg.data = frames;
+            msg.meta.data_type = types;
+            if let Err(e) = self.inner.po.send(msg) {
+                let reason = format!("cannot send to server {rank}: {e}");
+                customer.fail_request(ts, reason, &*self.inner);
+                return Err(e.into());
+            }
+        }
+        Ok(ts)
+    }
+}
+
+impl<V: Val> Inner<V> {
+    /// Assembles a finished request and hands it to its callback or to
+    /// `take_pull`.
+    fn complete(&self, ts: i32, failure: Option<String>) {
+        let Some(mut pending) = lock(&self.pending).remove(&ts) else {
+            return;
+        };
+        let result = match failure.or(pending.error.take()) {
+            Some(reason) => Err(Error::RequestFailed { ts, reason }),
+            None if pending.pull => assemble(ts, &pending.keys, &mut pending.parts),
+            None => Ok(KVPairs::default()),
+        };
+        match pending.callback.take() {
+            Some(callback) => callback(result),
+            None if pending.pull => {
+                let mut pulled = lock(&self.pulled);
+                pulled.insert(ts, result);
+                if pulled.len() % 10_000 == 0 {
+                    warn!(
+                        "{} pulls were never taken with take_pull; their values stay in memory",
+                        pulled.len()
+                    );
+                }
+            }
+            None => {
+                if let Err(e) = result {
+                    warn!("{e}");
+                }
+            }
+        }
+    }
+}
+
+/// Orders the servers' answers by key and joins them; the keys must be the
+/// requested ones.
+fn assemble<V: Val>(
+    ts: i32,
+    requested: &SArray<Key>,
+    parts: &mut [KVPairs<V>],
+) -> Result<KVPairs<V>, Error> {
+    parts.sort_by_key(|p| p.keys.first().copied().unwrap_or(u64::MAX));
+    let any_lens = parts.iter().any(|p| !p.lens.is_empty());
+    let lens: Vec<SArray<i32>> = parts
+        .iter()
+        .map(|p| {
+            if p.lens.is_empty() && any_lens {
+                let n = p.values_per_key();
+                SArray::from_vec(n.into_iter().map(|x| x as i32).collect())
+            } else {
+                p.lens.clone()
+            }
+        })
+        .collect();
+    let keys: Vec<SArray<Key>> = parts.iter().map(|p| p.keys.clone()).collect();
+    let vals: Vec<SArray<V>> = parts.iter().map(|p| p.vals.clone()).collect();
+    let out = KVPairs {
+        keys: SArray::concat(&keys),
+        vals: SArray::concat(&vals),
+        lens: SArray::concat(&lens),
+    };
+    if out.keys.as_slice() != requested.as_slice() {
+        return Err(Error::RequestFailed {
+            ts,
+            reason: format!(
+                "the servers answered {} keys for {} requested (or other keys)",
+                out.keys.len(),
+                requested.len()
+            ),
+        });
+    }
+    Ok(out)
+}
+
+impl<V: Val> Handler for Inner<V> {
+    fn on_request(&self, msg: Message) {
+        warn!(
+            "KVWorker app {} dropping a request from node {}: workers serve no requests",
+            self.app_id, msg.meta.sender
+        );
+    }
+
+    fn on_response(&self, msg: Message) {
+        let ts = msg.meta.timestamp;
+        let mut pending = lock(&self.pending);
+        let Some(p) = pending.get_mut(&ts) else {
+            warn!(
+                "dropping a response from node {} to unknown request {ts}",
+                msg.meta.sender
+            );
+            return;
+        };
+        if !p.pull {
+            return;
+        }
+        match KVPairs::from_message(&msg) {
+            Ok(kvs) => p.parts.push(kvs),
+            Err(e) => {
+                warn!("{e}");
+                p.error.get_or_insert(e.to_string());
+            }
+        }
+    }
+
+    fn on_complete(&self, ts: i32, failure: Option<String>) {
+        self.complete(ts, failure);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pslite_postoffice::key_ranges;
+
+    #[test]
+    fn default_slicer_splits_by_range_and_skips_empty_servers() {
+        let ranges = key_ranges(3);
+        let step = u64::MAX / 3;
+        let keys = vec![1, 2, step * 2 + 5, u64::MAX];
+        let kvs = KVPairs::with_lens(
+            keys,
+            vec![1.0f32, 2.0, 2.0, 3.0, 4.0, 4.0, 4.0],
+            vec![1, 2, 1, 3],
+        );
+        let sliced = default_slicer(&kvs, &ranges);
+        assert_eq!(sliced.len(), 3);
+        let s0 = sliced[0].as_ref().unwrap();
+        assert_eq!(&s0.keys[..], &[1, 2]);
+        assert_eq!(&s0.vals[..], &[1.0, 2.0, 2.0]);
+        assert_eq!(&s0.lens[..], &[1, 2]);
+        assert!(sliced[1].is_none());
+        let s2 = sliced[2].as_ref().unwrap();
+        assert_eq!(&s2.keys[..], &[step * 2 + 5, u64::MAX]);
+        assert_eq!(&s2.vals[..], &[3.0, 4.0, 4.0, 4.0]);
+        // Slices share the request's buffers.
+        assert_eq!(s2.vals.as_ptr(), kvs.vals[3..].as_ptr());
+    }
+
+    #[test]
+    fn assemble_orders_by_key() {
+        let a = KVPairs::new(vec![10u64, 11], vec![1.0f32, 2.0]);
+        let b = KVPairs::new(vec![1u64], vec![0.5f32]);
+        let req = SArray::from_vec(vec![1u64, 10, 11]);
+        let out = assemble(0, &req, &mut [a.clone(), b.clone()]).unwrap();
+        assert_eq!(&out.vals[..], &[0.5, 1.0, 2.0]);
+        assert!(assemble(0, &SArray::from_vec(vec![1u64]), &mut [a, b]).is_err());
+    }
+}

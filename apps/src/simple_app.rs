@@ -1,0 +1,226 @@
+//! `SimpleApp`: request/response messages with an integer head and a byte
+//! body, as in ps-lite. A request goes to one node or to every node of a
+//! group; each receiver's request handle answers with [`SimpleApp::response`].
+//!
+//! Requests that arrive before a request handle is set wait for it (C++
+//! ps-lite answers them with an empty default reply instead, so a handle
+//! set a moment too late misses them).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use log::warn;
+use pslite_postoffice::Postoffice;
+use pslite_proto::{Message, NodeId};
+
+use crate::customer::{Customer, Handler};
+use crate::Error;
+
+/// A SimpleApp message as its handler sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimpleData {
+    /// The app-defined command.
+    pub head: i32,
+    /// The payload.
+    pub body: Bytes,
+    /// The sending node.
+    pub sender: NodeId,
+    /// The request's timestamp (echoed in the response).
+    pub timestamp: i32,
+    /// The sending customer (echoed in the response).
+    pub customer_id: i32,
+}
+
+impl SimpleData {
+    fn of(msg: &Message) -> SimpleData {
+        SimpleData {
+            head: msg.meta.head,
+            body: msg.meta.body.clone(),
+            sender: msg.meta.sender,
+            timestamp: msg.meta.timestamp,
+            customer_id: msg.meta.customer_id,
+        }
+    }
+}
+
+type Handle = Box<dyn FnMut(&SimpleData, &SimpleApp) + Send>;
+
+struct Inner {
+    app_id: i32,
+    customer_id: i32,
+    po: Postoffice,
+    customer: OnceLock<Customer>,
+    request_handle: Mutex<Option<Handle>>,
+    response_handle: Mutex<Option<Handle>>,
+    queued: Mutex<VecDeque<SimpleData>>,
+    me: Weak<Inner>,
+}
+
+/// A request/response app; cheap to clone (clones share the app).
+#[derive(Clone)]
+pub struct SimpleApp {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SimpleApp {
+    /// A SimpleApp with app id `app_id` as customer `customer_id` of `po`.
+    pub fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<SimpleApp, Error> {
+        let inner = Arc::new_cyclic(|me| Inner {
+            app_id,
+            customer_id,
+            po: po.clone(),
+            customer: OnceLock::new(),
+            request_handle: Mutex::new(None),
+            response_handle: Mutex::new(None),
+            queued: Mutex::new(VecDeque::new()),
+            me: me.clone(),
+        });
+        let handler: Weak<dyn Handler> = Arc::downgrade(&inner) as Weak<dyn Handler>;
+        let customer = Customer::new(po, app_id, customer_id, handler)?;
+        let _ = inner.customer.set(customer);
+        Ok(SimpleApp { inner })
+    }
+
+    fn customer(&self) -> Result<&Customer, Error> {
+        self.inner
+            .customer
+            .get()
+            .ok_or_else(|| Error::Failed("the app has no customer".into()))
+    }
+
+    /// Sends request `head`/`body` to node or group `recv` and returns its
+    /// timestamp; it completes when every receiver has answered.
+    pub fn request(&self, head: i32, body: &[u8], recv: i32) -> Result<i32, Error> {
+        let customer = self.customer()?;
+        let recvers = self.inner.po.node_ids(recv);
+        if recvers.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "{recv} names no node: use a node id or a group 1..7"
+            )));
+        }
+        let ts = customer.new_request(recvers.len());
+        let body = Bytes::copy_from_slice(body);
+        for id in recvers {
+            let mut msg = Message::default();
+            msg.meta.app_id = self.inner.app_id;
+            msg.meta.customer_id = self.inner.customer_id;
+            msg.meta.simple_app = true;
+            msg.meta.request = true;
+            msg.meta.head = head;
+            msg.meta.body = body.clone();
+            msg.meta.timestamp = ts;
+            msg.meta.recver = id;
+            if let Err(e) = self.inner.po.send(msg) {
+                customer.fail_request(ts, e.to_string(), &*self.inner);
+                return Err(e.into());
+            }
+        }
+        Ok(ts)
+    }
+
+    /// Answers request `req` with `body`.
+    pub fn response(&self, req: &SimpleData, body: &[u8]) -> Result<(), Error> {
+        let mut msg = Message::default();
+        msg.meta.app_id = self.inner.app_id;
+        msg.meta.customer_id = req.customer_id;
+        msg.meta.simple_app = true;
+        msg.meta.request = false;
+        msg.meta.head = req.head;
+        msg.meta.body = Bytes::copy_from_slice(body);
+        msg.meta.timestamp = req.timestamp;
+        msg.meta.recver = req.sender;
+        self.inner.po.send(msg)?;
+        Ok(())
+    }
+
+    /// Waits until every receiver of request `ts` has answered.
+    pub fn wait(&self, ts: i32) -> Result<(), Error> {
+        self.customer()?.wait(ts)
+    }
+
+    /// [`SimpleApp::wait`] with a deadline.
+    pub fn wait_timeout(&self, ts: i32, timeout: Duration) -> Result<(), Error> {
+        self.customer()?.wait_timeout(ts, timeout)
+    }
+
+    /// Sets what to do with each request; requests that arrived before are
+    /// handled now, in order.
+    pub fn set_request_handle(&self, handle: impl FnMut(&SimpleData, &SimpleApp) + Send + 'static) {
+        let mut slot = lock(&self.inner.request_handle);
+        let mut handle: Handle = Box::new(handle);
+        let queued: Vec<_> = lock(&self.inner.queued).drain(..).collect();
+        for req in queued {
+            handle(&req, self);
+        }
+        *slot = Some(handle);
+    }
+
+    /// Sets what to do with each response (they are counted either way).
+    pub fn set_response_handle(
+        &self,
+        handle: impl FnMut(&SimpleData, &SimpleApp) + Send + 'static,
+    ) {
+        *lock(&self.inner.response_handle) = Some(Box::new(handle));
+    }
+
+    /// A request handle that answers every request with an empty body, as
+    /// C++ ps-lite's default does.
+    pub fn reply_empty(req: &SimpleData, app: &SimpleApp) {
+        if let Err(e) = app.response(req, b"") {
+            warn!(
+                "cannot answer request {} from node {}: {e}",
+                req.timestamp, req.sender
+            );
+        }
+    }
+
+    /// The app id.
+    pub fn app_id(&self) -> i32 {
+        self.inner.app_id
+    }
+
+    /// The customer id.
+    pub fn customer_id(&self) -> i32 {
+        self.inner.customer_id
+    }
+}
+
+impl Handler for Inner {
+    fn on_request(&self, msg: Message) {
+        if !msg.meta.simple_app {
+            warn!(
+                "SimpleApp {} dropping a non-SimpleApp request from node {}",
+                self.app_id, msg.meta.sender
+            );
+            return;
+        }
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let app = SimpleApp { inner: me };
+        let req = SimpleData::of(&msg);
+        let mut slot = lock(&self.request_handle);
+        match slot.as_mut() {
+            Some(handle) => handle(&req, &app),
+            None => lock(&self.queued).push_back(req),
+        }
+    }
+
+    fn on_response(&self, msg: Message) {
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let app = SimpleApp { inner: me };
+        if let Some(handle) = lock(&self.response_handle).as_mut() {
+            handle(&SimpleData::of(&msg), &app);
+        }
+    }
+
+    fn on_complete(&self, _ts: i32, _failure: Option<String>) {}
+}
