@@ -3,7 +3,8 @@
 //! Its request handle gets each request's [`KVMeta`] and [`KVPairs`] and
 //! answers with [`KVServer::response`], at once or later, from any thread
 //! (the handle gets a `KVServer` it may clone). Requests that arrive before
-//! a handle is set wait for it. [`DefaultHandle`] is ps-lite's
+//! a handle is set wait for it. SimpleApp commands to the app (a C++
+//! `KVServer` is also a SimpleApp) go to [`KVServer::set_simple_request_handle`]. [`DefaultHandle`] is ps-lite's
 //! `KVServerDefaultHandle`: a store that sums pushes and answers pulls, here
 //! also for several (and variable numbers of) values per key.
 
@@ -17,16 +18,30 @@ use pslite_proto::Message;
 use crate::customer::{Customer, Handler};
 use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
 use crate::sarray::SArray;
+use crate::simple_app::SimpleData;
 use crate::Error;
 
 type Handle<V> = Box<dyn FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send>;
+type SimpleHandle<V> = Box<dyn FnMut(&SimpleData, &KVServer<V>) + Send>;
+
+/// Requests waiting for handles, in arrival order.
+enum Queued<V: Val> {
+    Kv(KVMeta, KVPairs<V>),
+    Simple(SimpleData),
+}
+
+/// The handles, behind one lock so that queued requests keep their order.
+struct Handles<V: Val> {
+    kv: Option<Handle<V>>,
+    simple: Option<SimpleHandle<V>>,
+    queued: VecDeque<Queued<V>>,
+}
 
 struct Inner<V: Val> {
     app_id: i32,
     po: Postoffice,
     customer: OnceLock<Customer>,
-    handle: Mutex<Option<Handle<V>>>,
-    queued: Mutex<VecDeque<(KVMeta, KVPairs<V>)>>,
+    handles: Mutex<Handles<V>>,
     me: Weak<Inner<V>>,
 }
 
@@ -54,8 +69,11 @@ impl<V: Val> KVServer<V> {
             app_id,
             po: po.clone(),
             customer: OnceLock::new(),
-            handle: Mutex::new(None),
-            queued: Mutex::new(VecDeque::new()),
+            handles: Mutex::new(Handles {
+                kv: None,
+                simple: None,
+                queued: VecDeque::new(),
+            }),
             me: me.clone(),
         });
         let handler: Weak<dyn Handler> = Arc::downgrade(&inner) as Weak<dyn Handler>;
@@ -70,13 +88,57 @@ impl<V: Val> KVServer<V> {
         &self,
         handle: impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static,
     ) {
-        let mut slot = lock(&self.inner.handle);
-        let mut handle: Handle<V> = Box::new(handle);
-        let queued: Vec<_> = lock(&self.inner.queued).drain(..).collect();
-        for (meta, kvs) in queued {
-            handle(&meta, kvs, self);
+        let mut handles = lock(&self.inner.handles);
+        handles.kv = Some(Box::new(handle));
+        self.drain(&mut handles);
+    }
+
+    /// Sets the handle of SimpleApp commands sent to this app (a C++
+    /// `KVServer` is a SimpleApp; MXNet sends its commands this way). Until
+    /// it is set, commands wait; once the KV handle is set without it, they
+    /// get an empty answer, ps-lite's default.
+    pub fn set_simple_request_handle(
+        &self,
+        handle: impl FnMut(&SimpleData, &KVServer<V>) + Send + 'static,
+    ) {
+        let mut handles = lock(&self.inner.handles);
+        handles.simple = Some(Box::new(handle));
+        self.drain(&mut handles);
+    }
+
+    /// Answers SimpleApp command `req` with `body`.
+    pub fn simple_response(&self, req: &SimpleData, body: &[u8]) -> Result<(), Error> {
+        crate::simple_app::send_response(&self.inner.po, self.inner.app_id, req, body)
+    }
+
+    /// Handles queued requests while their handles exist, in order.
+    fn drain(&self, handles: &mut Handles<V>) {
+        while let Some(next) = handles.queued.pop_front() {
+            if let Err(next) = self.dispatch(handles, next) {
+                handles.queued.push_front(next);
+                break;
+            }
         }
-        *slot = Some(handle);
+    }
+
+    /// Runs one request's handle, or gives it back if there is none yet.
+    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) -> Result<(), Queued<V>> {
+        match req {
+            Queued::Kv(meta, kvs) => match handles.kv.as_mut() {
+                Some(handle) => handle(&meta, kvs, self),
+                None => return Err(Queued::Kv(meta, kvs)),
+            },
+            Queued::Simple(data) => match (handles.simple.as_mut(), handles.kv.is_some()) {
+                (Some(handle), _) => handle(&data, self),
+                (None, true) => {
+                    if let Err(e) = self.simple_response(&data, b"") {
+                        warn!("cannot answer node {}: {e}", data.sender);
+                    }
+                }
+                (None, false) => return Err(Queued::Simple(data)),
+            },
+        }
+        Ok(())
     }
 
     /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
@@ -108,36 +170,35 @@ impl<V: Val> KVServer<V> {
 
 impl<V: Val> Handler for Inner<V> {
     fn on_request(&self, msg: Message) {
-        if msg.meta.simple_app {
-            warn!(
-                "KVServer app {} dropping a SimpleApp request from node {}",
-                self.app_id, msg.meta.sender
-            );
-            return;
-        }
-        let kvs = match KVPairs::<V>::from_message(&msg) {
-            Ok(kvs) if !msg.meta.push || !kvs.vals.is_empty() || kvs.keys.is_empty() => kvs,
-            Ok(_) => {
-                warn!(
-                    "dropping a push without values from node {}",
-                    msg.meta.sender
-                );
-                return;
-            }
-            Err(e) => {
-                warn!("KVServer app {}: {e}; dropped", self.app_id);
-                return;
+        let req = if msg.meta.simple_app {
+            Queued::Simple(SimpleData::of(&msg))
+        } else {
+            match KVPairs::<V>::from_message(&msg) {
+                Ok(kvs) if msg.meta.push && kvs.vals.is_empty() && !kvs.keys.is_empty() => {
+                    warn!(
+                        "dropping a push without values from node {}",
+                        msg.meta.sender
+                    );
+                    return;
+                }
+                Ok(kvs) => Queued::Kv(KVMeta::of(&msg), kvs),
+                Err(e) => {
+                    warn!("KVServer app {}: {e}; dropped", self.app_id);
+                    return;
+                }
             }
         };
         let Some(me) = self.me.upgrade() else {
             return;
         };
         let server = KVServer { inner: me };
-        let meta = KVMeta::of(&msg);
-        let mut slot = lock(&self.handle);
-        match slot.as_mut() {
-            Some(handle) => handle(&meta, kvs, &server),
-            None => lock(&self.queued).push_back((meta, kvs)),
+        let mut handles = lock(&self.handles);
+        if !handles.queued.is_empty() {
+            handles.queued.push_back(req);
+            return;
+        }
+        if let Err(req) = server.dispatch(&mut handles, req) {
+            handles.queued.push_back(req);
         }
     }
 

@@ -22,6 +22,7 @@ use pslite_proto::Message;
 use crate::customer::{Customer, Handler};
 use crate::kv_pairs::{KVPairs, Key, Val};
 use crate::sarray::SArray;
+use crate::simple_app::SimpleData;
 use crate::Error;
 
 /// Splits a request over the servers: one entry per server rank, `None` for
@@ -243,6 +244,15 @@ impl<V: Val> KVWorker<V> {
         self.send(true, true, keys, vals, opts)
     }
 
+    /// Sends a SimpleApp command (`head`, `body`) on this worker's customer
+    /// to node or group `recv`, as a C++ `KVWorker` (a SimpleApp) can; e.g.
+    /// MXNet's sync-mode (head 3) and stop-server (head 2) commands to the
+    /// server group. Returns the timestamp to [`KVWorker::wait`] on.
+    pub fn request(&self, head: i32, body: &[u8], recv: i32) -> Result<i32, Error> {
+        let customer = self.customer()?;
+        crate::simple_app::send_request(&self.inner.po, customer, &*self.inner, head, body, recv)
+    }
+
     /// Waits until request `ts` has completed.
     pub fn wait(&self, ts: i32) -> Result<(), Error> {
         self.customer()?.wait(ts)
@@ -427,13 +437,24 @@ fn assemble<V: Val>(
 
 impl<V: Val> Handler for Inner<V> {
     fn on_request(&self, msg: Message) {
+        if msg.meta.simple_app {
+            // ps-lite's default SimpleApp handle: an empty answer.
+            let req = SimpleData::of(&msg);
+            if let Err(e) = crate::simple_app::send_response(&self.po, self.app_id, &req, b"") {
+                warn!("cannot answer node {}: {e}", req.sender);
+            }
+            return;
+        }
         warn!(
-            "KVWorker app {} dropping a request from node {}: workers serve no requests",
+            "KVWorker app {} dropping a KV request from node {}: workers serve no KV requests",
             self.app_id, msg.meta.sender
         );
     }
 
     fn on_response(&self, msg: Message) {
+        if msg.meta.simple_app {
+            return; // a command's answer: counted by the customer
+        }
         let ts = msg.meta.timestamp;
         let mut pending = lock(&self.pending);
         let Some(p) = pending.get_mut(&ts) else {

@@ -33,8 +33,66 @@ pub struct SimpleData {
     pub customer_id: i32,
 }
 
+/// Sends a SimpleApp request from `customer` to node or group `recv` and
+/// returns its timestamp (shared by SimpleApp, KVWorker and KVServer, which
+/// all speak SimpleApp as in ps-lite).
+pub(crate) fn send_request(
+    po: &Postoffice,
+    customer: &Customer,
+    handler: &dyn Handler,
+    head: i32,
+    body: &[u8],
+    recv: i32,
+) -> Result<i32, Error> {
+    let recvers = po.node_ids(recv);
+    if recvers.is_empty() {
+        return Err(Error::InvalidInput(format!(
+            "{recv} names no node: use a node id or a group 1..7"
+        )));
+    }
+    let ts = customer.new_request(recvers.len());
+    let body = Bytes::copy_from_slice(body);
+    for id in recvers {
+        let mut msg = Message::default();
+        msg.meta.app_id = customer.app_id();
+        msg.meta.customer_id = customer.customer_id();
+        msg.meta.simple_app = true;
+        msg.meta.request = true;
+        msg.meta.head = head;
+        msg.meta.body = body.clone();
+        msg.meta.timestamp = ts;
+        msg.meta.recver = id;
+        if let Err(e) = po.send(msg) {
+            customer.fail_request(ts, e.to_string(), handler);
+            return Err(e.into());
+        }
+    }
+    Ok(ts)
+}
+
+/// Answers SimpleApp request `req` of app `app_id` with `body`.
+pub(crate) fn send_response(
+    po: &Postoffice,
+    app_id: i32,
+    req: &SimpleData,
+    body: &[u8],
+) -> Result<(), Error> {
+    let mut msg = Message::default();
+    msg.meta.app_id = app_id;
+    msg.meta.customer_id = req.customer_id;
+    msg.meta.simple_app = true;
+    msg.meta.request = false;
+    msg.meta.head = req.head;
+    msg.meta.body = Bytes::copy_from_slice(body);
+    msg.meta.timestamp = req.timestamp;
+    msg.meta.recver = req.sender;
+    po.send(msg)?;
+    Ok(())
+}
+
 impl SimpleData {
-    fn of(msg: &Message) -> SimpleData {
+    /// The SimpleApp view of a message.
+    pub fn of(msg: &Message) -> SimpleData {
         SimpleData {
             head: msg.meta.head,
             body: msg.meta.body.clone(),
@@ -98,45 +156,12 @@ impl SimpleApp {
     /// timestamp; it completes when every receiver has answered.
     pub fn request(&self, head: i32, body: &[u8], recv: i32) -> Result<i32, Error> {
         let customer = self.customer()?;
-        let recvers = self.inner.po.node_ids(recv);
-        if recvers.is_empty() {
-            return Err(Error::InvalidInput(format!(
-                "{recv} names no node: use a node id or a group 1..7"
-            )));
-        }
-        let ts = customer.new_request(recvers.len());
-        let body = Bytes::copy_from_slice(body);
-        for id in recvers {
-            let mut msg = Message::default();
-            msg.meta.app_id = self.inner.app_id;
-            msg.meta.customer_id = self.inner.customer_id;
-            msg.meta.simple_app = true;
-            msg.meta.request = true;
-            msg.meta.head = head;
-            msg.meta.body = body.clone();
-            msg.meta.timestamp = ts;
-            msg.meta.recver = id;
-            if let Err(e) = self.inner.po.send(msg) {
-                customer.fail_request(ts, e.to_string(), &*self.inner);
-                return Err(e.into());
-            }
-        }
-        Ok(ts)
+        send_request(&self.inner.po, customer, &*self.inner, head, body, recv)
     }
 
     /// Answers request `req` with `body`.
     pub fn response(&self, req: &SimpleData, body: &[u8]) -> Result<(), Error> {
-        let mut msg = Message::default();
-        msg.meta.app_id = self.inner.app_id;
-        msg.meta.customer_id = req.customer_id;
-        msg.meta.simple_app = true;
-        msg.meta.request = false;
-        msg.meta.head = req.head;
-        msg.meta.body = Bytes::copy_from_slice(body);
-        msg.meta.timestamp = req.timestamp;
-        msg.meta.recver = req.sender;
-        self.inner.po.send(msg)?;
-        Ok(())
+        send_response(&self.inner.po, self.inner.app_id, req, body)
     }
 
     /// Waits until every receiver of request `ts` has answered.
