@@ -106,6 +106,11 @@ impl<V: Val> KVServer<V> {
         self.drain(&mut handles);
     }
 
+    /// How many requests wait for a handle.
+    pub fn queued_requests(&self) -> usize {
+        lock(&self.inner.handles).queued.len()
+    }
+
     /// Answers SimpleApp command `req` with `body`.
     pub fn simple_response(&self, req: &SimpleData, body: &[u8]) -> Result<(), Error> {
         crate::simple_app::send_response(&self.inner.po, self.inner.app_id, req, body)

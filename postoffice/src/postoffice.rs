@@ -203,6 +203,12 @@ impl Postoffice {
         self.inner.router.unregister((app_id, customer_id));
     }
 
+    /// How many data messages wait for customers that have not registered
+    /// yet (they are delivered when the customer registers).
+    pub fn held_messages(&self) -> usize {
+        self.inner.router.held()
+    }
+
     /// Sends a message; returns the bytes sent.
     pub fn send(&self, msg: Message) -> Result<usize, Error> {
         Ok(self.van()?.send(msg)?)

@@ -83,6 +83,11 @@ impl CustomerRouter {
         Some(rx)
     }
 
+    /// How many messages wait for customers that have not registered.
+    pub fn held(&self) -> usize {
+        self.routes().held_total
+    }
+
     /// Removes a customer; later messages for it are held again.
     pub fn unregister(&self, key: CustomerKey) {
         self.routes().customers.remove(&key);

@@ -302,3 +302,76 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("no free port on 127.0.0.1")
 }
+
+/// A whole cluster inside this test process: one `Postoffice` per node, on
+/// real ZeroMQ sockets over 127.0.0.1 (Postoffices are values, not globals,
+/// so several live in one process).
+pub struct LocalCluster {
+    /// The scheduler.
+    pub scheduler: pslite::Postoffice,
+    /// The servers, by rank.
+    pub servers: Vec<pslite::Postoffice>,
+    /// The workers, by rank.
+    pub workers: Vec<pslite::Postoffice>,
+}
+
+impl LocalCluster {
+    /// Starts `servers` + `workers` nodes and a scheduler; returns once every
+    /// node has passed the start barrier (or panics after 60 s).
+    pub fn start(servers: usize, workers: usize) -> LocalCluster {
+        use pslite::{Config, Postoffice, Role};
+        let port = free_port();
+        let config = |role| {
+            let mut c = Config::new(
+                role,
+                servers as i32,
+                workers as i32,
+                "127.0.0.1",
+                port as i32,
+            );
+            c.start_timeout = Duration::from_secs(60);
+            c
+        };
+        let mut nodes = vec![Postoffice::new(config(Role::Scheduler))];
+        nodes.extend((0..servers).map(|_| Postoffice::new(config(Role::Server))));
+        nodes.extend((0..workers).map(|_| Postoffice::new(config(Role::Worker))));
+        let joins: Vec<_> = nodes
+            .iter()
+            .cloned()
+            .map(|po| std::thread::spawn(move || po.start(0, true)))
+            .collect();
+        for j in joins {
+            j.join()
+                .expect("start panicked")
+                .expect("a node failed to start");
+        }
+        let scheduler = nodes.remove(0);
+        let mut servers_v: Vec<_> = nodes.drain(..servers).collect();
+        let mut workers_v = nodes;
+        let rank = |po: &pslite::Postoffice| po.my_rank().unwrap_or(0);
+        servers_v.sort_by_key(rank);
+        workers_v.sort_by_key(rank);
+        LocalCluster {
+            scheduler,
+            servers: servers_v,
+            workers: workers_v,
+        }
+    }
+
+    /// Every node finalizes with a barrier (in parallel).
+    pub fn finalize(self) {
+        let all: Vec<_> = std::iter::once(self.scheduler)
+            .chain(self.servers)
+            .chain(self.workers)
+            .collect();
+        let joins: Vec<_> = all
+            .into_iter()
+            .map(|po| std::thread::spawn(move || po.finalize(0, true)))
+            .collect();
+        for j in joins {
+            j.join()
+                .expect("finalize panicked")
+                .expect("a node failed to finalize");
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! KVWorker and KVServer features on in-process clusters (real ZeroMQ over
+//! 127.0.0.1): lens, callbacks, slicers, partial key ownership, late
+//! responses, late handles, early data, input errors.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::unbounded;
+use pslite::{
+    DefaultHandle, Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Key, KeyRange, SArray,
+};
+use pslite_tests::LocalCluster;
+
+const T: Duration = Duration::from_secs(20);
+
+fn serve_default<V: pslite::Val>(c: &LocalCluster) -> Vec<KVServer<V>> {
+    c.servers
+        .iter()
+        .map(|po| {
+            let s = KVServer::<V>::new(po, 0).unwrap();
+            s.set_request_handle(DefaultHandle::new().into_handle());
+            s
+        })
+        .collect()
+}
+
+/// Keys spread over the whole key space (so every server owns some).
+fn spread(n: u64) -> Vec<Key> {
+    (0..n).map(|i| u64::MAX / n * i + 3).collect()
+}
+
+/// Polls `cond` until it holds, failing after `T`: waits on an observable
+/// state change, not on a guessed duration.
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + T;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn push_then_pull_sums_over_two_servers_in_key_order() {
+    let c = LocalCluster::start(2, 2);
+    let _servers = serve_default::<f32>(&c);
+    let keys = spread(100);
+    let vals: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let workers: Vec<_> = c
+        .workers
+        .iter()
+        .map(|po| KVWorker::<f32>::new(po, 0, 0).unwrap())
+        .collect();
+    for w in &workers {
+        w.wait_timeout(w.push(&keys, &vals, KVOptions::new()).unwrap(), T)
+            .unwrap();
+    }
+    let pulled = workers[0]
+        .take_pull_timeout(workers[0].pull(&keys, KVOptions::new()).unwrap(), T)
+        .unwrap();
+    assert_eq!(&pulled.keys[..], &keys[..]);
+    let expected: Vec<f32> = vals.iter().map(|v| v * 2.0).collect();
+    assert_eq!(&pulled.vals[..], &expected[..]);
+    drop(workers);
+    c.finalize();
+}
+
+#[test]
+fn variable_lens_round_trip() {
+    let c = LocalCluster::start(2, 1);
+    let _servers = serve_default::<f64>(&c);
+    let w = KVWorker::<f64>::new(&c.workers[0], 0, 0).unwrap();
+    let keys = spread(4);
+    let lens = [1, 3, 0, 2];
+    let vals = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let ts = w.push(&keys, &vals, KVOptions::new().lens(&lens)).unwrap();
+    w.wait_timeout(ts, T).unwrap();
+    let ts = w.push(&keys, &vals, KVOptions::new().lens(&lens)).unwrap();
+    w.wait_timeout(ts, T).unwrap();
+    let pulled = w
+        .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
+        .unwrap();
+    assert_eq!(&pulled.vals[..], &[2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
+    // The third key was pushed with no values: it holds none.
+    assert_eq!(&pulled.lens[..], &[1, 3, 0, 2]);
+    drop(w);
+    c.finalize();
+}
+
+#[test]
+fn callbacks_run_on_completion_with_pulled_values() {
+    let c = LocalCluster::start(2, 1);
+    let _servers = serve_default::<i64>(&c);
+    let w = KVWorker::<i64>::new(&c.workers[0], 0, 0).unwrap();
+    let keys = spread(10);
+    let (tx, rx) = unbounded();
+    let tx2 = tx.clone();
+    let ts = w
+        .push(
+            &keys,
+            &[7; 10],
+            KVOptions::new().callback(move |r| {
+                let _ = tx2.send(("push", r.map(|p| p.vals.to_vec())));
+            }),
+        )
+        .unwrap();
+    // The callback has run by the time wait returns.
+    w.wait_timeout(ts, T).unwrap();
+    let (what, vals) = rx.try_recv().unwrap();
+    assert_eq!(what, "push");
+    assert_eq!(vals.unwrap(), Vec::<i64>::new());
+    let ts = w
+        .pull(
+            &keys,
+            KVOptions::new().callback(move |r| {
+                let _ = tx.send(("pull", r.map(|p| p.vals.to_vec())));
+            }),
+        )
+        .unwrap();
+    w.wait_timeout(ts, T).unwrap();
+    let (what, vals) = rx.try_recv().unwrap();
+    assert_eq!(what, "pull");
+    assert_eq!(vals.unwrap(), vec![7; 10]);
+    // Its values went to the callback, so there is nothing to take.
+    assert!(w.take_pull(ts).is_err());
+    drop(w);
+    c.finalize();
+}
+
+#[test]
+fn only_servers_owning_keys_are_contacted() {
+    let c = LocalCluster::start(3, 1);
+    let hits: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let _servers: Vec<_> = c
+        .servers
+        .iter()
+        .zip(&hits)
+        .map(|(po, hits)| {
+            let s = KVServer::<f32>::new(po, 0).unwrap();
+            let hits = Arc::clone(hits);
+            let mut store = DefaultHandle::new();
+            s.set_request_handle(move |meta, req, server| {
+                hits.fetch_add(1, Ordering::SeqCst);
+                server.response(meta, store.apply(meta, &req)).unwrap();
+            });
+            s
+        })
+        .collect();
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    let ranges = c.workers[0].server_key_ranges();
+    // Keys of servers 0 and 2 only.
+    let keys = vec![
+        ranges[0].begin + 1,
+        ranges[2].begin + 1,
+        ranges[2].begin + 2,
+    ];
+    w.wait_timeout(
+        w.push(&keys, &[1.0, 2.0, 3.0], KVOptions::new()).unwrap(),
+        T,
+    )
+    .unwrap();
+    let pulled = w
+        .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
+        .unwrap();
+    assert_eq!(&pulled.vals[..], &[1.0, 2.0, 3.0]);
+    let counts: Vec<_> = hits.iter().map(|h| h.load(Ordering::SeqCst)).collect();
+    assert_eq!(counts, vec![2, 0, 2]);
+    // No keys at all: complete at once, nobody contacted.
+    let ts = w.push(&[], &[], KVOptions::new()).unwrap();
+    w.wait_timeout(ts, T).unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.load(Ordering::SeqCst)).sum::<usize>(),
+        4
+    );
+    drop(w);
+    c.finalize();
+}
+
+#[test]
+fn custom_slicer_replaces_the_key_ranges() {
+    let c = LocalCluster::start(2, 1);
+    let hits: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let _servers: Vec<_> = c
+        .servers
+        .iter()
+        .zip(&hits)
+        .map(|(po, hits)| {
+            let s = KVServer::<f32>::new(po, 0).unwrap();
+            let hits = Arc::clone(hits);
+            let mut store = DefaultHandle::new();
+            s.set_request_handle(move |meta, req, server| {
+                hits.fetch_add(req.keys.len(), Ordering::SeqCst);
+                server.response(meta, store.apply(meta, &req)).unwrap();
+            });
+            s
+        })
+        .collect();
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    // Everything to the last server.
+    w.set_slicer(|kvs: &KVPairs<f32>, ranges: &[KeyRange]| {
+        let mut out = vec![None; ranges.len()];
+        out[ranges.len() - 1] = Some(kvs.clone());
+        out
+    });
+    let keys = spread(10);
+    w.wait_timeout(w.push(&keys, &[1.0; 10], KVOptions::new()).unwrap(), T)
+        .unwrap();
+    let pulled = w
+        .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
+        .unwrap();
+    assert_eq!(&pulled.vals[..], &[1.0; 10]);
+    assert_eq!(hits[0].load(Ordering::SeqCst), 0);
+    assert_eq!(hits[1].load(Ordering::SeqCst), 20);
+    // A slicer returning the wrong number of slices is an error.
+    w.set_slicer(|_: &KVPairs<f32>, _: &[KeyRange]| Vec::new());
+    assert!(matches!(
+        w.push(&keys, &[1.0; 10], KVOptions::new()),
+        Err(Error::InvalidInput(_))
+    ));
+    drop(w);
+    c.finalize();
+}
+
+#[test]
+fn a_response_can_come_later_from_another_thread() {
+    let c = LocalCluster::start(1, 1);
+    let (tx, rx) = unbounded::<(KVMeta, KVPairs<u32>, KVServer<u32>)>();
+    let server = KVServer::<u32>::new(&c.servers[0], 0).unwrap();
+    server.set_request_handle(move |meta, req, server| {
+        let _ = tx.send((meta.clone(), req, server.clone()));
+    });
+    let responder = std::thread::spawn(move || {
+        // Answer the two requests in reverse order.
+        let a = rx.recv_timeout(T).unwrap();
+        let b = rx.recv_timeout(T).unwrap();
+        for (meta, req, server) in [b, a] {
+            let res = KVPairs::new(req.keys.clone(), vec![meta.cmd as u32; req.keys.len()]);
+            server.response(&meta, res).unwrap();
+        }
+    });
+    let w = KVWorker::<u32>::new(&c.workers[0], 0, 0).unwrap();
+    let t1 = w.pull(&[1, 2], KVOptions::new().cmd(5)).unwrap();
+    let t2 = w.pull(&[3], KVOptions::new().cmd(9)).unwrap();
+    assert_eq!(&w.take_pull_timeout(t2, T).unwrap().vals[..], &[9]);
+    assert_eq!(&w.take_pull_timeout(t1, T).unwrap().vals[..], &[5, 5]);
+    responder.join().unwrap();
+    drop((w, server));
+    c.finalize();
+}
+
+#[test]
+fn requests_wait_for_a_handle_and_data_waits_for_its_app() {
+    let c = LocalCluster::start(1, 1);
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    // No KVServer exists yet: the push is held by the server's Postoffice.
+    let t1 = w.push(&[1, 2], &[1.0, 2.0], KVOptions::new()).unwrap();
+    wait_for("the push to be held", || c.servers[0].held_messages() == 1);
+    assert!(matches!(
+        w.wait_timeout(t1, Duration::from_millis(50)),
+        Err(Error::Timeout { .. })
+    ));
+    // The app registers without a handle: the request is queued in the app.
+    let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+    assert_eq!(c.servers[0].held_messages(), 0);
+    let t2 = w.push(&[1, 2], &[1.0, 2.0], KVOptions::new()).unwrap();
+    wait_for("both pushes to queue", || server.queued_requests() == 2);
+    server.set_request_handle(DefaultHandle::new().into_handle());
+    w.wait_timeout(t1, T).unwrap();
+    w.wait_timeout(t2, T).unwrap();
+    let pulled = w
+        .take_pull_timeout(w.pull(&[1, 2], KVOptions::new()).unwrap(), T)
+        .unwrap();
+    assert_eq!(&pulled.vals[..], &[2.0, 4.0]);
+    drop((w, server));
+    c.finalize();
+}
+
+#[test]
+fn bad_input_is_an_error_and_sends_nothing() {
+    let c = LocalCluster::start(1, 1);
+    let hits = Arc::new(AtomicUsize::new(0));
+    let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+    let h = Arc::clone(&hits);
+    server.set_request_handle(move |meta, _req, server| {
+        h.fetch_add(1, Ordering::SeqCst);
+        server.response(meta, KVPairs::default()).unwrap();
+    });
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    let o = KVOptions::new;
+    assert!(matches!(
+        w.push(&[2, 1], &[1.0, 2.0], o()),
+        Err(Error::UnsortedKeys { index: 1 })
+    ));
+    assert!(matches!(
+        w.push(&[1, 1], &[1.0, 2.0], o()),
+        Err(Error::DuplicateKey { key: 1 })
+    ));
+    assert!(matches!(
+        w.pull(&[3, 3], o()),
+        Err(Error::DuplicateKey { key: 3 })
+    ));
+    assert!(matches!(
+        w.push(&[1, 2], &[1.0; 3], o()),
+        Err(Error::ValsMismatch { .. })
+    ));
+    assert!(matches!(
+        w.push(&[1, 2], &[], o()),
+        Err(Error::ValsMismatch { .. })
+    ));
+    assert!(matches!(
+        w.push(&[1, 2], &[1.0; 3], o().lens(&[1])),
+        Err(Error::LensMismatch { keys: 2, lens: 1 })
+    ));
+    assert!(matches!(
+        w.push(&[1, 2], &[1.0; 3], o().lens(&[1, 1])),
+        Err(Error::ValsMismatch { .. })
+    ));
+    assert!(matches!(w.wait(12345), Err(Error::UnknownTimestamp(12345))));
+    // A good request still works, and none of the bad ones reached the server.
+    w.wait_timeout(w.push(&[1], &[1.0], o()).unwrap(), T)
+        .unwrap();
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    drop((w, server));
+    c.finalize();
+}
+
+#[test]
+fn zero_copy_push_shares_the_callers_buffers() {
+    let c = LocalCluster::start(1, 1);
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+    let r = Arc::clone(&received);
+    server.set_request_handle(move |meta, req, server| {
+        r.lock().unwrap().extend_from_slice(&req.vals);
+        server.response(meta, KVPairs::default()).unwrap();
+    });
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    let keys = SArray::from_vec((0..1000u64).collect());
+    let vals = SArray::from_vec((0..1000).map(|i| i as f32).collect());
+    let ts = w
+        .zpush(keys.clone(), vals.clone(), KVOptions::new())
+        .unwrap();
+    w.wait_timeout(ts, T).unwrap();
+    assert_eq!(&received.lock().unwrap()[..], &vals[..]);
+    drop((w, server));
+    c.finalize();
+}
+
+#[test]
+fn two_apps_and_two_worker_customers_in_one_process() {
+    let c = LocalCluster::start(1, 1);
+    let s0 = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+    s0.set_request_handle(DefaultHandle::new().into_handle());
+    let s1 = KVServer::<f32>::new(&c.servers[0], 1).unwrap();
+    s1.set_request_handle(DefaultHandle::new().into_handle());
+    // App 0 has two customers on the worker; app 1 one.
+    let a = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    let b = KVWorker::<f32>::new(&c.workers[0], 0, 1).unwrap();
+    let other = KVWorker::<f32>::new(&c.workers[0], 1, 0).unwrap();
+    assert!(KVWorker::<f32>::new(&c.workers[0], 0, 1).is_err());
+    for (w, v) in [(&a, 1.0), (&b, 2.0), (&other, 10.0)] {
+        w.wait_timeout(w.push(&[7], &[v], KVOptions::new()).unwrap(), T)
+            .unwrap();
+    }
+    let pull = |w: &KVWorker<f32>| {
+        w.take_pull_timeout(w.pull(&[7], KVOptions::new()).unwrap(), T)
+            .unwrap()
+            .vals[0]
+    };
+    assert_eq!(pull(&a), 3.0);
+    assert_eq!(pull(&b), 3.0);
+    assert_eq!(pull(&other), 10.0);
+    drop((a, b, other, s0, s1));
+    c.finalize();
+}
+
+#[test]
+fn simple_app_commands_on_kv_apps() {
+    // MXNet's style: the worker sends commands on its KVWorker, the server
+    // answers them on its KVServer.
+    let c = LocalCluster::start(2, 1);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let servers: Vec<_> = c
+        .servers
+        .iter()
+        .map(|po| {
+            let s = KVServer::<u8>::new(po, 0).unwrap();
+            let seen = Arc::clone(&seen);
+            s.set_simple_request_handle(move |req, server| {
+                seen.lock().unwrap().push((req.head, req.body.to_vec()));
+                server.simple_response(req, b"ok").unwrap();
+            });
+            s
+        })
+        .collect();
+    let w = KVWorker::<u8>::new(&c.workers[0], 0, 0).unwrap();
+    let ts = w.request(3, b"", pslite::SERVER_GROUP).unwrap();
+    w.wait_timeout(ts, T).unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    // Without a command handle, a server with a KV handle answers empty.
+    let plain = KVServer::<u8>::new(&c.servers[0], 1).unwrap();
+    plain.set_request_handle(DefaultHandle::new().into_handle());
+    let w1 = KVWorker::<u8>::new(&c.workers[0], 1, 0).unwrap();
+    let ts = w1
+        .request(2, b"stop", c.servers[0].my_id().unwrap())
+        .unwrap();
+    w1.wait_timeout(ts, T).unwrap();
+    drop((w, w1, servers, plain));
+    c.finalize();
+}
