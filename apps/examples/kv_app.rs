@@ -5,7 +5,9 @@
 //! times. Keys are spread over the whole key space and offset by the worker's
 //! rank, so the sums are exact for any number of workers and servers.
 //!
-//! `KV_APP_KEYS` and `KV_APP_REPEAT` change the sizes.
+//! `KV_APP_KEYS` and `KV_APP_REPEAT` change the sizes; with
+//! `KV_APP_WAIT_STDIN=1` a worker prints "ready" and waits for a line on
+//! standard input before it starts.
 
 use std::process::ExitCode;
 
@@ -45,6 +47,14 @@ fn run() -> Result<(), Error> {
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
         let rank = po.my_rank()?;
+        if std::env::var("KV_APP_WAIT_STDIN").is_ok_and(|v| v == "1") {
+            // Tests start the work when they are ready (one line on stdin).
+            println!("worker rank {rank} ready");
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .map_err(|e| Error::Failed(format!("cannot read stdin: {e}")))?;
+        }
         check_worker(&kv, rank as u64, num, repeat)?;
         println!("worker rank {rank}: push, pull and push_pull sums exact");
     }

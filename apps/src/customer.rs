@@ -13,7 +13,7 @@ use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use log::warn;
-use pslite_postoffice::Postoffice;
+use pslite_postoffice::{Delivery, Postoffice};
 use pslite_proto::Message;
 
 use crate::Error;
@@ -67,6 +67,17 @@ impl Tracker {
         }
     }
 
+    /// Ends request `ts` early (it failed); true if it was still open.
+    fn force_complete(&self, ts: i32) -> bool {
+        match self.lock().open.get_mut(&ts) {
+            Some(req) if !req.done && req.received < req.expected => {
+                req.expected = req.received;
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn finish(&self, ts: i32) {
         if let Some(req) = self.lock().open.get_mut(&ts) {
             req.done = true;
@@ -105,9 +116,28 @@ impl Customer {
         let spawned = std::thread::Builder::new()
             .name(format!("pslite-app{app_id}-customer{customer_id}"))
             .spawn(move || {
-                for msg in queue {
+                for delivery in queue {
                     let Some(handler) = handler.upgrade() else {
                         break;
+                    };
+                    let msg = match delivery {
+                        Delivery::Message(msg) => msg,
+                        Delivery::Undeliverable { msg, reason } => {
+                            if msg.meta.request {
+                                let ts = msg.meta.timestamp;
+                                if thread_tracker.force_complete(ts) {
+                                    handler.on_complete(ts, Some(reason));
+                                    thread_tracker.finish(ts);
+                                }
+                            } else {
+                                warn!("{reason}");
+                            }
+                            continue;
+                        }
+                        Delivery::NodeFailed(reason) => {
+                            thread_tracker.fail(reason);
+                            continue;
+                        }
                     };
                     if msg.meta.request {
                         handler.on_request(msg);
@@ -173,15 +203,7 @@ impl Customer {
 
     /// Marks request `ts` as failed: it completes now, with `reason`.
     pub fn fail_request(&self, ts: i32, reason: String, handler: &dyn Handler) {
-        let open = {
-            let mut r = self.tracker.lock();
-            r.open.get_mut(&ts).map(|req| {
-                let was_done = req.done;
-                req.expected = req.received;
-                was_done
-            })
-        };
-        if open == Some(false) {
+        if self.tracker.force_complete(ts) {
             handler.on_complete(ts, Some(reason));
             self.tracker.finish(ts);
         }

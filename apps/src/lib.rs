@@ -56,7 +56,7 @@ pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
 pub use logging::init_logging;
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Postoffice};
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};
-pub use pslite_proto::{DataType, Message, Meta, Node, Role};
+pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
 pub use sarray::{misaligned_copies, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 

@@ -192,6 +192,18 @@ impl Config {
             value: "0".into(),
             expected: "a positive number of seconds",
         })?;
+        let heartbeat_interval = seconds("PS_HEARTBEAT_INTERVAL", 0)?;
+        let heartbeat_timeout = seconds("PS_HEARTBEAT_TIMEOUT", 0)?;
+        if let Some(timeout) = heartbeat_timeout {
+            if heartbeat_interval.is_none_or(|interval| interval >= timeout) {
+                return Err(ConfigError::Invalid {
+                    var: "PS_HEARTBEAT_TIMEOUT",
+                    value: timeout.as_secs().to_string(),
+                    expected: "larger than PS_HEARTBEAT_INTERVAL, which must be set (> 0) \
+                               for nodes to send heartbeats",
+                });
+            }
+        }
         Ok(Config {
             role,
             num_servers,
@@ -208,8 +220,8 @@ impl Config {
                 .transpose()?,
             verbose: verbose as u8,
             start_timeout,
-            heartbeat_interval: seconds("PS_HEARTBEAT_INTERVAL", 0)?,
-            heartbeat_timeout: seconds("PS_HEARTBEAT_TIMEOUT", 0)?,
+            heartbeat_interval,
+            heartbeat_timeout,
             resend: env.flag("PS_RESEND")?,
             resend_timeout: Duration::from_millis(env.number(
                 "PS_RESEND_TIMEOUT",
@@ -242,6 +254,9 @@ impl Config {
             start_timeout: self.start_timeout,
             heartbeat_interval: self.heartbeat_interval,
             heartbeat_timeout: self.heartbeat_timeout,
+            resend_timeout: self.resend.then_some(self.resend_timeout),
+            max_resends: 10,
+            drop_percent: self.drop_percent,
         }
     }
 }
@@ -463,5 +478,13 @@ mod tests {
             .starts_with("PS_START_TIMEOUT must be a positive"));
         assert!(message(&[("PS_HEARTBEAT_INTERVAL", "1.5")])
             .starts_with("PS_HEARTBEAT_INTERVAL must be"));
+        assert!(message(&[("PS_HEARTBEAT_TIMEOUT", "5")]).starts_with(
+            "PS_HEARTBEAT_TIMEOUT must be larger than PS_HEARTBEAT_INTERVAL, which must be set"
+        ));
+        assert!(message(&[
+            ("PS_HEARTBEAT_TIMEOUT", "5"),
+            ("PS_HEARTBEAT_INTERVAL", "5")
+        ])
+        .starts_with("PS_HEARTBEAT_TIMEOUT must be larger"));
     }
 }

@@ -14,7 +14,7 @@ use pslite_proto::ids::{self, NodeId};
 use pslite_proto::{Message, Node, Role};
 use pslite_van::{Van, VanError};
 
-use crate::router::CustomerRouter;
+use crate::router::{CustomerRouter, Delivery};
 use crate::{Config, ConfigError};
 
 /// A Postoffice error: configuration, start-up, or the transport.
@@ -188,7 +188,7 @@ impl Postoffice {
         &self,
         app_id: i32,
         customer_id: i32,
-    ) -> Result<Receiver<Message>, Error> {
+    ) -> Result<Receiver<Delivery>, Error> {
         self.inner
             .router
             .register((app_id, customer_id))

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use log::{debug, warn};
 use pslite_proto::{Message, Role, K_EMPTY};
-use pslite_van::Dispatch;
+use pslite_van::{Dispatch, VanError};
 
 /// At most this many messages wait for customers that have not registered;
 /// beyond it (a misbehaving or hostile peer) new ones are dropped and logged.
@@ -21,9 +21,27 @@ const MAX_HELD: usize = 1_000_000;
 /// (app id, customer id).
 pub type CustomerKey = (i32, i32);
 
+/// What a customer's queue carries.
+#[derive(Debug)]
+pub enum Delivery {
+    /// A data message for the customer.
+    Message(Message),
+    /// A message the customer sent was never acknowledged (`PS_RESEND`):
+    /// if it was a request, that request has failed.
+    Undeliverable {
+        /// The message.
+        msg: Message,
+        /// Why.
+        reason: String,
+    },
+    /// The node cannot go on; every wait should fail with this reason.
+    NodeFailed(String),
+}
+
 #[derive(Default)]
 struct Routes {
-    customers: HashMap<CustomerKey, Sender<Message>>,
+    customers: HashMap<CustomerKey, Sender<Delivery>>,
+    failure: Option<String>,
     held: HashMap<CustomerKey, Vec<Message>>,
     held_total: usize,
 }
@@ -61,12 +79,15 @@ impl CustomerRouter {
 
     /// Registers a customer; its queue starts with whatever was held for it.
     /// `None` if the customer is already registered.
-    pub fn register(&self, key: CustomerKey) -> Option<Receiver<Message>> {
+    pub fn register(&self, key: CustomerKey) -> Option<Receiver<Delivery>> {
         let mut routes = self.routes();
         if routes.customers.contains_key(&key) {
             return None;
         }
         let (tx, rx) = unbounded();
+        if let Some(reason) = &routes.failure {
+            let _ = tx.send(Delivery::NodeFailed(reason.clone()));
+        }
         if let Some(held) = routes.held.remove(&key) {
             debug!(
                 "app {} customer {}: delivering {} messages that arrived before it registered",
@@ -76,7 +97,7 @@ impl CustomerRouter {
             );
             routes.held_total -= held.len();
             for msg in held {
-                let _ = tx.send(msg);
+                let _ = tx.send(Delivery::Message(msg));
             }
         }
         routes.customers.insert(key, tx);
@@ -106,7 +127,7 @@ impl Dispatch for CustomerRouter {
         let key = self.key_of(&msg);
         let mut routes = self.routes();
         if let Some(tx) = routes.customers.get(&key) {
-            if tx.send(msg).is_ok() {
+            if tx.send(Delivery::Message(msg)).is_ok() {
                 return;
             }
             routes.customers.remove(&key);
@@ -131,6 +152,26 @@ impl Dispatch for CustomerRouter {
         routes.held_total += 1;
         routes.held.entry(key).or_default().push(msg);
     }
+
+    fn undeliverable(&self, msg: Message, reason: String) {
+        // The customer that sent it.
+        let key = self.key_of(&msg);
+        match self.routes().customers.get(&key) {
+            Some(tx) => {
+                let _ = tx.send(Delivery::Undeliverable { msg, reason });
+            }
+            None => warn!("{reason}"),
+        }
+    }
+
+    fn failed(&self, err: &VanError) {
+        let reason = err.to_string();
+        let mut routes = self.routes();
+        routes.failure.get_or_insert(reason.clone());
+        for tx in routes.customers.values() {
+            let _ = tx.send(Delivery::NodeFailed(reason.clone()));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +186,23 @@ mod tests {
         m
     }
 
+    fn ts(d: &Delivery) -> i32 {
+        match d {
+            Delivery::Message(m) => m.meta.timestamp,
+            other => panic!("not a message: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn failure_reaches_present_and_future_customers() {
+        let r = CustomerRouter::new(Role::Worker);
+        let rx = r.register((0, 0)).unwrap();
+        r.failed(&VanError::Failed("gone".into()));
+        assert!(matches!(rx.try_recv(), Ok(Delivery::NodeFailed(m)) if m == "gone"));
+        let later = r.register((0, 1)).unwrap();
+        assert!(matches!(later.try_recv(), Ok(Delivery::NodeFailed(_))));
+    }
+
     #[test]
     fn messages_before_registration_are_held_in_order() {
         let r = CustomerRouter::new(Role::Worker);
@@ -153,10 +211,10 @@ mod tests {
         r.deliver(msg(0, 0, 3));
         let rx = r.register((0, 1)).unwrap();
         r.deliver(msg(0, 1, 4));
-        let got: Vec<_> = rx.try_iter().map(|m| m.meta.timestamp).collect();
+        let got: Vec<_> = rx.try_iter().map(|d| ts(&d)).collect();
         assert_eq!(got, vec![1, 2, 4]);
         let rx0 = r.register((0, 0)).unwrap();
-        assert_eq!(rx0.try_recv().unwrap().meta.timestamp, 3);
+        assert_eq!(ts(&rx0.try_recv().unwrap()), 3);
         assert!(r.register((0, 0)).is_none());
     }
 
@@ -165,7 +223,7 @@ mod tests {
         let r = CustomerRouter::new(Role::Server);
         let rx = r.register((3, 3)).unwrap();
         r.deliver(msg(3, 7, 1));
-        assert_eq!(rx.try_recv().unwrap().meta.timestamp, 1);
+        assert_eq!(ts(&rx.try_recv().unwrap()), 1);
         r.deliver(msg(K_EMPTY, 0, 2));
         assert!(rx.try_recv().is_err());
     }

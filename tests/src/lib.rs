@@ -99,36 +99,67 @@ impl Run {
     }
 }
 
-fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+/// Reads lines from `r`, forwards each on `lines`, and returns them all.
+fn drain(
+    r: impl Read + Send + 'static,
+    lines: crossbeam_channel::Sender<String>,
+) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = r.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
+        let mut all = String::new();
+        let mut reader = std::io::BufReader::new(r);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match std::io::BufRead::read_until(&mut reader, b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let text = String::from_utf8_lossy(&line).into_owned();
+                    all.push_str(&text);
+                    let _ = lines.send(text.trim_end().to_string());
+                }
+            }
+        }
+        all
     })
 }
 
-/// A started process whose output is being collected.
+/// A started process whose output is being collected (and streamed).
 pub struct Spawned {
     child: Child,
     out: Option<std::thread::JoinHandle<String>>,
     err: Option<std::thread::JoinHandle<String>>,
+    lines: crossbeam_channel::Receiver<String>,
+    stdin: Option<std::process::ChildStdin>,
     started: Instant,
 }
 
 /// Starts `cmd` with piped output, in its own process group.
-pub fn spawn(mut cmd: Command) -> Spawned {
+pub fn spawn(cmd: Command) -> Spawned {
+    spawn_inner(cmd, false)
+}
+
+/// Like [`spawn`], with a pipe to the process's standard input.
+pub fn spawn_with_stdin(cmd: Command) -> Spawned {
+    spawn_inner(cmd, true)
+}
+
+fn spawn_inner(mut cmd: Command, stdin: bool) -> Spawned {
     use std::os::unix::process::CommandExt;
-    cmd.stdin(Stdio::null())
+    cmd.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
     let mut child = cmd.spawn().expect("cannot spawn a test process");
-    let out = child.stdout.take().map(drain);
-    let err = child.stderr.take().map(drain);
+    let (tx, lines) = crossbeam_channel::unbounded();
+    let out = child.stdout.take().map(|o| drain(o, tx.clone()));
+    let err = child.stderr.take().map(|e| drain(e, tx));
+    let stdin = child.stdin.take();
     Spawned {
         child,
         out,
         err,
+        lines,
+        stdin,
         started: Instant::now(),
     }
 }
@@ -147,13 +178,38 @@ impl Spawned {
         }
     }
 
+    /// Waits (up to `limit`) for an output line containing `needle`, and
+    /// returns it; `None` if the deadline passed or the output ended.
+    pub fn wait_for_line(&self, needle: &str, limit: Duration) -> Option<String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            match self.lines.recv_deadline(deadline) {
+                Ok(line) if line.contains(needle) => return Some(line),
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Writes `text` to the process's standard input.
+    pub fn write_stdin(&mut self, text: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("spawned without stdin");
+        stdin
+            .write_all(text.as_bytes())
+            .expect("cannot write to stdin");
+        stdin.flush().expect("cannot flush stdin");
+    }
+
     /// Waits up to `limit`, killing the process group if it is still running.
     pub fn wait(mut self, limit: Duration) -> Run {
+        drop(self.stdin.take());
         let deadline = self.started + limit;
         let (tx, rx) = crossbeam_channel::bounded(1);
         let pid = self.child.id();
+        let mut child = self.child;
         let waiter = std::thread::spawn(move || {
-            let status = self.child.wait();
+            let status = child.wait();
             let _ = tx.send(());
             status
         });

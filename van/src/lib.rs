@@ -26,6 +26,7 @@
 //! ```
 
 mod error;
+pub mod resender;
 pub mod scheduler;
 pub mod transport;
 mod van;

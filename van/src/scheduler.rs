@@ -71,6 +71,9 @@ pub struct Scheduler {
     /// Customers of a recovered process that have registered since its
     /// last recovery; a repeat means the process restarted again.
     recovered_customers: HashMap<NodeId, HashSet<i32>>,
+    /// Restarted nodes that arrived before a node of their role was dead:
+    /// they take the first one that dies (see [`Scheduler::tick`]).
+    waiting: Vec<Node>,
 }
 
 impl Scheduler {
@@ -83,7 +86,31 @@ impl Scheduler {
             barriers: HashMap::new(),
             last_seen: HashMap::new(),
             recovered_customers: HashMap::new(),
+            waiting: Vec::new(),
         }
+    }
+
+    /// Lets waiting restarted nodes take over nodes that have died by `now`.
+    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        if !self.ready || self.waiting.is_empty() {
+            return Vec::new();
+        }
+        let mut actions = Vec::new();
+        for node in std::mem::take(&mut self.waiting) {
+            match self.dead_of_role(node.role, now) {
+                Some(pid) => actions.extend(self.recover(pid, &node, now)),
+                None => self.waiting.push(node),
+            }
+        }
+        actions
+    }
+
+    /// The lowest dead process id of `role`.
+    fn dead_of_role(&self, role: Role, now: Instant) -> Option<NodeId> {
+        self.processes()
+            .into_iter()
+            .filter(|&id| ids::role_of_id(id) == Some(role) && self.is_dead(id, now))
+            .min()
     }
 
     /// Whether every node has registered and been given its id.
@@ -153,6 +180,17 @@ impl Scheduler {
         }
         if self.ready {
             return self.late_add_node(node, sender, now);
+        }
+        if self
+            .nodes
+            .iter()
+            .any(|n| n.same_process(node) && n.role != node.role)
+        {
+            warn!(
+                "scheduler: dropping ADD_NODE from {node}: {} registered with another role",
+                node.address()
+            );
+            return Vec::new();
         }
         let duplicate = self
             .nodes
@@ -234,12 +272,16 @@ impl Scheduler {
     /// An ADD_NODE after the cluster formed: a restarted node recovering.
     fn late_add_node(&mut self, node: &Node, sender: NodeId, now: Instant) -> Vec<Action> {
         // The same process (same address) registering again.
-        if let Some(pid) = self
-            .nodes
-            .iter()
-            .find(|n| n.same_process(node))
-            .map(|n| n.id)
-        {
+        if let Some(existing) = self.nodes.iter().find(|n| n.same_process(node)) {
+            if existing.role != node.role {
+                warn!(
+                    "scheduler: dropping ADD_NODE from {node}: {} is a {} in the table",
+                    node.address(),
+                    existing.role
+                );
+                return Vec::new();
+            }
+            let pid = existing.id;
             if sender != K_EMPTY && sender != pid {
                 warn!(
                     "scheduler: dropping ADD_NODE for {} sent by node {sender}",
@@ -263,16 +305,22 @@ impl Scheduler {
             warn!("scheduler: dropping ADD_NODE from node {sender}: it is not in the table");
             return Vec::new();
         }
-        let dead = self
-            .processes()
-            .into_iter()
-            .filter(|&id| ids::role_of_id(id) == Some(node.role) && self.is_dead(id, now))
-            .min();
-        match dead {
+        match self.dead_of_role(node.role, now) {
             Some(pid) => self.recover(pid, node, now),
+            None if self.cfg.heartbeat_timeout.is_some() => {
+                info!(
+                    "scheduler: {} waits to replace the next {} that stops sending heartbeats",
+                    node.address(),
+                    node.role
+                );
+                self.waiting.retain(|n| !n.same_process(node));
+                self.waiting.push(node.clone());
+                Vec::new()
+            }
             None => {
                 warn!(
-                    "scheduler: the cluster is full and no {} is dead: ignoring ADD_NODE from {}",
+                    "scheduler: the cluster is full and, without heartbeats \
+                     (PS_HEARTBEAT_TIMEOUT), no {} can be found dead: ignoring ADD_NODE from {}",
                     node.role,
                     node.address()
                 );
@@ -297,10 +345,9 @@ impl Scheduler {
         self.recovered_customers
             .insert(pid, HashSet::from([node.customer_id]));
         self.last_seen.insert(pid, now);
-        // Barrier arrivals of the dead incarnation no longer count.
-        for round in self.barriers.values_mut() {
-            round.arrived.retain(|&(id, _)| id != pid);
-        }
+        // Barrier arrivals of the earlier incarnation still count: the new
+        // one skips the start barrier, and arriving again at a later one
+        // counts once (arrivals are a set).
         let mut actions = vec![Action::Connect(recovered.clone())];
         let mut table = self.table_message();
         table.meta.recver = pid;

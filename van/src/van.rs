@@ -18,6 +18,7 @@ use log::{debug, error, info, trace, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Meta, Node, Role, K_EMPTY};
 
+use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
 use crate::transport::{self, RawMessage, Transport};
 use crate::VanError;
@@ -29,6 +30,18 @@ use crate::VanError;
 pub trait Dispatch: Send + Sync + 'static {
     /// One data message, with `meta.sender` and `meta.recver` filled in.
     fn deliver(&self, msg: Message);
+
+    /// A data message this node sent was never acknowledged, even after
+    /// every resend (`PS_RESEND=1`): the request it belongs to has failed.
+    fn undeliverable(&self, msg: Message, reason: String) {
+        let _ = (msg, reason);
+    }
+
+    /// The node cannot go on (e.g. the scheduler is gone): every wait for
+    /// remote work should fail with `err`.
+    fn failed(&self, err: &VanError) {
+        let _ = err;
+    }
 }
 
 /// What the Van needs to know to join (or, as scheduler, to form) a cluster.
@@ -60,8 +73,16 @@ pub struct VanConfig {
     pub start_timeout: Duration,
     /// How often to send heartbeats (`PS_HEARTBEAT_INTERVAL`).
     pub heartbeat_interval: Option<Duration>,
-    /// When a silent node counts as dead (`PS_HEARTBEAT_TIMEOUT`).
+    /// When a silent node counts as dead (`PS_HEARTBEAT_TIMEOUT`); a node
+    /// that hears nothing from the scheduler for this long fails.
     pub heartbeat_timeout: Option<Duration>,
+    /// Acknowledge messages and resend unacknowledged ones after this long
+    /// (`PS_RESEND=1`, `PS_RESEND_TIMEOUT`); `None` is off.
+    pub resend_timeout: Option<Duration>,
+    /// Resends before a message is given up on.
+    pub max_resends: u32,
+    /// Percentage of received messages to drop once joined (`PS_DROP_MSG`).
+    pub drop_percent: u32,
 }
 
 impl VanConfig {
@@ -81,6 +102,9 @@ impl VanConfig {
             start_timeout: Duration::from_secs(300),
             heartbeat_interval: None,
             heartbeat_timeout: None,
+            resend_timeout: None,
+            max_resends: 10,
+            drop_percent: 0,
         }
     }
 }
@@ -123,6 +147,7 @@ struct Shared {
     barrier_token: AtomicU64,
     stopping: AtomicBool,
     scheduler: Option<Mutex<Scheduler>>,
+    resender: Option<Mutex<Resender>>,
     dispatch: Arc<dyn Dispatch>,
     wake_endpoint: String,
     last_scheduler_contact: Mutex<Instant>,
@@ -156,10 +181,6 @@ impl Van {
         let router = ctx
             .socket(zmq::ROUTER)
             .map_err(zmq_err("creating the ROUTER"))?;
-        // A restarted peer reconnecting with its old identity takes over.
-        router
-            .set_router_handover(true)
-            .map_err(zmq_err("setting ROUTER_HANDOVER"))?;
         let wanted_port = if is_scheduler {
             Some(config.scheduler_port)
         } else {
@@ -189,15 +210,21 @@ impl Van {
                 heartbeat_timeout: config.heartbeat_timeout,
             }))
         });
-        let tick = if config.heartbeat_interval.is_some() || config.heartbeat_timeout.is_some() {
-            50
-        } else {
-            -1
-        };
+        // Wake up between messages when something is on a clock.
+        let mut tick: i32 = -1;
+        if config.heartbeat_interval.is_some() || config.heartbeat_timeout.is_some() {
+            tick = 50;
+        }
+        if let Some(t) = config.resend_timeout {
+            tick = (t.as_millis() as i32 / 4).clamp(1, 50);
+        }
         router
             .set_rcvtimeo(tick)
             .map_err(zmq_err("setting the receive timeout"))?;
         info!("{} listening on {}", me.role, me.address());
+        let resender = config
+            .resend_timeout
+            .map(|t| Mutex::new(Resender::new(t, config.max_resends)));
 
         let shared = Arc::new(Shared {
             config,
@@ -210,6 +237,7 @@ impl Van {
             barrier_token: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             scheduler,
+            resender,
             dispatch,
             wake_endpoint,
             last_scheduler_contact: Mutex::new(Instant::now()),
@@ -602,16 +630,34 @@ impl Shared {
     }
 
     fn send(&self, mut msg: Message) -> Result<usize, VanError> {
+        if let Some(err) = &lock(&self.state).failure {
+            return Err(err.clone());
+        }
         let recver = msg.meta.recver;
         let sender = self.sender(recver)?;
         msg.meta.sender = self.my_id();
+        // Remember it before it leaves: the ACK may beat us back.
+        if let Some(r) = &self.resender {
+            lock(r).on_send(&msg, Instant::now());
+        }
+        let sent = self.transmit(&sender, &msg);
+        if sent.is_err() {
+            if let Some(r) = &self.resender {
+                lock(r).forget(&msg);
+            }
+        }
+        sent
+    }
+
+    /// Puts a message on the wire (no resender bookkeeping).
+    fn transmit(&self, sender: &Sender, msg: &Message) -> Result<usize, VanError> {
         let meta = msg.meta.encode();
         let sent = {
-            let mut socket = lock(&sender);
+            let mut socket = lock(sender);
             transport::send_message(&mut socket, &meta, &msg.data)
-                .map_err(zmq_err(format!("sending to node {recver}")))?
+                .map_err(zmq_err(format!("sending to node {}", msg.meta.recver)))?
         };
-        trace!("send {}", describe(&msg));
+        trace!("send {}", describe(msg));
         Ok(sent)
     }
 
@@ -669,25 +715,83 @@ impl Shared {
         debug!("receive loop stopped");
     }
 
-    /// Periodic work between messages: heartbeats to the scheduler.
+    /// Periodic work between messages: heartbeats, watching the scheduler,
+    /// resends, and the scheduler's own clock.
     fn tick(&self, next_heartbeat: &mut Instant) {
-        let Some(interval) = self.config.heartbeat_interval else {
+        let now = Instant::now();
+        let ready = lock(&self.state).ready;
+        if let Some(scheduler) = &self.scheduler {
+            let actions = lock(scheduler).tick(now);
+            self.apply(actions);
+        } else if ready {
+            if let Some(interval) = self.config.heartbeat_interval {
+                if now >= *next_heartbeat {
+                    *next_heartbeat = now + interval;
+                    let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
+                    msg.meta.control.node.push(self.my_node());
+                    msg.meta.timestamp = self.next_timestamp();
+                    if let Err(e) = self.send(msg) {
+                        debug!("cannot send a heartbeat: {e}");
+                    }
+                }
+            }
+            if let Some(timeout) = self.config.heartbeat_timeout {
+                let silent = now.saturating_duration_since(*lock(&self.last_scheduler_contact));
+                if silent > timeout && lock(&self.state).failure.is_none() {
+                    self.fail(VanError::Failed(format!(
+                        "lost the scheduler at {}:{}: nothing heard from it for {:.1} s \
+                         (PS_HEARTBEAT_TIMEOUT is {} s)",
+                        self.config.scheduler_host,
+                        self.config.scheduler_port,
+                        silent.as_secs_f64(),
+                        timeout.as_secs()
+                    )));
+                }
+            }
+        }
+        let Some(r) = &self.resender else {
             return;
         };
-        let now = Instant::now();
-        if self.scheduler.is_some() || now < *next_heartbeat || !lock(&self.state).ready {
-            return;
+        let due = lock(r).tick(now);
+        for msg in due.resend {
+            debug!("resending {}", describe(&msg));
+            match self.sender(msg.meta.recver) {
+                Ok(sender) => {
+                    if let Err(e) = self.transmit(&sender, &msg) {
+                        debug!("resend failed: {e}");
+                    }
+                }
+                Err(e) => debug!("resend failed: {e}"),
+            }
         }
-        *next_heartbeat = now + interval;
-        let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
-        msg.meta.control.node.push(self.my_node());
-        msg.meta.timestamp = self.next_timestamp();
-        if let Err(e) = self.send(msg) {
-            warn!("cannot send a heartbeat: {e}");
+        for msg in due.failed {
+            let reason = format!(
+                "node {} did not acknowledge {} after {} resends",
+                msg.meta.recver,
+                describe(&msg),
+                self.config.max_resends
+            );
+            warn!("{reason}");
+            if msg.is_control() {
+                if msg.meta.recver == SCHEDULER && self.scheduler.is_none() {
+                    self.fail(VanError::Failed(format!("lost the scheduler: {reason}")));
+                }
+            } else {
+                self.dispatch.undeliverable(msg, reason);
+            }
         }
     }
 
     fn process(&self, raw: RawMessage, held_back: &mut Vec<Message>) {
+        self.process_one(raw, held_back);
+        if !held_back.is_empty() && lock(&self.state).ready {
+            for held in held_back.drain(..) {
+                self.deliver_from_member(held);
+            }
+        }
+    }
+
+    fn process_one(&self, raw: RawMessage, held_back: &mut Vec<Message>) {
         let Some(meta_frame) = raw.meta else {
             warn!(
                 "dropping a message without a meta frame from {}",
@@ -712,6 +816,30 @@ impl Shared {
         if msg.meta.sender == SCHEDULER {
             *lock(&self.last_scheduler_contact) = Instant::now();
         }
+        if self.config.drop_percent > 0
+            && msg.meta.control.cmd != Command::Terminate
+            && lock(&self.state).ready
+            && rand::random_range(0..100) < self.config.drop_percent
+        {
+            debug!("dropping {} (PS_DROP_MSG)", describe(&msg));
+            return;
+        }
+        if let Some(r) = &self.resender {
+            let (received, ack) = lock(r).on_receive(&msg, Instant::now());
+            if let Some(ack) = ack {
+                if let Err(e) = self.send(ack) {
+                    debug!("cannot acknowledge node {}: {e}", msg.meta.sender);
+                }
+            }
+            match received {
+                Received::Deliver => {}
+                Received::Duplicate => {
+                    debug!("dropping a duplicate {}", describe(&msg));
+                    return;
+                }
+                Received::Ack => return,
+            }
+        }
         match msg.meta.control.cmd {
             Command::Empty => self.process_data(msg, held_back),
             Command::Terminate => {
@@ -727,17 +855,11 @@ impl Shared {
             Command::Barrier if self.scheduler.is_some() && msg.meta.request => {
                 self.run_scheduler(&msg)
             }
-            Command::AddNode => {
-                self.process_node_table(&msg);
-                if lock(&self.state).ready {
-                    for held in held_back.drain(..) {
-                        self.dispatch.deliver(held);
-                    }
-                }
-            }
+            Command::AddNode => self.process_node_table(&msg),
             Command::Barrier => self.process_barrier_release(&msg),
             Command::Heartbeat => {} // the contact time is already recorded
             Command::Ack => debug!("dropping ACK from node {}: resend is off", msg.meta.sender),
+            // (With the resender on, ACKs never get here.)
         }
     }
 
@@ -756,9 +878,26 @@ impl Shared {
             return;
         }
         if lock(&self.state).ready {
-            self.dispatch.deliver(msg);
+            self.deliver_from_member(msg);
         } else {
             held_back.push(msg);
+        }
+    }
+
+    /// Delivers a data message if its sender is in the node table: only
+    /// cluster members send data (an unknown `ps<id>` is dropped).
+    fn deliver_from_member(&self, msg: Message) {
+        let sender = msg.meta.sender;
+        let member = self
+            .table
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|n| n.id == sender);
+        if member {
+            self.dispatch.deliver(msg);
+        } else {
+            warn!("dropping a data message from node {sender}, which is not in the node table");
         }
     }
 
@@ -767,6 +906,17 @@ impl Shared {
             return;
         };
         let actions = lock(scheduler).handle(msg, Instant::now());
+        self.apply(actions);
+    }
+
+    /// Carries out what the scheduler state machine asked for.
+    fn apply(&self, actions: Vec<Action>) {
+        let Some(scheduler) = &self.scheduler else {
+            return;
+        };
+        if actions.is_empty() {
+            return;
+        }
         for action in actions {
             match action {
                 Action::Connect(node) => {
@@ -809,9 +959,15 @@ impl Shared {
 
     fn fail(&self, err: VanError) {
         error!("{err}");
-        let mut state = lock(&self.state);
-        state.failure.get_or_insert(err);
-        self.changed.notify_all();
+        {
+            let mut state = lock(&self.state);
+            if state.failure.is_some() {
+                return;
+            }
+            state.failure = Some(err.clone());
+            self.changed.notify_all();
+        }
+        self.dispatch.failed(&err);
     }
 
     /// The scheduler's ADD_NODE: the whole table when joining, or the

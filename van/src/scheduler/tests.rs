@@ -448,15 +448,36 @@ fn a_process_restarted_on_its_address_recovers_at_once() {
 }
 
 #[test]
-fn recovery_drops_the_dead_incarnations_barrier_arrival() {
+fn a_restarted_node_arriving_early_waits_for_a_death() {
+    let t0 = Instant::now();
+    let mut s = formed_1_2_2(Some(10), t0);
+    // Everyone alive: the new server waits.
+    assert!(s
+        .handle(&add_node(Role::Server, HOST, 9600, 0), t0)
+        .is_empty());
+    assert!(s.tick(t0 + Duration::from_secs(5)).is_empty());
+    let mut hb = Message::control(Command::Heartbeat, SCHEDULER);
+    for id in [10, 9, 11] {
+        hb.meta.sender = id;
+        s.handle(&hb, t0 + Duration::from_secs(8));
+    }
+    // Server 8 is dead at 11 s: the waiting node takes its id.
+    let actions = s.tick(t0 + Duration::from_secs(11));
+    assert!(matches!(&actions[0], Action::Connect(n) if n.id == 8 && n.port == 9600));
+    assert_eq!(id_of(&s, 9600), 8);
+    assert!(s.tick(t0 + Duration::from_secs(12)).is_empty());
+}
+
+#[test]
+fn a_recovered_node_still_counts_once_in_a_barrier() {
     let t0 = Instant::now();
     let mut s = formed_1_2_2(None, t0);
     assert!(s.handle(&barrier(9, 0, ids::WORKER_GROUP), t0).is_empty());
     s.handle(&add_node(Role::Worker, HOST, 9003, 0), t0);
-    // Worker 9 restarted: its earlier arrival is void.
-    assert!(s.handle(&barrier(11, 0, ids::WORKER_GROUP), t0).is_empty());
+    // Worker 9 restarted and arrives again: still one arrival.
+    assert!(s.handle(&barrier(9, 0, ids::WORKER_GROUP), t0).is_empty());
     assert_eq!(
-        recvers(&s.handle(&barrier(9, 0, ids::WORKER_GROUP), t0)),
+        recvers(&s.handle(&barrier(11, 0, ids::WORKER_GROUP), t0)),
         vec![9, 11]
     );
 }

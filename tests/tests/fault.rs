@@ -1,0 +1,143 @@
+//! Fault tolerance with real processes on 127.0.0.1: lost messages resent,
+//! a server killed and replaced, the scheduler killed, garbage frames.
+
+use std::time::{Duration, Instant};
+
+use pslite_tests::{free_port, node_command, node_env, spawn, Launch, Spawned};
+
+/// A node of `example` in a cluster around 127.0.0.1:`port`, with `extra`.
+fn node(
+    example: &str,
+    role: &str,
+    s: usize,
+    w: usize,
+    port: u16,
+    extra: &[(&str, &str)],
+) -> Spawned {
+    let mut env = node_env(role, s, w, port);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    spawn(node_command(example, &env))
+}
+
+#[test]
+fn kv_app_is_exact_with_ten_percent_of_messages_dropped() {
+    let run = Launch::example("kv_app", 2, 2)
+        .env("PS_RESEND", "1")
+        .env("PS_RESEND_TIMEOUT", "100")
+        .env("PS_DROP_MSG", "10")
+        .env("KV_APP_REPEAT", "20")
+        .env("KV_APP_KEYS", "2000")
+        .timeout(Duration::from_secs(240))
+        .run();
+    run.assert_ok();
+    assert_eq!(
+        run.stdout.matches("sums exact").count(),
+        2,
+        "{}",
+        run.output()
+    );
+}
+
+const FAULT_ENV: [(&str, &str); 4] = [
+    ("PS_HEARTBEAT_INTERVAL", "1"),
+    ("PS_HEARTBEAT_TIMEOUT", "3"),
+    ("PS_RESEND", "1"),
+    ("PS_RESEND_TIMEOUT", "300"),
+];
+
+#[test]
+fn a_killed_server_is_replaced_and_serves_again() {
+    let port = free_port();
+    let n = |role| node("kv_recovery", role, 2, 2, port, &FAULT_ENV);
+    let scheduler = n("scheduler");
+    let servers = [n("server"), n("server")];
+    let workers = [n("worker"), n("worker")];
+    let limit = Duration::from_secs(60);
+    // Which node ids did the servers get?
+    let line = servers[0]
+        .wait_for_line("serving", limit)
+        .expect("server 0 never served");
+    let victim_id = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .to_string();
+    for w in &workers {
+        w.wait_for_line("round 200", limit)
+            .expect("workers never got going");
+    }
+    let [victim, survivor] = servers;
+    victim.signal(libc::SIGKILL);
+    let killed = victim.wait(limit);
+    assert!(
+        killed.code().is_none(),
+        "the server was not killed: {}",
+        killed.output()
+    );
+    // Restart it: it takes over the dead server's id once the scheduler
+    // misses its heartbeats, and the workers' pending requests are resent.
+    let replacement = n("server");
+    let runs: Vec<_> = [scheduler, survivor, replacement]
+        .into_iter()
+        .chain(workers)
+        .map(|p| p.wait(Duration::from_secs(120)))
+        .collect();
+    for run in &runs {
+        run.assert_ok();
+    }
+    let replaced = &runs[2].stdout;
+    assert!(
+        replaced.contains(&format!("server node {victim_id} serving (recovered)")),
+        "the replacement did not take id {victim_id}:\n{}",
+        runs[2].output()
+    );
+    for worker in &runs[3..] {
+        assert!(
+            worker.stdout.contains("50 exact rounds after recovery"),
+            "{}",
+            worker.output()
+        );
+    }
+}
+
+#[test]
+fn every_node_fails_fast_when_the_scheduler_dies() {
+    let port = free_port();
+    let env = [
+        ("PS_HEARTBEAT_INTERVAL", "1"),
+        ("PS_HEARTBEAT_TIMEOUT", "2"),
+    ];
+    let n = |role| node("kv_recovery", role, 1, 2, port, &env);
+    let scheduler = n("scheduler");
+    let others = [n("server"), n("worker"), n("worker")];
+    let limit = Duration::from_secs(60);
+    for w in &others[1..] {
+        w.wait_for_line("round 200", limit)
+            .expect("workers never got going");
+    }
+    scheduler.signal(libc::SIGKILL);
+    let killed_at = Instant::now();
+    drop(scheduler.wait(limit));
+    for p in others {
+        let run = p.wait(Duration::from_secs(30));
+        let after = killed_at.elapsed();
+        assert!(
+            !run.timed_out,
+            "a node hung after the scheduler died:\n{}",
+            run.output()
+        );
+        assert_eq!(run.code(), Some(1), "{}", run.output());
+        assert!(
+            run.stderr.contains("lost the scheduler"),
+            "{}",
+            run.output()
+        );
+        // PS_HEARTBEAT_TIMEOUT (2 s) plus a few seconds.
+        assert!(
+            after < Duration::from_secs(8),
+            "took {after:?}:\n{}",
+            run.output()
+        );
+        assert!(!run.stderr.contains("panicked"), "{}", run.output());
+    }
+}
