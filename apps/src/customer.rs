@@ -34,6 +34,7 @@ struct Request {
     expected: usize,
     received: usize,
     done: bool,
+    failed: Option<String>,
 }
 
 #[derive(Default)]
@@ -59,7 +60,7 @@ impl Tracker {
     fn add_response(&self, ts: i32) -> bool {
         let mut r = self.lock();
         match r.open.get_mut(&ts) {
-            Some(req) if !req.done => {
+            Some(req) if !req.done && req.failed.is_none() => {
                 req.received += 1;
                 req.received >= req.expected
             }
@@ -67,11 +68,12 @@ impl Tracker {
         }
     }
 
-    /// Ends request `ts` early (it failed); true if it was still open.
-    fn force_complete(&self, ts: i32) -> bool {
+    /// Ends request `ts` early because it failed; true if it was open.
+    fn force_complete(&self, ts: i32, reason: &str) -> bool {
         match self.lock().open.get_mut(&ts) {
-            Some(req) if !req.done && req.received < req.expected => {
+            Some(req) if !req.done && req.failed.is_none() => {
                 req.expected = req.received;
+                req.failed = Some(reason.to_string());
                 true
             }
             _ => false,
@@ -125,7 +127,7 @@ impl Customer {
                         Delivery::Undeliverable { msg, reason } => {
                             if msg.meta.request {
                                 let ts = msg.meta.timestamp;
-                                if thread_tracker.force_complete(ts) {
+                                if thread_tracker.force_complete(ts, &reason) {
                                     handler.on_complete(ts, Some(reason));
                                     thread_tracker.finish(ts);
                                 }
@@ -196,6 +198,7 @@ impl Customer {
                 expected,
                 received: 0,
                 done: expected == 0,
+                failed: None,
             },
         );
         ts
@@ -203,7 +206,7 @@ impl Customer {
 
     /// Marks request `ts` as failed: it completes now, with `reason`.
     pub fn fail_request(&self, ts: i32, reason: String, handler: &dyn Handler) {
-        if self.tracker.force_complete(ts) {
+        if self.tracker.force_complete(ts, &reason) {
             handler.on_complete(ts, Some(reason));
             self.tracker.finish(ts);
         }
@@ -231,8 +234,11 @@ impl Customer {
                 None if ts >= 0 && ts < r.next_ts => return Ok(()), // waited before
                 None => return Err(Error::UnknownTimestamp(ts)),
                 Some(req) if req.done => {
-                    r.open.remove(&ts);
-                    return Ok(());
+                    let failed = r.open.remove(&ts).and_then(|req| req.failed);
+                    return match failed {
+                        Some(reason) => Err(Error::RequestFailed { ts, reason }),
+                        None => Ok(()),
+                    };
                 }
                 Some(_) => {}
             }

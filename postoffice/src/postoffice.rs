@@ -296,10 +296,16 @@ impl Postoffice {
         ids
     }
 
-    /// Nodes silent for longer than the heartbeat timeout (see
-    /// [`Van::dead_nodes`]).
-    pub fn dead_nodes(&self) -> Vec<NodeId> {
-        self.van().map(|v| v.dead_nodes()).unwrap_or_default()
+    /// Nodes silent for longer than `timeout` (ps-lite's `GetDeadNodes`;
+    /// zero means none): on the scheduler, servers and workers whose
+    /// heartbeats stopped; elsewhere, the scheduler if it fell silent.
+    pub fn dead_nodes(&self, timeout: Duration) -> Vec<NodeId> {
+        if timeout.is_zero() {
+            return Vec::new();
+        }
+        self.van()
+            .map(|v| v.dead_nodes(timeout))
+            .unwrap_or_default()
     }
 
     fn explain_start_error(&self, err: VanError) -> Error {

@@ -375,6 +375,16 @@ impl LocalCluster {
     /// Starts `servers` + `workers` nodes and a scheduler; returns once every
     /// node has passed the start barrier (or panics after 60 s).
     pub fn start(servers: usize, workers: usize) -> LocalCluster {
+        LocalCluster::start_with(servers, workers, |_| {})
+    }
+
+    /// Like [`LocalCluster::start`], with every node's configuration
+    /// adjusted by `adjust` (heartbeats, resend...).
+    pub fn start_with(
+        servers: usize,
+        workers: usize,
+        adjust: impl Fn(&mut pslite::Config),
+    ) -> LocalCluster {
         use pslite::{Config, Postoffice, Role};
         let port = free_port();
         let config = |role| {
@@ -386,6 +396,7 @@ impl LocalCluster {
                 port as i32,
             );
             c.start_timeout = Duration::from_secs(60);
+            adjust(&mut c);
             c
         };
         let mut nodes = vec![Postoffice::new(config(Role::Scheduler))];

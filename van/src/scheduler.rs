@@ -141,6 +141,18 @@ impl Scheduler {
             .collect()
     }
 
+    /// Ids of the processes whose last message is older than `timeout`.
+    pub fn silent_nodes(&self, now: Instant, timeout: Duration) -> Vec<NodeId> {
+        self.processes()
+            .into_iter()
+            .filter(|id| {
+                self.last_seen
+                    .get(id)
+                    .is_none_or(|&seen| now.saturating_duration_since(seen) > timeout)
+            })
+            .collect()
+    }
+
     /// Handles one control message addressed to the scheduler.
     pub fn handle(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
         let sender = msg.meta.sender;

@@ -408,21 +408,19 @@ impl Van {
         self.shared.next_timestamp()
     }
 
-    /// Ids of nodes silent for longer than the heartbeat timeout: on the
-    /// scheduler, dead servers and workers; elsewhere, the scheduler.
-    pub fn dead_nodes(&self) -> Vec<NodeId> {
+    /// Ids of nodes silent for longer than `timeout` (ps-lite's
+    /// `GetDeadNodes`): on the scheduler, servers and workers; elsewhere, the
+    /// scheduler. Heartbeats (`PS_HEARTBEAT_INTERVAL`) keep live nodes heard.
+    pub fn dead_nodes(&self, timeout: Duration) -> Vec<NodeId> {
         let now = Instant::now();
         if let Some(scheduler) = &self.shared.scheduler {
-            return lock(scheduler).dead_nodes(now);
+            return lock(scheduler).silent_nodes(now, timeout);
         }
-        match self.shared.config.heartbeat_timeout {
-            Some(timeout)
-                if now.saturating_duration_since(*lock(&self.shared.last_scheduler_contact))
-                    > timeout =>
-            {
-                vec![SCHEDULER]
-            }
-            _ => Vec::new(),
+        let silent = now.saturating_duration_since(*lock(&self.shared.last_scheduler_contact));
+        if silent > timeout {
+            vec![SCHEDULER]
+        } else {
+            Vec::new()
         }
     }
 
