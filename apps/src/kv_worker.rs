@@ -95,12 +95,20 @@ impl<V: Val> KVOptions<V> {
 /// The default slicer: server r gets the keys in its range.
 pub fn default_slicer<V: Val>(send: &KVPairs<V>, ranges: &[KeyRange]) -> Vec<Option<KVPairs<V>>> {
     let keys = send.keys.as_slice();
-    let per_key = send.values_per_key();
-    let mut val_offset = Vec::with_capacity(keys.len() + 1);
-    val_offset.push(0usize);
-    for n in &per_key {
-        val_offset.push(val_offset.last().copied().unwrap_or(0) + n);
-    }
+    // Where key i's values start: i * k for uniform values, else prefix sums.
+    let uniform = send.lens.is_empty();
+    let per_key = send.vals.len().checked_div(keys.len()).unwrap_or(0);
+    let prefix: Vec<usize> = if uniform {
+        Vec::new()
+    } else {
+        std::iter::once(0)
+            .chain(send.lens.iter().scan(0usize, |acc, &l| {
+                *acc += l.max(0) as usize;
+                Some(*acc)
+            }))
+            .collect()
+    };
+    let offset = |i: usize| if uniform { i * per_key } else { prefix[i] };
     let has_vals = !send.vals.is_empty();
     let mut out = Vec::with_capacity(ranges.len());
     let mut start = 0;
@@ -119,11 +127,11 @@ pub fn default_slicer<V: Val>(send: &KVPairs<V>, ranges: &[KeyRange]) -> Vec<Opt
             out.push(Some(KVPairs {
                 keys: send.keys.slice(first..end),
                 vals: if has_vals {
-                    send.vals.slice(val_offset[first]..val_offset[end])
+                    send.vals.slice(offset(first)..offset(end))
                 } else {
                     SArray::new()
                 },
-                lens: if send.lens.is_empty() {
+                lens: if uniform {
                     SArray::new()
                 } else {
                     send.lens.slice(first..end)

@@ -171,6 +171,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
     nodes.extend((0..opts.servers).map(|i| (format!("server {i}"), Role::Server)));
     nodes.extend((0..worker_procs).map(|i| (format!("worker {i}"), Role::Worker)));
 
+    // Nodes can measure their start-up from this instant.
+    let launched_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     let (tx, rx) = unbounded::<(usize, std::io::Result<ExitStatus>)>();
     let mut procs: Vec<NodeProcess> = Vec::new();
     let mut outputs = Vec::new();
@@ -184,6 +189,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             .env("DMLC_PS_ROOT_URI", &opts.host)
             .env("DMLC_PS_ROOT_PORT", port.to_string())
             .env("DMLC_NODE_HOST", &opts.host)
+            .env("PSLITE_LAUNCH_UNIX_NS", launched_ns.to_string())
             .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,0 +1,519 @@
+//! `kv_bench`: how fast pslite moves keys and values, next to raw ZeroMQ.
+//!
+//! Run without `DMLC_ROLE` it is the driver: it launches clusters of itself
+//! through `pslite launch` (found next to the examples directory), collects
+//! what the workers measure, measures raw ZeroMQ at the same message sizes
+//! in the same run, and prints markdown tables:
+//!
+//! ```text
+//! cargo build --release --bins --examples
+//! target/release/examples/kv_bench                 # everything below
+//! target/release/examples/kv_bench --only cxx      # one part: cxx, sweep, startup
+//! ```
+//!
+//! - `cxx`: C++ ps-lite's benchmark workload: 10 M `u64` keys with `f32`
+//!   values (120 MB) pushed once then pulled once per round, empty server
+//!   handler, at 1 server + 1 worker and 2 + 2.
+//! - `sweep`: keys per request 1 .. 10 M, median round trip of a push and a
+//!   pull (µs) and GB/s (12 bytes per key), plus requests per second with a
+//!   window of requests in flight.
+//! - `startup`: launch to every node past the start barrier, 1+2+2 and 1+32+32.
+//!
+//! Run with `DMLC_ROLE` (as `pslite launch` does) it is one node of such a
+//! cluster; the worker prints `BENCH ...` lines for the driver.
+
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use pslite::{Error, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
+
+#[derive(Parser, Clone, Debug)]
+#[command(about = "pslite benchmarks (see the module docs)")]
+struct Args {
+    /// Keys of the C++-equivalent workload (and the largest sweep size).
+    #[arg(long, default_value_t = 10_000_000)]
+    keys: usize,
+    /// Rounds of the C++-equivalent workload.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Requests in flight for the pipelined measurement.
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// Run only one part: cxx, sweep, startup, raw.
+    #[arg(long)]
+    only: Option<String>,
+    /// (node mode) what the worker measures: cxx, sweep, startup.
+    #[arg(long, default_value = "cxx")]
+    mode: String,
+}
+
+fn main() -> ExitCode {
+    pslite::init_logging();
+    let args = Args::parse();
+    if std::env::var_os("DMLC_ROLE").is_some() {
+        pslite::exit_code(node(&args))
+    } else {
+        pslite::exit_code(driver(&args))
+    }
+}
+
+// ---------------------------------------------------------------- node mode
+
+fn node(args: &Args) -> Result<(), Error> {
+    let po = Postoffice::from_env()?;
+    po.start(0, true)?;
+    if args.mode == "startup" {
+        let launched: u128 = std::env::var("PSLITE_LAUNCH_UNIX_NS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        println!("BENCH ready_us={}", now.saturating_sub(launched) / 1000);
+    }
+    let _server = if po.is_server() {
+        Some(empty_server(&po)?)
+    } else {
+        None
+    };
+    if po.is_worker() {
+        let kv = KVWorker::<f32>::new(&po, 0, 0)?;
+        match args.mode.as_str() {
+            "cxx" => cxx_workload(&kv, args)?,
+            "sweep" => sweep(&kv, args)?,
+            _ => {}
+        }
+    }
+    po.finalize(0, true)?;
+    Ok(())
+}
+
+/// The empty handler: pushes are answered at once; pulls get the requested
+/// keys back with zero values (a slice of one cached buffer, no copy).
+fn empty_server(po: &Postoffice) -> Result<KVServer<f32>, Error> {
+    let server = KVServer::<f32>::new(po, 0)?;
+    let mut zeros = SArray::<f32>::new();
+    server.set_request_handle(move |meta, req, server| {
+        let res = if meta.pull {
+            if zeros.len() < req.keys.len() {
+                zeros = SArray::from_vec(vec![0.0; req.keys.len()]);
+            }
+            KVPairs::new(req.keys.clone(), zeros.slice(0..req.keys.len()))
+        } else {
+            KVPairs::default()
+        };
+        if let Err(e) = server.response(meta, res) {
+            eprintln!("cannot answer: {e}");
+        }
+    });
+    Ok(server)
+}
+
+/// `n` keys spread over the whole key space (so every server gets a share).
+fn spread_keys(n: usize) -> SArray<u64> {
+    let step = u64::MAX / n.max(1) as u64;
+    SArray::from_vec((0..n as u64).map(|i| i * step).collect())
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn cxx_workload(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
+    let keys = spread_keys(args.keys);
+    let vals = SArray::from_vec(vec![1.0f32; args.keys]);
+    let (mut push, mut pull) = (Vec::new(), Vec::new());
+    for _ in 0..args.repeat {
+        let t = Instant::now();
+        kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
+        push.push(millis(t.elapsed()));
+        let t = Instant::now();
+        let got = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+        pull.push(millis(t.elapsed()));
+        if got.vals.len() != args.keys {
+            return Err(Error::Failed(format!("pulled {} values", got.vals.len())));
+        }
+    }
+    println!(
+        "BENCH cxx keys={} push_ms={} pull_ms={} misaligned={}",
+        args.keys,
+        join(&push),
+        join(&pull),
+        pslite::misaligned_copies()
+    );
+    Ok(())
+}
+
+fn join(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.3}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Sizes of the sweep, capped at `max`.
+fn sweep_sizes(max: usize) -> Vec<usize> {
+    [1, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000]
+        .into_iter()
+        .filter(|&n| n <= max)
+        .collect()
+}
+
+/// How many round trips to time at size `n`.
+fn iterations(n: usize) -> usize {
+    match n {
+        0..=1_000 => 2_000,
+        1_001..=10_000 => 500,
+        10_001..=100_000 => 100,
+        100_001..=1_000_000 => 15,
+        _ => 4,
+    }
+}
+
+fn sweep(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
+    for n in sweep_sizes(args.keys) {
+        let keys = spread_keys(n);
+        let vals = SArray::from_vec(vec![1.0f32; n]);
+        let iters = iterations(n);
+        // Warm up connections and buffers.
+        for _ in 0..iters.min(20) {
+            kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
+        }
+        let mut push = Vec::with_capacity(iters);
+        let mut pull = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
+            push.push(t.elapsed().as_secs_f64() * 1e6);
+            let t = Instant::now();
+            kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+            pull.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        // Pipelined: `window` pushes in flight.
+        let mut rps = 0.0;
+        if n <= 10_000 {
+            let total = (iters * 5).max(args.window * 4);
+            let t = Instant::now();
+            let mut inflight = std::collections::VecDeque::new();
+            for _ in 0..total {
+                if inflight.len() >= args.window {
+                    if let Some(ts) = inflight.pop_front() {
+                        kv.wait(ts)?;
+                    }
+                }
+                inflight.push_back(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?);
+            }
+            for ts in inflight {
+                kv.wait(ts)?;
+            }
+            rps = total as f64 / t.elapsed().as_secs_f64();
+        }
+        println!(
+            "BENCH sweep keys={n} push_us={:.1} pull_us={:.1} rps={rps:.0}",
+            median(&mut push),
+            median(&mut pull)
+        );
+    }
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+// ------------------------------------------------------------------ driver
+
+struct Launched {
+    lines: Vec<String>,
+}
+
+fn launch(servers: usize, workers: usize, mode: &str, args: &Args) -> Result<Launched, Error> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Failed(format!("cannot find this program: {e}")))?;
+    let pslite = exe
+        .parent()
+        .and_then(|examples| examples.parent())
+        .map(|dir| dir.join("pslite"))
+        .filter(|p| p.exists())
+        .ok_or_else(|| {
+            Error::Failed(
+                "cannot find the pslite binary next to the examples directory; run \
+                 `cargo build --release --bins --examples` first"
+                    .into(),
+            )
+        })?;
+    let output = Command::new(pslite)
+        .args(["launch", "--timeout", "600"])
+        .args(["--servers", &servers.to_string()])
+        .args(["--workers", &workers.to_string()])
+        .arg("--")
+        .arg(&exe)
+        .args(["--mode", mode])
+        .args(["--keys", &args.keys.to_string()])
+        .args(["--repeat", &args.repeat.to_string()])
+        .args(["--window", &args.window.to_string()])
+        .output()
+        .map_err(|e| Error::Failed(format!("cannot run pslite launch: {e}")))?;
+    if !output.status.success() {
+        return Err(Error::Failed(format!(
+            "the {servers}+{workers} {mode} cluster failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    let lines = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("BENCH ").map(|(_, rest)| rest.to_string()))
+        .collect();
+    Ok(Launched { lines })
+}
+
+/// `key=value` fields of a BENCH line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+}
+
+fn numbers(s: &str) -> Vec<f64> {
+    s.split(',').filter_map(|x| x.parse().ok()).collect()
+}
+
+fn driver(args: &Args) -> Result<(), Error> {
+    let only = args.only.as_deref();
+    let want = |part: &str| only.is_none_or(|o| o == part);
+    println!("# pslite kv_bench\n");
+    println!(
+        "{} cores, keys {} (12 bytes each on a push), {} rounds, window {}\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        args.keys,
+        args.repeat,
+        args.window
+    );
+    let mut raw = if want("cxx") || want("sweep") || want("raw") {
+        Some(RawZmq::start()?)
+    } else {
+        None
+    };
+    if want("cxx") {
+        println!(
+            "## C++ ps-lite's workload: {} keys, push then pull\n",
+            args.keys
+        );
+        println!("| cluster | push ms (median) | pull ms (median) | push GB/s | raw ZeroMQ push ms | ours / raw (push) | misaligned frames copied |");
+        println!("|---|---|---|---|---|---|---|");
+        let raw_push = raw
+            .as_mut()
+            .map(|r| r.round_trip_us(args.keys * 12, 16, args.repeat.max(3)) / 1e3)
+            .unwrap_or(f64::NAN);
+        for (s, w) in [(1, 1), (2, 2)] {
+            let run = launch(s, w, "cxx", args)?;
+            let mut push = Vec::new();
+            let mut pull = Vec::new();
+            let mut misaligned = 0.0f64;
+            for line in run.lines.iter().filter(|l| l.starts_with("cxx")) {
+                push.extend(field(line, "push_ms").map(numbers).unwrap_or_default());
+                pull.extend(field(line, "pull_ms").map(numbers).unwrap_or_default());
+                misaligned += field(line, "misaligned")
+                    .and_then(|m| m.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+            }
+            let (p, q) = (median(&mut push), median(&mut pull));
+            println!(
+                "| 1+{s}+{w} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {:.2} | {misaligned} |",
+                (args.keys * 12) as f64 / (p / 1e3) / 1e9,
+                raw_push / p,
+            );
+        }
+        println!();
+    }
+    if want("sweep") {
+        for (s, w) in [(1, 1), (2, 2)] {
+            println!("## Sweep at 1+{s}+{w} (per worker, medians)\n");
+            println!("| keys | push µs | pull µs | push GB/s | raw ZeroMQ µs | raw / ours (push) | pushes/s, {} in flight |", args.window);
+            println!("|---|---|---|---|---|---|---|");
+            let run = launch(s, w, "sweep", args)?;
+            for n in sweep_sizes(args.keys) {
+                let mut push = Vec::new();
+                let mut pull = Vec::new();
+                let mut rps = Vec::new();
+                for line in run
+                    .lines
+                    .iter()
+                    .filter(|l| l.starts_with("sweep") && field(l, "keys") == Some(&n.to_string()))
+                {
+                    push.extend(field(line, "push_us").and_then(|v| v.parse::<f64>().ok()));
+                    pull.extend(field(line, "pull_us").and_then(|v| v.parse::<f64>().ok()));
+                    rps.extend(field(line, "rps").and_then(|v| v.parse::<f64>().ok()));
+                }
+                let (p, q) = (median(&mut push), median(&mut pull));
+                let raw_us = raw
+                    .as_mut()
+                    .map(|r| r.round_trip_us(n * 12, 16, iterations(n)))
+                    .unwrap_or(f64::NAN);
+                let rps = median(&mut rps);
+                println!(
+                    "| {n} | {p:.1} | {q:.1} | {:.3} | {raw_us:.1} | {:.2} | {} |",
+                    (n * 12) as f64 / (p / 1e6) / 1e9,
+                    raw_us / p,
+                    if rps > 0.0 {
+                        format!("{rps:.0}")
+                    } else {
+                        "-".into()
+                    }
+                );
+            }
+            println!();
+        }
+    }
+    if want("startup") {
+        println!("## Start-up: launch to every node past the start barrier\n");
+        println!("| cluster | median of 5 launches (ms) | slowest launch (ms) |");
+        println!("|---|---|---|");
+        for (s, w) in [(2, 2), (32, 32)] {
+            let mut samples = Vec::new();
+            for _ in 0..5 {
+                let run = launch(s, w, "startup", args)?;
+                let last = run
+                    .lines
+                    .iter()
+                    .filter_map(|l| field(l, "ready_us").and_then(|v| v.parse::<f64>().ok()))
+                    .fold(0.0f64, f64::max);
+                samples.push(last / 1e3);
+            }
+            let slowest = samples.iter().copied().fold(0.0f64, f64::max);
+            println!("| 1+{s}+{w} | {:.1} | {slowest:.1} |", median(&mut samples));
+        }
+        println!();
+    }
+    if let (Some(raw), Some("raw")) = (&mut raw, only) {
+        println!("## Raw ZeroMQ round trips\n");
+        println!("| bytes | µs |\n|---|---|");
+        for n in sweep_sizes(args.keys) {
+            println!(
+                "| {} | {:.1} |",
+                n * 12,
+                raw.round_trip_us(n * 12, 16, iterations(n))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Raw ZeroMQ with ps-lite's topology: the client's DEALER sends a request
+/// of `size` bytes to the server's ROUTER; the server answers `reply` bytes
+/// through its own DEALER to the client's ROUTER. Frames are sent without
+/// copies, as pslite sends them.
+struct RawZmq {
+    ctx: zmq::Context,
+    client_out: zmq::Socket,
+    client_in: zmq::Socket,
+    server: Option<std::thread::JoinHandle<()>>,
+    stop_endpoint: String,
+}
+
+impl RawZmq {
+    fn start() -> Result<RawZmq, Error> {
+        let z = |e: zmq::Error| Error::Failed(format!("raw ZeroMQ: {e}"));
+        let ctx = zmq::Context::new();
+        let server_in = ctx.socket(zmq::ROUTER).map_err(z)?;
+        server_in.bind("tcp://127.0.0.1:*").map_err(z)?;
+        let server_ep = server_in
+            .get_last_endpoint()
+            .map_err(z)?
+            .unwrap_or_default();
+        let client_in = ctx.socket(zmq::ROUTER).map_err(z)?;
+        client_in.bind("tcp://127.0.0.1:*").map_err(z)?;
+        let client_ep = client_in
+            .get_last_endpoint()
+            .map_err(z)?
+            .unwrap_or_default();
+        let client_out = ctx.socket(zmq::DEALER).map_err(z)?;
+        client_out.set_identity(b"ps9").map_err(z)?;
+        client_out.connect(&server_ep).map_err(z)?;
+        let server_out = ctx.socket(zmq::DEALER).map_err(z)?;
+        server_out.set_identity(b"ps8").map_err(z)?;
+        server_out.connect(&client_ep).map_err(z)?;
+        let stop_endpoint = server_ep.clone();
+        let server = std::thread::spawn(move || {
+            let mut server_out = server_out;
+            let mut reply_size = 0usize;
+            let mut reply = Bytes::new();
+            loop {
+                let Ok(frames) = server_in.recv_multipart(0) else {
+                    return;
+                };
+                // [identity][meta][payload...]; the meta says the reply size.
+                let Some(meta) = frames.get(1) else { return };
+                if meta.as_slice() == b"stop" {
+                    return;
+                }
+                let want = meta
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .unwrap_or(0) as usize;
+                if want != reply_size {
+                    reply_size = want;
+                    reply = Bytes::from(vec![0u8; want]);
+                }
+                let _ = pslite_van::transport::send_message(
+                    &mut server_out,
+                    b"reply",
+                    &[reply.clone()],
+                );
+            }
+        });
+        Ok(RawZmq {
+            ctx,
+            client_out,
+            client_in,
+            server: Some(server),
+            stop_endpoint,
+        })
+    }
+
+    /// Median round trip (µs) of a `size`-byte request with a `reply`-byte answer.
+    fn round_trip_us(&mut self, size: usize, reply: usize, iters: usize) -> f64 {
+        let payload = Bytes::from(vec![1u8; size]);
+        let mut meta = (reply as u64).to_le_bytes().to_vec();
+        meta.extend_from_slice(&[0u8; 12]);
+        let warmup = iters.min(20);
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..iters + warmup {
+            let t = Instant::now();
+            let sent = pslite_van::transport::send_message(
+                &mut self.client_out,
+                &meta,
+                &[payload.clone()],
+            );
+            if sent.is_err() || self.client_in.recv_multipart(0).is_err() {
+                return f64::NAN;
+            }
+            if i >= warmup {
+                samples.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        median(&mut samples)
+    }
+}
+
+impl Drop for RawZmq {
+    fn drop(&mut self) {
+        if let Ok(s) = self.ctx.socket(zmq::DEALER) {
+            if s.connect(&self.stop_endpoint).is_ok() {
+                let _ = s.send(&b"stop"[..], 0);
+            }
+        }
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
+        }
+    }
+}
