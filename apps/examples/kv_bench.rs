@@ -492,7 +492,7 @@ impl RawZmq {
             let sent = pslite_van::transport::send_message(
                 &mut self.client_out,
                 &meta,
-                &[payload.clone()],
+                std::slice::from_ref(&payload),
             );
             if sent.is_err() || self.client_in.recv_multipart(0).is_err() {
                 return f64::NAN;

@@ -436,7 +436,8 @@ impl Van {
         if let Ok(waker) = shared.ctx.socket(zmq::DEALER) {
             let _ = waker.set_linger(0);
             if waker.connect(&shared.wake_endpoint).is_ok() {
-                let _ = waker.send(&b"stop"[..], 0);
+                // Never block: the loop may have seen `stopping` and gone.
+                let _ = waker.send(&b"stop"[..], zmq::DONTWAIT);
             }
         }
         if thread.join().is_err() {
