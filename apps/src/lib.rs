@@ -38,6 +38,7 @@
 //! (configuration, node life cycle, barriers, routing to customers).
 
 pub mod customer;
+pub mod demo;
 mod error;
 pub mod kv_pairs;
 pub mod kv_server;

@@ -24,7 +24,8 @@ enum Commands {
     /// Run 1 scheduler, S servers and W workers of PROGRAM on this machine.
     ///
     /// Every node gets DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER,
-    /// DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT and DMLC_NODE_HOST; other variables
+    /// DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT and DMLC_NODE_HOST (and
+    /// PSLITE_LAUNCH_UNIX_NS, the launch time in ns since 1970); other variables
     /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through. Output lines are prefixed
     /// with the node ([scheduler], [server 0], [worker 1]; numbered in launch
     /// order, not by rank). Exits 0 only if every node exits 0; otherwise stops
@@ -54,6 +55,16 @@ enum Commands {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<OsString>,
     },
+    /// Train a sparse logistic-regression model on a local cluster of this
+    /// program: the main job.
+    ///
+    /// Starts 1 scheduler, the servers and the workers (each this program
+    /// again) on 127.0.0.1. Workers generate a deterministic synthetic data
+    /// set, pull the weights of each minibatch's keys and push gradients;
+    /// servers apply them with SGD or AdaGrad. Prints the test loss and
+    /// accuracy after each epoch, then the final accuracy, the wall time and
+    /// the bytes moved; exits 1 if the accuracy is below --threshold.
+    Demo(pslite::demo::DemoArgs),
     /// Run a standalone scheduler configured from the environment
     /// (DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT),
     /// for a cluster of any ps-lite programs. DMLC_ROLE may be unset.
@@ -94,6 +105,7 @@ fn main() -> ExitCode {
             };
             run_launch(&opts)
         }
+        Commands::Demo(args) => pslite::demo::main(&args),
         Commands::Scheduler => pslite::exit_code(run_scheduler()),
     }
 }

@@ -181,7 +181,14 @@ pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {
     };
     let mut more = identity.get_more();
     while more {
-        let frame = router.recv_msg(0)?;
+        // The rest of a multipart message is already here; a signal must not
+        // cut it in two (the tail would be read as a message of its own).
+        let frame = loop {
+            match router.recv_msg(0) {
+                Err(zmq::Error::EINTR) => continue,
+                other => break other?,
+            }
+        };
         more = frame.get_more();
         if raw.meta.is_none() {
             raw.meta = Some(frame);
