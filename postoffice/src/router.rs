@@ -160,7 +160,7 @@ impl Dispatch for CustomerRouter {
             Some(tx) => {
                 let _ = tx.send(Delivery::Undeliverable { msg, reason });
             }
-            None => warn!("{reason}"),
+            None => debug!("{reason} (its customer has gone)"),
         }
     }
 

@@ -100,6 +100,19 @@ impl Run {
 }
 
 /// Reads lines from `r`, forwards each on `lines`, and returns them all.
+/// Panics, showing every run's output, unless all runs exited 0.
+pub fn assert_all_ok(runs: &[Run]) {
+    if runs.iter().all(Run::ok) {
+        return;
+    }
+    let all: Vec<String> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("===== process {i}\n{}", r.output()))
+        .collect();
+    panic!("a process failed:\n{}", all.join("\n"));
+}
+
 fn drain(
     r: impl Read + Send + 'static,
     lines: crossbeam_channel::Sender<String>,

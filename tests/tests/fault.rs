@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use pslite_tests::{free_port, node_command, node_env, spawn, Launch, Spawned};
+use pslite_tests::{assert_all_ok, free_port, node_command, node_env, spawn, Launch, Spawned};
 
 /// A node of `example` in a cluster around 127.0.0.1:`port`, with `extra`.
 fn node(
@@ -82,9 +82,7 @@ fn a_killed_server_is_replaced_and_serves_again() {
         .chain(workers)
         .map(|p| p.wait(Duration::from_secs(120)))
         .collect();
-    for run in &runs {
-        run.assert_ok();
-    }
+    assert_all_ok(&runs);
     let replaced = &runs[2].stdout;
     assert!(
         replaced.contains(&format!("server node {victim_id} serving (recovered)")),

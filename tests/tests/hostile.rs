@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use pslite::{Command, Control, DataType, Meta, Node, Role};
-use pslite_tests::{free_port, node_command, node_env, spawn, spawn_with_stdin};
+use pslite_tests::{assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -202,8 +202,8 @@ fn garbage_frames_do_not_hurt_a_live_cluster() {
         .chain(workers)
         .map(|p| p.wait(limit))
         .collect();
+    assert_all_ok(&runs);
     for run in &runs {
-        run.assert_ok();
         assert!(!run.stderr.contains("panicked"), "{}", run.output());
     }
     for worker in &runs[3..] {

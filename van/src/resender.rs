@@ -49,6 +49,14 @@ struct Pending {
     msg: Message,
     next: Instant,
     tries: u32,
+    /// Acknowledged, but a data request waits for its response: if its
+    /// receiver is replaced (recovery) before answering, it is sent again.
+    acked: bool,
+}
+
+/// Whether a message is a data request, kept until its response arrives.
+fn awaits_response(msg: &Message) -> bool {
+    msg.meta.control.is_empty() && msg.meta.request
 }
 
 /// What to do with a received message.
@@ -114,6 +122,7 @@ impl Resender {
             msg: msg.clone(),
             next: now + self.timeout,
             tries: 0,
+            acked: false,
         });
     }
 
@@ -139,6 +148,10 @@ impl Resender {
         if !needs_ack(msg) {
             return (Received::Deliver, None);
         }
+        if m.control.is_empty() && !m.request {
+            // A response proves its request arrived: no need to resend it.
+            self.on_response(m);
+        }
         let sig = signature(m);
         let mut ack = Message::control(Command::Ack, m.sender);
         ack.meta.control.msg_sig = sig;
@@ -158,20 +171,47 @@ impl Resender {
         (Received::Deliver, Some(ack))
     }
 
+    fn on_response(&mut self, response: &Meta) {
+        let request = Meta {
+            app_id: response.app_id,
+            sender: response.recver,
+            recver: response.sender,
+            timestamp: response.timestamp,
+            request: true,
+            ..Meta::default()
+        };
+        let key = (response.sender, signature(&request));
+        if let Some(queue) = self.pending.get_mut(&key) {
+            if let Some(i) = queue
+                .iter()
+                .position(|p| p.msg.meta.customer_id == response.customer_id)
+            {
+                queue.remove(i);
+            }
+            if queue.is_empty() {
+                self.pending.remove(&key);
+            }
+        }
+    }
+
     fn on_ack(&mut self, ack: &Meta) {
         let key = (ack.sender, ack.control.msg_sig);
         let Some(queue) = self.pending.get_mut(&key) else {
             return;
         };
         let position = if ack.customer_id == K_EMPTY {
-            Some(0)
+            queue.iter().position(|p| !p.acked)
         } else {
             queue
                 .iter()
-                .position(|p| p.msg.meta.customer_id == ack.customer_id)
+                .position(|p| !p.acked && p.msg.meta.customer_id == ack.customer_id)
         };
         if let Some(i) = position {
-            queue.remove(i);
+            if awaits_response(&queue[i].msg) {
+                queue[i].acked = true;
+            } else {
+                queue.remove(i);
+            }
         }
         if queue.is_empty() {
             self.pending.remove(&key);
@@ -196,7 +236,7 @@ impl Resender {
             let mut i = 0;
             while i < queue.len() {
                 let p = &mut queue[i];
-                if p.next > now {
+                if p.acked || p.next > now {
                     i += 1;
                     continue;
                 }
@@ -218,7 +258,30 @@ impl Resender {
 
     /// Messages waiting for an ACK.
     pub fn unacknowledged(&self) -> usize {
-        self.pending.values().map(VecDeque::len).sum()
+        self.pending
+            .values()
+            .flat_map(|q| q.iter())
+            .filter(|p| !p.acked)
+            .count()
+    }
+
+    /// Node `id` was replaced by a restarted process: the data requests it
+    /// had not answered are returned to be sent to the new one, and their
+    /// resend clocks restart.
+    pub fn on_peer_replaced(&mut self, id: NodeId, now: Instant) -> Vec<Message> {
+        let mut again = Vec::new();
+        for ((recver, _), queue) in self.pending.iter_mut() {
+            if *recver != id {
+                continue;
+            }
+            for p in queue.iter_mut().filter(|p| awaits_response(&p.msg)) {
+                p.acked = false;
+                p.tries = 0;
+                p.next = now + self.timeout;
+                again.push(p.msg.clone());
+            }
+        }
+        again
     }
 
     /// Signatures remembered for de-duplication.
@@ -338,6 +401,43 @@ mod tests {
         let due = r.tick(t0 + T);
         assert_eq!(due.resend.len(), 1);
         assert_eq!(due.resend[0].meta.customer_id, 0);
+    }
+
+    #[test]
+    fn a_response_acknowledges_its_request() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T, 3);
+        r.on_send(&data(9, 8, 7, 0), t0);
+        let mut response = data(8, 9, 7, 0);
+        response.meta.request = false;
+        assert_eq!(r.on_receive(&response, t0).0, Received::Deliver);
+        assert_eq!(r.unacknowledged(), 0);
+    }
+
+    #[test]
+    fn acked_requests_are_sent_again_to_a_replaced_node() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T, 3);
+        let request = data(9, 8, 2, 0);
+        r.on_send(&request, t0);
+        let mut ack = Message::control(Command::Ack, 9);
+        ack.meta.sender = 8;
+        ack.meta.control.msg_sig = signature(&request.meta);
+        ack.meta.customer_id = 0;
+        r.on_receive(&ack, t0);
+        // Acknowledged: no more resends on timeouts...
+        assert_eq!(r.unacknowledged(), 0);
+        assert!(r.tick(t0 + T * 100).resend.is_empty());
+        // ...but node 8 dies before answering and comes back.
+        let again = r.on_peer_replaced(8, t0 + T * 100);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].meta.timestamp, 2);
+        assert!(r.on_peer_replaced(11, t0).is_empty());
+        // The answer ends it.
+        let mut response = data(8, 9, 2, 0);
+        response.meta.request = false;
+        r.on_receive(&response, t0 + T * 101);
+        assert!(r.on_peer_replaced(8, t0 + T * 102).is_empty());
     }
 
     #[test]

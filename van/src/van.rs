@@ -431,6 +431,7 @@ impl Van {
             return;
         };
         let shared = &self.shared;
+        shared.flush_resends();
         shared.stopping.store(true, Ordering::SeqCst);
         // Wake the receive thread through the in-process endpoint.
         if let Ok(waker) = shared.ctx.socket(zmq::DEALER) {
@@ -560,6 +561,33 @@ impl Shared {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Before stopping, gives unacknowledged messages (the scheduler's last
+    /// barrier release, say) time to be resent and acknowledged: up to 15
+    /// resend timeouts (four tries), at most 30 s.
+    fn flush_resends(&self) {
+        let (Some(r), Some(timeout)) = (&self.resender, self.config.resend_timeout) else {
+            return;
+        };
+        let deadline = Instant::now() + (timeout * 15).min(Duration::from_secs(30));
+        let mut state = lock(&self.state);
+        while state.failure.is_none() {
+            let left = lock(r).unacknowledged();
+            if left == 0 {
+                return;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                debug!("stopping with {left} messages unacknowledged");
+                return;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, (deadline - now).min(Duration::from_millis(20)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     fn my_id(&self) -> NodeId {
@@ -836,7 +864,12 @@ impl Shared {
                     debug!("dropping a duplicate {}", describe(&msg));
                     return;
                 }
-                Received::Ack => return,
+                Received::Ack => {
+                    if lock(r).unacknowledged() == 0 {
+                        self.changed.notify_all();
+                    }
+                    return;
+                }
             }
         }
         match msg.meta.control.cmd {
@@ -921,6 +954,8 @@ impl Shared {
                 Action::Connect(node) => {
                     if let Err(e) = self.connect(&node) {
                         error!("cannot connect to {node}: {e}");
+                    } else if node.is_recovery {
+                        self.peer_replaced(node.id);
                     }
                 }
                 Action::Send(mut msg) => {
@@ -1027,6 +1062,7 @@ impl Shared {
         }
         // Updates: a node was replaced by a restarted one.
         let my_id = self.my_id();
+        let recovery = nodes.len() == 1;
         for node in nodes {
             if node.id == my_id || node.id == SCHEDULER {
                 continue;
@@ -1051,6 +1087,32 @@ impl Shared {
                 info!("node {} moved to {}: reconnecting", node.id, node.address());
                 if let Err(e) = self.connect(node) {
                     warn!("cannot reconnect to {node}: {e}");
+                }
+            }
+            if recovery && node.is_recovery {
+                self.peer_replaced(node.id);
+            }
+        }
+    }
+
+    /// Node `id` restarted: the requests it never answered go to the new
+    /// process (the old one may have taken them to its grave).
+    fn peer_replaced(&self, id: NodeId) {
+        let Some(r) = &self.resender else {
+            return;
+        };
+        let again = lock(r).on_peer_replaced(id, Instant::now());
+        if again.is_empty() {
+            return;
+        }
+        info!(
+            "sending {} unanswered requests again to the new node {id}",
+            again.len()
+        );
+        if let Ok(sender) = self.sender(id) {
+            for msg in again {
+                if let Err(e) = self.transmit(&sender, &msg) {
+                    debug!("cannot resend to node {id}: {e}");
                 }
             }
         }
