@@ -287,32 +287,46 @@ fn numbers(s: &str) -> Vec<f64> {
 }
 
 fn driver(args: &Args) -> Result<(), Error> {
+    // The raw baseline runs in this process: give it the malloc tuning the
+    // launcher gives the nodes, so both sides are measured alike.
+    if std::env::var_os("GLIBC_TUNABLES").is_none() {
+        let status = Command::new(
+            std::env::current_exe()
+                .map_err(|e| Error::Failed(format!("cannot find this program: {e}")))?,
+        )
+        .args(std::env::args_os().skip(1))
+        .env("GLIBC_TUNABLES", pslite::launcher::MALLOC_TUNABLES)
+        .status()
+        .map_err(|e| Error::Failed(format!("cannot re-run this program: {e}")))?;
+        return if status.success() {
+            Ok(())
+        } else {
+            Err(Error::Failed(format!("kv_bench failed: {status}")))
+        };
+    }
     let only = args.only.as_deref();
     let want = |part: &str| only.is_none_or(|o| o == part);
     println!("# pslite kv_bench\n");
     println!(
-        "{} cores, keys {} (12 bytes each on a push), {} rounds, window {}\n",
+        "{} cores, keys {} (12 bytes each on a push), {} rounds, window {}, GLIBC_TUNABLES={}\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.keys,
         args.repeat,
-        args.window
+        args.window,
+        std::env::var("GLIBC_TUNABLES").unwrap_or_default()
     );
-    let mut raw = if want("cxx") || want("sweep") || want("raw") {
-        Some(RawZmq::start()?)
-    } else {
-        None
-    };
+    let mut raw = Raw::default();
     if want("cxx") {
         println!(
             "## C++ ps-lite's workload: {} keys, push then pull\n",
             args.keys
         );
-        println!("| cluster | push ms (median) | pull ms (median) | push GB/s | raw ZeroMQ push ms | ours / raw (push) | misaligned frames copied |");
-        println!("|---|---|---|---|---|---|---|");
-        let raw_push = raw
-            .as_mut()
-            .map(|r| r.round_trip_us(args.keys * 12, 16, args.repeat.max(3)) / 1e3)
-            .unwrap_or(f64::NAN);
+        println!(
+            "Raw ZeroMQ: the same bytes over the same socket pattern (DEALER to ROUTER, the answer \
+             over a second connection), one pair per worker, in this process.\n"
+        );
+        println!("| cluster | push ms | pull ms | push GB/s | raw push ms | raw pull ms | raw / ours, push | raw / ours, pull | misaligned frames copied |");
+        println!("|---|---|---|---|---|---|---|---|---|");
         for (s, w) in [(1, 1), (2, 2)] {
             let run = launch(s, w, "cxx", args)?;
             let mut push = Vec::new();
@@ -326,10 +340,14 @@ fn driver(args: &Args) -> Result<(), Error> {
                     .unwrap_or(0.0);
             }
             let (p, q) = (median(&mut push), median(&mut pull));
+            let rounds = args.repeat.max(3);
+            let raw_push = raw.round_trip_us(w, args.keys * 12, 16, rounds)? / 1e3;
+            let raw_pull = raw.round_trip_us(w, args.keys * 8, args.keys * 12, rounds)? / 1e3;
             println!(
-                "| 1+{s}+{w} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {:.2} | {misaligned} |",
+                "| 1+{s}+{w} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {raw_pull:.1} | {:.2} | {:.2} | {misaligned} |",
                 (args.keys * 12) as f64 / (p / 1e3) / 1e9,
                 raw_push / p,
+                raw_pull / q,
             );
         }
         println!();
@@ -337,7 +355,10 @@ fn driver(args: &Args) -> Result<(), Error> {
     if want("sweep") {
         for (s, w) in [(1, 1), (2, 2)] {
             println!("## Sweep at 1+{s}+{w} (per worker, medians)\n");
-            println!("| keys | push µs | pull µs | push GB/s | raw ZeroMQ µs | raw / ours (push) | pushes/s, {} in flight |", args.window);
+            println!(
+                "| keys | push µs | pull µs | push GB/s | raw push µs | raw / ours, push | pushes/s, {} in flight |",
+                args.window
+            );
             println!("|---|---|---|---|---|---|---|");
             let run = launch(s, w, "sweep", args)?;
             for n in sweep_sizes(args.keys) {
@@ -354,10 +375,7 @@ fn driver(args: &Args) -> Result<(), Error> {
                     rps.extend(field(line, "rps").and_then(|v| v.parse::<f64>().ok()));
                 }
                 let (p, q) = (median(&mut push), median(&mut pull));
-                let raw_us = raw
-                    .as_mut()
-                    .map(|r| r.round_trip_us(n * 12, 16, iterations(n)))
-                    .unwrap_or(f64::NAN);
+                let raw_us = raw.round_trip_us(w, n * 12, 16, iterations(n))?;
                 let rps = median(&mut rps);
                 println!(
                     "| {n} | {p:.1} | {q:.1} | {:.3} | {raw_us:.1} | {:.2} | {} |",
@@ -393,18 +411,50 @@ fn driver(args: &Args) -> Result<(), Error> {
         }
         println!();
     }
-    if let (Some(raw), Some("raw")) = (&mut raw, only) {
-        println!("## Raw ZeroMQ round trips\n");
+    if only == Some("raw") {
+        println!("## Raw ZeroMQ round trips (one pair)\n");
         println!("| bytes | µs |\n|---|---|");
         for n in sweep_sizes(args.keys) {
             println!(
                 "| {} | {:.1} |",
                 n * 12,
-                raw.round_trip_us(n * 12, 16, iterations(n))
+                raw.round_trip_us(1, n * 12, 16, iterations(n))?
             );
         }
     }
     Ok(())
+}
+
+/// Raw ZeroMQ pairs, started on first use; `pairs` of them run at once.
+#[derive(Default)]
+struct Raw {
+    pairs: Vec<RawZmq>,
+}
+
+impl Raw {
+    /// Median (over pairs, of each pair's median) round trip in µs.
+    fn round_trip_us(
+        &mut self,
+        pairs: usize,
+        size: usize,
+        reply: usize,
+        iters: usize,
+    ) -> Result<f64, Error> {
+        while self.pairs.len() < pairs {
+            self.pairs.push(RawZmq::start()?);
+        }
+        let mut medians: Vec<f64> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self.pairs[..pairs]
+                .iter_mut()
+                .map(|pair| scope.spawn(move || pair.round_trip_us(size, reply, iters)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(f64::NAN))
+                .collect()
+        });
+        Ok(median(&mut medians))
+    }
 }
 
 /// Raw ZeroMQ with ps-lite's topology: the client's DEALER sends a request

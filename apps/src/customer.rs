@@ -13,7 +13,7 @@ use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use log::warn;
-use pslite_postoffice::{Delivery, Postoffice};
+use pslite_postoffice::{Delivery, Inline, Postoffice};
 use pslite_proto::Message;
 
 use crate::Error;
@@ -28,6 +28,14 @@ pub trait Handler: Send + Sync + 'static {
     /// Every response of request `ts` has arrived (or it failed with
     /// `failure`); runs before `wait(ts)` returns.
     fn on_complete(&self, ts: i32, failure: Option<String>);
+
+    /// Whether response `msg` may be handled on the receive thread, skipping
+    /// the customer's thread (for cheap work; it must not block or run user
+    /// code). Default: no.
+    fn handles_inline(&self, msg: &Message) -> bool {
+        let _ = msg;
+        false
+    }
 }
 
 struct Request {
@@ -112,8 +120,27 @@ impl Customer {
         customer_id: i32,
         handler: Weak<dyn Handler>,
     ) -> Result<Customer, Error> {
-        let queue = po.register_customer(app_id, customer_id)?;
         let tracker = Arc::new(Tracker::default());
+        let inline_tracker = Arc::clone(&tracker);
+        let inline_handler = handler.clone();
+        // Responses the app can take on the receive thread save a thread
+        // hop (and its wake-up latency) on every request.
+        let inline: Inline = Arc::new(move |msg: Message| {
+            let Some(handler) = inline_handler.upgrade() else {
+                return Some(msg);
+            };
+            if msg.meta.request || !handler.handles_inline(&msg) {
+                return Some(msg);
+            }
+            let ts = msg.meta.timestamp;
+            handler.on_response(msg);
+            if inline_tracker.add_response(ts) {
+                handler.on_complete(ts, None);
+                inline_tracker.finish(ts);
+            }
+            None
+        });
+        let queue = po.register_customer_inline(app_id, customer_id, inline)?;
         let thread_tracker = Arc::clone(&tracker);
         let spawned = std::thread::Builder::new()
             .name(format!("pslite-app{app_id}-customer{customer_id}"))

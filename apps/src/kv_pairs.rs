@@ -92,7 +92,7 @@ impl<V: Val> KVPairs<V> {
     /// `need_vals` (pushes) values must be present.
     pub fn validate(&self, need_vals: bool) -> Result<(), Error> {
         let keys = self.keys.as_slice();
-        if let Some(i) = keys.windows(2).position(|w| w[0] >= w[1]) {
+        if let Some(i) = first_unsorted(keys) {
             return Err(if keys[i] == keys[i + 1] {
                 Error::DuplicateKey { key: keys[i] }
             } else {
@@ -200,6 +200,30 @@ impl<V: Val> KVPairs<V> {
     }
 }
 
+/// The index `i` of the first key with `keys[i] >= keys[i + 1]`, if any.
+/// Scans in branch-free blocks (which vectorise) and only looks for the
+/// exact place in a block that has one: millions of keys take microseconds.
+pub fn first_unsorted(keys: &[Key]) -> Option<usize> {
+    const BLOCK: usize = 2048;
+    let mut start = 0;
+    while start + 1 < keys.len() {
+        let end = (start + BLOCK + 1).min(keys.len());
+        let block = &keys[start..end];
+        let bad = block[..block.len() - 1]
+            .iter()
+            .zip(&block[1..])
+            .fold(false, |bad, (a, b)| bad | (a >= b));
+        if bad {
+            return block
+                .windows(2)
+                .position(|w| w[0] >= w[1])
+                .map(|i| start + i);
+        }
+        start = end - 1;
+    }
+    None
+}
+
 /// What a server's request handle learns about a request besides its data.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KVMeta {
@@ -275,6 +299,21 @@ mod tests {
             KVPairs::<f32>::with_lens(vec![1, 2], vec![1.0; 5], vec![5]).validate(true),
             Err(Error::LensMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn unsorted_keys_are_found_anywhere() {
+        let sorted: Vec<Key> = (0..10_000).map(|i| i * 3).collect();
+        assert_eq!(first_unsorted(&sorted), None);
+        assert_eq!(first_unsorted(&[]), None);
+        assert_eq!(first_unsorted(&[5]), None);
+        for at in [0, 1, 2047, 2048, 2049, 5000, 9998] {
+            let mut keys = sorted.clone();
+            keys[at + 1] = keys[at];
+            assert_eq!(first_unsorted(&keys), Some(at), "duplicate after {at}");
+            keys[at + 1] = keys[at].saturating_sub(1);
+            assert_eq!(first_unsorted(&keys), Some(at), "descent after {at}");
+        }
     }
 
     #[test]

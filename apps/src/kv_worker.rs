@@ -430,11 +430,32 @@ fn assemble<V: Val>(
         vals: SArray::concat(&vals),
         lens: SArray::concat(&lens),
     };
-    if out.keys.as_slice() != requested.as_slice() {
+    // Each part's keys are sorted and unique (checked on arrival); as in
+    // C++ ps-lite, each must span exactly its share of the requested keys.
+    let mut at = 0;
+    for part in parts.iter() {
+        let (Some(&first), Some(&last)) = (part.keys.first(), part.keys.last()) else {
+            continue;
+        };
+        let begin = at + requested[at..].partition_point(|&k| k < first);
+        let end = begin + requested[begin..].partition_point(|&k| k <= last);
+        if requested.get(begin) != Some(&first) || end - begin != part.keys.len() {
+            return Err(Error::RequestFailed {
+                ts,
+                reason: format!(
+                    "a server answered keys {first}..={last} ({} keys), which do not match the \
+                     request",
+                    part.keys.len()
+                ),
+            });
+        }
+        at = end;
+    }
+    if out.keys.len() != requested.len() {
         return Err(Error::RequestFailed {
             ts,
             reason: format!(
-                "the servers answered {} keys for {} requested (or other keys)",
+                "the servers answered {} keys for {} requested",
                 out.keys.len(),
                 requested.len()
             ),
@@ -486,6 +507,15 @@ impl<V: Val> Handler for Inner<V> {
 
     fn on_complete(&self, ts: i32, failure: Option<String>) {
         self.complete(ts, failure);
+    }
+
+    fn handles_inline(&self, msg: &Message) -> bool {
+        // KV responses of requests without a callback: decoding and counting
+        // them is cheap and runs no user code.
+        !msg.meta.simple_app
+            && lock(&self.pending)
+                .get(&msg.meta.timestamp)
+                .is_some_and(|p| p.callback.is_none())
     }
 }
 

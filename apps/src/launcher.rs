@@ -19,6 +19,12 @@ use pslite_proto::Role;
 /// How long stopped nodes get between SIGTERM and SIGKILL.
 const GRACE: Duration = Duration::from_secs(3);
 
+/// glibc tuning given to nodes unless `GLIBC_TUNABLES` is set: back large
+/// `malloc`s (ZeroMQ's receive buffers for big frames) with transparent huge
+/// pages. Receiving a 120 MB push otherwise spends much of its time in page
+/// faults; kv_bench measured pushes and pulls about 1.5 times as fast with it.
+pub const MALLOC_TUNABLES: &str = "glibc.malloc.hugetlb=1";
+
 /// What to launch.
 #[derive(Clone, Debug)]
 pub struct LaunchOptions {
@@ -194,6 +200,9 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+            cmd.env("GLIBC_TUNABLES", MALLOC_TUNABLES);
+        }
         if role == Role::Worker && opts.worker_procs.is_some() {
             cmd.env(
                 "PSLITE_WORKERS_PER_PROCESS",

@@ -25,7 +25,9 @@ enum Commands {
     ///
     /// Every node gets DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER,
     /// DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT and DMLC_NODE_HOST (and
-    /// PSLITE_LAUNCH_UNIX_NS, the launch time in ns since 1970); other variables
+    /// PSLITE_LAUNCH_UNIX_NS, the launch time in ns since 1970) and, unless
+    /// GLIBC_TUNABLES is set, GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (huge
+    /// pages for large buffers: big pushes and pulls run faster); other variables
     /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through. Output lines are prefixed
     /// with the node ([scheduler], [server 0], [worker 1]; numbered in launch
     /// order, not by rank). Exits 0 only if every node exits 0; otherwise stops

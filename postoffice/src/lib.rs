@@ -20,4 +20,4 @@ mod router;
 
 pub use config::{Config, ConfigError};
 pub use postoffice::{key_ranges, Error, KeyRange, Postoffice};
-pub use router::{CustomerKey, CustomerRouter, Delivery};
+pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};

@@ -14,7 +14,7 @@ use pslite_proto::ids::{self, NodeId};
 use pslite_proto::{Message, Node, Role};
 use pslite_van::{Van, VanError};
 
-use crate::router::{CustomerRouter, Delivery};
+use crate::router::{CustomerRouter, Delivery, Inline};
 use crate::{Config, ConfigError};
 
 /// A Postoffice error: configuration, start-up, or the transport.
@@ -192,6 +192,23 @@ impl Postoffice {
         self.inner
             .router
             .register((app_id, customer_id))
+            .ok_or(Error::DuplicateCustomer {
+                app_id,
+                customer_id,
+            })
+    }
+
+    /// Like [`Postoffice::register_customer`], with a handler that sees each
+    /// message first, on the receive thread, and may keep it (see [`Inline`]).
+    pub fn register_customer_inline(
+        &self,
+        app_id: i32,
+        customer_id: i32,
+        inline: Inline,
+    ) -> Result<Receiver<Delivery>, Error> {
+        self.inner
+            .router
+            .register_inline((app_id, customer_id), Some(inline))
             .ok_or(Error::DuplicateCustomer {
                 app_id,
                 customer_id,

@@ -7,7 +7,7 @@
 //! pushes before its `KVServer` exists (C++ ps-lite aborts after 5 s there).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use log::{debug, warn};
@@ -38,9 +38,19 @@ pub enum Delivery {
     NodeFailed(String),
 }
 
+/// Handles a message on the receive thread itself, or gives it back to be
+/// queued. Apps use it for cheap work whose latency matters (a worker
+/// counting responses); it must never block.
+pub type Inline = Arc<dyn Fn(Message) -> Option<Message> + Send + Sync>;
+
+struct Route {
+    queue: Sender<Delivery>,
+    inline: Option<Inline>,
+}
+
 #[derive(Default)]
 struct Routes {
-    customers: HashMap<CustomerKey, Sender<Delivery>>,
+    customers: HashMap<CustomerKey, Route>,
     failure: Option<String>,
     held: HashMap<CustomerKey, Vec<Message>>,
     held_total: usize,
@@ -80,6 +90,16 @@ impl CustomerRouter {
     /// Registers a customer; its queue starts with whatever was held for it.
     /// `None` if the customer is already registered.
     pub fn register(&self, key: CustomerKey) -> Option<Receiver<Delivery>> {
+        self.register_inline(key, None)
+    }
+
+    /// Registers a customer with an inline handler (see [`Inline`]), which
+    /// sees its messages first, on the receive thread.
+    pub fn register_inline(
+        &self,
+        key: CustomerKey,
+        inline: Option<Inline>,
+    ) -> Option<Receiver<Delivery>> {
         let mut routes = self.routes();
         if routes.customers.contains_key(&key) {
             return None;
@@ -100,7 +120,7 @@ impl CustomerRouter {
                 let _ = tx.send(Delivery::Message(msg));
             }
         }
-        routes.customers.insert(key, tx);
+        routes.customers.insert(key, Route { queue: tx, inline });
         Some(rx)
     }
 
@@ -125,9 +145,22 @@ impl Dispatch for CustomerRouter {
             return;
         }
         let key = self.key_of(&msg);
+        let inline = self
+            .routes()
+            .customers
+            .get(&key)
+            .and_then(|r| r.inline.clone());
+        let msg = match inline {
+            // Not under the lock: the handler may take its time.
+            Some(inline) => match inline(msg) {
+                Some(msg) => msg,
+                None => return,
+            },
+            None => msg,
+        };
         let mut routes = self.routes();
-        if let Some(tx) = routes.customers.get(&key) {
-            if tx.send(Delivery::Message(msg)).is_ok() {
+        if let Some(route) = routes.customers.get(&key) {
+            if route.queue.send(Delivery::Message(msg)).is_ok() {
                 return;
             }
             routes.customers.remove(&key);
@@ -157,8 +190,8 @@ impl Dispatch for CustomerRouter {
         // The customer that sent it.
         let key = self.key_of(&msg);
         match self.routes().customers.get(&key) {
-            Some(tx) => {
-                let _ = tx.send(Delivery::Undeliverable { msg, reason });
+            Some(route) => {
+                let _ = route.queue.send(Delivery::Undeliverable { msg, reason });
             }
             None => debug!("{reason} (its customer has gone)"),
         }
@@ -168,8 +201,8 @@ impl Dispatch for CustomerRouter {
         let reason = err.to_string();
         let mut routes = self.routes();
         routes.failure.get_or_insert(reason.clone());
-        for tx in routes.customers.values() {
-            let _ = tx.send(Delivery::NodeFailed(reason.clone()));
+        for route in routes.customers.values() {
+            let _ = route.queue.send(Delivery::NodeFailed(reason.clone()));
         }
     }
 }

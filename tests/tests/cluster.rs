@@ -122,3 +122,18 @@ fn node_ids_are_deterministic_for_fixed_addresses() {
     }
     assert_eq!(ids, vec![true, true]);
 }
+
+#[test]
+fn the_demo_trains_to_its_threshold() {
+    // The README's first command, shortened to 2 epochs.
+    let mut cmd = std::process::Command::new(pslite_tests::pslite_bin());
+    cmd.args(["demo", "--epochs", "2", "--timeout", "120"]);
+    let run = pslite_tests::run(cmd, Duration::from_secs(150));
+    run.assert_ok();
+    assert!(run.stdout.contains("epoch 2/2"), "{}", run.output());
+    assert!(
+        run.stdout.contains("(threshold 0.8): ok"),
+        "{}",
+        run.output()
+    );
+}
