@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use pslite::{ids, Postoffice};
+use pslite::{env_or, ids, Postoffice};
 
 fn main() -> ExitCode {
     pslite::init_logging();
@@ -14,14 +14,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), pslite::Error> {
-    let rounds: u32 = match std::env::var("BARRIER_ROUNDS") {
-        Ok(v) => v.trim().parse().map_err(|_| pslite::ConfigError::Invalid {
-            var: "BARRIER_ROUNDS",
-            value: v.clone(),
-            expected: "a whole number",
-        })?,
-        Err(_) => 5,
-    };
+    let rounds: u32 = env_or("BARRIER_ROUNDS", 5, "a whole number")?;
     let po = Postoffice::from_env()?;
     po.start(0, true)?;
     let my_group = ids::role_group(po.role());

@@ -497,12 +497,13 @@ impl RawZmq {
             let mut reply_size = 0usize;
             let mut reply = Bytes::new();
             loop {
-                let Ok(frames) = server_in.recv_multipart(0) else {
+                // Received as pslite receives: frames stay in ZeroMQ's buffers.
+                let Ok(raw) = pslite_van::transport::recv_message(&server_in) else {
                     return;
                 };
                 // [identity][meta][payload...]; the meta says the reply size.
-                let Some(meta) = frames.get(1) else { return };
-                if meta.as_slice() == b"stop" {
+                let Some(meta) = raw.meta else { return };
+                if &meta[..] == b"stop" {
                     return;
                 }
                 let want = meta
@@ -544,7 +545,7 @@ impl RawZmq {
                 &meta,
                 std::slice::from_ref(&payload),
             );
-            if sent.is_err() || self.client_in.recv_multipart(0).is_err() {
+            if sent.is_err() || pslite_van::transport::recv_message(&self.client_in).is_err() {
                 return f64::NAN;
             }
             if i >= warmup {

@@ -15,30 +15,16 @@
 
 use std::process::ExitCode;
 
-use pslite::{DefaultHandle, Error, KVOptions, KVServer, KVWorker, Postoffice};
+use pslite::{env_or, DefaultHandle, Error, KVOptions, KVServer, KVWorker, Postoffice};
 
 fn main() -> ExitCode {
     pslite::init_logging();
     pslite::exit_code(run())
 }
 
-fn env_u64(var: &'static str, default: u64) -> Result<u64, Error> {
-    match std::env::var(var) {
-        Ok(v) => v.trim().parse().map_err(|_| {
-            pslite::ConfigError::Invalid {
-                var,
-                value: v,
-                expected: "a whole number",
-            }
-            .into()
-        }),
-        Err(_) => Ok(default),
-    }
-}
-
 fn run() -> Result<(), Error> {
-    let after = env_u64("KV_RECOVERY_ROUNDS", 50)?;
-    let max_rounds = env_u64("KV_RECOVERY_MAX_ROUNDS", u64::MAX)?;
+    let after = env_or("KV_RECOVERY_ROUNDS", 50u64, "a whole number")?;
+    let max_rounds = env_or("KV_RECOVERY_MAX_ROUNDS", u64::MAX, "a whole number")?;
     let po = Postoffice::from_env()?;
     po.start(0, true)?;
     let _server = if po.is_server() {

@@ -31,148 +31,15 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 
-use pslite::{
-    DataType, Error, KVMeta, KVPairs, KVServer, Key, Postoffice, SArray, SimpleData, Val,
-};
+use pslite::{Error, KVMeta, KVPairs, KVServer, Key, Postoffice, SArray, SimpleData};
 
-/// MXNet's SimpleApp command heads (`CommandType`).
-const CMD_CONTROLLER: i32 = 0;
-const CMD_SET_MULTI_PRECISION: i32 = 1;
-const CMD_STOP_SERVER: i32 = 2;
-const CMD_SYNC_MODE: i32 = 3;
-const CMD_SET_GRADIENT_COMPRESSION: i32 = 4;
-const CMD_SET_PROFILER_PARAMS: i32 = 5;
-
-/// One raw byte of an MXNet value; its frames are typed OTHER, as those of
-/// C++ `KVServer<char>` (`char` has no ps-lite DataType of its own).
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Zeroable, bytemuck::Pod)]
-struct MxByte(u8);
-
-impl std::ops::AddAssign for MxByte {
-    fn add_assign(&mut self, other: MxByte) {
-        self.0 = self.0.wrapping_add(other.0);
-    }
-}
-
-impl Val for MxByte {
-    const DATA_TYPE: DataType = DataType::Other;
-}
+#[path = "shared/mxnet.rs"]
+mod mxnet;
+use mxnet::*;
 
 fn main() -> ExitCode {
     pslite::init_logging();
     pslite::exit_code(run())
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dtype {
-    F32,
-    F64,
-    F16,
-}
-
-impl Dtype {
-    /// The dtype of a data head (inverse Cantor pair); only the default
-    /// (dense) request type 0 is served.
-    fn of_head(head: i32) -> Result<Dtype, String> {
-        if head < 0 {
-            return Err(format!("head {head} is not an MXNet data head"));
-        }
-        let w = ((((8 * head as i64 + 1) as f64).sqrt() - 1.0) / 2.0).floor() as i64;
-        let d = head as i64 - w * (w + 1) / 2;
-        let m = w - d;
-        match (m, d) {
-            (0, 0) => Ok(Dtype::F32),
-            (0, 1) => Ok(Dtype::F64),
-            (0, 2) => Ok(Dtype::F16),
-            (0, d) => Err(format!(
-                "head {head}: dtype {d} unsupported (MXNet serves float types only)"
-            )),
-            (m, _) => Err(format!(
-                "head {head}: request type {m} (row-sparse/compressed) unsupported"
-            )),
-        }
-    }
-
-    fn size(self) -> usize {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::F64 => 8,
-            Dtype::F16 => 2,
-        }
-    }
-
-    /// `acc += add`, element-wise, as values of this dtype.
-    fn add_into(self, acc: &mut [u8], add: &[u8]) {
-        let n = self.size();
-        for (a, b) in acc.chunks_exact_mut(n).zip(add.chunks_exact(n)) {
-            match self {
-                Dtype::F32 => {
-                    let s = f32::from_le_bytes(a[..4].try_into().unwrap())
-                        + f32::from_le_bytes(b[..4].try_into().unwrap());
-                    a.copy_from_slice(&s.to_le_bytes());
-                }
-                Dtype::F64 => {
-                    let s = f64::from_le_bytes(a[..8].try_into().unwrap())
-                        + f64::from_le_bytes(b[..8].try_into().unwrap());
-                    a.copy_from_slice(&s.to_le_bytes());
-                }
-                Dtype::F16 => {
-                    let s = f16_to_f32(u16::from_le_bytes([a[0], a[1]]))
-                        + f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-                    a.copy_from_slice(&f32_to_f16(s).to_le_bytes());
-                }
-            }
-        }
-    }
-}
-
-/// IEEE half to single (exact).
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let exp = i32::from((h >> 10) & 0x1f);
-    let mant = f32::from(h & 0x3ff);
-    match exp {
-        0 => sign * mant * 2f32.powi(-24),
-        31 if mant == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        _ => sign * (1.0 + mant / 1024.0) * 2f32.powi(exp - 15),
-    }
-}
-
-/// IEEE single to half, rounding to nearest even (as mshadow's half_t).
-fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let mant = b & 0x7f_ffff;
-    if exp == 255 {
-        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 31 {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = mant | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let mut r = m >> shift;
-        let rem = m & ((1u32 << shift) - 1);
-        if rem > half || (rem == half && r & 1 == 1) {
-            r += 1;
-        }
-        return sign | r as u16;
-    }
-    let mut r = ((e as u32) << 10) | (mant >> 13);
-    let rem = mant & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && r & 1 == 1) {
-        r += 1;
-    }
-    sign | r as u16
 }
 
 /// One round of pushes of a key, waiting for every worker.

@@ -39,147 +39,19 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pslite::{DataType, Error, KVOptions, KVWorker, Key, KeyRange, Postoffice, Val};
+use pslite::{env_or, Error, KVOptions, KVWorker, Key, KeyRange, Postoffice};
 use pslite::{SERVER_GROUP, WORKER_GROUP};
-
-/// MXNet's SimpleApp command heads (`kvstore_dist_server.h`, `CommandType`).
-const CMD_STOP_SERVER: i32 = 2;
-const CMD_SYNC_MODE: i32 = 3;
 
 /// How long any single request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// One raw byte of an MXNet value. C++ `KVWorker<char>` types its value
-/// frames OTHER (`char` has no ps-lite DataType of its own); a pslite `u8`
-/// would be UINT8. MXNet ignores the type, but this keeps frames identical.
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Zeroable, bytemuck::Pod)]
-struct MxByte(u8);
-
-impl std::ops::AddAssign for MxByte {
-    fn add_assign(&mut self, other: MxByte) {
-        self.0 = self.0.wrapping_add(other.0);
-    }
-}
-
-impl Val for MxByte {
-    const DATA_TYPE: DataType = DataType::Other;
-}
+#[path = "shared/mxnet.rs"]
+mod mxnet;
+use mxnet::*;
 
 fn main() -> ExitCode {
     pslite::init_logging();
     pslite::exit_code(run())
-}
-
-fn env_parse<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, Error> {
-    match std::env::var(var) {
-        Ok(v) => v.trim().parse().map_err(|_| {
-            pslite::ConfigError::Invalid {
-                var,
-                value: v,
-                expected: "a whole number",
-            }
-            .into()
-        }),
-        Err(_) => Ok(default),
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dtype {
-    F32,
-    F16,
-}
-
-impl Dtype {
-    /// MXNet's data head: Cantor pair of (request type 0 = default push/pull,
-    /// mshadow type code: float32 0, float16 2).
-    fn head(self) -> i32 {
-        let (m, d) = match self {
-            Dtype::F32 => (0, 0),
-            Dtype::F16 => (0, 2),
-        };
-        (m + d) * (m + d + 1) / 2 + d
-    }
-
-    fn size(self) -> usize {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::F16 => 2,
-        }
-    }
-
-    fn encode(self, vals: &[f32]) -> Vec<MxByte> {
-        let mut out = Vec::with_capacity(vals.len() * self.size());
-        for &v in vals {
-            match self {
-                Dtype::F32 => out.extend(v.to_le_bytes().map(MxByte)),
-                Dtype::F16 => out.extend(f32_to_f16(v).to_le_bytes().map(MxByte)),
-            }
-        }
-        out
-    }
-
-    fn decode(self, bytes: &[u8]) -> Vec<f32> {
-        match self {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-                .collect(),
-        }
-    }
-}
-
-/// IEEE half to single (exact).
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let exp = i32::from((h >> 10) & 0x1f);
-    let mant = f32::from(h & 0x3ff);
-    match exp {
-        0 => sign * mant * 2f32.powi(-24),
-        31 if mant == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        _ => sign * (1.0 + mant / 1024.0) * 2f32.powi(exp - 15),
-    }
-}
-
-/// IEEE single to half, rounding to nearest even.
-fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let mant = b & 0x7f_ffff;
-    if exp == 255 {
-        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 31 {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = mant | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let mut r = m >> shift;
-        let rem = m & ((1u32 << shift) - 1);
-        if rem > half || (rem == half && r & 1 == 1) {
-            r += 1;
-        }
-        return sign | r as u16;
-    }
-    let mut r = ((e as u32) << 10) | (mant >> 13);
-    let rem = mant & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && r & 1 == 1) {
-        r += 1;
-    }
-    sign | r as u16
 }
 
 /// One MXNet key of the test, as `mx_node.py` defines it.
@@ -337,11 +209,11 @@ impl Store<'_> {
 }
 
 fn run() -> Result<(), Error> {
-    let rounds: usize = env_parse("MX_NODE_ROUNDS", 2)?;
-    let big: usize = env_parse("MX_NODE_BIG", 1_200_000)?;
+    let rounds: usize = env_or("MX_NODE_ROUNDS", 2, "a whole number")?;
+    let big: usize = env_or("MX_NODE_BIG", 1_200_000, "a whole number")?;
     let skip_f16 = std::env::var("MX_NODE_SKIP_F16").as_deref() == Ok("1");
     let skip_pp = std::env::var("MX_NODE_SKIP_PUSHPULL").as_deref() == Ok("1");
-    let bound: usize = env_parse("MXNET_KVSTORE_BIGARRAY_BOUND", 1_000_000)?;
+    let bound: usize = env_or("MXNET_KVSTORE_BIGARRAY_BOUND", 1_000_000, "a whole number")?;
 
     let po = Postoffice::from_env()?;
     if !po.is_worker() {

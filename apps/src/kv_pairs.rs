@@ -92,13 +92,23 @@ impl<V: Val> KVPairs<V> {
     /// `need_vals` (pushes) values must be present.
     pub fn validate(&self, need_vals: bool) -> Result<(), Error> {
         let keys = self.keys.as_slice();
-        if let Some(i) = first_unsorted(keys) {
-            return Err(if keys[i] == keys[i + 1] {
-                Error::DuplicateKey { key: keys[i] }
-            } else {
-                Error::UnsortedKeys { index: i + 1 }
-            });
+        if !self.keys.known_ascending() {
+            if let Some(i) = first_unsorted(keys) {
+                return Err(if keys[i] == keys[i + 1] {
+                    Error::DuplicateKey { key: keys[i] }
+                } else {
+                    Error::UnsortedKeys { index: i + 1 }
+                });
+            }
+            self.keys.mark_ascending();
         }
+        self.check_shape(need_vals)
+    }
+
+    /// Checks vals fit keys/lens (not the order of the keys). With
+    /// `need_vals` (pushes) values must be present.
+    pub fn check_shape(&self, need_vals: bool) -> Result<(), Error> {
+        let keys = self.keys.as_slice();
         if !need_vals && self.vals.is_empty() && self.lens.is_empty() {
             return Ok(());
         }
@@ -149,7 +159,8 @@ impl<V: Val> KVPairs<V> {
         (frames, types)
     }
 
-    /// Reads the data frames of a KV message, checking their types and sizes.
+    /// Reads the data frames of a KV message, checking their types and sizes
+    /// (but not that the keys are sorted: see [`KVPairs::validate`]).
     pub fn from_message(msg: &Message) -> Result<Self, Error> {
         let malformed = |what: String| Error::Malformed {
             sender: msg.meta.sender,
@@ -186,7 +197,11 @@ impl<V: Val> KVPairs<V> {
                 msg.data.len()
             )));
         }
-        out.validate(false).map_err(|e| malformed(e.to_string()))?;
+        // The shape is checked; the order of the keys is the sender's
+        // promise (as in C++ ps-lite), not re-checked: a pass over every key
+        // of every message costs more than anything else on the receive path.
+        out.check_shape(false)
+            .map_err(|e| malformed(e.to_string()))?;
         Ok(out)
     }
 
@@ -299,6 +314,21 @@ mod tests {
             KVPairs::<f32>::with_lens(vec![1, 2], vec![1.0; 5], vec![5]).validate(true),
             Err(Error::LensMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn keys_are_checked_once_per_array() {
+        let keys = SArray::from_vec(vec![1u64, 2, 3]);
+        let pairs = KVPairs::<f32>::new(keys.clone(), vec![0.0; 3]);
+        assert!(!keys.known_ascending());
+        pairs.validate(true).unwrap();
+        // Clones share what was learnt; parts of it inherit it.
+        assert!(keys.known_ascending());
+        assert!(keys.slice(1..3).known_ascending());
+        // A fresh array is checked again.
+        let bad = KVPairs::<f32>::new(vec![3u64, 1], vec![0.0; 2]);
+        assert!(bad.validate(true).is_err());
+        assert!(!bad.keys.known_ascending());
     }
 
     #[test]

@@ -119,19 +119,20 @@ impl<V: Val> KVServer<V> {
     /// Handles queued requests while their handles exist, in order.
     fn drain(&self, handles: &mut Handles<V>) {
         while let Some(next) = handles.queued.pop_front() {
-            if let Err(next) = self.dispatch(handles, next) {
+            if let Some(next) = self.dispatch(handles, next) {
                 handles.queued.push_front(next);
                 break;
             }
         }
     }
 
-    /// Runs one request's handle, or gives it back if there is none yet.
-    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) -> Result<(), Queued<V>> {
+    /// Runs one request's handle, or gives the request back if there is no
+    /// handle for it yet.
+    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) -> Option<Queued<V>> {
         match req {
             Queued::Kv(meta, kvs) => match handles.kv.as_mut() {
                 Some(handle) => handle(&meta, kvs, self),
-                None => return Err(Queued::Kv(meta, kvs)),
+                None => return Some(Queued::Kv(meta, kvs)),
             },
             Queued::Simple(data) => match (handles.simple.as_mut(), handles.kv.is_some()) {
                 (Some(handle), _) => handle(&data, self),
@@ -140,10 +141,10 @@ impl<V: Val> KVServer<V> {
                         warn!("cannot answer node {}: {e}", data.sender);
                     }
                 }
-                (None, false) => return Err(Queued::Simple(data)),
+                (None, false) => return Some(Queued::Simple(data)),
             },
         }
-        Ok(())
+        None
     }
 
     /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
@@ -202,7 +203,7 @@ impl<V: Val> Handler for Inner<V> {
             handles.queued.push_back(req);
             return;
         }
-        if let Err(req) = server.dispatch(&mut handles, req) {
+        if let Some(req) = server.dispatch(&mut handles, req) {
             handles.queued.push_back(req);
         }
     }

@@ -423,10 +423,11 @@ fn assemble<V: Val>(
             }
         })
         .collect();
-    let keys: Vec<SArray<Key>> = parts.iter().map(|p| p.keys.clone()).collect();
     let vals: Vec<SArray<V>> = parts.iter().map(|p| p.vals.clone()).collect();
+    let answered: usize = parts.iter().map(|p| p.keys.len()).sum();
+    // Checked below to be the requested keys: those are returned, no copy.
     let out = KVPairs {
-        keys: SArray::concat(&keys),
+        keys: requested.clone(),
         vals: SArray::concat(&vals),
         lens: SArray::concat(&lens),
     };
@@ -451,12 +452,11 @@ fn assemble<V: Val>(
         }
         at = end;
     }
-    if out.keys.len() != requested.len() {
+    if answered != requested.len() {
         return Err(Error::RequestFailed {
             ts,
             reason: format!(
-                "the servers answered {} keys for {} requested",
-                out.keys.len(),
+                "the servers answered {answered} keys for {} requested",
                 requested.len()
             ),
         });

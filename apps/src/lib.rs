@@ -56,10 +56,38 @@ pub use kv_server::{DefaultHandle, KVServer};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
 pub use logging::init_logging;
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Postoffice};
+/// The wire format crate: protobuf structs, codec, golden frames.
+pub use pslite_proto as proto;
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
 pub use sarray::{misaligned_copies, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
+
+/// Reads environment variable `var` as a `T`, or `default` when it is unset
+/// or blank; a value that does not parse is a configuration error naming
+/// the variable and what it must be (`expected`).
+///
+/// ```
+/// let rounds: u32 = pslite::env_or("MY_APP_ROUNDS", 5, "a whole number")?;
+/// # Ok::<(), pslite::Error>(())
+/// ```
+pub fn env_or<T: std::str::FromStr>(
+    var: &'static str,
+    default: T,
+    expected: &'static str,
+) -> Result<T, Error> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+            ConfigError::Invalid {
+                var,
+                value: v,
+                expected,
+            }
+            .into()
+        }),
+        _ => Ok(default),
+    }
+}
 
 /// Exit code for configuration errors (the environment is wrong).
 pub const EXIT_CONFIG: u8 = 2;

@@ -11,7 +11,8 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, Range};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytemuck::Pod;
 use bytes::Bytes;
@@ -40,6 +41,10 @@ pub struct FrameLengthError {
 /// A shared, immutable array of `T`.
 pub struct SArray<T> {
     bytes: Bytes,
+    /// Set once the elements are known to be strictly ascending (checked
+    /// keys); shared by clones, so a key array pushed again and again is
+    /// checked once.
+    ascending: Option<Arc<AtomicBool>>,
     _elem: PhantomData<T>,
 }
 
@@ -47,6 +52,7 @@ impl<T> Clone for SArray<T> {
     fn clone(&self) -> Self {
         SArray {
             bytes: self.bytes.clone(),
+            ascending: self.ascending.clone(),
             _elem: PhantomData,
         }
     }
@@ -65,6 +71,7 @@ impl<T: Pod + Send + Sync> SArray<T> {
     pub fn new() -> Self {
         SArray {
             bytes: Bytes::new(),
+            ascending: None,
             _elem: PhantomData,
         }
     }
@@ -76,6 +83,7 @@ impl<T: Pod + Send + Sync> SArray<T> {
         }
         SArray {
             bytes: Bytes::from_owner(VecOwner(values)),
+            ascending: Some(Arc::new(AtomicBool::new(false))),
             _elem: PhantomData,
         }
     }
@@ -100,6 +108,7 @@ impl<T: Pod + Send + Sync> SArray<T> {
         if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
             return Ok(SArray {
                 bytes,
+                ascending: None,
                 _elem: PhantomData,
             });
         }
@@ -123,7 +132,26 @@ impl<T: Pod + Send + Sync> SArray<T> {
         let elem = std::mem::size_of::<T>();
         SArray {
             bytes: self.bytes.slice(range.start * elem..range.end * elem),
+            // A part of an ascending array is ascending.
+            ascending: self
+                .known_ascending()
+                .then(|| Arc::new(AtomicBool::new(true))),
             _elem: PhantomData,
+        }
+    }
+
+    /// Whether these elements were already found strictly ascending.
+    pub(crate) fn known_ascending(&self) -> bool {
+        self.ascending
+            .as_ref()
+            .is_some_and(|a| a.load(Ordering::Relaxed))
+    }
+
+    /// Remembers (for this array and its clones) that the elements are
+    /// strictly ascending. The buffer is immutable, so it stays true.
+    pub(crate) fn mark_ascending(&self) {
+        if let Some(a) = &self.ascending {
+            a.store(true, Ordering::Relaxed);
         }
     }
 

@@ -24,6 +24,7 @@
 //! ```
 
 mod codec;
+pub mod golden;
 pub mod ids;
 mod message;
 mod meta;

@@ -127,25 +127,35 @@ fn callbacks_run_on_completion_with_pulled_values() {
     c.finalize();
 }
 
-#[test]
-fn only_servers_owning_keys_are_contacted() {
-    let c = LocalCluster::start(3, 1);
-    let hits: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
-    let _servers: Vec<_> = c
+type Counters = Vec<Arc<AtomicUsize>>;
+
+/// Default-store servers that count the requests and keys they get.
+fn counting_servers(c: &LocalCluster) -> (Vec<KVServer<f32>>, Counters, Counters) {
+    let new = || -> Counters { (0..c.servers.len()).map(|_| Arc::default()).collect() };
+    let (requests, keys) = (new(), new());
+    let servers = c
         .servers
         .iter()
-        .zip(&hits)
-        .map(|(po, hits)| {
+        .enumerate()
+        .map(|(i, po)| {
             let s = KVServer::<f32>::new(po, 0).unwrap();
-            let hits = Arc::clone(hits);
+            let (r, k) = (Arc::clone(&requests[i]), Arc::clone(&keys[i]));
             let mut store = DefaultHandle::new();
             s.set_request_handle(move |meta, req, server| {
-                hits.fetch_add(1, Ordering::SeqCst);
+                r.fetch_add(1, Ordering::SeqCst);
+                k.fetch_add(req.keys.len(), Ordering::SeqCst);
                 server.response(meta, store.apply(meta, &req)).unwrap();
             });
             s
         })
         .collect();
+    (servers, requests, keys)
+}
+
+#[test]
+fn only_servers_owning_keys_are_contacted() {
+    let c = LocalCluster::start(3, 1);
+    let (_servers, requests, _) = counting_servers(&c);
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     let ranges = c.workers[0].server_key_ranges();
     // Keys of servers 0 and 2 only.
@@ -163,13 +173,16 @@ fn only_servers_owning_keys_are_contacted() {
         .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
         .unwrap();
     assert_eq!(&pulled.vals[..], &[1.0, 2.0, 3.0]);
-    let counts: Vec<_> = hits.iter().map(|h| h.load(Ordering::SeqCst)).collect();
+    let counts: Vec<_> = requests.iter().map(|h| h.load(Ordering::SeqCst)).collect();
     assert_eq!(counts, vec![2, 0, 2]);
     // No keys at all: complete at once, nobody contacted.
     let ts = w.push(&[], &[], KVOptions::new()).unwrap();
     w.wait_timeout(ts, T).unwrap();
     assert_eq!(
-        hits.iter().map(|h| h.load(Ordering::SeqCst)).sum::<usize>(),
+        requests
+            .iter()
+            .map(|h| h.load(Ordering::SeqCst))
+            .sum::<usize>(),
         4
     );
     drop(w);
@@ -179,22 +192,7 @@ fn only_servers_owning_keys_are_contacted() {
 #[test]
 fn custom_slicer_replaces_the_key_ranges() {
     let c = LocalCluster::start(2, 1);
-    let hits: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::new(AtomicUsize::new(0))).collect();
-    let _servers: Vec<_> = c
-        .servers
-        .iter()
-        .zip(&hits)
-        .map(|(po, hits)| {
-            let s = KVServer::<f32>::new(po, 0).unwrap();
-            let hits = Arc::clone(hits);
-            let mut store = DefaultHandle::new();
-            s.set_request_handle(move |meta, req, server| {
-                hits.fetch_add(req.keys.len(), Ordering::SeqCst);
-                server.response(meta, store.apply(meta, &req)).unwrap();
-            });
-            s
-        })
-        .collect();
+    let (_servers, _, keys_seen) = counting_servers(&c);
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     // Everything to the last server.
     w.set_slicer(|kvs: &KVPairs<f32>, ranges: &[KeyRange]| {
@@ -209,8 +207,8 @@ fn custom_slicer_replaces_the_key_ranges() {
         .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
         .unwrap();
     assert_eq!(&pulled.vals[..], &[1.0; 10]);
-    assert_eq!(hits[0].load(Ordering::SeqCst), 0);
-    assert_eq!(hits[1].load(Ordering::SeqCst), 20);
+    assert_eq!(keys_seen[0].load(Ordering::SeqCst), 0);
+    assert_eq!(keys_seen[1].load(Ordering::SeqCst), 20);
     // A slicer returning the wrong number of slices is an error.
     w.set_slicer(|_: &KVPairs<f32>, _: &[KeyRange]| Vec::new());
     assert!(matches!(

@@ -2,16 +2,14 @@
 //! each is rebuilt from its decoded values and must encode to the same bytes.
 
 use super::*;
+use crate::golden;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    golden::bytes(s).unwrap()
 }
 
 fn node(role: Role, id: i32, port: i32, customer_id: i32) -> Node {
@@ -56,11 +54,7 @@ fn add_node_request() {
         timestamp: 0,
         ..Meta::default()
     };
-    check(
-        "ADD_NODE request",
-        meta,
-        "08ffffffff071a1e0802121a080010ffffffff071a093132372e302e302e3120844728005000200028003000400050ffffffff0760006800",
-    );
+    check("ADD_NODE request", meta, golden::ADD_NODE_REQUEST);
 }
 
 #[test]
@@ -76,11 +70,7 @@ fn add_node_reply() {
         timestamp: 2,
         ..Meta::default()
     };
-    check(
-        "ADD_NODE reply",
-        meta,
-        "08ffffffff071a6308021216080010081a093132372e302e302e31208447280050001216080110091a093132372e302e302e312085472800500012160801100b1a093132372e302e302e31208647280050001217080210011a093132372e302e302e31208347280050f802200028003000400250ffffffff0760006800",
-    );
+    check("ADD_NODE reply", meta, golden::ADD_NODE_REPLY);
 }
 
 #[test]
@@ -93,11 +83,7 @@ fn barrier_request_and_reply() {
         timestamp: 3,
         ..Meta::default()
     };
-    check(
-        "BARRIER request",
-        request,
-        "08ffffffff071a040803180720012800300038004003500060006800",
-    );
+    check("BARRIER request", request, golden::BARRIER_REQUEST);
     let reply = Meta {
         control: control(Command::Barrier, vec![], 441_436_800),
         app_id: 0,
@@ -105,11 +91,7 @@ fn barrier_request_and_reply() {
         timestamp: 7,
         ..Meta::default()
     };
-    check(
-        "BARRIER reply",
-        reply,
-        "08ffffffff071a080803188095bfd20120002800300038004007500060006800",
-    );
+    check("BARRIER reply", reply, golden::BARRIER_REPLY);
 }
 
 #[test]
@@ -119,11 +101,7 @@ fn terminate() {
         customer_id: 0,
         ..Meta::default()
     };
-    check(
-        "TERMINATE",
-        meta,
-        "08ffffffff071a020801200028003000500060006800",
-    );
+    check("TERMINATE", meta, golden::TERMINATE);
 }
 
 fn data_meta(timestamp: i32) -> Meta {
@@ -145,30 +123,18 @@ fn kv_messages() {
         data_type: types.clone(),
         ..data_meta(3)
     };
-    check(
-        "push request",
-        push,
-        "0800200128013000380040034a03080b03500060006800",
-    );
+    check("push request", push, golden::PUSH_REQUEST);
     let push_response = Meta {
         push: true,
         ..data_meta(1)
     };
-    check(
-        "push response",
-        push_response,
-        "080020002801300038004001500060006800",
-    );
+    check("push response", push_response, golden::PUSH_RESPONSE);
     let pull_response = Meta {
         pull: true,
         data_type: types,
         ..data_meta(6)
     };
-    check(
-        "pull response",
-        pull_response,
-        "0800200028003000380040064a03080b03500060016800",
-    );
+    check("pull response", pull_response, golden::PULL_RESPONSE);
 }
 
 #[test]
@@ -178,11 +144,7 @@ fn simple_app_response() {
         simple_app: true,
         ..data_meta(0)
     };
-    check(
-        "SimpleApp response",
-        meta,
-        "080320002800300138004000500060006800",
-    );
+    check("SimpleApp response", meta, golden::SIMPLE_APP_RESPONSE);
 }
 
 #[test]
@@ -261,7 +223,7 @@ fn malformed_frames_are_typed_errors() {
     // message), as prost does not track presence of required scalars.
     assert!(Meta::decode(&unhex("1a00")).unwrap().control.is_empty());
     // every truncation of a golden frame is an error or a valid meta, never a panic
-    let golden = unhex("08ffffffff071a1e0802121a080010ffffffff071a093132372e302e302e3120844728005000200028003000400050ffffffff0760006800");
+    let golden = unhex(golden::ADD_NODE_REQUEST);
     for len in 0..golden.len() {
         let _ = Meta::decode(&golden[..len]);
     }

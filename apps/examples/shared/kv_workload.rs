@@ -1,0 +1,75 @@
+//! The workload of ps-lite's `test_kv_app`, shared by `kv_app` and
+//! `kv_app_multi_workers`; included by them, not an example.
+//!
+//! A worker with a unique `index` pushes the values of its own keys
+//! `repeat` times (at most 10 requests in flight), pulls them and checks
+//! they are exactly `repeat` times the pushed values, then runs `repeat`
+//! serialized push-pulls and checks each returns exactly the running total.
+//! Keys are spread over the whole key space and offset by the index, so
+//! workers never share a key and the sums are exact for any cluster size;
+//! values are small integers, which `f32` adds exactly.
+
+use pslite::{Error, KVOptions, KVWorker, Key};
+
+/// Runs the workload as worker `index` with `num` keys.
+pub fn run(kv: &KVWorker<f32>, index: u64, num: usize, repeat: usize) -> Result<(), Error> {
+    let keys: Vec<Key> = (0..num as u64)
+        .map(|i| u64::MAX / num as u64 * i + index)
+        .collect();
+    let vals = values(index + 7, num);
+    let mut ts = Vec::new();
+    for i in 0..repeat {
+        ts.push(kv.push(&keys, &vals, KVOptions::new())?);
+        if i >= 10 {
+            kv.wait(ts[i - 10])?;
+        }
+    }
+    for t in ts {
+        kv.wait(t)?;
+    }
+    let pulled = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
+    compare("pull", &pulled.vals, &vals, repeat as f32)?;
+    for round in 1..=repeat {
+        let out = kv.take_pull(kv.push_pull(&keys, &vals, KVOptions::new())?)?;
+        compare("push_pull", &out.vals, &vals, (repeat + round) as f32)?;
+    }
+    Ok(())
+}
+
+/// Deterministic integer-valued floats in 0..1000.
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 1000) as f32
+        })
+        .collect()
+}
+
+fn compare(what: &str, got: &[f32], pushed: &[f32], times: f32) -> Result<(), Error> {
+    if got.len() != pushed.len() {
+        return Err(Error::Failed(format!(
+            "{what}: {} values for {} keys",
+            got.len(),
+            pushed.len()
+        )));
+    }
+    let mut wrong = got
+        .iter()
+        .zip(pushed)
+        .enumerate()
+        .filter(|(_, (&g, &p))| g != p * times);
+    if let Some((i, (g, p))) = wrong.next() {
+        return Err(Error::Failed(format!(
+            "{what}: {} of {} values wrong; first at key index {i}: {g} != {p} x {times}",
+            wrong.count() + 1,
+            got.len()
+        )));
+    }
+    Ok(())
+}
