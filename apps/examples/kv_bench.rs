@@ -47,6 +47,10 @@ struct Args {
     /// (node mode) what the worker measures: cxx, sweep, startup.
     #[arg(long, default_value = "cxx")]
     mode: String,
+    /// Servers answer on the receive thread (KVServer::set_request_handle_inline)
+    /// instead of the app's thread, as ps-lite does.
+    #[arg(long)]
+    inline_server: bool,
 }
 
 fn main() -> ExitCode {
@@ -76,7 +80,7 @@ fn node(args: &Args) -> Result<(), Error> {
         println!("BENCH ready_us={}", now.saturating_sub(launched) / 1000);
     }
     let _server = if po.is_server() {
-        Some(empty_server(&po)?)
+        Some(empty_server(&po, args.inline_server)?)
     } else {
         None
     };
@@ -94,10 +98,10 @@ fn node(args: &Args) -> Result<(), Error> {
 
 /// The empty handler: pushes are answered at once; pulls get the requested
 /// keys back with zero values (a slice of one cached buffer, no copy).
-fn empty_server(po: &Postoffice) -> Result<KVServer<f32>, Error> {
+fn empty_server(po: &Postoffice, inline: bool) -> Result<KVServer<f32>, Error> {
     let server = KVServer::<f32>::new(po, 0)?;
     let mut zeros = SArray::<f32>::new();
-    server.set_request_handle(move |meta, req, server| {
+    let handle = move |meta: &pslite::KVMeta, req: KVPairs<f32>, server: &KVServer<f32>| {
         let res = if meta.pull {
             if zeros.len() < req.keys.len() {
                 zeros = SArray::from_vec(vec![0.0; req.keys.len()]);
@@ -109,7 +113,12 @@ fn empty_server(po: &Postoffice) -> Result<KVServer<f32>, Error> {
         if let Err(e) = server.response(meta, res) {
             eprintln!("cannot answer: {e}");
         }
-    });
+    };
+    if inline {
+        server.set_request_handle_inline(handle);
+    } else {
+        server.set_request_handle(handle);
+    }
     Ok(server)
 }
 
@@ -260,6 +269,7 @@ fn launch(servers: usize, workers: usize, mode: &str, args: &Args) -> Result<Lau
         .args(["--keys", &args.keys.to_string()])
         .args(["--repeat", &args.repeat.to_string()])
         .args(["--window", &args.window.to_string()])
+        .args(args.inline_server.then_some("--inline-server"))
         .output()
         .map_err(|e| Error::Failed(format!("cannot run pslite launch: {e}")))?;
     if !output.status.success() {
@@ -308,11 +318,17 @@ fn driver(args: &Args) -> Result<(), Error> {
     let want = |part: &str| only.is_none_or(|o| o == part);
     println!("# pslite kv_bench\n");
     println!(
-        "{} cores, keys {} (12 bytes each on a push), {} rounds, window {}, GLIBC_TUNABLES={}\n",
+        "{} cores, keys {} (12 bytes each on a push), {} rounds, window {}, servers answer on {}, \
+         GLIBC_TUNABLES={}\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.keys,
         args.repeat,
         args.window,
+        if args.inline_server {
+            "the receive thread"
+        } else {
+            "the app's thread"
+        },
         std::env::var("GLIBC_TUNABLES").unwrap_or_default()
     );
     let mut raw = Raw::default();
@@ -322,8 +338,9 @@ fn driver(args: &Args) -> Result<(), Error> {
             args.keys
         );
         println!(
-            "Raw ZeroMQ: the same bytes over the same socket pattern (DEALER to ROUTER, the answer \
-             over a second connection), one pair per worker, in this process.\n"
+            "Raw ZeroMQ: the same bytes over the same sockets (a DEALER per peer to each node's \
+             ROUTER, requests split over the servers), as many workers and servers, in this \
+             process.\n"
         );
         println!("| cluster | push ms | pull ms | push GB/s | raw push ms | raw pull ms | raw / ours, push | raw / ours, pull | misaligned frames copied |");
         println!("|---|---|---|---|---|---|---|---|---|");
@@ -341,8 +358,8 @@ fn driver(args: &Args) -> Result<(), Error> {
             }
             let (p, q) = (median(&mut push), median(&mut pull));
             let rounds = args.repeat.max(3);
-            let raw_push = raw.round_trip_us(w, args.keys * 12, 16, rounds)? / 1e3;
-            let raw_pull = raw.round_trip_us(w, args.keys * 8, args.keys * 12, rounds)? / 1e3;
+            let raw_push = raw.round_trip_us(s, w, s, args.keys * 12, 16, rounds)? / 1e3;
+            let raw_pull = raw.round_trip_us(s, w, s, args.keys * 8, args.keys * 12, rounds)? / 1e3;
             println!(
                 "| 1+{s}+{w} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {raw_pull:.1} | {:.2} | {:.2} | {misaligned} |",
                 (args.keys * 12) as f64 / (p / 1e3) / 1e9,
@@ -375,7 +392,7 @@ fn driver(args: &Args) -> Result<(), Error> {
                     rps.extend(field(line, "rps").and_then(|v| v.parse::<f64>().ok()));
                 }
                 let (p, q) = (median(&mut push), median(&mut pull));
-                let raw_us = raw.round_trip_us(w, n * 12, 16, iterations(n))?;
+                let raw_us = raw.round_trip_us(s, w, s.min(n), n * 12, 16, iterations(n))?;
                 let rps = median(&mut rps);
                 println!(
                     "| {n} | {p:.1} | {q:.1} | {:.3} | {raw_us:.1} | {:.2} | {} |",
@@ -418,35 +435,49 @@ fn driver(args: &Args) -> Result<(), Error> {
             println!(
                 "| {} | {:.1} |",
                 n * 12,
-                raw.round_trip_us(1, n * 12, 16, iterations(n))?
+                raw.round_trip_us(1, 1, 1, n * 12, 16, iterations(n))?
             );
         }
     }
     Ok(())
 }
 
-/// Raw ZeroMQ pairs, started on first use; `pairs` of them run at once.
+/// Raw ZeroMQ clusters of `servers` x `workers`, started on first use.
 #[derive(Default)]
 struct Raw {
-    pairs: Vec<RawZmq>,
+    clusters: Vec<((usize, usize), RawCluster)>,
 }
 
 impl Raw {
-    /// Median (over pairs, of each pair's median) round trip in µs.
+    /// Median (over workers, of each worker's median) round trip in µs of a
+    /// request of `size` bytes answered with `reply` bytes, split over
+    /// `servers` like a pslite request (each worker at once).
+    #[allow(clippy::too_many_arguments)]
     fn round_trip_us(
         &mut self,
-        pairs: usize,
+        servers: usize,
+        workers: usize,
+        fanout: usize,
         size: usize,
         reply: usize,
         iters: usize,
     ) -> Result<f64, Error> {
-        while self.pairs.len() < pairs {
-            self.pairs.push(RawZmq::start()?);
+        let key = (servers, workers);
+        if !self.clusters.iter().any(|(k, _)| *k == key) {
+            self.clusters
+                .push((key, RawCluster::start(servers, workers)?));
         }
+        let cluster = self
+            .clusters
+            .iter_mut()
+            .find(|(k, _)| *k == key)
+            .map(|(_, c)| c)
+            .ok_or_else(|| Error::Failed("raw cluster vanished".into()))?;
         let mut medians: Vec<f64> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self.pairs[..pairs]
+            let handles: Vec<_> = cluster
+                .clients
                 .iter_mut()
-                .map(|pair| scope.spawn(move || pair.round_trip_us(size, reply, iters)))
+                .map(|client| scope.spawn(move || client.round_trip_us(fanout, size, reply, iters)))
                 .collect();
             handles
                 .into_iter()
@@ -457,96 +488,140 @@ impl Raw {
     }
 }
 
-/// Raw ZeroMQ with ps-lite's topology: the client's DEALER sends a request
-/// of `size` bytes to the server's ROUTER; the server answers `reply` bytes
-/// through its own DEALER to the client's ROUTER. Frames are sent without
-/// copies, as pslite sends them.
-struct RawZmq {
+/// Raw ZeroMQ in ps-lite's topology, in this process: every node binds a
+/// ROUTER and sends through its own DEALER per peer (identities `ps<id>`);
+/// a client's request is split evenly over the servers, each answers with
+/// its share of the reply. Frames move as pslite moves them (no copies).
+struct RawCluster {
+    clients: Vec<RawClient>,
+    servers: Vec<std::thread::JoinHandle<()>>,
+    stop_endpoints: Vec<String>,
     ctx: zmq::Context,
-    client_out: zmq::Socket,
-    client_in: zmq::Socket,
-    server: Option<std::thread::JoinHandle<()>>,
-    stop_endpoint: String,
 }
 
-impl RawZmq {
-    fn start() -> Result<RawZmq, Error> {
-        let z = |e: zmq::Error| Error::Failed(format!("raw ZeroMQ: {e}"));
-        let ctx = zmq::Context::new();
-        let server_in = ctx.socket(zmq::ROUTER).map_err(z)?;
-        server_in.bind("tcp://127.0.0.1:*").map_err(z)?;
-        let server_ep = server_in
-            .get_last_endpoint()
-            .map_err(z)?
-            .unwrap_or_default();
-        let client_in = ctx.socket(zmq::ROUTER).map_err(z)?;
-        client_in.bind("tcp://127.0.0.1:*").map_err(z)?;
-        let client_ep = client_in
-            .get_last_endpoint()
-            .map_err(z)?
-            .unwrap_or_default();
-        let client_out = ctx.socket(zmq::DEALER).map_err(z)?;
-        client_out.set_identity(b"ps9").map_err(z)?;
-        client_out.connect(&server_ep).map_err(z)?;
-        let server_out = ctx.socket(zmq::DEALER).map_err(z)?;
-        server_out.set_identity(b"ps8").map_err(z)?;
-        server_out.connect(&client_ep).map_err(z)?;
-        let stop_endpoint = server_ep.clone();
-        let server = std::thread::spawn(move || {
-            let mut server_out = server_out;
-            let mut reply_size = 0usize;
-            let mut reply = Bytes::new();
-            loop {
-                // Received as pslite receives: frames stay in ZeroMQ's buffers.
-                let Ok(raw) = pslite_van::transport::recv_message(&server_in) else {
-                    return;
-                };
-                // [identity][meta][payload...]; the meta says the reply size.
-                let Some(meta) = raw.meta else { return };
-                if &meta[..] == b"stop" {
-                    return;
+struct RawClient {
+    to_servers: Vec<zmq::Socket>,
+    inbox: zmq::Socket,
+    _ctx: zmq::Context,
+}
+
+fn raw_err(e: zmq::Error) -> Error {
+    Error::Failed(format!("raw ZeroMQ: {e}"))
+}
+
+/// A ROUTER bound to a free loopback port, and its endpoint.
+fn raw_router(ctx: &zmq::Context) -> Result<(zmq::Socket, String), Error> {
+    let router = ctx.socket(zmq::ROUTER).map_err(raw_err)?;
+    router.bind("tcp://127.0.0.1:*").map_err(raw_err)?;
+    let endpoint = router
+        .get_last_endpoint()
+        .map_err(raw_err)?
+        .unwrap_or_default();
+    Ok((router, endpoint))
+}
+
+fn raw_dealer(ctx: &zmq::Context, identity: &str, endpoint: &str) -> Result<zmq::Socket, Error> {
+    let dealer = ctx.socket(zmq::DEALER).map_err(raw_err)?;
+    dealer.set_identity(identity.as_bytes()).map_err(raw_err)?;
+    dealer.connect(endpoint).map_err(raw_err)?;
+    Ok(dealer)
+}
+
+impl RawCluster {
+    fn start(servers: usize, workers: usize) -> Result<RawCluster, Error> {
+        // One context (one I/O thread) per node, as with separate processes.
+        let client_ctxs: Vec<zmq::Context> = (0..workers).map(|_| zmq::Context::new()).collect();
+        let mut client_inboxes = Vec::new();
+        for ctx in &client_ctxs {
+            client_inboxes.push(raw_router(ctx)?);
+        }
+        let mut server_threads = Vec::new();
+        let mut server_endpoints = Vec::new();
+        for s in 0..servers {
+            let ctx = zmq::Context::new();
+            let (inbox, endpoint) = raw_router(&ctx)?;
+            server_endpoints.push(endpoint);
+            let mut to_clients: Vec<zmq::Socket> = client_inboxes
+                .iter()
+                .map(|(_, ep)| raw_dealer(&ctx, &format!("ps{}", 8 + 2 * s), ep))
+                .collect::<Result<_, _>>()?;
+            server_threads.push(std::thread::spawn(move || {
+                let _ctx = ctx;
+                let mut reply = Bytes::new();
+                loop {
+                    // Received as pslite receives: frames stay in ZeroMQ's buffers.
+                    let Ok(raw) = pslite_van::transport::recv_message(&inbox) else {
+                        return;
+                    };
+                    let Some(meta) = raw.meta else { return };
+                    if &meta[..] == b"stop" {
+                        return;
+                    }
+                    // The meta holds the reply size; the sender is ps<9+2c>.
+                    let want = meta
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map(u64::from_le_bytes)
+                        .unwrap_or(0) as usize;
+                    if want != reply.len() {
+                        reply = Bytes::from(vec![0u8; want]);
+                    }
+                    let client = ((raw.sender - 9) / 2) as usize;
+                    if let Some(out) = to_clients.get_mut(client) {
+                        let _ = pslite_van::transport::send_message(
+                            out,
+                            b"reply",
+                            std::slice::from_ref(&reply),
+                        );
+                    }
                 }
-                let want = meta
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_le_bytes)
-                    .unwrap_or(0) as usize;
-                if want != reply_size {
-                    reply_size = want;
-                    reply = Bytes::from(vec![0u8; want]);
-                }
-                let _ = pslite_van::transport::send_message(
-                    &mut server_out,
-                    b"reply",
-                    &[reply.clone()],
-                );
-            }
-        });
-        Ok(RawZmq {
-            ctx,
-            client_out,
-            client_in,
-            server: Some(server),
-            stop_endpoint,
+            }));
+        }
+        let mut clients = Vec::new();
+        for (c, (ctx, (inbox, _))) in client_ctxs.into_iter().zip(client_inboxes).enumerate() {
+            let to_servers = server_endpoints
+                .iter()
+                .map(|ep| raw_dealer(&ctx, &format!("ps{}", 9 + 2 * c), ep))
+                .collect::<Result<_, _>>()?;
+            clients.push(RawClient {
+                to_servers,
+                inbox,
+                _ctx: ctx,
+            });
+        }
+        Ok(RawCluster {
+            clients,
+            servers: server_threads,
+            stop_endpoints: server_endpoints,
+            ctx: zmq::Context::new(),
         })
     }
+}
 
-    /// Median round trip (µs) of a `size`-byte request with a `reply`-byte answer.
-    fn round_trip_us(&mut self, size: usize, reply: usize, iters: usize) -> f64 {
-        let payload = Bytes::from(vec![1u8; size]);
-        let mut meta = (reply as u64).to_le_bytes().to_vec();
+impl RawClient {
+    /// Median round trip (µs): `size` bytes out, `reply` bytes back, split
+    /// evenly over the first `fanout` servers (those a pslite request of
+    /// that size reaches).
+    fn round_trip_us(&mut self, fanout: usize, size: usize, reply: usize, iters: usize) -> f64 {
+        let n = fanout.clamp(1, self.to_servers.len().max(1));
+        let payload = Bytes::from(vec![1u8; size.div_ceil(n)]);
+        let mut meta = (reply.div_ceil(n) as u64).to_le_bytes().to_vec();
         meta.extend_from_slice(&[0u8; 12]);
         let warmup = iters.min(20);
         let mut samples = Vec::with_capacity(iters);
         for i in 0..iters + warmup {
             let t = Instant::now();
-            let sent = pslite_van::transport::send_message(
-                &mut self.client_out,
-                &meta,
-                std::slice::from_ref(&payload),
-            );
-            if sent.is_err() || pslite_van::transport::recv_message(&self.client_in).is_err() {
-                return f64::NAN;
+            for out in &mut self.to_servers[..n] {
+                let sent =
+                    pslite_van::transport::send_message(out, &meta, std::slice::from_ref(&payload));
+                if sent.is_err() {
+                    return f64::NAN;
+                }
+            }
+            for _ in 0..n {
+                if pslite_van::transport::recv_message(&self.inbox).is_err() {
+                    return f64::NAN;
+                }
             }
             if i >= warmup {
                 samples.push(t.elapsed().as_secs_f64() * 1e6);
@@ -556,14 +631,17 @@ impl RawZmq {
     }
 }
 
-impl Drop for RawZmq {
+impl Drop for RawCluster {
     fn drop(&mut self) {
-        if let Ok(s) = self.ctx.socket(zmq::DEALER) {
-            if s.connect(&self.stop_endpoint).is_ok() {
-                let _ = s.send(&b"stop"[..], 0);
+        for endpoint in &self.stop_endpoints {
+            if let Ok(s) = self.ctx.socket(zmq::DEALER) {
+                let _ = s.set_linger(1000);
+                if s.connect(endpoint).is_ok() {
+                    let _ = s.send(&b"stop"[..], 0);
+                }
             }
         }
-        if let Some(t) = self.server.take() {
+        for t in self.servers.drain(..) {
             let _ = t.join();
         }
     }

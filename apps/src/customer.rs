@@ -29,9 +29,9 @@ pub trait Handler: Send + Sync + 'static {
     /// `failure`); runs before `wait(ts)` returns.
     fn on_complete(&self, ts: i32, failure: Option<String>);
 
-    /// Whether response `msg` may be handled on the receive thread, skipping
-    /// the customer's thread (for cheap work; it must not block or run user
-    /// code). Default: no.
+    /// Whether `msg` may be handled on the receive thread, skipping the
+    /// customer's thread: for cheap work that never blocks (responses a
+    /// worker only counts, or requests whose app asked for it). Default: no.
     fn handles_inline(&self, msg: &Message) -> bool {
         let _ = msg;
         false
@@ -129,8 +129,12 @@ impl Customer {
             let Some(handler) = inline_handler.upgrade() else {
                 return Some(msg);
             };
-            if msg.meta.request || !handler.handles_inline(&msg) {
+            if !handler.handles_inline(&msg) {
                 return Some(msg);
+            }
+            if msg.meta.request {
+                handler.on_request(msg);
+                return None;
             }
             let ts = msg.meta.timestamp;
             handler.on_response(msg);

@@ -512,7 +512,8 @@ impl<V: Val> Handler for Inner<V> {
     fn handles_inline(&self, msg: &Message) -> bool {
         // KV responses of requests without a callback: decoding and counting
         // them is cheap and runs no user code.
-        !msg.meta.simple_app
+        !msg.meta.request
+            && !msg.meta.simple_app
             && lock(&self.pending)
                 .get(&msg.meta.timestamp)
                 .is_some_and(|p| p.callback.is_none())

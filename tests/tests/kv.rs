@@ -406,3 +406,35 @@ fn simple_app_commands_on_kv_apps() {
     drop((w, w1, servers, plain));
     c.finalize();
 }
+
+#[test]
+fn an_inline_handle_runs_on_the_receive_thread() {
+    let c = LocalCluster::start(1, 1);
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+    let seen = Arc::clone(&threads);
+    let mut store = DefaultHandle::new();
+    server.set_request_handle_inline(move |meta, req, server| {
+        let name = std::thread::current()
+            .name()
+            .unwrap_or_default()
+            .to_string();
+        seen.lock().unwrap().push(name);
+        server.response(meta, store.apply(meta, &req)).unwrap();
+    });
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    w.wait_timeout(w.push(&[4, 5], &[1.0, 2.0], KVOptions::new()).unwrap(), T)
+        .unwrap();
+    let pulled = w
+        .take_pull_timeout(w.pull(&[4, 5], KVOptions::new()).unwrap(), T)
+        .unwrap();
+    assert_eq!(&pulled.vals[..], &[1.0, 2.0]);
+    let names = threads.lock().unwrap().clone();
+    assert_eq!(names.len(), 2);
+    assert!(
+        names.iter().all(|n| n.starts_with("pslite-van")),
+        "{names:?}"
+    );
+    drop((w, server));
+    c.finalize();
+}
