@@ -10,7 +10,7 @@
 
 use std::process::ExitCode;
 
-use pslite::{env_or, DefaultHandle, Error, KVServer, KVWorker, Postoffice};
+use pslite::{env_or, Error, KVWorker, Postoffice};
 
 #[path = "shared/kv_workload.rs"]
 mod kv_workload;
@@ -25,13 +25,7 @@ fn run() -> Result<(), Error> {
     let repeat = env_or("KV_APP_REPEAT", 50usize, "a whole number")?;
     let po = Postoffice::from_env()?;
     po.start(0, true)?;
-    let _server = if po.is_server() {
-        let server = KVServer::<f32>::new(&po, 0)?;
-        server.set_request_handle(DefaultHandle::new().into_handle());
-        Some(server)
-    } else {
-        None
-    };
+    let _server = kv_workload::serve_if_server(&po)?;
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
         let rank = po.my_rank()?;

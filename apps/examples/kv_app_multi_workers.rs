@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 
-use pslite::{env_or, DefaultHandle, Error, KVServer, KVWorker, Postoffice};
+use pslite::{env_or, Error, KVWorker, Postoffice};
 
 #[path = "shared/kv_workload.rs"]
 mod kv_workload;
@@ -26,13 +26,7 @@ fn run() -> Result<(), Error> {
     let po = Postoffice::from_env()?;
     if !po.is_worker() {
         po.start(0, true)?;
-        let _server = if po.is_server() {
-            let server = KVServer::<f32>::new(&po, 0)?;
-            server.set_request_handle(DefaultHandle::new().into_handle());
-            Some(server)
-        } else {
-            None
-        };
+        let _server = kv_workload::serve_if_server(&po)?;
         po.finalize(0, true)?;
         return Ok(());
     }

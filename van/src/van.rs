@@ -148,6 +148,9 @@ struct Shared {
     stopping: AtomicBool,
     scheduler: Option<Mutex<Scheduler>>,
     resender: Option<Mutex<Resender>>,
+    /// How often clock-driven work runs (heartbeats, resends, dead-node
+    /// checks); `None` when nothing is on a clock.
+    tick: Option<Duration>,
     dispatch: Arc<dyn Dispatch>,
     wake_endpoint: String,
     last_scheduler_contact: Mutex<Instant>,
@@ -238,6 +241,7 @@ impl Van {
             stopping: AtomicBool::new(false),
             scheduler,
             resender,
+            tick: (tick > 0).then(|| Duration::from_millis(tick as u64)),
             dispatch,
             wake_endpoint,
             last_scheduler_contact: Mutex::new(Instant::now()),
@@ -717,6 +721,7 @@ impl Shared {
     fn receive_loop(&self, router: zmq::Socket) {
         let mut held_back = Vec::new();
         let mut next_heartbeat = Instant::now();
+        let mut next_tick = Instant::now();
         loop {
             match transport::recv_message(&router) {
                 Ok(raw) => {
@@ -737,7 +742,15 @@ impl Shared {
             if self.stopping.load(Ordering::SeqCst) {
                 break;
             }
-            self.tick(&mut next_heartbeat);
+            // Clock-driven work runs once per tick period, not after every
+            // message (it takes locks and walks the resender's queues).
+            if let Some(period) = self.tick {
+                let now = Instant::now();
+                if now >= next_tick {
+                    next_tick = now + period;
+                    self.tick(&mut next_heartbeat);
+                }
+            }
         }
         debug!("receive loop stopped");
     }

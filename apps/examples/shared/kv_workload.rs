@@ -9,7 +9,18 @@
 //! workers never share a key and the sums are exact for any cluster size;
 //! values are small integers, which `f32` adds exactly.
 
-use pslite::{Error, KVOptions, KVWorker, Key};
+use pslite::{DefaultHandle, Error, KVOptions, KVServer, KVWorker, Key, Postoffice};
+
+/// On a server, the default sum store (app 0); elsewhere nothing. Keep the
+/// result alive until finalize.
+pub fn serve_if_server(po: &Postoffice) -> Result<Option<KVServer<f32>>, Error> {
+    if !po.is_server() {
+        return Ok(None);
+    }
+    let server = KVServer::<f32>::new(po, 0)?;
+    server.set_request_handle(DefaultHandle::new().into_handle());
+    Ok(Some(server))
+}
 
 /// Runs the workload as worker `index` with `num` keys.
 pub fn run(kv: &KVWorker<f32>, index: u64, num: usize, repeat: usize) -> Result<(), Error> {
