@@ -305,7 +305,7 @@ fn driver(args: &Args) -> Result<(), Error> {
                 .map_err(|e| Error::Failed(format!("cannot find this program: {e}")))?,
         )
         .args(std::env::args_os().skip(1))
-        .env("GLIBC_TUNABLES", pslite::launcher::MALLOC_TUNABLES)
+        .env("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
         .status()
         .map_err(|e| Error::Failed(format!("cannot re-run this program: {e}")))?;
         return if status.success() {

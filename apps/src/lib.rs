@@ -38,12 +38,10 @@
 //! (configuration, node life cycle, barriers, routing to customers).
 
 pub mod customer;
-pub mod demo;
 mod error;
 pub mod kv_pairs;
 pub mod kv_server;
 pub mod kv_worker;
-pub mod launcher;
 mod logging;
 pub mod sarray;
 pub mod simple_app;

@@ -8,7 +8,7 @@
 #
 # Builds nothing: it runs release binaries from $PSLITE_BIN_DIR (default
 # ${CARGO_TARGET_DIR:-<repo>/target}/release), built by
-#     cargo build --release -p pslite --bins --examples
+#     cargo build --release -p pslite -p pslite-cli --bins --examples
 # and creates (once) the MXNet venv with setup_venv.sh (PyPI: mxnet==1.9.1, numpy==1.23.5).
 #
 # Jobs (every node bounded by run_interop.py --timeout, every job by an outer timeout):
@@ -47,7 +47,7 @@ rworker="$bin/examples/mxnet_worker"
 rserver="$bin/examples/mxnet_server"
 for f in "$sched" "$rworker" "$rserver"; do
   if [ ! -x "$f" ]; then
-    echo "FAIL interop (missing $f: run 'cargo build --release -p pslite --bins --examples' or set PSLITE_BIN_DIR)"
+    echo "FAIL interop (missing $f: run 'cargo build --release -p pslite -p pslite-cli --bins --examples' or set PSLITE_BIN_DIR)"
     exit 2
   fi
 done

@@ -40,7 +40,16 @@ pub fn release_bins() -> &'static Path {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .current_dir(workspace())
-            .args(["build", "--release", "-p", "pslite", "--bins", "--examples"])
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "pslite",
+                "-p",
+                "pslite-cli",
+                "--bins",
+                "--examples",
+            ])
             .status()
             .expect("cannot run cargo build for the release binaries");
         assert!(status.success(), "cargo build --release failed");

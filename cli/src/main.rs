@@ -5,7 +5,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use pslite::launcher::{launch, LaunchOptions, Outcome};
+mod demo;
+mod launcher;
+
+use launcher::{launch, LaunchOptions, Outcome};
 use pslite::{Config, Postoffice, Role};
 
 #[derive(Parser)]
@@ -66,7 +69,7 @@ enum Commands {
     /// servers apply them with SGD or AdaGrad. Prints the test loss and
     /// accuracy after each epoch, then the final accuracy, the wall time and
     /// the bytes moved; exits 1 if the accuracy is below --threshold.
-    Demo(pslite::demo::DemoArgs),
+    Demo(demo::DemoArgs),
     /// Run a standalone scheduler configured from the environment
     /// (DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT),
     /// for a cluster of any ps-lite programs. DMLC_ROLE may be unset.
@@ -107,7 +110,7 @@ fn main() -> ExitCode {
             };
             run_launch(&opts)
         }
-        Commands::Demo(args) => pslite::demo::main(&args),
+        Commands::Demo(args) => demo::main(&args),
         Commands::Scheduler => pslite::exit_code(run_scheduler()),
     }
 }

@@ -53,9 +53,9 @@ use log::warn;
 use pslite_proto::Role;
 
 use crate::launcher::{launch, LaunchError, LaunchOptions, Outcome};
-use crate::{Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
 use data::{unique_keys, DataSpec, Sample};
 use model::{evaluate, gradient, Metrics, Optimizer, Store};
+use pslite::{Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
 
 /// Pushes a worker may have in flight before it waits for the oldest.
 const MAX_PUSHES_IN_FLIGHT: usize = 8;
@@ -226,11 +226,11 @@ impl DemoArgs {
 /// Runs `pslite demo`: the whole cluster, or with `--node` one node of it.
 pub fn main(args: &DemoArgs) -> ExitCode {
     if args.node {
-        return crate::exit_code(run_node(args));
+        return pslite::exit_code(run_node(args));
     }
     if let Err(e) = args.check() {
         eprintln!("pslite demo: {e}");
-        return ExitCode::from(crate::EXIT_CONFIG);
+        return ExitCode::from(pslite::EXIT_CONFIG);
     }
     match run_cluster(args) {
         Ok(code) => code,
@@ -654,7 +654,7 @@ fn train(
         })?;
         last = Some(m);
     }
-    po.barrier(0, crate::WORKER_GROUP)?;
+    po.barrier(0, pslite::WORKER_GROUP)?;
     for epoch in 1..=args.epochs {
         let started = Instant::now();
         let mut pushes = VecDeque::new();
@@ -674,7 +674,7 @@ fn train(
             kv.wait(ts)?;
         }
         // Every worker's pushes are applied: evaluate this epoch's model.
-        po.barrier(0, crate::WORKER_GROUP)?;
+        po.barrier(0, pslite::WORKER_GROUP)?;
         if let Some(test) = &test {
             let m = test.evaluate(&kv, &mut traffic)?;
             reporter.send(Report::Epoch {
@@ -685,7 +685,7 @@ fn train(
             })?;
             last = Some(m);
         }
-        po.barrier(0, crate::WORKER_GROUP)?;
+        po.barrier(0, pslite::WORKER_GROUP)?;
     }
     reporter.send(Report::Worker {
         rank,
@@ -836,7 +836,7 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         }
         Err(e) => {
             eprintln!("pslite demo: {e}");
-            return Ok(ExitCode::from(crate::EXIT_CONFIG));
+            return Ok(ExitCode::from(pslite::EXIT_CONFIG));
         }
     }
 
@@ -1098,7 +1098,7 @@ mod tests {
         let nodes: Vec<_> = roles
             .into_iter()
             .map(|role| {
-                let mut config = crate::Config::new(role, 2, 2, "127.0.0.1", i32::from(port));
+                let mut config = pslite::Config::new(role, 2, 2, "127.0.0.1", i32::from(port));
                 config.start_timeout = Duration::from_secs(60);
                 let po = Postoffice::new(config);
                 let args = args.clone();
