@@ -747,7 +747,7 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         timeout: Some(Duration::from_secs_f64(args.timeout)),
         program: program.into_os_string(),
         args: args.node_args(&addr.to_string()),
-        env: Vec::new(),
+        ..LaunchOptions::default()
     };
     print_header(args);
 
@@ -822,17 +822,11 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     };
     match result {
         Ok(Outcome::Success) => {}
-        Ok(Outcome::Failed { node, how, code }) => {
-            eprintln!("pslite demo: {node} failed with {how}; stopped the other nodes");
-            return Ok(ExitCode::from(code.clamp(1, 255) as u8));
-        }
-        Ok(Outcome::TimedOut { running }) => {
-            eprintln!(
-                "pslite demo: timed out after {} s (--timeout); stopped {}",
-                args.timeout,
-                running.join(", ")
-            );
-            return Ok(ExitCode::from(124));
+        Ok(outcome) => {
+            for line in outcome.lines() {
+                eprintln!("pslite demo: {line}");
+            }
+            return Ok(ExitCode::from(outcome.exit_code()));
         }
         Err(e) => {
             eprintln!("pslite demo: {e}");

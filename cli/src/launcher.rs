@@ -1,23 +1,34 @@
-//! `pslite launch`: runs a whole cluster of one program on this machine.
+//! `pslite launch`: runs a whole cluster of ps-lite programs on this machine.
 //!
-//! It starts one scheduler, the servers and the workers of `PROGRAM`, each a
-//! process with the `DMLC_*` variables ps-lite programs read, prefixes every
-//! line they print with the node's name, and succeeds only if every node
-//! exits 0. When one fails, or the time limit passes, it stops the others
-//! and says which node failed and how.
+//! It starts one scheduler, the servers and the workers (by default all the
+//! same `PROGRAM`; each role may have its own), each a process with the
+//! `DMLC_*` variables ps-lite programs read, prefixes every line they print
+//! with the node's name, and succeeds only if every node exits 0. What to do
+//! when a node ends, a signal arrives or a time limit passes is decided by
+//! the [`Supervisor`](crate::supervisor::Supervisor); this module only starts
+//! processes, forwards their output and carries out its decisions.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{unbounded, RecvTimeoutError};
+use crossbeam_channel::{select, unbounded, Receiver, Sender};
 use pslite_proto::Role;
 
+pub use crate::supervisor::{Ended, Outcome};
+use crate::supervisor::{Action, Policy, Supervisor};
+
 /// How long stopped nodes get between SIGTERM and SIGKILL.
-const GRACE: Duration = Duration::from_secs(3);
+const KILL_GRACE: Duration = Duration::from_secs(3);
+
+/// After a node fails, how long to wait for the scheduler to end on its own
+/// (and say why) before stopping the others.
+const SETTLE: Duration = Duration::from_secs(2);
 
 /// glibc tuning given to nodes unless `GLIBC_TUNABLES` is set: back large
 /// `malloc`s (ZeroMQ's receive buffers for big frames) with transparent huge
@@ -42,33 +53,49 @@ pub struct LaunchOptions {
     pub port: Option<u16>,
     /// Stop everything after this long.
     pub timeout: Option<Duration>,
-    /// The program every node runs.
+    /// The program every node runs, unless its role has its own.
     pub program: OsString,
     /// Its arguments.
     pub args: Vec<OsString>,
+    /// The scheduler's own program and arguments, instead of `program`.
+    pub scheduler_program: Option<Vec<OsString>>,
+    /// The servers' own program and arguments, instead of `program`.
+    pub server_program: Option<Vec<OsString>>,
+    /// The workers' own program and arguments, instead of `program`.
+    pub worker_program: Option<Vec<OsString>>,
     /// Extra environment variables for every node.
     pub env: Vec<(String, String)>,
+    /// After a node exits 0, how long the others may keep running before
+    /// the job is stopped as a failure.
+    pub exit_grace: Duration,
+    /// Restart failed nodes of this role (same program, same environment).
+    pub restart_role: Option<Role>,
+    /// At most this many restarts in all.
+    pub max_restarts: u32,
 }
 
-/// How a launch ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Every node exited 0.
-    Success,
-    /// A node failed first; the others were stopped.
-    Failed {
-        /// Its name (`worker 1`).
-        node: String,
-        /// How it ended (`exit code 3`, `killed by signal 9`).
-        how: String,
-        /// The launcher's exit code: the node's, or 128 + its signal.
-        code: i32,
-    },
-    /// The time limit passed; these nodes were still running.
-    TimedOut {
-        /// The nodes stopped at the deadline.
-        running: Vec<String>,
-    },
+impl Default for LaunchOptions {
+    /// 1 server, 1 worker on 127.0.0.1, no program yet, no time limit,
+    /// 30 s of exit grace, no restarts.
+    fn default() -> Self {
+        LaunchOptions {
+            servers: 1,
+            workers: 1,
+            worker_procs: None,
+            host: "127.0.0.1".into(),
+            port: None,
+            timeout: None,
+            program: OsString::new(),
+            args: Vec::new(),
+            scheduler_program: None,
+            server_program: None,
+            worker_program: None,
+            env: Vec::new(),
+            exit_grace: Duration::from_secs(30),
+            restart_role: None,
+            max_restarts: 3,
+        }
+    }
 }
 
 /// Why the cluster could not be started at all.
@@ -77,6 +104,10 @@ pub enum LaunchError {
     /// The options do not describe a cluster.
     #[error("{0}")]
     Invalid(String),
+    /// The environment the nodes would get is not a valid ps-lite
+    /// configuration (checked once here rather than failing every node).
+    #[error("{0}")]
+    Config(#[from] pslite::ConfigError),
     /// A process could not be started.
     #[error("cannot start {program:?} for the {node}: {source}")]
     Spawn {
@@ -97,30 +128,30 @@ pub enum LaunchError {
     },
 }
 
-struct NodeProcess {
-    name: String,
-    pid: u32,
-    running: bool,
-}
-
 /// A free TCP port on `host` (bound and released; the scheduler takes it
 /// right after).
 pub fn free_port(host: &str) -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
 }
 
-fn describe(status: ExitStatus) -> (String, i32) {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => (format!("exit code {code}"), code),
-        (None, Some(sig)) => (format!("killed by signal {sig}"), 128 + sig),
-        _ => ("an unknown status".into(), 1),
+fn ended(status: std::io::Result<ExitStatus>) -> Ended {
+    match status {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => Ended::Code(code),
+            (None, Some(sig)) => Ended::Signal(sig),
+            _ => Ended::Unknown(format!("{status:?}")),
+        },
+        Err(e) => Ended::Unknown(e.to_string()),
     }
 }
 
+/// Forwards `reader`'s lines with `prefix`; keeps the last non-blank one in
+/// `last` (when given).
 fn forward(
     reader: impl Read + Send + 'static,
     prefix: String,
     to_stderr: bool,
+    last: Option<Arc<Mutex<Option<String>>>>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("output {prefix}"))
@@ -139,21 +170,181 @@ fn forward(
                         } else {
                             let _ = writeln!(std::io::stdout().lock(), "{prefix} {text}");
                         }
+                        if let Some(last) = &last {
+                            if !text.trim().is_empty() {
+                                if let Ok(mut last) = last.lock() {
+                                    *last = Some(text.to_string());
+                                }
+                            }
+                        }
                     }
                 }
             }
         })
 }
 
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) on a pid we spawned and have not yet seen exit.
+/// Sends `sig` to the process group of node process `pid` (each node leads
+/// its own group, so a node's children are stopped with it).
+fn signal_group(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a process group we created and have not reaped.
     unsafe {
-        libc::kill(pid as libc::pid_t, sig);
+        libc::kill(-(pid as libc::pid_t), sig);
     }
 }
 
-/// Runs the cluster to completion.
-pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
+// Signals to the launcher reach the launch loop through a pipe: the handler
+// only write(2)s the signal number, a thread turns it into a channel message.
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+const STOP_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let byte = sig as u8;
+        // SAFETY: write(2) is async-signal-safe; one byte from the stack.
+        unsafe {
+            libc::write(fd, (&byte as *const u8).cast(), 1);
+        }
+    }
+}
+
+/// The signals the launcher receives (SIGINT, SIGTERM, SIGHUP) while a
+/// [`SignalGuard`] is held.
+fn stop_signals() -> &'static Receiver<i32> {
+    static SIGNALS: OnceLock<Receiver<i32>> = OnceLock::new();
+    SIGNALS.get_or_init(|| {
+        let (tx, rx) = unbounded();
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors we then own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
+            SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+            let read_fd = fds[0];
+            let _ = std::thread::Builder::new()
+                .name("launcher signals".into())
+                .spawn(move || loop {
+                    let mut byte = 0u8;
+                    // SAFETY: read(2) into one byte on the stack.
+                    let n = unsafe { libc::read(read_fd, (&mut byte as *mut u8).cast(), 1) };
+                    if n == 1 {
+                        if tx.send(i32::from(byte)).is_err() {
+                            break;
+                        }
+                    } else if n == 0
+                        || std::io::Error::last_os_error().kind()
+                            != std::io::ErrorKind::Interrupted
+                    {
+                        break;
+                    }
+                });
+        }
+        rx
+    })
+}
+
+/// Catches the stop signals for the launch loop; default handling returns
+/// when it is dropped.
+struct SignalGuard;
+
+impl SignalGuard {
+    fn install() -> SignalGuard {
+        let signals = stop_signals();
+        while signals.try_recv().is_ok() {}
+        for sig in STOP_SIGNALS {
+            set_handler(sig, on_stop_signal as usize);
+        }
+        SignalGuard
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        for sig in STOP_SIGNALS {
+            set_handler(sig, libc::SIG_DFL);
+        }
+    }
+}
+
+fn set_handler(sig: i32, handler: libc::sighandler_t) {
+    // SAFETY: a zeroed sigaction with a handler that only calls write(2).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(sig, &action, std::ptr::null_mut());
+    }
+}
+
+/// One node to run.
+struct NodeSpec {
+    name: String,
+    role: Role,
+    program: OsString,
+    args: Vec<OsString>,
+    env: Vec<(String, String)>,
+}
+
+/// The running cluster: processes, output forwarders, exits.
+struct Cluster {
+    nodes: Vec<NodeSpec>,
+    pids: Vec<u32>,
+    outputs: Vec<JoinHandle<()>>,
+    last_stderr: Vec<Arc<Mutex<Option<String>>>>,
+    exits: Sender<(usize, Ended)>,
+}
+
+impl Cluster {
+    /// Starts node `index` and a thread that reports its exit.
+    fn spawn(&mut self, index: usize) -> Result<(), LaunchError> {
+        let node = &self.nodes[index];
+        let mut cmd = Command::new(&node.program);
+        cmd.args(&node.args)
+            .envs(node.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group: Ctrl-C reaches the launcher, which stops the
+            // nodes and says why, rather than every node dying at once.
+            .process_group(0);
+        // SAFETY: prctl only sets a flag of the child; async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Die with the launcher rather than outlive it.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+            program: node.program.clone(),
+            node: node.name.clone(),
+            source,
+        })?;
+        let prefix = format!("[{}]", node.name);
+        if let Some(out) = child.stdout.take() {
+            self.outputs
+                .extend(forward(out, prefix.clone(), false, None).ok());
+        }
+        if let Some(err) = child.stderr.take() {
+            let last = self.last_stderr[index].clone();
+            self.outputs
+                .extend(forward(err, prefix, true, Some(last)).ok());
+        }
+        self.pids[index] = child.id();
+        let exits = self.exits.clone();
+        std::thread::spawn(move || {
+            let _ = exits.send((index, ended(child.wait())));
+        });
+        Ok(())
+    }
+
+    fn last_stderr(&self, role: Role) -> Option<String> {
+        let index = self.nodes.iter().position(|n| n.role == role)?;
+        self.last_stderr[index].lock().ok()?.clone()
+    }
+}
+
+/// Which nodes to start, with their programs and environments.
+fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
     if opts.servers == 0 || opts.workers == 0 {
         return Err(LaunchError::Invalid(
             "--servers and --workers must be at least 1".into(),
@@ -166,6 +357,97 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             opts.workers
         )));
     }
+    // The launcher sets DMLC_NODE_HOST, which a node prefers to
+    // DMLC_INTERFACE: refuse rather than silently override.
+    if let Some(interface) = std::env::var_os("DMLC_INTERFACE").filter(|v| !v.is_empty()) {
+        return Err(LaunchError::Invalid(format!(
+            "DMLC_INTERFACE is set ({}), but pslite launch gives every node DMLC_NODE_HOST={} \
+             (--host), which takes precedence: unset DMLC_INTERFACE, or pass that \
+             interface's address as --host",
+            interface.to_string_lossy(),
+            opts.host
+        )));
+    }
+    if let Ok(node_host) = std::env::var("DMLC_NODE_HOST") {
+        if !node_host.is_empty() && node_host != opts.host {
+            return Err(LaunchError::Invalid(format!(
+                "DMLC_NODE_HOST is set ({node_host}), but pslite launch gives every node \
+                 DMLC_NODE_HOST={} (--host): unset it, or pass --host {node_host}",
+                opts.host
+            )));
+        }
+    }
+    // Nodes can measure their start-up from this instant.
+    let launched_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let common = |role: Role| {
+        let mut env = vec![
+            ("DMLC_ROLE".to_string(), role.as_str().to_string()),
+            ("DMLC_NUM_SERVER".into(), opts.servers.to_string()),
+            ("DMLC_NUM_WORKER".into(), opts.workers.to_string()),
+            ("DMLC_PS_ROOT_URI".into(), opts.host.clone()),
+            ("DMLC_PS_ROOT_PORT".into(), port.to_string()),
+            ("DMLC_NODE_HOST".into(), opts.host.clone()),
+            ("PSLITE_LAUNCH_UNIX_NS".into(), launched_ns.to_string()),
+        ];
+        env.extend(opts.env.iter().cloned());
+        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+            env.push(("GLIBC_TUNABLES".into(), MALLOC_TUNABLES.into()));
+        }
+        if role == Role::Worker && opts.worker_procs.is_some() {
+            env.push((
+                "PSLITE_WORKERS_PER_PROCESS".into(),
+                (opts.workers / worker_procs).to_string(),
+            ));
+        }
+        env
+    };
+    // Check once what every node would check, so a bad value is one line,
+    // not one per node.
+    let env = common(Role::Worker);
+    pslite::Config::from_lookup(|name| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    })?;
+    let command = |own: &Option<Vec<OsString>>| match own.as_deref() {
+        Some([program, args @ ..]) => (program.clone(), args.to_vec()),
+        _ => (opts.program.clone(), opts.args.clone()),
+    };
+    let mut nodes = Vec::new();
+    let mut add = |name: String, role: Role, own: &Option<Vec<OsString>>| {
+        let (program, args) = command(own);
+        if program.is_empty() {
+            return Err(LaunchError::Invalid(format!(
+                "no program for the {name}: give PROGRAM after --, or --{}-program",
+                role.as_str()
+            )));
+        }
+        nodes.push(NodeSpec {
+            name,
+            role,
+            program,
+            args,
+            env: common(role),
+        });
+        Ok(())
+    };
+    add("scheduler".into(), Role::Scheduler, &opts.scheduler_program)?;
+    for i in 0..opts.servers {
+        add(format!("server {i}"), Role::Server, &opts.server_program)?;
+    }
+    for i in 0..worker_procs {
+        add(format!("worker {i}"), Role::Worker, &opts.worker_program)?;
+    }
+    Ok(nodes)
+}
+
+/// Runs the cluster to completion.
+pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
     let port = match opts.port {
         Some(p) => p,
         None => free_port(&opts.host).map_err(|source| LaunchError::Port {
@@ -173,142 +455,100 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             source,
         })?,
     };
-    let mut nodes = vec![("scheduler".to_string(), Role::Scheduler)];
-    nodes.extend((0..opts.servers).map(|i| (format!("server {i}"), Role::Server)));
-    nodes.extend((0..worker_procs).map(|i| (format!("worker {i}"), Role::Worker)));
-
-    // Nodes can measure their start-up from this instant.
-    let launched_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let (tx, rx) = unbounded::<(usize, std::io::Result<ExitStatus>)>();
-    let mut procs: Vec<NodeProcess> = Vec::new();
-    let mut outputs = Vec::new();
-    let started = Instant::now();
-    for (index, (name, role)) in nodes.into_iter().enumerate() {
-        let mut cmd = Command::new(&opts.program);
-        cmd.args(&opts.args)
-            .env("DMLC_ROLE", role.as_str())
-            .env("DMLC_NUM_SERVER", opts.servers.to_string())
-            .env("DMLC_NUM_WORKER", opts.workers.to_string())
-            .env("DMLC_PS_ROOT_URI", &opts.host)
-            .env("DMLC_PS_ROOT_PORT", port.to_string())
-            .env("DMLC_NODE_HOST", &opts.host)
-            .env("PSLITE_LAUNCH_UNIX_NS", launched_ns.to_string())
-            .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if std::env::var_os("GLIBC_TUNABLES").is_none() {
-            cmd.env("GLIBC_TUNABLES", MALLOC_TUNABLES);
-        }
-        if role == Role::Worker && opts.worker_procs.is_some() {
-            cmd.env(
-                "PSLITE_WORKERS_PER_PROCESS",
-                (opts.workers / worker_procs).to_string(),
-            );
-        }
-        // SAFETY: prctl only sets a flag of the child; async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Die with the launcher rather than outlive it.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-        let spawned = cmd.spawn();
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(source) => {
-                for p in &procs {
-                    signal(p.pid, libc::SIGKILL);
-                }
-                return Err(LaunchError::Spawn {
-                    program: opts.program.clone(),
-                    node: name,
-                    source,
-                });
+    let nodes = plan(opts, port)?;
+    let count = nodes.len();
+    let (exits, exited) = unbounded();
+    let mut cluster = Cluster {
+        pids: vec![0; count],
+        last_stderr: (0..count).map(|_| Arc::default()).collect(),
+        outputs: Vec::new(),
+        exits,
+        nodes,
+    };
+    let _signals = SignalGuard::install();
+    let signals = stop_signals();
+    for index in 0..count {
+        if let Err(e) = cluster.spawn(index) {
+            for &pid in &cluster.pids[..index] {
+                signal_group(pid, libc::SIGKILL);
             }
-        };
-        let prefix = format!("[{name}]");
-        if let Some(out) = child.stdout.take() {
-            outputs.extend(forward(out, prefix.clone(), false).ok());
-        }
-        if let Some(err) = child.stderr.take() {
-            outputs.extend(forward(err, prefix, true).ok());
-        }
-        procs.push(NodeProcess {
-            name,
-            pid: child.id(),
-            running: true,
-        });
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((index, child.wait()));
-        });
-    }
-    drop(tx);
-
-    let mut outcome = None;
-    let mut kill_at: Option<Instant> = None;
-    let mut left = procs.len();
-    while left > 0 {
-        let deadline = match (kill_at, opts.timeout) {
-            (Some(k), _) => Some(k),
-            (None, Some(t)) => Some(started + t),
-            (None, None) => None,
-        };
-        let event = match deadline {
-            Some(d) => rx.recv_deadline(d),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match event {
-            Ok((index, status)) => {
-                left -= 1;
-                procs[index].running = false;
-                let failed = match status {
-                    Ok(status) if status.success() => None,
-                    Ok(status) => Some(describe(status)),
-                    Err(e) => Some((format!("an unknown status ({e})"), 1)),
-                };
-                if let (Some((how, code)), None) = (failed, &outcome) {
-                    outcome = Some(Outcome::Failed {
-                        node: procs[index].name.clone(),
-                        how,
-                        code,
-                    });
-                    stop_all(&procs, libc::SIGTERM);
-                    kill_at = Some(Instant::now() + GRACE);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                if kill_at.is_some() {
-                    stop_all(&procs, libc::SIGKILL);
-                    kill_at = Some(Instant::now() + Duration::from_secs(3600));
-                } else {
-                    outcome = Some(Outcome::TimedOut {
-                        running: procs
-                            .iter()
-                            .filter(|p| p.running)
-                            .map(|p| p.name.clone())
-                            .collect(),
-                    });
-                    stop_all(&procs, libc::SIGTERM);
-                    kill_at = Some(Instant::now() + GRACE);
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
+            return Err(e);
         }
     }
-    for out in outputs {
+    let mut supervisor = Supervisor::new(
+        Policy {
+            timeout: opts.timeout,
+            exit_grace: opts.exit_grace,
+            settle: SETTLE,
+            kill_grace: KILL_GRACE,
+            restart_role: opts.restart_role,
+            max_restarts: opts.max_restarts,
+        },
+        cluster
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.role))
+            .collect(),
+        Instant::now(),
+    );
+    let mut outcome = loop {
+        if let Some(outcome) = supervisor.outcome() {
+            break outcome;
+        }
+        let timer = supervisor
+            .deadline()
+            .map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+        let mut actions = select! {
+            recv(exited) -> exit => match exit {
+                Ok((index, ended)) => supervisor.on_exit(index, ended, Instant::now()),
+                Err(_) => Vec::new(),
+            },
+            recv(signals) -> sig => match sig {
+                Ok(sig) => supervisor.on_signal(sig, Instant::now()),
+                Err(_) => Vec::new(),
+            },
+            recv(timer) -> _ => supervisor.on_tick(Instant::now()),
+        };
+        while !actions.is_empty() {
+            let mut more = Vec::new();
+            for action in actions {
+                match action {
+                    Action::Say(line) => eprintln!("pslite launch: {line}"),
+                    Action::Signal { nodes, signal } => {
+                        for index in nodes {
+                            signal_group(cluster.pids[index], signal);
+                        }
+                    }
+                    Action::Restart(index) => {
+                        if let Err(e) = cluster.spawn(index) {
+                            eprintln!("pslite launch: {e}");
+                            more.extend(supervisor.on_exit(
+                                index,
+                                Ended::Unknown(e.to_string()),
+                                Instant::now(),
+                            ));
+                        }
+                    }
+                }
+            }
+            actions = more;
+        }
+    };
+    for out in cluster.outputs.drain(..) {
         let _ = out.join();
     }
-    Ok(outcome.unwrap_or(Outcome::Success))
-}
-
-fn stop_all(procs: &[NodeProcess], sig: i32) {
-    for p in procs.iter().filter(|p| p.running) {
-        signal(p.pid, sig);
+    if let Outcome::Failed {
+        node,
+        others,
+        scheduler_said,
+        ..
+    } = &mut outcome
+    {
+        let scheduler_failed =
+            node == "scheduler" || others.iter().any(|(name, _)| name == "scheduler");
+        if scheduler_failed {
+            *scheduler_said = cluster.last_stderr(Role::Scheduler);
+        }
     }
+    Ok(outcome)
 }

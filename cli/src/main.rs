@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 mod demo;
 mod launcher;
+mod supervisor;
 
 use launcher::{launch, LaunchOptions, Outcome};
 use pslite::{Config, Postoffice, Role};
@@ -31,10 +32,18 @@ enum Commands {
     /// PSLITE_LAUNCH_UNIX_NS, the launch time in ns since 1970) and, unless
     /// GLIBC_TUNABLES is set, GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (huge
     /// pages for large buffers: big pushes and pulls run faster); other variables
-    /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through. Output lines are prefixed
-    /// with the node ([scheduler], [server 0], [worker 1]; numbered in launch
-    /// order, not by rank). Exits 0 only if every node exits 0; otherwise stops
-    /// the others and exits with the failed node's code (124 on timeout).
+    /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through, checked once before any node
+    /// starts. DMLC_INTERFACE is refused (use --host). Output lines are prefixed
+    /// with the node (\[scheduler\], \[server 0\], \[worker 1\]; numbered in
+    /// launch order, not by rank).
+    ///
+    /// Exits 0 only if every node exits 0. When a node fails, the launcher
+    /// waits up to 2 s for the scheduler to end on its own (its error says who
+    /// never registered, and is printed last), stops the others and exits with
+    /// the failed node's code (128 + signal if killed). A node that exits 0
+    /// while others keep running is named after 1 s and fails the job after
+    /// --exit-grace. Exits 124 on --timeout and 128 + signal on SIGINT, SIGTERM
+    /// or SIGHUP (saying so; a second one kills the nodes at once).
     Launch {
         /// Number of servers.
         #[arg(long, short = 's', default_value_t = 1)]
@@ -56,8 +65,31 @@ enum Commands {
         /// Stop every node after this many seconds.
         #[arg(long)]
         timeout: Option<f64>,
-        /// The program and its arguments.
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        /// After a node exits 0, stop the job as failed if the others still
+        /// run this many seconds later (a server that forgot to finalize).
+        #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+        exit_grace: f64,
+        /// Restart a failed node of this role with the same program and
+        /// environment (e.g. server, with PS_HEARTBEAT_* and PS_RESEND=1 so
+        /// the replacement takes over the dead node's id: kv_recovery).
+        #[arg(long, value_name = "ROLE")]
+        restart_on_failure: Option<RestartRole>,
+        /// At most this many restarts in all (--restart-on-failure).
+        #[arg(long, default_value_t = 3, value_name = "N")]
+        max_restarts: u32,
+        /// The scheduler's program instead of PROGRAM; `pslite` runs this
+        /// binary's `pslite scheduler` (e.g. for mxnet_server and mxnet_worker).
+        #[arg(long, value_name = "PROGRAM")]
+        scheduler_program: Option<OsString>,
+        /// The servers' program instead of PROGRAM (no arguments).
+        #[arg(long, value_name = "PROGRAM")]
+        server_program: Option<OsString>,
+        /// The workers' program instead of PROGRAM (no arguments).
+        #[arg(long, value_name = "PROGRAM")]
+        worker_program: Option<OsString>,
+        /// The program every node runs (unless its role has its own) and its
+        /// arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<OsString>,
     },
     /// Train a sparse logistic-regression model on a local cluster of this
@@ -87,6 +119,12 @@ fn main() -> ExitCode {
             host,
             port,
             timeout,
+            exit_grace,
+            restart_on_failure,
+            max_restarts,
+            scheduler_program,
+            server_program,
+            worker_program,
             program,
         } => {
             let timeout = match timeout {
@@ -95,6 +133,20 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
                 t => t.map(Duration::from_secs_f64),
+            };
+            if !(exit_grace >= 0.0 && exit_grace.is_finite()) {
+                eprintln!("pslite launch: --exit-grace must be a number of seconds, 0 or more");
+                return ExitCode::from(2);
+            }
+            let scheduler_program = match scheduler_program {
+                Some(p) if p == "pslite" => match std::env::current_exe() {
+                    Ok(me) => Some(vec![me.into_os_string(), "scheduler".into()]),
+                    Err(e) => {
+                        eprintln!("pslite launch: cannot find this program to run `pslite scheduler`: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                p => p.map(|p| vec![p]),
             };
             let mut program = program.into_iter();
             let opts = LaunchOptions {
@@ -106,7 +158,16 @@ fn main() -> ExitCode {
                 timeout,
                 program: program.next().unwrap_or_default(),
                 args: program.collect(),
-                env: Vec::new(),
+                scheduler_program,
+                server_program: server_program.map(|p| vec![p]),
+                worker_program: worker_program.map(|p| vec![p]),
+                exit_grace: Duration::from_secs_f64(exit_grace),
+                restart_role: restart_on_failure.map(|r| match r {
+                    RestartRole::Server => Role::Server,
+                    RestartRole::Worker => Role::Worker,
+                }),
+                max_restarts,
+                ..LaunchOptions::default()
             };
             run_launch(&opts)
         }
@@ -115,20 +176,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Which nodes `--restart-on-failure` restarts.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum RestartRole {
+    /// Servers.
+    Server,
+    /// Workers.
+    Worker,
+}
+
 fn run_launch(opts: &LaunchOptions) -> ExitCode {
     match launch(opts) {
         Ok(Outcome::Success) => ExitCode::SUCCESS,
-        Ok(Outcome::Failed { node, how, code }) => {
-            eprintln!("pslite launch: {node} failed with {how}; stopped the other nodes");
-            ExitCode::from(code.clamp(1, 255) as u8)
-        }
-        Ok(Outcome::TimedOut { running }) => {
-            eprintln!(
-                "pslite launch: timed out after {:.0} s; stopped {}",
-                opts.timeout.unwrap_or_default().as_secs_f64(),
-                running.join(", ")
-            );
-            ExitCode::from(124)
+        Ok(outcome) => {
+            for line in outcome.lines() {
+                eprintln!("pslite launch: {line}");
+            }
+            ExitCode::from(outcome.exit_code())
         }
         Err(e) => {
             eprintln!("pslite launch: {e}");

@@ -1,0 +1,836 @@
+//! What `pslite launch` decides while a cluster runs, without processes.
+//!
+//! [`Supervisor`] is a state machine in the style of the scheduler and the
+//! resender: the launcher feeds it what happened (a node ended, a signal
+//! arrived, a deadline passed) with the time, and carries out the
+//! [`Action`]s it returns (signal nodes, restart one, print a line). The
+//! rules:
+//!
+//! - A node that fails (non-zero exit or a signal) fails the job. Its role
+//!   may be restarted instead (`--restart-on-failure`), a bounded number of
+//!   times. Before stopping the others, the supervisor waits a moment
+//!   ([`Policy::settle`]) for the scheduler to end on its own: when a cluster
+//!   does not form, every node fails at about the same time, and the
+//!   scheduler's reason (who never registered) is the one worth reading.
+//! - A node that exits 0 while others keep running (a server that forgot to
+//!   finalize) is named after a second, and the job is stopped with a
+//!   failure if the others still run after [`Policy::exit_grace`].
+//! - `--timeout` stops every node still running; so does SIGINT, SIGTERM or
+//!   SIGHUP to the launcher (a second one kills at once).
+//! - Stopping is SIGTERM, then SIGKILL after [`Policy::kill_grace`].
+
+use std::time::{Duration, Instant};
+
+use pslite_proto::Role;
+
+/// How a node process ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+    /// Its status could not be read (the reason).
+    Unknown(String),
+}
+
+impl Ended {
+    /// Whether it exited 0.
+    pub fn success(&self) -> bool {
+        *self == Ended::Code(0)
+    }
+
+    /// What happened, to follow a node's name: `failed with exit code 3`,
+    /// `was killed by signal 11 (SIGSEGV)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Ended::Code(0) => "exited 0".into(),
+            Ended::Code(code) => format!("failed with exit code {code}"),
+            Ended::Signal(sig) => format!("was killed by signal {sig} ({})", signal_name(*sig)),
+            Ended::Unknown(why) => format!("ended with an unknown status ({why})"),
+        }
+    }
+
+    /// The launcher's exit code for it: the node's code, or 128 + the signal.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Ended::Code(code) => *code,
+            Ended::Signal(sig) => 128 + sig,
+            Ended::Unknown(_) => 1,
+        }
+    }
+}
+
+/// The usual name of signal `sig` (`SIGSEGV`), or `unknown signal`.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGSYS => "SIGSYS",
+        _ => "unknown signal",
+    }
+}
+
+/// How a launch ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every node exited 0.
+    Success,
+    /// A node failed; the others were stopped.
+    Failed {
+        /// Its name (`worker 1`).
+        node: String,
+        /// How it ended.
+        ended: Ended,
+        /// Other nodes that failed on their own before being stopped,
+        /// with how they ended.
+        others: Vec<(String, Ended)>,
+        /// The nodes stopped because of it.
+        stopped: Vec<String>,
+        /// The scheduler's last line on stderr, when it failed too: when a
+        /// cluster does not form, its reason names who never registered.
+        /// Filled in by the launcher, which sees the output.
+        scheduler_said: Option<String>,
+    },
+    /// The time limit passed.
+    TimedOut {
+        /// The limit.
+        limit: Duration,
+        /// Every node still running then (all stopped).
+        running: Vec<String>,
+    },
+    /// A node exited 0 but the others kept running past the grace period.
+    Stranded {
+        /// The node that exited first.
+        node: String,
+        /// The grace period.
+        grace: Duration,
+        /// The nodes still running then (all stopped).
+        running: Vec<String>,
+    },
+    /// The launcher got a signal.
+    Interrupted {
+        /// The signal.
+        signal: i32,
+        /// The nodes running then (all stopped).
+        running: Vec<String>,
+    },
+}
+
+impl Outcome {
+    /// The launcher's exit code: 0, the failed node's, 124 on a timeout,
+    /// 1 for a stranded job, 128 + the signal when interrupted.
+    pub fn exit_code(&self) -> u8 {
+        let code = match self {
+            Outcome::Success => 0,
+            Outcome::Failed { ended, .. } => ended.exit_code().clamp(1, 255),
+            Outcome::TimedOut { .. } => 124,
+            Outcome::Stranded { .. } => 1,
+            Outcome::Interrupted { signal, .. } => 128 + signal,
+        };
+        code.clamp(0, 255) as u8
+    }
+
+    /// What to tell the user, the best diagnosis last: the summary, then
+    /// what the scheduler said when it failed.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = vec![self.summary()];
+        if let Outcome::Failed {
+            scheduler_said: Some(said),
+            ..
+        } = self
+        {
+            lines.push(format!("the scheduler said: {said}"));
+        }
+        lines
+    }
+
+    /// One line saying how the job ended and what was stopped.
+    pub fn summary(&self) -> String {
+        match self {
+            Outcome::Success => "every node exited 0".into(),
+            Outcome::Failed {
+                node,
+                ended,
+                others,
+                stopped,
+                ..
+            } => {
+                let mut line = format!("{node} {}", ended.describe());
+                for (other, how) in others {
+                    line += &format!("; {other} {}", how.describe());
+                }
+                line + &stopped_list(stopped)
+            }
+            Outcome::TimedOut { limit, running } => format!(
+                "timed out after {} s (--timeout){}",
+                seconds(*limit),
+                stopped_list(running)
+            ),
+            Outcome::Stranded {
+                node,
+                grace,
+                running,
+            } => format!(
+                "{node} exited 0 but {} kept running for {} s (--exit-grace){}",
+                count(running.len()),
+                seconds(*grace),
+                stopped_list(running)
+            ),
+            Outcome::Interrupted { signal, running } => format!(
+                "received {}{}",
+                signal_name(*signal),
+                stopped_list(running)
+            ),
+        }
+    }
+}
+
+fn stopped_list(nodes: &[String]) -> String {
+    if nodes.is_empty() {
+        String::new()
+    } else {
+        format!("; stopped {}", nodes.join(", "))
+    }
+}
+
+fn count(nodes: usize) -> String {
+    match nodes {
+        1 => "1 node".into(),
+        n => format!("{n} nodes"),
+    }
+}
+
+/// `1.5` for 1.5 s, `30` for 30 s.
+fn seconds(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
+}
+
+/// What the launcher must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Print this line (the launcher prefixes `pslite launch: `).
+    Say(String),
+    /// Send `signal` to these nodes (by index).
+    Signal {
+        /// The nodes.
+        nodes: Vec<usize>,
+        /// The signal.
+        signal: i32,
+    },
+    /// Start node `index` again, with the same program and environment.
+    Restart(usize),
+}
+
+/// The supervisor's rules, in time.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Stop everything this long after the start (`--timeout`).
+    pub timeout: Option<Duration>,
+    /// After a node exits 0, how long the others may keep running.
+    pub exit_grace: Duration,
+    /// After a node fails, how long to wait for the scheduler to end on
+    /// its own before stopping the others.
+    pub settle: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// Restart failed nodes of this role.
+    pub restart_role: Option<Role>,
+    /// At most this many restarts in all.
+    pub max_restarts: u32,
+}
+
+/// How long after an early exit 0 the launcher names the node.
+const EXIT_NOTICE: Duration = Duration::from_secs(1);
+
+struct NodeState {
+    name: String,
+    role: Role,
+    running: bool,
+}
+
+enum State {
+    Running,
+    /// A node failed; waiting until `stop_at` for the scheduler.
+    Settling { outcome: Outcome, stop_at: Instant },
+    /// The others were told to stop; SIGKILL at `kill_at`.
+    Stopping {
+        outcome: Outcome,
+        kill_at: Option<Instant>,
+    },
+}
+
+/// A node exited 0 while others ran.
+struct EarlyExit {
+    node: usize,
+    notice_at: Option<Instant>,
+    give_up_at: Instant,
+}
+
+/// The launcher's decisions for one cluster (see the module docs).
+pub struct Supervisor {
+    policy: Policy,
+    nodes: Vec<NodeState>,
+    started: Instant,
+    state: State,
+    early_exit: Option<EarlyExit>,
+    restarts: u32,
+}
+
+impl Supervisor {
+    /// A supervisor for these nodes (name and role), all started at `now`.
+    pub fn new(policy: Policy, nodes: Vec<(String, Role)>, now: Instant) -> Supervisor {
+        Supervisor {
+            policy,
+            nodes: nodes
+                .into_iter()
+                .map(|(name, role)| NodeState {
+                    name,
+                    role,
+                    running: true,
+                })
+                .collect(),
+            started: now,
+            state: State::Running,
+            early_exit: None,
+            restarts: 0,
+        }
+    }
+
+    fn running(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].running)
+            .collect()
+    }
+
+    fn running_names(&self) -> Vec<String> {
+        self.running()
+            .into_iter()
+            .map(|i| self.nodes[i].name.clone())
+            .collect()
+    }
+
+    /// Whether node `index` is the scheduler.
+    fn is_scheduler(&self, index: usize) -> bool {
+        self.nodes[index].role == Role::Scheduler
+    }
+
+    fn scheduler_running(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.role == Role::Scheduler && n.running)
+    }
+
+    /// Stop every running node (SIGTERM now, SIGKILL later) for `outcome`.
+    fn stop(&mut self, outcome: Outcome, now: Instant) -> Vec<Action> {
+        let running = self.running();
+        self.state = State::Stopping {
+            outcome,
+            kill_at: Some(now + self.policy.kill_grace),
+        };
+        if running.is_empty() {
+            Vec::new()
+        } else {
+            vec![Action::Signal {
+                nodes: running,
+                signal: libc::SIGTERM,
+            }]
+        }
+    }
+
+    /// Node `index` ended at `now`.
+    pub fn on_exit(&mut self, index: usize, ended: Ended, now: Instant) -> Vec<Action> {
+        let Some(node) = self.nodes.get_mut(index) else {
+            return Vec::new();
+        };
+        node.running = false;
+        let name = node.name.clone();
+        let role = node.role;
+        match &mut self.state {
+            State::Stopping { .. } => Vec::new(),
+            State::Settling { outcome, .. } => {
+                if let Outcome::Failed { others, .. } = outcome {
+                    if !ended.success() {
+                        others.push((name, ended));
+                    }
+                }
+                if self.scheduler_running() {
+                    return Vec::new();
+                }
+                // The scheduler has spoken (or exited): stop the rest now.
+                if let State::Settling { stop_at, .. } = &mut self.state {
+                    *stop_at = now;
+                }
+                self.on_tick(now)
+            }
+            State::Running if ended.success() => {
+                if self.early_exit.is_none() && !self.running().is_empty() {
+                    self.early_exit = Some(EarlyExit {
+                        node: index,
+                        notice_at: Some(now + EXIT_NOTICE),
+                        give_up_at: now + self.policy.exit_grace,
+                    });
+                }
+                Vec::new()
+            }
+            State::Running => {
+                if self.policy.restart_role == Some(role) && self.restarts < self.policy.max_restarts
+                {
+                    self.restarts += 1;
+                    self.nodes[index].running = true;
+                    return vec![
+                        Action::Say(format!(
+                            "{name} {}; restarting it (restart {} of {}, --restart-on-failure)",
+                            ended.describe(),
+                            self.restarts,
+                            self.policy.max_restarts
+                        )),
+                        Action::Restart(index),
+                    ];
+                }
+                let outcome = Outcome::Failed {
+                    node: name,
+                    ended,
+                    others: Vec::new(),
+                    stopped: Vec::new(),
+                    scheduler_said: None,
+                };
+                if self.is_scheduler(index) || !self.scheduler_running() {
+                    let outcome = self.with_stopped(outcome);
+                    self.stop(outcome, now)
+                } else {
+                    self.state = State::Settling {
+                        outcome,
+                        stop_at: now + self.policy.settle,
+                    };
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    /// `outcome` with the list of nodes about to be stopped filled in.
+    fn with_stopped(&self, mut outcome: Outcome) -> Outcome {
+        if let Outcome::Failed { stopped, .. } = &mut outcome {
+            *stopped = self.running_names();
+        }
+        outcome
+    }
+
+    /// The launcher got signal `signal`.
+    pub fn on_signal(&mut self, signal: i32, now: Instant) -> Vec<Action> {
+        match &self.state {
+            State::Stopping { .. } => {
+                // A second request: no more waiting.
+                let running = self.running();
+                if let State::Stopping { kill_at, .. } = &mut self.state {
+                    *kill_at = None;
+                }
+                if running.is_empty() {
+                    return Vec::new();
+                }
+                vec![
+                    Action::Say(format!(
+                        "received {} again; killing {}",
+                        signal_name(signal),
+                        self.running_names().join(", ")
+                    )),
+                    Action::Signal {
+                        nodes: running,
+                        signal: libc::SIGKILL,
+                    },
+                ]
+            }
+            _ => {
+                let running = self.running_names();
+                let mut actions = vec![Action::Say(format!(
+                    "received {}: stopping the job ({}){}",
+                    signal_name(signal),
+                    running.join(", "),
+                    if running.is_empty() {
+                        ""
+                    } else {
+                        "; send it again to kill them at once"
+                    }
+                ))];
+                actions.extend(self.stop(Outcome::Interrupted { signal, running }, now));
+                actions
+            }
+        }
+    }
+
+    /// When the launcher must call [`Supervisor::on_tick`] next, if at all.
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.state {
+            State::Stopping { kill_at, .. } => *kill_at,
+            State::Settling { stop_at, .. } => Some(*stop_at),
+            State::Running => {
+                let timeout = self.policy.timeout.map(|t| self.started + t);
+                let early = self
+                    .early_exit
+                    .as_ref()
+                    .map(|e| e.notice_at.unwrap_or(e.give_up_at));
+                match (timeout, early) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
+        }
+    }
+
+    /// Time has passed: act on every deadline up to `now`.
+    pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
+        match &mut self.state {
+            State::Stopping { kill_at, .. } => match *kill_at {
+                Some(at) if at <= now => {
+                    *kill_at = None;
+                    let running = self.running();
+                    if running.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![Action::Signal {
+                            nodes: running,
+                            signal: libc::SIGKILL,
+                        }]
+                    }
+                }
+                _ => Vec::new(),
+            },
+            State::Settling { outcome, stop_at } => {
+                if *stop_at > now {
+                    return Vec::new();
+                }
+                let outcome = outcome.clone();
+                let outcome = self.with_stopped(outcome);
+                self.stop(outcome, now)
+            }
+            State::Running => {
+                if let Some(limit) = self.policy.timeout {
+                    if self.started + limit <= now {
+                        let running = self.running_names();
+                        return self.stop(Outcome::TimedOut { limit, running }, now);
+                    }
+                }
+                let mut actions = Vec::new();
+                let Some(early) = &mut self.early_exit else {
+                    return actions;
+                };
+                if early.notice_at.is_some_and(|at| at <= now) {
+                    early.notice_at = None;
+                    let node = early.node;
+                    let running = self.running_names();
+                    if !running.is_empty() {
+                        actions.push(Action::Say(format!(
+                            "{} exited 0 while {} kept running ({}); stopping them in {} s unless they finish (--exit-grace)",
+                            self.nodes[node].name,
+                            count(running.len()),
+                            running.join(", "),
+                            seconds(self.policy.exit_grace.saturating_sub(EXIT_NOTICE))
+                        )));
+                    }
+                }
+                if let Some(early) = &self.early_exit {
+                    if early.give_up_at <= now && early.notice_at.is_none() {
+                        let outcome = Outcome::Stranded {
+                            node: self.nodes[early.node].name.clone(),
+                            grace: self.policy.exit_grace,
+                            running: self.running_names(),
+                        };
+                        actions.extend(self.stop(outcome, now));
+                    }
+                }
+                actions
+            }
+        }
+    }
+
+    /// How the job ended, once no node runs; `None` while any does.
+    pub fn outcome(&self) -> Option<Outcome> {
+        if !self.running().is_empty() {
+            return None;
+        }
+        Some(match &self.state {
+            State::Running => Outcome::Success,
+            State::Settling { outcome, .. } | State::Stopping { outcome, .. } => outcome.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy {
+            timeout: None,
+            exit_grace: Duration::from_secs(10),
+            settle: Duration::from_secs(2),
+            kill_grace: Duration::from_secs(3),
+            restart_role: None,
+            max_restarts: 3,
+        }
+    }
+
+    /// scheduler, server 0, worker 0, worker 1.
+    fn cluster(policy: Policy, t0: Instant) -> Supervisor {
+        Supervisor::new(
+            policy,
+            vec![
+                ("scheduler".into(), Role::Scheduler),
+                ("server 0".into(), Role::Server),
+                ("worker 0".into(), Role::Worker),
+                ("worker 1".into(), Role::Worker),
+            ],
+            t0,
+        )
+    }
+
+    fn secs(t0: Instant, s: f64) -> Instant {
+        t0 + Duration::from_secs_f64(s)
+    }
+
+    fn sigterm(nodes: &[usize]) -> Action {
+        Action::Signal {
+            nodes: nodes.to_vec(),
+            signal: libc::SIGTERM,
+        }
+    }
+
+    #[test]
+    fn every_node_exiting_0_is_success() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        for i in 0..4 {
+            assert!(s.on_exit(i, Ended::Code(0), secs(t0, 0.1)).is_empty());
+        }
+        assert_eq!(s.outcome(), Some(Outcome::Success));
+    }
+
+    #[test]
+    fn a_failure_waits_for_the_scheduler_then_reports_both() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        assert!(s.on_exit(2, Ended::Code(1), secs(t0, 5.0)).is_empty());
+        assert_eq!(s.deadline(), Some(secs(t0, 7.0)));
+        // The scheduler fails too, within the settle window: stop the rest.
+        let actions = s.on_exit(0, Ended::Code(1), secs(t0, 5.1));
+        assert_eq!(actions, [sigterm(&[1, 3])]);
+        s.on_exit(1, Ended::Signal(libc::SIGTERM), secs(t0, 5.2));
+        s.on_exit(3, Ended::Signal(libc::SIGTERM), secs(t0, 5.2));
+        let outcome = s.outcome().unwrap();
+        assert_eq!(
+            outcome.summary(),
+            "worker 0 failed with exit code 1; scheduler failed with exit code 1; \
+             stopped server 0, worker 1"
+        );
+        assert_eq!(outcome.exit_code(), 1);
+    }
+
+    #[test]
+    fn a_failure_stops_the_others_after_the_settle_window() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        s.on_exit(3, Ended::Signal(libc::SIGSEGV), secs(t0, 1.0));
+        assert!(s.on_tick(secs(t0, 2.9)).is_empty());
+        assert_eq!(s.on_tick(secs(t0, 3.0)), [sigterm(&[0, 1, 2])]);
+        // SIGKILL for whoever ignores SIGTERM.
+        s.on_exit(0, Ended::Code(0), secs(t0, 3.1));
+        assert_eq!(s.deadline(), Some(secs(t0, 6.0)));
+        assert_eq!(
+            s.on_tick(secs(t0, 6.0)),
+            [Action::Signal {
+                nodes: vec![1, 2],
+                signal: libc::SIGKILL
+            }]
+        );
+        s.on_exit(1, Ended::Signal(libc::SIGKILL), secs(t0, 6.1));
+        s.on_exit(2, Ended::Signal(libc::SIGKILL), secs(t0, 6.1));
+        let outcome = s.outcome().unwrap();
+        assert_eq!(
+            outcome.summary(),
+            "worker 1 was killed by signal 11 (SIGSEGV); stopped scheduler, server 0, worker 0"
+        );
+        assert_eq!(outcome.exit_code(), 139);
+    }
+
+    #[test]
+    fn a_failed_scheduler_stops_the_others_at_once() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        assert_eq!(
+            s.on_exit(0, Ended::Code(2), secs(t0, 1.0)),
+            [sigterm(&[1, 2, 3])]
+        );
+    }
+
+    #[test]
+    fn an_early_exit_0_is_named_then_fails_the_job_after_the_grace() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        assert!(s.on_exit(1, Ended::Code(0), secs(t0, 1.0)).is_empty());
+        assert_eq!(s.deadline(), Some(secs(t0, 2.0)));
+        let said = s.on_tick(secs(t0, 2.0));
+        assert_eq!(
+            said,
+            [Action::Say(
+                "server 0 exited 0 while 3 nodes kept running (scheduler, worker 0, worker 1); \
+                 stopping them in 9 s unless they finish (--exit-grace)"
+                    .into()
+            )]
+        );
+        assert_eq!(s.deadline(), Some(secs(t0, 11.0)));
+        assert_eq!(s.on_tick(secs(t0, 11.0)), [sigterm(&[0, 2, 3])]);
+        for i in [0, 2, 3] {
+            s.on_exit(i, Ended::Signal(libc::SIGTERM), secs(t0, 11.1));
+        }
+        let outcome = s.outcome().unwrap();
+        assert_eq!(
+            outcome.summary(),
+            "server 0 exited 0 but 3 nodes kept running for 10 s (--exit-grace); \
+             stopped scheduler, worker 0, worker 1"
+        );
+        assert_eq!(outcome.exit_code(), 1);
+    }
+
+    #[test]
+    fn nodes_finishing_within_the_grace_are_a_success() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        s.on_exit(0, Ended::Code(0), secs(t0, 1.0));
+        for i in 1..4 {
+            assert!(s.on_exit(i, Ended::Code(0), secs(t0, 1.5)).is_empty());
+        }
+        assert_eq!(s.outcome(), Some(Outcome::Success));
+    }
+
+    #[test]
+    fn the_timeout_lists_every_running_node() {
+        let t0 = Instant::now();
+        let mut s = cluster(
+            Policy {
+                timeout: Some(Duration::from_secs(60)),
+                ..policy()
+            },
+            t0,
+        );
+        s.on_exit(2, Ended::Code(0), secs(t0, 59.5));
+        // The timeout comes before the early-exit notice.
+        assert_eq!(s.deadline(), Some(secs(t0, 60.0)));
+        assert_eq!(s.on_tick(secs(t0, 60.0)), [sigterm(&[0, 1, 3])]);
+        for i in [0, 1, 3] {
+            s.on_exit(i, Ended::Signal(libc::SIGTERM), secs(t0, 60.1));
+        }
+        let outcome = s.outcome().unwrap();
+        assert_eq!(
+            outcome.summary(),
+            "timed out after 60 s (--timeout); stopped scheduler, server 0, worker 1"
+        );
+        assert_eq!(outcome.exit_code(), 124);
+    }
+
+    #[test]
+    fn a_signal_stops_the_job_and_a_second_kills_it() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        let actions = s.on_signal(libc::SIGINT, secs(t0, 1.0));
+        assert_eq!(
+            actions,
+            [
+                Action::Say(
+                    "received SIGINT: stopping the job (scheduler, server 0, worker 0, worker 1); \
+                     send it again to kill them at once"
+                        .into()
+                ),
+                sigterm(&[0, 1, 2, 3])
+            ]
+        );
+        // Nodes dying of the stop are not failures.
+        s.on_exit(0, Ended::Signal(libc::SIGTERM), secs(t0, 1.1));
+        let again = s.on_signal(libc::SIGINT, secs(t0, 1.2));
+        assert_eq!(
+            again[1],
+            Action::Signal {
+                nodes: vec![1, 2, 3],
+                signal: libc::SIGKILL
+            }
+        );
+        for i in 1..4 {
+            s.on_exit(i, Ended::Signal(libc::SIGKILL), secs(t0, 1.3));
+        }
+        let outcome = s.outcome().unwrap();
+        assert_eq!(
+            outcome.summary(),
+            "received SIGINT; stopped scheduler, server 0, worker 0, worker 1"
+        );
+        assert_eq!(outcome.exit_code(), 130);
+    }
+
+    #[test]
+    fn failed_nodes_of_the_restart_role_are_restarted_a_bounded_number_of_times() {
+        let t0 = Instant::now();
+        let mut s = cluster(
+            Policy {
+                restart_role: Some(Role::Server),
+                max_restarts: 1,
+                ..policy()
+            },
+            t0,
+        );
+        let actions = s.on_exit(1, Ended::Signal(libc::SIGKILL), secs(t0, 1.0));
+        assert_eq!(
+            actions,
+            [
+                Action::Say(
+                    "server 0 was killed by signal 9 (SIGKILL); restarting it \
+                     (restart 1 of 1, --restart-on-failure)"
+                        .into()
+                ),
+                Action::Restart(1)
+            ]
+        );
+        assert!(s.outcome().is_none());
+        // The second failure is one too many; the scheduler still runs, so settle first.
+        assert!(s.on_exit(1, Ended::Code(1), secs(t0, 2.0)).is_empty());
+        assert_eq!(s.on_tick(secs(t0, 4.0)), [sigterm(&[0, 2, 3])]);
+        // Workers are never restarted.
+        let mut s = cluster(
+            Policy {
+                restart_role: Some(Role::Server),
+                ..policy()
+            },
+            t0,
+        );
+        assert!(s.on_exit(2, Ended::Code(1), secs(t0, 1.0)).is_empty());
+        assert!(matches!(s.state, State::Settling { .. }));
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(
+            Ended::Signal(11).describe(),
+            "was killed by signal 11 (SIGSEGV)"
+        );
+        assert_eq!(Ended::Signal(6).describe(), "was killed by signal 6 (SIGABRT)");
+        assert_eq!(Ended::Code(3).describe(), "failed with exit code 3");
+        assert_eq!(signal_name(200), "unknown signal");
+    }
+}
