@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{select, unbounded, Receiver, Sender};
 use pslite_proto::Role;
 
-pub use crate::supervisor::{Ended, Outcome};
 use crate::supervisor::{Action, Policy, Supervisor};
+pub use crate::supervisor::{Ended, Outcome};
 
 /// How long stopped nodes get between SIGTERM and SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(3);
@@ -230,8 +230,7 @@ fn stop_signals() -> &'static Receiver<i32> {
                             break;
                         }
                     } else if n == 0
-                        || std::io::Error::last_os_error().kind()
-                            != std::io::ErrorKind::Interrupted
+                        || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
                     {
                         break;
                     }
@@ -250,7 +249,7 @@ impl SignalGuard {
         let signals = stop_signals();
         while signals.try_recv().is_ok() {}
         for sig in STOP_SIGNALS {
-            set_handler(sig, on_stop_signal as usize);
+            set_handler(sig, on_stop_signal as *const () as usize);
         }
         SignalGuard
     }

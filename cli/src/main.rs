@@ -41,7 +41,7 @@ enum Commands {
     /// waits up to 2 s for the scheduler to end on its own (its error says who
     /// never registered, and is printed last), stops the others and exits with
     /// the failed node's code (128 + signal if killed). A node that exits 0
-    /// while others keep running is named after 1 s and fails the job after
+    /// while others keep running is named after 3 s and fails the job after
     /// --exit-grace. Exits 124 on --timeout and 128 + signal on SIGINT, SIGTERM
     /// or SIGHUP (saying so; a second one kills the nodes at once).
     Launch {

@@ -13,7 +13,7 @@
 //!   does not form, every node fails at about the same time, and the
 //!   scheduler's reason (who never registered) is the one worth reading.
 //! - A node that exits 0 while others keep running (a server that forgot to
-//!   finalize) is named after a second, and the job is stopped with a
+//!   finalize) is named after a few seconds, and the job is stopped with a
 //!   failure if the others still run after [`Policy::exit_grace`].
 //! - `--timeout` stops every node still running; so does SIGINT, SIGTERM or
 //!   SIGHUP to the launcher (a second one kills at once).
@@ -191,11 +191,9 @@ impl Outcome {
                 seconds(*grace),
                 stopped_list(running)
             ),
-            Outcome::Interrupted { signal, running } => format!(
-                "received {}{}",
-                signal_name(*signal),
-                stopped_list(running)
-            ),
+            Outcome::Interrupted { signal, running } => {
+                format!("received {}{}", signal_name(*signal), stopped_list(running))
+            }
         }
     }
 }
@@ -259,8 +257,10 @@ pub struct Policy {
     pub max_restarts: u32,
 }
 
-/// How long after an early exit 0 the launcher names the node.
-const EXIT_NOTICE: Duration = Duration::from_secs(1);
+/// How long after an early exit 0 the launcher names the node (at most
+/// the grace period). Nodes of a healthy job end within moments of each
+/// other; a scheduler with heartbeats may take a second more.
+const EXIT_NOTICE: Duration = Duration::from_secs(3);
 
 struct NodeState {
     name: String,
@@ -271,7 +271,10 @@ struct NodeState {
 enum State {
     Running,
     /// A node failed; waiting until `stop_at` for the scheduler.
-    Settling { outcome: Outcome, stop_at: Instant },
+    Settling {
+        outcome: Outcome,
+        stop_at: Instant,
+    },
     /// The others were told to stop; SIGKILL at `kill_at`.
     Stopping {
         outcome: Outcome,
@@ -386,14 +389,15 @@ impl Supervisor {
                 if self.early_exit.is_none() && !self.running().is_empty() {
                     self.early_exit = Some(EarlyExit {
                         node: index,
-                        notice_at: Some(now + EXIT_NOTICE),
+                        notice_at: Some(now + EXIT_NOTICE.min(self.policy.exit_grace)),
                         give_up_at: now + self.policy.exit_grace,
                     });
                 }
                 Vec::new()
             }
             State::Running => {
-                if self.policy.restart_role == Some(role) && self.restarts < self.policy.max_restarts
+                if self.policy.restart_role == Some(role)
+                    && self.restarts < self.policy.max_restarts
                 {
                     self.restarts += 1;
                     self.nodes[index].running = true;
@@ -537,14 +541,20 @@ impl Supervisor {
                 if early.notice_at.is_some_and(|at| at <= now) {
                     early.notice_at = None;
                     let node = early.node;
+                    let before_grace = early.give_up_at > now;
                     let running = self.running_names();
-                    if !running.is_empty() {
+                    // Past the grace already: the summary will say it.
+                    if !running.is_empty() && before_grace {
                         actions.push(Action::Say(format!(
                             "{} exited 0 while {} kept running ({}); stopping them in {} s unless they finish (--exit-grace)",
                             self.nodes[node].name,
                             count(running.len()),
                             running.join(", "),
-                            seconds(self.policy.exit_grace.saturating_sub(EXIT_NOTICE))
+                            seconds(
+                                self.policy
+                                    .exit_grace
+                                    .saturating_sub(EXIT_NOTICE.min(self.policy.exit_grace))
+                            )
                         )));
                     }
                 }
@@ -687,13 +697,14 @@ mod tests {
         let t0 = Instant::now();
         let mut s = cluster(policy(), t0);
         assert!(s.on_exit(1, Ended::Code(0), secs(t0, 1.0)).is_empty());
-        assert_eq!(s.deadline(), Some(secs(t0, 2.0)));
-        let said = s.on_tick(secs(t0, 2.0));
+        assert_eq!(s.deadline(), Some(secs(t0, 4.0)));
+        assert!(s.on_tick(secs(t0, 3.9)).is_empty());
+        let said = s.on_tick(secs(t0, 4.0));
         assert_eq!(
             said,
             [Action::Say(
                 "server 0 exited 0 while 3 nodes kept running (scheduler, worker 0, worker 1); \
-                 stopping them in 9 s unless they finish (--exit-grace)"
+                 stopping them in 7 s unless they finish (--exit-grace)"
                     .into()
             )]
         );
@@ -709,6 +720,21 @@ mod tests {
              stopped scheduler, worker 0, worker 1"
         );
         assert_eq!(outcome.exit_code(), 1);
+    }
+
+    #[test]
+    fn a_grace_shorter_than_the_notice_just_stops_the_job() {
+        let t0 = Instant::now();
+        let mut s = cluster(
+            Policy {
+                exit_grace: Duration::from_secs(1),
+                ..policy()
+            },
+            t0,
+        );
+        s.on_exit(1, Ended::Code(0), secs(t0, 1.0));
+        assert_eq!(s.deadline(), Some(secs(t0, 2.0)));
+        assert_eq!(s.on_tick(secs(t0, 2.0)), [sigterm(&[0, 2, 3])]);
     }
 
     #[test]
@@ -829,7 +855,10 @@ mod tests {
             Ended::Signal(11).describe(),
             "was killed by signal 11 (SIGSEGV)"
         );
-        assert_eq!(Ended::Signal(6).describe(), "was killed by signal 6 (SIGABRT)");
+        assert_eq!(
+            Ended::Signal(6).describe(),
+            "was killed by signal 6 (SIGABRT)"
+        );
         assert_eq!(Ended::Code(3).describe(), "failed with exit code 3");
         assert_eq!(signal_name(200), "unknown signal");
     }
