@@ -68,6 +68,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<V: Val> KVServer<V> {
     /// A server app with id `app_id` (its customer id too, as in ps-lite).
+    ///
+    /// Use app 0 unless you need several apps; workers reach this server
+    /// through a [`KVWorker`](crate::KVWorker) of the same app id. Keys of a
+    /// request arrive sorted ascending and unique.
     pub fn new(po: &Postoffice, app_id: i32) -> Result<Self, Error> {
         let inner = Arc::new_cyclic(|me| Inner {
             app_id,

@@ -9,6 +9,22 @@
 //!
 //! The `z` variants take [`SArray`]s and send their buffers without copying
 //! them; the plain variants copy the caller's slices once.
+//!
+//! Rules every request follows, as in ps-lite:
+//! - **Keys are sorted in ascending order and unique** within a request;
+//!   otherwise the call fails with [`Error::UnsortedKeys`] or
+//!   [`Error::DuplicateKey`] (nothing is sent).
+//! - `vals` holds the keys' values back to back: `keys.len() * k` values for
+//!   `k` values per key, or as many as the lens add up to.
+//! - A push is answered once the servers have handled it, not once every
+//!   worker has pushed: to pull a value that includes every worker's push,
+//!   have the workers [`Postoffice::barrier`] over [`WORKER_GROUP`] after
+//!   their pushes complete and before pulling.
+//!
+//! [`Error::UnsortedKeys`]: crate::Error::UnsortedKeys
+//! [`Error::DuplicateKey`]: crate::Error::DuplicateKey
+//! [`Postoffice::barrier`]: crate::Postoffice::barrier
+//! [`WORKER_GROUP`]: crate::WORKER_GROUP
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
@@ -180,6 +196,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<V: Val> KVWorker<V> {
     /// A worker app with id `app_id`, as customer `customer_id` of `po`.
+    ///
+    /// Use app 0, customer 0 unless you need several apps or several
+    /// customers of one app in a process; servers answer the app id of the
+    /// request, so a [`KVServer`](crate::KVServer) with the same app id must
+    /// exist.
     pub fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<Self, Error> {
         let inner = Arc::new(Inner {
             app_id,
@@ -211,18 +232,22 @@ impl<V: Val> KVWorker<V> {
         *self.inner.slicer.write().unwrap_or_else(|e| e.into_inner()) = Box::new(slicer);
     }
 
-    /// Pushes `vals` for `keys` (copied once). Returns the timestamp.
+    /// Pushes `vals` for `keys` (copied once). Returns the timestamp to
+    /// [`KVWorker::wait`] on. `keys` must be sorted ascending and unique.
+    /// The push is applied when it completes, but other workers' pushes may
+    /// not be: see the module docs for the barrier before pulling.
     pub fn push(&self, keys: &[Key], vals: &[V], opts: KVOptions<V>) -> Result<i32, Error> {
         self.zpush(SArray::from_slice(keys), SArray::from_slice(vals), opts)
     }
 
-    /// Pulls the values of `keys`; get them with [`KVWorker::take_pull`] or
-    /// a callback.
+    /// Pulls the values of `keys` (sorted ascending and unique); get them
+    /// with [`KVWorker::take_pull`] or a callback.
     pub fn pull(&self, keys: &[Key], opts: KVOptions<V>) -> Result<i32, Error> {
         self.zpull(SArray::from_slice(keys), opts)
     }
 
     /// Pushes and pulls in one request: the pull sees this push applied.
+    /// `keys` must be sorted ascending and unique.
     pub fn push_pull(&self, keys: &[Key], vals: &[V], opts: KVOptions<V>) -> Result<i32, Error> {
         self.zpush_pull(SArray::from_slice(keys), SArray::from_slice(vals), opts)
     }

@@ -33,6 +33,23 @@
 //! }
 //! ```
 //!
+//! To use it from your own crate, depend on it by path or git (it is not on
+//! crates.io):
+//!
+//! ```toml
+//! [dependencies]
+//! pslite = { git = "<this repository>" }   # or { path = "<clone>/apps" }
+//! ```
+//!
+//! and run the program under `pslite launch` (`cargo install --path cli` in
+//! a clone installs the `pslite` command).
+//!
+//! Use app 0, customer 0 unless you need several. Keys of a request are
+//! sorted ascending and unique. A push completes when the servers have it,
+//! not when every worker has pushed: to pull every worker's pushes, call
+//! [`Postoffice::barrier`] over [`WORKER_GROUP`] between the pushes and the
+//! pull.
+//!
 //! The crates underneath: `pslite-proto` (wire format), `pslite-van`
 //! (ZeroMQ transport, scheduler state machine), `pslite-postoffice`
 //! (configuration, node life cycle, barriers, routing to customers).

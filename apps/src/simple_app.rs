@@ -128,6 +128,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl SimpleApp {
     /// A SimpleApp with app id `app_id` as customer `customer_id` of `po`.
+    ///
+    /// Use app 0, customer 0 unless you need several apps or several
+    /// customers of one app in a process.
     pub fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<SimpleApp, Error> {
         let inner = Arc::new_cyclic(|me| Inner {
             app_id,
