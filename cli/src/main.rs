@@ -34,7 +34,7 @@ enum Commands {
     /// pages for large buffers: big pushes and pulls run faster); other variables
     /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through, checked once before any node
     /// starts. DMLC_INTERFACE is refused (use --host). Output lines are prefixed
-    /// with the node (\[scheduler\], \[server 0\], \[worker 1\]; numbered in
+    /// with the node ([scheduler], [server 0], [worker 1]; numbered in
     /// launch order, not by rank).
     ///
     /// Exits 0 only if every node exits 0. When a node fails, the launcher
