@@ -11,7 +11,16 @@
 //!   with an error after `KV_RECOVERY_MAX_ROUNDS` rounds (default: never).
 //!
 //! Run it with `PS_RESEND=1` so that requests caught by a server's death are
-//! resent to its replacement, and heartbeats so the scheduler notices deaths.
+//! resent to its replacement, and heartbeats so the scheduler notices deaths;
+//! under `pslite launch`, `--restart-on-failure server` starts the
+//! replacement (see the README):
+//!
+//! ```sh
+//! PS_HEARTBEAT_INTERVAL=1 PS_HEARTBEAT_TIMEOUT=3 PS_RESEND=1 PS_RESEND_TIMEOUT=300 \
+//!   pslite launch -s 2 -w 2 --restart-on-failure server -- target/release/examples/kv_recovery
+//! ```
+//!
+//! then `kill -9` one of the servers.
 
 use std::process::ExitCode;
 

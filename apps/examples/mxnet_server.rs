@@ -26,6 +26,11 @@
 //! simple-request handle (`KVServer::set_simple_request_handle`). Values are
 //! `MxByte`s, a one-byte value type whose frames are typed OTHER like those of
 //! C++ `KVServer<char>`.
+//!
+//! It is not a scheduler (nor is its counterpart): under `pslite launch`, run
+//! pslite's:
+//! `pslite launch -s 1 -w 2 --scheduler-program pslite --server-program
+//! target/release/examples/mxnet_server -- target/release/examples/mxnet_worker`.
 
 use std::collections::HashMap;
 use std::process::ExitCode;

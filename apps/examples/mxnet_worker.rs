@@ -35,6 +35,11 @@
 //!
 //! Prints `PASS ...` / `FAIL ...` lines and `PASS [rust-worker rank r] all checks`
 //! at the end; exits 0 only if every check passed.
+//!
+//! It is not a scheduler (nor is its counterpart): under `pslite launch`, run
+//! pslite's:
+//! `pslite launch -s 1 -w 2 --scheduler-program pslite --server-program
+//! target/release/examples/mxnet_server -- target/release/examples/mxnet_worker`.
 
 use std::process::ExitCode;
 use std::time::Duration;
