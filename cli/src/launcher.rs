@@ -336,6 +336,17 @@ impl Cluster {
         Ok(())
     }
 
+    /// `scheduler (pid 10), server 0 (pid 11), ...`
+    fn pids_line(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .zip(&self.pids)
+            .map(|(node, pid)| format!("{} (pid {pid})", node.name))
+            .collect();
+        nodes.join(", ")
+    }
+
     fn last_stderr(&self, role: Role) -> Option<String> {
         let index = self.nodes.iter().position(|n| n.role == role)?;
         self.last_stderr[index].lock().ok()?.clone()
@@ -445,6 +456,20 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
     Ok(nodes)
 }
 
+/// Whether the nodes log connections (`PS_VERBOSE` 1 or more, in the
+/// launcher's environment or `opts.env`): then the launcher says which
+/// process is which node, too.
+fn connections_logged(opts: &LaunchOptions) -> bool {
+    let verbose = opts
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PS_VERBOSE")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PS_VERBOSE").ok());
+    verbose.is_some_and(|v| v.trim().parse::<u32>().is_ok_and(|v| v >= 1))
+}
+
 /// Runs the cluster to completion.
 pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
     let port = match opts.port {
@@ -473,6 +498,10 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             }
             return Err(e);
         }
+    }
+    let verbose = connections_logged(opts);
+    if verbose {
+        eprintln!("pslite launch: started {}", cluster.pids_line());
     }
     let mut supervisor = Supervisor::new(
         Policy {
@@ -518,8 +547,13 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
                             signal_group(cluster.pids[index], signal);
                         }
                     }
-                    Action::Restart(index) => {
-                        if let Err(e) = cluster.spawn(index) {
+                    Action::Restart(index) => match cluster.spawn(index) {
+                        Ok(()) if verbose => eprintln!(
+                            "pslite launch: started {} (pid {})",
+                            cluster.nodes[index].name, cluster.pids[index]
+                        ),
+                        Ok(()) => {}
+                        Err(e) => {
                             eprintln!("pslite launch: {e}");
                             more.extend(supervisor.on_exit(
                                 index,
@@ -527,7 +561,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
                                 Instant::now(),
                             ));
                         }
-                    }
+                    },
                 }
             }
             actions = more;

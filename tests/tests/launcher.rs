@@ -401,3 +401,25 @@ fn restart_on_failure_lets_kv_recovery_finish_under_the_launcher() {
         run.output()
     );
 }
+
+#[test]
+fn with_ps_verbose_the_launcher_says_which_process_is_which_node() {
+    let mut cmd = launch_command(&["--servers", "1", "--workers", "2"], "echo pid=$$");
+    cmd.env("PS_VERBOSE", "1");
+    let run = run(cmd, Duration::from_secs(30));
+    run.assert_ok();
+    let started = launcher_lines(&run);
+    assert_eq!(started.len(), 1, "{}", run.output());
+    for node in ["scheduler", "server 0", "worker 0", "worker 1"] {
+        let pid = run
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("[{node}] pid=")))
+            .unwrap_or_else(|| panic!("{node} printed no pid:\n{}", run.output()));
+        assert!(
+            started[0].contains(&format!("{node} (pid {pid})")),
+            "{node}: {}",
+            run.output()
+        );
+    }
+}
