@@ -83,6 +83,9 @@ pub struct VanConfig {
     pub max_resends: u32,
     /// Percentage of received messages to drop once joined (`PS_DROP_MSG`).
     pub drop_percent: u32,
+    /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
+    /// unauthenticated wire (see [`crate::auth`]).
+    pub auth_token: Option<crate::AuthToken>,
 }
 
 impl VanConfig {
@@ -105,6 +108,7 @@ impl VanConfig {
             resend_timeout: None,
             max_resends: 10,
             drop_percent: 0,
+            auth_token: None,
         }
     }
 }
@@ -184,6 +188,9 @@ impl Van {
         let router = ctx
             .socket(zmq::ROUTER)
             .map_err(zmq_err("creating the ROUTER"))?;
+        if let Some(token) = &config.auth_token {
+            crate::auth::serve_router(&ctx, &router, token)?;
+        }
         let wanted_port = if is_scheduler {
             Some(config.scheduler_port)
         } else {
@@ -256,6 +263,17 @@ impl Van {
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
         shared.connect(&scheduler_node)?;
+        if shared.config.auth_token.is_some() && !is_scheduler {
+            let weak = Arc::downgrade(&shared);
+            let dealer = shared.sender(SCHEDULER)?;
+            let endpoint = (shared.config.transport)
+                .connect_endpoint(&scheduler_node.hostname, scheduler_node.port);
+            crate::auth::watch_refusal(&shared.ctx, &lock(&dealer), &endpoint, move |e| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.fail(e);
+                }
+            })?;
+        }
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("pslite-van-{}", me.role))
@@ -618,6 +636,7 @@ impl Shared {
         socket
             .set_linger(LINGER_MS)
             .map_err(zmq_err("setting LINGER"))?;
+        crate::auth::secure_dealer(&socket, self.config.auth_token.as_ref())?;
         if let Some(hwm) = self.config.water_mark {
             socket
                 .set_sndhwm(hwm)
