@@ -273,7 +273,8 @@ fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
             match read_event(&monitor) {
                 Ok(Some(event)) => {
                     if let Some(line) = refused_peer_line(&event) {
-                        log_refused(&mut logged, &event.address, || line);
+                        let key = format!("{} {}", event.event, event.address);
+                        log_refused(&mut logged, &key, || line);
                     }
                 }
                 Ok(None) | Err(zmq::Error::EINTR) | Err(zmq::Error::EAGAIN) => {}
@@ -287,22 +288,24 @@ fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
 /// A log line for a handshake the ROUTER refused, if the ZAP handler has
 /// not already said why.
 fn refused_peer_line(event: &MonitorEvent) -> Option<String> {
-    if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16 {
+    let line = if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16 {
         return None; // the ZAP handler logged it with the peer's address
-    }
-    Some(if event.value == ZMTP_MECHANISM_MISMATCH {
-        format!(
-            "refused a connection on {}: the peer presented no PS_AUTH_TOKEN (a node \
-             without PS_AUTH_TOKEN, or a C++ ps-lite node, which cannot authenticate)",
-            event.address
-        )
+    } else if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL as u16 {
+        // The peer hung up first (it saw our PLAIN greeting and gave up).
+        "the peer left during the authentication handshake: a node without \
+         PS_AUTH_TOKEN (a C++ ps-lite node cannot authenticate), or a port probe"
+            .to_string()
+    } else if event.value == ZMTP_MECHANISM_MISMATCH {
+        "the peer presented no PS_AUTH_TOKEN (a node without PS_AUTH_TOKEN, or a C++ \
+         ps-lite node, which cannot authenticate)"
+            .to_string()
     } else {
         format!(
-            "refused a connection on {}: the authentication handshake failed \
-             (ZeroMQ protocol error {:#x})",
-            event.address, event.value
+            "the authentication handshake failed (ZeroMQ protocol error {:#x})",
+            event.value
         )
-    })
+    };
+    Some(format!("refused a connection on {}: {line}", event.address))
 }
 
 fn log_refused(logged: &mut HashSet<String>, key: &str, line: impl FnOnce() -> String) {
