@@ -512,6 +512,11 @@ fn bind_router(
     let ip = transport::resolve_bind_ip(bind_host).ok_or_else(|| VanError::Resolve {
         host: bind_host.to_string(),
     })?;
+    if ip.contains(':') {
+        router
+            .set_ipv6(true)
+            .map_err(zmq_err("enabling IPv6 on the ROUTER"))?;
+    }
     match port {
         Some(port) => {
             let endpoint = Transport::Tcp.bind_endpoint(&ip, port);
@@ -646,6 +651,11 @@ impl Shared {
             .config
             .transport
             .connect_endpoint(&node.hostname, node.port);
+        if endpoint.starts_with("tcp://[") {
+            socket
+                .set_ipv6(true)
+                .map_err(zmq_err("enabling IPv6 on a DEALER"))?;
+        }
         socket
             .connect(&endpoint)
             .map_err(zmq_err(format!("connecting to {endpoint}")))?;
@@ -727,10 +737,13 @@ impl Shared {
             }
             None => format!(
                 "no node table from the scheduler at {}:{} within {secs} s (PS_START_TIMEOUT): \
-                 either it is unreachable (check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT) or \
-                 some of the {} servers and {} workers never started",
+                 either it is unreachable (check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT), or \
+                 it cannot reach this node at the address it advertises, {} (check \
+                 DMLC_NODE_HOST, DMLC_INTERFACE and firewalls), or some of the {} servers \
+                 and {} workers never started",
                 self.config.scheduler_host,
                 self.config.scheduler_port,
+                self.my_node().address(),
                 self.config.num_servers,
                 self.config.num_workers
             ),
