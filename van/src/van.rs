@@ -191,6 +191,12 @@ impl Van {
         if let Some(token) = &config.auth_token {
             crate::auth::serve_router(&ctx, &router, token)?;
         }
+        // A node replacing one whose link was cut (no FIN ever arrived)
+        // connects with the same identity `ps<id>`: it takes over the dead
+        // connection instead of being turned away as a duplicate.
+        router
+            .set_router_handover(true)
+            .map_err(zmq_err("setting ROUTER_HANDOVER"))?;
         let wanted_port = if is_scheduler {
             Some(config.scheduler_port)
         } else {
