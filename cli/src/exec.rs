@@ -178,14 +178,11 @@ fn number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u
     if value.is_empty() {
         return Ok(None);
     }
-    value
-        .parse()
-        .map(Some)
-        .map_err(|_| ExecError::Invalid {
-            var: var.into(),
-            value,
-            expected: "a whole number",
-        })
+    value.parse().map(Some).map_err(|_| ExecError::Invalid {
+        var: var.into(),
+        value,
+        expected: "a whole number",
+    })
 }
 
 fn required(
@@ -250,9 +247,13 @@ fn locate(
                 Some(n) => n,
                 None => required(lookup, "SLURM_NPROCS", "run under srun -n N")?,
             };
-            let host = ["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]
-                .iter()
-                .find_map(|var| lookup(var).and_then(|list| first_slurm_host(&list)));
+            let host = [
+                "SLURM_STEP_NODELIST",
+                "SLURM_JOB_NODELIST",
+                "SLURM_NODELIST",
+            ]
+            .iter()
+            .find_map(|var| lookup(var).and_then(|list| first_slurm_host(&list)));
             Ok((rank, size, host))
         }
         Engine::Kubernetes => {
@@ -265,7 +266,8 @@ fn locate(
                 None => ordinal.ok_or(ExecError::Invalid {
                     var: "HOSTNAME".into(),
                     value: hostname.clone(),
-                    expected: "a StatefulSet pod name <set>-<ordinal> (or set JOB_COMPLETION_INDEX)",
+                    expected:
+                        "a StatefulSet pod name <set>-<ordinal> (or set JOB_COMPLETION_INDEX)",
                 })?,
             };
             let size = required(
@@ -345,7 +347,9 @@ pub fn plan(
                         "the ranks span several hosts: pass the host of rank 0, e.g. \
                          mpirun -x DMLC_PS_ROOT_URI=<host> (Open MPI) or -genv (MPICH)"
                     }
-                    Engine::Slurm => "SLURM_JOB_NODELIST is not set either: set it to the first host",
+                    Engine::Slurm => {
+                        "SLURM_JOB_NODELIST is not set either: set it to the first host"
+                    }
                     Engine::Kubernetes => {
                         "set PSLITE_SERVICE to the headless Service's name, or \
                          DMLC_PS_ROOT_URI to the scheduler's host"
@@ -382,7 +386,10 @@ fn wait_resolvable(host: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         use std::net::ToSocketAddrs;
-        if (host, 0).to_socket_addrs().is_ok_and(|mut a| a.next().is_some()) {
+        if (host, 0)
+            .to_socket_addrs()
+            .is_ok_and(|mut a| a.next().is_some())
+        {
             return true;
         }
         if Instant::now() >= deadline {
@@ -466,7 +473,14 @@ mod tests {
         let roles: Vec<_> = (0..6).map(|r| role_of(r, 2)).collect();
         assert_eq!(
             roles,
-            ["scheduler", "server", "server", "worker", "worker", "worker"]
+            [
+                "scheduler",
+                "server",
+                "server",
+                "worker",
+                "worker",
+                "worker"
+            ]
         );
     }
 
@@ -548,9 +562,15 @@ mod tests {
         assert_eq!(p.get("DMLC_NODE_HOST"), Some("10.1.2.3"));
         let mut vars = vars.to_vec();
         vars[1] = ("HOSTNAME", "pslite-3");
-        assert_eq!(plan_of(&vars, None).unwrap().get("DMLC_ROLE"), Some("worker"));
+        assert_eq!(
+            plan_of(&vars, None).unwrap().get("DMLC_ROLE"),
+            Some("worker")
+        );
         vars.push(("JOB_COMPLETION_INDEX", "1"));
-        assert_eq!(plan_of(&vars, None).unwrap().get("DMLC_ROLE"), Some("server"));
+        assert_eq!(
+            plan_of(&vars, None).unwrap().get("DMLC_ROLE"),
+            Some("server")
+        );
         vars.retain(|(k, _)| *k != "PSLITE_WORLD_SIZE");
         let e = plan_of(&vars, None).unwrap_err().to_string();
         assert!(e.starts_with("PSLITE_WORLD_SIZE is not set"), "{e}");
@@ -574,7 +594,10 @@ mod tests {
     #[test]
     fn bad_environments_say_what_to_fix() {
         assert_eq!(plan_of(&[], None), Err(ExecError::NoEngine));
-        assert!(plan_of(&[("DMLC_ROLE", "worker")], None).unwrap().env.is_empty());
+        assert!(plan_of(&[("DMLC_ROLE", "worker")], None)
+            .unwrap()
+            .env
+            .is_empty());
         let e = plan_of(
             &[("OMPI_COMM_WORLD_RANK", "x"), ("OMPI_COMM_WORLD_SIZE", "2")],
             None,

@@ -437,7 +437,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.auth_token, pslite_van::AuthToken::new("s3cret"));
         assert!(c.van_config().auth_token.is_some());
-        assert!(!format!("{c:?}").contains("s3cret"), "the token must not be logged");
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the token must not be logged"
+        );
         assert_eq!(c.role, Role::Scheduler);
         assert_eq!(c.host, "localhost");
         assert_eq!(c.port, Some(9100));

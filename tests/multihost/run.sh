@@ -20,7 +20,7 @@ KV_APP=$BIN/examples/kv_app
 KV_RECOVERY=$BIN/examples/kv_recovery
 
 CASES_ALL=(kv_app interface bind_any host_names ipv6 unreachable auth netem link_cut
-           slurm_sim kubernetes_sim mpirun kubernetes_manifests)
+           slurm_sim kubernetes_sim mpirun slurm kubernetes_manifests)
 CASES=("${@:-${CASES_ALL[@]}}")
 
 PASSED=0 FAILED=0 SKIPPED=0
@@ -54,8 +54,20 @@ reap() {
     done
 }
 
+SLURM_DIR=
+stop_slurm() {
+    [ -n "$SLURM_DIR" ] || return 0
+    local f
+    for f in "$SLURM_DIR"/slurmd.pid "$SLURM_DIR"/slurmctld.pid; do
+        [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null
+    done
+    rm -rf "$SLURM_DIR"
+    SLURM_DIR=
+}
+
 cleanup() {
     local pid
+    stop_slurm
     reap
     for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
     wait 2>/dev/null
@@ -351,7 +363,7 @@ case_mpirun() {
         skip mpirun "mpirun not installed (apt-get install openmpi-bin)"; return
     fi
     local port log=$LOGS/mpirun.log
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    port=$(free_port)
     timeout -k 2 120 env -u DMLC_ROLE KV_APP_REPEAT=10 mpirun --allow-run-as-root --oversubscribe -np 6 \
         -x KV_APP_REPEAT "$PSLITE" exec --servers 2 --port "$port" -- "$KV_APP" > "$log" 2>&1 &
     PIDS+=($!)
@@ -361,6 +373,79 @@ case_mpirun() {
     exact=$(grep -c "sums exact" "$log")
     [ "$rc" -eq 0 ] && [ "$exact" -eq 3 ] && pass mpirun "mpirun -np 6 pslite exec --servers 2: 3 workers exact" \
         || fail mpirun "exit $rc, $exact of 3 workers exact; $(tail -3 "$log" | tr '\n' ' ')"
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# The real Slurm: a one-machine cluster (slurmctld + slurmd from Debian's
+# slurm-wlm, auth/none, state in a temporary directory), then srun -n 6.
+case_slurm() {
+    if ! command -v slurmctld > /dev/null || ! command -v slurmd > /dev/null; then
+        skip slurm "slurm-wlm not installed (apt-get install slurm-wlm)"; return
+    fi
+    SLURM_DIR=$(mktemp -d /tmp/pslite-slurm.XXXXXX)
+    local d=$SLURM_DIR host p1 p2 i
+    host=$(hostname)
+    p1=$(free_port) p2=$(free_port)
+    mkdir -p "$d/state" "$d/spool"
+    cat > "$d/slurm.conf" <<CONF
+ClusterName=pslitetest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$p1
+SlurmdPort=$p2
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$d/state
+SlurmdSpoolDir=$d/spool
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd.pid
+SlurmctldLogFile=$d/slurmctld.log
+SlurmdLogFile=$d/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SwitchType=switch/none
+MpiDefault=none
+ReturnToService=2
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+SlurmdParameters=config_overrides
+NodeName=$host NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=test Nodes=$host Default=YES MaxTime=10 State=UP OverSubscribe=FORCE:8
+CONF
+    export SLURM_CONF=$d/slurm.conf
+    if ! slurmctld -f "$SLURM_CONF" -c > "$LOGS/slurmctld.out" 2>&1 \
+        || ! slurmd -f "$SLURM_CONF" > "$LOGS/slurmd.out" 2>&1; then
+        fail slurm "cannot start slurmctld/slurmd: $(tail -1 "$LOGS"/slurm*.out)"; stop_slurm; return
+    fi
+    local end=$((SECONDS + 30))
+    until sinfo -h -o %T 2> /dev/null | grep -q idle; do
+        if [ $SECONDS -ge $end ]; then
+            fail slurm "the node never became idle: $(sinfo 2>&1 | tail -1)"; stop_slurm; return
+        fi
+        sleep 0.3
+    done
+    # The scheduler is the first host of the node list (this machine's
+    # name); keep the traffic on loopback if that name is not 127.x here.
+    local root=()
+    getent hosts "$host" | grep -q '^127\.' || root=(DMLC_PS_ROOT_URI=127.0.0.1)
+    local log=$LOGS/slurm.log rc=0
+    timeout -k 2 120 env "${root[@]}" DMLC_NODE_HOST=127.0.0.1 KV_APP_REPEAT=10 \
+        srun -n 6 -t 2 "$PSLITE" exec --servers 2 --port "$(free_port)" -- "$KV_APP" > "$log" 2>&1 &
+    PIDS+=($!)
+    wait $! || rc=$?
+    stop_slurm
+    unset SLURM_CONF
+    local exact
+    exact=$(grep -c "sums exact" "$log")
+    [ "$rc" -eq 0 ] && [ "$exact" -eq 3 ] \
+        && pass slurm "slurmctld + slurmd on this machine, srun -n 6 pslite exec --servers 2: 3 workers exact" \
+        || fail slurm "exit $rc, $exact of 3 workers exact; $(tail -3 "$log" | tr '\n' ' ')"
 }
 
 case_kubernetes_manifests() {

@@ -14,7 +14,12 @@ use pslite_tests::{assert_all_ok, free_port, node_command, node_env, spawn, spaw
 
 const TOKEN: &str = "correct horse battery staple";
 
-fn env(role: &str, port: u16, token: Option<&str>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+fn env(
+    role: &str,
+    port: u16,
+    token: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Vec<(String, String)> {
     let mut e = node_env(role, 2, 2, port);
     if let Some(token) = token {
         e.push(("PS_AUTH_TOKEN".into(), token.into()));
@@ -104,7 +109,12 @@ impl Stranger {
         ];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.monitor.poll(zmq::POLLIN, left.as_millis() as i64).ok()? == 0
+            if left.is_zero()
+                || self
+                    .monitor
+                    .poll(zmq::POLLIN, left.as_millis() as i64)
+                    .ok()?
+                    == 0
             {
                 return None;
             }
@@ -134,18 +144,30 @@ fn strangers_are_refused_and_the_job_stays_exact() {
     let port = free_port();
     let server_port = free_port();
     let sp = server_port.to_string();
-    let scheduler = spawn(node_command("kv_app", &env("scheduler", port, Some(TOKEN), &[])));
+    let scheduler = spawn(node_command(
+        "kv_app",
+        &env("scheduler", port, Some(TOKEN), &[]),
+    ));
     let servers = [
         spawn(node_command(
             "kv_app",
             &env("server", port, Some(TOKEN), &[("PORT", &sp)]),
         )),
-        spawn(node_command("kv_app", &env("server", port, Some(TOKEN), &[]))),
+        spawn(node_command(
+            "kv_app",
+            &env("server", port, Some(TOKEN), &[]),
+        )),
     ];
     let wait = [("KV_APP_WAIT_STDIN", "1"), ("KV_APP_REPEAT", "10")];
     let mut workers = [
-        spawn_with_stdin(node_command("kv_app", &env("worker", port, Some(TOKEN), &wait))),
-        spawn_with_stdin(node_command("kv_app", &env("worker", port, Some(TOKEN), &wait))),
+        spawn_with_stdin(node_command(
+            "kv_app",
+            &env("worker", port, Some(TOKEN), &wait),
+        )),
+        spawn_with_stdin(node_command(
+            "kv_app",
+            &env("worker", port, Some(TOKEN), &wait),
+        )),
     ];
     for w in &workers {
         w.wait_for_line("ready", Duration::from_secs(60))
@@ -236,8 +258,7 @@ fn a_node_with_a_wrong_token_fails_naming_the_variable() {
     let run = worker.wait(Duration::from_secs(50));
     assert!(!run.timed_out && !run.ok(), "{}", run.output());
     assert!(
-        run.stderr
-            .contains("refused this node's PS_AUTH_TOKEN"),
+        run.stderr.contains("refused this node's PS_AUTH_TOKEN"),
         "{}",
         run.output()
     );

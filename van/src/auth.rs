@@ -324,10 +324,8 @@ fn answer_zap(zap: &zmq::Socket, token: &AuthToken) -> zmq::Result<Option<String
     let field = |i: usize| frames.get(i).map(Vec::as_slice).unwrap_or_default();
     let request_id = field(1).to_vec();
     let address = String::from_utf8_lossy(field(3)).into_owned();
-    let accepted = frames.len() >= 8
-        && field(0) == b"1.0"
-        && field(5) == b"PLAIN"
-        && token.matches(field(7));
+    let accepted =
+        frames.len() >= 8 && field(0) == b"1.0" && field(5) == b"PLAIN" && token.matches(field(7));
     if frames.len() < 2 || field(0) != b"1.0" {
         warn!("malformed ZAP request ({} frames): refusing", frames.len());
     }
@@ -410,7 +408,10 @@ mod tests {
         .unwrap();
         dealer.connect(&endpoint).unwrap();
         let reason = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert!(reason.contains("refused this node's PS_AUTH_TOKEN"), "{reason}");
+        assert!(
+            reason.contains("refused this node's PS_AUTH_TOKEN"),
+            "{reason}"
+        );
     }
 
     #[test]
