@@ -133,8 +133,9 @@ start() {
     shift 3
     while [ "$1" != -- ]; do vars+=("$1"); shift; done
     shift
-    timeout -k 2 "$limit" ip netns exec "$n" env -i PATH="$PATH" "${vars[@]}" "$@" \
-        > "$LOGS/$name.log" 2>&1 &
+    # In a subshell: a node killed by reap ends quietly (no job notice).
+    (timeout -k 2 "$limit" ip netns exec "$n" env -i PATH="$PATH" "${vars[@]}" "$@" \
+        > "$LOGS/$name.log" 2>&1; exit $?) &
     LAST=$!
     PIDS+=("$LAST")
 }
@@ -384,6 +385,9 @@ free_port() {
 case_slurm() {
     if ! command -v slurmctld > /dev/null || ! command -v slurmd > /dev/null; then
         skip slurm "slurm-wlm not installed (apt-get install slurm-wlm)"; return
+    fi
+    if [ "$(id -u)" != 0 ]; then
+        skip slurm "needs root (slurmd)"; return
     fi
     SLURM_DIR=$(mktemp -d /tmp/pslite-slurm.XXXXXX)
     local d=$SLURM_DIR host p1 p2 i
