@@ -20,7 +20,7 @@ KV_APP=$BIN/examples/kv_app
 KV_RECOVERY=$BIN/examples/kv_recovery
 
 CASES_ALL=(kv_app interface bind_any host_names ipv6 unreachable auth netem link_cut
-           slurm_sim kubernetes_sim mpirun slurm kubernetes_manifests)
+           slurm_sim kubernetes_sim mpirun slurm cpp_refused kubernetes_manifests)
 CASES=("${@:-${CASES_ALL[@]}}")
 
 PASSED=0 FAILED=0 SKIPPED=0
@@ -450,6 +450,37 @@ CONF
     [ "$rc" -eq 0 ] && [ "$exact" -eq 3 ] \
         && pass slurm "slurmctld + slurmd on this machine, srun -n 6 pslite exec --servers 2: 3 workers exact" \
         || fail slurm "exit $rc, $exact of 3 workers exact; $(tail -3 "$log" | tr '\n' ' ')"
+}
+
+# A C++ ps-lite node (MXNet 1.9.1's, from the venv tests/interop/run.sh
+# builds) without a token against our token-protected scheduler, on
+# 127.0.0.1: refused, with a log line on our side saying why.
+case_cpp_refused() {
+    local py=$ROOT/target/interop-venv/bin/python
+    if [ ! -x "$py" ] || ! "$py" -c 'import mxnet' 2> /dev/null; then
+        skip cpp_refused "no MXNet venv (tests/interop/run.sh creates it)"; return
+    fi
+    local port common
+    port=$(free_port)
+    common=(DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1 DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=$port)
+    timeout -k 2 30 env -i PATH="$PATH" "${common[@]}" PS_AUTH_TOKEN=secret PS_START_TIMEOUT=8 \
+        "$PSLITE" scheduler > "$LOGS/cpp_refused.scheduler.log" 2>&1 &
+    local sched=$!
+    PIDS+=("$sched")
+    timeout -k 2 30 env -i PATH="$PATH" "${common[@]}" DMLC_ROLE=server DMLC_NODE_HOST=127.0.0.1 \
+        "$py" "$ROOT/tests/interop/mx_node.py" > "$LOGS/cpp_refused.mxnet.log" 2>&1 &
+    local cpp=$!
+    PIDS+=("$cpp")
+    local rc=0
+    wait "$sched" || rc=$?
+    kill -TERM "$cpp" 2> /dev/null
+    wait "$cpp" 2> /dev/null
+    local log=$LOGS/cpp_refused.scheduler.log
+    if [ "$rc" -ne 0 ] && grep -q "C++ ps-lite node" "$log" && grep -q "1 of 1 servers" "$log"; then
+        pass cpp_refused "$(grep -m1 -o "refused a connection.*" "$log" | cut -c1-120)..."
+    else
+        fail cpp_refused "scheduler exit $rc; $(tail -2 "$log" | tr '\n' ' ')"
+    fi
 }
 
 case_kubernetes_manifests() {
