@@ -21,6 +21,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use log::{debug, error, warn};
 
@@ -78,6 +79,15 @@ fn zmq_err(context: &'static str) -> impl FnOnce(zmq::Error) -> VanError {
     }
 }
 
+/// A fresh in-process endpoint for a socket monitor.
+fn monitor_endpoint(what: &str) -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "inproc://pslite-auth-{what}-{}",
+        COUNT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// A socket of `ctx` that does not keep `ctx` alive: once the context is
 /// dropped, calls on it fail with `ETERM`.
 fn detached_socket(ctx: &zmq::Context, kind: zmq::SocketType) -> Result<zmq::Socket, VanError> {
@@ -100,7 +110,7 @@ pub fn serve_router(
     let zap = detached_socket(ctx, zmq::REP)?;
     zap.bind(ZAP_ENDPOINT)
         .map_err(zmq_err("binding the ZAP handler (one per context)"))?;
-    let monitor_endpoint = format!("inproc://pslite-auth-monitor-{:p}", router);
+    let monitor_endpoint = monitor_endpoint("router");
     router
         .monitor(
             &monitor_endpoint,
@@ -149,7 +159,7 @@ pub fn watch_refusal(
     endpoint: &str,
     on_refused: impl FnOnce(VanError) + Send + 'static,
 ) -> Result<(), VanError> {
-    let monitor_endpoint = format!("inproc://pslite-auth-watch-{:p}", dealer);
+    let monitor_endpoint = monitor_endpoint("dealer");
     dealer
         .monitor(
             &monitor_endpoint,
