@@ -135,7 +135,7 @@ start() {
     shift
     # In a subshell: a node killed by reap ends quietly (no job notice).
     (timeout -k 2 "$limit" ip netns exec "$n" env -i PATH="$PATH" "${vars[@]}" "$@" \
-        > "$LOGS/$name.log" 2>&1; exit $?) &
+        > "$LOGS/$name.log" 2>&1; exit $?) 2> /dev/null &
     LAST=$!
     PIDS+=("$LAST")
 }
