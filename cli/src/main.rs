@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 mod demo;
+mod exec;
 mod launcher;
 mod supervisor;
 
@@ -106,6 +107,33 @@ enum Commands {
     /// (DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT),
     /// for a cluster of any ps-lite programs. DMLC_ROLE may be unset.
     Scheduler,
+    /// Run PROGRAM as one node of a cluster started by mpirun, srun or
+    /// Kubernetes: the role and cluster size come from the launcher.
+    ///
+    /// Rank 0 is the scheduler, ranks 1..=SERVERS are servers, the rest are
+    /// workers. Reads Open MPI (OMPI_COMM_WORLD_RANK/SIZE), PMI
+    /// (PMI_RANK/SIZE), Slurm (SLURM_PROCID, SLURM_NTASKS, the first host of
+    /// SLURM_JOB_NODELIST as the scheduler) or Kubernetes (the pod's
+    /// StatefulSet ordinal or JOB_COMPLETION_INDEX, PSLITE_WORLD_SIZE pods,
+    /// PSLITE_SERVICE the headless Service; POD_IP advertised). Sets
+    /// DMLC_ROLE, DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_PS_ROOT_URI and
+    /// DMLC_PS_ROOT_PORT, except those already set, then runs PROGRAM in
+    /// place of itself.
+    Exec {
+        /// Number of servers (default: DMLC_NUM_SERVER, else 1).
+        #[arg(long, short = 's')]
+        servers: Option<u32>,
+        /// The scheduler's port (default: DMLC_PS_ROOT_PORT, else derived
+        /// from SLURM_JOB_ID under Slurm, else 9091).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Print the variables PROGRAM would get and exit.
+        #[arg(long)]
+        dry_run: bool,
+        /// The program and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<OsString>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -173,6 +201,12 @@ fn main() -> ExitCode {
         }
         Commands::Demo(args) => demo::main(&args),
         Commands::Scheduler => pslite::exit_code(run_scheduler()),
+        Commands::Exec {
+            servers,
+            port,
+            dry_run,
+            program,
+        } => exec::run(&exec::ExecOptions { servers, port }, dry_run, &program),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use pslite_proto::Role;
-use pslite_van::{transport, Transport, VanConfig};
+use pslite_van::{transport, AuthToken, Transport, VanConfig};
 
 /// A configuration value that is missing or unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,6 +87,9 @@ pub struct Config {
     pub resend_timeout: Duration,
     /// `PS_DROP_MSG`: percentage of received messages to drop, for tests.
     pub drop_percent: u32,
+    /// `PS_AUTH_TOKEN`: the secret every node of the cluster must present
+    /// (ZeroMQ PLAIN); unset keeps ps-lite's unauthenticated wire.
+    pub auth_token: Option<AuthToken>,
 }
 
 impl Config {
@@ -118,6 +121,7 @@ impl Config {
             resend: false,
             resend_timeout: Duration::from_millis(1000),
             drop_percent: 0,
+            auth_token: None,
         }
     }
 
@@ -231,6 +235,16 @@ impl Config {
             )?),
             drop_percent: env.number("PS_DROP_MSG", 0, 0..=100, "a percentage from 0 to 100")?
                 as u32,
+            auth_token: env
+                .get("PS_AUTH_TOKEN")
+                .map(|v| {
+                    AuthToken::new(&v).ok_or(ConfigError::Invalid {
+                        var: "PS_AUTH_TOKEN",
+                        value: format!("<{} bytes>", v.len()),
+                        expected: "a secret of 1 to 255 bytes",
+                    })
+                })
+                .transpose()?,
         })
     }
 
@@ -257,6 +271,7 @@ impl Config {
             resend_timeout: self.resend.then_some(self.resend_timeout),
             max_resends: 10,
             drop_percent: self.drop_percent,
+            auth_token: self.auth_token.clone(),
         }
     }
 }
@@ -417,8 +432,15 @@ mod tests {
             ("PS_DROP_MSG", "10"),
             ("PS_START_TIMEOUT", "7"),
             ("PS_BIND_HOST", "0.0.0.0"),
+            ("PS_AUTH_TOKEN", "s3cret"),
         ])
         .unwrap();
+        assert_eq!(c.auth_token, pslite_van::AuthToken::new("s3cret"));
+        assert!(c.van_config().auth_token.is_some());
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the token must not be logged"
+        );
         assert_eq!(c.role, Role::Scheduler);
         assert_eq!(c.host, "localhost");
         assert_eq!(c.port, Some(9100));
@@ -432,6 +454,15 @@ mod tests {
         assert_eq!(c.start_timeout, Duration::from_secs(7));
         assert_eq!(c.bind_host.as_deref(), Some("0.0.0.0"));
         assert_eq!(c.van_config().transport, Transport::Ipc);
+    }
+
+    #[test]
+    fn auth_token_is_checked() {
+        assert_eq!(parse(&[]).unwrap().auth_token, None);
+        assert_eq!(
+            message(&[("PS_AUTH_TOKEN", &"x".repeat(300))]),
+            "PS_AUTH_TOKEN must be a secret of 1 to 255 bytes, got \"<300 bytes>\""
+        );
     }
 
     #[test]

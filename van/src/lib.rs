@@ -1,6 +1,7 @@
 //! The Van: ps-lite's ZeroMQ transport and control plane.
 //!
 //! - [`transport`]: sockets, identities (`ps<id>`), zero-copy frames.
+//! - [`auth`]: `PS_AUTH_TOKEN`, ZeroMQ's PLAIN mechanism with a ZAP handler.
 //! - [`scheduler`]: the scheduler's membership, barrier, heartbeat and
 //!   recovery logic as a state machine without I/O.
 //! - [`Van`]: the driver. It binds this node's ROUTER, runs the receive
@@ -25,12 +26,14 @@
 //! # Ok::<(), pslite_van::VanError>(())
 //! ```
 
+pub mod auth;
 mod error;
 pub mod resender;
 pub mod scheduler;
 pub mod transport;
 mod van;
 
+pub use auth::AuthToken;
 pub use error::VanError;
 pub use transport::Transport;
 pub use van::{describe, Dispatch, Van, VanConfig};

@@ -83,6 +83,9 @@ pub struct VanConfig {
     pub max_resends: u32,
     /// Percentage of received messages to drop once joined (`PS_DROP_MSG`).
     pub drop_percent: u32,
+    /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
+    /// unauthenticated wire (see [`crate::auth`]).
+    pub auth_token: Option<crate::AuthToken>,
 }
 
 impl VanConfig {
@@ -105,6 +108,7 @@ impl VanConfig {
             resend_timeout: None,
             max_resends: 10,
             drop_percent: 0,
+            auth_token: None,
         }
     }
 }
@@ -184,6 +188,15 @@ impl Van {
         let router = ctx
             .socket(zmq::ROUTER)
             .map_err(zmq_err("creating the ROUTER"))?;
+        if let Some(token) = &config.auth_token {
+            crate::auth::serve_router(&ctx, &router, token)?;
+        }
+        // A node replacing one whose link was cut (no FIN ever arrived)
+        // connects with the same identity `ps<id>`: it takes over the dead
+        // connection instead of being turned away as a duplicate.
+        router
+            .set_router_handover(true)
+            .map_err(zmq_err("setting ROUTER_HANDOVER"))?;
         let wanted_port = if is_scheduler {
             Some(config.scheduler_port)
         } else {
@@ -256,6 +269,17 @@ impl Van {
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
         shared.connect(&scheduler_node)?;
+        if shared.config.auth_token.is_some() && !is_scheduler {
+            let weak = Arc::downgrade(&shared);
+            let dealer = shared.sender(SCHEDULER)?;
+            let endpoint = (shared.config.transport)
+                .connect_endpoint(&scheduler_node.hostname, scheduler_node.port);
+            crate::auth::watch_refusal(&shared.ctx, &lock(&dealer), &endpoint, move |e| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.fail(e);
+                }
+            })?;
+        }
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("pslite-van-{}", me.role))
@@ -494,6 +518,11 @@ fn bind_router(
     let ip = transport::resolve_bind_ip(bind_host).ok_or_else(|| VanError::Resolve {
         host: bind_host.to_string(),
     })?;
+    if ip.contains(':') {
+        router
+            .set_ipv6(true)
+            .map_err(zmq_err("enabling IPv6 on the ROUTER"))?;
+    }
     match port {
         Some(port) => {
             let endpoint = Transport::Tcp.bind_endpoint(&ip, port);
@@ -618,6 +647,7 @@ impl Shared {
         socket
             .set_linger(LINGER_MS)
             .map_err(zmq_err("setting LINGER"))?;
+        crate::auth::secure_dealer(&socket, self.config.auth_token.as_ref())?;
         if let Some(hwm) = self.config.water_mark {
             socket
                 .set_sndhwm(hwm)
@@ -627,6 +657,11 @@ impl Shared {
             .config
             .transport
             .connect_endpoint(&node.hostname, node.port);
+        if endpoint.starts_with("tcp://[") {
+            socket
+                .set_ipv6(true)
+                .map_err(zmq_err("enabling IPv6 on a DEALER"))?;
+        }
         socket
             .connect(&endpoint)
             .map_err(zmq_err(format!("connecting to {endpoint}")))?;
@@ -708,10 +743,13 @@ impl Shared {
             }
             None => format!(
                 "no node table from the scheduler at {}:{} within {secs} s (PS_START_TIMEOUT): \
-                 either it is unreachable (check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT) or \
-                 some of the {} servers and {} workers never started",
+                 either it is unreachable (check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT), or \
+                 it cannot reach this node at the address it advertises, {} (check \
+                 DMLC_NODE_HOST, DMLC_INTERFACE and firewalls), or some of the {} servers \
+                 and {} workers never started",
                 self.config.scheduler_host,
                 self.config.scheduler_port,
+                self.my_node().address(),
                 self.config.num_servers,
                 self.config.num_workers
             ),
