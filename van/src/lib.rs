@@ -3,6 +3,10 @@
 //! - [`transport`]: sockets, identities (`ps<id>`), zero-copy frames.
 //! - [`scheduler`]: the scheduler's membership, barrier, heartbeat and
 //!   recovery logic as a state machine without I/O.
+//! - [`counters`]: what a node counts (traffic per peer, resends, drops,
+//!   requests in flight, handler time), lock-free.
+//! - [`admin`]: a client outside the cluster asking the scheduler for its
+//!   status table (`pslite status`).
 //! - [`Van`]: the driver. It binds this node's ROUTER, runs the receive
 //!   thread, joins the cluster (or, on the scheduler, forms it), runs
 //!   barriers and hands data messages to a [`Dispatch`].
@@ -25,12 +29,15 @@
 //! # Ok::<(), pslite_van::VanError>(())
 //! ```
 
+pub mod admin;
+pub mod counters;
 mod error;
 pub mod resender;
 pub mod scheduler;
 pub mod transport;
 mod van;
 
+pub use counters::Counters;
 pub use error::VanError;
 pub use transport::Transport;
 pub use van::{describe, Dispatch, Van, VanConfig};
