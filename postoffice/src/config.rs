@@ -87,6 +87,10 @@ pub struct Config {
     pub resend_timeout: Duration,
     /// `PS_DROP_MSG`: percentage of received messages to drop, for tests.
     pub drop_percent: u32,
+    /// `PS_METRICS_PORT`: serve the counters in Prometheus' text format over
+    /// HTTP on this port (the next free one if another node of this machine
+    /// has it; 0 = any free port); `None` (the default) is off.
+    pub metrics_port: Option<u16>,
 }
 
 impl Config {
@@ -118,6 +122,7 @@ impl Config {
             resend: false,
             resend_timeout: Duration::from_millis(1000),
             drop_percent: 0,
+            metrics_port: None,
         }
     }
 
@@ -231,6 +236,11 @@ impl Config {
             )?),
             drop_percent: env.number("PS_DROP_MSG", 0, 0..=100, "a percentage from 0 to 100")?
                 as u32,
+            metrics_port: env
+                .get("PS_METRICS_PORT")
+                .map(|_| env.number("PS_METRICS_PORT", 0, 0..=65535, "a port number (0 = any free port)"))
+                .transpose()?
+                .map(|p| p as u16),
         })
     }
 
