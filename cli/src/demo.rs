@@ -105,6 +105,13 @@ pub struct DemoArgs {
     /// Stop the cluster after this many seconds.
     #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     pub timeout: f64,
+    /// The scheduler's port [default: a free one]; `pslite status --port PORT`
+    /// then shows the running job (add PS_HEARTBEAT_INTERVAL=1 for counters).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Write the held-out loss and accuracy per epoch as an SVG chart.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
@@ -743,7 +750,7 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         workers: args.workers,
         worker_procs: None,
         host: host.into(),
-        port: None,
+        port: args.port,
         timeout: Some(Duration::from_secs_f64(args.timeout)),
         program: program.into_os_string(),
         args: args.node_args(&addr.to_string()),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 mod demo;
 mod launcher;
+mod status;
 
 use launcher::{launch, LaunchOptions, Outcome};
 use pslite::{Config, Postoffice, Role};
@@ -74,6 +75,14 @@ enum Commands {
     /// (DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT),
     /// for a cluster of any ps-lite programs. DMLC_ROLE may be unset.
     Scheduler,
+    /// Show a running cluster: the scheduler's node table (id, role, rank,
+    /// address, last heard, alive/dead, recovered) and every node's counters
+    /// (messages, bytes, requests in flight, resends, drops, handler time).
+    ///
+    /// Asks the scheduler at --host/--port (default DMLC_PS_ROOT_URI and
+    /// DMLC_PS_ROOT_PORT); it must be a pslite scheduler. Nodes send their
+    /// counters with their heartbeats: set PS_HEARTBEAT_INTERVAL for them.
+    Status(status::StatusArgs),
 }
 
 fn main() -> ExitCode {
@@ -112,6 +121,7 @@ fn main() -> ExitCode {
         }
         Commands::Demo(args) => demo::main(&args),
         Commands::Scheduler => pslite::exit_code(run_scheduler()),
+        Commands::Status(args) => status::main(&args),
     }
 }
 

@@ -238,7 +238,14 @@ impl Config {
                 as u32,
             metrics_port: env
                 .get("PS_METRICS_PORT")
-                .map(|_| env.number("PS_METRICS_PORT", 0, 0..=65535, "a port number (0 = any free port)"))
+                .map(|_| {
+                    env.number(
+                        "PS_METRICS_PORT",
+                        0,
+                        0..=65535,
+                        "a port number (0 = any free port)",
+                    )
+                })
                 .transpose()?
                 .map(|p| p as u16),
         })

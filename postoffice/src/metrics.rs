@@ -176,12 +176,26 @@ pub fn render(node: &Node, c: &NodeCounters) -> String {
     };
     type Field = fn(&pslite_proto::stats::PeerCounters) -> u64;
     let per_peer: [(&str, &str, Field); 4] = [
-        ("pslite_messages_sent_total", "Messages sent, per peer (resends included).", |p| p.messages_sent),
-        ("pslite_bytes_sent_total", "Bytes sent (meta and data frames), per peer.", |p| p.bytes_sent),
-        ("pslite_messages_received_total", "Messages received, per peer.", |p| p.messages_received),
-        ("pslite_bytes_received_total", "Bytes received (meta and data frames), per peer.", |p| {
-            p.bytes_received
-        }),
+        (
+            "pslite_messages_sent_total",
+            "Messages sent, per peer (resends included).",
+            |p| p.messages_sent,
+        ),
+        (
+            "pslite_bytes_sent_total",
+            "Bytes sent (meta and data frames), per peer.",
+            |p| p.bytes_sent,
+        ),
+        (
+            "pslite_messages_received_total",
+            "Messages received, per peer.",
+            |p| p.messages_received,
+        ),
+        (
+            "pslite_bytes_received_total",
+            "Bytes received (meta and data frames), per peer.",
+            |p| p.bytes_received,
+        ),
     ];
     for (name, help, field) in per_peer {
         let rows = c
@@ -227,7 +241,10 @@ pub fn render(node: &Node, c: &NodeCounters) -> String {
         "pslite_handler_seconds_total",
         "counter",
         "Time spent in request handlers.",
-        vec![(String::new(), format!("{:.9}", c.handler_nanos as f64 / 1e9))],
+        vec![(
+            String::new(),
+            format!("{:.9}", c.handler_nanos as f64 / 1e9),
+        )],
     );
     family(
         "pslite_uptime_seconds",
@@ -283,7 +300,10 @@ mod tests {
             "pslite_dropped_total{node=\"9\",role=\"worker\",reason=\"injected\"} 3",
             "pslite_handler_seconds_total{node=\"9\",role=\"worker\"} 1.500000000",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
     }
 
