@@ -84,6 +84,7 @@ fn status_shows_a_running_job_with_every_nodes_counters() {
 #[test]
 fn status_without_a_scheduler_fails_within_its_deadline() {
     let port = free_port();
+    pslite_bin(); // built before the clock starts
     let started = Instant::now();
     let (ok, _, err) = status(port, &["--timeout", "0.5"]);
     assert!(!ok);
@@ -123,7 +124,8 @@ fn metrics_endpoint_counts_the_bytes_a_job_moves() {
         kv.wait(ts).unwrap();
     }
     let worker_page = scrape(c.workers[0].metrics_addr().expect("worker metrics"));
-    let server_page = scrape(c.servers[0].metrics_addr().expect("server metrics"));
+    let server_addr = c.servers[0].metrics_addr().expect("server metrics");
+    let server_page = scrape(server_addr);
     assert!(
         scrape(c.scheduler.metrics_addr().expect("scheduler metrics"))
             .contains("role=\"scheduler\"")
@@ -150,13 +152,17 @@ fn metrics_endpoint_counts_the_bytes_a_job_moves() {
         sent >= data && sent <= data + 100 * msgs,
         "sent {sent}, data {data}"
     );
-    assert_eq!(
-        metric(
-            &server_page,
-            "pslite_handler_calls_total{node=\"8\",role=\"server\"}"
-        ),
-        PUSHES
-    );
+    // The handler is counted when it returns, just after it answered.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let handler_calls = "pslite_handler_calls_total{node=\"8\",role=\"server\"}";
+    while metric(&scrape(server_addr), handler_calls) < PUSHES {
+        assert!(
+            Instant::now() < deadline,
+            "the server's handler calls were not counted"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(metric(&scrape(server_addr), handler_calls), PUSHES);
     assert_eq!(
         metric(
             &worker_page,
@@ -170,4 +176,58 @@ fn metrics_endpoint_counts_the_bytes_a_job_moves() {
     assert_eq!(to_server.bytes_sent, sent);
     drop((kv, server));
     c.finalize();
+}
+
+#[test]
+fn the_demo_plots_one_point_per_epoch() {
+    let dir = std::env::temp_dir().join(format!("pslite-observe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg_path = dir.join("curve.svg");
+    let mut demo = Command::new(pslite_bin());
+    demo.args([
+        "demo",
+        "--epochs",
+        "3",
+        "--samples",
+        "20000",
+        "--threshold",
+        "0.6",
+    ])
+    .arg("--plot")
+    .arg(&svg_path);
+    let r = run(demo, Duration::from_secs(120));
+    let svg = std::fs::read_to_string(&svg_path);
+    std::fs::remove_dir_all(&dir).unwrap();
+    r.assert_ok();
+    // Output is not a terminal: plain lines, no progress bar.
+    assert!(
+        !r.stdout
+            .lines()
+            .any(|l| l.contains("] ") && l.contains("minibatches")),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("chart of loss and accuracy per epoch"),
+        "{}",
+        r.stdout
+    );
+    let svg = svg.expect("no chart written");
+    let doc = roxmltree::Document::parse(&svg).expect("the chart is not well-formed XML");
+    let points = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("circle"))
+        .count();
+    assert_eq!(
+        points,
+        2 * 4,
+        "epochs 0..=3, on the loss and the accuracy curves"
+    );
+    let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+    for label in ["epoch", "held-out loss", "held-out accuracy"] {
+        assert!(
+            texts.iter().any(|t| t.contains(label)),
+            "no axis label {label:?}"
+        );
+    }
 }
