@@ -133,7 +133,7 @@ pub fn render(scheduler: &str, rows: &[NodeStatus], stale: Duration, json: bool)
     );
     for r in rows {
         let n = &r.node;
-        let heard = r.last_seen.map_or("-".into(), |d| ago(d));
+        let heard = r.last_seen.map_or("-".into(), ago);
         let _ = writeln!(
             out,
             "{:>4}  {:<9}  {:>4}  {:<21}  {:>10}  {}",
