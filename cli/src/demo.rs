@@ -1102,6 +1102,11 @@ mod tests {
     #[test]
     fn reports_round_trip_through_their_wire_form() {
         let reports = [
+            Report::Progress {
+                epoch: 2,
+                done: 7,
+                total: 90,
+            },
             Report::Epoch {
                 epoch: 3,
                 loss: 0.123_456_789,

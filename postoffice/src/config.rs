@@ -434,8 +434,10 @@ mod tests {
             ("PS_DROP_MSG", "10"),
             ("PS_START_TIMEOUT", "7"),
             ("PS_BIND_HOST", "0.0.0.0"),
+            ("PS_METRICS_PORT", "9900"),
         ])
         .unwrap();
+        assert_eq!(c.metrics_port, Some(9900));
         assert_eq!(c.role, Role::Scheduler);
         assert_eq!(c.host, "localhost");
         assert_eq!(c.port, Some(9100));
@@ -490,6 +492,8 @@ mod tests {
         assert!(message(&[("PORT", "-1")]).starts_with("PORT must be"));
         assert!(message(&[("PS_VERBOSE", "3")]).starts_with("PS_VERBOSE must be 0, 1 or 2"));
         assert!(message(&[("PS_DROP_MSG", "101")]).starts_with("PS_DROP_MSG must be"));
+        assert!(message(&[("PS_METRICS_PORT", "70000")]).starts_with("PS_METRICS_PORT must be"));
+        assert!(message(&[("PS_METRICS_PORT", "x")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_RESEND", "maybe")]).starts_with("PS_RESEND must be 0 or 1"));
         assert!(message(&[("PS_START_TIMEOUT", "0")])
             .starts_with("PS_START_TIMEOUT must be a positive"));

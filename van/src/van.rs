@@ -712,10 +712,8 @@ impl Shared {
         socket
             .set_linger(LINGER_MS)
             .map_err(zmq_err("setting LINGER"))?;
-        let endpoint = self
-            .config
-            .transport
-            .connect_endpoint(&to.hostname, to.port);
+        // Admin clients listen on TCP, whatever the cluster uses.
+        let endpoint = Transport::Tcp.connect_endpoint(&to.hostname, to.port);
         socket
             .connect(&endpoint)
             .map_err(zmq_err(format!("connecting to {endpoint}")))?;
