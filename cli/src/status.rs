@@ -11,7 +11,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pslite::admin::AdminClient;
+use pslite::admin::{AdminClient, Transport};
 use pslite::proto::K_EMPTY;
 use pslite::{ids, NodeStatus, Role};
 
@@ -28,7 +28,8 @@ pub struct StatusArgs {
     /// one on the route to the scheduler].
     #[arg(long)]
     pub reply_host: Option<String>,
-    /// Seconds to wait for the scheduler's answer.
+    /// Seconds to wait for the scheduler's answer. (With DMLC_LOCAL=1 the
+    /// scheduler is reached over ipc:///tmp/PORT.)
     #[arg(long, default_value_t = 2.0, value_parser = seconds)]
     pub timeout: f64,
     /// Counters older than this many seconds mark a node as not answering.
@@ -73,7 +74,13 @@ pub fn main(args: &StatusArgs) -> ExitCode {
             }
         },
     };
-    let mut client = match AdminClient::connect(&host, port as i32, args.reply_host.as_deref()) {
+    // A DMLC_LOCAL=1 cluster's scheduler listens on ipc:///tmp/<port>.
+    let transport = match std::env::var("DMLC_LOCAL").ok().as_deref().map(str::trim) {
+        Some("1") | Some("true") => Transport::Ipc,
+        _ => Transport::Tcp,
+    };
+    let reply_host = args.reply_host.as_deref();
+    let mut client = match AdminClient::connect_via(transport, &host, port as i32, reply_host) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("pslite status: {e}");

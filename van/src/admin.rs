@@ -26,7 +26,9 @@ use pslite_proto::ids::SCHEDULER;
 use pslite_proto::stats::NodeStatus;
 use pslite_proto::{Command, Message, Meta, Node, Role, K_EMPTY};
 
-use crate::transport::{self, Transport};
+use crate::transport;
+/// How the scheduler is reached (see [`AdminClient::connect_via`]).
+pub use crate::transport::Transport;
 
 /// Why an admin request failed.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +85,17 @@ impl AdminClient {
         scheduler_port: i32,
         reply_host: Option<&str>,
     ) -> Result<AdminClient, AdminError> {
+        AdminClient::connect_via(Transport::Tcp, scheduler_host, scheduler_port, reply_host)
+    }
+
+    /// [`AdminClient::connect`] to a scheduler listening on `transport`
+    /// (IPC for a `DMLC_LOCAL=1` cluster; answers still come over TCP).
+    pub fn connect_via(
+        transport: Transport,
+        scheduler_host: &str,
+        scheduler_port: i32,
+        reply_host: Option<&str>,
+    ) -> Result<AdminClient, AdminError> {
         let reply_host = match reply_host {
             Some(host) => host.to_string(),
             None => local_address_towards(scheduler_host, scheduler_port)
@@ -115,7 +128,7 @@ impl AdminClient {
             .socket(zmq::DEALER)
             .map_err(zmq_err("creating a DEALER"))?;
         dealer.set_linger(0).map_err(zmq_err("setting LINGER"))?;
-        let scheduler = Transport::Tcp.connect_endpoint(scheduler_host, scheduler_port);
+        let scheduler = transport.connect_endpoint(scheduler_host, scheduler_port);
         dealer
             .connect(&scheduler)
             .map_err(zmq_err(format!("connecting to {scheduler}")))?;
