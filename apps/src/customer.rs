@@ -13,7 +13,7 @@ use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use log::warn;
-use pslite_postoffice::{Delivery, Inline, Postoffice};
+use pslite_postoffice::{Counters, Delivery, Inline, Postoffice};
 use pslite_proto::Message;
 
 use crate::Error;
@@ -53,10 +53,11 @@ struct Requests {
 }
 
 /// The request tracker, shared by the customer's thread and its users.
-#[derive(Default)]
 pub struct Tracker {
     requests: Mutex<Requests>,
     changed: Condvar,
+    /// The node's counters: requests in flight.
+    counters: Arc<Counters>,
 }
 
 impl Tracker {
@@ -90,6 +91,9 @@ impl Tracker {
 
     fn finish(&self, ts: i32) {
         if let Some(req) = self.lock().open.get_mut(&ts) {
+            if !req.done {
+                self.counters.request_done();
+            }
             req.done = true;
         }
         self.changed.notify_all();
@@ -120,7 +124,11 @@ impl Customer {
         customer_id: i32,
         handler: Weak<dyn Handler>,
     ) -> Result<Customer, Error> {
-        let tracker = Arc::new(Tracker::default());
+        let tracker = Arc::new(Tracker {
+            requests: Mutex::default(),
+            changed: Condvar::new(),
+            counters: Arc::clone(po.counters_handle()),
+        });
         let inline_tracker = Arc::clone(&tracker);
         let inline_handler = handler.clone();
         // Responses the app can take on the receive thread save a thread
@@ -223,6 +231,9 @@ impl Customer {
         let mut r = self.tracker.lock();
         let ts = r.next_ts;
         r.next_ts = r.next_ts.wrapping_add(1) & i32::MAX;
+        if expected > 0 {
+            self.tracker.counters.request_started();
+        }
         r.open.insert(
             ts,
             Request {

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
 
 use log::warn;
 use pslite_postoffice::Postoffice;
@@ -152,6 +153,7 @@ impl<V: Val> KVServer<V> {
     /// Runs one request's handle, or gives the request back if there is no
     /// handle for it yet.
     fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) -> Option<Queued<V>> {
+        let started = Instant::now();
         match req {
             Queued::Kv(meta, kvs) => match handles.kv.as_mut() {
                 Some(handle) => handle(&meta, kvs, self),
@@ -167,6 +169,7 @@ impl<V: Val> KVServer<V> {
                 (None, false) => return Some(Queued::Simple(data)),
             },
         }
+        self.inner.po.counters_handle().handled(started.elapsed());
         None
     }
 

@@ -74,7 +74,10 @@ pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Postoffic
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};
+pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
+/// Talking to a running cluster's scheduler from outside it (`pslite status`).
+pub use pslite_van::admin;
 pub use sarray::{misaligned_copies, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 

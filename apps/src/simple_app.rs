@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::warn;
@@ -235,7 +235,11 @@ impl Handler for Inner {
         let req = SimpleData::of(&msg);
         let mut slot = lock(&self.request_handle);
         match slot.as_mut() {
-            Some(handle) => handle(&req, &app),
+            Some(handle) => {
+                let started = Instant::now();
+                handle(&req, &app);
+                self.po.counters_handle().handled(started.elapsed());
+            }
             None => lock(&self.queued).push_back(req),
         }
     }

@@ -38,11 +38,12 @@
 
 pub mod data;
 pub mod model;
+pub mod plot;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -105,6 +106,13 @@ pub struct DemoArgs {
     /// Stop the cluster after this many seconds.
     #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     pub timeout: f64,
+    /// The scheduler's port [default: a free one]; `pslite status --port PORT`
+    /// then shows the running job (add PS_HEARTBEAT_INTERVAL=1 for counters).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Write the held-out loss and accuracy per epoch as an SVG chart.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
@@ -247,6 +255,15 @@ pub fn main(args: &DemoArgs) -> ExitCode {
 /// What a node reports, one text line each on the wire.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Report {
+    /// Worker 0 is `done` minibatches into epoch `epoch` of `total`.
+    Progress {
+        /// The epoch, from 1.
+        epoch: usize,
+        /// Minibatches done.
+        done: usize,
+        /// Minibatches in the epoch.
+        total: usize,
+    },
     /// Worker 0's evaluation on the held-out split after an epoch (epoch 0:
     /// before training).
     Epoch {
@@ -295,6 +312,9 @@ impl fmt::Display for Report {
                 accuracy,
                 secs,
             } => write!(f, "epoch {epoch} {loss} {accuracy} {secs}"),
+            Report::Progress { epoch, done, total } => {
+                write!(f, "progress {epoch} {done} {total}")
+            }
             Report::Worker {
                 rank,
                 samples,
@@ -327,6 +347,11 @@ impl Report {
                 accuracy: float(2)?,
                 secs: float(3)?,
             },
+            ("progress", 3) => Report::Progress {
+                epoch: int(0)? as usize,
+                done: int(1)? as usize,
+                total: int(2)? as usize,
+            },
             ("worker", 5) => Report::Worker {
                 rank: int(0)? as usize,
                 samples: int(1)? as usize,
@@ -348,6 +373,16 @@ impl Report {
     /// The report as a line for people; `epochs` is the number of epochs.
     pub fn human(&self, epochs: usize) -> String {
         match self {
+            Report::Progress { epoch, done, total } => {
+                const WIDTH: usize = 30;
+                let filled = (done * WIDTH).checked_div(*total).unwrap_or(0).min(WIDTH);
+                format!(
+                    "epoch {epoch:>w$}/{epochs}  [{}{}] {done}/{total} minibatches",
+                    "#".repeat(filled),
+                    ".".repeat(WIDTH - filled),
+                    w = digits(epochs)
+                )
+            }
             Report::Epoch {
                 epoch: 0,
                 loss,
@@ -437,7 +472,9 @@ impl Reporter {
                 .and_then(|()| stream.flush())
                 .map_err(|e| Error::Failed(format!("cannot report to `pslite demo`: {e}"))),
             Reporter::Print { epochs } => {
-                println!("{}", report.human(*epochs));
+                if !matches!(report, Report::Progress { .. }) {
+                    println!("{}", report.human(*epochs));
+                }
                 Ok(())
             }
             #[cfg(test)]
@@ -658,7 +695,17 @@ fn train(
     for epoch in 1..=args.epochs {
         let started = Instant::now();
         let mut pushes = VecDeque::new();
-        for batch in shard.chunks(args.batch.max(1)) {
+        let total = shard.len().div_ceil(args.batch.max(1));
+        // About 20 progress reports per epoch, from worker 0.
+        let every = (total / 20).max(1);
+        for (i, batch) in shard.chunks(args.batch.max(1)).enumerate() {
+            if test.is_some() && i % every == 0 {
+                reporter.send(Report::Progress {
+                    epoch,
+                    done: i,
+                    total,
+                })?;
+            }
             let keys = SArray::from_vec(unique_keys(batch));
             let weights = pull_weights(&kv, &keys, &mut traffic)?;
             let (grad, _loss) = gradient(batch, &keys, &weights);
@@ -743,7 +790,7 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         workers: args.workers,
         worker_procs: None,
         host: host.into(),
-        port: None,
+        port: args.port,
         timeout: Some(Duration::from_secs_f64(args.timeout)),
         program: program.into_os_string(),
         args: args.node_args(&addr.to_string()),
@@ -762,6 +809,9 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     });
 
     let mut epochs: Vec<(usize, f64, f64, f64)> = Vec::new();
+    // A progress bar redrawn in place on a terminal; plain lines otherwise.
+    let bar = std::io::stdout().is_terminal();
+    let mut bar_shown = false;
     let mut workers: Vec<(u64, u64, u64)> = Vec::new();
     let mut servers: Vec<(usize, usize)> = Vec::new();
     let mut outcome = None;
@@ -785,8 +835,19 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                         accuracy,
                         secs,
                     } => {
+                        if bar_shown {
+                            print!("\r\x1b[2K");
+                            bar_shown = false;
+                        }
                         println!("{}", report.human(args.epochs));
                         epochs.push((*epoch, *loss, *accuracy, *secs));
+                    }
+                    Report::Progress { .. } => {
+                        if bar {
+                            print!("\r\x1b[2K{}", report.human(args.epochs));
+                            let _ = std::io::stdout().flush();
+                            bar_shown = true;
+                        }
                     }
                     Report::Worker {
                         requests,
@@ -834,6 +895,33 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         }
     }
 
+    if bar_shown {
+        print!("\r\x1b[2K");
+    }
+    if let Some(path) = &args.plot {
+        let points: Vec<plot::Point> = epochs
+            .iter()
+            .map(|&(epoch, loss, accuracy, _)| plot::Point {
+                epoch,
+                loss,
+                accuracy,
+            })
+            .collect();
+        let title = format!(
+            "pslite demo: {} servers, {} workers, {} (learning rate {})",
+            args.servers,
+            args.workers,
+            args.optimizer.title(),
+            args.learning_rate()
+        );
+        match plot::write_chart(path, &title, &points) {
+            Ok(()) => println!("chart of loss and accuracy per epoch: {}", path.display()),
+            Err(e) => {
+                eprintln!("pslite demo: {e}");
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
     servers.sort_unstable();
     let keys: Vec<String> = servers.iter().map(|&(_, k)| group(k as u64)).collect();
     let (requests, pushed, pulled) = workers.iter().fold((0, 0, 0), |(r, a, b), &(r2, a2, b2)| {
@@ -1008,6 +1096,11 @@ mod tests {
     #[test]
     fn reports_round_trip_through_their_wire_form() {
         let reports = [
+            Report::Progress {
+                epoch: 2,
+                done: 7,
+                total: 90,
+            },
             Report::Epoch {
                 epoch: 3,
                 loss: 0.123_456_789,

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod demo;
 mod exec;
 mod launcher;
+mod status;
 mod supervisor;
 
 use launcher::{launch, LaunchOptions, Outcome};
@@ -134,6 +135,14 @@ enum Commands {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<OsString>,
     },
+    /// Show a running cluster: the scheduler's node table (id, role, rank,
+    /// address, last heard, alive/dead, recovered) and every node's counters
+    /// (messages, bytes, requests in flight, resends, drops, handler time).
+    ///
+    /// Asks the scheduler at --host/--port (default DMLC_PS_ROOT_URI and
+    /// DMLC_PS_ROOT_PORT); it must be a pslite scheduler. Nodes send their
+    /// counters with their heartbeats: set PS_HEARTBEAT_INTERVAL for them.
+    Status(status::StatusArgs),
 }
 
 fn main() -> ExitCode {
@@ -207,6 +216,7 @@ fn main() -> ExitCode {
             dry_run,
             program,
         } => exec::run(&exec::ExecOptions { servers, port }, dry_run, &program),
+        Commands::Status(args) => status::main(&args),
     }
 }
 

@@ -90,6 +90,10 @@ pub struct Config {
     /// `PS_AUTH_TOKEN`: the secret every node of the cluster must present
     /// (ZeroMQ PLAIN); unset keeps ps-lite's unauthenticated wire.
     pub auth_token: Option<AuthToken>,
+    /// `PS_METRICS_PORT`: serve the counters in Prometheus' text format over
+    /// HTTP on this port (the next free one if another node of this machine
+    /// has it; 0 = any free port); `None` (the default) is off.
+    pub metrics_port: Option<u16>,
 }
 
 impl Config {
@@ -122,6 +126,7 @@ impl Config {
             resend_timeout: Duration::from_millis(1000),
             drop_percent: 0,
             auth_token: None,
+            metrics_port: None,
         }
     }
 
@@ -245,6 +250,18 @@ impl Config {
                     })
                 })
                 .transpose()?,
+            metrics_port: env
+                .get("PS_METRICS_PORT")
+                .map(|_| {
+                    env.number(
+                        "PS_METRICS_PORT",
+                        0,
+                        0..=65535,
+                        "a port number (0 = any free port)",
+                    )
+                })
+                .transpose()?
+                .map(|p| p as u16),
         })
     }
 
@@ -433,6 +450,7 @@ mod tests {
             ("PS_START_TIMEOUT", "7"),
             ("PS_BIND_HOST", "0.0.0.0"),
             ("PS_AUTH_TOKEN", "s3cret"),
+            ("PS_METRICS_PORT", "9900"),
         ])
         .unwrap();
         assert_eq!(c.auth_token, pslite_van::AuthToken::new("s3cret"));
@@ -441,6 +459,7 @@ mod tests {
             !format!("{c:?}").contains("s3cret"),
             "the token must not be logged"
         );
+        assert_eq!(c.metrics_port, Some(9900));
         assert_eq!(c.role, Role::Scheduler);
         assert_eq!(c.host, "localhost");
         assert_eq!(c.port, Some(9100));
@@ -504,6 +523,8 @@ mod tests {
         assert!(message(&[("PORT", "-1")]).starts_with("PORT must be"));
         assert!(message(&[("PS_VERBOSE", "3")]).starts_with("PS_VERBOSE must be 0, 1 or 2"));
         assert!(message(&[("PS_DROP_MSG", "101")]).starts_with("PS_DROP_MSG must be"));
+        assert!(message(&[("PS_METRICS_PORT", "70000")]).starts_with("PS_METRICS_PORT must be"));
+        assert!(message(&[("PS_METRICS_PORT", "x")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_RESEND", "maybe")]).starts_with("PS_RESEND must be 0 or 1"));
         assert!(message(&[("PS_START_TIMEOUT", "0")])
             .starts_with("PS_START_TIMEOUT must be a positive"));

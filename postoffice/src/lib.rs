@@ -15,9 +15,11 @@
 //! ```
 
 mod config;
+pub mod metrics;
 mod postoffice;
 mod router;
 
 pub use config::{Config, ConfigError};
 pub use postoffice::{key_ranges, Error, KeyRange, Postoffice};
+pub use pslite_van::Counters;
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};

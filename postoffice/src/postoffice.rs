@@ -9,11 +9,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
-use log::debug;
+use log::{debug, error};
 use pslite_proto::ids::{self, NodeId};
+use pslite_proto::stats::NodeCounters;
 use pslite_proto::{Message, Node, Role};
-use pslite_van::{Van, VanError};
+use pslite_van::{Counters, Van, VanError};
 
+use crate::metrics::{self, MetricsServer};
 use crate::router::{CustomerRouter, Delivery, Inline};
 use crate::{Config, ConfigError};
 
@@ -78,6 +80,8 @@ struct Inner {
     config: Config,
     router: Arc<CustomerRouter>,
     van: Mutex<Option<Arc<Van>>>,
+    counters: Arc<Counters>,
+    metrics: Mutex<Option<MetricsServer>>,
 }
 
 /// A node of a ps-lite cluster. See the crate docs for the life cycle.
@@ -99,6 +103,8 @@ impl Postoffice {
                 config,
                 router,
                 van: Mutex::new(None),
+                counters: Arc::new(Counters::new()),
+                metrics: Mutex::new(None),
             }),
         }
     }
@@ -123,8 +129,12 @@ impl Postoffice {
                 Some(van) => Arc::clone(van),
                 None => {
                     let dispatch = Arc::clone(&self.inner.router) as Arc<dyn pslite_van::Dispatch>;
-                    let van = Van::start(self.inner.config.van_config(), dispatch)
-                        .map_err(|e| self.explain_start_error(e))?;
+                    let van = Van::start_with_counters(
+                        self.inner.config.van_config(),
+                        dispatch,
+                        Arc::clone(&self.inner.counters),
+                    )
+                    .map_err(|e| self.explain_start_error(e))?;
                     let van = Arc::new(van);
                     *slot = Some(Arc::clone(&van));
                     van
@@ -132,6 +142,7 @@ impl Postoffice {
             }
         };
         van.register(customer_id)?;
+        self.start_metrics(&van);
         if do_barrier && !van.my_node().is_recovery {
             self.barrier_with_timeout(
                 customer_id,
@@ -141,6 +152,50 @@ impl Postoffice {
         }
         debug!("customer {customer_id} started");
         Ok(())
+    }
+
+    /// Starts the metrics endpoint once, if `PS_METRICS_PORT` is set. A node
+    /// runs on without it (with an error logged) if it cannot bind.
+    fn start_metrics(&self, van: &Van) {
+        let Some(port) = self.inner.config.metrics_port else {
+            return;
+        };
+        let mut slot = lock(&self.inner.metrics);
+        if slot.is_some() {
+            return;
+        }
+        let c = &self.inner.config;
+        let host = c.bind_host.clone().unwrap_or_else(|| match c.role {
+            Role::Scheduler => c.scheduler_host.clone(),
+            _ => c.host.clone(),
+        });
+        let Some(ip) = pslite_van::transport::resolve_bind_ip(&host) else {
+            error!("PS_METRICS_PORT: cannot serve metrics: host {host:?} does not resolve");
+            return;
+        };
+        let node = van.my_node();
+        let counters = Arc::clone(&self.inner.counters);
+        let render = Arc::new(move || metrics::render(&node, &counters.snapshot()));
+        match MetricsServer::start(&ip, port, render) {
+            Ok(server) => *slot = Some(server),
+            Err(e) => error!("PS_METRICS_PORT: cannot serve metrics on {ip}:{port}: {e}"),
+        }
+    }
+
+    /// This node's counters now: messages and bytes per peer, resends, drops
+    /// by reason, requests in flight, handler time. Cheap enough to call often.
+    pub fn counters(&self) -> NodeCounters {
+        self.inner.counters.snapshot()
+    }
+
+    /// The live counters, for apps that count their requests and handlers.
+    pub fn counters_handle(&self) -> &Arc<Counters> {
+        &self.inner.counters
+    }
+
+    /// Where the metrics endpoint (`PS_METRICS_PORT`) listens, once started.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        lock(&self.inner.metrics).as_ref().map(MetricsServer::addr)
     }
 
     /// Leaves the cluster: with `do_barrier`, first waits until every node
@@ -155,6 +210,7 @@ impl Postoffice {
             if let Some(van) = lock(&self.inner.van).take() {
                 van.stop();
             }
+            lock(&self.inner.metrics).take();
         }
         result
     }

@@ -13,6 +13,7 @@ use prost::Message as _;
 
 use crate::ids::K_EMPTY;
 use crate::pb::{PbControl, PbMeta, PbNode};
+use crate::stats::{NodeCounters, NodeStatus};
 use crate::{Command, Control, DataType, Meta, Node, Role};
 
 /// Why a meta frame could not be decoded.
@@ -24,8 +25,8 @@ pub enum DecodeError {
     /// `PBNode.role` is not 0, 1 or 2.
     #[error("meta frame names unknown role {0} (expected 0 server, 1 worker, 2 scheduler)")]
     UnknownRole(i32),
-    /// `PBControl.cmd` is not 0..=5.
-    #[error("meta frame names unknown control command {0} (expected 0..=5)")]
+    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100).
+    #[error("meta frame names unknown control command {0} (expected 0..=5 or 100)")]
     UnknownCommand(i32),
     /// A `data_type` entry is not 0..=11.
     #[error("meta frame names unknown data type {0} (expected 0..=11)")]
@@ -65,6 +66,8 @@ impl Meta {
             data_size: None,
             pull: Some(self.pull),
             priority: Some(self.priority),
+            counters: self.counters.as_ref().map(NodeCounters::to_pb),
+            status: self.status.iter().map(NodeStatus::to_pb).collect(),
         }
     }
 
@@ -92,6 +95,12 @@ impl Meta {
             timestamp: pb.timestamp.unwrap_or(K_EMPTY),
             data_type,
             priority: pb.priority.unwrap_or(0),
+            counters: pb.counters.map(NodeCounters::from_pb),
+            status: pb
+                .status
+                .into_iter()
+                .map(NodeStatus::from_pb)
+                .collect::<Result<_, _>>()?,
             sender: K_EMPTY,
             recver: K_EMPTY,
         })
@@ -122,7 +131,7 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
     })
 }
 
-fn node_to_pb(node: &Node) -> PbNode {
+pub(crate) fn node_to_pb(node: &Node) -> PbNode {
     PbNode {
         role: node.role as i32,
         id: Some(node.id),
@@ -133,7 +142,7 @@ fn node_to_pb(node: &Node) -> PbNode {
     }
 }
 
-fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
+pub(crate) fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
     Ok(Node {
         role: Role::from_i32(pb.role).ok_or(DecodeError::UnknownRole(pb.role))?,
         id: pb.id.unwrap_or(K_EMPTY),

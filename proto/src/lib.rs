@@ -29,6 +29,7 @@ pub mod ids;
 mod message;
 mod meta;
 mod node;
+pub mod stats;
 
 /// The prost structs generated from `proto/meta.proto`. Prefer [`Meta`]; these
 /// exist for code that needs the raw protobuf view (fuzzers, captures).

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use crate::ids::{NodeId, K_EMPTY};
+use crate::stats::{NodeCounters, NodeStatus};
 use crate::Node;
 
 /// The control command of a message; [`Command::Empty`] marks a data message.
@@ -21,6 +22,10 @@ pub enum Command {
     Ack = 4,
     /// Liveness report to the scheduler, and its answer.
     Heartbeat = 5,
+    /// pslite-only: an admin client asks the scheduler for the node table
+    /// and every node's counters (request), and gets them (response, in
+    /// [`Meta::status`]). Never sent to a peer not known to be pslite.
+    Status = 100,
 }
 
 impl Command {
@@ -33,6 +38,7 @@ impl Command {
             3 => Command::Barrier,
             4 => Command::Ack,
             5 => Command::Heartbeat,
+            100 => Command::Status,
             _ => return None,
         })
     }
@@ -158,6 +164,10 @@ pub struct Meta {
     pub data_type: Vec<DataType>,
     /// Scheduling priority (higher first); carried, not interpreted.
     pub priority: i32,
+    /// pslite-only (field 100): the sender's counters, on a HEARTBEAT.
+    pub counters: Option<NodeCounters>,
+    /// pslite-only (field 101): the scheduler's status table, answering STATUS.
+    pub status: Vec<NodeStatus>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -179,6 +189,8 @@ impl Default for Meta {
             timestamp: K_EMPTY,
             data_type: Vec::new(),
             priority: 0,
+            counters: None,
+            status: Vec::new(),
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

@@ -92,6 +92,8 @@ prop_compose! {
             timestamp,
             data_type,
             priority,
+            counters: None,
+            status: Vec::new(),
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

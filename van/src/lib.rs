@@ -4,6 +4,10 @@
 //! - [`auth`]: `PS_AUTH_TOKEN`, ZeroMQ's PLAIN mechanism with a ZAP handler.
 //! - [`scheduler`]: the scheduler's membership, barrier, heartbeat and
 //!   recovery logic as a state machine without I/O.
+//! - [`counters`]: what a node counts (traffic per peer, resends, drops,
+//!   requests in flight, handler time), lock-free.
+//! - [`admin`]: a client outside the cluster asking the scheduler for its
+//!   status table (`pslite status`).
 //! - [`Van`]: the driver. It binds this node's ROUTER, runs the receive
 //!   thread, joins the cluster (or, on the scheduler, forms it), runs
 //!   barriers and hands data messages to a [`Dispatch`].
@@ -26,7 +30,9 @@
 //! # Ok::<(), pslite_van::VanError>(())
 //! ```
 
+pub mod admin;
 pub mod auth;
+pub mod counters;
 mod error;
 pub mod resender;
 pub mod scheduler;
@@ -34,6 +40,7 @@ pub mod transport;
 mod van;
 
 pub use auth::AuthToken;
+pub use counters::Counters;
 pub use error::VanError;
 pub use transport::Transport;
 pub use van::{describe, Dispatch, Van, VanConfig};

@@ -9,12 +9,17 @@
 //! table. Afterwards it counts barrier arrivals per group and releases each
 //! group when all of its members arrived, answers heartbeats, and lets a
 //! restarted node take over the id of a dead one (recovery).
+//!
+//! For observability it keeps the counters each node attaches to its
+//! heartbeats (a pslite-only field) and answers an admin client's STATUS
+//! request (pslite-only) with the node table, liveness and those counters.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::stats::{NodeCounters, NodeStatus};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
 /// What the scheduler needs to know about the cluster it forms.
@@ -40,6 +45,15 @@ pub enum Action {
     Send(Message),
     /// Every node has registered and received its id.
     Ready,
+    /// Answer an admin client that is not a cluster member: open a
+    /// short-lived DEALER to `to`'s address, send the message, close it.
+    /// The Van adds its own counters to the scheduler's row of a status table.
+    Answer {
+        /// Where the client listens.
+        to: Node,
+        /// The answer.
+        msg: Message,
+    },
 }
 
 /// How many registrations are still missing, per role.
@@ -74,6 +88,8 @@ pub struct Scheduler {
     /// Restarted nodes that arrived before a node of their role was dead:
     /// they take the first one that dies (see [`Scheduler::tick`]).
     waiting: Vec<Node>,
+    /// The latest counters each process sent with a heartbeat, and when.
+    counters: HashMap<NodeId, (NodeCounters, Instant)>,
 }
 
 impl Scheduler {
@@ -87,6 +103,7 @@ impl Scheduler {
             last_seen: HashMap::new(),
             recovered_customers: HashMap::new(),
             waiting: Vec::new(),
+            counters: HashMap::new(),
         }
     }
 
@@ -162,7 +179,8 @@ impl Scheduler {
         match msg.meta.control.cmd {
             Command::AddNode => self.add_node(msg, now),
             Command::Barrier => self.barrier(msg),
-            Command::Heartbeat => self.heartbeat(msg),
+            Command::Heartbeat => self.heartbeat(msg, now),
+            Command::Status => self.status(msg, now),
             cmd => {
                 warn!("scheduler: dropping {cmd:?} from node {sender}: not a scheduler command");
                 Vec::new()
@@ -356,6 +374,8 @@ impl Scheduler {
         info!("scheduler: {} replaces node {pid}", recovered.address());
         self.recovered_customers
             .insert(pid, HashSet::from([node.customer_id]));
+        // The counters were the dead process's.
+        self.counters.remove(&pid);
         self.last_seen.insert(pid, now);
         // Barrier arrivals of the earlier incarnation still count: the new
         // one skips the start barrier, and arriving again at a later one
@@ -426,15 +446,81 @@ impl Scheduler {
             .collect()
     }
 
-    fn heartbeat(&mut self, msg: &Message) -> Vec<Action> {
+    fn heartbeat(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
         let sender = msg.meta.sender;
         if !self.is_member(sender) {
             debug!("scheduler: dropping HEARTBEAT from unknown node {sender}");
             return Vec::new();
         }
+        if let Some(counters) = &msg.meta.counters {
+            self.counters.insert(sender, (counters.clone(), now));
+        }
         let mut ack = Message::control(Command::Heartbeat, sender);
         ack.meta.control.node = vec![self.cfg.me.clone()];
         vec![Action::Send(ack)]
+    }
+
+    /// An admin client's STATUS request: answer with [`Scheduler::status_table`]
+    /// at the address in its one node entry.
+    fn status(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+        let [client] = msg.meta.control.node.as_slice() else {
+            warn!(
+                "scheduler: dropping STATUS with {} nodes (expected the client's address)",
+                msg.meta.control.node.len()
+            );
+            return Vec::new();
+        };
+        if !msg.meta.request {
+            warn!("scheduler: dropping a STATUS answer: the scheduler only answers them");
+            return Vec::new();
+        }
+        if client.hostname.is_empty() || !(1..=65535).contains(&client.port) {
+            warn!(
+                "scheduler: dropping STATUS with an unusable reply address {:?}",
+                client.address()
+            );
+            return Vec::new();
+        }
+        debug!("scheduler: status request from {}", client.address());
+        let mut answer = Message::control(Command::Status, K_EMPTY);
+        answer.meta.status = self.status_table(now);
+        answer.meta.timestamp = msg.meta.timestamp;
+        vec![Action::Answer {
+            to: client.clone(),
+            msg: answer,
+        }]
+    }
+
+    /// The scheduler first, then every process (by id; before the cluster
+    /// forms, the registrations so far, without ids), each with how long ago
+    /// it was last heard from, whether it is dead, and its latest counters.
+    pub fn status_table(&self, now: Instant) -> Vec<NodeStatus> {
+        let mut rows = vec![NodeStatus {
+            node: self.cfg.me.clone(),
+            last_seen: Some(Duration::ZERO),
+            dead: false,
+            counters: None,
+            counters_age: None,
+        }];
+        let nodes: Vec<&Node> = if self.ready {
+            self.process_nodes()
+        } else {
+            self.nodes.iter().collect()
+        };
+        for node in nodes {
+            let known = self.ready.then_some(node.id);
+            let counters = known.and_then(|id| self.counters.get(&id));
+            rows.push(NodeStatus {
+                node: node.clone(),
+                last_seen: known
+                    .and_then(|id| self.last_seen.get(&id))
+                    .map(|&seen| now.saturating_duration_since(seen)),
+                dead: known.is_some_and(|id| self.is_dead(id, now)),
+                counters: counters.map(|(c, _)| c.clone()),
+                counters_age: counters.map(|&(_, at)| now.saturating_duration_since(at)),
+            });
+        }
+        rows
     }
 
     /// The number of registrations a barrier over `group` waits for.

@@ -169,6 +169,13 @@ pub struct RawMessage {
     pub data: Vec<Bytes>,
 }
 
+impl RawMessage {
+    /// Bytes in the meta and data frames (the identity not counted).
+    pub fn size(&self) -> usize {
+        self.meta.as_ref().map_or(0, |m| m.len()) + self.data.iter().map(Bytes::len).sum::<usize>()
+    }
+}
+
 /// Receives one whole multipart message from a ROUTER (blocking, honouring
 /// the socket's receive timeout).
 pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {

@@ -18,6 +18,7 @@ use log::{debug, error, info, trace, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Meta, Node, Role, K_EMPTY};
 
+use crate::counters::{Counters, DropReason};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
 use crate::transport::{self, RawMessage, Transport};
@@ -156,6 +157,7 @@ struct Shared {
     /// checks); `None` when nothing is on a clock.
     tick: Option<Duration>,
     dispatch: Arc<dyn Dispatch>,
+    counters: Arc<Counters>,
     wake_endpoint: String,
     last_scheduler_contact: Mutex<Instant>,
     ctx: zmq::Context,
@@ -177,7 +179,17 @@ impl Van {
     ///
     /// A scheduler configured with port 0 binds a free port (see
     /// [`Van::my_node`]), which is handy for tests.
-    pub fn start(mut config: VanConfig, dispatch: Arc<dyn Dispatch>) -> Result<Van, VanError> {
+    pub fn start(config: VanConfig, dispatch: Arc<dyn Dispatch>) -> Result<Van, VanError> {
+        Van::start_with_counters(config, dispatch, Arc::new(Counters::new()))
+    }
+
+    /// [`Van::start`], counting traffic, resends and drops in `counters`
+    /// (the Postoffice shares them with its apps).
+    pub fn start_with_counters(
+        mut config: VanConfig,
+        dispatch: Arc<dyn Dispatch>,
+        counters: Arc<Counters>,
+    ) -> Result<Van, VanError> {
         let ctx = zmq::Context::new();
         let is_scheduler = config.role == Role::Scheduler;
         let hostname = if is_scheduler {
@@ -256,6 +268,7 @@ impl Van {
             resender,
             tick: (tick > 0).then(|| Duration::from_millis(tick as u64)),
             dispatch,
+            counters,
             wake_endpoint,
             last_scheduler_contact: Mutex::new(Instant::now()),
             ctx,
@@ -410,6 +423,12 @@ impl Van {
         };
         state.barriers.retain(|w| w.token != token);
         result
+    }
+
+    /// This node's counters (traffic per peer, resends, drops, and what the
+    /// apps count: requests in flight, handler time).
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.shared.counters
     }
 
     /// This node as the cluster knows it (its id once joined).
@@ -715,6 +734,31 @@ impl Shared {
         sent
     }
 
+    /// Sends `msg` to an admin client at `to` (not a cluster member) on a
+    /// DEALER of its own, closed at once (it lingers until the message is out).
+    fn answer(&self, to: &Node, mut msg: Message) -> Result<(), VanError> {
+        let socket = self
+            .ctx
+            .socket(zmq::DEALER)
+            .map_err(zmq_err("creating a DEALER"))?;
+        socket
+            .set_identity(transport::identity(self.my_id()).as_bytes())
+            .map_err(zmq_err("setting the identity"))?;
+        socket
+            .set_linger(LINGER_MS)
+            .map_err(zmq_err("setting LINGER"))?;
+        // Admin clients listen on TCP, whatever the cluster uses.
+        let endpoint = Transport::Tcp.connect_endpoint(&to.hostname, to.port);
+        socket
+            .connect(&endpoint)
+            .map_err(zmq_err(format!("connecting to {endpoint}")))?;
+        msg.meta.sender = self.my_id();
+        let mut socket = socket;
+        transport::send_message(&mut socket, &msg.meta.encode(), &msg.data)
+            .map_err(zmq_err(format!("sending to {endpoint}")))?;
+        Ok(())
+    }
+
     /// Puts a message on the wire (no resender bookkeeping).
     fn transmit(&self, sender: &Sender, msg: &Message) -> Result<usize, VanError> {
         let meta = msg.meta.encode();
@@ -723,6 +767,7 @@ impl Shared {
             transport::send_message(&mut socket, &meta, &msg.data)
                 .map_err(zmq_err(format!("sending to node {}", msg.meta.recver)))?
         };
+        self.counters.sent(msg.meta.recver, sent);
         trace!("send {}", describe(msg));
         Ok(sent)
     }
@@ -807,6 +852,7 @@ impl Shared {
                     *next_heartbeat = now + interval;
                     let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
                     msg.meta.control.node.push(self.my_node());
+                    msg.meta.counters = Some(self.counters.snapshot());
                     msg.meta.timestamp = self.next_timestamp();
                     if let Err(e) = self.send(msg) {
                         debug!("cannot send a heartbeat: {e}");
@@ -833,6 +879,7 @@ impl Shared {
         let due = lock(r).tick(now);
         for msg in due.resend {
             debug!("resending {}", describe(&msg));
+            self.counters.resent();
             match self.sender(msg.meta.recver) {
                 Ok(sender) => {
                     if let Err(e) = self.transmit(&sender, &msg) {
@@ -870,7 +917,9 @@ impl Shared {
     }
 
     fn process_one(&self, raw: RawMessage, held_back: &mut Vec<Message>) {
+        self.counters.received(raw.sender, raw.size());
         let Some(meta_frame) = raw.meta else {
+            self.counters.dropped(DropReason::Malformed);
             warn!(
                 "dropping a message without a meta frame from {}",
                 peer_name(&raw.identity)
@@ -880,6 +929,7 @@ impl Shared {
         let mut meta = match Meta::decode(&meta_frame) {
             Ok(meta) => meta,
             Err(e) => {
+                self.counters.dropped(DropReason::Malformed);
                 warn!("dropping a message from {}: {e}", peer_name(&raw.identity));
                 return;
             }
@@ -899,6 +949,7 @@ impl Shared {
             && lock(&self.state).ready
             && rand::random_range(0..100) < self.config.drop_percent
         {
+            self.counters.dropped(DropReason::Injected);
             debug!("dropping {} (PS_DROP_MSG)", describe(&msg));
             return;
         }
@@ -912,6 +963,7 @@ impl Shared {
             match received {
                 Received::Deliver => {}
                 Received::Duplicate => {
+                    self.counters.dropped(DropReason::Duplicate);
                     debug!("dropping a duplicate {}", describe(&msg));
                     return;
                 }
@@ -932,7 +984,7 @@ impl Shared {
                     warn!("dropping TERMINATE from node {}", msg.meta.sender);
                 }
             }
-            Command::AddNode | Command::Heartbeat if self.scheduler.is_some() => {
+            Command::AddNode | Command::Heartbeat | Command::Status if self.scheduler.is_some() => {
                 self.run_scheduler(&msg)
             }
             Command::Barrier if self.scheduler.is_some() && msg.meta.request => {
@@ -942,12 +994,14 @@ impl Shared {
             Command::Barrier => self.process_barrier_release(&msg),
             Command::Heartbeat => {} // the contact time is already recorded
             Command::Ack => debug!("dropping ACK from node {}: resend is off", msg.meta.sender),
+            Command::Status => warn!("dropping STATUS: only the scheduler answers it"),
             // (With the resender on, ACKs never get here.)
         }
     }
 
     fn process_data(&self, msg: Message, held_back: &mut Vec<Message>) {
         if msg.meta.sender == K_EMPTY {
+            self.counters.dropped(DropReason::UnknownPeer);
             warn!("dropping a data message from an unknown sender (identity is not ps<id>)");
             return;
         }
@@ -958,6 +1012,7 @@ impl Shared {
                 msg.data.len(),
                 msg.meta.data_type.len()
             );
+            self.counters.dropped(DropReason::Malformed);
             return;
         }
         if lock(&self.state).ready {
@@ -980,6 +1035,7 @@ impl Shared {
         if member {
             self.dispatch.deliver(msg);
         } else {
+            self.counters.dropped(DropReason::UnknownPeer);
             warn!("dropping a data message from node {sender}, which is not in the node table");
         }
     }
@@ -1014,6 +1070,16 @@ impl Shared {
                     let recver = msg.meta.recver;
                     if let Err(e) = self.send(msg) {
                         warn!("cannot send to node {recver}: {e}");
+                    }
+                }
+                Action::Answer { to, mut msg } => {
+                    // The scheduler's own row gets its own counters.
+                    if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
+                        row.counters = Some(self.counters.snapshot());
+                        row.counters_age = Some(Duration::ZERO);
+                    }
+                    if let Err(e) = self.answer(&to, msg) {
+                        warn!("cannot answer the admin client at {}: {e}", to.address());
                     }
                 }
                 Action::Ready => {
@@ -1162,6 +1228,7 @@ impl Shared {
         );
         if let Ok(sender) = self.sender(id) {
             for msg in again {
+                self.counters.resent();
                 if let Err(e) = self.transmit(&sender, &msg) {
                     debug!("cannot resend to node {id}: {e}");
                 }

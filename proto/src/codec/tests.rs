@@ -228,3 +228,48 @@ fn malformed_frames_are_typed_errors() {
         let _ = Meta::decode(&golden[..len]);
     }
 }
+
+#[test]
+fn pslite_only_fields_round_trip_and_stay_off_by_default() {
+    use crate::stats::{NodeCounters, NodeStatus, PeerCounters};
+    let counters = NodeCounters {
+        peers: vec![PeerCounters {
+            peer: 8,
+            messages_sent: 2,
+            bytes_sent: 300,
+            messages_received: 1,
+            bytes_received: 40,
+        }],
+        resends: 1,
+        dropped_injected: 5,
+        requests_in_flight: -1,
+        handler_calls: 7,
+        handler_nanos: 9000,
+        uptime: std::time::Duration::from_millis(1234),
+        ..NodeCounters::default()
+    };
+    let mut meta = Meta {
+        control: control(Command::Heartbeat, vec![node(Role::Worker, 9, 9093, 0)], 0),
+        ..Meta::default()
+    };
+    let plain = meta.encode();
+    meta.counters = Some(counters.clone());
+    let with_counters = meta.encode();
+    // The extension is appended as field 100 after ps-lite's own fields.
+    assert_eq!(&with_counters[..plain.len()], &plain[..]);
+    assert_eq!(&with_counters[plain.len()..plain.len() + 2], &[0xa2, 0x06]);
+    assert_eq!(Meta::decode(&with_counters).unwrap(), meta);
+
+    let answer = Meta {
+        control: control(Command::Status, Vec::new(), 0),
+        status: vec![NodeStatus {
+            node: node(Role::Server, 8, 9092, 0),
+            last_seen: Some(std::time::Duration::from_millis(5)),
+            dead: true,
+            counters: Some(counters),
+            counters_age: Some(std::time::Duration::from_millis(7)),
+        }],
+        ..Meta::default()
+    };
+    assert_eq!(Meta::decode(&answer.encode()).unwrap(), answer);
+}

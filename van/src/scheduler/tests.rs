@@ -481,3 +481,97 @@ fn a_recovered_node_still_counts_once_in_a_barrier() {
         vec![9, 11]
     );
 }
+
+fn status_request(port: i32) -> Message {
+    let mut msg = Message::control(Command::Status, SCHEDULER);
+    msg.meta.request = true;
+    msg.meta.timestamp = 42;
+    msg.meta
+        .control
+        .node
+        .push(Node::new(Role::Worker, HOST, port));
+    msg
+}
+
+/// The status table of the one Answer action a STATUS request produces.
+fn answered(actions: &[Action], port: i32) -> Vec<NodeStatus> {
+    let [Action::Answer { to, msg }] = actions else {
+        panic!("expected one Answer, got {actions:?}");
+    };
+    assert_eq!((to.hostname.as_str(), to.port), (HOST, port));
+    assert_eq!(msg.meta.control.cmd, Command::Status);
+    assert!(!msg.meta.request);
+    assert_eq!(
+        msg.meta.timestamp, 42,
+        "the answer echoes the request's timestamp"
+    );
+    msg.meta.status.clone()
+}
+
+#[test]
+fn status_lists_registrations_before_the_cluster_forms() {
+    let mut s = scheduler(1, 1, None);
+    let now = Instant::now();
+    s.handle(&add_node(Role::Server, HOST, 9100, 0), now);
+    let rows = answered(&s.handle(&status_request(7000), now), 7000);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].node.id, SCHEDULER);
+    assert_eq!(rows[1].node.port, 9100);
+    assert_eq!(rows[1].node.id, K_EMPTY, "no id before the cluster forms");
+    assert!(rows[1].last_seen.is_none() && rows[1].counters.is_none());
+}
+
+#[test]
+fn status_reports_heartbeat_counters_liveness_and_recovery() {
+    let mut s = scheduler(1, 1, Some(10));
+    let t0 = Instant::now();
+    form(
+        &mut s,
+        &[(Role::Server, HOST, 9100, 0), (Role::Worker, HOST, 9101, 0)],
+        t0,
+    );
+    let (server, worker) = (id_of(&s, 9100), id_of(&s, 9101));
+    let mut beat = Message::control(Command::Heartbeat, SCHEDULER);
+    beat.meta.sender = worker;
+    let counters = NodeCounters {
+        resends: 3,
+        requests_in_flight: 2,
+        ..NodeCounters::default()
+    };
+    beat.meta.counters = Some(counters.clone());
+    s.handle(&beat, t0 + Duration::from_secs(4));
+
+    let t1 = t0 + Duration::from_secs(12);
+    let rows = answered(&s.handle(&status_request(7000), t1), 7000);
+    let ids: Vec<NodeId> = rows.iter().map(|r| r.node.id).collect();
+    assert_eq!(ids, vec![SCHEDULER, server, worker]);
+    let (srv, wrk) = (&rows[1], &rows[2]);
+    assert!(
+        srv.dead,
+        "the server sent nothing for 12 s with a 10 s timeout"
+    );
+    assert_eq!(srv.last_seen, Some(Duration::from_secs(12)));
+    assert!(srv.counters.is_none());
+    assert!(!wrk.dead);
+    assert_eq!(wrk.last_seen, Some(Duration::from_secs(8)));
+    assert_eq!(wrk.counters.as_ref(), Some(&counters));
+    assert_eq!(wrk.counters_age, Some(Duration::from_secs(8)));
+
+    // A restarted server takes the dead one's id: flagged, counters reset.
+    s.handle(&add_node(Role::Server, HOST, 9200, 0), t1);
+    let rows = answered(&s.handle(&status_request(7000), t1), 7000);
+    assert!(rows[1].node.is_recovery && rows[1].node.port == 9200 && !rows[1].dead);
+}
+
+#[test]
+fn bad_status_requests_are_dropped() {
+    let mut s = scheduler(1, 1, None);
+    let now = Instant::now();
+    let mut no_address = status_request(7000);
+    no_address.meta.control.node.clear();
+    assert!(s.handle(&no_address, now).is_empty());
+    assert!(s.handle(&status_request(0), now).is_empty());
+    let mut reply = status_request(7000);
+    reply.meta.request = false;
+    assert!(s.handle(&reply, now).is_empty());
+}

@@ -1,0 +1,344 @@
+//! `pslite status`: asks a running cluster's scheduler for its node table
+//! and every node's counters, and prints them (or JSON for scripts).
+//!
+//! Nodes send their counters with their heartbeats, so the counters are as
+//! fresh as `PS_HEARTBEAT_INTERVAL`; a node whose last report is older than
+//! `--stale` seconds is shown as not answering. The request itself has a
+//! deadline (`--timeout`): a scheduler that is gone never blocks the command.
+
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pslite::admin::{AdminClient, Transport};
+use pslite::proto::K_EMPTY;
+use pslite::{ids, NodeStatus, Role};
+
+/// Options of `pslite status`.
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The scheduler's host [default: DMLC_PS_ROOT_URI, else 127.0.0.1].
+    #[arg(long)]
+    pub host: Option<String>,
+    /// The scheduler's port [default: DMLC_PS_ROOT_PORT].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// The address of this machine the scheduler answers to [default: the
+    /// one on the route to the scheduler].
+    #[arg(long)]
+    pub reply_host: Option<String>,
+    /// Seconds to wait for the scheduler's answer. (With DMLC_LOCAL=1 the
+    /// scheduler is reached over ipc:///tmp/PORT.)
+    #[arg(long, default_value_t = 2.0, value_parser = seconds)]
+    pub timeout: f64,
+    /// Counters older than this many seconds mark a node as not answering.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    pub stale: f64,
+    /// Print JSON (one object) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECS seconds until interrupted.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = seconds)]
+    pub watch: Option<f64>,
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .ok_or_else(|| format!("expected a positive number of seconds, got {s:?}"))
+}
+
+/// Runs `pslite status`.
+pub fn main(args: &StatusArgs) -> ExitCode {
+    let host = args
+        .host
+        .clone()
+        .or_else(|| std::env::var("DMLC_PS_ROOT_URI").ok())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let port = match args.port {
+        Some(p) => p,
+        None => match std::env::var("DMLC_PS_ROOT_PORT").map(|v| v.trim().parse::<u16>()) {
+            Ok(Ok(p)) if p > 0 => p,
+            Ok(_) => {
+                eprintln!("pslite status: DMLC_PS_ROOT_PORT must be a port number; or pass --port");
+                return ExitCode::from(2);
+            }
+            Err(_) => {
+                eprintln!(
+                    "pslite status: which scheduler? pass --port (and --host), or set \
+                     DMLC_PS_ROOT_PORT (and DMLC_PS_ROOT_URI)"
+                );
+                return ExitCode::from(2);
+            }
+        },
+    };
+    // A DMLC_LOCAL=1 cluster's scheduler listens on ipc:///tmp/<port>.
+    let transport = match std::env::var("DMLC_LOCAL").ok().as_deref().map(str::trim) {
+        Some("1") | Some("true") => Transport::Ipc,
+        _ => Transport::Tcp,
+    };
+    let reply_host = args.reply_host.as_deref();
+    let mut client = match AdminClient::connect_via(transport, &host, port as i32, reply_host) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("pslite status: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let stale = Duration::from_secs_f64(args.stale);
+    let scheduler = format!("{host}:{port}");
+    let Some(interval) = args.watch else {
+        return match client.status(timeout) {
+            Ok(rows) => {
+                print!("{}", render(&scheduler, &rows, stale, args.json));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("pslite status: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    };
+    let clear = std::io::stdout().is_terminal() && !args.json;
+    loop {
+        let text = match client.status(timeout) {
+            Ok(rows) => render(&scheduler, &rows, stale, args.json),
+            Err(e) => format!("pslite status: {e}\n"),
+        };
+        let mut out = std::io::stdout().lock();
+        if clear {
+            let _ = write!(out, "\x1b[2J\x1b[H");
+        }
+        let _ = write!(out, "{text}");
+        let _ = out.flush();
+        drop(out);
+        // A refresh period, not synchronisation.
+        std::thread::sleep(Duration::from_secs_f64(interval));
+    }
+}
+
+/// The status as tables for people, or as JSON.
+pub fn render(scheduler: &str, rows: &[NodeStatus], stale: Duration, json: bool) -> String {
+    if json {
+        return to_json(scheduler, rows, stale);
+    }
+    let count = |role| rows.iter().filter(|r| r.node.role == role).count();
+    let mut out = format!(
+        "cluster at {scheduler}: {} server{}, {} worker{}\n\n",
+        count(Role::Server),
+        if count(Role::Server) == 1 { "" } else { "s" },
+        count(Role::Worker),
+        if count(Role::Worker) == 1 { "" } else { "s" },
+    );
+    let _ = writeln!(
+        out,
+        "{:>4}  {:<9}  {:>4}  {:<21}  {:>10}  state",
+        "id", "role", "rank", "address", "last heard"
+    );
+    for r in rows {
+        let n = &r.node;
+        let heard = r.last_seen.map_or("-".into(), ago);
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<9}  {:>4}  {:<21}  {:>10}  {}",
+            id(n.id),
+            n.role.as_str(),
+            rank(n.id),
+            n.address(),
+            heard,
+            state(r, stale)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n{:>4}  {:>9}  {:>10}  {:>9}  {:>10}  {:>9}  {:>7}  {:>5}  {:>12}  counters",
+        "id",
+        "msgs sent",
+        "bytes sent",
+        "msgs recv",
+        "bytes recv",
+        "in flight",
+        "resends",
+        "drops",
+        "handler time"
+    );
+    for r in rows {
+        let Some(c) = &r.counters else {
+            let _ = writeln!(
+                out,
+                "{:>4}  (none yet: nodes send counters with heartbeats, PS_HEARTBEAT_INTERVAL)",
+                id(r.node.id)
+            );
+            continue;
+        };
+        let age = r.counters_age.unwrap_or_default();
+        let fresh = if r.node.id == ids::SCHEDULER {
+            "now".to_string()
+        } else if age > stale {
+            format!("NO ANSWER for {}", secs(age))
+        } else {
+            format!("{} old", secs(age))
+        };
+        let _ = writeln!(
+            out,
+            "{:>4}  {:>9}  {:>10}  {:>9}  {:>10}  {:>9}  {:>7}  {:>5}  {:>12}  {fresh}",
+            id(r.node.id),
+            c.messages_sent(),
+            bytes(c.bytes_sent()),
+            c.messages_received(),
+            bytes(c.bytes_received()),
+            c.requests_in_flight,
+            c.resends,
+            c.dropped(),
+            secs(Duration::from_nanos(c.handler_nanos)),
+        );
+    }
+    out
+}
+
+fn id(id: i32) -> String {
+    if id == K_EMPTY {
+        "-".into()
+    } else {
+        id.to_string()
+    }
+}
+
+fn rank(id: i32) -> String {
+    match ids::role_of_id(id) {
+        Some(Role::Server) | Some(Role::Worker) => ids::id_to_rank(id).to_string(),
+        _ => "-".into(),
+    }
+}
+
+fn state(r: &NodeStatus, stale: Duration) -> String {
+    let mut s = if r.node.id == K_EMPTY {
+        "registered (cluster not formed yet)".to_string()
+    } else if r.dead {
+        "DEAD".to_string()
+    } else {
+        "alive".to_string()
+    };
+    if r.node.is_recovery {
+        s += ", recovered";
+    }
+    if r.node.id != ids::SCHEDULER && r.counters_age.is_some_and(|a| a > stale) {
+        s += ", not answering";
+    }
+    s
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+fn ago(d: Duration) -> String {
+    format!("{} ago", secs(d))
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2} GB", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} MB", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} kB", n as f64 / 1e3),
+        n => format!("{n} B"),
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out += "\\\"",
+            '\\' => out += "\\\\",
+            c if (c as u32) < 0x20 => out += &format!("\\u{:04x}", c as u32),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn opt_ms(d: Option<Duration>) -> String {
+    d.map_or("null".into(), |d| d.as_millis().to_string())
+}
+
+fn to_json(scheduler: &str, rows: &[NodeStatus], stale: Duration) -> String {
+    let nodes: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let n = &r.node;
+            let counters = match &r.counters {
+                None => "null".to_string(),
+                Some(c) => {
+                    let peers: Vec<String> = c
+                        .peers
+                        .iter()
+                        .map(|p| {
+                            format!(
+                                "{{\"peer\":{},\"messages_sent\":{},\"bytes_sent\":{},\
+                                 \"messages_received\":{},\"bytes_received\":{}}}",
+                                p.peer,
+                                p.messages_sent,
+                                p.bytes_sent,
+                                p.messages_received,
+                                p.bytes_received
+                            )
+                        })
+                        .collect();
+                    format!(
+                        "{{\"messages_sent\":{},\"bytes_sent\":{},\"messages_received\":{},\
+                         \"bytes_received\":{},\"requests_in_flight\":{},\"resends\":{},\
+                         \"dropped\":{{\"malformed\":{},\"unknown_peer\":{},\"injected\":{},\
+                         \"duplicate\":{}}},\"handler_calls\":{},\"handler_ns\":{},\
+                         \"uptime_ms\":{},\"peers\":[{}]}}",
+                        c.messages_sent(),
+                        c.bytes_sent(),
+                        c.messages_received(),
+                        c.bytes_received(),
+                        c.requests_in_flight,
+                        c.resends,
+                        c.dropped_malformed,
+                        c.dropped_unknown_peer,
+                        c.dropped_injected,
+                        c.dropped_duplicate,
+                        c.handler_calls,
+                        c.handler_nanos,
+                        c.uptime.as_millis(),
+                        peers.join(",")
+                    )
+                }
+            };
+            let answering = n.id == ids::SCHEDULER || r.counters_age.is_some_and(|a| a <= stale);
+            format!(
+                "{{\"id\":{},\"role\":\"{}\",\"rank\":{},\"host\":{},\"port\":{},\
+                 \"last_seen_ms\":{},\"dead\":{},\"recovered\":{},\"answering\":{answering},\
+                 \"counters_age_ms\":{},\"counters\":{counters}}}",
+                if n.id == K_EMPTY {
+                    "null".into()
+                } else {
+                    n.id.to_string()
+                },
+                n.role,
+                match rank(n.id).parse::<i32>() {
+                    Ok(r) => r.to_string(),
+                    Err(_) => "null".into(),
+                },
+                json_string(&n.hostname),
+                n.port,
+                opt_ms(r.last_seen),
+                r.dead,
+                n.is_recovery,
+                opt_ms(r.counters_age),
+            )
+        })
+        .collect();
+    format!(
+        "{{\"scheduler\":{},\"nodes\":[{}]}}\n",
+        json_string(scheduler),
+        nodes.join(",")
+    )
+}

@@ -1,0 +1,330 @@
+//! The metrics endpoint (`PS_METRICS_PORT`): a node's counters in
+//! Prometheus' text format at `http://host:port/metrics`.
+//!
+//! The server is a few dozen lines of std-only HTTP/1.0 on purpose: a scrape
+//! endpoint answers one GET at a time with a small text body and closes the
+//! connection, which needs no keep-alive, chunking, TLS or async runtime. A
+//! crate such as `tiny_http` would bring all of that (and its dependencies)
+//! into every node for nothing, and the `prometheus` / `metrics` crates would
+//! keep a second registry next to our atomics. Requests are read with a
+//! deadline and a size limit, so a slow or hostile client cannot hold the
+//! endpoint; anything but `GET /metrics` (or `GET /`) gets 404 or 405.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use pslite_proto::stats::NodeCounters;
+use pslite_proto::{Node, K_EMPTY};
+use pslite_van::counters::OTHER_PEER;
+
+/// How long a client may take to send its request.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest request head accepted.
+const MAX_REQUEST: usize = 8192;
+/// When the configured port is taken (another node of the same machine has
+/// it), the next free one of this many is used.
+const PORT_TRIES: u16 = 100;
+
+/// What the endpoint serves: a fresh rendering on every scrape.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// A running metrics endpoint; dropping it stops it.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Serves `render()` on `bind_ip`, on `port` or, if that is taken, the
+    /// first free port after it (port 0: any free port).
+    pub fn start(bind_ip: &str, port: u16, render: Render) -> io::Result<MetricsServer> {
+        let listener = bind(bind_ip, port)?;
+        let addr = listener.local_addr()?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&stopping);
+        let thread = std::thread::Builder::new()
+            .name("pslite-metrics".into())
+            .spawn(move || serve(listener, &stop, &render))?;
+        info!("metrics on http://{addr}/metrics");
+        Ok(MetricsServer {
+            addr,
+            stopping,
+            thread: Some(thread),
+        })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept call with a connection of our own.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn bind(bind_ip: &str, port: u16) -> io::Result<TcpListener> {
+    let ip = if bind_ip.contains(':') {
+        format!("[{bind_ip}]")
+    } else {
+        bind_ip.to_string()
+    };
+    if port == 0 {
+        return TcpListener::bind(format!("{ip}:0"));
+    }
+    let mut last = None;
+    for p in (port..=u16::MAX).take(PORT_TRIES as usize) {
+        match TcpListener::bind(format!("{ip}:{p}")) {
+            Ok(listener) => return Ok(listener),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::AddrInUse, "no free port")))
+}
+
+fn serve(listener: TcpListener, stopping: &AtomicBool, render: &Render) {
+    for stream in listener.incoming() {
+        if stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        match stream {
+            Ok(stream) => {
+                if let Err(e) = answer(stream, render) {
+                    debug!("metrics: a scrape failed: {e}");
+                }
+            }
+            Err(e) => warn!("metrics: accept failed: {e}"),
+        }
+    }
+}
+
+/// Reads one request head and answers it.
+fn answer(mut stream: TcpStream, render: &Render) -> io::Result<()> {
+    stream.set_read_timeout(Some(READ_TIMEOUT))?;
+    stream.set_write_timeout(Some(READ_TIMEOUT))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > MAX_REQUEST {
+            return respond(&mut stream, "413 Payload Too Large", "request too large\n");
+        }
+    }
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => respond(&mut stream, "200 OK", &render()),
+        ("GET", "/") => respond(&mut stream, "200 OK", "pslite node: see /metrics\n"),
+        ("GET", _) => respond(&mut stream, "404 Not Found", "not found: try /metrics\n"),
+        _ => respond(&mut stream, "405 Method Not Allowed", "only GET\n"),
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: &str, body: &str) -> io::Result<()> {
+    let head = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()
+}
+
+/// `node`'s counters in Prometheus' text format. Every series carries the
+/// node's id and role; per-peer series also the peer's id (`unknown` for
+/// traffic with peers that had no id yet).
+pub fn render(node: &Node, c: &NodeCounters) -> String {
+    let id = if node.id == K_EMPTY {
+        "none".to_string()
+    } else {
+        node.id.to_string()
+    };
+    let labels = format!("node=\"{id}\",role=\"{}\"", node.role);
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (extra, value) in rows {
+            let _ = writeln!(out, "{name}{{{labels}{extra}}} {value}");
+        }
+    };
+    let peer = |p: i32| match p {
+        OTHER_PEER => ",peer=\"unknown\"".to_string(),
+        p => format!(",peer=\"{p}\""),
+    };
+    type Field = fn(&pslite_proto::stats::PeerCounters) -> u64;
+    let per_peer: [(&str, &str, Field); 4] = [
+        (
+            "pslite_messages_sent_total",
+            "Messages sent, per peer (resends included).",
+            |p| p.messages_sent,
+        ),
+        (
+            "pslite_bytes_sent_total",
+            "Bytes sent (meta and data frames), per peer.",
+            |p| p.bytes_sent,
+        ),
+        (
+            "pslite_messages_received_total",
+            "Messages received, per peer.",
+            |p| p.messages_received,
+        ),
+        (
+            "pslite_bytes_received_total",
+            "Bytes received (meta and data frames), per peer.",
+            |p| p.bytes_received,
+        ),
+    ];
+    for (name, help, field) in per_peer {
+        let rows = c
+            .peers
+            .iter()
+            .map(|p| (peer(p.peer), field(p).to_string()))
+            .collect();
+        family(name, "counter", help, rows);
+    }
+    family(
+        "pslite_resends_total",
+        "counter",
+        "Messages sent again because they were not acknowledged in time.",
+        vec![(String::new(), c.resends.to_string())],
+    );
+    family(
+        "pslite_dropped_total",
+        "counter",
+        "Received messages dropped, by reason.",
+        [
+            ("malformed", c.dropped_malformed),
+            ("unknown_peer", c.dropped_unknown_peer),
+            ("injected", c.dropped_injected),
+            ("duplicate", c.dropped_duplicate),
+        ]
+        .into_iter()
+        .map(|(reason, n)| (format!(",reason=\"{reason}\""), n.to_string()))
+        .collect(),
+    );
+    family(
+        "pslite_requests_in_flight",
+        "gauge",
+        "Requests sent whose responses have not all arrived.",
+        vec![(String::new(), c.requests_in_flight.to_string())],
+    );
+    family(
+        "pslite_handler_calls_total",
+        "counter",
+        "Requests handled by this node's apps.",
+        vec![(String::new(), c.handler_calls.to_string())],
+    );
+    family(
+        "pslite_handler_seconds_total",
+        "counter",
+        "Time spent in request handlers.",
+        vec![(
+            String::new(),
+            format!("{:.9}", c.handler_nanos as f64 / 1e9),
+        )],
+    );
+    family(
+        "pslite_uptime_seconds",
+        "gauge",
+        "How long the node has been running.",
+        vec![(String::new(), format!("{:.3}", c.uptime.as_secs_f64()))],
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pslite_proto::stats::PeerCounters;
+    use pslite_proto::Role;
+
+    fn get(addr: SocketAddr, request: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn renders_prometheus_text() {
+        let mut node = Node::new(Role::Worker, "127.0.0.1", 9000);
+        node.id = 9;
+        let c = NodeCounters {
+            peers: vec![
+                PeerCounters {
+                    peer: 0,
+                    messages_sent: 1,
+                    bytes_sent: 40,
+                    ..PeerCounters::default()
+                },
+                PeerCounters {
+                    peer: 8,
+                    bytes_received: 1234,
+                    ..PeerCounters::default()
+                },
+            ],
+            dropped_injected: 3,
+            handler_nanos: 1_500_000_000,
+            ..NodeCounters::default()
+        };
+        let text = render(&node, &c);
+        for line in [
+            "# TYPE pslite_bytes_sent_total counter",
+            "pslite_bytes_sent_total{node=\"9\",role=\"worker\",peer=\"unknown\"} 40",
+            "pslite_bytes_received_total{node=\"9\",role=\"worker\",peer=\"8\"} 1234",
+            "pslite_dropped_total{node=\"9\",role=\"worker\",reason=\"injected\"} 3",
+            "pslite_handler_seconds_total{node=\"9\",role=\"worker\"} 1.500000000",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn serves_get_and_refuses_the_rest() {
+        let server = MetricsServer::start("127.0.0.1", 0, Arc::new(|| "x 1\n".into())).unwrap();
+        let ok = get(server.addr(), "GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.0 200 OK\r\n"), "{ok}");
+        assert!(ok.ends_with("\r\n\r\nx 1\n"), "{ok}");
+        assert!(get(server.addr(), "GET /nope HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 404"));
+        assert!(get(server.addr(), "POST /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 405"));
+        // A client that sends garbage and hangs up does not stop the server.
+        drop(TcpStream::connect(server.addr()).unwrap());
+        assert!(get(server.addr(), "GET / HTTP/1.0\r\n\r\n").contains("/metrics"));
+    }
+
+    #[test]
+    fn a_taken_port_moves_to_the_next_free_one() {
+        let first = MetricsServer::start("127.0.0.1", 0, Arc::new(String::new)).unwrap();
+        let port = first.addr().port();
+        let second = MetricsServer::start("127.0.0.1", port, Arc::new(String::new)).unwrap();
+        assert_ne!(second.addr().port(), port);
+    }
+}

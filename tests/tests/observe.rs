@@ -1,0 +1,233 @@
+//! Observability on real clusters: `pslite status` against a running demo
+//! job (separate processes, heartbeats carrying counters), the metrics
+//! endpoint scraped during a job, and the demo's chart.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use pslite::{DefaultHandle, KVOptions, KVServer, KVWorker, SArray};
+use pslite_tests::{free_port, pslite_bin, run, spawn, LocalCluster};
+
+/// Runs `pslite status` with `args` (bounded) and returns (exit ok, stdout, stderr).
+fn status(port: u16, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = Command::new(pslite_bin());
+    cmd.arg("status")
+        .arg("--port")
+        .arg(port.to_string())
+        .args(args);
+    let r = run(cmd, Duration::from_secs(20));
+    assert!(!r.timed_out, "pslite status hung");
+    (r.ok(), r.stdout.clone(), r.stderr.clone())
+}
+
+#[test]
+fn status_shows_a_running_job_with_every_nodes_counters() {
+    let port = free_port();
+    let mut demo = Command::new(pslite_bin());
+    demo.args(["demo", "--port", &port.to_string(), "--epochs", "200"])
+        .args(["--samples", "20000", "--timeout", "120"])
+        .env("PS_HEARTBEAT_INTERVAL", "1");
+    let job = spawn(demo);
+    assert!(
+        job.wait_for_line(" 1/200  test loss", Duration::from_secs(60))
+            .is_some(),
+        "the demo did not start training"
+    );
+    // Every node reports its counters with its next heartbeat (1 s).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let json = loop {
+        let (ok, out, err) = status(port, &["--json"]);
+        assert!(ok, "pslite status failed: {err}");
+        let answering = out.matches("\"answering\":true").count();
+        // Servers and workers have moved more than 100 kB each (their
+        // first heartbeat, at joining, reports almost nothing).
+        let big = out
+            .split("\"bytes_sent\":")
+            .skip(1)
+            .filter_map(|s| s.split([',', '}']).next()?.parse::<u64>().ok())
+            .filter(|&b| b > 100_000)
+            .count();
+        if answering == 5 && !out.contains("\"counters\":null") && big >= 4 {
+            break out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every node reported counters:\n{out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(json.starts_with(&format!("{{\"scheduler\":\"127.0.0.1:{port}\"")));
+    assert_eq!(json.matches("\"role\":\"scheduler\"").count(), 1, "{json}");
+    assert_eq!(json.matches("\"role\":\"server\"").count(), 2, "{json}");
+    assert_eq!(json.matches("\"role\":\"worker\"").count(), 2, "{json}");
+    assert_eq!(json.matches("\"dead\":false").count(), 5, "{json}");
+    for id in [1, 8, 9, 10, 11] {
+        assert!(
+            json.contains(&format!("{{\"id\":{id},")),
+            "node {id} missing: {json}"
+        );
+    }
+    let (ok, table, err) = status(port, &[]);
+    assert!(ok, "{err}");
+    assert!(table.contains("2 servers, 2 workers"), "{table}");
+    assert_eq!(table.matches("  alive").count(), 5, "{table}");
+    assert!(table.contains("msgs sent  bytes sent"), "{table}");
+    assert!(!table.contains("NO ANSWER"), "{table}");
+
+    job.signal(libc::SIGKILL);
+    let run = job.wait(Duration::from_secs(20));
+    assert!(!run.timed_out);
+}
+
+#[test]
+fn status_without_a_scheduler_fails_within_its_deadline() {
+    let port = free_port();
+    pslite_bin(); // built before the clock starts
+    let started = Instant::now();
+    let (ok, _, err) = status(port, &["--timeout", "0.5"]);
+    assert!(!ok);
+    assert!(err.contains("no answer from the scheduler"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+fn scrape(addr: SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).expect("cannot reach the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.0 200 OK"), "{out}");
+    out
+}
+
+/// The value of the series `name{labels}` in a Prometheus text page.
+fn metric(page: &str, series: &str) -> u64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{page}"))
+}
+
+#[test]
+fn metrics_endpoint_counts_the_bytes_a_job_moves() {
+    let c = LocalCluster::start_with(1, 1, |cfg| cfg.metrics_port = Some(0));
+    let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+    server.set_request_handle(DefaultHandle::new().into_handle());
+    let kv = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    const KEYS: u64 = 10_000;
+    const PUSHES: u64 = 5;
+    for round in 0..PUSHES {
+        let keys = SArray::from_vec((0..KEYS).map(|k| k * 7).collect::<Vec<u64>>());
+        let vals = SArray::from_vec(vec![round as f32; KEYS as usize]);
+        let ts = kv.zpush(keys, vals, KVOptions::new()).unwrap();
+        kv.wait(ts).unwrap();
+    }
+    let worker_page = scrape(c.workers[0].metrics_addr().expect("worker metrics"));
+    let server_addr = c.servers[0].metrics_addr().expect("server metrics");
+    let server_page = scrape(server_addr);
+    assert!(
+        scrape(c.scheduler.metrics_addr().expect("scheduler metrics"))
+            .contains("role=\"scheduler\"")
+    );
+
+    let sent = metric(
+        &worker_page,
+        "pslite_bytes_sent_total{node=\"9\",role=\"worker\",peer=\"8\"}",
+    );
+    let received = metric(
+        &server_page,
+        "pslite_bytes_received_total{node=\"8\",role=\"server\",peer=\"9\"}",
+    );
+    let msgs = metric(
+        &worker_page,
+        "pslite_messages_sent_total{node=\"9\",role=\"worker\",peer=\"8\"}",
+    );
+    // The pushes moved 8-byte keys and 4-byte values; each message adds its
+    // meta frame (tens of bytes).
+    let data = PUSHES * KEYS * 12;
+    assert_eq!(sent, received, "both ends count the same bytes");
+    assert_eq!(msgs, PUSHES);
+    assert!(
+        sent >= data && sent <= data + 100 * msgs,
+        "sent {sent}, data {data}"
+    );
+    // The handler is counted when it returns, just after it answered.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let handler_calls = "pslite_handler_calls_total{node=\"8\",role=\"server\"}";
+    while metric(&scrape(server_addr), handler_calls) < PUSHES {
+        assert!(
+            Instant::now() < deadline,
+            "the server's handler calls were not counted"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(metric(&scrape(server_addr), handler_calls), PUSHES);
+    assert_eq!(
+        metric(
+            &worker_page,
+            "pslite_requests_in_flight{node=\"9\",role=\"worker\"}"
+        ),
+        0
+    );
+    // The Postoffice API reads the same counters.
+    let api = c.workers[0].counters();
+    let to_server = api.peers.iter().find(|p| p.peer == 8).unwrap();
+    assert_eq!(to_server.bytes_sent, sent);
+    drop((kv, server));
+    c.finalize();
+}
+
+#[test]
+fn the_demo_plots_one_point_per_epoch() {
+    let dir = std::env::temp_dir().join(format!("pslite-observe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg_path = dir.join("curve.svg");
+    let mut demo = Command::new(pslite_bin());
+    demo.args([
+        "demo",
+        "--epochs",
+        "3",
+        "--samples",
+        "20000",
+        "--threshold",
+        "0.6",
+    ])
+    .arg("--plot")
+    .arg(&svg_path);
+    let r = run(demo, Duration::from_secs(120));
+    let svg = std::fs::read_to_string(&svg_path);
+    std::fs::remove_dir_all(&dir).unwrap();
+    r.assert_ok();
+    // Output is not a terminal: plain lines, no progress bar.
+    assert!(
+        !r.stdout
+            .lines()
+            .any(|l| l.contains("] ") && l.contains("minibatches")),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("chart of loss and accuracy per epoch"),
+        "{}",
+        r.stdout
+    );
+    let svg = svg.expect("no chart written");
+    let doc = roxmltree::Document::parse(&svg).expect("the chart is not well-formed XML");
+    let points = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("circle"))
+        .count();
+    assert_eq!(
+        points,
+        2 * 4,
+        "epochs 0..=3, on the loss and the accuracy curves"
+    );
+    let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+    for label in ["epoch", "held-out loss", "held-out accuracy"] {
+        assert!(
+            texts.iter().any(|t| t.contains(label)),
+            "no axis label {label:?}"
+        );
+    }
+}
