@@ -248,10 +248,10 @@ fn run() -> Result<(), Error> {
         s.errors
     );
     if !stopped {
-        return Err(Error::Failed("no 'stop server' command arrived".into()));
+        return Err(Error::App("no 'stop server' command arrived".into()));
     }
     if s.errors > 0 || pending > 0 {
-        return Err(Error::Failed(format!(
+        return Err(Error::App(format!(
             "{} errors, {pending} pushes never merged",
             s.errors
         )));

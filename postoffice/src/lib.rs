@@ -18,6 +18,6 @@ mod config;
 mod postoffice;
 mod router;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, DEFAULT_QUEUE_LIMIT};
 pub use postoffice::{key_ranges, Error, KeyRange, Postoffice};
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};

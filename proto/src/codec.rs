@@ -65,6 +65,7 @@ impl Meta {
             data_size: None,
             pull: Some(self.pull),
             priority: Some(self.priority),
+            handler_panic: self.handler_panic.clone(),
         }
     }
 
@@ -92,6 +93,7 @@ impl Meta {
             timestamp: pb.timestamp.unwrap_or(K_EMPTY),
             data_type,
             priority: pb.priority.unwrap_or(0),
+            handler_panic: pb.handler_panic,
             sender: K_EMPTY,
             recver: K_EMPTY,
         })
@@ -104,6 +106,8 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
         node: ctrl.node.iter().map(node_to_pb).collect(),
         barrier_group: (ctrl.cmd == Command::Barrier).then_some(ctrl.barrier_group),
         msg_sig: (ctrl.cmd == Command::Ack).then_some(ctrl.msg_sig),
+        failed_peer: ctrl.failed_peer,
+        dead_nodes: ctrl.dead_nodes.clone(),
     }
 }
 
@@ -119,6 +123,8 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         node,
         barrier_group: pb.barrier_group.unwrap_or(0),
         msg_sig: pb.msg_sig.unwrap_or(0),
+        failed_peer: pb.failed_peer,
+        dead_nodes: pb.dead_nodes,
     })
 }
 
@@ -130,6 +136,7 @@ fn node_to_pb(node: &Node) -> PbNode {
         port: Some(node.port),
         is_recovery: Some(node.is_recovery),
         customer_id: Some(node.customer_id),
+        pslite: node.pslite.then_some(true),
     }
 }
 
@@ -141,6 +148,7 @@ fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
         port: pb.port.unwrap_or(0),
         is_recovery: pb.is_recovery.unwrap_or(false),
         customer_id: pb.customer_id.unwrap_or(0),
+        pslite: pb.pslite.unwrap_or(false),
     })
 }
 

@@ -42,3 +42,11 @@ pub use ids::{NodeId, K_EMPTY};
 pub use message::Message;
 pub use meta::{Command, Control, DataType, Meta};
 pub use node::{Node, ParseRoleError, Role};
+
+/// Locks `mutex`, recovering the data if a thread panicked while holding
+/// it: every lock in pslite guards state that stays consistent between
+/// statements, so a panic elsewhere (a user's handler) must not poison the
+/// node. The one lock helper of the workspace.
+pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -50,6 +50,12 @@ pub struct Control {
     pub barrier_group: i32,
     /// The signature an ACK acknowledges.
     pub msg_sig: u64,
+    /// pslite-only (field 100): on a BARRIER reply, the barrier failed
+    /// because this node died and nothing replaced it.
+    pub failed_peer: Option<NodeId>,
+    /// pslite-only (field 101): on a scheduler's HEARTBEAT, the nodes it
+    /// holds dead.
+    pub dead_nodes: Vec<NodeId>,
 }
 
 impl Control {
@@ -158,6 +164,9 @@ pub struct Meta {
     pub data_type: Vec<DataType>,
     /// Scheduling priority (higher first); carried, not interpreted.
     pub priority: i32,
+    /// pslite-only (field 100): on a response, the request failed because
+    /// the responder's handler panicked, with this message.
+    pub handler_panic: Option<String>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -179,6 +188,7 @@ impl Default for Meta {
             timestamp: K_EMPTY,
             data_type: Vec::new(),
             priority: 0,
+            handler_panic: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

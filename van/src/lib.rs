@@ -1,11 +1,20 @@
 //! The Van: ps-lite's ZeroMQ transport and control plane.
 //!
-//! - [`transport`]: sockets, identities (`ps<id>`), zero-copy frames.
-//! - [`scheduler`]: the scheduler's membership, barrier, heartbeat and
-//!   recovery logic as a state machine without I/O.
-//! - [`Van`]: the driver. It binds this node's ROUTER, runs the receive
-//!   thread, joins the cluster (or, on the scheduler, forms it), runs
-//!   barriers and hands data messages to a [`Dispatch`].
+//! The protocol lives in socket-free state machines, with time passed in:
+//! - `scheduler.rs`: the scheduler's membership, barrier, heartbeat and
+//!   recovery logic ([`Scheduler`]).
+//! - `member.rs`: the node side: joining, node-table updates, barrier
+//!   waits, heartbeats, scheduler loss ([`Member`]).
+//! - `resender.rs`: acknowledgements and resends under `PS_RESEND=1`
+//!   ([`Resender`]).
+//! - `core.rs`: the three composed behind one interface ([`Core`]); it
+//!   decides what to accept, hold back, send, deliver or give up.
+//!
+//! The rest moves bytes: `transport.rs` (sockets, identities `ps<id>`,
+//! zero-copy frames), `resolve.rs` (host names), and [`Van`], the driver:
+//! it binds this node's ROUTER, runs the receive thread, feeds the core and
+//! carries out what it asks for. `harness.rs` (tests only) runs whole
+//! clusters of cores in an in-memory network with virtual time.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -25,12 +34,23 @@
 //! # Ok::<(), pslite_van::VanError>(())
 //! ```
 
+mod config;
+mod core;
 mod error;
+#[cfg(test)]
+mod harness;
+mod member;
 pub mod resender;
+pub mod resolve;
 pub mod scheduler;
 pub mod transport;
 mod van;
 
-pub use error::VanError;
+pub use crate::core::{Core, Output};
+pub use config::VanConfig;
+pub use error::{Failure, StartTimeout, VanError};
+pub use member::{BarrierOutcome, Member, MemberAction, MemberConfig, WAIT_LOG_INTERVAL};
+pub use resender::Resender;
+pub use scheduler::{Action, Scheduler, SchedulerConfig};
 pub use transport::Transport;
-pub use van::{describe, Dispatch, Van, VanConfig};
+pub use van::{describe, Dispatch, Van};

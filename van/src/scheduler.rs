@@ -29,6 +29,9 @@ pub struct SchedulerConfig {
     /// A node whose last message is older than this is dead
     /// (`PS_HEARTBEAT_TIMEOUT`); `None` means never.
     pub heartbeat_timeout: Option<Duration>,
+    /// How long a dead node may stay unreplaced before the barriers that
+    /// wait for it fail (`PS_RECOVERY_TIMEOUT`).
+    pub recovery_timeout: Duration,
 }
 
 /// Something the Van must do for the scheduler, in order.
@@ -74,6 +77,8 @@ pub struct Scheduler {
     /// Restarted nodes that arrived before a node of their role was dead:
     /// they take the first one that dies (see [`Scheduler::tick`]).
     waiting: Vec<Node>,
+    /// Dead processes, since when (as last told to the pslite nodes).
+    dead_since: HashMap<NodeId, Instant>,
 }
 
 impl Scheduler {
@@ -87,12 +92,16 @@ impl Scheduler {
             last_seen: HashMap::new(),
             recovered_customers: HashMap::new(),
             waiting: Vec::new(),
+            dead_since: HashMap::new(),
         }
     }
 
-    /// Lets waiting restarted nodes take over nodes that have died by `now`.
+    /// Clock-driven work at `now`: lets waiting restarted nodes take over
+    /// nodes that have died, tells the pslite nodes which nodes are dead,
+    /// and fails the barriers that wait for a node dead for longer than the
+    /// recovery timeout.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
-        if !self.ready || self.waiting.is_empty() {
+        if !self.ready {
             return Vec::new();
         }
         let mut actions = Vec::new();
@@ -102,7 +111,123 @@ impl Scheduler {
                 None => self.waiting.push(node),
             }
         }
+        let dead: BTreeSet<NodeId> = self.dead_nodes(now).into_iter().collect();
+        let known: BTreeSet<NodeId> = self.dead_since.keys().copied().collect();
+        if dead != known {
+            for &id in dead.difference(&known) {
+                warn!(
+                    "scheduler: node {id} is dead (no message for more than {} s)",
+                    self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
+                );
+                self.dead_since.insert(id, now);
+            }
+            self.dead_since.retain(|id, _| dead.contains(id));
+            actions.extend(self.tell_dead_nodes(now));
+        }
+        let groups: Vec<i32> = self.barriers.keys().copied().collect();
+        for group in groups {
+            if let Some(id) = self.given_up_in(group, now) {
+                actions.extend(self.fail_barrier(group, id));
+            }
+        }
         actions
+    }
+
+    /// When [`Scheduler::tick`] has work next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let timeout = self.cfg.heartbeat_timeout?;
+        if !self.ready {
+            return None;
+        }
+        let slack = Duration::from_millis(1);
+        let alive = self
+            .processes()
+            .into_iter()
+            .filter(|id| !self.dead_since.contains_key(id))
+            .filter_map(|id| self.last_seen.get(&id))
+            .map(|&seen| seen + timeout + slack)
+            .min();
+        let recovery = (!self.barriers.is_empty())
+            .then(|| {
+                self.dead_since
+                    .values()
+                    .map(|&since| since + self.cfg.recovery_timeout)
+                    .min()
+            })
+            .flatten();
+        match (alive, recovery) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
+        }
+    }
+
+    /// The dead list, as a HEARTBEAT to every live pslite node.
+    fn tell_dead_nodes(&self, now: Instant) -> Vec<Action> {
+        let dead: Vec<NodeId> = {
+            let mut d: Vec<NodeId> = self.dead_since.keys().copied().collect();
+            d.sort_unstable();
+            d
+        };
+        self.process_nodes()
+            .into_iter()
+            .filter(|n| n.pslite && !self.is_dead(n.id, now))
+            .map(|n| {
+                let mut msg = Message::control(Command::Heartbeat, n.id);
+                msg.meta.control.node = vec![self.cfg.me.clone()];
+                msg.meta.control.dead_nodes = dead.clone();
+                Action::Send(msg)
+            })
+            .collect()
+    }
+
+    /// A member of `group` dead for longer than the recovery timeout.
+    fn given_up_in(&self, group: i32, now: Instant) -> Option<NodeId> {
+        self.dead_since
+            .iter()
+            .filter(|&(&id, &since)| {
+                ids::group_contains(group, id) && now >= since + self.cfg.recovery_timeout
+            })
+            .map(|(&id, _)| id)
+            .min()
+    }
+
+    /// Ends the barrier round over `group`: its pslite waiters learn that
+    /// node `dead` will not come (C++ nodes cannot be told; they wait).
+    fn fail_barrier(&mut self, group: i32, dead: NodeId) -> Vec<Action> {
+        let Some(round) = self.barriers.remove(&group) else {
+            return Vec::new();
+        };
+        warn!(
+            "scheduler: barrier over group {group} fails: node {dead} is dead and was not \
+             replaced within {} s",
+            self.cfg.recovery_timeout.as_secs()
+        );
+        let waiting: BTreeSet<NodeId> = round.arrived.iter().map(|&(id, _)| id).collect();
+        waiting
+            .into_iter()
+            .filter(|&id| id == SCHEDULER || self.is_pslite(id))
+            .map(|id| self.barrier_failure(id, group, dead, &round))
+            .collect()
+    }
+
+    fn barrier_failure(
+        &self,
+        recver: NodeId,
+        group: i32,
+        dead: NodeId,
+        round: &BarrierRound,
+    ) -> Action {
+        let mut reply = Message::control(Command::Barrier, recver);
+        reply.meta.control.barrier_group = group;
+        reply.meta.control.failed_peer = Some(dead);
+        reply.meta.app_id = round.app_id;
+        reply.meta.customer_id = round.customer_id;
+        Action::Send(reply)
+    }
+
+    /// Whether process `id` registered as a pslite node.
+    fn is_pslite(&self, id: NodeId) -> bool {
+        self.nodes.iter().any(|n| n.id == id && n.pslite)
     }
 
     /// The lowest dead process id of `role`.
@@ -161,7 +286,7 @@ impl Scheduler {
         }
         match msg.meta.control.cmd {
             Command::AddNode => self.add_node(msg, now),
-            Command::Barrier => self.barrier(msg),
+            Command::Barrier => self.barrier(msg, now),
             Command::Heartbeat => self.heartbeat(msg),
             cmd => {
                 warn!("scheduler: dropping {cmd:?} from node {sender}: not a scheduler command");
@@ -357,6 +482,7 @@ impl Scheduler {
         self.recovered_customers
             .insert(pid, HashSet::from([node.customer_id]));
         self.last_seen.insert(pid, now);
+        self.dead_since.remove(&pid);
         // Barrier arrivals of the earlier incarnation still count: the new
         // one skips the start barrier, and arriving again at a later one
         // counts once (arrivals are a set).
@@ -375,7 +501,7 @@ impl Scheduler {
         actions
     }
 
-    fn barrier(&mut self, msg: &Message) -> Vec<Action> {
+    fn barrier(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
         let sender = msg.meta.sender;
         let group = msg.meta.control.barrier_group;
         if !msg.meta.request {
@@ -393,6 +519,16 @@ impl Scheduler {
         if !self.is_member(sender) || !ids::group_contains(group, sender) {
             warn!("scheduler: dropping BARRIER from node {sender}: not a member of group {group}");
             return Vec::new();
+        }
+        if let Some(dead) = self.given_up_in(group, now) {
+            if sender == SCHEDULER || self.is_pslite(sender) {
+                let round = BarrierRound {
+                    app_id: msg.meta.app_id,
+                    customer_id: msg.meta.customer_id,
+                    ..BarrierRound::default()
+                };
+                return vec![self.barrier_failure(sender, group, dead, &round)];
+            }
         }
         let expected = self.group_size(group);
         let round = self.barriers.entry(group).or_default();

@@ -20,6 +20,7 @@ fn node(role: Role, id: i32, port: i32, customer_id: i32) -> Node {
         port,
         is_recovery: false,
         customer_id,
+        pslite: false,
     }
 }
 
@@ -29,6 +30,8 @@ fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
         node: nodes,
         barrier_group,
         msg_sig: 0,
+        failed_peer: None,
+        dead_nodes: Vec::new(),
     }
 }
 
@@ -227,4 +230,23 @@ fn malformed_frames_are_typed_errors() {
     for len in 0..golden.len() {
         let _ = Meta::decode(&golden[..len]);
     }
+}
+
+#[test]
+fn pslite_only_fields_round_trip_and_are_absent_by_default() {
+    let mut meta = Meta::default();
+    meta.control = control(Command::Barrier, vec![node(Role::Worker, 9, 5000, 0)], 7);
+    let plain = meta.encode();
+    meta.control.failed_peer = Some(11);
+    meta.control.dead_nodes = vec![11, 13];
+    meta.control.node[0].pslite = true;
+    let extended = meta.encode();
+    assert!(extended.len() > plain.len());
+    let back = Meta::decode(&extended).unwrap();
+    assert_eq!(back.control.failed_peer, Some(11));
+    assert_eq!(back.control.dead_nodes, vec![11, 13]);
+    assert!(back.control.node[0].pslite);
+    let back = Meta::decode(&plain).unwrap();
+    assert_eq!(back.control.failed_peer, None);
+    assert!(back.control.dead_nodes.is_empty() && !back.control.node[0].pslite);
 }
