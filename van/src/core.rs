@@ -392,12 +392,18 @@ impl Core {
                 tries: self.cfg.max_resends,
                 what: crate::describe(&msg),
             };
-            warn!("{failure}");
             if msg.is_control() {
-                if msg.meta.recver == SCHEDULER && self.scheduler.is_none() {
+                // A scheduler that never acknowledged anything runs without
+                // PS_RESEND (a C++ one, say): its silence proves nothing.
+                let acks = self.acked_by.contains(&SCHEDULER);
+                if msg.meta.recver == SCHEDULER && self.scheduler.is_none() && acks {
+                    warn!("{failure}");
                     self.fail(failure, now);
+                } else {
+                    debug!("{failure}");
                 }
             } else {
+                warn!("{failure}");
                 self.out.push(Output::Undeliverable(msg, failure));
             }
             self.changed = true;

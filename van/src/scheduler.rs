@@ -163,11 +163,7 @@ impl Scheduler {
 
     /// The dead list, as a HEARTBEAT to every live pslite node.
     fn tell_dead_nodes(&self, now: Instant) -> Vec<Action> {
-        let dead: Vec<NodeId> = {
-            let mut d: Vec<NodeId> = self.dead_since.keys().copied().collect();
-            d.sort_unstable();
-            d
-        };
+        let dead = self.dead_list();
         self.process_nodes()
             .into_iter()
             .filter(|n| n.pslite && !self.is_dead(n.id, now))
@@ -178,6 +174,13 @@ impl Scheduler {
                 Action::Send(msg)
             })
             .collect()
+    }
+
+    /// The dead processes, in id order.
+    fn dead_list(&self) -> Vec<NodeId> {
+        let mut dead: Vec<NodeId> = self.dead_since.keys().copied().collect();
+        dead.sort_unstable();
+        dead
     }
 
     /// A member of `group` dead for longer than the recovery timeout.
@@ -570,6 +573,9 @@ impl Scheduler {
         }
         let mut ack = Message::control(Command::Heartbeat, sender);
         ack.meta.control.node = vec![self.cfg.me.clone()];
+        if self.is_pslite(sender) {
+            ack.meta.control.dead_nodes = self.dead_list();
+        }
         vec![Action::Send(ack)]
     }
 
