@@ -177,9 +177,17 @@ impl Config {
                 expected: "a positive number of seconds",
             },
         )?;
-        let heartbeat_interval = seconds("PS_HEARTBEAT_INTERVAL", 0)?;
-        let heartbeat_timeout = seconds("PS_HEARTBEAT_TIMEOUT", 0)?;
-        if let Some(timeout) = heartbeat_timeout {
+        let secs_of = |d: Option<Duration>| d.map_or(0, |d| d.as_secs());
+        let heartbeat_interval = seconds(
+            "PS_HEARTBEAT_INTERVAL",
+            secs_of(defaults.heartbeat_interval),
+        )?;
+        // Set, the timeout applies to every node, as in ps-lite; by default
+        // only to nodes that send heartbeats (see VanConfig::watch_all).
+        let watch_all = env.get("PS_HEARTBEAT_TIMEOUT").is_some();
+        let heartbeat_timeout =
+            seconds("PS_HEARTBEAT_TIMEOUT", secs_of(defaults.heartbeat_timeout))?;
+        if let (true, Some(timeout)) = (watch_all, heartbeat_timeout) {
             if heartbeat_interval.is_none_or(|interval| interval >= timeout) {
                 return Err(ConfigError::Invalid {
                     var: "PS_HEARTBEAT_TIMEOUT",
@@ -244,6 +252,7 @@ impl Config {
                 start_timeout,
                 heartbeat_interval,
                 heartbeat_timeout,
+                watch_all,
                 recovery_timeout,
                 resend_timeout: env.flag("PS_RESEND")?.then_some(resend_timeout),
                 max_resends: defaults.max_resends,
@@ -393,7 +402,9 @@ mod tests {
         assert_eq!((v.num_servers, v.num_workers), (2, 3));
         assert_eq!(v.host, "127.0.0.1");
         assert_eq!(v.start_timeout, Duration::from_secs(300));
-        assert_eq!(v.heartbeat_interval, None);
+        assert_eq!(v.heartbeat_interval, Some(Duration::from_secs(1)));
+        assert_eq!(v.heartbeat_timeout, Some(Duration::from_secs(10)));
+        assert!(!v.watch_all);
         assert_eq!(v.resend_timeout, None);
         assert_eq!(v.transport, Transport::Tcp);
         assert_eq!(v.port, None);
@@ -490,9 +501,24 @@ mod tests {
             .starts_with("PS_START_TIMEOUT must be a positive"));
         assert!(message(&[("PS_HEARTBEAT_INTERVAL", "1.5")])
             .starts_with("PS_HEARTBEAT_INTERVAL must be"));
-        assert!(message(&[("PS_HEARTBEAT_TIMEOUT", "5")]).starts_with(
+        assert!(message(&[
+            ("PS_HEARTBEAT_TIMEOUT", "5"),
+            ("PS_HEARTBEAT_INTERVAL", "0")
+        ])
+        .starts_with(
             "PS_HEARTBEAT_TIMEOUT must be larger than PS_HEARTBEAT_INTERVAL, which must be set"
         ));
+        let c = parse(&[("PS_HEARTBEAT_TIMEOUT", "5")]).unwrap();
+        assert!(c.van.watch_all, "a timeout set applies to every node");
+        let c = parse(&[
+            ("PS_HEARTBEAT_INTERVAL", "0"),
+            ("PS_HEARTBEAT_TIMEOUT", "0"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.van.heartbeat_interval, c.van.heartbeat_timeout),
+            (None, None)
+        );
         assert!(message(&[
             ("PS_HEARTBEAT_TIMEOUT", "5"),
             ("PS_HEARTBEAT_INTERVAL", "5")

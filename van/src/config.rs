@@ -35,11 +35,18 @@ pub struct VanConfig {
     pub water_mark: Option<i32>,
     /// How long joining the cluster may take (`PS_START_TIMEOUT`).
     pub start_timeout: Duration,
-    /// How often to send heartbeats (`PS_HEARTBEAT_INTERVAL`).
+    /// How often to send heartbeats (`PS_HEARTBEAT_INTERVAL`; default 1 s,
+    /// `None` is off).
     pub heartbeat_interval: Option<Duration>,
-    /// When a silent node counts as dead (`PS_HEARTBEAT_TIMEOUT`); a node
-    /// that hears nothing from the scheduler for this long fails.
+    /// When a silent node counts as dead (`PS_HEARTBEAT_TIMEOUT`; default
+    /// 10 s); a node that hears nothing from the scheduler for this long
+    /// fails.
     pub heartbeat_timeout: Option<Duration>,
+    /// The heartbeat timeout applies to every node (`PS_HEARTBEAT_TIMEOUT`
+    /// was set, as in ps-lite). By default (false) it applies only to nodes
+    /// that send heartbeats, and a node watches the scheduler only once it
+    /// has answered one: C++ nodes that send none are never declared dead.
+    pub watch_all: bool,
     /// How long a node declared dead may stay unreplaced before barriers and
     /// requests waiting for it fail (`PS_RECOVERY_TIMEOUT`).
     pub recovery_timeout: Duration,
@@ -74,9 +81,10 @@ impl Default for VanConfig {
             transport: Transport::Tcp,
             water_mark: None,
             start_timeout: Duration::from_secs(300),
-            heartbeat_interval: None,
-            heartbeat_timeout: None,
-            recovery_timeout: Duration::from_secs(60),
+            heartbeat_interval: Some(Duration::from_secs(1)),
+            heartbeat_timeout: Some(Duration::from_secs(10)),
+            watch_all: false,
+            recovery_timeout: Duration::from_secs(30),
             resend_timeout: None,
             max_resends: 10,
             drop_percent: 0,

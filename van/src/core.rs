@@ -118,6 +118,7 @@ impl Core {
                 me: me.clone(),
                 heartbeat_timeout: cfg.heartbeat_timeout,
                 recovery_timeout: cfg.recovery_timeout,
+                watch_all: cfg.watch_all,
             })
         });
         let member = Member::new(
@@ -129,6 +130,7 @@ impl Core {
                 start_timeout: cfg.start_timeout,
                 heartbeat_interval: cfg.heartbeat_interval,
                 heartbeat_timeout: cfg.heartbeat_timeout,
+                watch_all: cfg.watch_all,
                 recovery_timeout: cfg.recovery_timeout,
             },
             now,
@@ -497,7 +499,8 @@ impl Core {
             }
             Command::Heartbeat => {
                 if msg.meta.sender == SCHEDULER && self.member.is_joined() {
-                    self.member.on_dead_nodes(&msg.meta.control.dead_nodes, now);
+                    self.member
+                        .on_scheduler_heartbeat(&msg.meta.control.dead_nodes, now);
                 }
             }
             Command::Ack => debug!("dropping ACK from node {}: resend is off", msg.meta.sender),

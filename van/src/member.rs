@@ -45,6 +45,9 @@ pub struct MemberConfig {
     /// Silence from the scheduler after which it counts as lost
     /// (`PS_HEARTBEAT_TIMEOUT`).
     pub heartbeat_timeout: Option<Duration>,
+    /// Watch the scheduler from the start (`PS_HEARTBEAT_TIMEOUT` was set);
+    /// otherwise only once it has answered a heartbeat.
+    pub watch_all: bool,
     /// How long a node declared dead may stay unreplaced before barriers and
     /// requests that wait for it fail (`PS_RECOVERY_TIMEOUT`).
     pub recovery_timeout: Duration,
@@ -105,6 +108,8 @@ pub struct Member {
     next_token: u64,
     last_scheduler_contact: Instant,
     next_heartbeat: Option<Instant>,
+    /// The scheduler has answered a heartbeat (so its silence means loss).
+    scheduler_answers: bool,
     /// Nodes the scheduler declared dead, since when; and those already
     /// reported as dead for good.
     dead: HashMap<NodeId, Instant>,
@@ -128,6 +133,7 @@ impl Member {
             next_token: 0,
             last_scheduler_contact: now,
             next_heartbeat: None,
+            scheduler_answers: false,
             dead: HashMap::new(),
             given_up: HashSet::new(),
             ignored_tables: 0,
@@ -271,7 +277,7 @@ impl Member {
             return Vec::new();
         };
         if !nodes.iter().any(|n| n.id == SCHEDULER) {
-            self.ignore_table(format!("without the scheduler's entry"));
+            self.ignore_table("without the scheduler's entry".to_string());
             return Vec::new();
         }
         self.me.id = mine.id;
@@ -343,8 +349,15 @@ impl Member {
         actions
     }
 
+    /// The scheduler's HEARTBEAT (the answer to ours): it is alive, and (a
+    /// pslite scheduler) these nodes are dead now.
+    pub fn on_scheduler_heartbeat(&mut self, dead: &[NodeId], now: Instant) {
+        self.scheduler_answers = true;
+        self.on_dead_nodes(dead, now);
+    }
+
     /// The scheduler says these nodes are dead now (pslite schedulers only).
-    pub fn on_dead_nodes(&mut self, dead: &[NodeId], now: Instant) {
+    fn on_dead_nodes(&mut self, dead: &[NodeId], now: Instant) {
         let dead: HashSet<NodeId> = dead.iter().copied().collect();
         self.dead.retain(|id, _| dead.contains(id));
         self.given_up.retain(|id| dead.contains(id));
@@ -482,7 +495,7 @@ impl Member {
                     actions.push(MemberAction::Send(msg));
                 }
             }
-            if let Some(timeout) = self.cfg.heartbeat_timeout {
+            if let Some(timeout) = self.scheduler_timeout() {
                 let silent = now.saturating_duration_since(self.last_scheduler_contact);
                 if silent > timeout {
                     actions.extend(self.fail(Failure::SchedulerLost {
@@ -518,7 +531,7 @@ impl Member {
             if let Some(t) = self.next_heartbeat {
                 consider(t);
             }
-            if let Some(timeout) = self.cfg.heartbeat_timeout {
+            if let Some(timeout) = self.scheduler_timeout() {
                 consider(self.last_scheduler_contact + timeout + Duration::from_millis(1));
             }
         }
@@ -528,6 +541,16 @@ impl Member {
             }
         }
         next
+    }
+
+    /// After how much silence the scheduler counts as lost, if it is
+    /// watched: always when the timeout was set; by default only while this
+    /// node sends heartbeats and the scheduler has answered one.
+    fn scheduler_timeout(&self) -> Option<Duration> {
+        let answers = self.scheduler_answers && self.cfg.heartbeat_interval.is_some();
+        self.cfg
+            .heartbeat_timeout
+            .filter(|_| self.cfg.watch_all || answers)
     }
 
     /// Nodes the scheduler declared dead that nothing replaced in time.

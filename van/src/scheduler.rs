@@ -29,6 +29,11 @@ pub struct SchedulerConfig {
     /// A node whose last message is older than this is dead
     /// (`PS_HEARTBEAT_TIMEOUT`); `None` means never.
     pub heartbeat_timeout: Option<Duration>,
+    /// The timeout applies to every node (`PS_HEARTBEAT_TIMEOUT` was set);
+    /// otherwise only to nodes that send heartbeats (pslite nodes do by
+    /// default; C++ nodes only when told to), so a silent C++ node is never
+    /// declared dead by a default.
+    pub watch_all: bool,
     /// How long a dead node may stay unreplaced before the barriers that
     /// wait for it fail (`PS_RECOVERY_TIMEOUT`).
     pub recovery_timeout: Duration,
@@ -79,6 +84,8 @@ pub struct Scheduler {
     waiting: Vec<Node>,
     /// Dead processes, since when (as last told to the pslite nodes).
     dead_since: HashMap<NodeId, Instant>,
+    /// Processes that have sent a heartbeat.
+    heartbeating: HashSet<NodeId>,
 }
 
 impl Scheduler {
@@ -93,6 +100,7 @@ impl Scheduler {
             recovered_customers: HashMap::new(),
             waiting: Vec::new(),
             dead_since: HashMap::new(),
+            heartbeating: HashSet::new(),
         }
     }
 
@@ -144,6 +152,7 @@ impl Scheduler {
             .processes()
             .into_iter()
             .filter(|id| !self.dead_since.contains_key(id))
+            .filter(|id| self.cfg.watch_all || self.heartbeating.contains(id))
             .filter_map(|id| self.last_seen.get(&id))
             .map(|&seen| seen + timeout + slack)
             .min();
@@ -571,6 +580,7 @@ impl Scheduler {
             debug!("scheduler: dropping HEARTBEAT from unknown node {sender}");
             return Vec::new();
         }
+        self.heartbeating.insert(sender);
         let mut ack = Message::control(Command::Heartbeat, sender);
         ack.meta.control.node = vec![self.cfg.me.clone()];
         if self.is_pslite(sender) {
@@ -602,6 +612,9 @@ impl Scheduler {
         let Some(timeout) = self.cfg.heartbeat_timeout else {
             return false;
         };
+        if !self.cfg.watch_all && !self.heartbeating.contains(&id) {
+            return false;
+        }
         self.last_seen
             .get(&id)
             .is_none_or(|&seen| now.saturating_duration_since(seen) > timeout)

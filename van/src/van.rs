@@ -132,6 +132,13 @@ impl Van {
             .connect(&wake_endpoint)
             .map_err(zmq_err("connecting the wake-up socket"))?;
 
+        if config.drop_percent > 0 && config.resend_timeout.is_none() {
+            warn!(
+                "PS_DROP_MSG={} drops messages but PS_RESEND is off: nothing resends them, so \
+                 requests and barriers may wait until their deadlines (set PS_RESEND=1)",
+                config.drop_percent
+            );
+        }
         let seed = rand::random();
         let core = Core::new(&config, port, Instant::now(), seed);
         info!("{} listening on {}", core.me().role, core.me().address());

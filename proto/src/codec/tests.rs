@@ -234,8 +234,10 @@ fn malformed_frames_are_typed_errors() {
 
 #[test]
 fn pslite_only_fields_round_trip_and_are_absent_by_default() {
-    let mut meta = Meta::default();
-    meta.control = control(Command::Barrier, vec![node(Role::Worker, 9, 5000, 0)], 7);
+    let mut meta = Meta {
+        control: control(Command::Barrier, vec![node(Role::Worker, 9, 5000, 0)], 7),
+        ..Meta::default()
+    };
     let plain = meta.encode();
     meta.control.failed_peer = Some(11);
     meta.control.dead_nodes = vec![11, 13];

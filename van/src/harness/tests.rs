@@ -17,6 +17,7 @@ fn heartbeats() -> VanConfig {
     VanConfig {
         heartbeat_interval: Some(SECOND),
         heartbeat_timeout: Some(SECOND * 3),
+        watch_all: true,
         recovery_timeout: SECOND * 5,
         ..VanConfig::default()
     }
@@ -230,6 +231,63 @@ fn a_dead_node_replaced_in_time_does_not_fail_the_barrier() {
     assert_eq!(net.id(fresh), 11);
     waiters.push((fresh, net.barrier(fresh, ALL_GROUP)));
     assert!(net.run_until(SECOND * 3, |n| all_released(n, &waiters)));
+}
+
+#[test]
+fn by_default_only_nodes_that_send_heartbeats_can_be_declared_dead() {
+    // Defaults: heartbeats every second, a 10 s timeout for the nodes that
+    // send them. Node 1 (a server) behaves like a C++ node: no heartbeats.
+    let mut net = Network::cluster(1, 2, VanConfig::default(), 17);
+    let cpp = 1;
+    let cfg = VanConfig {
+        role: Role::Server,
+        port: Some(10_000),
+        heartbeat_interval: None,
+        ..net.config.clone()
+    };
+    net.nodes[cpp].core = Core::new(&cfg, 10_000, net.now, 1);
+    assert!(net.form(SECOND * 5));
+    net.run_for(SECOND * 60);
+    assert!(net
+        .nodes
+        .iter()
+        .all(|n| n.failures.is_empty() && n.peer_dead.is_empty()));
+    // A worker that sends heartbeats and dies is declared dead, and the
+    // barriers waiting for it fail after the recovery timeout (30 s).
+    let dead = net.index_of(11).unwrap();
+    net.kill(dead);
+    let waiters = enter(&mut net, ALL_GROUP);
+    assert!(net.run_until(SECOND * 45, |n| waiters
+        .iter()
+        .all(|&(i, t)| n.outcome(i, t).is_some())));
+    for &(i, t) in &waiters {
+        assert!(
+            matches!(
+                net.outcome(i, t),
+                Some(Err(Failure::PeerDead { id: 11, .. }))
+            ),
+            "node {}: {:?}",
+            net.id(i),
+            net.outcome(i, t)
+        );
+    }
+}
+
+#[test]
+fn with_default_settings_nodes_fail_promptly_when_the_scheduler_dies() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 18);
+    assert!(net.form(SECOND * 5));
+    net.run_for(SECOND * 5);
+    net.kill(0);
+    let killed = net.now;
+    assert!(net.run_until(SECOND * 15, |n| n.nodes[1..]
+        .iter()
+        .all(|n| !n.failures.is_empty())));
+    assert!(
+        net.now - killed <= SECOND * 12,
+        "took {:?}",
+        net.now - killed
+    );
 }
 
 #[test]
