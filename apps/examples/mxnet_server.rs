@@ -198,7 +198,7 @@ impl MxServer {
 }
 
 fn lock(state: &Mutex<MxServer>) -> MutexGuard<'_, MxServer> {
-    state.lock().unwrap_or_else(|e| e.into_inner())
+    pslite::proto::lock(state)
 }
 
 fn run() -> Result<(), Error> {

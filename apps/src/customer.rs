@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use log::{error, warn};
 use pslite_postoffice::{Delivery, Inline, Postoffice};
-use pslite_proto::{lock, Message, NodeId, K_EMPTY};
+use pslite_proto::{lock, wait, wait_timeout, Message, NodeId, K_EMPTY};
 use pslite_van::Failure;
 
 use crate::Error;
@@ -397,11 +397,7 @@ impl Customer {
                 });
             }
             r = match deadline {
-                None => self
-                    .tracker
-                    .changed
-                    .wait(r)
-                    .unwrap_or_else(|e| e.into_inner()),
+                None => wait(&self.tracker.changed, r),
                 Some((deadline, timeout)) => {
                     let now = Instant::now();
                     if now >= deadline {
@@ -410,11 +406,7 @@ impl Customer {
                             secs: timeout.as_secs_f64(),
                         });
                     }
-                    self.tracker
-                        .changed
-                        .wait_timeout(r, deadline - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    wait_timeout(&self.tracker.changed, r, deadline - now)
                 }
             };
         }
@@ -430,7 +422,7 @@ impl Drop for Customer {
     fn drop(&mut self) {
         self.po.unregister_customer(self.app_id, self.customer_id);
         self.tracker.fail(Failure::AppDropped);
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let thread = lock(&self.thread).take();
         if let Some((id, handle)) = thread {
             // Dropped from its own thread (the app's last handle went away
             // inside a handler): the thread ends by itself.

@@ -45,12 +45,12 @@ use std::fmt;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, RecvTimeoutError};
 use log::warn;
-use pslite_proto::Role;
+use pslite_proto::{lock, Role};
 
 use crate::launcher::{launch, LaunchError, LaunchOptions, Outcome};
 use data::{unique_keys, DataSpec, Sample};
@@ -500,10 +500,6 @@ fn run_node_on(
             Ok(None)
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What a server's handle counts.

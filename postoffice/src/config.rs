@@ -217,7 +217,8 @@ impl Config {
                         expected: "a positive number of bytes",
                     })
             })
-            .transpose()?;
+            .transpose()?
+            .or(defaults.max_message_size);
         let hold_limit = env.number(
             "PS_HOLD_LIMIT",
             defaults.hold_limit as u64,

@@ -50,3 +50,24 @@ pub use node::{Node, ParseRoleError, Role};
 pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Waits on `condvar` with `guard`, recovering from poisoning as [`lock`].
+pub fn wait<'a, T>(
+    condvar: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+) -> std::sync::MutexGuard<'a, T> {
+    condvar.wait(guard).unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits on `condvar` with `guard` for at most `timeout`, recovering from
+/// poisoning as [`lock`].
+pub fn wait_timeout<'a, T>(
+    condvar: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> std::sync::MutexGuard<'a, T> {
+    match condvar.wait_timeout(guard, timeout) {
+        Ok((guard, _)) => guard,
+        Err(e) => e.into_inner().0,
+    }
+}

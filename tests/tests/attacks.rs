@@ -262,3 +262,101 @@ fn with_default_settings_a_killed_scheduler_fails_every_survivor() {
     // Heartbeats every second, lost after 10 s of silence.
     survivors_fail("scheduler", "lost the scheduler", Duration::from_secs(20));
 }
+
+/// The resident memory of process `pid`, in MiB.
+fn rss_mib(pid: u32) -> u64 {
+    proc_status_mib(pid, "VmRSS:")
+}
+
+/// A memory figure of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in MiB.
+fn proc_status_mib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb / 1024)
+}
+
+/// A data message of `size` bytes for `app_id`.
+fn junk(app_id: i32, size: usize) -> Message {
+    let mut msg = Message::default();
+    msg.meta.app_id = app_id;
+    msg.meta.customer_id = 0;
+    msg.meta.request = true;
+    msg.meta.push = true;
+    msg.meta.timestamp = 0;
+    msg.data = vec![vec![0x5a; size].into()];
+    msg
+}
+
+#[test]
+fn strangers_cannot_pin_memory() {
+    let port = free_port();
+    let servers = two_ports();
+    let workers = two_ports();
+    let limit = Duration::from_secs(120);
+    // The scheduler alone, before the cluster forms: 10 x 100 MB from an
+    // anonymous peer and from ps1000 (an id no member can have).
+    let scheduler = spawn(node_command("kv_app", &env("scheduler", port, &[])));
+    wait_listening(port);
+    for identity in [None, Some("ps1000")] {
+        let attacker = Attacker::new(identity, port);
+        for _ in 0..5 {
+            attacker.send(&junk(0, 100 << 20));
+        }
+    }
+    // A server alone: 500 x 1 MB for app 99 (no such app) from ps11, a
+    // member id, which leaves before the real node 11 needs its identity.
+    let p = |v: u16| vec![("PORT", v.to_string())];
+    let server = spawn(node_command("kv_app", &env("server", port, &p(servers.0))));
+    wait_listening(servers.0);
+    {
+        let attacker = Attacker::new(Some("ps11"), servers.0);
+        for _ in 0..500 {
+            attacker.send(&junk(99, 1 << 20));
+        }
+    }
+    // The attackers' sockets have closed (their LINGER flushed them); let
+    // the nodes finish reading: wait until their memory stops changing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut sched_mib, mut server_mib) = (0, 0);
+    while Instant::now() < deadline {
+        sched_mib = rss_mib(scheduler.pid());
+        server_mib = rss_mib(server.pid());
+        std::thread::sleep(Duration::from_millis(200));
+        if rss_mib(scheduler.pid()) == sched_mib && rss_mib(server.pid()) == server_mib {
+            break;
+        }
+    }
+    let peaks = (
+        proc_status_mib(scheduler.pid(), "VmHWM:"),
+        proc_status_mib(server.pid(), "VmHWM:"),
+    );
+    let second = spawn(node_command("kv_app", &env("server", port, &p(servers.1))));
+    let workers: Vec<Spawned> = [workers.0, workers.1]
+        .into_iter()
+        .map(|w| spawn_with_stdin(node_command("kv_app", &env("worker", port, &p(w)))))
+        .collect();
+    for w in &workers {
+        w.wait_for_line("ready", Duration::from_secs(60))
+            .expect("the cluster did not form");
+    }
+    let cluster = Cluster {
+        scheduler,
+        servers: vec![server, second],
+        workers,
+    };
+    let runs = cluster.finish(limit);
+    assert_exact(&runs);
+    eprintln!(
+        "after the junk: scheduler {sched_mib} MiB, server {server_mib} MiB resident \
+         (peaks {} and {} MiB)",
+        peaks.0, peaks.1
+    );
+    // 1 GB sent to the scheduler, 500 MB to the server: what stays is the
+    // per-sender hold budget (PS_HOLD_LIMIT / 4 = 64 MiB) and the process.
+    assert!(sched_mib < 150, "the scheduler holds {sched_mib} MiB");
+    assert!(server_mib < 200, "the server holds {server_mib} MiB");
+}

@@ -57,8 +57,10 @@ pub struct VanConfig {
     pub max_resends: u32,
     /// Percentage of received messages to drop once joined (`PS_DROP_MSG`).
     pub drop_percent: u32,
-    /// The largest message accepted, in bytes (`PS_MAX_MESSAGE_SIZE`);
-    /// ZeroMQ drops the connection of a peer that sends a larger one.
+    /// The largest message accepted, in bytes (`PS_MAX_MESSAGE_SIZE`;
+    /// default 2 GiB - 1, the most C++ ps-lite can send, as its sizes are
+    /// C `int`s); ZeroMQ drops the connection of a peer that sends a larger
+    /// one. `None` is no limit.
     pub max_message_size: Option<i64>,
     /// Bytes of data messages held before this node joined, in total and
     /// per sender (`PS_HOLD_LIMIT`).
@@ -88,7 +90,7 @@ impl Default for VanConfig {
             resend_timeout: None,
             max_resends: 10,
             drop_percent: 0,
-            max_message_size: None,
+            max_message_size: Some(i64::from(i32::MAX)),
             hold_limit: 256 << 20,
         }
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use log::{debug, error, info, trace, warn};
 use pslite_proto::ids::NodeId;
-use pslite_proto::{lock, Command, Message, Meta, Node, K_EMPTY};
+use pslite_proto::{lock, wait, wait_timeout, Command, Message, Meta, Node, K_EMPTY};
 
 use crate::config::VanConfig;
 use crate::core::{Core, Output};
@@ -184,10 +184,7 @@ impl Van {
             if let Some(status) = locked.core.join_status() {
                 return status;
             }
-            locked = shared
-                .changed
-                .wait(locked)
-                .unwrap_or_else(|e| e.into_inner());
+            locked = wait(&shared.changed, locked);
         }
     }
 
@@ -215,10 +212,7 @@ impl Van {
                 break outcome.map_err(VanError::from);
             }
             locked = match deadline {
-                None => shared
-                    .changed
-                    .wait(locked)
-                    .unwrap_or_else(|e| e.into_inner()),
+                None => wait(&shared.changed, locked),
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
@@ -227,11 +221,7 @@ impl Van {
                             secs: timeout.unwrap_or_default().as_secs(),
                         });
                     }
-                    shared
-                        .changed
-                        .wait_timeout(locked, deadline - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    wait_timeout(&shared.changed, locked, deadline - now)
                 }
             };
         };
@@ -539,11 +529,7 @@ impl Shared {
                 debug!("stopping with {left} messages unacknowledged");
                 return;
             }
-            locked = self
-                .changed
-                .wait_timeout(locked, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            locked = wait_timeout(&self.changed, locked, deadline - now);
         }
     }
 
