@@ -43,8 +43,8 @@ pub enum Output {
     Deliver(Message),
     /// A data message this node sent was given up on: its request failed.
     Undeliverable(Message, Failure),
-    /// Node `id` died and nothing replaced it in time: requests waiting on
-    /// it fail with the failure.
+    /// Node `id` died and nothing replaced it in time, or it restarted
+    /// without `PS_RESEND`: requests waiting on it fail with the failure.
     PeerDead(NodeId, Failure),
     /// The node cannot go on: every wait fails.
     Failed(Failure),
@@ -612,9 +612,14 @@ impl Core {
     }
 
     /// Node `id` restarted: the requests it never answered go to the new
-    /// process (the old one may have taken them to its grave).
+    /// process (the old one may have taken them to its grave); without a
+    /// resender they cannot, and fail instead of waiting forever.
     fn peer_replaced(&mut self, id: NodeId, now: Instant) {
         let Some(r) = &mut self.resender else {
+            if self.scheduler.is_none() {
+                self.out
+                    .push(Output::PeerDead(id, Failure::PeerRestarted { id }));
+            }
             return;
         };
         let again = r.on_peer_replaced(id, now);

@@ -45,6 +45,15 @@ pub enum Failure {
         /// The recovery deadline.
         secs: u64,
     },
+    /// A node restarted and took its old id, but without `PS_RESEND` the
+    /// requests it had not answered cannot be sent again: they fail.
+    #[error(
+        "node {id} restarted before answering; without PS_RESEND=1 its unanswered requests are lost"
+    )]
+    PeerRestarted {
+        /// The restarted node.
+        id: NodeId,
+    },
     /// This node was stopped (finalized or dropped).
     #[error("the node has stopped")]
     Stopped,

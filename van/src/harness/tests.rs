@@ -168,6 +168,20 @@ fn a_restarted_server_takes_its_id_back_and_gets_the_unanswered_requests() {
 }
 
 #[test]
+fn without_resend_requests_to_a_restarted_server_fail_instead_of_waiting() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 19);
+    assert!(net.form(SECOND * 5));
+    let server = net.index_of(8).unwrap();
+    let worker = net.index_of(9).unwrap();
+    net.kill(server);
+    let msg = net.request(worker, server, 5);
+    net.send(worker, msg);
+    net.restart(server);
+    net.register(server);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[worker].peer_dead.contains(&8)));
+}
+
+#[test]
 fn a_restarted_worker_rejoins_and_barriers_go_on() {
     let mut net = Network::cluster(1, 2, VanConfig::default(), 6);
     assert!(net.form(SECOND * 5));
