@@ -35,7 +35,7 @@ fn run() -> Result<(), Error> {
             let mut line = String::new();
             std::io::stdin()
                 .read_line(&mut line)
-                .map_err(|e| Error::Failed(format!("cannot read stdin: {e}")))?;
+                .map_err(|e| Error::App(format!("cannot read stdin: {e}")))?;
         }
         kv_workload::run(&kv, rank as u64, num.max(1), repeat)?;
         println!("worker rank {rank}: push, pull and push_pull sums exact");

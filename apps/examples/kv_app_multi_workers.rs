@@ -49,7 +49,7 @@ fn run() -> Result<(), Error> {
     for t in threads {
         let r = t
             .join()
-            .unwrap_or_else(|_| Err(Error::Failed("a worker thread panicked".into())));
+            .unwrap_or_else(|_| Err(Error::App("a worker thread panicked".into())));
         if result.is_ok() {
             result = r;
         }

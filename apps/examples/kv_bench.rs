@@ -144,7 +144,7 @@ fn cxx_workload(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
         let got = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
         pull.push(millis(t.elapsed()));
         if got.vals.len() != args.keys {
-            return Err(Error::Failed(format!("pulled {} values", got.vals.len())));
+            return Err(Error::App(format!("pulled {} values", got.vals.len())));
         }
     }
     println!(
@@ -246,14 +246,14 @@ struct Launched {
 
 fn launch(servers: usize, workers: usize, mode: &str, args: &Args) -> Result<Launched, Error> {
     let exe = std::env::current_exe()
-        .map_err(|e| Error::Failed(format!("cannot find this program: {e}")))?;
+        .map_err(|e| Error::App(format!("cannot find this program: {e}")))?;
     let pslite = exe
         .parent()
         .and_then(|examples| examples.parent())
         .map(|dir| dir.join("pslite"))
         .filter(|p| p.exists())
         .ok_or_else(|| {
-            Error::Failed(
+            Error::App(
                 "cannot find the pslite binary next to the examples directory; run \
                  `cargo build --release --bins --examples` first"
                     .into(),
@@ -271,9 +271,9 @@ fn launch(servers: usize, workers: usize, mode: &str, args: &Args) -> Result<Lau
         .args(["--window", &args.window.to_string()])
         .args(args.inline_server.then_some("--inline-server"))
         .output()
-        .map_err(|e| Error::Failed(format!("cannot run pslite launch: {e}")))?;
+        .map_err(|e| Error::App(format!("cannot run pslite launch: {e}")))?;
     if !output.status.success() {
-        return Err(Error::Failed(format!(
+        return Err(Error::App(format!(
             "the {servers}+{workers} {mode} cluster failed:\n{}{}",
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
@@ -302,16 +302,16 @@ fn driver(args: &Args) -> Result<(), Error> {
     if std::env::var_os("GLIBC_TUNABLES").is_none() {
         let status = Command::new(
             std::env::current_exe()
-                .map_err(|e| Error::Failed(format!("cannot find this program: {e}")))?,
+                .map_err(|e| Error::App(format!("cannot find this program: {e}")))?,
         )
         .args(std::env::args_os().skip(1))
         .env("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
         .status()
-        .map_err(|e| Error::Failed(format!("cannot re-run this program: {e}")))?;
+        .map_err(|e| Error::App(format!("cannot re-run this program: {e}")))?;
         return if status.success() {
             Ok(())
         } else {
-            Err(Error::Failed(format!("kv_bench failed: {status}")))
+            Err(Error::App(format!("kv_bench failed: {status}")))
         };
     }
     let only = args.only.as_deref();
@@ -472,7 +472,7 @@ impl Raw {
             .iter_mut()
             .find(|(k, _)| *k == key)
             .map(|(_, c)| c)
-            .ok_or_else(|| Error::Failed("raw cluster vanished".into()))?;
+            .ok_or_else(|| Error::App("raw cluster vanished".into()))?;
         let mut medians: Vec<f64> = std::thread::scope(|scope| {
             let handles: Vec<_> = cluster
                 .clients
@@ -506,7 +506,7 @@ struct RawClient {
 }
 
 fn raw_err(e: zmq::Error) -> Error {
-    Error::Failed(format!("raw ZeroMQ: {e}"))
+    Error::App(format!("raw ZeroMQ: {e}"))
 }
 
 /// A ROUTER bound to a free loopback port, and its endpoint.

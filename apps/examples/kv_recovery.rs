@@ -105,7 +105,7 @@ fn worker(po: &Postoffice, after: u64, max_rounds: u64) -> Result<(), Error> {
             Some(n) => *n = 0,
         }
     }
-    Err(Error::Failed(format!(
+    Err(Error::App(format!(
         "worker {rank}: no recovery seen in {max_rounds} rounds"
     )))
 }

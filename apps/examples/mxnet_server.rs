@@ -203,7 +203,7 @@ impl MxServer {
 }
 
 fn lock(state: &Mutex<MxServer>) -> MutexGuard<'_, MxServer> {
-    state.lock().unwrap_or_else(|e| e.into_inner())
+    pslite::proto::lock(state)
 }
 
 fn run() -> Result<(), Error> {
@@ -253,10 +253,10 @@ fn run() -> Result<(), Error> {
         s.errors
     );
     if !stopped {
-        return Err(Error::Failed("no 'stop server' command arrived".into()));
+        return Err(Error::App("no 'stop server' command arrived".into()));
     }
     if s.errors > 0 || pending > 0 {
-        return Err(Error::Failed(format!(
+        return Err(Error::App(format!(
             "{} errors, {pending} pushes never merged",
             s.errors
         )));

@@ -194,7 +194,7 @@ impl Store<'_> {
         let p = self.pskv(spec.key);
         let got = self.kv.take_pull_timeout(ts, REQUEST_TIMEOUT)?;
         if got.keys.as_slice() != p.keys.as_slice() {
-            return Err(Error::Failed(format!(
+            return Err(Error::App(format!(
                 "key {}: answered ps keys {:?}, requested {:?}",
                 spec.key,
                 got.keys.as_slice(),
@@ -202,7 +202,7 @@ impl Store<'_> {
             )));
         }
         if got.lens.as_slice() != p.lens.as_slice() {
-            return Err(Error::Failed(format!(
+            return Err(Error::App(format!(
                 "key {}: answered lens {:?} bytes, expected {:?}",
                 spec.key,
                 got.lens.as_slice(),
@@ -399,7 +399,7 @@ fn run() -> Result<(), Error> {
             checker.failures.len(),
             checker.failures.join(", ")
         );
-        return Err(Error::Failed("checks failed".into()));
+        return Err(Error::App("checks failed".into()));
     }
     println!("PASS [{who}] all checks");
     Ok(())

@@ -44,7 +44,7 @@ fn run() -> Result<(), Error> {
     let (n, wrong) = (count.load(Ordering::SeqCst), bad.load(Ordering::SeqCst));
     println!("{}: {n} requests received, {wrong} wrong", po.role());
     if n != REQUESTS || wrong != 0 {
-        return Err(Error::Failed(format!(
+        return Err(Error::App(format!(
             "expected {REQUESTS} good requests, got {n} ({wrong} wrong)"
         )));
     }

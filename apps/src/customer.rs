@@ -8,26 +8,33 @@
 //! app has handled it), or fails on its deadline or when the node fails.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use log::warn;
+use log::{error, warn};
 use pslite_postoffice::{Counters, Delivery, Inline, Postoffice};
-use pslite_proto::Message;
+use pslite_proto::{lock, wait, wait_timeout, Message, NodeId, K_EMPTY};
+use pslite_van::Failure;
 
 use crate::Error;
 
 /// What an app does with the messages its customer receives. Runs on the
 /// customer's thread, one message at a time.
+///
+/// A panic in any of these fails the request concerned with
+/// [`Failure::HandlerPanicked`]; the customer goes on.
 pub trait Handler: Send + Sync + 'static {
     /// A request from another node.
     fn on_request(&self, msg: Message);
-    /// A response to one of this customer's requests, before it is counted.
-    fn on_response(&self, msg: Message);
+    /// A response to one of this customer's requests, from a node it was
+    /// sent to, before it is counted. Returns false to drop it uncounted
+    /// (it does not belong to the request).
+    fn on_response(&self, msg: Message) -> bool;
     /// Every response of request `ts` has arrived (or it failed with
     /// `failure`); runs before `wait(ts)` returns.
-    fn on_complete(&self, ts: i32, failure: Option<String>);
+    fn on_complete(&self, ts: i32, failure: Option<Failure>);
 
     /// Whether `msg` may be handled on the receive thread, skipping the
     /// customer's thread: for cheap work that never blocks (responses a
@@ -38,18 +45,31 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// The message of a caught panic.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
 struct Request {
     expected: usize,
     received: usize,
     done: bool,
-    failed: Option<String>,
+    failed: Option<Failure>,
+    /// The nodes that still owe a response (`None`: not tracked).
+    waiting_on: Option<Vec<NodeId>>,
 }
 
 #[derive(Default)]
 struct Requests {
     next_ts: i32,
     open: HashMap<i32, Request>,
-    failure: Option<String>,
+    failure: Option<Failure>,
 }
 
 /// The request tracker, shared by the customer's thread and its users.
@@ -62,7 +82,29 @@ pub struct Tracker {
 
 impl Tracker {
     fn lock(&self) -> MutexGuard<'_, Requests> {
-        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.requests)
+    }
+
+    /// Whether a response from `sender` belongs to open request `ts` (sent
+    /// to that node and not answered by it yet); records it if so.
+    fn accept_response(&self, ts: i32, sender: NodeId) -> bool {
+        let mut r = self.lock();
+        let Some(req) = r.open.get_mut(&ts) else {
+            return false;
+        };
+        if req.done || req.failed.is_some() {
+            return false;
+        }
+        match &mut req.waiting_on {
+            None => true,
+            Some(owing) => match owing.iter().position(|&id| id == sender) {
+                Some(i) => {
+                    owing.swap_remove(i);
+                    true
+                }
+                None => false,
+            },
+        }
     }
 
     /// Counts one response to `ts`; true if that completed it.
@@ -78,15 +120,26 @@ impl Tracker {
     }
 
     /// Ends request `ts` early because it failed; true if it was open.
-    fn force_complete(&self, ts: i32, reason: &str) -> bool {
+    fn force_complete(&self, ts: i32, failure: &Failure) -> bool {
         match self.lock().open.get_mut(&ts) {
             Some(req) if !req.done && req.failed.is_none() => {
                 req.expected = req.received;
-                req.failed = Some(reason.to_string());
+                req.failed = Some(failure.clone());
                 true
             }
             _ => false,
         }
+    }
+
+    /// Open requests that still wait for node `id`.
+    fn waiting_on(&self, id: NodeId) -> Vec<i32> {
+        self.lock()
+            .open
+            .iter()
+            .filter(|(_, req)| !req.done && req.failed.is_none())
+            .filter(|(_, req)| req.waiting_on.as_ref().is_some_and(|o| o.contains(&id)))
+            .map(|(&ts, _)| ts)
+            .collect()
     }
 
     fn finish(&self, ts: i32) {
@@ -100,9 +153,75 @@ impl Tracker {
     }
 
     /// Fails every open and future wait.
-    pub fn fail(&self, reason: String) {
-        self.lock().failure.get_or_insert(reason);
+    pub fn fail(&self, failure: Failure) {
+        self.lock().failure.get_or_insert(failure);
         self.changed.notify_all();
+    }
+}
+
+/// Fails request `ts` with `failure` (if still open) and completes it.
+fn fail_request(tracker: &Tracker, handler: &dyn Handler, ts: i32, failure: Failure) {
+    if tracker.force_complete(ts, &failure) {
+        let complete = catch_unwind(AssertUnwindSafe(|| {
+            handler.on_complete(ts, Some(failure));
+        }));
+        if let Err(payload) = complete {
+            error!(
+                "the completion handler of request {ts} panicked: {}",
+                panic_message(&*payload)
+            );
+        }
+        tracker.finish(ts);
+    }
+}
+
+/// Handles one response: checks that it belongs to its request, lets the
+/// app see it and completes the request with its last response. A panic in
+/// the app fails the request.
+fn on_response(tracker: &Tracker, handler: &dyn Handler, msg: Message, me: NodeId) {
+    let ts = msg.meta.timestamp;
+    let sender = msg.meta.sender;
+    if !tracker.accept_response(ts, sender) {
+        warn!("dropping a response from node {sender} to request {ts}, which was not sent to it or is over");
+        return;
+    }
+    if let Some(message) = msg.meta.handler_panic.clone() {
+        let failure = Failure::HandlerPanicked {
+            node: sender,
+            message,
+        };
+        fail_request(tracker, handler, ts, failure);
+        return;
+    }
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        if handler.on_response(msg) && tracker.add_response(ts) {
+            handler.on_complete(ts, None);
+            tracker.finish(ts);
+        }
+    }));
+    if let Err(payload) = outcome {
+        let message = panic_message(&*payload);
+        error!("a handler of request {ts} panicked: {message}");
+        let failure = Failure::HandlerPanicked { node: me, message };
+        if !tracker.force_complete(ts, &failure) {
+            // It panicked completing: the request is over, and failed.
+            if let Some(req) = tracker.lock().open.get_mut(&ts) {
+                req.failed = Some(failure);
+            }
+        }
+        tracker.finish(ts);
+    }
+}
+
+/// Handles one request; a panic is logged and the customer goes on (apps
+/// that answer requests report the panic to the requester themselves).
+fn on_request(handler: &dyn Handler, msg: Message) {
+    let sender = msg.meta.sender;
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| handler.on_request(msg))) {
+        error!(
+            "the handler of a request from node {sender} panicked: {}",
+            panic_message(&*payload)
+        );
     }
 }
 
@@ -133,6 +252,7 @@ impl Customer {
         let inline_handler = handler.clone();
         // Responses the app can take on the receive thread save a thread
         // hop (and its wake-up latency) on every request.
+        let inline_po = po.clone();
         let inline: Inline = Arc::new(move |msg: Message| {
             let Some(handler) = inline_handler.upgrade() else {
                 return Some(msg);
@@ -141,19 +261,16 @@ impl Customer {
                 return Some(msg);
             }
             if msg.meta.request {
-                handler.on_request(msg);
-                return None;
-            }
-            let ts = msg.meta.timestamp;
-            handler.on_response(msg);
-            if inline_tracker.add_response(ts) {
-                handler.on_complete(ts, None);
-                inline_tracker.finish(ts);
+                on_request(&*handler, msg);
+            } else {
+                let me = inline_po.my_id().unwrap_or(K_EMPTY);
+                on_response(&inline_tracker, &*handler, msg, me);
             }
             None
         });
         let queue = po.register_customer_inline(app_id, customer_id, inline)?;
         let thread_tracker = Arc::clone(&tracker);
+        let thread_po = po.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("pslite-app{app_id}-customer{customer_id}"))
             .spawn(move || {
@@ -161,34 +278,26 @@ impl Customer {
                     let Some(handler) = handler.upgrade() else {
                         break;
                     };
-                    let msg = match delivery {
-                        Delivery::Message(msg) => msg,
-                        Delivery::Undeliverable { msg, reason } => {
+                    let tracker = &*thread_tracker;
+                    match delivery {
+                        Delivery::Message(msg) if msg.meta.request => on_request(&*handler, msg),
+                        Delivery::Message(msg) => {
+                            let me = thread_po.my_id().unwrap_or(K_EMPTY);
+                            on_response(tracker, &*handler, msg, me);
+                        }
+                        Delivery::Undeliverable { msg, failure } => {
                             if msg.meta.request {
-                                let ts = msg.meta.timestamp;
-                                if thread_tracker.force_complete(ts, &reason) {
-                                    handler.on_complete(ts, Some(reason));
-                                    thread_tracker.finish(ts);
-                                }
+                                fail_request(tracker, &*handler, msg.meta.timestamp, failure);
                             } else {
-                                warn!("{reason}");
+                                warn!("{failure}");
                             }
-                            continue;
                         }
-                        Delivery::NodeFailed(reason) => {
-                            thread_tracker.fail(reason);
-                            continue;
+                        Delivery::PeerDead { id, failure } => {
+                            for ts in tracker.waiting_on(id) {
+                                fail_request(tracker, &*handler, ts, failure.clone());
+                            }
                         }
-                    };
-                    if msg.meta.request {
-                        handler.on_request(msg);
-                        continue;
-                    }
-                    let ts = msg.meta.timestamp;
-                    handler.on_response(msg);
-                    if thread_tracker.add_response(ts) {
-                        handler.on_complete(ts, None);
-                        thread_tracker.finish(ts);
+                        Delivery::NodeFailed(failure) => tracker.fail(failure),
                     }
                 }
             });
@@ -196,9 +305,7 @@ impl Customer {
             Ok(t) => t,
             Err(e) => {
                 po.unregister_customer(app_id, customer_id);
-                return Err(Error::Failed(format!(
-                    "cannot start a customer thread: {e}"
-                )));
+                return Err(Error::App(format!("cannot start a customer thread: {e}")));
             }
         };
         Ok(Customer {
@@ -225,9 +332,21 @@ impl Customer {
         &self.po
     }
 
-    /// Starts tracking a new request that expects `expected` responses and
-    /// returns its timestamp. A request expecting none is complete at once.
+    /// Starts tracking a new request that expects `expected` responses, from
+    /// any node, and returns its timestamp. A request expecting none is
+    /// complete at once.
     pub fn new_request(&self, expected: usize) -> i32 {
+        self.track(expected, None)
+    }
+
+    /// Starts tracking a new request sent to `recvers`, one response each:
+    /// responses from other nodes are dropped, and the request fails if one
+    /// of them dies unreplaced. Returns its timestamp.
+    pub fn new_request_to(&self, recvers: &[NodeId]) -> i32 {
+        self.track(recvers.len(), Some(recvers.to_vec()))
+    }
+
+    fn track(&self, expected: usize, waiting_on: Option<Vec<NodeId>>) -> i32 {
         let mut r = self.tracker.lock();
         let ts = r.next_ts;
         r.next_ts = r.next_ts.wrapping_add(1) & i32::MAX;
@@ -241,17 +360,15 @@ impl Customer {
                 received: 0,
                 done: expected == 0,
                 failed: None,
+                waiting_on,
             },
         );
         ts
     }
 
-    /// Marks request `ts` as failed: it completes now, with `reason`.
-    pub fn fail_request(&self, ts: i32, reason: String, handler: &dyn Handler) {
-        if self.tracker.force_complete(ts, &reason) {
-            handler.on_complete(ts, Some(reason));
-            self.tracker.finish(ts);
-        }
+    /// Marks request `ts` as failed: it completes now, with `failure`.
+    pub fn fail_request(&self, ts: i32, failure: Failure, handler: &dyn Handler) {
+        fail_request(&self.tracker, handler, ts, failure);
     }
 
     /// How many responses request `ts` has received.
@@ -278,24 +395,20 @@ impl Customer {
                 Some(req) if req.done => {
                     let failed = r.open.remove(&ts).and_then(|req| req.failed);
                     return match failed {
-                        Some(reason) => Err(Error::RequestFailed { ts, reason }),
+                        Some(cause) => Err(Error::RequestFailed { ts, cause }),
                         None => Ok(()),
                     };
                 }
                 Some(_) => {}
             }
-            if let Some(reason) = &r.failure {
+            if let Some(cause) = &r.failure {
                 return Err(Error::RequestFailed {
                     ts,
-                    reason: reason.clone(),
+                    cause: cause.clone(),
                 });
             }
             r = match deadline {
-                None => self
-                    .tracker
-                    .changed
-                    .wait(r)
-                    .unwrap_or_else(|e| e.into_inner()),
+                None => wait(&self.tracker.changed, r),
                 Some((deadline, timeout)) => {
                     let now = Instant::now();
                     if now >= deadline {
@@ -304,11 +417,7 @@ impl Customer {
                             secs: timeout.as_secs_f64(),
                         });
                     }
-                    self.tracker
-                        .changed
-                        .wait_timeout(r, deadline - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    wait_timeout(&self.tracker.changed, r, deadline - now)
                 }
             };
         }
@@ -323,8 +432,8 @@ impl Customer {
 impl Drop for Customer {
     fn drop(&mut self) {
         self.po.unregister_customer(self.app_id, self.customer_id);
-        self.tracker.fail("the app was dropped".into());
-        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.tracker.fail(Failure::AppDropped);
+        let thread = lock(&self.thread).take();
         if let Some((id, handle)) = thread {
             // Dropped from its own thread (the app's last handle went away
             // inside a handler): the thread ends by itself.

@@ -1,6 +1,7 @@
 //! The error type of everything a ps-lite program calls.
 
 use pslite_proto::NodeId;
+pub use pslite_van::Failure;
 
 /// An error of pslite: configuration, the node's life cycle, the transport,
 /// or an app (bad input, a request that failed or timed out).
@@ -60,16 +61,18 @@ pub enum Error {
     #[error("this customer sent no request with timestamp {0}")]
     UnknownTimestamp(i32),
     /// The request could not complete.
-    #[error("request {ts} failed: {reason}")]
+    #[error("request {ts} failed: {cause}")]
     RequestFailed {
         /// The request's timestamp.
         ts: i32,
-        /// Why.
-        reason: String,
+        /// Why, as a typed cause (peer dead, not acknowledged, handler
+        /// panicked, node failed...).
+        cause: Failure,
     },
-    /// The node cannot go on (e.g. the scheduler is gone).
+    /// A failure of the user's program itself, for programs that return
+    /// `pslite::Error` (e.g. "checks failed").
     #[error("{0}")]
-    Failed(String),
+    App(String),
 }
 
 impl From<pslite_postoffice::ConfigError> for Error {
@@ -88,5 +91,14 @@ impl Error {
     /// Whether this is a configuration error (exit code 2).
     pub fn is_config(&self) -> bool {
         matches!(self, Error::Postoffice(pslite_postoffice::Error::Config(_)))
+    }
+
+    /// The typed cause of a failed request, barrier or node, if this is one.
+    pub fn failure(&self) -> Option<&Failure> {
+        match self {
+            Error::RequestFailed { cause, .. } => Some(cause),
+            Error::Postoffice(pslite_postoffice::Error::Van(e)) => e.failure(),
+            _ => None,
+        }
     }
 }

@@ -10,12 +10,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use log::warn;
 use pslite_postoffice::Postoffice;
-use pslite_proto::Message;
+use pslite_proto::{lock, Message};
 
 use crate::customer::{Customer, Handler};
 use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
@@ -61,10 +60,6 @@ impl<V: Val> Clone for KVServer<V> {
             inner: Arc::clone(&self.inner),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<V: Val> KVServer<V> {
@@ -153,14 +148,22 @@ impl<V: Val> KVServer<V> {
     /// Runs one request's handle, or gives the request back if there is no
     /// handle for it yet.
     fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) -> Option<Queued<V>> {
-        let started = Instant::now();
+        let po = &self.inner.po;
         match req {
             Queued::Kv(meta, kvs) => match handles.kv.as_mut() {
-                Some(handle) => handle(&meta, kvs, self),
+                Some(handle) => crate::simple_app::contain_panic(
+                    po,
+                    || self.response_message(&meta, KVPairs::default()),
+                    || handle(&meta, kvs, self),
+                ),
                 None => return Some(Queued::Kv(meta, kvs)),
             },
             Queued::Simple(data) => match (handles.simple.as_mut(), handles.kv.is_some()) {
-                (Some(handle), _) => handle(&data, self),
+                (Some(handle), _) => crate::simple_app::contain_panic(
+                    po,
+                    || crate::simple_app::response_message(self.inner.app_id, &data, b""),
+                    || handle(&data, self),
+                ),
                 (None, true) => {
                     if let Err(e) = self.simple_response(&data, b"") {
                         warn!("cannot answer node {}: {e}", data.sender);
@@ -169,12 +172,17 @@ impl<V: Val> KVServer<V> {
                 (None, false) => return Some(Queued::Simple(data)),
             },
         }
-        self.inner.po.counters_handle().handled(started.elapsed());
         None
     }
 
     /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
     pub fn response(&self, req: &KVMeta, res: KVPairs<V>) -> Result<(), Error> {
+        self.inner.po.send(self.response_message(req, res))?;
+        Ok(())
+    }
+
+    /// The response to `req` carrying `res`.
+    fn response_message(&self, req: &KVMeta, res: KVPairs<V>) -> Message {
         let mut msg = Message::default();
         msg.meta.app_id = self.inner.app_id;
         msg.meta.customer_id = req.customer_id;
@@ -190,8 +198,7 @@ impl<V: Val> KVServer<V> {
             msg.data = frames;
             msg.meta.data_type = types;
         }
-        self.inner.po.send(msg)?;
-        Ok(())
+        msg
     }
 
     /// The app id.
@@ -234,14 +241,18 @@ impl<V: Val> Handler for Inner<V> {
         }
     }
 
-    fn on_response(&self, msg: Message) {
+    fn on_response(&self, msg: Message) -> bool {
+        if msg.meta.simple_app {
+            return true; // the answer to a command this server sent
+        }
         warn!(
-            "KVServer app {} dropping a response from node {}: servers send no requests",
+            "KVServer app {} dropping a KV response from node {}: servers send no KV requests",
             self.app_id, msg.meta.sender
         );
+        false
     }
 
-    fn on_complete(&self, _ts: i32, _failure: Option<String>) {}
+    fn on_complete(&self, _ts: i32, _failure: Option<pslite_van::Failure>) {}
 
     fn handles_inline(&self, msg: &Message) -> bool {
         msg.meta.request && !msg.meta.simple_app && self.inline.load(Ordering::Relaxed)

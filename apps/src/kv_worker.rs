@@ -27,13 +27,13 @@
 //! [`WORKER_GROUP`]: crate::WORKER_GROUP
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use log::warn;
 use pslite_postoffice::{KeyRange, Postoffice};
-use pslite_proto::ids;
-use pslite_proto::Message;
+use pslite_proto::{ids, lock, Message, NodeId};
+use pslite_van::Failure;
 
 use crate::customer::{Customer, Handler};
 use crate::kv_pairs::{KVPairs, Key, Val};
@@ -162,8 +162,9 @@ pub fn default_slicer<V: Val>(send: &KVPairs<V>, ranges: &[KeyRange]) -> Vec<Opt
 struct Pending<V: Val> {
     pull: bool,
     keys: SArray<Key>,
-    parts: Vec<KVPairs<V>>,
-    error: Option<String>,
+    /// Each server's answer, with its sender.
+    parts: Vec<(NodeId, KVPairs<V>)>,
+    error: Option<Failure>,
     callback: Option<Callback<V>>,
 }
 
@@ -188,10 +189,6 @@ impl<V: Val> Clone for KVWorker<V> {
             inner: Arc::clone(&self.inner),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<V: Val> KVWorker<V> {
@@ -221,7 +218,7 @@ impl<V: Val> KVWorker<V> {
         self.inner
             .customer
             .get()
-            .ok_or_else(|| Error::Failed("the app has no customer".into()))
+            .ok_or_else(|| Error::App("the app has no customer".into()))
     }
 
     /// Replaces how requests are split over servers.
@@ -347,7 +344,11 @@ impl<V: Val> KVWorker<V> {
             .filter_map(|(rank, s)| s.map(|s| (rank, s)))
             .collect();
         // Register before sending: responses can arrive at once.
-        let ts = customer.new_request(targets.len());
+        let servers: Vec<NodeId> = targets
+            .iter()
+            .map(|(rank, _)| ids::server_rank_to_id(*rank as i32))
+            .collect();
+        let ts = customer.new_request_to(&servers);
         lock(&self.inner.pending).insert(
             ts,
             Pending {
@@ -385,9 +386,13 @@ impl<V: Val> KVWorker<V> {
             let (frames, types) = slice.to_frames();
             msg.data = frames;
             msg.meta.data_type = types;
+            let recver = msg.meta.recver;
             if let Err(e) = self.inner.po.send(msg) {
-                let reason = format!("cannot send to server {rank}: {e}");
-                customer.fail_request(ts, reason, &*self.inner);
+                let failure = Failure::SendFailed {
+                    peer: recver,
+                    reason: e.to_string(),
+                };
+                customer.fail_request(ts, failure, &*self.inner);
                 return Err(e.into());
             }
         }
@@ -398,12 +403,12 @@ impl<V: Val> KVWorker<V> {
 impl<V: Val> Inner<V> {
     /// Assembles a finished request and hands it to its callback or to
     /// `take_pull`.
-    fn complete(&self, ts: i32, failure: Option<String>) {
+    fn complete(&self, ts: i32, failure: Option<Failure>) {
         let Some(mut pending) = lock(&self.pending).remove(&ts) else {
             return;
         };
         let result = match failure.or(pending.error.take()) {
-            Some(reason) => Err(Error::RequestFailed { ts, reason }),
+            Some(cause) => Err(Error::RequestFailed { ts, cause }),
             None if pending.pull => assemble(ts, &pending.keys, &mut pending.parts),
             None => Ok(KVPairs::default()),
         };
@@ -433,9 +438,11 @@ impl<V: Val> Inner<V> {
 fn assemble<V: Val>(
     ts: i32,
     requested: &SArray<Key>,
-    parts: &mut [KVPairs<V>],
+    parts: &mut [(NodeId, KVPairs<V>)],
 ) -> Result<KVPairs<V>, Error> {
-    parts.sort_by_key(|p| p.keys.first().copied().unwrap_or(u64::MAX));
+    parts.sort_by_key(|(_, p)| p.keys.first().copied().unwrap_or(u64::MAX));
+    let senders: Vec<NodeId> = parts.iter().map(|(id, _)| *id).collect();
+    let parts: Vec<&KVPairs<V>> = parts.iter().map(|(_, p)| p).collect();
     let any_lens = parts.iter().any(|p| !p.lens.is_empty());
     let lens: Vec<SArray<i32>> = parts
         .iter()
@@ -459,7 +466,7 @@ fn assemble<V: Val>(
     // Each part's keys are sorted and unique (checked on arrival); as in
     // C++ ps-lite, each must span exactly its share of the requested keys.
     let mut at = 0;
-    for part in parts.iter() {
+    for (part, &sender) in parts.iter().zip(&senders) {
         let (Some(&first), Some(&last)) = (part.keys.first(), part.keys.last()) else {
             continue;
         };
@@ -468,11 +475,13 @@ fn assemble<V: Val>(
         if requested.get(begin) != Some(&first) || end - begin != part.keys.len() {
             return Err(Error::RequestFailed {
                 ts,
-                reason: format!(
-                    "a server answered keys {first}..={last} ({} keys), which do not match the \
-                     request",
-                    part.keys.len()
-                ),
+                cause: Failure::BadResponse {
+                    sender,
+                    what: format!(
+                        "keys {first}..={last} ({} keys) do not match the request",
+                        part.keys.len()
+                    ),
+                },
             });
         }
         at = end;
@@ -480,10 +489,13 @@ fn assemble<V: Val>(
     if answered != requested.len() {
         return Err(Error::RequestFailed {
             ts,
-            reason: format!(
-                "the servers answered {answered} keys for {} requested",
-                requested.len()
-            ),
+            cause: Failure::BadResponse {
+                sender: senders.first().copied().unwrap_or(pslite_proto::K_EMPTY),
+                what: format!(
+                    "the servers answered {answered} keys for {} requested",
+                    requested.len()
+                ),
+            },
         });
     }
     Ok(out)
@@ -505,32 +517,34 @@ impl<V: Val> Handler for Inner<V> {
         );
     }
 
-    fn on_response(&self, msg: Message) {
+    fn on_response(&self, msg: Message) -> bool {
         if msg.meta.simple_app {
-            return; // a command's answer: counted by the customer
+            return true; // a command's answer: counted by the customer
         }
         let ts = msg.meta.timestamp;
+        let sender = msg.meta.sender;
         let mut pending = lock(&self.pending);
         let Some(p) = pending.get_mut(&ts) else {
-            warn!(
-                "dropping a response from node {} to unknown request {ts}",
-                msg.meta.sender
-            );
-            return;
+            warn!("dropping a response from node {sender} to unknown request {ts}");
+            return false;
         };
         if !p.pull {
-            return;
+            return true;
         }
         match KVPairs::from_message(&msg) {
-            Ok(kvs) => p.parts.push(kvs),
+            Ok(kvs) => p.parts.push((sender, kvs)),
             Err(e) => {
                 warn!("{e}");
-                p.error.get_or_insert(e.to_string());
+                p.error.get_or_insert(Failure::BadResponse {
+                    sender,
+                    what: e.to_string(),
+                });
             }
         }
+        true
     }
 
-    fn on_complete(&self, ts: i32, failure: Option<String>) {
+    fn on_complete(&self, ts: i32, failure: Option<Failure>) {
         self.complete(ts, failure);
     }
 
@@ -579,8 +593,15 @@ mod tests {
         let a = KVPairs::new(vec![10u64, 11], vec![1.0f32, 2.0]);
         let b = KVPairs::new(vec![1u64], vec![0.5f32]);
         let req = SArray::from_vec(vec![1u64, 10, 11]);
-        let out = assemble(0, &req, &mut [a.clone(), b.clone()]).unwrap();
+        let out = assemble(0, &req, &mut [(8, a.clone()), (10, b.clone())]).unwrap();
         assert_eq!(&out.vals[..], &[0.5, 1.0, 2.0]);
-        assert!(assemble(0, &SArray::from_vec(vec![1u64]), &mut [a, b]).is_err());
+        let err = assemble(0, &SArray::from_vec(vec![1u64]), &mut [(8, a), (10, b)]).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::RequestFailed {
+                cause: Failure::BadResponse { sender: 8, .. },
+                ..
+            }
+        ));
     }
 }

@@ -65,7 +65,7 @@ pub mod simple_app;
 
 use std::process::ExitCode;
 
-pub use error::Error;
+pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};

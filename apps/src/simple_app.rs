@@ -7,15 +7,16 @@
 //! set a moment too late misses them).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use log::warn;
+use log::{error, warn};
 use pslite_postoffice::Postoffice;
-use pslite_proto::{Message, NodeId};
+use pslite_proto::{lock, Message, NodeId};
 
-use crate::customer::{Customer, Handler};
+use crate::customer::{panic_message, Customer, Handler};
 use crate::Error;
 
 /// A SimpleApp message as its handler sees it.
@@ -50,7 +51,7 @@ pub(crate) fn send_request(
             "{recv} names no node: use a node id or a group 1..7"
         )));
     }
-    let ts = customer.new_request(recvers.len());
+    let ts = customer.new_request_to(&recvers);
     let body = Bytes::copy_from_slice(body);
     for id in recvers {
         let mut msg = Message::default();
@@ -63,7 +64,11 @@ pub(crate) fn send_request(
         msg.meta.timestamp = ts;
         msg.meta.recver = id;
         if let Err(e) = po.send(msg) {
-            customer.fail_request(ts, e.to_string(), handler);
+            let failure = pslite_van::Failure::SendFailed {
+                peer: id,
+                reason: e.to_string(),
+            };
+            customer.fail_request(ts, failure, handler);
             return Err(e.into());
         }
     }
@@ -77,6 +82,39 @@ pub(crate) fn send_response(
     req: &SimpleData,
     body: &[u8],
 ) -> Result<(), Error> {
+    po.send(response_message(app_id, req, body))?;
+    Ok(())
+}
+
+/// Runs a request handle; if it panics, tells the requester (a pslite
+/// node) that its request failed, instead of leaving it waiting.
+pub(crate) fn contain_panic(
+    po: &Postoffice,
+    response: impl FnOnce() -> Message,
+    handle: impl FnOnce(),
+) {
+    let started = Instant::now();
+    let outcome = catch_unwind(AssertUnwindSafe(handle));
+    po.counters_handle().handled(started.elapsed());
+    let Err(payload) = outcome else {
+        return;
+    };
+    let message = panic_message(&*payload);
+    let mut msg = response();
+    let requester = msg.meta.recver;
+    error!("the request handle panicked on a request from node {requester}: {message}");
+    if !po.is_pslite(requester) {
+        warn!("node {requester} is not a pslite node: it cannot be told that its request failed");
+        return;
+    }
+    msg.meta.handler_panic = Some(message);
+    if let Err(e) = po.send(msg) {
+        warn!("cannot tell node {requester} that its request failed: {e}");
+    }
+}
+
+/// The response of app `app_id` to SimpleApp request `req`, with `body`.
+pub(crate) fn response_message(app_id: i32, req: &SimpleData, body: &[u8]) -> Message {
     let mut msg = Message::default();
     msg.meta.app_id = app_id;
     msg.meta.customer_id = req.customer_id;
@@ -86,8 +124,7 @@ pub(crate) fn send_response(
     msg.meta.body = Bytes::copy_from_slice(body);
     msg.meta.timestamp = req.timestamp;
     msg.meta.recver = req.sender;
-    po.send(msg)?;
-    Ok(())
+    msg
 }
 
 impl SimpleData {
@@ -122,10 +159,6 @@ pub struct SimpleApp {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl SimpleApp {
     /// A SimpleApp with app id `app_id` as customer `customer_id` of `po`.
     ///
@@ -152,7 +185,7 @@ impl SimpleApp {
         self.inner
             .customer
             .get()
-            .ok_or_else(|| Error::Failed("the app has no customer".into()))
+            .ok_or_else(|| Error::App("the app has no customer".into()))
     }
 
     /// Sends request `head`/`body` to node or group `recv` and returns its
@@ -184,7 +217,7 @@ impl SimpleApp {
         let mut handle: Handle = Box::new(handle);
         let queued: Vec<_> = lock(&self.inner.queued).drain(..).collect();
         for req in queued {
-            handle(&req, self);
+            self.inner.run(&mut handle, &req, self);
         }
         *slot = Some(handle);
     }
@@ -219,6 +252,17 @@ impl SimpleApp {
     }
 }
 
+impl Inner {
+    /// Runs the request handle on `req`; a panic fails that request.
+    fn run(&self, handle: &mut Handle, req: &SimpleData, app: &SimpleApp) {
+        contain_panic(
+            &self.po,
+            || response_message(self.app_id, req, b""),
+            || handle(req, app),
+        );
+    }
+}
+
 impl Handler for Inner {
     fn on_request(&self, msg: Message) {
         if !msg.meta.simple_app {
@@ -235,24 +279,21 @@ impl Handler for Inner {
         let req = SimpleData::of(&msg);
         let mut slot = lock(&self.request_handle);
         match slot.as_mut() {
-            Some(handle) => {
-                let started = Instant::now();
-                handle(&req, &app);
-                self.po.counters_handle().handled(started.elapsed());
-            }
+            Some(handle) => self.run(handle, &req, &app),
             None => lock(&self.queued).push_back(req),
         }
     }
 
-    fn on_response(&self, msg: Message) {
+    fn on_response(&self, msg: Message) -> bool {
         let Some(me) = self.me.upgrade() else {
-            return;
+            return true;
         };
         let app = SimpleApp { inner: me };
         if let Some(handle) = lock(&self.response_handle).as_mut() {
             handle(&SimpleData::of(&msg), &app);
         }
+        true
     }
 
-    fn on_complete(&self, _ts: i32, _failure: Option<String>) {}
+    fn on_complete(&self, _ts: i32, _failure: Option<pslite_van::Failure>) {}
 }

@@ -46,12 +46,12 @@ use std::fmt;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, RecvTimeoutError};
 use log::warn;
-use pslite_proto::Role;
+use pslite_proto::{lock, Role};
 
 use crate::launcher::{launch, LaunchError, LaunchOptions, Outcome};
 use data::{unique_keys, DataSpec, Sample};
@@ -470,7 +470,7 @@ impl Reporter {
         match self {
             Reporter::Launcher(stream) => writeln!(stream, "{report}")
                 .and_then(|()| stream.flush())
-                .map_err(|e| Error::Failed(format!("cannot report to `pslite demo`: {e}"))),
+                .map_err(|e| Error::App(format!("cannot report to `pslite demo`: {e}"))),
             Reporter::Print { epochs } => {
                 if !matches!(report, Report::Progress { .. }) {
                     println!("{}", report.human(*epochs));
@@ -494,7 +494,7 @@ fn run_node(args: &DemoArgs) -> Result<(), Error> {
     let mut reporter = match &args.report {
         Some(addr) => Reporter::Launcher(
             TcpStream::connect(addr.as_str())
-                .map_err(|e| Error::Failed(format!("cannot reach `pslite demo` at {addr}: {e}")))?,
+                .map_err(|e| Error::App(format!("cannot reach `pslite demo` at {addr}: {e}")))?,
         ),
         None => Reporter::Print {
             epochs: args.epochs,
@@ -505,7 +505,7 @@ fn run_node(args: &DemoArgs) -> Result<(), Error> {
     // Without a launching process to judge, worker 0 does.
     if let (Reporter::Print { .. }, Some(m)) = (&reporter, last) {
         if m.accuracy < args.threshold {
-            return Err(Error::Failed(format!(
+            return Err(Error::App(format!(
                 "test accuracy {:.4} is below the threshold {}",
                 m.accuracy, args.threshold
             )));
@@ -537,10 +537,6 @@ fn run_node_on(
             Ok(None)
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What a server's handle counts.
@@ -638,7 +634,7 @@ fn pull_weights(
     let pulled = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
     traffic.pull(keys.len(), &pulled);
     if pulled.vals.len() != keys.len() {
-        return Err(Error::Failed(format!(
+        return Err(Error::App(format!(
             "pulled {} weights for {} keys",
             pulled.vals.len(),
             keys.len()
@@ -778,13 +774,13 @@ fn collect_reports(listener: TcpListener, tx: crossbeam_channel::Sender<Event>) 
 /// whether training reached the threshold.
 fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     let program = std::env::current_exe()
-        .map_err(|e| Error::Failed(format!("cannot find this program to launch it: {e}")))?;
+        .map_err(|e| Error::App(format!("cannot find this program to launch it: {e}")))?;
     let host = "127.0.0.1";
     let listener = TcpListener::bind((host, 0))
-        .map_err(|e| Error::Failed(format!("cannot listen for reports on {host}: {e}")))?;
+        .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| Error::Failed(format!("cannot listen for reports on {host}: {e}")))?;
+        .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
     let opts = LaunchOptions {
         servers: args.servers,
         workers: args.workers,
@@ -877,9 +873,7 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         }
     }
     let Some((result, wall)) = outcome else {
-        return Err(Error::Failed(
-            "the launcher stopped without a result".into(),
-        ));
+        return Err(Error::App("the launcher stopped without a result".into()));
     };
     match result {
         Ok(Outcome::Success) => {}
@@ -1186,7 +1180,7 @@ mod tests {
             .into_iter()
             .map(|role| {
                 let mut config = pslite::Config::new(role, 2, 2, "127.0.0.1", i32::from(port));
-                config.start_timeout = Duration::from_secs(60);
+                config.van.start_timeout = Duration::from_secs(60);
                 let po = Postoffice::new(config);
                 let args = args.clone();
                 std::thread::spawn(move || {

@@ -250,10 +250,10 @@ fn run_scheduler() -> Result<(), pslite::Error> {
         ("DMLC_ROLE", None) => Some("scheduler".into()),
         (_, value) => value,
     })?;
-    if config.role != Role::Scheduler {
+    if config.role() != Role::Scheduler {
         return Err(pslite::ConfigError::Invalid {
             var: "DMLC_ROLE",
-            value: config.role.to_string(),
+            value: config.role().to_string(),
             expected: "scheduler (or unset) for `pslite scheduler`",
         }
         .into());

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use pslite_proto::Role;
-use pslite_van::{transport, AuthToken, Transport, VanConfig};
+use pslite_van::{resolve, AuthToken, Transport, VanConfig};
 
 /// A configuration value that is missing or unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,54 +47,35 @@ pub enum ConfigError {
 /// Everything a node needs to join a cluster.
 ///
 /// Build it from the environment with [`Config::from_env`], or in code with
-/// [`Config::new`] and the public fields.
+/// [`Config::new`] and the public fields. The defaults live once, in
+/// [`VanConfig::default`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// `DMLC_ROLE`.
-    pub role: Role,
-    /// `DMLC_NUM_SERVER`.
-    pub num_servers: i32,
-    /// `DMLC_NUM_WORKER`.
-    pub num_workers: i32,
-    /// `DMLC_PS_ROOT_URI`: the scheduler's host.
-    pub scheduler_host: String,
-    /// `DMLC_PS_ROOT_PORT`: the scheduler's port.
-    pub scheduler_port: i32,
-    /// The host this node advertises: `DMLC_NODE_HOST`, else the address of
-    /// `DMLC_INTERFACE`, else 127.0.0.1 when the scheduler is on loopback,
-    /// else this machine's first non-loopback IPv4 address.
-    pub host: String,
-    /// `PS_BIND_HOST`: where to bind (e.g. `0.0.0.0` in a container);
-    /// default: the advertised host.
-    pub bind_host: Option<String>,
-    /// `PORT`: this node's port; default: a free one.
-    pub port: Option<i32>,
-    /// `DMLC_LOCAL=1`: IPC sockets under /tmp instead of TCP.
-    pub local: bool,
-    /// `DMLC_PS_WATER_MARK`: send high-water mark per peer.
-    pub water_mark: Option<i32>,
+    /// The transport and control plane: `DMLC_ROLE`, `DMLC_NUM_SERVER`,
+    /// `DMLC_NUM_WORKER`, `DMLC_PS_ROOT_URI`/`_PORT`, `DMLC_NODE_HOST` (else
+    /// the address of `DMLC_INTERFACE`, else 127.0.0.1 when the scheduler
+    /// is on loopback, else this machine's first non-loopback IPv4
+    /// address), `PS_BIND_HOST`, `PORT`, `DMLC_LOCAL`, `DMLC_PS_WATER_MARK`,
+    /// `PS_START_TIMEOUT`, `PS_HEARTBEAT_INTERVAL`/`_TIMEOUT`,
+    /// `PS_RECOVERY_TIMEOUT`, `PS_RESEND`/`_TIMEOUT`, `PS_DROP_MSG`,
+    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`.
+    pub van: VanConfig,
     /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 every message.
     pub verbose: u8,
-    /// `PS_START_TIMEOUT` (seconds, default 300): how long joining may take.
-    pub start_timeout: Duration,
-    /// `PS_HEARTBEAT_INTERVAL` (seconds, 0 = off, the default).
-    pub heartbeat_interval: Option<Duration>,
-    /// `PS_HEARTBEAT_TIMEOUT` (seconds, 0 = never dead, the default).
-    pub heartbeat_timeout: Option<Duration>,
-    /// `PS_RESEND=1`: acknowledge and resend lost messages.
-    pub resend: bool,
-    /// `PS_RESEND_TIMEOUT` (milliseconds, default 1000).
-    pub resend_timeout: Duration,
-    /// `PS_DROP_MSG`: percentage of received messages to drop, for tests.
-    pub drop_percent: u32,
-    /// `PS_AUTH_TOKEN`: the secret every node of the cluster must present
-    /// (ZeroMQ PLAIN); unset keeps ps-lite's unauthenticated wire.
-    pub auth_token: Option<AuthToken>,
+    /// `PS_QUEUE_LIMIT`: messages a customer's queue holds before the
+    /// receive thread waits for its handler (back-pressure).
+    pub queue_limit: usize,
     /// `PS_METRICS_PORT`: serve the counters in Prometheus' text format over
     /// HTTP on this port (the next free one if another node of this machine
     /// has it; 0 = any free port); `None` (the default) is off.
     pub metrics_port: Option<u16>,
 }
+
+/// The default `PS_QUEUE_LIMIT`.
+pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
+
+/// The default `PS_RESEND_TIMEOUT`, in milliseconds.
+const DEFAULT_RESEND_TIMEOUT_MS: u64 = 1000;
 
 impl Config {
     /// A configuration with ps-lite's defaults for a cluster of
@@ -108,26 +89,23 @@ impl Config {
         scheduler_port: i32,
     ) -> Config {
         Config {
-            role,
-            num_servers,
-            num_workers,
-            scheduler_host: scheduler_host.into(),
-            scheduler_port,
-            host: "127.0.0.1".into(),
-            bind_host: None,
-            port: None,
-            local: false,
-            water_mark: None,
+            van: VanConfig {
+                role,
+                num_servers,
+                num_workers,
+                scheduler_host: scheduler_host.into(),
+                scheduler_port,
+                ..VanConfig::default()
+            },
             verbose: 0,
-            start_timeout: Duration::from_secs(300),
-            heartbeat_interval: None,
-            heartbeat_timeout: None,
-            resend: false,
-            resend_timeout: Duration::from_millis(1000),
-            drop_percent: 0,
-            auth_token: None,
+            queue_limit: DEFAULT_QUEUE_LIMIT,
             metrics_port: None,
         }
+    }
+
+    /// This node's role.
+    pub fn role(&self) -> Role {
+        self.van.role
     }
 
     /// Reads the process environment.
@@ -138,6 +116,7 @@ impl Config {
     /// Reads configuration through `lookup` (a variable name to its value).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let env = Env(&lookup);
+        let defaults = VanConfig::default();
         let role_value = env.required("DMLC_ROLE", "set it to scheduler, server or worker")?;
         let role = role_value.parse().map_err(|_| ConfigError::Invalid {
             var: "DMLC_ROLE",
@@ -150,7 +129,7 @@ impl Config {
             "DMLC_PS_ROOT_URI",
             "set it to the scheduler's IP or host name (e.g. 127.0.0.1)",
         )?;
-        if !transport::resolves(&scheduler_host) {
+        if !resolve::resolves(&scheduler_host) {
             return Err(ConfigError::Unresolvable {
                 var: "DMLC_PS_ROOT_URI",
                 value: scheduler_host,
@@ -160,7 +139,7 @@ impl Config {
         let scheduler_port = parse_port("DMLC_PS_ROOT_PORT", &port_value)?;
         let host = match (env.get("DMLC_NODE_HOST"), env.get("DMLC_INTERFACE")) {
             (Some(host), _) => {
-                if !transport::resolves(&host) {
+                if !resolve::resolves(&host) {
                     return Err(ConfigError::Unresolvable {
                         var: "DMLC_NODE_HOST",
                         value: host,
@@ -169,13 +148,13 @@ impl Config {
                 host
             }
             (None, Some(interface)) => {
-                transport::interface_ipv4(&interface).ok_or(ConfigError::Interface(interface))?
+                resolve::interface_ipv4(&interface).ok_or(ConfigError::Interface(interface))?
             }
             (None, None) => default_host(&scheduler_host),
         };
         let bind_host = env.get("PS_BIND_HOST");
         if let Some(bind) = &bind_host {
-            if transport::resolve_bind_ip(bind).is_none() {
+            if resolve::bind_ip(bind).is_none() {
                 return Err(ConfigError::Unresolvable {
                     var: "PS_BIND_HOST",
                     value: bind.clone(),
@@ -196,14 +175,24 @@ impl Config {
             )?;
             Ok((secs > 0).then(|| Duration::from_secs(secs)))
         };
-        let start_timeout = seconds("PS_START_TIMEOUT", 300)?.ok_or(ConfigError::Invalid {
-            var: "PS_START_TIMEOUT",
-            value: "0".into(),
-            expected: "a positive number of seconds",
-        })?;
-        let heartbeat_interval = seconds("PS_HEARTBEAT_INTERVAL", 0)?;
-        let heartbeat_timeout = seconds("PS_HEARTBEAT_TIMEOUT", 0)?;
-        if let Some(timeout) = heartbeat_timeout {
+        let start_timeout = seconds("PS_START_TIMEOUT", defaults.start_timeout.as_secs())?.ok_or(
+            ConfigError::Invalid {
+                var: "PS_START_TIMEOUT",
+                value: "0".into(),
+                expected: "a positive number of seconds",
+            },
+        )?;
+        let secs_of = |d: Option<Duration>| d.map_or(0, |d| d.as_secs());
+        let heartbeat_interval = seconds(
+            "PS_HEARTBEAT_INTERVAL",
+            secs_of(defaults.heartbeat_interval),
+        )?;
+        // Set, the timeout applies to every node, as in ps-lite; by default
+        // only to nodes that send heartbeats (see VanConfig::watch_all).
+        let watch_all = env.get("PS_HEARTBEAT_TIMEOUT").is_some();
+        let heartbeat_timeout =
+            seconds("PS_HEARTBEAT_TIMEOUT", secs_of(defaults.heartbeat_timeout))?;
+        if let (true, Some(timeout)) = (watch_all, heartbeat_timeout) {
             if heartbeat_interval.is_none_or(|interval| interval >= timeout) {
                 return Err(ConfigError::Invalid {
                     var: "PS_HEARTBEAT_TIMEOUT",
@@ -213,43 +202,83 @@ impl Config {
                 });
             }
         }
-        Ok(Config {
-            role,
-            num_servers,
-            num_workers,
-            scheduler_host,
-            scheduler_port,
-            host,
-            bind_host,
-            port,
-            local: env.flag("DMLC_LOCAL")?,
-            water_mark: env
-                .get("DMLC_PS_WATER_MARK")
-                .map(|v| parse_positive("DMLC_PS_WATER_MARK", &v))
-                .transpose()?,
-            verbose: verbose as u8,
-            start_timeout,
-            heartbeat_interval,
-            heartbeat_timeout,
-            resend: env.flag("PS_RESEND")?,
-            resend_timeout: Duration::from_millis(env.number(
-                "PS_RESEND_TIMEOUT",
-                1000,
-                1..=3_600_000,
-                "a positive number of milliseconds",
-            )?),
-            drop_percent: env.number("PS_DROP_MSG", 0, 0..=100, "a percentage from 0 to 100")?
-                as u32,
-            auth_token: env
-                .get("PS_AUTH_TOKEN")
-                .map(|v| {
-                    AuthToken::new(&v).ok_or(ConfigError::Invalid {
-                        var: "PS_AUTH_TOKEN",
-                        value: format!("<{} bytes>", v.len()),
-                        expected: "a secret of 1 to 255 bytes",
+        let recovery_timeout = seconds("PS_RECOVERY_TIMEOUT", defaults.recovery_timeout.as_secs())?
+            .unwrap_or(defaults.recovery_timeout);
+        let resend_timeout = Duration::from_millis(env.number(
+            "PS_RESEND_TIMEOUT",
+            DEFAULT_RESEND_TIMEOUT_MS,
+            1..=3_600_000,
+            "a positive number of milliseconds",
+        )?);
+        let max_message_size = env
+            .get("PS_MAX_MESSAGE_SIZE")
+            .map(|v| {
+                v.parse::<i64>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(ConfigError::Invalid {
+                        var: "PS_MAX_MESSAGE_SIZE",
+                        value: v,
+                        expected: "a positive number of bytes",
                     })
-                })
-                .transpose()?,
+            })
+            .transpose()?
+            .or(defaults.max_message_size);
+        let hold_limit = env.number(
+            "PS_HOLD_LIMIT",
+            defaults.hold_limit as u64,
+            1..=u64::from(u32::MAX) * 16,
+            "a positive number of bytes",
+        )? as usize;
+        let queue_limit = env.number(
+            "PS_QUEUE_LIMIT",
+            DEFAULT_QUEUE_LIMIT as u64,
+            1..=u64::from(u32::MAX),
+            "a positive number of messages",
+        )? as usize;
+        Ok(Config {
+            van: VanConfig {
+                role,
+                num_servers,
+                num_workers,
+                scheduler_host,
+                scheduler_port,
+                host,
+                bind_host,
+                port,
+                transport: if env.flag("DMLC_LOCAL")? {
+                    Transport::Ipc
+                } else {
+                    Transport::Tcp
+                },
+                water_mark: env
+                    .get("DMLC_PS_WATER_MARK")
+                    .map(|v| parse_positive("DMLC_PS_WATER_MARK", &v))
+                    .transpose()?,
+                start_timeout,
+                heartbeat_interval,
+                heartbeat_timeout,
+                watch_all,
+                recovery_timeout,
+                resend_timeout: env.flag("PS_RESEND")?.then_some(resend_timeout),
+                max_resends: defaults.max_resends,
+                drop_percent: env.number("PS_DROP_MSG", 0, 0..=100, "a percentage from 0 to 100")?
+                    as u32,
+                max_message_size,
+                hold_limit,
+                auth_token: env
+                    .get("PS_AUTH_TOKEN")
+                    .map(|v| {
+                        AuthToken::new(&v).ok_or(ConfigError::Invalid {
+                            var: "PS_AUTH_TOKEN",
+                            value: format!("<{} bytes>", v.len()),
+                            expected: "a secret of 1 to 255 bytes",
+                        })
+                    })
+                    .transpose()?,
+            },
+            verbose: verbose as u8,
+            queue_limit,
             metrics_port: env
                 .get("PS_METRICS_PORT")
                 .map(|_| {
@@ -264,38 +293,11 @@ impl Config {
                 .map(|p| p as u16),
         })
     }
-
-    /// The transport-level part of this configuration.
-    pub fn van_config(&self) -> VanConfig {
-        VanConfig {
-            role: self.role,
-            num_servers: self.num_servers,
-            num_workers: self.num_workers,
-            scheduler_host: self.scheduler_host.clone(),
-            scheduler_port: self.scheduler_port,
-            host: self.host.clone(),
-            bind_host: self.bind_host.clone(),
-            port: self.port,
-            transport: if self.local {
-                Transport::Ipc
-            } else {
-                Transport::Tcp
-            },
-            water_mark: self.water_mark,
-            start_timeout: self.start_timeout,
-            heartbeat_interval: self.heartbeat_interval,
-            heartbeat_timeout: self.heartbeat_timeout,
-            resend_timeout: self.resend.then_some(self.resend_timeout),
-            max_resends: 10,
-            drop_percent: self.drop_percent,
-            auth_token: self.auth_token.clone(),
-        }
-    }
 }
 
 /// The host to advertise when none is configured.
 fn default_host(scheduler_host: &str) -> String {
-    let loopback = transport::resolve_bind_ip(scheduler_host)
+    let loopback = resolve::bind_ip(scheduler_host)
         .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
         .is_some_and(|ip| ip.is_loopback());
     if loopback {
@@ -303,7 +305,7 @@ fn default_host(scheduler_host: &str) -> String {
     }
     ["eth0", "en0", "ens3", "ens4", "ens5", "eno1", "enp0s3"]
         .iter()
-        .find_map(|name| transport::interface_ipv4(name))
+        .find_map(|name| resolve::interface_ipv4(name))
         .unwrap_or_else(|| "127.0.0.1".into())
 }
 
@@ -423,14 +425,23 @@ mod tests {
     #[test]
     fn defaults() {
         let c = parse(&[]).unwrap();
-        assert_eq!(c.role, Role::Worker);
-        assert_eq!((c.num_servers, c.num_workers), (2, 3));
-        assert_eq!(c.host, "127.0.0.1");
-        assert_eq!(c.start_timeout, Duration::from_secs(300));
-        assert_eq!(c.heartbeat_interval, None);
-        assert_eq!(c.resend_timeout, Duration::from_millis(1000));
-        assert!(!c.local && !c.resend);
-        assert_eq!(c.port, None);
+        assert_eq!(c.role(), Role::Worker);
+        let v = &c.van;
+        assert_eq!((v.num_servers, v.num_workers), (2, 3));
+        assert_eq!(v.host, "127.0.0.1");
+        assert_eq!(v.start_timeout, Duration::from_secs(300));
+        assert_eq!(v.heartbeat_interval, Some(Duration::from_secs(1)));
+        assert_eq!(v.heartbeat_timeout, Some(Duration::from_secs(10)));
+        assert!(!v.watch_all);
+        assert_eq!(v.resend_timeout, None);
+        assert_eq!(v.transport, Transport::Tcp);
+        assert_eq!(v.port, None);
+        assert_eq!(c.queue_limit, DEFAULT_QUEUE_LIMIT);
+        // The defaults are the Van's, written once.
+        let d = VanConfig::default();
+        assert_eq!(v.recovery_timeout, d.recovery_timeout);
+        assert_eq!(v.hold_limit, d.hold_limit);
+        assert_eq!(v.max_resends, d.max_resends);
     }
 
     #[test]
@@ -449,35 +460,42 @@ mod tests {
             ("PS_DROP_MSG", "10"),
             ("PS_START_TIMEOUT", "7"),
             ("PS_BIND_HOST", "0.0.0.0"),
+            ("PS_RECOVERY_TIMEOUT", "9"),
+            ("PS_MAX_MESSAGE_SIZE", "1000000"),
+            ("PS_HOLD_LIMIT", "5000"),
+            ("PS_QUEUE_LIMIT", "17"),
             ("PS_AUTH_TOKEN", "s3cret"),
             ("PS_METRICS_PORT", "9900"),
         ])
         .unwrap();
-        assert_eq!(c.auth_token, pslite_van::AuthToken::new("s3cret"));
-        assert!(c.van_config().auth_token.is_some());
         assert!(
             !format!("{c:?}").contains("s3cret"),
             "the token must not be logged"
         );
         assert_eq!(c.metrics_port, Some(9900));
-        assert_eq!(c.role, Role::Scheduler);
+        assert_eq!(c.role(), Role::Scheduler);
+        assert_eq!(c.verbose, 2);
+        assert_eq!(c.queue_limit, 17);
+        let c = c.van;
+        assert_eq!(c.auth_token, pslite_van::AuthToken::new("s3cret"));
         assert_eq!(c.host, "localhost");
         assert_eq!(c.port, Some(9100));
-        assert!(c.local && c.resend);
+        assert_eq!(c.transport, Transport::Ipc);
         assert_eq!(c.water_mark, Some(500));
-        assert_eq!(c.verbose, 2);
         assert_eq!(c.heartbeat_interval, Some(Duration::from_secs(1)));
         assert_eq!(c.heartbeat_timeout, Some(Duration::from_secs(5)));
-        assert_eq!(c.resend_timeout, Duration::from_millis(200));
+        assert_eq!(c.resend_timeout, Some(Duration::from_millis(200)));
         assert_eq!(c.drop_percent, 10);
         assert_eq!(c.start_timeout, Duration::from_secs(7));
         assert_eq!(c.bind_host.as_deref(), Some("0.0.0.0"));
-        assert_eq!(c.van_config().transport, Transport::Ipc);
+        assert_eq!(c.recovery_timeout, Duration::from_secs(9));
+        assert_eq!(c.max_message_size, Some(1_000_000));
+        assert_eq!(c.hold_limit, 5000);
     }
 
     #[test]
     fn auth_token_is_checked() {
-        assert_eq!(parse(&[]).unwrap().auth_token, None);
+        assert_eq!(parse(&[]).unwrap().van.auth_token, None);
         assert_eq!(
             message(&[("PS_AUTH_TOKEN", &"x".repeat(300))]),
             "PS_AUTH_TOKEN must be a secret of 1 to 255 bytes, got \"<300 bytes>\""
@@ -487,7 +505,7 @@ mod tests {
     #[test]
     fn interface_gives_the_host() {
         let c = parse(&[("DMLC_INTERFACE", "lo")]).unwrap();
-        assert_eq!(c.host, "127.0.0.1");
+        assert_eq!(c.van.host, "127.0.0.1");
         assert_eq!(
             message(&[("DMLC_INTERFACE", "nope0")]),
             "DMLC_INTERFACE \"nope0\" is not a network interface with an IPv4 address (try lo or eth0)"
@@ -530,9 +548,24 @@ mod tests {
             .starts_with("PS_START_TIMEOUT must be a positive"));
         assert!(message(&[("PS_HEARTBEAT_INTERVAL", "1.5")])
             .starts_with("PS_HEARTBEAT_INTERVAL must be"));
-        assert!(message(&[("PS_HEARTBEAT_TIMEOUT", "5")]).starts_with(
+        assert!(message(&[
+            ("PS_HEARTBEAT_TIMEOUT", "5"),
+            ("PS_HEARTBEAT_INTERVAL", "0")
+        ])
+        .starts_with(
             "PS_HEARTBEAT_TIMEOUT must be larger than PS_HEARTBEAT_INTERVAL, which must be set"
         ));
+        let c = parse(&[("PS_HEARTBEAT_TIMEOUT", "5")]).unwrap();
+        assert!(c.van.watch_all, "a timeout set applies to every node");
+        let c = parse(&[
+            ("PS_HEARTBEAT_INTERVAL", "0"),
+            ("PS_HEARTBEAT_TIMEOUT", "0"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.van.heartbeat_interval, c.van.heartbeat_timeout),
+            (None, None)
+        );
         assert!(message(&[
             ("PS_HEARTBEAT_TIMEOUT", "5"),
             ("PS_HEARTBEAT_INTERVAL", "5")

@@ -19,7 +19,7 @@ pub mod metrics;
 mod postoffice;
 mod router;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, DEFAULT_QUEUE_LIMIT};
 pub use postoffice::{key_ranges, Error, KeyRange, Postoffice};
 pub use pslite_van::Counters;
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};

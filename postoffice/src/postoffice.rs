@@ -5,14 +5,14 @@
 //! several nodes can live in one process (tests do that). Clones share the
 //! same node.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 use log::{debug, error};
 use pslite_proto::ids::{self, NodeId};
 use pslite_proto::stats::NodeCounters;
-use pslite_proto::{Message, Node, Role};
+use pslite_proto::{lock, Message, Node, Role};
 use pslite_van::{Counters, Van, VanError};
 
 use crate::metrics::{self, MetricsServer};
@@ -25,9 +25,31 @@ pub enum Error {
     /// The environment does not describe a usable node.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// Start-up failed in a way the user can fix (port in use...).
-    #[error("{0}")]
-    Start(String),
+    /// This node cannot listen where it is configured to (port in use,
+    /// address not of this machine).
+    #[error(
+        "cannot listen on {endpoint} ({reason}): {var} {value} is taken or the host is not an \
+         address of this machine; choose a free port, or set PS_BIND_HOST (e.g. 0.0.0.0) to \
+         bind another address"
+    )]
+    Listen {
+        /// The endpoint tried.
+        endpoint: String,
+        /// ZeroMQ's reason.
+        reason: String,
+        /// The variable that chose the port.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The host to bind does not resolve.
+    #[error(
+        "cannot bind: host {host:?} does not resolve; set PS_BIND_HOST to an IP of this machine"
+    )]
+    BindHost {
+        /// The host.
+        host: String,
+    },
     /// The transport or control plane failed.
     #[error(transparent)]
     Van(#[from] VanError),
@@ -90,14 +112,14 @@ pub struct Postoffice {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Postoffice {
     /// A node configured by `config`; nothing is started yet.
     pub fn new(config: Config) -> Postoffice {
-        let router = Arc::new(CustomerRouter::new(config.role));
+        let router = Arc::new(CustomerRouter::new(
+            config.van.role,
+            config.queue_limit,
+            config.van.hold_limit,
+        ));
         Postoffice {
             inner: Arc::new(Inner {
                 config,
@@ -130,7 +152,7 @@ impl Postoffice {
                 None => {
                     let dispatch = Arc::clone(&self.inner.router) as Arc<dyn pslite_van::Dispatch>;
                     let van = Van::start_with_counters(
-                        self.inner.config.van_config(),
+                        self.inner.config.van.clone(),
                         dispatch,
                         Arc::clone(&self.inner.counters),
                     )
@@ -147,7 +169,7 @@ impl Postoffice {
             self.barrier_with_timeout(
                 customer_id,
                 ids::ALL_GROUP,
-                Some(self.inner.config.start_timeout),
+                Some(self.inner.config.van.start_timeout),
             )?;
         }
         debug!("customer {customer_id} started");
@@ -165,11 +187,11 @@ impl Postoffice {
             return;
         }
         let c = &self.inner.config;
-        let host = c.bind_host.clone().unwrap_or_else(|| match c.role {
-            Role::Scheduler => c.scheduler_host.clone(),
-            _ => c.host.clone(),
+        let host = c.van.bind_host.clone().unwrap_or_else(|| match c.role() {
+            Role::Scheduler => c.van.scheduler_host.clone(),
+            _ => c.van.host.clone(),
         });
-        let Some(ip) = pslite_van::transport::resolve_bind_ip(&host) else {
+        let Some(ip) = pslite_van::resolve::bind_ip(&host) else {
             error!("PS_METRICS_PORT: cannot serve metrics: host {host:?} does not resolve");
             return;
         };
@@ -230,7 +252,7 @@ impl Postoffice {
         timeout: Option<Duration>,
     ) -> Result<(), Error> {
         let van = self.van()?;
-        let c = &self.inner.config;
+        let c = &self.inner.config.van;
         let role_ok = ids::is_role_group(group) && group & ids::role_group(c.role) != 0;
         if role_ok && ids::group_members(group, c.num_servers, c.num_workers).len() <= 1 {
             return Ok(());
@@ -294,7 +316,7 @@ impl Postoffice {
 
     /// This node's role.
     pub fn role(&self) -> Role {
-        self.inner.config.role
+        self.inner.config.van.role
     }
 
     /// Whether this node is a worker.
@@ -327,6 +349,13 @@ impl Postoffice {
         Ok(ids::id_to_rank(self.my_id()?))
     }
 
+    /// Whether node `id` is a pslite node (its table entry says so), which
+    /// understands pslite-only fields such as a failed request's cause.
+    pub fn is_pslite(&self, id: NodeId) -> bool {
+        self.van()
+            .is_ok_and(|v| v.nodes().iter().any(|n| n.id == id && n.pslite))
+    }
+
     /// Whether this node replaced a dead one.
     pub fn is_recovery(&self) -> bool {
         self.van().is_ok_and(|v| v.my_node().is_recovery)
@@ -334,12 +363,12 @@ impl Postoffice {
 
     /// `DMLC_NUM_WORKER`.
     pub fn num_workers(&self) -> i32 {
-        self.inner.config.num_workers
+        self.inner.config.van.num_workers
     }
 
     /// `DMLC_NUM_SERVER`.
     pub fn num_servers(&self) -> i32 {
-        self.inner.config.num_servers
+        self.inner.config.van.num_servers
     }
 
     /// The key range each server owns, by server rank.
@@ -350,7 +379,7 @@ impl Postoffice {
     /// The node ids of `group` (a role union 1..=7 or a node id): one per
     /// process once started (customers of one process share its id).
     pub fn node_ids(&self, group: i32) -> Vec<NodeId> {
-        let c = &self.inner.config;
+        let c = &self.inner.config.van;
         let ids = ids::group_members(group, c.num_servers, c.num_workers);
         let Ok(van) = self.van() else {
             return ids;
@@ -382,23 +411,22 @@ impl Postoffice {
     }
 
     fn explain_start_error(&self, err: VanError) -> Error {
-        let c = &self.inner.config;
+        let c = &self.inner.config.van;
         match err {
             VanError::Bind { endpoint, source } => {
-                let (var, what) = if c.role == Role::Scheduler {
+                let (var, value) = if c.role == Role::Scheduler {
                     ("DMLC_PS_ROOT_PORT", c.scheduler_port.to_string())
                 } else {
                     ("PORT", c.port.map(|p| p.to_string()).unwrap_or_default())
                 };
-                Error::Start(format!(
-                    "cannot listen on {endpoint} ({source}): {var} {what} is taken or the host \
-                     is not an address of this machine; choose a free port, or set PS_BIND_HOST \
-                     (e.g. 0.0.0.0) to bind another address"
-                ))
+                Error::Listen {
+                    endpoint,
+                    reason: source.to_string(),
+                    var,
+                    value,
+                }
             }
-            VanError::Resolve { host } => Error::Start(format!(
-                "cannot bind: host {host:?} does not resolve; set PS_BIND_HOST to an IP of this machine"
-            )),
+            VanError::Resolve { host } => Error::BindHost { host },
             other => Error::Van(other),
         }
     }

@@ -5,18 +5,20 @@
 //! ps-lite does). Messages for a customer that has not registered yet are
 //! held, in order, and handed over when it registers: a server may receive
 //! pushes before its `KVServer` exists (C++ ps-lite aborts after 5 s there).
+//! What is held is bounded in bytes, in total and per sender
+//! (`PS_HOLD_LIMIT`), so strangers cannot pin memory.
+//!
+//! Each customer's queue holds at most `PS_QUEUE_LIMIT` messages: when a
+//! handler falls behind, the receive thread waits for it (back-pressure)
+//! instead of memory growing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use log::{debug, warn};
-use pslite_proto::{Message, Role, K_EMPTY};
-use pslite_van::{Dispatch, VanError};
-
-/// At most this many messages wait for customers that have not registered;
-/// beyond it (a misbehaving or hostile peer) new ones are dropped and logged.
-const MAX_HELD: usize = 1_000_000;
+use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
+use pslite_van::{Dispatch, Failure};
 
 /// (app id, customer id).
 pub type CustomerKey = (i32, i32);
@@ -26,16 +28,24 @@ pub type CustomerKey = (i32, i32);
 pub enum Delivery {
     /// A data message for the customer.
     Message(Message),
-    /// A message the customer sent was never acknowledged (`PS_RESEND`):
-    /// if it was a request, that request has failed.
+    /// A message the customer sent was given up on (never acknowledged
+    /// under `PS_RESEND`, or its receiver died): if it was a request, that
+    /// request has failed.
     Undeliverable {
         /// The message.
         msg: Message,
         /// Why.
-        reason: String,
+        failure: Failure,
     },
-    /// The node cannot go on; every wait should fail with this reason.
-    NodeFailed(String),
+    /// Node `id` died and nothing replaced it: requests waiting for it fail.
+    PeerDead {
+        /// The dead node.
+        id: NodeId,
+        /// The failure to report.
+        failure: Failure,
+    },
+    /// The node cannot go on; every wait should fail with this failure.
+    NodeFailed(Failure),
 }
 
 /// Handles a message on the receive thread itself, or gives it back to be
@@ -51,23 +61,36 @@ struct Route {
 #[derive(Default)]
 struct Routes {
     customers: HashMap<CustomerKey, Route>,
-    failure: Option<String>,
+    failure: Option<Failure>,
     held: HashMap<CustomerKey, Vec<Message>>,
-    held_total: usize,
+    held_count: usize,
+    held_bytes: usize,
+    held_by: HashMap<NodeId, usize>,
 }
 
 /// The [`Dispatch`] of a Postoffice: delivers each data message to its
 /// customer's queue.
 pub struct CustomerRouter {
     role: Role,
+    queue_limit: usize,
+    hold_limit: usize,
     routes: Mutex<Routes>,
 }
 
+/// The bytes a held message pins.
+fn held_size(msg: &Message) -> usize {
+    msg.data_size() + msg.meta.body.len() + 64
+}
+
 impl CustomerRouter {
-    /// A router for a node of `role`.
-    pub fn new(role: Role) -> CustomerRouter {
+    /// A router for a node of `role`, with queues of `queue_limit`
+    /// messages, holding at most `hold_limit` bytes for customers that have
+    /// not registered (a quarter of it per sender).
+    pub fn new(role: Role, queue_limit: usize, hold_limit: usize) -> CustomerRouter {
         CustomerRouter {
             role,
+            queue_limit: queue_limit.max(1),
+            hold_limit,
             routes: Mutex::new(Routes::default()),
         }
     }
@@ -84,7 +107,7 @@ impl CustomerRouter {
     }
 
     fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
-        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.routes)
     }
 
     /// Registers a customer; its queue starts with whatever was held for it.
@@ -104,29 +127,42 @@ impl CustomerRouter {
         if routes.customers.contains_key(&key) {
             return None;
         }
-        let (tx, rx) = unbounded();
-        if let Some(reason) = &routes.failure {
-            let _ = tx.send(Delivery::NodeFailed(reason.clone()));
+        let held = routes.held.remove(&key).unwrap_or_default();
+        // Room for what was held and the failure, whatever the limit.
+        let (tx, rx) = bounded(self.queue_limit.max(held.len() + 1));
+        if let Some(failure) = &routes.failure {
+            let _ = tx.send(Delivery::NodeFailed(failure.clone()));
         }
-        if let Some(held) = routes.held.remove(&key) {
+        if !held.is_empty() {
             debug!(
                 "app {} customer {}: delivering {} messages that arrived before it registered",
                 key.0,
                 key.1,
                 held.len()
             );
-            routes.held_total -= held.len();
-            for msg in held {
-                let _ = tx.send(Delivery::Message(msg));
-            }
         }
+        for msg in held {
+            let size = held_size(&msg);
+            routes.held_count -= 1;
+            routes.held_bytes -= size;
+            if let Some(by) = routes.held_by.get_mut(&msg.meta.sender) {
+                *by = by.saturating_sub(size);
+            }
+            let _ = tx.send(Delivery::Message(msg));
+        }
+        routes.held_by.retain(|_, bytes| *bytes > 0);
         routes.customers.insert(key, Route { queue: tx, inline });
         Some(rx)
     }
 
     /// How many messages wait for customers that have not registered.
     pub fn held(&self) -> usize {
-        self.routes().held_total
+        self.routes().held_count
+    }
+
+    /// Bytes held for customers that have not registered.
+    pub fn held_bytes(&self) -> usize {
+        self.routes().held_bytes
     }
 
     /// Removes a customer; later messages for it are held again.
@@ -160,21 +196,29 @@ impl Dispatch for CustomerRouter {
         };
         let mut routes = self.routes();
         if let Some(route) = routes.customers.get(&key) {
-            if route.queue.send(Delivery::Message(msg)).is_ok() {
+            let queue = route.queue.clone();
+            // Not under the lock: a full queue makes the receive thread wait
+            // for the handler (back-pressure), which may itself register or
+            // send meanwhile.
+            drop(routes);
+            if queue.send(Delivery::Message(msg)).is_ok() {
                 return;
             }
-            routes.customers.remove(&key);
+            self.routes().customers.remove(&key);
             warn!(
                 "app {} customer {} has gone: dropping a message for it",
                 key.0, key.1
             );
             return;
         }
-        if routes.held_total >= MAX_HELD {
+        let sender = msg.meta.sender;
+        let size = held_size(&msg);
+        let by_sender = routes.held_by.get(&sender).copied().unwrap_or(0);
+        if routes.held_bytes + size > self.hold_limit || by_sender + size > self.hold_limit / 4 {
             warn!(
-                "dropping a message from node {} for app {} customer {}: too many messages wait \
-                 for customers that never registered",
-                msg.meta.sender, key.0, key.1
+                "dropping a message from node {sender} for app {} customer {}: too much data \
+                 waits for customers that never registered (PS_HOLD_LIMIT is {} bytes)",
+                key.0, key.1, self.hold_limit
             );
             return;
         }
@@ -182,27 +226,48 @@ impl Dispatch for CustomerRouter {
             "holding a message for app {} customer {} until it registers",
             key.0, key.1
         );
-        routes.held_total += 1;
+        routes.held_count += 1;
+        routes.held_bytes += size;
+        *routes.held_by.entry(sender).or_default() += size;
         routes.held.entry(key).or_default().push(msg);
     }
 
-    fn undeliverable(&self, msg: Message, reason: String) {
+    fn undeliverable(&self, msg: Message, failure: Failure) {
         // The customer that sent it.
         let key = self.key_of(&msg);
-        match self.routes().customers.get(&key) {
-            Some(route) => {
-                let _ = route.queue.send(Delivery::Undeliverable { msg, reason });
+        let queue = self.routes().customers.get(&key).map(|r| r.queue.clone());
+        match queue {
+            Some(queue) => {
+                let _ = queue.send(Delivery::Undeliverable { msg, failure });
             }
-            None => debug!("{reason} (its customer has gone)"),
+            None => debug!("{failure} (its customer has gone)"),
         }
     }
 
-    fn failed(&self, err: &VanError) {
-        let reason = err.to_string();
-        let mut routes = self.routes();
-        routes.failure.get_or_insert(reason.clone());
-        for route in routes.customers.values() {
-            let _ = route.queue.send(Delivery::NodeFailed(reason.clone()));
+    fn peer_dead(&self, id: NodeId, failure: &Failure) {
+        let queues: Vec<_> = self
+            .routes()
+            .customers
+            .values()
+            .map(|r| r.queue.clone())
+            .collect();
+        for queue in queues {
+            let _ = queue.send(Delivery::PeerDead {
+                id,
+                failure: failure.clone(),
+            });
+        }
+    }
+
+    fn failed(&self, failure: &Failure) {
+        let queues: Vec<_> = {
+            let mut routes = self.routes();
+            routes.failure.get_or_insert(failure.clone());
+            routes.customers.values().map(|r| r.queue.clone()).collect()
+        };
+        for queue in queues {
+            // Never wait here: a full queue already has work to wake it.
+            let _ = queue.try_send(Delivery::NodeFailed(failure.clone()));
         }
     }
 }
@@ -228,17 +293,20 @@ mod tests {
 
     #[test]
     fn failure_reaches_present_and_future_customers() {
-        let r = CustomerRouter::new(Role::Worker);
+        let r = CustomerRouter::new(Role::Worker, 10, 1 << 20);
         let rx = r.register((0, 0)).unwrap();
-        r.failed(&VanError::Failed("gone".into()));
-        assert!(matches!(rx.try_recv(), Ok(Delivery::NodeFailed(m)) if m == "gone"));
+        r.failed(&Failure::Stopped);
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Delivery::NodeFailed(Failure::Stopped))
+        ));
         let later = r.register((0, 1)).unwrap();
         assert!(matches!(later.try_recv(), Ok(Delivery::NodeFailed(_))));
     }
 
     #[test]
     fn messages_before_registration_are_held_in_order() {
-        let r = CustomerRouter::new(Role::Worker);
+        let r = CustomerRouter::new(Role::Worker, 10, 1 << 20);
         r.deliver(msg(0, 1, 1));
         r.deliver(msg(0, 1, 2));
         r.deliver(msg(0, 0, 3));
@@ -253,11 +321,63 @@ mod tests {
 
     #[test]
     fn servers_route_by_app_id() {
-        let r = CustomerRouter::new(Role::Server);
+        let r = CustomerRouter::new(Role::Server, 10, 1 << 20);
         let rx = r.register((3, 3)).unwrap();
         r.deliver(msg(3, 7, 1));
         assert_eq!(ts(&rx.try_recv().unwrap()), 1);
         r.deliver(msg(K_EMPTY, 0, 2));
         assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn held_messages_are_bounded_in_bytes_per_sender_and_in_total() {
+        let r = CustomerRouter::new(Role::Server, 10, 4000);
+        let big = |sender: NodeId, ts| {
+            let mut m = msg(5, 5, ts);
+            m.meta.sender = sender;
+            m.data = vec![vec![0u8; 436].into()];
+            m
+        };
+        // 500 bytes each: two per sender fit in a quarter of 4000.
+        for ts in 0..5 {
+            r.deliver(big(9, ts));
+        }
+        assert_eq!(r.held(), 2);
+        for sender in [11, 13, 15, 17] {
+            for ts in 0..2 {
+                r.deliver(big(sender, ts));
+            }
+        }
+        assert_eq!(r.held(), 8, "the total caps at 4000 bytes");
+        assert_eq!(r.held_bytes(), 4000);
+        let rx = r.register((5, 5)).unwrap();
+        assert_eq!(rx.try_iter().count(), 8);
+        assert_eq!((r.held(), r.held_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_full_queue_makes_the_sender_wait() {
+        let r = Arc::new(CustomerRouter::new(Role::Worker, 2, 1 << 20));
+        let rx = r.register((0, 0)).unwrap();
+        r.deliver(msg(0, 0, 1));
+        r.deliver(msg(0, 0, 2));
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let r2 = Arc::clone(&r);
+        let t = std::thread::spawn(move || {
+            r2.deliver(msg(0, 0, 3));
+            let _ = done_tx.send(());
+        });
+        assert!(done_rx
+            .recv_timeout(std::time::Duration::from_millis(100))
+            .is_err());
+        assert_eq!(ts(&rx.recv().unwrap()), 1);
+        assert!(done_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .is_ok());
+        t.join().unwrap();
+        assert_eq!(
+            rx.try_iter().map(|d| ts(&d)).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
     }
 }

@@ -66,8 +66,9 @@ impl Meta {
             data_size: None,
             pull: Some(self.pull),
             priority: Some(self.priority),
-            counters: self.counters.as_ref().map(NodeCounters::to_pb),
+            counters: self.counters.as_deref().map(NodeCounters::to_pb),
             status: self.status.iter().map(NodeStatus::to_pb).collect(),
+            handler_panic: self.handler_panic.clone(),
         }
     }
 
@@ -95,12 +96,13 @@ impl Meta {
             timestamp: pb.timestamp.unwrap_or(K_EMPTY),
             data_type,
             priority: pb.priority.unwrap_or(0),
-            counters: pb.counters.map(NodeCounters::from_pb),
+            counters: pb.counters.map(|c| Box::new(NodeCounters::from_pb(c))),
             status: pb
                 .status
                 .into_iter()
                 .map(NodeStatus::from_pb)
                 .collect::<Result<_, _>>()?,
+            handler_panic: pb.handler_panic,
             sender: K_EMPTY,
             recver: K_EMPTY,
         })
@@ -113,6 +115,8 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
         node: ctrl.node.iter().map(node_to_pb).collect(),
         barrier_group: (ctrl.cmd == Command::Barrier).then_some(ctrl.barrier_group),
         msg_sig: (ctrl.cmd == Command::Ack).then_some(ctrl.msg_sig),
+        failed_peer: ctrl.failed_peer,
+        dead_nodes: ctrl.dead_nodes.clone(),
     }
 }
 
@@ -128,6 +132,8 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         node,
         barrier_group: pb.barrier_group.unwrap_or(0),
         msg_sig: pb.msg_sig.unwrap_or(0),
+        failed_peer: pb.failed_peer,
+        dead_nodes: pb.dead_nodes,
     })
 }
 
@@ -139,6 +145,7 @@ pub(crate) fn node_to_pb(node: &Node) -> PbNode {
         port: Some(node.port),
         is_recovery: Some(node.is_recovery),
         customer_id: Some(node.customer_id),
+        pslite: node.pslite.then_some(true),
     }
 }
 
@@ -150,6 +157,7 @@ pub(crate) fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
         port: pb.port.unwrap_or(0),
         is_recovery: pb.is_recovery.unwrap_or(false),
         customer_id: pb.customer_id.unwrap_or(0),
+        pslite: pb.pslite.unwrap_or(false),
     })
 }
 

@@ -43,3 +43,32 @@ pub use ids::{NodeId, K_EMPTY};
 pub use message::Message;
 pub use meta::{Command, Control, DataType, Meta};
 pub use node::{Node, ParseRoleError, Role};
+
+/// Locks `mutex`, recovering the data if a thread panicked while holding
+/// it: every lock in pslite guards state that stays consistent between
+/// statements, so a panic elsewhere (a user's handler) must not poison the
+/// node. The one lock helper of the workspace.
+pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits on `condvar` with `guard`, recovering from poisoning as [`lock`].
+pub fn wait<'a, T>(
+    condvar: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+) -> std::sync::MutexGuard<'a, T> {
+    condvar.wait(guard).unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits on `condvar` with `guard` for at most `timeout`, recovering from
+/// poisoning as [`lock`].
+pub fn wait_timeout<'a, T>(
+    condvar: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> std::sync::MutexGuard<'a, T> {
+    match condvar.wait_timeout(guard, timeout) {
+        Ok((guard, _)) => guard,
+        Err(e) => e.into_inner().0,
+    }
+}

@@ -56,6 +56,12 @@ pub struct Control {
     pub barrier_group: i32,
     /// The signature an ACK acknowledges.
     pub msg_sig: u64,
+    /// pslite-only (field 100): on a BARRIER reply, the barrier failed
+    /// because this node died and nothing replaced it.
+    pub failed_peer: Option<NodeId>,
+    /// pslite-only (field 101): on a scheduler's HEARTBEAT, the nodes it
+    /// holds dead.
+    pub dead_nodes: Vec<NodeId>,
 }
 
 impl Control {
@@ -165,9 +171,12 @@ pub struct Meta {
     /// Scheduling priority (higher first); carried, not interpreted.
     pub priority: i32,
     /// pslite-only (field 100): the sender's counters, on a HEARTBEAT.
-    pub counters: Option<NodeCounters>,
+    pub counters: Option<Box<NodeCounters>>,
     /// pslite-only (field 101): the scheduler's status table, answering STATUS.
     pub status: Vec<NodeStatus>,
+    /// pslite-only (field 102): on a response, the request failed because
+    /// the responder's handler panicked, with this message.
+    pub handler_panic: Option<String>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -191,6 +200,7 @@ impl Default for Meta {
             priority: 0,
             counters: None,
             status: Vec::new(),
+            handler_panic: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

@@ -76,6 +76,9 @@ pub struct Node {
     pub is_recovery: bool,
     /// Which customer of the process registered this entry.
     pub customer_id: i32,
+    /// pslite-only (field 100): the entry is a pslite node's, so it
+    /// understands pslite-only control fields. C++ schedulers drop it.
+    pub pslite: bool,
 }
 
 impl Node {
@@ -88,6 +91,7 @@ impl Node {
             port,
             is_recovery: false,
             customer_id: 0,
+            pslite: false,
         }
     }
 

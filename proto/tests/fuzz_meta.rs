@@ -54,6 +54,7 @@ fn node() -> impl Strategy<Value = Node> {
                 port,
                 is_recovery,
                 customer_id,
+                pslite: false,
             },
         )
 }
@@ -82,6 +83,8 @@ prop_compose! {
                 node: if cmd == Command::Empty { Vec::new() } else { nodes },
                 barrier_group: if cmd == Command::Barrier { barrier_group } else { 0 },
                 msg_sig: if cmd == Command::Ack { msg_sig } else { 0 },
+                failed_peer: None,
+                dead_nodes: Vec::new(),
             },
             request: flags[0],
             push: flags[1],
@@ -94,6 +97,7 @@ prop_compose! {
             priority,
             counters: None,
             status: Vec::new(),
+            handler_panic: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

@@ -417,7 +417,7 @@ impl LocalCluster {
                 "127.0.0.1",
                 port as i32,
             );
-            c.start_timeout = Duration::from_secs(60);
+            c.van.start_timeout = Duration::from_secs(60);
             adjust(&mut c);
             c
         };

@@ -92,6 +92,10 @@ fn hostile_meta(rng: &mut StdRng) -> Vec<u8> {
             .collect(),
         barrier_group: rng.random_range(-3..12),
         msg_sig: rng.random(),
+        failed_peer: rng.random::<bool>().then(|| rng.random_range(-1..20)),
+        dead_nodes: (0..rng.random_range(0..3))
+            .map(|_| rng.random_range(-1..20))
+            .collect(),
     };
     let types = [
         DataType::UInt64,

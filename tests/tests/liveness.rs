@@ -4,14 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use pslite::{DefaultHandle, Error, KVOptions, KVServer, KVWorker};
+use pslite::{DefaultHandle, Error, Failure, KVOptions, KVServer, KVWorker};
 use pslite_tests::LocalCluster;
 
 #[test]
 fn a_request_nobody_acknowledges_fails_after_the_last_resend() {
     let c = LocalCluster::start_with(1, 1, |config| {
-        config.resend = true;
-        config.resend_timeout = Duration::from_millis(20);
+        config.van.resend_timeout = Some(Duration::from_millis(20));
     });
     let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
     server.set_request_handle(DefaultHandle::new().into_handle());
@@ -28,7 +27,17 @@ fn a_request_nobody_acknowledges_fails_after_the_last_resend() {
     let ts = w.push(&[1], &[1.0], KVOptions::new()).unwrap();
     let err = w.wait_timeout(ts, Duration::from_secs(60)).unwrap_err();
     assert!(
-        matches!(&err, Error::RequestFailed { reason, .. } if reason.contains("did not acknowledge")),
+        matches!(
+            &err,
+            Error::RequestFailed {
+                cause: Failure::NotAcknowledged {
+                    peer: 8,
+                    tries: 10,
+                    ..
+                },
+                ..
+            }
+        ),
         "{err}"
     );
     // 10 resends, waiting 20 ms doubling up to 160 ms: about 1.3 s.
@@ -38,8 +47,8 @@ fn a_request_nobody_acknowledges_fails_after_the_last_resend() {
 #[test]
 fn silent_nodes_are_reported_dead() {
     let c = LocalCluster::start_with(1, 2, |config| {
-        config.heartbeat_interval = Some(Duration::from_millis(1000));
-        config.heartbeat_timeout = Some(Duration::from_secs(3));
+        config.van.heartbeat_interval = Some(Duration::from_millis(1000));
+        config.van.heartbeat_timeout = Some(Duration::from_secs(3));
     });
     let window = Duration::from_millis(2500);
     assert!(c.scheduler.dead_nodes(window).is_empty());

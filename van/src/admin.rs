@@ -101,7 +101,7 @@ impl AdminClient {
             None => local_address_towards(scheduler_host, scheduler_port)
                 .ok_or_else(|| AdminError::Resolve(scheduler_host.to_string()))?,
         };
-        let ip = transport::resolve_bind_ip(&reply_host)
+        let ip = crate::resolve::bind_ip(&reply_host)
             .ok_or_else(|| AdminError::Resolve(reply_host.clone()))?;
         let ctx = zmq::Context::new();
         let router = ctx
@@ -208,7 +208,7 @@ impl AdminClient {
 /// The address of this machine on the route to `host:port` (no packet is
 /// sent: connecting a UDP socket only picks the route).
 fn local_address_towards(host: &str, port: i32) -> Option<String> {
-    let target = transport::resolve_bind_ip(host)?;
+    let target = crate::resolve::bind_ip(host)?;
     let ip: IpAddr = target.parse().ok()?;
     if ip.is_loopback() {
         return Some(ip.to_string());

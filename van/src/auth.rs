@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use log::{debug, error, warn};
 
-use crate::VanError;
+use crate::{Failure, VanError};
 
 /// The ZAP endpoint libzmq asks (RFC 27), one per context.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
@@ -133,7 +133,10 @@ pub fn serve_router(
     std::thread::Builder::new()
         .name("pslite-auth".into())
         .spawn(move || auth_loop(zap, monitor, token))
-        .map_err(|e| VanError::Failed(format!("cannot start the auth thread: {e}")))?;
+        .map_err(|e| VanError::Setup {
+            what: "start the auth thread",
+            detail: e.to_string(),
+        })?;
     Ok(())
 }
 
@@ -157,7 +160,7 @@ pub fn watch_refusal(
     ctx: &zmq::Context,
     dealer: &zmq::Socket,
     endpoint: &str,
-    on_refused: impl FnOnce(VanError) + Send + 'static,
+    on_refused: impl FnOnce(Failure) + Send + 'static,
 ) -> Result<(), VanError> {
     let monitor_endpoint = monitor_endpoint("dealer");
     dealer
@@ -181,9 +184,14 @@ pub fn watch_refusal(
             // Close our socket before calling back: the callback may drop
             // the last reference to the context.
             drop(monitor);
-            on_refused(VanError::Failed(refusal_message(&event, &endpoint)));
+            on_refused(Failure::AuthRefused {
+                detail: refusal_message(&event, &endpoint),
+            });
         })
-        .map_err(|e| VanError::Failed(format!("cannot start the auth watch thread: {e}")))?;
+        .map_err(|e| VanError::Setup {
+            what: "start the auth watch thread",
+            detail: e.to_string(),
+        })?;
     Ok(())
 }
 

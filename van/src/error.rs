@@ -1,6 +1,158 @@
 //! What can go wrong in the transport and the control plane.
+//!
+//! [`Failure`] is why something remote failed (a node, a request, a
+//! barrier): each cause is a variant, so callers match on it instead of
+//! reading strings. [`VanError`] is what a call of the Van returns.
+
+use std::fmt;
+use std::time::Duration;
 
 use pslite_proto::NodeId;
+
+/// Why a node, a request or a barrier failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// Nothing was heard from the scheduler for longer than the heartbeat
+    /// timeout.
+    #[error(
+        "lost the scheduler at {address}: nothing heard from it for {silent_secs} s \
+         (PS_HEARTBEAT_TIMEOUT is {timeout_secs} s)"
+    )]
+    SchedulerLost {
+        /// Where the scheduler was.
+        address: String,
+        /// How long it was silent.
+        silent_secs: u64,
+        /// The heartbeat timeout.
+        timeout_secs: u64,
+    },
+    /// A message was never acknowledged, even after every resend
+    /// (`PS_RESEND=1`).
+    #[error("node {peer} did not acknowledge {what} after {tries} resends (PS_RESEND)")]
+    NotAcknowledged {
+        /// The receiver.
+        peer: NodeId,
+        /// Resends tried.
+        tries: u32,
+        /// The message, described for logs.
+        what: String,
+    },
+    /// A node died and no replacement took its id in time.
+    #[error("node {id} is dead and no replacement arrived within {secs} s (PS_RECOVERY_TIMEOUT)")]
+    PeerDead {
+        /// The dead node.
+        id: NodeId,
+        /// The recovery deadline.
+        secs: u64,
+    },
+    /// A node restarted and took its old id, but without `PS_RESEND` the
+    /// requests it had not answered cannot be sent again: they fail.
+    #[error(
+        "node {id} restarted before answering; without PS_RESEND=1 its unanswered requests are lost"
+    )]
+    PeerRestarted {
+        /// The restarted node.
+        id: NodeId,
+    },
+    /// This node was stopped (finalized or dropped).
+    #[error("the node has stopped")]
+    Stopped,
+    /// A request handler or callback panicked; the request failed, the node
+    /// goes on.
+    #[error("a request handler on node {node} panicked: {message}")]
+    HandlerPanicked {
+        /// The node whose handler panicked.
+        node: NodeId,
+        /// The panic's message.
+        message: String,
+    },
+    /// The thread that receives messages ended.
+    #[error("the receive thread ended: {reason}")]
+    ReceiveThreadDied {
+        /// Why.
+        reason: String,
+    },
+    /// A message could not be put on the wire.
+    #[error("cannot send to node {peer}: {reason}")]
+    SendFailed {
+        /// The receiver.
+        peer: NodeId,
+        /// What ZeroMQ or the Van said.
+        reason: String,
+    },
+    /// A response could not be used (e.g. keys that do not match the request).
+    #[error("a bad response from node {sender}: {what}")]
+    BadResponse {
+        /// Who sent it.
+        sender: NodeId,
+        /// What is wrong.
+        what: String,
+    },
+    /// The scheduler refused this node's `PS_AUTH_TOKEN`, or the node has
+    /// one and the scheduler does not authenticate.
+    #[error("{detail}")]
+    AuthRefused {
+        /// What was refused and what to set.
+        detail: String,
+    },
+    /// The app that sent the request was dropped before it completed.
+    #[error("the app was dropped")]
+    AppDropped,
+}
+
+/// The cluster did not form before the start deadline (`PS_START_TIMEOUT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartTimeout {
+    /// How long this node waited.
+    pub waited: Duration,
+    /// Servers that never registered (known on the scheduler only).
+    pub missing_servers: Option<i32>,
+    /// Workers that never registered (known on the scheduler only).
+    pub missing_workers: Option<i32>,
+    /// `DMLC_NUM_SERVER`.
+    pub num_servers: i32,
+    /// `DMLC_NUM_WORKER`.
+    pub num_workers: i32,
+    /// The scheduler's address.
+    pub scheduler: String,
+    /// The address this node advertises (the scheduler must reach it).
+    pub advertised: String,
+    /// Identities that connected twice while forming (ZeroMQ refuses a
+    /// second connection with an identity in use): a possible conflict.
+    pub identity_conflicts: Vec<NodeId>,
+}
+
+impl fmt::Display for StartTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.waited.as_secs();
+        match (self.missing_servers, self.missing_workers) {
+            (Some(servers), Some(workers)) => write!(
+                f,
+                "the cluster did not form within {secs} s (PS_START_TIMEOUT): {servers} of {} \
+                 servers and {workers} of {} workers never registered with the scheduler",
+                self.num_servers, self.num_workers
+            )?,
+            _ => write!(
+                f,
+                "no node table from the scheduler at {} within {secs} s (PS_START_TIMEOUT): \
+                 either it is unreachable (check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT), or \
+                 it cannot reach this node at the address it advertises, {} (check \
+                 DMLC_NODE_HOST, DMLC_INTERFACE and firewalls), or some of the {} servers \
+                 and {} workers never started",
+                self.scheduler, self.advertised, self.num_servers, self.num_workers
+            )?,
+        }
+        if !self.identity_conflicts.is_empty() {
+            write!(
+                f,
+                "; messages came from identities {:?} before they were assigned: another \
+                 process may hold the same identity (a possible identity conflict)",
+                self.identity_conflicts
+            )?;
+        }
+        Ok(())
+    }
+}
 
 /// An error of the Van. Every variant says what failed and, where there is
 /// one, what to change.
@@ -28,6 +180,14 @@ pub enum VanError {
         /// ZeroMQ's reason.
         source: zmq::Error,
     },
+    /// Setting the node up failed outside ZeroMQ (a thread, a free port).
+    #[error("cannot {what}: {detail}")]
+    Setup {
+        /// What we tried.
+        what: &'static str,
+        /// Why it failed, and what to do.
+        detail: String,
+    },
     /// A message names a receiver that is not in the node table.
     #[error("cannot send to node {0}: it is not in the node table")]
     UnknownPeer(NodeId),
@@ -36,7 +196,7 @@ pub enum VanError {
     NotReady,
     /// The cluster did not form before the start deadline.
     #[error("{0}")]
-    StartTimeout(String),
+    StartTimeout(StartTimeout),
     /// A barrier was not released before its deadline.
     #[error("barrier over group {group} was not released within {secs} s")]
     BarrierTimeout {
@@ -51,10 +211,17 @@ pub enum VanError {
          that includes this node's role"
     )]
     InvalidGroup(i32),
-    /// The Van was stopped while waiting.
-    #[error("the van has stopped")]
-    Stopped,
-    /// The node cannot go on (scheduler lost, not in the node table...).
+    /// The node, a barrier or a request failed remotely, or the node stopped.
     #[error("{0}")]
-    Failed(String),
+    Failed(#[from] Failure),
+}
+
+impl VanError {
+    /// The typed cause, when this is a failure of the node or a barrier.
+    pub fn failure(&self) -> Option<&Failure> {
+        match self {
+            VanError::Failed(f) => Some(f),
+            _ => None,
+        }
+    }
 }

@@ -1,16 +1,25 @@
 //! The Van: ps-lite's ZeroMQ transport and control plane.
 //!
-//! - [`transport`]: sockets, identities (`ps<id>`), zero-copy frames.
-//! - [`auth`]: `PS_AUTH_TOKEN`, ZeroMQ's PLAIN mechanism with a ZAP handler.
-//! - [`scheduler`]: the scheduler's membership, barrier, heartbeat and
-//!   recovery logic as a state machine without I/O.
-//! - [`counters`]: what a node counts (traffic per peer, resends, drops,
-//!   requests in flight, handler time), lock-free.
-//! - [`admin`]: a client outside the cluster asking the scheduler for its
-//!   status table (`pslite status`).
-//! - [`Van`]: the driver. It binds this node's ROUTER, runs the receive
-//!   thread, joins the cluster (or, on the scheduler, forms it), runs
-//!   barriers and hands data messages to a [`Dispatch`].
+//! The protocol lives in socket-free state machines, with time passed in:
+//! - `scheduler.rs`: the scheduler's membership, barrier, heartbeat and
+//!   recovery logic ([`Scheduler`]).
+//! - `member.rs`: the node side: joining, node-table updates, barrier
+//!   waits, heartbeats, scheduler loss ([`Member`]).
+//! - `resender.rs`: acknowledgements and resends under `PS_RESEND=1`
+//!   ([`Resender`]).
+//! - `core.rs`: the three composed behind one interface ([`Core`]); it
+//!   decides what to accept, hold back, send, deliver or give up.
+//!
+//! The rest moves bytes: `transport.rs` (sockets, identities `ps<id>`,
+//! zero-copy frames), `resolve.rs` (host names), and [`Van`], the driver:
+//! it binds this node's ROUTER, runs the receive thread, feeds the core and
+//! carries out what it asks for. `harness.rs` (tests only) runs whole
+//! clusters of cores in an in-memory network with virtual time.
+//!
+//! Beside them: [`auth`] (`PS_AUTH_TOKEN`: ZeroMQ's PLAIN mechanism with a
+//! ZAP handler), [`counters`] (traffic per peer, resends, drops, requests in
+//! flight, handler time; lock-free) and [`admin`] (a client outside the
+//! cluster asking the scheduler for its status table: `pslite status`).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -32,15 +41,26 @@
 
 pub mod admin;
 pub mod auth;
+mod config;
+mod core;
 pub mod counters;
 mod error;
+#[cfg(test)]
+mod harness;
+mod member;
 pub mod resender;
+pub mod resolve;
 pub mod scheduler;
 pub mod transport;
 mod van;
 
+pub use crate::core::{Core, Output};
 pub use auth::AuthToken;
+pub use config::VanConfig;
 pub use counters::Counters;
-pub use error::VanError;
+pub use error::{Failure, StartTimeout, VanError};
+pub use member::{BarrierOutcome, Member, MemberAction, MemberConfig, WAIT_LOG_INTERVAL};
+pub use resender::Resender;
+pub use scheduler::{Action, Scheduler, SchedulerConfig};
 pub use transport::Transport;
-pub use van::{describe, Dispatch, Van, VanConfig};
+pub use van::{describe, Dispatch, Van};

@@ -88,6 +88,9 @@ pub struct Resender {
     /// Received (sender, signature, customer, command), with arrival order.
     seen: HashSet<(NodeId, u64, i32, i32)>,
     seen_order: VecDeque<(Instant, (NodeId, u64, i32, i32))>,
+    /// No unacknowledged message is due before this (a lower bound; exact
+    /// after each [`Resender::tick`]).
+    earliest: Option<Instant>,
 }
 
 impl Resender {
@@ -100,7 +103,14 @@ impl Resender {
             pending: HashMap::new(),
             seen: HashSet::new(),
             seen_order: VecDeque::new(),
+            earliest: None,
         }
+    }
+
+    /// When [`Resender::tick`] may have work next (never later than the
+    /// first resend due; sometimes earlier).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.earliest
     }
 
     /// How long a resend of a message can arrive after its first copy.
@@ -118,9 +128,11 @@ impl Resender {
             return;
         }
         let key = (msg.meta.recver, signature(&msg.meta));
+        let next = now + self.timeout;
+        self.earliest = Some(self.earliest.map_or(next, |e| e.min(next)));
         self.pending.entry(key).or_default().push_back(Pending {
             msg: msg.clone(),
-            next: now + self.timeout,
+            next,
             tries: 0,
             acked: false,
         });
@@ -232,6 +244,7 @@ impl Resender {
     /// The messages whose time is up at `now`: to resend, or given up.
     pub fn tick(&mut self, now: Instant) -> Due {
         let mut due = Due::default();
+        let mut earliest: Option<Instant> = None;
         for queue in self.pending.values_mut() {
             let mut i = 0;
             while i < queue.len() {
@@ -251,9 +264,37 @@ impl Resender {
                 due.resend.push(p.msg.clone());
                 i += 1;
             }
+            for p in queue.iter().filter(|p| !p.acked) {
+                earliest = Some(earliest.map_or(p.next, |e| e.min(p.next)));
+            }
         }
         self.pending.retain(|_, q| !q.is_empty());
+        self.earliest = earliest;
         due
+    }
+
+    /// Messages waiting for an ACK from a receiver that `counts`.
+    pub fn unacknowledged_to(&self, counts: impl Fn(NodeId) -> bool) -> usize {
+        self.pending
+            .iter()
+            .filter(|((recver, _), _)| counts(*recver))
+            .flat_map(|(_, q)| q.iter())
+            .filter(|p| !p.acked)
+            .count()
+    }
+
+    /// Drops every message waiting for `id` (it is dead for good): the
+    /// data requests among them are returned, to be failed.
+    pub fn forget_peer(&mut self, id: NodeId) -> Vec<Message> {
+        let mut dropped = Vec::new();
+        self.pending.retain(|(recver, _), queue| {
+            if *recver != id {
+                return true;
+            }
+            dropped.extend(queue.drain(..).map(|p| p.msg).filter(awaits_response));
+            false
+        });
+        dropped
     }
 
     /// Messages waiting for an ACK.
@@ -280,6 +321,10 @@ impl Resender {
                 p.next = now + self.timeout;
                 again.push(p.msg.clone());
             }
+        }
+        if !again.is_empty() {
+            let next = now + self.timeout;
+            self.earliest = Some(self.earliest.map_or(next, |e| e.min(next)));
         }
         again
     }

@@ -34,6 +34,14 @@ pub struct SchedulerConfig {
     /// A node whose last message is older than this is dead
     /// (`PS_HEARTBEAT_TIMEOUT`); `None` means never.
     pub heartbeat_timeout: Option<Duration>,
+    /// The timeout applies to every node (`PS_HEARTBEAT_TIMEOUT` was set);
+    /// otherwise only to nodes that send heartbeats (pslite nodes do by
+    /// default; C++ nodes only when told to), so a silent C++ node is never
+    /// declared dead by a default.
+    pub watch_all: bool,
+    /// How long a dead node may stay unreplaced before the barriers that
+    /// wait for it fail (`PS_RECOVERY_TIMEOUT`).
+    pub recovery_timeout: Duration,
 }
 
 /// Something the Van must do for the scheduler, in order.
@@ -90,6 +98,10 @@ pub struct Scheduler {
     waiting: Vec<Node>,
     /// The latest counters each process sent with a heartbeat, and when.
     counters: HashMap<NodeId, (NodeCounters, Instant)>,
+    /// Dead processes, since when (as last told to the pslite nodes).
+    dead_since: HashMap<NodeId, Instant>,
+    /// Processes that have sent a heartbeat.
+    heartbeating: HashSet<NodeId>,
 }
 
 impl Scheduler {
@@ -104,12 +116,17 @@ impl Scheduler {
             recovered_customers: HashMap::new(),
             waiting: Vec::new(),
             counters: HashMap::new(),
+            dead_since: HashMap::new(),
+            heartbeating: HashSet::new(),
         }
     }
 
-    /// Lets waiting restarted nodes take over nodes that have died by `now`.
+    /// Clock-driven work at `now`: lets waiting restarted nodes take over
+    /// nodes that have died, tells the pslite nodes which nodes are dead,
+    /// and fails the barriers that wait for a node dead for longer than the
+    /// recovery timeout.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
-        if !self.ready || self.waiting.is_empty() {
+        if !self.ready {
             return Vec::new();
         }
         let mut actions = Vec::new();
@@ -119,7 +136,127 @@ impl Scheduler {
                 None => self.waiting.push(node),
             }
         }
+        let dead: BTreeSet<NodeId> = self.dead_nodes(now).into_iter().collect();
+        let known: BTreeSet<NodeId> = self.dead_since.keys().copied().collect();
+        if dead != known {
+            for &id in dead.difference(&known) {
+                warn!(
+                    "scheduler: node {id} is dead (no message for more than {} s)",
+                    self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
+                );
+                self.dead_since.insert(id, now);
+            }
+            self.dead_since.retain(|id, _| dead.contains(id));
+            actions.extend(self.tell_dead_nodes(now));
+        }
+        let groups: Vec<i32> = self.barriers.keys().copied().collect();
+        for group in groups {
+            if let Some(id) = self.given_up_in(group, now) {
+                actions.extend(self.fail_barrier(group, id));
+            }
+        }
         actions
+    }
+
+    /// When [`Scheduler::tick`] has work next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let timeout = self.cfg.heartbeat_timeout?;
+        if !self.ready {
+            return None;
+        }
+        let slack = Duration::from_millis(1);
+        let alive = self
+            .processes()
+            .into_iter()
+            .filter(|id| !self.dead_since.contains_key(id))
+            .filter(|id| self.cfg.watch_all || self.heartbeating.contains(id))
+            .filter_map(|id| self.last_seen.get(&id))
+            .map(|&seen| seen + timeout + slack)
+            .min();
+        let recovery = (!self.barriers.is_empty())
+            .then(|| {
+                self.dead_since
+                    .values()
+                    .map(|&since| since + self.cfg.recovery_timeout)
+                    .min()
+            })
+            .flatten();
+        match (alive, recovery) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
+        }
+    }
+
+    /// The dead list, as a HEARTBEAT to every live pslite node.
+    fn tell_dead_nodes(&self, now: Instant) -> Vec<Action> {
+        let dead = self.dead_list();
+        self.process_nodes()
+            .into_iter()
+            .filter(|n| n.pslite && !self.is_dead(n.id, now))
+            .map(|n| {
+                let mut msg = Message::control(Command::Heartbeat, n.id);
+                msg.meta.control.node = vec![self.cfg.me.clone()];
+                msg.meta.control.dead_nodes = dead.clone();
+                Action::Send(msg)
+            })
+            .collect()
+    }
+
+    /// The dead processes, in id order.
+    fn dead_list(&self) -> Vec<NodeId> {
+        let mut dead: Vec<NodeId> = self.dead_since.keys().copied().collect();
+        dead.sort_unstable();
+        dead
+    }
+
+    /// A member of `group` dead for longer than the recovery timeout.
+    fn given_up_in(&self, group: i32, now: Instant) -> Option<NodeId> {
+        self.dead_since
+            .iter()
+            .filter(|&(&id, &since)| {
+                ids::group_contains(group, id) && now >= since + self.cfg.recovery_timeout
+            })
+            .map(|(&id, _)| id)
+            .min()
+    }
+
+    /// Ends the barrier round over `group`: its pslite waiters learn that
+    /// node `dead` will not come (C++ nodes cannot be told; they wait).
+    fn fail_barrier(&mut self, group: i32, dead: NodeId) -> Vec<Action> {
+        let Some(round) = self.barriers.remove(&group) else {
+            return Vec::new();
+        };
+        warn!(
+            "scheduler: barrier over group {group} fails: node {dead} is dead and was not \
+             replaced within {} s",
+            self.cfg.recovery_timeout.as_secs()
+        );
+        let waiting: BTreeSet<NodeId> = round.arrived.iter().map(|&(id, _)| id).collect();
+        waiting
+            .into_iter()
+            .filter(|&id| id == SCHEDULER || self.is_pslite(id))
+            .map(|id| self.barrier_failure(id, group, dead, &round))
+            .collect()
+    }
+
+    fn barrier_failure(
+        &self,
+        recver: NodeId,
+        group: i32,
+        dead: NodeId,
+        round: &BarrierRound,
+    ) -> Action {
+        let mut reply = Message::control(Command::Barrier, recver);
+        reply.meta.control.barrier_group = group;
+        reply.meta.control.failed_peer = Some(dead);
+        reply.meta.app_id = round.app_id;
+        reply.meta.customer_id = round.customer_id;
+        Action::Send(reply)
+    }
+
+    /// Whether process `id` registered as a pslite node.
+    fn is_pslite(&self, id: NodeId) -> bool {
+        self.nodes.iter().any(|n| n.id == id && n.pslite)
     }
 
     /// The lowest dead process id of `role`.
@@ -178,7 +315,7 @@ impl Scheduler {
         }
         match msg.meta.control.cmd {
             Command::AddNode => self.add_node(msg, now),
-            Command::Barrier => self.barrier(msg),
+            Command::Barrier => self.barrier(msg, now),
             Command::Heartbeat => self.heartbeat(msg, now),
             Command::Status => self.status(msg, now),
             cmd => {
@@ -377,6 +514,7 @@ impl Scheduler {
         // The counters were the dead process's.
         self.counters.remove(&pid);
         self.last_seen.insert(pid, now);
+        self.dead_since.remove(&pid);
         // Barrier arrivals of the earlier incarnation still count: the new
         // one skips the start barrier, and arriving again at a later one
         // counts once (arrivals are a set).
@@ -395,7 +533,7 @@ impl Scheduler {
         actions
     }
 
-    fn barrier(&mut self, msg: &Message) -> Vec<Action> {
+    fn barrier(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
         let sender = msg.meta.sender;
         let group = msg.meta.control.barrier_group;
         if !msg.meta.request {
@@ -413,6 +551,16 @@ impl Scheduler {
         if !self.is_member(sender) || !ids::group_contains(group, sender) {
             warn!("scheduler: dropping BARRIER from node {sender}: not a member of group {group}");
             return Vec::new();
+        }
+        if let Some(dead) = self.given_up_in(group, now) {
+            if sender == SCHEDULER || self.is_pslite(sender) {
+                let round = BarrierRound {
+                    app_id: msg.meta.app_id,
+                    customer_id: msg.meta.customer_id,
+                    ..BarrierRound::default()
+                };
+                return vec![self.barrier_failure(sender, group, dead, &round)];
+            }
         }
         let expected = self.group_size(group);
         let round = self.barriers.entry(group).or_default();
@@ -452,11 +600,15 @@ impl Scheduler {
             debug!("scheduler: dropping HEARTBEAT from unknown node {sender}");
             return Vec::new();
         }
+        self.heartbeating.insert(sender);
         if let Some(counters) = &msg.meta.counters {
-            self.counters.insert(sender, (counters.clone(), now));
+            self.counters.insert(sender, ((**counters).clone(), now));
         }
         let mut ack = Message::control(Command::Heartbeat, sender);
         ack.meta.control.node = vec![self.cfg.me.clone()];
+        if self.is_pslite(sender) {
+            ack.meta.control.dead_nodes = self.dead_list();
+        }
         vec![Action::Send(ack)]
     }
 
@@ -546,6 +698,9 @@ impl Scheduler {
         let Some(timeout) = self.cfg.heartbeat_timeout else {
             return false;
         };
+        if !self.cfg.watch_all && !self.heartbeating.contains(&id) {
+            return false;
+        }
         self.last_seen
             .get(&id)
             .is_none_or(|&seen| now.saturating_duration_since(seen) > timeout)

@@ -1,30 +1,31 @@
-//! The Van drives the transport: it owns the sockets and the receive thread,
-//! runs the node side of the control plane (joining the cluster, barriers,
-//! heartbeats) and, on the scheduler, feeds control messages to the
-//! [`Scheduler`] state machine and carries out what it answers.
+//! The Van drives the transport: it owns the ZeroMQ sockets and the receive
+//! thread, and moves frames between them and the [`Core`], which takes every
+//! protocol decision. The receive thread sleeps until a message arrives or
+//! the core's next deadline ([`Core::poll_timeout`]); waiters (`register`,
+//! `barrier`, the flush at exit) wait on a condition variable that the
+//! driver signals while holding the core's lock, so no wake-up is lost.
 //!
-//! Data messages go to the [`Dispatch`] the Van was started with; the ones
-//! that arrive before this node has joined the cluster are held back and
-//! delivered, in order, as soon as it has.
+//! Data messages go to the [`Dispatch`] the Van was started with.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::{debug, error, info, trace, warn};
-use pslite_proto::ids::{self, NodeId, SCHEDULER};
-use pslite_proto::{Command, Message, Meta, Node, Role, K_EMPTY};
+use pslite_proto::ids::{NodeId, SCHEDULER};
+use pslite_proto::{lock, wait, wait_timeout, Command, Message, Meta, Node, K_EMPTY};
 
+use crate::config::VanConfig;
+use crate::core::{Core, Output};
 use crate::counters::{Counters, DropReason};
-use crate::resender::{Received, Resender};
-use crate::scheduler::{Action, Scheduler, SchedulerConfig};
+use crate::error::{Failure, VanError};
 use crate::transport::{self, RawMessage, Transport};
-use crate::VanError;
 
-/// Receives the data messages (no control command) that reach this node.
+/// Receives the data messages (no control command) that reach this node,
+/// and the failures of what this node sent.
 ///
 /// Called on the Van's receive thread: it must hand the message over
 /// (e.g. to a queue) rather than do long work.
@@ -32,90 +33,33 @@ pub trait Dispatch: Send + Sync + 'static {
     /// One data message, with `meta.sender` and `meta.recver` filled in.
     fn deliver(&self, msg: Message);
 
-    /// A data message this node sent was never acknowledged, even after
-    /// every resend (`PS_RESEND=1`): the request it belongs to has failed.
-    fn undeliverable(&self, msg: Message, reason: String) {
-        let _ = (msg, reason);
+    /// A data message this node sent was given up on (never acknowledged
+    /// under `PS_RESEND=1`, or its receiver died): its request has failed.
+    fn undeliverable(&self, msg: Message, failure: Failure) {
+        let _ = (msg, failure);
+    }
+
+    /// Node `id` died and nothing replaced it in time: requests waiting
+    /// for it should fail with `failure`.
+    fn peer_dead(&self, id: NodeId, failure: &Failure) {
+        let _ = (id, failure);
     }
 
     /// The node cannot go on (e.g. the scheduler is gone): every wait for
-    /// remote work should fail with `err`.
-    fn failed(&self, err: &VanError) {
-        let _ = err;
-    }
-}
-
-/// What the Van needs to know to join (or, as scheduler, to form) a cluster.
-#[derive(Clone, Debug)]
-pub struct VanConfig {
-    /// This node's role.
-    pub role: Role,
-    /// Servers in the cluster.
-    pub num_servers: i32,
-    /// Workers in the cluster.
-    pub num_workers: i32,
-    /// The scheduler's host (`DMLC_PS_ROOT_URI`).
-    pub scheduler_host: String,
-    /// The scheduler's port (`DMLC_PS_ROOT_PORT`).
-    pub scheduler_port: i32,
-    /// The host this node advertises to the others (`DMLC_NODE_HOST`);
-    /// the scheduler advertises `scheduler_host`.
-    pub host: String,
-    /// Where to bind the ROUTER; `None` binds the advertised host's address.
-    pub bind_host: Option<String>,
-    /// The ROUTER's port (`PORT`); `None` picks a free one. The scheduler
-    /// always uses `scheduler_port`.
-    pub port: Option<i32>,
-    /// TCP, or IPC under `/tmp` (`DMLC_LOCAL=1`).
-    pub transport: Transport,
-    /// Send high-water mark of each DEALER (`DMLC_PS_WATER_MARK`).
-    pub water_mark: Option<i32>,
-    /// How long joining the cluster may take (`PS_START_TIMEOUT`).
-    pub start_timeout: Duration,
-    /// How often to send heartbeats (`PS_HEARTBEAT_INTERVAL`).
-    pub heartbeat_interval: Option<Duration>,
-    /// When a silent node counts as dead (`PS_HEARTBEAT_TIMEOUT`); a node
-    /// that hears nothing from the scheduler for this long fails.
-    pub heartbeat_timeout: Option<Duration>,
-    /// Acknowledge messages and resend unacknowledged ones after this long
-    /// (`PS_RESEND=1`, `PS_RESEND_TIMEOUT`); `None` is off.
-    pub resend_timeout: Option<Duration>,
-    /// Resends before a message is given up on.
-    pub max_resends: u32,
-    /// Percentage of received messages to drop once joined (`PS_DROP_MSG`).
-    pub drop_percent: u32,
-    /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
-    /// unauthenticated wire (see [`crate::auth`]).
-    pub auth_token: Option<crate::AuthToken>,
-}
-
-impl VanConfig {
-    /// A loopback TCP config with defaults, for tests and examples.
-    pub fn local(role: Role, num_servers: i32, num_workers: i32, scheduler_port: i32) -> Self {
-        VanConfig {
-            role,
-            num_servers,
-            num_workers,
-            scheduler_host: "127.0.0.1".into(),
-            scheduler_port,
-            host: "127.0.0.1".into(),
-            bind_host: None,
-            port: None,
-            transport: Transport::Tcp,
-            water_mark: None,
-            start_timeout: Duration::from_secs(300),
-            heartbeat_interval: None,
-            heartbeat_timeout: None,
-            resend_timeout: None,
-            max_resends: 10,
-            drop_percent: 0,
-            auth_token: None,
-        }
+    /// remote work should fail with `failure`.
+    fn failed(&self, failure: &Failure) {
+        let _ = failure;
     }
 }
 
 /// How long DEALERs keep unsent messages when closed.
 const LINGER_MS: i32 = 1000;
+
+/// The identity of the in-process socket that wakes the receive thread.
+const WAKE_IDENTITY: &[u8] = b"pslite-wake";
+
+/// At most this many messages are handled between two looks at the clock.
+const BATCH: usize = 256;
 
 /// A node's transport and control plane. Dropping it stops it.
 pub struct Van {
@@ -123,48 +67,28 @@ pub struct Van {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-struct BarrierWaiter {
-    token: u64,
-    group: i32,
-    released: bool,
-}
-
-#[derive(Default)]
-struct State {
-    ready: bool,
-    failure: Option<VanError>,
-    stopped: bool,
-    barriers: Vec<BarrierWaiter>,
-}
-
 type Sender = Arc<Mutex<zmq::Socket>>;
+
+/// The core and what the driver knows about the receive thread's sleep.
+struct Locked {
+    core: Core,
+    /// When the receive thread will look at the clock next (`None`: only
+    /// when a message arrives).
+    sleeping_until: Option<Instant>,
+}
 
 struct Shared {
     config: VanConfig,
+    locked: Mutex<Locked>,
+    changed: Condvar,
     /// DEALERs by peer id; dropped before `ctx`.
     senders: Mutex<HashMap<NodeId, Sender>>,
-    my_node: RwLock<Node>,
-    /// Every node this one knows of (the scheduler's table), by id.
-    table: RwLock<Vec<Node>>,
-    state: Mutex<State>,
-    changed: Condvar,
-    timestamp: AtomicI32,
-    barrier_token: AtomicU64,
     stopping: AtomicBool,
-    scheduler: Option<Mutex<Scheduler>>,
-    resender: Option<Mutex<Resender>>,
-    /// How often clock-driven work runs (heartbeats, resends, dead-node
-    /// checks); `None` when nothing is on a clock.
-    tick: Option<Duration>,
     dispatch: Arc<dyn Dispatch>,
+    waker: Mutex<zmq::Socket>,
+    /// The core's counters, for the hot path without its lock.
     counters: Arc<Counters>,
-    wake_endpoint: String,
-    last_scheduler_contact: Mutex<Instant>,
     ctx: zmq::Context,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> VanError {
@@ -191,12 +115,7 @@ impl Van {
         counters: Arc<Counters>,
     ) -> Result<Van, VanError> {
         let ctx = zmq::Context::new();
-        let is_scheduler = config.role == Role::Scheduler;
-        let hostname = if is_scheduler {
-            config.scheduler_host.clone()
-        } else {
-            config.host.clone()
-        };
+        let is_scheduler = config.role == pslite_proto::Role::Scheduler;
         let router = ctx
             .socket(zmq::ROUTER)
             .map_err(zmq_err("creating the ROUTER"))?;
@@ -209,12 +128,7 @@ impl Van {
         router
             .set_router_handover(true)
             .map_err(zmq_err("setting ROUTER_HANDOVER"))?;
-        let wanted_port = if is_scheduler {
-            Some(config.scheduler_port)
-        } else {
-            config.port
-        };
-        let port = bind_router(&router, &config, &hostname, wanted_port.filter(|&p| p != 0))?;
+        let port = bind_router(&router, &config)?;
         if is_scheduler {
             config.scheduler_port = port;
         }
@@ -227,77 +141,58 @@ impl Van {
         router
             .bind(&wake_endpoint)
             .map_err(zmq_err("binding the wake-up endpoint"))?;
+        let waker = ctx
+            .socket(zmq::DEALER)
+            .map_err(zmq_err("creating the wake-up socket"))?;
+        waker
+            .set_identity(WAKE_IDENTITY)
+            .map_err(zmq_err("setting the wake-up identity"))?;
+        waker
+            .set_linger(0)
+            .map_err(zmq_err("setting LINGER on the wake-up socket"))?;
+        waker
+            .connect(&wake_endpoint)
+            .map_err(zmq_err("connecting the wake-up socket"))?;
 
-        let mut me = Node::new(config.role, hostname, port);
-        let scheduler = is_scheduler.then(|| {
-            me.id = SCHEDULER;
-            Mutex::new(Scheduler::new(SchedulerConfig {
-                num_servers: config.num_servers,
-                num_workers: config.num_workers,
-                me: me.clone(),
-                heartbeat_timeout: config.heartbeat_timeout,
-            }))
-        });
-        // Wake up between messages when something is on a clock.
-        let mut tick: i32 = -1;
-        if config.heartbeat_interval.is_some() || config.heartbeat_timeout.is_some() {
-            tick = 50;
+        if config.drop_percent > 0 && config.resend_timeout.is_none() {
+            warn!(
+                "PS_DROP_MSG={} drops messages but PS_RESEND is off: nothing resends them, so \
+                 requests and barriers may wait until their deadlines (set PS_RESEND=1)",
+                config.drop_percent
+            );
         }
-        if let Some(t) = config.resend_timeout {
-            tick = (t.as_millis() as i32 / 4).clamp(1, 50);
-        }
-        router
-            .set_rcvtimeo(tick)
-            .map_err(zmq_err("setting the receive timeout"))?;
-        info!("{} listening on {}", me.role, me.address());
-        let resender = config
-            .resend_timeout
-            .map(|t| Mutex::new(Resender::new(t, config.max_resends)));
-
+        let seed = rand::random();
+        let core =
+            Core::new(&config, port, Instant::now(), seed).with_counters(Arc::clone(&counters));
+        info!("{} listening on {}", core.me().role, core.me().address());
         let shared = Arc::new(Shared {
             config,
-            senders: Mutex::new(HashMap::new()),
-            my_node: RwLock::new(me.clone()),
-            table: RwLock::new(Vec::new()),
-            state: Mutex::new(State::default()),
+            locked: Mutex::new(Locked {
+                core,
+                sleeping_until: None,
+            }),
             changed: Condvar::new(),
-            timestamp: AtomicI32::new(0),
-            barrier_token: AtomicU64::new(0),
+            senders: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
-            scheduler,
-            resender,
-            tick: (tick > 0).then(|| Duration::from_millis(tick as u64)),
             dispatch,
+            waker: Mutex::new(waker),
             counters,
-            wake_endpoint,
-            last_scheduler_contact: Mutex::new(Instant::now()),
             ctx,
         });
-        let mut scheduler_node = Node::new(
-            Role::Scheduler,
-            shared.config.scheduler_host.clone(),
-            shared.config.scheduler_port,
-        );
-        scheduler_node.id = SCHEDULER;
-        // The scheduler talks to itself through its own ROUTER; a node makes
-        // first contact with an empty identity (it has no id yet).
-        shared.connect(&scheduler_node)?;
+        // The first output connects to the scheduler.
+        shared.with_core(|_, _| ())?;
         if shared.config.auth_token.is_some() && !is_scheduler {
-            let weak = Arc::downgrade(&shared);
-            let dealer = shared.sender(SCHEDULER)?;
-            let endpoint = (shared.config.transport)
-                .connect_endpoint(&scheduler_node.hostname, scheduler_node.port);
-            crate::auth::watch_refusal(&shared.ctx, &lock(&dealer), &endpoint, move |e| {
-                if let Some(shared) = weak.upgrade() {
-                    shared.fail(e);
-                }
-            })?;
+            shared.watch_auth_refusal()?;
         }
         let thread_shared = Arc::clone(&shared);
+        let role = shared.config.role;
         let thread = std::thread::Builder::new()
-            .name(format!("pslite-van-{}", me.role))
-            .spawn(move || thread_shared.receive_loop(router))
-            .map_err(|e| VanError::Failed(format!("cannot start the receive thread: {e}")))?;
+            .name(format!("pslite-van-{role}"))
+            .spawn(move || thread_shared.receive_thread(router))
+            .map_err(|e| VanError::Setup {
+                what: "start the receive thread",
+                detail: e.to_string(),
+            })?;
         Ok(Van {
             shared,
             thread: Mutex::new(Some(thread)),
@@ -310,40 +205,13 @@ impl Van {
     /// this node has already joined.
     pub fn register(&self, customer_id: i32) -> Result<(), VanError> {
         let shared = &self.shared;
-        if lock(&shared.state).ready {
-            return Ok(());
-        }
-        if shared.scheduler.is_none() {
-            let mut me = shared.my_node();
-            me.customer_id = customer_id;
-            me.id = K_EMPTY;
-            let mut msg = Message::control(Command::AddNode, SCHEDULER);
-            msg.meta.control.node.push(me);
-            msg.meta.timestamp = shared.next_timestamp();
-            shared.send(msg)?;
-        }
-        let deadline = Instant::now() + shared.config.start_timeout;
-        let mut state = lock(&shared.state);
+        shared.with_core(|core, now| core.register(customer_id, now))?;
+        let mut locked = lock(&shared.locked);
         loop {
-            if state.ready {
-                return Ok(());
+            if let Some(status) = locked.core.join_status() {
+                return status;
             }
-            if let Some(err) = &state.failure {
-                return Err(err.clone());
-            }
-            if state.stopped {
-                return Err(VanError::Stopped);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                drop(state);
-                return Err(VanError::StartTimeout(shared.start_timeout_message()));
-            }
-            state = shared
-                .changed
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            locked = wait(&shared.changed, locked);
         }
     }
 
@@ -354,6 +222,8 @@ impl Van {
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
     /// 4 workers) has called `barrier` for it; `timeout` bounds the wait.
+    /// Fails with [`Failure::PeerDead`] if a member died and nothing
+    /// replaced it within the recovery timeout (a pslite scheduler only).
     pub fn barrier(
         &self,
         customer_id: i32,
@@ -361,50 +231,15 @@ impl Van {
         timeout: Option<Duration>,
     ) -> Result<(), VanError> {
         let shared = &self.shared;
-        let role = shared.config.role;
-        if !ids::is_role_group(group) || group & ids::role_group(role) == 0 {
-            return Err(VanError::InvalidGroup(group));
-        }
-        let token = shared.barrier_token.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut state = lock(&shared.state);
-            if !state.ready {
-                return Err(VanError::NotReady);
-            }
-            state.barriers.push(BarrierWaiter {
-                token,
-                group,
-                released: false,
-            });
-        }
-        let mut msg = Message::control(Command::Barrier, SCHEDULER);
-        msg.meta.request = true;
-        msg.meta.app_id = 0;
-        msg.meta.customer_id = customer_id;
-        msg.meta.control.barrier_group = group;
-        msg.meta.timestamp = shared.next_timestamp();
-        if let Err(e) = shared.send(msg) {
-            lock(&shared.state).barriers.retain(|w| w.token != token);
-            return Err(e);
-        }
+        let token = shared.with_core(|core, now| core.barrier(customer_id, group, now))??;
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut state = lock(&shared.state);
+        let mut locked = lock(&shared.locked);
         let result = loop {
-            let waiter = state.barriers.iter().find(|w| w.token == token);
-            if waiter.is_some_and(|w| w.released) {
-                break Ok(());
+            if let Some(outcome) = locked.core.barrier_outcome(token) {
+                break outcome.map_err(VanError::from);
             }
-            if let Some(err) = &state.failure {
-                break Err(err.clone());
-            }
-            if state.stopped {
-                break Err(VanError::Stopped);
-            }
-            state = match deadline {
-                None => shared
-                    .changed
-                    .wait(state)
-                    .unwrap_or_else(|e| e.into_inner()),
+            locked = match deadline {
+                None => wait(&shared.changed, locked),
                 Some(deadline) => {
                     let now = Instant::now();
                     if now >= deadline {
@@ -413,15 +248,11 @@ impl Van {
                             secs: timeout.unwrap_or_default().as_secs(),
                         });
                     }
-                    shared
-                        .changed
-                        .wait_timeout(state, deadline - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    wait_timeout(&shared.changed, locked, deadline - now)
                 }
             };
         };
-        state.barriers.retain(|w| w.token != token);
+        locked.core.end_barrier(token);
         result
     }
 
@@ -433,46 +264,40 @@ impl Van {
 
     /// This node as the cluster knows it (its id once joined).
     pub fn my_node(&self) -> Node {
-        self.shared.my_node()
+        lock(&self.shared.locked).core.me().clone()
     }
 
     /// The node table: every server and worker entry and the scheduler.
     pub fn nodes(&self) -> Vec<Node> {
-        self.shared
-            .table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.shared.locked).core.nodes()
     }
 
     /// Whether this node has joined the cluster.
     pub fn is_ready(&self) -> bool {
-        lock(&self.shared.state).ready
+        lock(&self.shared.locked).core.is_joined()
     }
 
     /// A fresh timestamp for a control message.
     pub fn next_timestamp(&self) -> i32 {
-        self.shared.next_timestamp()
+        lock(&self.shared.locked).core.next_timestamp()
+    }
+
+    /// Data messages dropped because their sender may not send them.
+    pub fn rejected_messages(&self) -> u64 {
+        lock(&self.shared.locked).core.rejected()
     }
 
     /// Ids of nodes silent for longer than `timeout` (ps-lite's
     /// `GetDeadNodes`): on the scheduler, servers and workers; elsewhere, the
     /// scheduler. Heartbeats (`PS_HEARTBEAT_INTERVAL`) keep live nodes heard.
     pub fn dead_nodes(&self, timeout: Duration) -> Vec<NodeId> {
-        let now = Instant::now();
-        if let Some(scheduler) = &self.shared.scheduler {
-            return lock(scheduler).silent_nodes(now, timeout);
-        }
-        let silent = now.saturating_duration_since(*lock(&self.shared.last_scheduler_contact));
-        if silent > timeout {
-            vec![SCHEDULER]
-        } else {
-            Vec::new()
-        }
+        lock(&self.shared.locked)
+            .core
+            .dead_nodes(Instant::now(), timeout)
     }
 
     /// Stops the receive thread and closes every socket. Waits in
-    /// `register` or `barrier` fail with [`VanError::Stopped`].
+    /// `register` or `barrier` fail with [`Failure::Stopped`].
     pub fn stop(&self) {
         let Some(thread) = lock(&self.thread).take() else {
             return;
@@ -480,21 +305,12 @@ impl Van {
         let shared = &self.shared;
         shared.flush_resends();
         shared.stopping.store(true, Ordering::SeqCst);
-        // Wake the receive thread through the in-process endpoint.
-        if let Ok(waker) = shared.ctx.socket(zmq::DEALER) {
-            let _ = waker.set_linger(0);
-            if waker.connect(&shared.wake_endpoint).is_ok() {
-                // Never block: the loop may have seen `stopping` and gone.
-                let _ = waker.send(&b"stop"[..], zmq::DONTWAIT);
-            }
-        }
+        shared.wake();
         if thread.join().is_err() {
             error!("the receive thread panicked");
         }
+        let _ = shared.with_core(|core, _| core.stop());
         lock(&shared.senders).clear();
-        let mut state = lock(&shared.state);
-        state.stopped = true;
-        shared.changed.notify_all();
     }
 }
 
@@ -504,13 +320,21 @@ impl Drop for Van {
     }
 }
 
-/// Binds the ROUTER and returns the port it listens on.
-fn bind_router(
-    router: &zmq::Socket,
-    config: &VanConfig,
-    hostname: &str,
-    port: Option<i32>,
-) -> Result<i32, VanError> {
+/// Binds the ROUTER of the node `config` describes and returns the port it
+/// listens on (the scheduler's port, `PORT`, or a free one).
+fn bind_router(router: &zmq::Socket, config: &VanConfig) -> Result<i32, VanError> {
+    let is_scheduler = config.role == pslite_proto::Role::Scheduler;
+    let (hostname, port) = if is_scheduler {
+        (&config.scheduler_host, Some(config.scheduler_port))
+    } else {
+        (&config.host, config.port)
+    };
+    let port = port.filter(|&p| p != 0);
+    if let Some(max) = config.max_message_size {
+        router
+            .set_maxmsgsize(max)
+            .map_err(zmq_err("setting the maximum message size"))?;
+    }
     if config.transport == Transport::Ipc {
         if let Some(port) = port {
             let endpoint = Transport::Ipc.bind_endpoint("", port);
@@ -529,12 +353,13 @@ fn bind_router(
                 return Ok(port);
             }
         }
-        return Err(VanError::Failed(
-            "cannot find a free ipc:///tmp/<port> endpoint; set PORT".into(),
-        ));
+        return Err(VanError::Setup {
+            what: "find a free ipc:///tmp/<port> endpoint",
+            detail: "100 tries failed; set PORT".into(),
+        });
     }
     let bind_host = config.bind_host.as_deref().unwrap_or(hostname);
-    let ip = transport::resolve_bind_ip(bind_host).ok_or_else(|| VanError::Resolve {
+    let ip = crate::resolve::bind_ip(bind_host).ok_or_else(|| VanError::Resolve {
         host: bind_host.to_string(),
     })?;
     if ip.contains(':') {
@@ -564,7 +389,10 @@ fn bind_router(
                 .rsplit(':')
                 .next()
                 .and_then(|p| p.parse().ok())
-                .ok_or_else(|| VanError::Failed(format!("cannot read the port of {bound:?}")))
+                .ok_or_else(|| VanError::Setup {
+                    what: "read the bound port",
+                    detail: format!("ZeroMQ reported the endpoint {bound:?}"),
+                })
         }
     }
 }
@@ -607,25 +435,135 @@ pub fn describe(msg: &Message) -> String {
     s
 }
 
+/// Ends every wait if the receive thread ends without being asked to.
+struct ReceiveThreadGuard<'a>(&'a Shared);
+
+impl Drop for ReceiveThreadGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let reason = if std::thread::panicking() {
+            "it panicked".to_string()
+        } else {
+            "it stopped unexpectedly".to_string()
+        };
+        let failure = Failure::ReceiveThreadDied { reason };
+        let _ = self
+            .0
+            .with_core(|core, now| core.fail(failure.clone(), now));
+    }
+}
+
 impl Shared {
-    fn my_node(&self) -> Node {
-        self.my_node
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// Runs `f` on the core under its lock, then carries out the core's
+    /// outputs: connections while still holding the lock (so a message
+    /// prepared for a new peer finds its socket), waiters woken while
+    /// holding it (no lost wake-ups), the rest after releasing it (sends
+    /// may block on a slow peer; deliveries run app code).
+    fn with_core<T>(&self, f: impl FnOnce(&mut Core, Instant) -> T) -> Result<T, VanError> {
+        let mut wake = false;
+        let (value, outputs) = {
+            let mut locked = lock(&self.locked);
+            let now = Instant::now();
+            let value = f(&mut locked.core, now);
+            let outputs = locked.core.take_output();
+            for out in &outputs {
+                if let Output::Connect { node, identity } = out {
+                    if let Err(e) = self.connect(node, *identity) {
+                        error!("cannot connect to {node}: {e}");
+                    }
+                }
+            }
+            if locked.core.take_changed() {
+                self.changed.notify_all();
+            }
+            // A new deadline earlier than the receive thread's sleep: wake it.
+            if let Some(next) = locked.core.poll_timeout() {
+                if locked.sleeping_until.is_none_or(|s| next < s) {
+                    locked.sleeping_until = Some(next);
+                    wake = true;
+                }
+            }
+            (value, outputs)
+        };
+        if wake
+            && !std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("pslite-van"))
+        {
+            self.wake();
+        }
+        self.carry_out(outputs);
+        Ok(value)
+    }
+
+    /// Carries out the outputs that need no lock.
+    fn carry_out(&self, outputs: Vec<Output>) {
+        for out in outputs {
+            match out {
+                Output::Connect { .. } => {}
+                Output::Send(msg) => {
+                    if let Err(e) = self.transmit(&msg) {
+                        debug!("cannot send {}: {e}", describe(&msg));
+                    }
+                }
+                Output::Deliver(msg) => self.dispatch.deliver(msg),
+                Output::Answer { to, msg } => {
+                    if let Err(e) = self.answer(&to, &msg) {
+                        warn!("cannot answer the admin client at {}: {e}", to.address());
+                    }
+                }
+                Output::Undeliverable(msg, failure) => self.dispatch.undeliverable(msg, failure),
+                Output::PeerDead(id, failure) => self.dispatch.peer_dead(id, &failure),
+                Output::Failed(failure) => {
+                    if failure != Failure::Stopped {
+                        error!("{failure}");
+                    }
+                    self.dispatch.failed(&failure);
+                }
+                Output::Waiting { waited, limit } => {
+                    let scheduler = format!(
+                        "{}:{}",
+                        self.config.scheduler_host, self.config.scheduler_port
+                    );
+                    let what = if self.config.role == pslite_proto::Role::Scheduler {
+                        "waiting for the servers and workers to register".to_string()
+                    } else {
+                        format!("waiting for the scheduler at {scheduler}")
+                    };
+                    if waited.is_zero() {
+                        info!("{what} (up to {} s, PS_START_TIMEOUT)", limit.as_secs());
+                    } else {
+                        warn!(
+                            "{what}: {} s of {} (PS_START_TIMEOUT)",
+                            waited.as_secs(),
+                            limit.as_secs()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wakes the receive thread (it re-reads the core's next deadline).
+    fn wake(&self) {
+        // Never block: the loop may have seen `stopping` and gone.
+        let _ = lock(&self.waker).send(&b"wake"[..], zmq::DONTWAIT);
     }
 
     /// Before stopping, gives unacknowledged messages (the scheduler's last
-    /// barrier release, say) time to be resent and acknowledged: up to 15
-    /// resend timeouts (four tries), at most 30 s.
+    /// barrier release, say) time to be resent and acknowledged, up to 15
+    /// resend timeouts and at most 30 s. Peers that never acknowledged
+    /// anything are not waited for.
     fn flush_resends(&self) {
-        let (Some(r), Some(timeout)) = (&self.resender, self.config.resend_timeout) else {
+        let Some(timeout) = self.config.resend_timeout else {
             return;
         };
         let deadline = Instant::now() + (timeout * 15).min(Duration::from_secs(30));
-        let mut state = lock(&self.state);
-        while state.failure.is_none() {
-            let left = lock(r).unacknowledged();
+        let mut locked = lock(&self.locked);
+        while locked.core.failure().is_none() {
+            let left = locked.core.unacknowledged_at_exit();
             if left == 0 {
                 return;
             }
@@ -634,33 +572,20 @@ impl Shared {
                 debug!("stopping with {left} messages unacknowledged");
                 return;
             }
-            state = self
-                .changed
-                .wait_timeout(state, (deadline - now).min(Duration::from_millis(20)))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            locked = wait_timeout(&self.changed, locked, deadline - now);
         }
     }
 
-    fn my_id(&self) -> NodeId {
-        self.my_node.read().unwrap_or_else(|e| e.into_inner()).id
-    }
-
-    fn next_timestamp(&self) -> i32 {
-        self.timestamp.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Opens (or replaces) the DEALER to `node`, identified as `ps<my id>`
-    /// (or anonymous before this node has an id).
-    fn connect(&self, node: &Node) -> Result<(), VanError> {
-        let my_id = self.my_id();
+    /// Opens (or replaces) the DEALER to `node`, identified as `ps<identity>`
+    /// (anonymous for [`K_EMPTY`]).
+    fn connect(&self, node: &Node, identity: NodeId) -> Result<(), VanError> {
         let socket = self
             .ctx
             .socket(zmq::DEALER)
             .map_err(zmq_err("creating a DEALER"))?;
-        if my_id != K_EMPTY {
+        if identity != K_EMPTY {
             socket
-                .set_identity(transport::identity(my_id).as_bytes())
+                .set_identity(transport::identity(identity).as_bytes())
                 .map_err(zmq_err("setting the identity"))?;
         }
         socket
@@ -684,239 +609,145 @@ impl Shared {
         socket
             .connect(&endpoint)
             .map_err(zmq_err(format!("connecting to {endpoint}")))?;
-        debug!("connected to node {} at {endpoint}", node.id);
+        // ZeroMQ connects in the background: "connected" is logged when the
+        // first message from the node arrives.
+        debug!("connecting to node {} at {endpoint}", node.id);
         lock(&self.senders).insert(node.id, Arc::new(Mutex::new(socket)));
         Ok(())
     }
 
-    /// The DEALER to `id`, connecting on first use to a node of the table
-    /// (servers do not connect to servers, nor workers to workers, until
-    /// they need to).
-    fn sender(&self, id: NodeId) -> Result<Sender, VanError> {
-        if let Some(sender) = lock(&self.senders).get(&id) {
-            return Ok(Arc::clone(sender));
-        }
-        if !lock(&self.state).ready {
-            return Err(VanError::NotReady);
-        }
-        let node = self
-            .table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|n| n.id == id)
-            .cloned()
-            .ok_or(VanError::UnknownPeer(id))?;
-        self.connect(&node)?;
-        lock(&self.senders)
-            .get(&id)
-            .cloned()
-            .ok_or(VanError::UnknownPeer(id))
-    }
-
-    fn send(&self, mut msg: Message) -> Result<usize, VanError> {
-        if let Some(err) = &lock(&self.state).failure {
-            return Err(err.clone());
-        }
-        let recver = msg.meta.recver;
-        let sender = self.sender(recver)?;
-        msg.meta.sender = self.my_id();
-        // Remember it before it leaves: the ACK may beat us back.
-        if let Some(r) = &self.resender {
-            lock(r).on_send(&msg, Instant::now());
-        }
-        let sent = self.transmit(&sender, &msg);
+    fn send(&self, msg: Message) -> Result<usize, VanError> {
+        let msg = self.with_core(|core, now| core.send(msg, now))??;
+        let sent = self.transmit(&msg);
         if sent.is_err() {
-            if let Some(r) = &self.resender {
-                lock(r).forget(&msg);
-            }
+            let _ = self.with_core(|core, _| core.send_failed(&msg));
         }
         sent
     }
 
+    /// Puts a message on the wire, on the connection to `meta.recver`.
+    fn transmit(&self, msg: &Message) -> Result<usize, VanError> {
+        let recver = msg.meta.recver;
+        let sender = lock(&self.senders)
+            .get(&recver)
+            .cloned()
+            .ok_or(VanError::UnknownPeer(recver))?;
+        let meta = msg.meta.encode();
+        let sent = {
+            let mut socket = lock(&sender);
+            transport::send_message(&mut socket, &meta, &msg.data)
+                .map_err(zmq_err(format!("sending to node {recver}")))?
+        };
+        self.counters.sent(recver, sent);
+        trace!("send {}", describe(msg));
+        Ok(sent)
+    }
+
     /// Sends `msg` to an admin client at `to` (not a cluster member) on a
-    /// DEALER of its own, closed at once (it lingers until the message is out).
-    fn answer(&self, to: &Node, mut msg: Message) -> Result<(), VanError> {
-        let socket = self
+    /// DEALER of its own, closed at once (it lingers until the message is
+    /// out). Admin clients listen on TCP, whatever the cluster uses.
+    fn answer(&self, to: &Node, msg: &Message) -> Result<(), VanError> {
+        let mut socket = self
             .ctx
             .socket(zmq::DEALER)
             .map_err(zmq_err("creating a DEALER"))?;
         socket
-            .set_identity(transport::identity(self.my_id()).as_bytes())
+            .set_identity(transport::identity(SCHEDULER).as_bytes())
             .map_err(zmq_err("setting the identity"))?;
         socket
             .set_linger(LINGER_MS)
             .map_err(zmq_err("setting LINGER"))?;
-        // Admin clients listen on TCP, whatever the cluster uses.
+        crate::auth::secure_dealer(&socket, self.config.auth_token.as_ref())?;
         let endpoint = Transport::Tcp.connect_endpoint(&to.hostname, to.port);
         socket
             .connect(&endpoint)
             .map_err(zmq_err(format!("connecting to {endpoint}")))?;
-        msg.meta.sender = self.my_id();
-        let mut socket = socket;
         transport::send_message(&mut socket, &msg.meta.encode(), &msg.data)
             .map_err(zmq_err(format!("sending to {endpoint}")))?;
         Ok(())
     }
 
-    /// Puts a message on the wire (no resender bookkeeping).
-    fn transmit(&self, sender: &Sender, msg: &Message) -> Result<usize, VanError> {
-        let meta = msg.meta.encode();
-        let sent = {
-            let mut socket = lock(sender);
-            transport::send_message(&mut socket, &meta, &msg.data)
-                .map_err(zmq_err(format!("sending to node {}", msg.meta.recver)))?
+    /// With `PS_AUTH_TOKEN`, fails the node at once if the scheduler refuses
+    /// its token (instead of at the start timeout).
+    fn watch_auth_refusal(self: &Arc<Self>) -> Result<(), VanError> {
+        let Some(dealer) = lock(&self.senders).get(&SCHEDULER).cloned() else {
+            return Ok(());
         };
-        self.counters.sent(msg.meta.recver, sent);
-        trace!("send {}", describe(msg));
-        Ok(sent)
-    }
-
-    fn start_timeout_message(&self) -> String {
-        let secs = self.config.start_timeout.as_secs();
-        match &self.scheduler {
-            Some(scheduler) => {
-                let missing = lock(scheduler).missing();
-                format!(
-                    "the cluster did not form within {secs} s (PS_START_TIMEOUT): {} of {} \
-                     servers and {} of {} workers never registered with the scheduler",
-                    missing.servers,
-                    self.config.num_servers,
-                    missing.workers,
-                    self.config.num_workers
-                )
+        let endpoint = self
+            .config
+            .transport
+            .connect_endpoint(&self.config.scheduler_host, self.config.scheduler_port);
+        let weak = Arc::downgrade(self);
+        let socket = lock(&dealer);
+        crate::auth::watch_refusal(&self.ctx, &socket, &endpoint, move |failure| {
+            if let Some(shared) = weak.upgrade() {
+                let _ = shared.with_core(|core, now| core.fail(failure, now));
             }
-            None => format!(
-                "no node table from the scheduler at {}:{} within {secs} s (PS_START_TIMEOUT): \
-                 either it is unreachable (check DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT), or \
-                 it cannot reach this node at the address it advertises, {} (check \
-                 DMLC_NODE_HOST, DMLC_INTERFACE and firewalls), or some of the {} servers \
-                 and {} workers never started",
-                self.config.scheduler_host,
-                self.config.scheduler_port,
-                self.my_node().address(),
-                self.config.num_servers,
-                self.config.num_workers
-            ),
-        }
+        })
     }
 
-    fn receive_loop(&self, router: zmq::Socket) {
-        let mut held_back = Vec::new();
-        let mut next_heartbeat = Instant::now();
-        let mut next_tick = Instant::now();
+    fn receive_thread(&self, router: zmq::Socket) {
+        let _guard = ReceiveThreadGuard(self);
+        self.receive_loop(&router);
+        debug!("receive loop stopped");
+    }
+
+    /// Receives until stopped: handles what arrives, in batches, and runs
+    /// the core's clock when its next deadline passes.
+    fn receive_loop(&self, router: &zmq::Socket) {
         loop {
-            match transport::recv_message(&router) {
-                Ok(raw) => {
-                    if self.stopping.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    self.process(raw, &mut held_back);
+            let next = {
+                let mut locked = lock(&self.locked);
+                let next = locked.core.poll_timeout();
+                locked.sleeping_until = next;
+                next
+            };
+            let timeout_ms = match next {
+                None => -1,
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    // Round up: waking before the deadline only loops again.
+                    (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i64
                 }
-                Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => {}
-                Err(zmq::Error::ETERM) => break,
+            };
+            match router.poll(zmq::POLLIN, timeout_ms) {
+                Ok(_) | Err(zmq::Error::EINTR) => {}
+                Err(zmq::Error::ETERM) => return,
                 Err(e) => {
-                    error!("receiving failed: {e}");
-                    if self.stopping.load(Ordering::SeqCst) {
+                    error!("waiting for messages failed: {e}");
+                    return;
+                }
+            }
+            for _ in 0..BATCH {
+                if self.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                match transport::recv_message_nowait(router) {
+                    Ok(raw) => self.on_raw(raw),
+                    Err(zmq::Error::EAGAIN) => break,
+                    Err(zmq::Error::EINTR) => continue,
+                    Err(zmq::Error::ETERM) => return,
+                    Err(e) => {
+                        error!("receiving failed: {e}");
                         break;
                     }
                 }
             }
             if self.stopping.load(Ordering::SeqCst) {
-                break;
+                return;
             }
-            // Clock-driven work runs once per tick period, not after every
-            // message (it takes locks and walks the resender's queues).
-            if let Some(period) = self.tick {
-                let now = Instant::now();
-                if now >= next_tick {
-                    next_tick = now + period;
-                    self.tick(&mut next_heartbeat);
-                }
+            let now = Instant::now();
+            if next.is_some_and(|at| now >= at) {
+                let _ = self.with_core(|core, now| core.tick(now));
             }
         }
-        debug!("receive loop stopped");
     }
 
-    /// Periodic work between messages: heartbeats, watching the scheduler,
-    /// resends, and the scheduler's own clock.
-    fn tick(&self, next_heartbeat: &mut Instant) {
-        let now = Instant::now();
-        let ready = lock(&self.state).ready;
-        if let Some(scheduler) = &self.scheduler {
-            let actions = lock(scheduler).tick(now);
-            self.apply(actions);
-        } else if ready {
-            if let Some(interval) = self.config.heartbeat_interval {
-                if now >= *next_heartbeat {
-                    *next_heartbeat = now + interval;
-                    let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
-                    msg.meta.control.node.push(self.my_node());
-                    msg.meta.counters = Some(self.counters.snapshot());
-                    msg.meta.timestamp = self.next_timestamp();
-                    if let Err(e) = self.send(msg) {
-                        debug!("cannot send a heartbeat: {e}");
-                    }
-                }
-            }
-            if let Some(timeout) = self.config.heartbeat_timeout {
-                let silent = now.saturating_duration_since(*lock(&self.last_scheduler_contact));
-                if silent > timeout && lock(&self.state).failure.is_none() {
-                    self.fail(VanError::Failed(format!(
-                        "lost the scheduler at {}:{}: nothing heard from it for {:.1} s \
-                         (PS_HEARTBEAT_TIMEOUT is {} s)",
-                        self.config.scheduler_host,
-                        self.config.scheduler_port,
-                        silent.as_secs_f64(),
-                        timeout.as_secs()
-                    )));
-                }
-            }
-        }
-        let Some(r) = &self.resender else {
+    /// One message from the ROUTER: decoded and handed to the core.
+    fn on_raw(&self, raw: RawMessage) {
+        if raw.identity == WAKE_IDENTITY {
             return;
-        };
-        let due = lock(r).tick(now);
-        for msg in due.resend {
-            debug!("resending {}", describe(&msg));
-            self.counters.resent();
-            match self.sender(msg.meta.recver) {
-                Ok(sender) => {
-                    if let Err(e) = self.transmit(&sender, &msg) {
-                        debug!("resend failed: {e}");
-                    }
-                }
-                Err(e) => debug!("resend failed: {e}"),
-            }
         }
-        for msg in due.failed {
-            let reason = format!(
-                "node {} did not acknowledge {} after {} resends",
-                msg.meta.recver,
-                describe(&msg),
-                self.config.max_resends
-            );
-            warn!("{reason}");
-            if msg.is_control() {
-                if msg.meta.recver == SCHEDULER && self.scheduler.is_none() {
-                    self.fail(VanError::Failed(format!("lost the scheduler: {reason}")));
-                }
-            } else {
-                self.dispatch.undeliverable(msg, reason);
-            }
-        }
-    }
-
-    fn process(&self, raw: RawMessage, held_back: &mut Vec<Message>) {
-        self.process_one(raw, held_back);
-        if !held_back.is_empty() && lock(&self.state).ready {
-            for held in held_back.drain(..) {
-                self.deliver_from_member(held);
-            }
-        }
-    }
-
-    fn process_one(&self, raw: RawMessage, held_back: &mut Vec<Message>) {
         self.counters.received(raw.sender, raw.size());
         let Some(meta_frame) = raw.meta else {
             self.counters.dropped(DropReason::Malformed);
@@ -935,335 +766,12 @@ impl Shared {
             }
         };
         meta.sender = raw.sender;
-        meta.recver = self.my_id();
         let msg = Message {
             meta,
             data: raw.data,
         };
         trace!("recv {}", describe(&msg));
-        if msg.meta.sender == SCHEDULER {
-            *lock(&self.last_scheduler_contact) = Instant::now();
-        }
-        if self.config.drop_percent > 0
-            && msg.meta.control.cmd != Command::Terminate
-            && lock(&self.state).ready
-            && rand::random_range(0..100) < self.config.drop_percent
-        {
-            self.counters.dropped(DropReason::Injected);
-            debug!("dropping {} (PS_DROP_MSG)", describe(&msg));
-            return;
-        }
-        if let Some(r) = &self.resender {
-            let (received, ack) = lock(r).on_receive(&msg, Instant::now());
-            if let Some(ack) = ack {
-                if let Err(e) = self.send(ack) {
-                    debug!("cannot acknowledge node {}: {e}", msg.meta.sender);
-                }
-            }
-            match received {
-                Received::Deliver => {}
-                Received::Duplicate => {
-                    self.counters.dropped(DropReason::Duplicate);
-                    debug!("dropping a duplicate {}", describe(&msg));
-                    return;
-                }
-                Received::Ack => {
-                    if lock(r).unacknowledged() == 0 {
-                        self.changed.notify_all();
-                    }
-                    return;
-                }
-            }
-        }
-        match msg.meta.control.cmd {
-            Command::Empty => self.process_data(msg, held_back),
-            Command::Terminate => {
-                if msg.meta.sender == self.my_id() && msg.meta.sender != K_EMPTY {
-                    self.stopping.store(true, Ordering::SeqCst);
-                } else {
-                    warn!("dropping TERMINATE from node {}", msg.meta.sender);
-                }
-            }
-            Command::AddNode | Command::Heartbeat | Command::Status if self.scheduler.is_some() => {
-                self.run_scheduler(&msg)
-            }
-            Command::Barrier if self.scheduler.is_some() && msg.meta.request => {
-                self.run_scheduler(&msg)
-            }
-            Command::AddNode => self.process_node_table(&msg),
-            Command::Barrier => self.process_barrier_release(&msg),
-            Command::Heartbeat => {} // the contact time is already recorded
-            Command::Ack => debug!("dropping ACK from node {}: resend is off", msg.meta.sender),
-            Command::Status => warn!("dropping STATUS: only the scheduler answers it"),
-            // (With the resender on, ACKs never get here.)
-        }
-    }
-
-    fn process_data(&self, msg: Message, held_back: &mut Vec<Message>) {
-        if msg.meta.sender == K_EMPTY {
-            self.counters.dropped(DropReason::UnknownPeer);
-            warn!("dropping a data message from an unknown sender (identity is not ps<id>)");
-            return;
-        }
-        if !msg.meta.data_type.is_empty() && msg.meta.data_type.len() != msg.data.len() {
-            warn!(
-                "dropping a message from node {}: {} data frames but {} data types",
-                msg.meta.sender,
-                msg.data.len(),
-                msg.meta.data_type.len()
-            );
-            self.counters.dropped(DropReason::Malformed);
-            return;
-        }
-        if lock(&self.state).ready {
-            self.deliver_from_member(msg);
-        } else {
-            held_back.push(msg);
-        }
-    }
-
-    /// Delivers a data message if its sender is in the node table: only
-    /// cluster members send data (an unknown `ps<id>` is dropped).
-    fn deliver_from_member(&self, msg: Message) {
-        let sender = msg.meta.sender;
-        let member = self
-            .table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|n| n.id == sender);
-        if member {
-            self.dispatch.deliver(msg);
-        } else {
-            self.counters.dropped(DropReason::UnknownPeer);
-            warn!("dropping a data message from node {sender}, which is not in the node table");
-        }
-    }
-
-    fn run_scheduler(&self, msg: &Message) {
-        let Some(scheduler) = &self.scheduler else {
-            return;
-        };
-        let actions = lock(scheduler).handle(msg, Instant::now());
-        self.apply(actions);
-    }
-
-    /// Carries out what the scheduler state machine asked for.
-    fn apply(&self, actions: Vec<Action>) {
-        let Some(scheduler) = &self.scheduler else {
-            return;
-        };
-        if actions.is_empty() {
-            return;
-        }
-        for action in actions {
-            match action {
-                Action::Connect(node) => {
-                    if let Err(e) = self.connect(&node) {
-                        error!("cannot connect to {node}: {e}");
-                    } else if node.is_recovery {
-                        self.peer_replaced(node.id);
-                    }
-                }
-                Action::Send(mut msg) => {
-                    msg.meta.timestamp = self.next_timestamp();
-                    let recver = msg.meta.recver;
-                    if let Err(e) = self.send(msg) {
-                        warn!("cannot send to node {recver}: {e}");
-                    }
-                }
-                Action::Answer { to, mut msg } => {
-                    // The scheduler's own row gets its own counters.
-                    if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
-                        row.counters = Some(self.counters.snapshot());
-                        row.counters_age = Some(Duration::ZERO);
-                    }
-                    if let Err(e) = self.answer(&to, msg) {
-                        warn!("cannot answer the admin client at {}: {e}", to.address());
-                    }
-                }
-                Action::Ready => {
-                    let mut table = lock(scheduler).nodes().to_vec();
-                    table.push(self.my_node());
-                    *self.table.write().unwrap_or_else(|e| e.into_inner()) = table;
-                    info!(
-                        "scheduler: cluster formed with {} servers and {} workers",
-                        self.config.num_servers, self.config.num_workers
-                    );
-                    self.set_ready();
-                }
-            }
-        }
-        // Keep the table current after recoveries.
-        if lock(&self.state).ready {
-            let mut table = lock(scheduler).nodes().to_vec();
-            table.push(self.my_node());
-            *self.table.write().unwrap_or_else(|e| e.into_inner()) = table;
-        }
-    }
-
-    fn set_ready(&self) {
-        let mut state = lock(&self.state);
-        state.ready = true;
-        self.changed.notify_all();
-    }
-
-    fn fail(&self, err: VanError) {
-        error!("{err}");
-        {
-            let mut state = lock(&self.state);
-            if state.failure.is_some() {
-                return;
-            }
-            state.failure = Some(err.clone());
-            self.changed.notify_all();
-        }
-        self.dispatch.failed(&err);
-    }
-
-    /// The scheduler's ADD_NODE: the whole table when joining, or the
-    /// entries of recovered nodes afterwards.
-    fn process_node_table(&self, msg: &Message) {
-        if msg.meta.sender != SCHEDULER {
-            warn!(
-                "dropping ADD_NODE from node {}: only the scheduler sends node tables",
-                msg.meta.sender
-            );
-            return;
-        }
-        let nodes = &msg.meta.control.node;
-        let ready = lock(&self.state).ready;
-        if !ready {
-            let me = self.my_node();
-            let Some(mine) = nodes.iter().find(|n| n.same_process(&me)).cloned() else {
-                self.fail(VanError::Failed(format!(
-                    "the scheduler's node table has no entry for this node ({}); check \
-                     DMLC_NODE_HOST",
-                    me.address()
-                )));
-                return;
-            };
-            if ids::role_of_id(mine.id) != Some(me.role) {
-                self.fail(VanError::Failed(format!(
-                    "the scheduler gave this {} the id {}, which is not a {} id",
-                    me.role, mine.id, me.role
-                )));
-                return;
-            }
-            {
-                let mut my_node = self.my_node.write().unwrap_or_else(|e| e.into_inner());
-                my_node.id = mine.id;
-                my_node.is_recovery = mine.is_recovery;
-            }
-            *self.table.write().unwrap_or_else(|e| e.into_inner()) = nodes.clone();
-            // Reconnect to the scheduler under our new identity, and connect
-            // to ourselves and to every node of the other role.
-            let mut connected = std::collections::HashSet::new();
-            for node in nodes {
-                let wanted = node.id == SCHEDULER || node.id == mine.id || node.role != me.role;
-                if wanted && connected.insert(node.id) {
-                    if let Err(e) = self.connect(node) {
-                        self.fail(e);
-                        return;
-                    }
-                }
-            }
-            info!(
-                "{} joined as node {}{}",
-                me.role,
-                mine.id,
-                if mine.is_recovery { " (recovered)" } else { "" }
-            );
-            self.set_ready();
-            return;
-        }
-        // Updates: a node was replaced by a restarted one.
-        let my_id = self.my_id();
-        let recovery = nodes.len() == 1;
-        for node in nodes {
-            if node.id == my_id || node.id == SCHEDULER {
-                continue;
-            }
-            let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
-            let moved = table
-                .iter()
-                .filter(|n| n.id == node.id)
-                .any(|n| !n.same_process(node));
-            let known = table.iter().any(|n| n.id == node.id);
-            for entry in table.iter_mut().filter(|n| n.id == node.id) {
-                entry.hostname = node.hostname.clone();
-                entry.port = node.port;
-                entry.is_recovery = node.is_recovery;
-            }
-            if !known {
-                table.push(node.clone());
-            }
-            drop(table);
-            let had_socket = lock(&self.senders).contains_key(&node.id);
-            if moved || (!known && had_socket) {
-                info!("node {} moved to {}: reconnecting", node.id, node.address());
-                if let Err(e) = self.connect(node) {
-                    warn!("cannot reconnect to {node}: {e}");
-                }
-            }
-            if recovery && node.is_recovery {
-                self.peer_replaced(node.id);
-            }
-        }
-    }
-
-    /// Node `id` restarted: the requests it never answered go to the new
-    /// process (the old one may have taken them to its grave).
-    fn peer_replaced(&self, id: NodeId) {
-        let Some(r) = &self.resender else {
-            return;
-        };
-        let again = lock(r).on_peer_replaced(id, Instant::now());
-        if again.is_empty() {
-            return;
-        }
-        info!(
-            "sending {} unanswered requests again to the new node {id}",
-            again.len()
-        );
-        if let Ok(sender) = self.sender(id) {
-            for msg in again {
-                self.counters.resent();
-                if let Err(e) = self.transmit(&sender, &msg) {
-                    debug!("cannot resend to node {id}: {e}");
-                }
-            }
-        }
-    }
-
-    fn process_barrier_release(&self, msg: &Message) {
-        if msg.meta.sender != SCHEDULER || msg.meta.request {
-            warn!(
-                "dropping BARRIER from node {}: only the scheduler releases barriers",
-                msg.meta.sender
-            );
-            return;
-        }
-        let group = msg.meta.control.barrier_group;
-        let mut state = lock(&self.state);
-        let matching = state
-            .barriers
-            .iter()
-            .any(|w| w.group == group && !w.released);
-        if matching {
-            for w in state.barriers.iter_mut().filter(|w| w.group == group) {
-                w.released = true;
-            }
-        } else if !ids::is_role_group(group) {
-            // A C++ scheduler leaves the group of its replies uninitialised:
-            // the release is for whatever barrier we are waiting on.
-            for w in state.barriers.iter_mut() {
-                w.released = true;
-            }
-        } else {
-            debug!("barrier release for group {group}, which nobody here waits on");
-        }
-        self.changed.notify_all();
+        let _ = self.with_core(|core, now| core.handle(msg, now));
     }
 }
 

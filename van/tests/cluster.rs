@@ -215,10 +215,20 @@ fn a_missing_node_times_out_with_the_count() {
     cfg.start_timeout = Duration::from_millis(800);
     let w = Van::start(cfg, Arc::new(ToChannel(tx))).unwrap();
     let join = thread::spawn(move || w.register(0));
-    let err = scheduler.register(0).unwrap_err().to_string();
-    assert!(err.contains("2 of 2 servers and 0 of 1 workers"), "{err}");
-    let err = join.join().unwrap().unwrap_err().to_string();
-    assert!(err.contains("no node table from the scheduler"), "{err}");
+    match scheduler.register(0).unwrap_err() {
+        VanError::StartTimeout(t) => {
+            assert_eq!((t.missing_servers, t.missing_workers), (Some(2), Some(0)));
+            assert!(
+                t.to_string().contains("2 of 2 servers and 0 of 1 workers"),
+                "{t}"
+            );
+        }
+        other => panic!("expected a start timeout, got {other}"),
+    }
+    match join.join().unwrap().unwrap_err() {
+        VanError::StartTimeout(t) => assert_eq!(t.missing_servers, None),
+        other => panic!("expected a start timeout, got {other}"),
+    }
 }
 
 #[test]
@@ -229,4 +239,62 @@ fn an_unreachable_scheduler_times_out() {
     let worker = Van::start(cfg, Arc::new(ToChannel(tx))).unwrap();
     let err = worker.register(0).unwrap_err();
     assert!(matches!(err, VanError::StartTimeout(_)), "{err}");
+}
+
+/// Panics on the first data message it is given.
+struct Exploding;
+
+impl Dispatch for Exploding {
+    fn deliver(&self, _msg: Message) {
+        panic!("the dispatch exploded on purpose");
+    }
+}
+
+#[test]
+fn if_the_receive_thread_dies_every_wait_fails_at_once() {
+    // A 1 + 1 cluster whose server's dispatch explodes on its first message.
+    let (scheduler, _rx) = start(Role::Scheduler, 1, 1, 0, Transport::Tcp);
+    let port = scheduler.my_node().port;
+    let server = Arc::new(
+        Van::start(
+            config(Role::Server, 1, 1, port, Transport::Tcp),
+            Arc::new(Exploding),
+        )
+        .unwrap(),
+    );
+    let (worker, _wrx) = start(Role::Worker, 1, 1, port, Transport::Tcp);
+    let joins: Vec<_> = [scheduler.clone(), server.clone(), worker.clone()]
+        .into_iter()
+        .map(|van| thread::spawn(move || van.register(0)))
+        .collect();
+    for j in joins {
+        j.join().unwrap().unwrap();
+    }
+    // The server waits on a barrier nobody else joins; the worker's data
+    // message kills its receive thread, which must end that wait.
+    let waiter = {
+        let server = server.clone();
+        thread::spawn(move || server.barrier(0, ids::ALL_GROUP, Some(Duration::from_secs(60))))
+    };
+    let mut msg = Message::default();
+    msg.meta.app_id = 0;
+    msg.meta.customer_id = 0;
+    msg.meta.request = true;
+    msg.meta.timestamp = 0;
+    msg.meta.recver = server.my_node().id;
+    worker.send(msg).unwrap();
+    let err = waiter.join().unwrap().unwrap_err();
+    assert!(
+        matches!(
+            err.failure(),
+            Some(pslite_van::Failure::ReceiveThreadDied { .. })
+        ),
+        "{err}"
+    );
+    // Later calls fail at once too.
+    let err = server.barrier(0, ids::ALL_GROUP, None).unwrap_err();
+    assert!(matches!(
+        err.failure(),
+        Some(pslite_van::Failure::ReceiveThreadDied { .. })
+    ));
 }

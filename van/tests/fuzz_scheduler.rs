@@ -65,6 +65,8 @@ proptest! {
             num_workers: 2,
             me,
             heartbeat_timeout: heartbeats.then(|| Duration::from_secs(1)),
+            recovery_timeout: Duration::from_secs(3),
+            watch_all: true,
         });
         let t0 = Instant::now();
         let mut now = t0;

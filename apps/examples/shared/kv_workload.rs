@@ -64,7 +64,7 @@ fn values(seed: u64, n: usize) -> Vec<f32> {
 
 fn compare(what: &str, got: &[f32], pushed: &[f32], times: f32) -> Result<(), Error> {
     if got.len() != pushed.len() {
-        return Err(Error::Failed(format!(
+        return Err(Error::App(format!(
             "{what}: {} values for {} keys",
             got.len(),
             pushed.len()
@@ -76,7 +76,7 @@ fn compare(what: &str, got: &[f32], pushed: &[f32], times: f32) -> Result<(), Er
         .enumerate()
         .filter(|(_, (&g, &p))| g != p * times);
     if let Some((i, (g, p))) = wrong.next() {
-        return Err(Error::Failed(format!(
+        return Err(Error::App(format!(
             "{what}: {} of {} values wrong; first at key index {i}: {g} != {p} x {times}",
             wrong.count() + 1,
             got.len()

@@ -20,6 +20,7 @@ fn node(role: Role, id: i32, port: i32, customer_id: i32) -> Node {
         port,
         is_recovery: false,
         customer_id,
+        pslite: false,
     }
 }
 
@@ -29,6 +30,8 @@ fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
         node: nodes,
         barrier_group,
         msg_sig: 0,
+        failed_peer: None,
+        dead_nodes: Vec::new(),
     }
 }
 
@@ -253,7 +256,7 @@ fn pslite_only_fields_round_trip_and_stay_off_by_default() {
         ..Meta::default()
     };
     let plain = meta.encode();
-    meta.counters = Some(counters.clone());
+    meta.counters = Some(Box::new(counters.clone()));
     let with_counters = meta.encode();
     // The extension is appended as field 100 after ps-lite's own fields.
     assert_eq!(&with_counters[..plain.len()], &plain[..]);
@@ -272,4 +275,25 @@ fn pslite_only_fields_round_trip_and_stay_off_by_default() {
         ..Meta::default()
     };
     assert_eq!(Meta::decode(&answer.encode()).unwrap(), answer);
+}
+
+#[test]
+fn pslite_only_fields_round_trip_and_are_absent_by_default() {
+    let mut meta = Meta {
+        control: control(Command::Barrier, vec![node(Role::Worker, 9, 5000, 0)], 7),
+        ..Meta::default()
+    };
+    let plain = meta.encode();
+    meta.control.failed_peer = Some(11);
+    meta.control.dead_nodes = vec![11, 13];
+    meta.control.node[0].pslite = true;
+    let extended = meta.encode();
+    assert!(extended.len() > plain.len());
+    let back = Meta::decode(&extended).unwrap();
+    assert_eq!(back.control.failed_peer, Some(11));
+    assert_eq!(back.control.dead_nodes, vec![11, 13]);
+    assert!(back.control.node[0].pslite);
+    let back = Meta::decode(&plain).unwrap();
+    assert_eq!(back.control.failed_peer, None);
+    assert!(back.control.dead_nodes.is_empty() && !back.control.node[0].pslite);
 }

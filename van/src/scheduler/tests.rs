@@ -13,6 +13,8 @@ fn scheduler(num_servers: i32, num_workers: i32, timeout: Option<u64>) -> Schedu
         num_workers,
         me,
         heartbeat_timeout: timeout.map(Duration::from_secs),
+        recovery_timeout: Duration::from_secs(30),
+        watch_all: true,
     })
 }
 
@@ -538,7 +540,7 @@ fn status_reports_heartbeat_counters_liveness_and_recovery() {
         requests_in_flight: 2,
         ..NodeCounters::default()
     };
-    beat.meta.counters = Some(counters.clone());
+    beat.meta.counters = Some(Box::new(counters.clone()));
     s.handle(&beat, t0 + Duration::from_secs(4));
 
     let t1 = t0 + Duration::from_secs(12);

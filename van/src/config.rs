@@ -1,0 +1,114 @@
+//! What a node's Van needs to know: the cluster it joins, where it listens,
+//! and the clocks of the control plane. [`VanConfig::default`] holds every
+//! default once; `pslite_postoffice::Config` reads the environment into it.
+
+use std::time::Duration;
+
+use pslite_proto::Role;
+
+use crate::transport::Transport;
+
+/// What the Van needs to know to join (or, as scheduler, to form) a cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VanConfig {
+    /// This node's role.
+    pub role: Role,
+    /// Servers in the cluster.
+    pub num_servers: i32,
+    /// Workers in the cluster.
+    pub num_workers: i32,
+    /// The scheduler's host (`DMLC_PS_ROOT_URI`).
+    pub scheduler_host: String,
+    /// The scheduler's port (`DMLC_PS_ROOT_PORT`).
+    pub scheduler_port: i32,
+    /// The host this node advertises to the others (`DMLC_NODE_HOST`);
+    /// the scheduler advertises `scheduler_host`.
+    pub host: String,
+    /// Where to bind the ROUTER; `None` binds the advertised host's address.
+    pub bind_host: Option<String>,
+    /// The ROUTER's port (`PORT`); `None` picks a free one. The scheduler
+    /// always uses `scheduler_port`.
+    pub port: Option<i32>,
+    /// TCP, or IPC under `/tmp` (`DMLC_LOCAL=1`).
+    pub transport: Transport,
+    /// Send high-water mark of each DEALER (`DMLC_PS_WATER_MARK`).
+    pub water_mark: Option<i32>,
+    /// How long joining the cluster may take (`PS_START_TIMEOUT`).
+    pub start_timeout: Duration,
+    /// How often to send heartbeats (`PS_HEARTBEAT_INTERVAL`; default 1 s,
+    /// `None` is off).
+    pub heartbeat_interval: Option<Duration>,
+    /// When a silent node counts as dead (`PS_HEARTBEAT_TIMEOUT`; default
+    /// 10 s); a node that hears nothing from the scheduler for this long
+    /// fails.
+    pub heartbeat_timeout: Option<Duration>,
+    /// The heartbeat timeout applies to every node (`PS_HEARTBEAT_TIMEOUT`
+    /// was set, as in ps-lite). By default (false) it applies only to nodes
+    /// that send heartbeats, and a node watches the scheduler only once it
+    /// has answered one: C++ nodes that send none are never declared dead.
+    pub watch_all: bool,
+    /// How long a node declared dead may stay unreplaced before barriers and
+    /// requests waiting for it fail (`PS_RECOVERY_TIMEOUT`).
+    pub recovery_timeout: Duration,
+    /// Acknowledge messages and resend unacknowledged ones after this long
+    /// (`PS_RESEND=1`, `PS_RESEND_TIMEOUT`); `None` is off.
+    pub resend_timeout: Option<Duration>,
+    /// Resends before a message is given up on.
+    pub max_resends: u32,
+    /// Percentage of received messages to drop once joined (`PS_DROP_MSG`).
+    pub drop_percent: u32,
+    /// The largest message accepted, in bytes (`PS_MAX_MESSAGE_SIZE`;
+    /// default 2 GiB - 1, the most C++ ps-lite can send, as its sizes are
+    /// C `int`s); ZeroMQ drops the connection of a peer that sends a larger
+    /// one. `None` is no limit.
+    pub max_message_size: Option<i64>,
+    /// Bytes of data messages held before this node joined, in total and
+    /// per sender (`PS_HOLD_LIMIT`).
+    pub hold_limit: usize,
+    /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
+    /// unauthenticated wire (see [`crate::auth`]).
+    pub auth_token: Option<crate::AuthToken>,
+}
+
+impl Default for VanConfig {
+    /// A worker of a 1 + 1 cluster around a scheduler on 127.0.0.1:9091,
+    /// with ps-lite's defaults.
+    fn default() -> Self {
+        VanConfig {
+            role: Role::Worker,
+            num_servers: 1,
+            num_workers: 1,
+            scheduler_host: "127.0.0.1".into(),
+            scheduler_port: 9091,
+            host: "127.0.0.1".into(),
+            bind_host: None,
+            port: None,
+            transport: Transport::Tcp,
+            water_mark: None,
+            start_timeout: Duration::from_secs(300),
+            heartbeat_interval: Some(Duration::from_secs(1)),
+            heartbeat_timeout: Some(Duration::from_secs(10)),
+            watch_all: false,
+            recovery_timeout: Duration::from_secs(30),
+            resend_timeout: None,
+            max_resends: 10,
+            drop_percent: 0,
+            max_message_size: Some(i64::from(i32::MAX)),
+            hold_limit: 256 << 20,
+            auth_token: None,
+        }
+    }
+}
+
+impl VanConfig {
+    /// A loopback TCP config with defaults, for tests and examples.
+    pub fn local(role: Role, num_servers: i32, num_workers: i32, scheduler_port: i32) -> Self {
+        VanConfig {
+            role,
+            num_servers,
+            num_workers,
+            scheduler_port,
+            ..VanConfig::default()
+        }
+    }
+}

@@ -1,0 +1,783 @@
+//! The control-plane core of one node: the [`Member`] (node side), on the
+//! scheduler the [`Scheduler`], and with `PS_RESEND=1` the [`Resender`],
+//! composed behind one interface with no sockets, no threads and no clock.
+//!
+//! The driver ([`crate::Van`]) feeds it what arrives ([`Core::handle`]),
+//! what the apps send ([`Core::send`]), the user's waits ([`Core::register`],
+//! [`Core::barrier`]) and the time ([`Core::tick`] at
+//! [`Core::poll_timeout`]); it collects [`Output`]s to carry out
+//! ([`Core::take_output`]). Every decision (who may send what, when to
+//! acknowledge, resend, hold back, give up) is taken here, so whole clusters
+//! of cores can be tested in an in-memory network with virtual time
+//! (see `harness.rs`).
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use log::{debug, info, warn};
+use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use std::sync::Arc;
+
+use crate::config::VanConfig;
+use crate::counters::{Counters, DropReason};
+use crate::error::{Failure, StartTimeout, VanError};
+use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
+use crate::resender::{Received, Resender};
+use crate::scheduler::{Action, Scheduler, SchedulerConfig};
+
+/// Something the driver must do, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Open (or replace) the connection to `node`, identified as `identity`
+    /// ([`K_EMPTY`]: anonymous, before this node has an id).
+    Connect {
+        /// The peer.
+        node: Node,
+        /// This node's identity on that connection.
+        identity: NodeId,
+    },
+    /// Put this message on the connection to `meta.recver`.
+    Send(Message),
+    /// Hand this data message to the apps.
+    Deliver(Message),
+    /// A data message this node sent was given up on: its request failed.
+    Undeliverable(Message, Failure),
+    /// Node `id` died and nothing replaced it in time, or it restarted
+    /// without `PS_RESEND`: requests waiting on it fail with the failure.
+    PeerDead(NodeId, Failure),
+    /// The node cannot go on: every wait fails.
+    Failed(Failure),
+    /// Send this message to an admin client at `to`, which is not a cluster
+    /// member (`pslite status`), on a connection of its own.
+    Answer {
+        /// Where the client listens.
+        to: Node,
+        /// The answer.
+        msg: Message,
+    },
+    /// This node is still waiting to join (a log line for the operator).
+    Waiting {
+        /// How long it has waited.
+        waited: Duration,
+        /// The start timeout.
+        limit: Duration,
+    },
+}
+
+/// One node's control plane.
+pub struct Core {
+    cfg: VanConfig,
+    member: Member,
+    scheduler: Option<Scheduler>,
+    resender: Option<Resender>,
+    rng: StdRng,
+    /// What this node counts (traffic, resends, drops); atomics, shared
+    /// with the driver and the apps.
+    counters: Arc<Counters>,
+    next_timestamp: i32,
+    /// Peers with an open connection (asked for with [`Output::Connect`]).
+    connected: HashSet<NodeId>,
+    /// Peers heard from at least once.
+    heard: HashSet<NodeId>,
+    /// Peers that acknowledged at least once (the others may never: a C++
+    /// node without `PS_RESEND`).
+    acked_by: HashSet<NodeId>,
+    /// Data that arrived before this node joined, and its size per sender.
+    held: Vec<Message>,
+    held_bytes: usize,
+    /// Identities that sent something before they could have been assigned.
+    early_ids: BTreeSet<NodeId>,
+    /// Data messages dropped because their sender may not send them.
+    rejected: u64,
+    warned: HashSet<(NodeId, &'static str)>,
+    stopped: bool,
+    changed: bool,
+    out: Vec<Output>,
+}
+
+/// Why a data message with inconsistent frames is dropped.
+const MALFORMED: &str = "its data frames and data types differ in number";
+
+/// Bytes of a message's data frames and body.
+fn size_of(msg: &Message) -> usize {
+    msg.data_size() + msg.meta.body.len()
+}
+
+impl Core {
+    /// The core of the node `cfg` describes, listening at `port`. The first
+    /// output connects to the scheduler (the scheduler to itself).
+    pub fn new(cfg: &VanConfig, port: i32, now: Instant, seed: u64) -> Core {
+        let is_scheduler = cfg.role == Role::Scheduler;
+        let host = if is_scheduler {
+            cfg.scheduler_host.clone()
+        } else {
+            cfg.host.clone()
+        };
+        let mut me = Node::new(cfg.role, host, port);
+        me.pslite = true;
+        let mut scheduler_node = Node::new(Role::Scheduler, cfg.scheduler_host.clone(), {
+            if is_scheduler {
+                port
+            } else {
+                cfg.scheduler_port
+            }
+        });
+        scheduler_node.id = SCHEDULER;
+        let scheduler = is_scheduler.then(|| {
+            me.id = SCHEDULER;
+            Scheduler::new(SchedulerConfig {
+                num_servers: cfg.num_servers,
+                num_workers: cfg.num_workers,
+                me: me.clone(),
+                heartbeat_timeout: cfg.heartbeat_timeout,
+                recovery_timeout: cfg.recovery_timeout,
+                watch_all: cfg.watch_all,
+            })
+        });
+        let member = Member::new(
+            MemberConfig {
+                me: me.clone(),
+                scheduler: scheduler_node.clone(),
+                num_servers: cfg.num_servers,
+                num_workers: cfg.num_workers,
+                start_timeout: cfg.start_timeout,
+                heartbeat_interval: cfg.heartbeat_interval,
+                heartbeat_timeout: cfg.heartbeat_timeout,
+                watch_all: cfg.watch_all,
+                recovery_timeout: cfg.recovery_timeout,
+            },
+            now,
+        );
+        let mut core = Core {
+            cfg: cfg.clone(),
+            member,
+            scheduler,
+            resender: cfg
+                .resend_timeout
+                .map(|t| Resender::new(t, cfg.max_resends)),
+            rng: StdRng::seed_from_u64(seed),
+            counters: Arc::new(Counters::new()),
+            next_timestamp: 0,
+            connected: HashSet::new(),
+            heard: HashSet::new(),
+            acked_by: HashSet::new(),
+            held: Vec::new(),
+            held_bytes: 0,
+            early_ids: BTreeSet::new(),
+            rejected: 0,
+            warned: HashSet::new(),
+            stopped: false,
+            changed: false,
+            out: Vec::new(),
+        };
+        // The scheduler talks to itself through its own ROUTER; a node makes
+        // first contact with an empty identity (it has no id yet).
+        let identity = core.member.me().id;
+        core.connect(scheduler_node, identity);
+        core
+    }
+
+    /// Counts into `counters` instead of counters of its own (the
+    /// Postoffice shares them with its apps).
+    pub fn with_counters(mut self, counters: Arc<Counters>) -> Core {
+        self.counters = counters;
+        self
+    }
+
+    /// What this node counts.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// This node as the cluster knows it (its id once joined).
+    pub fn me(&self) -> &Node {
+        self.member.me()
+    }
+
+    /// The node table: servers, workers and the scheduler, once joined.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.member.table().to_vec()
+    }
+
+    /// Whether this node has joined the cluster.
+    pub fn is_joined(&self) -> bool {
+        self.member.is_joined()
+    }
+
+    /// Why the node failed, if it did.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.member.failure()
+    }
+
+    /// Data messages dropped because their sender may not send them.
+    pub fn rejected(&self) -> u64 {
+        self.rejected
+    }
+
+    /// What the driver must do now, in order.
+    pub fn take_output(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// Whether something a waiter looks at changed since the last call
+    /// (joined, a barrier ended, an acknowledgement, a failure).
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// A fresh timestamp for a control message.
+    pub fn next_timestamp(&mut self) -> i32 {
+        let ts = self.next_timestamp;
+        self.next_timestamp = self.next_timestamp.wrapping_add(1) & i32::MAX;
+        ts
+    }
+
+    /// Starts joining the cluster as `customer_id` (see [`Core::join_status`]).
+    pub fn register(&mut self, customer_id: i32, now: Instant) {
+        let actions = self.member.register(customer_id, now);
+        self.apply_member(actions, now);
+    }
+
+    /// `None` while joining; then joined, or why not.
+    pub fn join_status(&self) -> Option<Result<(), VanError>> {
+        if self.member.is_joined() {
+            return Some(Ok(()));
+        }
+        if let Some(f) = self.member.failure() {
+            return Some(Err(f.clone().into()));
+        }
+        let waited = self.member.timed_out()?;
+        let missing = self.scheduler.as_ref().map(|s| s.missing());
+        Some(Err(VanError::StartTimeout(StartTimeout {
+            waited,
+            missing_servers: missing.map(|m| m.servers),
+            missing_workers: missing.map(|m| m.workers),
+            num_servers: self.cfg.num_servers,
+            num_workers: self.cfg.num_workers,
+            scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
+            advertised: self.member.me().address(),
+            identity_conflicts: self.early_ids.iter().copied().collect(),
+        })))
+    }
+
+    /// Prepares a message an app sends: checks that the node can send it,
+    /// opens the connection on first use, stamps the sender and records it
+    /// for resending. Returns the message to put on the wire.
+    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Message, VanError> {
+        if let Some(f) = self.member.failure() {
+            return Err(f.clone().into());
+        }
+        self.prepare(msg, now)
+    }
+
+    /// A message [`Core::send`] prepared could not be put on the wire.
+    pub fn send_failed(&mut self, msg: &Message) {
+        if let Some(r) = &mut self.resender {
+            r.forget(msg);
+        }
+    }
+
+    fn prepare(&mut self, mut msg: Message, now: Instant) -> Result<Message, VanError> {
+        let recver = msg.meta.recver;
+        if !self.connected.contains(&recver) {
+            if !self.member.is_joined() {
+                return Err(VanError::NotReady);
+            }
+            let node = self
+                .member
+                .node(recver)
+                .cloned()
+                .ok_or(VanError::UnknownPeer(recver))?;
+            let identity = self.member.me().id;
+            self.connect(node, identity);
+        }
+        msg.meta.sender = self.member.me().id;
+        // Remember it before it leaves: the ACK may beat us back.
+        if let Some(r) = &mut self.resender {
+            r.on_send(&msg, now);
+        }
+        Ok(msg)
+    }
+
+    fn connect(&mut self, node: Node, identity: NodeId) {
+        self.connected.insert(node.id);
+        self.out.push(Output::Connect { node, identity });
+    }
+
+    /// Sends a control message of the core's own (stamped with a timestamp
+    /// when it has none).
+    fn emit(&mut self, mut msg: Message, now: Instant) {
+        if msg.meta.timestamp == K_EMPTY && msg.meta.control.cmd != Command::Ack {
+            msg.meta.timestamp = self.next_timestamp();
+        }
+        let recver = msg.meta.recver;
+        match self.prepare(msg, now) {
+            Ok(msg) => self.out.push(Output::Send(msg)),
+            Err(e) => debug!("cannot send to node {recver}: {e}"),
+        }
+    }
+
+    /// Starts waiting on a barrier over `group` as `customer_id`; ask
+    /// [`Core::barrier_outcome`] with the token.
+    pub fn barrier(&mut self, customer_id: i32, group: i32, now: Instant) -> Result<u64, VanError> {
+        let role = self.cfg.role;
+        if !ids::is_role_group(group) || group & ids::role_group(role) == 0 {
+            return Err(VanError::InvalidGroup(group));
+        }
+        if !self.member.is_joined() {
+            return Err(VanError::NotReady);
+        }
+        let (token, request) = self.member.barrier(customer_id, group);
+        self.apply_member(vec![request], now);
+        Ok(token)
+    }
+
+    /// How barrier `token` ended, if it has.
+    pub fn barrier_outcome(&self, token: u64) -> Option<BarrierOutcome> {
+        self.member.barrier_outcome(token)
+    }
+
+    /// Forgets barrier `token` (its waiter returned).
+    pub fn end_barrier(&mut self, token: u64) {
+        self.member.end_barrier(token);
+    }
+
+    /// Stops the node: every wait ends with [`Failure::Stopped`].
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        if let Some(action) = self.member.fail(Failure::Stopped) {
+            let now = Instant::now();
+            self.apply_member(vec![action], now);
+        }
+        self.changed = true;
+    }
+
+    /// Fails the node (the receive thread died, say).
+    pub fn fail(&mut self, failure: Failure, now: Instant) {
+        if let Some(action) = self.member.fail(failure) {
+            self.apply_member(vec![action], now);
+        }
+    }
+
+    /// Messages still unacknowledged by peers that do acknowledge (waited
+    /// for at exit; a peer that never acknowledged anything, such as a C++
+    /// node without `PS_RESEND`, is not waited for).
+    pub fn unacknowledged_at_exit(&self) -> usize {
+        match &self.resender {
+            Some(r) => r.unacknowledged_to(|id| self.acked_by.contains(&id)),
+            None => 0,
+        }
+    }
+
+    /// Ids of nodes silent for longer than `timeout` (ps-lite's
+    /// `GetDeadNodes`): on the scheduler, servers and workers; elsewhere,
+    /// the scheduler.
+    pub fn dead_nodes(&self, now: Instant, timeout: Duration) -> Vec<NodeId> {
+        if let Some(s) = &self.scheduler {
+            return s.silent_nodes(now, timeout);
+        }
+        let silent = now.saturating_duration_since(self.member.last_scheduler_contact());
+        if silent > timeout {
+            vec![SCHEDULER]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// When [`Core::tick`] has work next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.member.poll_timeout(),
+            self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
+            self.resender.as_ref().and_then(Resender::poll_timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Clock-driven work at `now`: deadlines, heartbeats, resends.
+    pub fn tick(&mut self, now: Instant) {
+        let actions = self.member.tick(now);
+        if self.member.timed_out().is_some() && !self.member.is_joined() {
+            self.changed = true;
+        }
+        self.apply_member(actions, now);
+        if let Some(s) = &mut self.scheduler {
+            let actions = s.tick(now);
+            self.apply_scheduler(actions, now);
+        }
+        let Some(r) = &mut self.resender else {
+            return;
+        };
+        let due = r.tick(now);
+        for msg in due.resend {
+            debug!("resending {}", crate::describe(&msg));
+            self.counters.resent();
+            self.out.push(Output::Send(msg));
+        }
+        for msg in due.failed {
+            let failure = Failure::NotAcknowledged {
+                peer: msg.meta.recver,
+                tries: self.cfg.max_resends,
+                what: crate::describe(&msg),
+            };
+            if msg.is_control() {
+                // A scheduler that never acknowledged anything runs without
+                // PS_RESEND (a C++ one, say): its silence proves nothing.
+                let acks = self.acked_by.contains(&SCHEDULER);
+                if msg.meta.recver == SCHEDULER && self.scheduler.is_none() && acks {
+                    warn!("{failure}");
+                    self.fail(failure, now);
+                } else {
+                    debug!("{failure}");
+                }
+            } else {
+                warn!("{failure}");
+                self.out.push(Output::Undeliverable(msg, failure));
+            }
+            self.changed = true;
+        }
+    }
+
+    /// Handles one message that arrived, with `meta.sender` set from the
+    /// sender's identity ([`K_EMPTY`] if it had none).
+    pub fn handle(&mut self, mut msg: Message, now: Instant) {
+        if self.stopped {
+            return;
+        }
+        let sender = msg.meta.sender;
+        msg.meta.recver = self.member.me().id;
+        if sender != K_EMPTY {
+            self.member.heard_from(sender, now);
+            if self.heard.insert(sender) {
+                debug!("connected to node {sender} (first message heard from it)");
+            }
+            self.note_early(&msg);
+        }
+        if self.cfg.drop_percent > 0
+            && self.member.is_joined()
+            && msg.meta.control.cmd != Command::Terminate
+            && self.rng.random_range(0..100) < self.cfg.drop_percent
+        {
+            self.counters.dropped(DropReason::Injected);
+            debug!("dropping {} (PS_DROP_MSG)", crate::describe(&msg));
+            return;
+        }
+        let mut ack = None;
+        if self.resender.is_some() {
+            if msg.meta.control.cmd == Command::AddNode
+                && sender == SCHEDULER
+                && !self.member.is_joined()
+            {
+                // The table was sent to the id it assigns us: acknowledge as
+                // that id, so that its first copy counts.
+                if let Some(mine) = self.member.my_entry(&msg.meta.control.node) {
+                    msg.meta.recver = mine.id;
+                }
+            }
+            let Some(r) = &mut self.resender else {
+                return;
+            };
+            let (received, a) = r.on_receive(&msg, now);
+            ack = a;
+            match received {
+                Received::Deliver => {}
+                Received::Duplicate => {
+                    self.counters.dropped(DropReason::Duplicate);
+                    debug!("dropping a duplicate {}", crate::describe(&msg));
+                    if let Some(ack) = ack {
+                        self.emit(ack, now);
+                    }
+                    return;
+                }
+                Received::Ack => {
+                    self.acked_by.insert(sender);
+                    self.changed = true;
+                    return;
+                }
+            }
+        }
+        self.dispatch(msg, now);
+        // After processing: a node that just joined acknowledges the table
+        // under its new identity.
+        if let Some(ack) = ack {
+            self.emit(ack, now);
+        }
+    }
+
+    fn dispatch(&mut self, msg: Message, now: Instant) {
+        let is_scheduler = self.scheduler.is_some();
+        match msg.meta.control.cmd {
+            Command::Empty => self.data(msg),
+            Command::Terminate => {
+                // Never obeyed from the wire: a node stops itself in-process.
+                warn!(
+                    "dropping TERMINATE from node {}: nodes stop themselves",
+                    msg.meta.sender
+                );
+            }
+            Command::AddNode | Command::Heartbeat | Command::Status if is_scheduler => {
+                self.run_scheduler(&msg, now)
+            }
+            Command::Barrier if is_scheduler && msg.meta.request => self.run_scheduler(&msg, now),
+            Command::AddNode => {
+                let actions = self.member.on_node_table(&msg, now);
+                self.apply_member(actions, now);
+            }
+            Command::Barrier => {
+                self.member.on_barrier_release(&msg);
+                self.changed = true;
+            }
+            Command::Heartbeat => {
+                if msg.meta.sender == SCHEDULER && self.member.is_joined() {
+                    self.member
+                        .on_scheduler_heartbeat(&msg.meta.control.dead_nodes, now);
+                }
+            }
+            Command::Ack => debug!("dropping ACK from node {}: resend is off", msg.meta.sender),
+            Command::Status => warn!(
+                "dropping STATUS from node {}: only the scheduler answers it",
+                msg.meta.sender
+            ),
+        }
+    }
+
+    /// Records identities heard from before they could have been assigned:
+    /// a hint of an identity conflict if the cluster does not form.
+    fn note_early(&mut self, msg: &Message) {
+        let sender = msg.meta.sender;
+        let early = match &self.scheduler {
+            Some(s) => !s.is_ready() && sender != SCHEDULER,
+            None => !self.member.is_joined() && sender != SCHEDULER,
+        };
+        if early && self.early_ids.len() < 16 {
+            self.early_ids.insert(sender);
+        }
+    }
+
+    fn run_scheduler(&mut self, msg: &Message, now: Instant) {
+        let Some(s) = &mut self.scheduler else {
+            return;
+        };
+        let actions = s.handle(msg, now);
+        self.apply_scheduler(actions, now);
+    }
+
+    fn scheduler_table(&self) -> Vec<Node> {
+        let mut table = self
+            .scheduler
+            .as_ref()
+            .map(|s| s.nodes().to_vec())
+            .unwrap_or_default();
+        table.push(self.member.me().clone());
+        table
+    }
+
+    /// Carries out what the scheduler state machine asked for.
+    fn apply_scheduler(&mut self, actions: Vec<Action>, now: Instant) {
+        if actions.is_empty() {
+            return;
+        }
+        for action in actions {
+            match action {
+                Action::Connect(node) => {
+                    let recovered = node.is_recovery.then_some(node.id);
+                    self.connect(node, SCHEDULER);
+                    if let Some(id) = recovered {
+                        self.peer_replaced(id, now);
+                    }
+                }
+                Action::Send(msg) => self.emit(msg, now),
+                Action::Answer { to, mut msg } => {
+                    // The scheduler's own row carries its own counters.
+                    if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
+                        row.counters = Some(self.counters.snapshot());
+                        row.counters_age = Some(Duration::ZERO);
+                    }
+                    msg.meta.sender = SCHEDULER;
+                    self.out.push(Output::Answer { to, msg });
+                }
+                Action::Ready => {
+                    info!(
+                        "scheduler: cluster formed with {} servers and {} workers",
+                        self.cfg.num_servers, self.cfg.num_workers
+                    );
+                    let actions = self.member.formed(self.scheduler_table());
+                    self.apply_member(actions, now);
+                }
+            }
+        }
+        // Keep the table current after recoveries.
+        if self.member.is_joined() {
+            let table = self.scheduler_table();
+            self.member.formed(table);
+        }
+    }
+
+    /// Carries out what the node side asked for.
+    fn apply_member(&mut self, actions: Vec<MemberAction>, now: Instant) {
+        for action in actions {
+            match action {
+                MemberAction::Connect(node) => {
+                    let identity = self.member.me().id;
+                    self.connect(node, identity);
+                }
+                MemberAction::Send(mut msg) => {
+                    // pslite-only: a node's heartbeat carries its counters
+                    // (C++ schedulers skip the field).
+                    if msg.meta.control.cmd == Command::Heartbeat && self.scheduler.is_none() {
+                        msg.meta.counters = Some(Box::new(self.counters.snapshot()));
+                    }
+                    self.emit(msg, now)
+                }
+                MemberAction::Joined => {
+                    self.changed = true;
+                    for msg in std::mem::take(&mut self.held) {
+                        self.data(msg);
+                    }
+                    self.held_bytes = 0;
+                }
+                MemberAction::PeerReplaced(id) => self.peer_replaced(id, now),
+                MemberAction::PeerDead(id) => {
+                    let failure = Failure::PeerDead {
+                        id,
+                        secs: self.cfg.recovery_timeout.as_secs(),
+                    };
+                    if let Some(r) = &mut self.resender {
+                        for msg in r.forget_peer(id) {
+                            self.out.push(Output::Undeliverable(msg, failure.clone()));
+                        }
+                    }
+                    self.out.push(Output::PeerDead(id, failure));
+                    self.changed = true;
+                }
+                MemberAction::Failed(f) => {
+                    self.changed = true;
+                    self.out.push(Output::Failed(f));
+                }
+                MemberAction::Waiting { waited, limit } => {
+                    self.out.push(Output::Waiting { waited, limit });
+                }
+            }
+        }
+    }
+
+    /// Node `id` restarted: the requests it never answered go to the new
+    /// process (the old one may have taken them to its grave); without a
+    /// resender they cannot, and fail instead of waiting forever.
+    fn peer_replaced(&mut self, id: NodeId, now: Instant) {
+        let Some(r) = &mut self.resender else {
+            if self.scheduler.is_none() {
+                self.out
+                    .push(Output::PeerDead(id, Failure::PeerRestarted { id }));
+            }
+            return;
+        };
+        let again = r.on_peer_replaced(id, now);
+        if !again.is_empty() {
+            info!(
+                "sending {} unanswered requests again to the new node {id}",
+                again.len()
+            );
+        }
+        for msg in again {
+            self.counters.resent();
+            self.out.push(Output::Send(msg));
+        }
+    }
+
+    /// A data message: delivered if its sender may send it, held back until
+    /// this node joins (within the byte budget), else dropped.
+    fn data(&mut self, msg: Message) {
+        let sender = msg.meta.sender;
+        if sender == K_EMPTY {
+            self.reject(&msg, "its sender has no ps<id> identity");
+            return;
+        }
+        if !msg.meta.data_type.is_empty() && msg.meta.data_type.len() != msg.data.len() {
+            self.reject(&msg, MALFORMED);
+            return;
+        }
+        if !self.member.is_joined() {
+            self.hold(msg);
+            return;
+        }
+        if !self.member.is_member(sender) {
+            self.reject(&msg, "its sender is not in the node table");
+            return;
+        }
+        if let Some(why) = self.forbidden(&msg) {
+            self.reject(&msg, why);
+            return;
+        }
+        self.out.push(Output::Deliver(msg));
+    }
+
+    /// Why a member may not send `msg` to this node, given both roles.
+    fn forbidden(&self, msg: &Message) -> Option<&'static str> {
+        if msg.meta.simple_app {
+            return None; // the app decides who may talk to it
+        }
+        let from = ids::role_of_id(msg.meta.sender);
+        match (self.cfg.role, msg.meta.request, from) {
+            (Role::Server, true, Some(Role::Worker)) => None,
+            (Role::Server, true, _) => Some("servers take KV requests from workers only"),
+            (Role::Worker, false, Some(Role::Server)) => None,
+            (Role::Worker, false, _) => Some("workers take KV responses from servers only"),
+            (Role::Server, false, _) => Some("servers send no KV requests, so take no responses"),
+            _ => None,
+        }
+    }
+
+    fn hold(&mut self, msg: Message) {
+        let sender = msg.meta.sender;
+        let member_id =
+            ids::group_members(ids::ALL_GROUP, self.cfg.num_servers, self.cfg.num_workers)
+                .contains(&sender);
+        if !member_id {
+            self.reject(&msg, "its sender's id cannot be a member of this cluster");
+            return;
+        }
+        let size = size_of(&msg);
+        let from_sender: usize = self
+            .held
+            .iter()
+            .filter(|m| m.meta.sender == sender)
+            .map(size_of)
+            .sum();
+        if self.held_bytes + size > self.cfg.hold_limit
+            || from_sender + size > self.cfg.hold_limit / 4
+        {
+            self.reject(
+                &msg,
+                "too much data arrived before this node joined (PS_HOLD_LIMIT)",
+            );
+            return;
+        }
+        self.held_bytes += size;
+        self.held.push(msg);
+    }
+
+    fn reject(&mut self, msg: &Message, why: &'static str) {
+        self.rejected += 1;
+        self.counters.dropped(if why == MALFORMED {
+            DropReason::Malformed
+        } else {
+            DropReason::UnknownPeer
+        });
+        let sender = msg.meta.sender;
+        if self.warned.len() < 1024 && self.warned.insert((sender, why)) {
+            warn!(
+                "dropping a data message from node {sender}: {why} (further ones are logged at \
+                 debug level)"
+            );
+        } else {
+            debug!("dropping a data message from node {sender}: {why}");
+        }
+    }
+}

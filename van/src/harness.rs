@@ -1,0 +1,418 @@
+//! A deterministic in-memory network of [`Core`]s with virtual time (tests
+//! only; raft-rs's `harness/network` is the model): whole clusters exchange
+//! messages with no sockets, no threads and no sleeps. Packets can be
+//! dropped, duplicated and delayed (which reorders them); nodes can be
+//! killed and restarted. Every meta frame goes through the codec, as on the
+//! wire.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pslite_proto::ids::{self, NodeId};
+use pslite_proto::{Message, Meta, Node, Role, K_EMPTY};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::config::VanConfig;
+use crate::core::{Core, Output};
+use crate::error::Failure;
+use crate::member::BarrierOutcome;
+
+/// What the network does to packets. Losses and duplicates model
+/// `PS_DROP_MSG` and resends on a reliable transport (TCP): they hit only
+/// packets between identified nodes to a node that has joined, as
+/// `PS_DROP_MSG` does; delays (and so reordering across connections) hit
+/// every packet.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Probability that a packet is lost.
+    pub drop: f64,
+    /// Probability that a packet arrives twice.
+    pub duplicate: f64,
+    /// Each packet takes 1 ms plus up to this much more (reordering).
+    pub max_delay: Duration,
+}
+
+struct Packet {
+    at: Instant,
+    seq: u64,
+    to: usize,
+    identity: NodeId,
+    msg: Message,
+}
+
+/// One node of the network: its core and what came out of it.
+pub struct SimNode {
+    /// The node's control plane.
+    pub core: Core,
+    /// Where it listens.
+    pub host: String,
+    /// Its port.
+    pub port: i32,
+    /// Whether it runs (a killed node receives and does nothing).
+    pub alive: bool,
+    /// Data messages delivered to its apps.
+    pub delivered: Vec<Message>,
+    /// Failures reported (node failed).
+    pub failures: Vec<Failure>,
+    /// Messages it gave up on.
+    pub undeliverable: Vec<(Message, Failure)>,
+    /// Peers reported dead for good.
+    pub peer_dead: Vec<NodeId>,
+    /// "Still waiting to join" reports.
+    pub waiting: Vec<Duration>,
+    /// Answers to admin clients (`pslite status`), with where they went.
+    pub answers: Vec<(Node, Message)>,
+    /// Connections: peer id -> (node index or none, identity used).
+    conns: HashMap<NodeId, (Option<usize>, NodeId)>,
+}
+
+/// The network: nodes, packets in flight, and the virtual clock.
+pub struct Network {
+    /// The virtual time.
+    pub now: Instant,
+    /// The nodes; index 0 is the scheduler of clusters built here.
+    pub nodes: Vec<SimNode>,
+    /// What happens to packets.
+    pub faults: Faults,
+    /// Template configuration of new nodes.
+    pub config: VanConfig,
+    packets: Vec<Packet>,
+    rng: StdRng,
+    seq: u64,
+}
+
+/// The scheduler's address in clusters built here.
+pub const SCHEDULER_PORT: i32 = 9000;
+
+impl Network {
+    /// An empty network whose nodes use `config` (role and port aside).
+    pub fn new(config: VanConfig, seed: u64) -> Network {
+        Network {
+            now: Instant::now(),
+            nodes: Vec::new(),
+            faults: Faults::default(),
+            config: VanConfig {
+                scheduler_host: "127.0.0.1".into(),
+                scheduler_port: SCHEDULER_PORT,
+                host: "127.0.0.1".into(),
+                ..config
+            },
+            packets: Vec::new(),
+            rng: StdRng::seed_from_u64(seed),
+            seq: 0,
+        }
+    }
+
+    /// A scheduler, `servers` servers and `workers` workers (in that index
+    /// order, ports 9000, 10000, 10001...), none registered yet.
+    pub fn cluster(servers: i32, workers: i32, config: VanConfig, seed: u64) -> Network {
+        let mut net = Network::new(
+            VanConfig {
+                num_servers: servers,
+                num_workers: workers,
+                ..config
+            },
+            seed,
+        );
+        net.add(Role::Scheduler, SCHEDULER_PORT);
+        for i in 0..servers + workers {
+            let role = if i < servers {
+                Role::Server
+            } else {
+                Role::Worker
+            };
+            net.add(role, 10_000 + i);
+        }
+        net
+    }
+
+    /// Adds a node of `role` listening on `port`; returns its index.
+    pub fn add(&mut self, role: Role, port: i32) -> usize {
+        let cfg = VanConfig {
+            role,
+            port: Some(port),
+            ..self.config.clone()
+        };
+        let seed = self.rng.random();
+        let core = Core::new(&cfg, port, self.now, seed);
+        self.nodes.push(SimNode {
+            core,
+            host: "127.0.0.1".into(),
+            port,
+            alive: true,
+            delivered: Vec::new(),
+            failures: Vec::new(),
+            undeliverable: Vec::new(),
+            peer_dead: Vec::new(),
+            waiting: Vec::new(),
+            answers: Vec::new(),
+            conns: HashMap::new(),
+        });
+        let i = self.nodes.len() - 1;
+        self.flush(i);
+        i
+    }
+
+    /// Kills node `i`: it stops receiving and ticking.
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].alive = false;
+    }
+
+    /// Replaces node `i` by a fresh process at the same address (a restart).
+    pub fn restart(&mut self, i: usize) {
+        let role = self.nodes[i].core.me().role;
+        let port = self.nodes[i].port;
+        let cfg = VanConfig {
+            role,
+            port: Some(port),
+            ..self.config.clone()
+        };
+        let seed = self.rng.random();
+        let node = &mut self.nodes[i];
+        node.core = Core::new(&cfg, port, self.now, seed);
+        node.alive = true;
+        node.conns.clear();
+        node.delivered.clear();
+        node.failures.clear();
+        self.flush(i);
+    }
+
+    /// Every live node registers (joins) as customer 0.
+    pub fn register_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].alive {
+                self.register(i);
+            }
+        }
+    }
+
+    /// Node `i` registers as customer 0.
+    pub fn register(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].core.register(0, now);
+        self.flush(i);
+    }
+
+    /// Whether every live node has joined.
+    pub fn all_joined(&self) -> bool {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive)
+            .all(|n| n.core.is_joined())
+    }
+
+    /// Node `i` starts waiting on a barrier over `group`.
+    pub fn barrier(&mut self, i: usize, group: i32) -> u64 {
+        let now = self.now;
+        let token = self.nodes[i]
+            .core
+            .barrier(0, group, now)
+            .expect("barrier request refused");
+        self.flush(i);
+        token
+    }
+
+    /// How node `i`'s barrier `token` ended, if it has.
+    pub fn outcome(&self, i: usize, token: u64) -> Option<BarrierOutcome> {
+        self.nodes[i].core.barrier_outcome(token)
+    }
+
+    /// The indices of the live nodes in `group`.
+    pub fn members(&self, group: i32) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].alive)
+            .filter(|&i| ids::group_contains(group, self.nodes[i].core.me().id))
+            .collect()
+    }
+
+    /// Node `i` sends a data message (as an app would).
+    pub fn send(&mut self, i: usize, msg: Message) {
+        let now = self.now;
+        let msg = self.nodes[i]
+            .core
+            .send(msg, now)
+            .expect("the core refused to send");
+        self.flush(i);
+        self.transmit(i, msg);
+    }
+
+    /// Carries out node `i`'s outputs.
+    fn flush(&mut self, i: usize) {
+        let outputs = self.nodes[i].core.take_output();
+        for out in outputs {
+            match out {
+                Output::Connect { node, identity } => {
+                    let target = self
+                        .nodes
+                        .iter()
+                        .position(|n| n.host == node.hostname && n.port == node.port);
+                    self.nodes[i].conns.insert(node.id, (target, identity));
+                }
+                Output::Send(msg) => self.transmit(i, msg),
+                Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
+                Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),
+                Output::PeerDead(id, _) => self.nodes[i].peer_dead.push(id),
+                Output::Failed(f) => self.nodes[i].failures.push(f),
+                Output::Waiting { waited, .. } => self.nodes[i].waiting.push(waited),
+                Output::Answer { to, msg } => self.nodes[i].answers.push((to, msg)),
+            }
+        }
+    }
+
+    /// Puts a message from node `i` on the network, through its faults.
+    fn transmit(&mut self, i: usize, msg: Message) {
+        if !self.nodes[i].alive {
+            return;
+        }
+        let Some(&(Some(to), identity)) = self.nodes[i].conns.get(&msg.meta.recver) else {
+            return; // no connection, or to an address where nobody listens
+        };
+        let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
+        if faulty && self.rng.random_bool(self.faults.drop) {
+            return;
+        }
+        let copies = if faulty && self.rng.random_bool(self.faults.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let extra = self.faults.max_delay.as_micros() as u64;
+            let delay = Duration::from_millis(1)
+                + Duration::from_micros(if extra > 0 {
+                    self.rng.random_range(0..extra)
+                } else {
+                    0
+                });
+            self.seq += 1;
+            self.packets.push(Packet {
+                at: self.now + delay,
+                seq: self.seq,
+                to,
+                identity,
+                msg: msg.clone(),
+            });
+        }
+    }
+
+    /// The next time something happens: a packet arrives or a core's
+    /// deadline passes.
+    fn next_event(&self) -> Option<Instant> {
+        let packets = self.packets.iter().map(|p| p.at).min();
+        let timers = self
+            .nodes
+            .iter()
+            .filter(|n| n.alive)
+            .filter_map(|n| n.core.poll_timeout())
+            .min();
+        packets.into_iter().chain(timers).min()
+    }
+
+    /// Moves time to the next event and handles it; false if nothing is
+    /// left to happen.
+    pub fn step(&mut self) -> bool {
+        let Some(at) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(at);
+        let now = self.now;
+        let mut due: Vec<Packet> = Vec::new();
+        let mut i = 0;
+        while i < self.packets.len() {
+            if self.packets[i].at <= now {
+                due.push(self.packets.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        due.sort_by_key(|p| (p.at, p.seq));
+        for p in due {
+            if !self.nodes[p.to].alive {
+                continue;
+            }
+            // Through the codec, as on the wire; the sender comes from the
+            // connection's identity.
+            let mut meta = Meta::decode(&p.msg.meta.encode()).expect("a meta we encoded decodes");
+            meta.sender = p.identity;
+            let msg = Message {
+                meta,
+                data: p.msg.data,
+            };
+            self.nodes[p.to].core.handle(msg, now);
+            self.flush(p.to);
+        }
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].alive {
+                continue;
+            }
+            if self.nodes[i].core.poll_timeout().is_some_and(|t| t <= now) {
+                self.nodes[i].core.tick(now);
+                self.flush(i);
+            }
+        }
+        true
+    }
+
+    /// Runs until `done` holds (true) or `limit` of virtual time passes or
+    /// nothing is left to happen (false).
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Network) -> bool) -> bool {
+        let end = self.now + limit;
+        loop {
+            if done(self) {
+                return true;
+            }
+            if self.now > end || !self.step() {
+                return done(self);
+            }
+        }
+    }
+
+    /// Runs for `d` of virtual time.
+    pub fn run_for(&mut self, d: Duration) {
+        let end = self.now + d;
+        while self.next_event().is_some_and(|t| t <= end) {
+            self.step();
+        }
+        self.now = self.now.max(end);
+    }
+
+    /// Registers every node and runs until the cluster has formed.
+    pub fn form(&mut self, limit: Duration) -> bool {
+        self.register_all();
+        self.run_until(limit, Network::all_joined)
+    }
+
+    /// A data request from node `from` to node `to` with timestamp `ts`.
+    pub fn request(&self, from: usize, to: usize, ts: i32) -> Message {
+        let mut msg = Message::default();
+        msg.meta.app_id = 0;
+        msg.meta.customer_id = 0;
+        msg.meta.request = true;
+        msg.meta.push = true;
+        msg.meta.timestamp = ts;
+        msg.meta.recver = self.nodes[to].core.me().id;
+        msg.meta.sender = self.nodes[from].core.me().id;
+        msg.data = vec![bytes::Bytes::from(ts.to_le_bytes().to_vec())];
+        msg
+    }
+
+    /// The id of node `i`.
+    pub fn id(&self, i: usize) -> NodeId {
+        self.nodes[i].core.me().id
+    }
+
+    /// The index of the node with id `id`.
+    pub fn index_of(&self, id: NodeId) -> Option<usize> {
+        (id != K_EMPTY)
+            .then(|| {
+                self.nodes
+                    .iter()
+                    .position(|n| n.alive && n.core.me().id == id)
+            })
+            .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests;

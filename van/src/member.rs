@@ -1,0 +1,560 @@
+//! The node side of the control plane (a server or a worker, and the
+//! scheduler's own view of itself) as a state machine, with no sockets and
+//! no clock: [`crate::Core`] feeds it control messages and the time, and
+//! carries out the [`MemberAction`]s it returns.
+//!
+//! It covers joining (ADD_NODE out, the scheduler's node table in, the start
+//! deadline and the "still waiting" log lines), node-table updates after a
+//! recovery (reconnect to a node that moved, resend to a node replaced),
+//! barrier waits and their release, heartbeats to the scheduler and the
+//! detection of a lost scheduler.
+//!
+//! No single message ends a node: a node table that lacks this node, that
+//! gives it an id of another role, or that comes from anyone but the
+//! scheduler is logged and ignored; only the start deadline ends a node
+//! that is still joining.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use log::{debug, info, warn};
+use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
+
+use crate::error::Failure;
+
+/// How often a node still waiting to join says so.
+pub const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What the node side needs to know.
+#[derive(Clone, Debug)]
+pub struct MemberConfig {
+    /// This node: role, host and port (id [`K_EMPTY`], or [`SCHEDULER`] on
+    /// the scheduler).
+    pub me: Node,
+    /// The scheduler (id 1, its host and port).
+    pub scheduler: Node,
+    /// `DMLC_NUM_SERVER`.
+    pub num_servers: i32,
+    /// `DMLC_NUM_WORKER`.
+    pub num_workers: i32,
+    /// How long joining may take (`PS_START_TIMEOUT`).
+    pub start_timeout: Duration,
+    /// How often to send heartbeats (`PS_HEARTBEAT_INTERVAL`).
+    pub heartbeat_interval: Option<Duration>,
+    /// Silence from the scheduler after which it counts as lost
+    /// (`PS_HEARTBEAT_TIMEOUT`).
+    pub heartbeat_timeout: Option<Duration>,
+    /// Watch the scheduler from the start (`PS_HEARTBEAT_TIMEOUT` was set);
+    /// otherwise only once it has answered a heartbeat.
+    pub watch_all: bool,
+    /// How long a node declared dead may stay unreplaced before barriers and
+    /// requests that wait for it fail (`PS_RECOVERY_TIMEOUT`).
+    pub recovery_timeout: Duration,
+}
+
+/// Something the node side asks for, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberAction {
+    /// Open (or replace) the connection to this node, under this node's
+    /// current identity.
+    Connect(Node),
+    /// Send this control message to `meta.recver` (the core stamps the
+    /// sender and the timestamp).
+    Send(Message),
+    /// This node has joined: its id and the node table are known.
+    Joined,
+    /// Node `id` restarted and took its old id: what it never answered must
+    /// go to the new process.
+    PeerReplaced(NodeId),
+    /// Node `id` died and was not replaced in time: what waits on it fails.
+    PeerDead(NodeId),
+    /// The node cannot go on.
+    Failed(Failure),
+    /// Still waiting to join (a log line for the operator).
+    Waiting {
+        /// How long this node has waited.
+        waited: Duration,
+        /// The start timeout.
+        limit: Duration,
+    },
+}
+
+/// How a barrier this node waits on ended.
+pub type BarrierOutcome = Result<(), Failure>;
+
+struct BarrierWaiter {
+    token: u64,
+    group: i32,
+    outcome: Option<BarrierOutcome>,
+}
+
+struct Joining {
+    since: Instant,
+    deadline: Instant,
+    next_log: Instant,
+}
+
+/// The node side's state.
+pub struct Member {
+    cfg: MemberConfig,
+    me: Node,
+    table: Vec<Node>,
+    joined: bool,
+    failure: Option<Failure>,
+    joining: Option<Joining>,
+    timed_out: Option<Duration>,
+    barriers: Vec<BarrierWaiter>,
+    next_token: u64,
+    last_scheduler_contact: Instant,
+    next_heartbeat: Option<Instant>,
+    /// The scheduler has answered a heartbeat (so its silence means loss).
+    scheduler_answers: bool,
+    /// Nodes the scheduler declared dead, since when; and those already
+    /// reported as dead for good.
+    dead: HashMap<NodeId, Instant>,
+    given_up: HashSet<NodeId>,
+    /// Ignored node tables (logged once).
+    ignored_tables: u32,
+}
+
+impl Member {
+    /// The node side of a node that has not joined yet.
+    pub fn new(cfg: MemberConfig, now: Instant) -> Member {
+        Member {
+            me: cfg.me.clone(),
+            cfg,
+            table: Vec::new(),
+            joined: false,
+            failure: None,
+            joining: None,
+            timed_out: None,
+            barriers: Vec::new(),
+            next_token: 0,
+            last_scheduler_contact: now,
+            next_heartbeat: None,
+            scheduler_answers: false,
+            dead: HashMap::new(),
+            given_up: HashSet::new(),
+            ignored_tables: 0,
+        }
+    }
+
+    /// This node as the cluster knows it.
+    pub fn me(&self) -> &Node {
+        &self.me
+    }
+
+    /// The node table (servers, workers and the scheduler) once joined.
+    pub fn table(&self) -> &[Node] {
+        &self.table
+    }
+
+    /// Whether this node has joined.
+    pub fn is_joined(&self) -> bool {
+        self.joined
+    }
+
+    /// Why the node failed, if it did.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failure.as_ref()
+    }
+
+    /// How long this node waited before giving up joining, if it did.
+    pub fn timed_out(&self) -> Option<Duration> {
+        self.timed_out
+    }
+
+    /// Whether `id` is in the node table.
+    pub fn is_member(&self, id: NodeId) -> bool {
+        self.table.iter().any(|n| n.id == id)
+    }
+
+    /// The table entry of `id`.
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.table.iter().find(|n| n.id == id)
+    }
+
+    /// When the scheduler was last heard from.
+    pub fn last_scheduler_contact(&self) -> Instant {
+        self.last_scheduler_contact
+    }
+
+    /// Starts joining as `customer_id`: the ADD_NODE to send (none on the
+    /// scheduler, nor once joined). The start deadline runs from the first
+    /// call.
+    pub fn register(&mut self, customer_id: i32, now: Instant) -> Vec<MemberAction> {
+        if self.joined {
+            return Vec::new();
+        }
+        let mut actions = Vec::new();
+        if self.joining.is_none() {
+            self.joining = Some(Joining {
+                since: now,
+                deadline: now + self.cfg.start_timeout,
+                next_log: now + WAIT_LOG_INTERVAL,
+            });
+            actions.push(MemberAction::Waiting {
+                waited: Duration::ZERO,
+                limit: self.cfg.start_timeout,
+            });
+        }
+        if self.me.role != Role::Scheduler {
+            let mut me = self.me.clone();
+            me.customer_id = customer_id;
+            me.id = K_EMPTY;
+            let mut msg = Message::control(Command::AddNode, SCHEDULER);
+            msg.meta.control.node.push(me);
+            actions.push(MemberAction::Send(msg));
+        }
+        actions
+    }
+
+    /// Something arrived from node `sender`.
+    pub fn heard_from(&mut self, sender: NodeId, now: Instant) {
+        if sender == SCHEDULER {
+            self.last_scheduler_contact = now;
+        }
+    }
+
+    /// The scheduler (this node) formed the cluster: `table` holds every
+    /// server and worker and the scheduler.
+    pub fn formed(&mut self, table: Vec<Node>) -> Vec<MemberAction> {
+        self.table = table;
+        if self.joined {
+            return Vec::new();
+        }
+        self.joined = true;
+        self.joining = None;
+        vec![MemberAction::Joined]
+    }
+
+    /// The scheduler's ADD_NODE: the whole table when joining, or the
+    /// entries of recovered nodes afterwards.
+    pub fn on_node_table(&mut self, msg: &Message, now: Instant) -> Vec<MemberAction> {
+        if msg.meta.sender != SCHEDULER {
+            self.ignore_table(format!(
+                "from node {}: only the scheduler sends node tables",
+                msg.meta.sender
+            ));
+            return Vec::new();
+        }
+        if self.me.role == Role::Scheduler {
+            return Vec::new();
+        }
+        let nodes = &msg.meta.control.node;
+        if !self.joined {
+            return self.join(nodes, now);
+        }
+        self.update(nodes)
+    }
+
+    fn ignore_table(&mut self, why: String) {
+        self.ignored_tables += 1;
+        if self.ignored_tables == 1 {
+            warn!("ignoring a node table {why} (logged once)");
+        } else {
+            debug!("ignoring a node table {why}");
+        }
+    }
+
+    /// The id of this node in a node table, if the table has a usable entry.
+    pub fn my_entry<'a>(&self, nodes: &'a [Node]) -> Option<&'a Node> {
+        nodes
+            .iter()
+            .find(|n| n.same_process(&self.me))
+            .filter(|n| ids::role_of_id(n.id) == Some(self.me.role) && n.role == self.me.role)
+    }
+
+    fn join(&mut self, nodes: &[Node], now: Instant) -> Vec<MemberAction> {
+        let Some(mine) = self.my_entry(nodes).cloned() else {
+            self.ignore_table(format!(
+                "without a usable entry for this {} at {} (check DMLC_NODE_HOST); still \
+                 waiting for the scheduler's",
+                self.me.role,
+                self.me.address()
+            ));
+            return Vec::new();
+        };
+        if !nodes.iter().any(|n| n.id == SCHEDULER) {
+            self.ignore_table("without the scheduler's entry".to_string());
+            return Vec::new();
+        }
+        self.me.id = mine.id;
+        self.me.is_recovery = mine.is_recovery;
+        self.table = nodes.to_vec();
+        self.joined = true;
+        self.joining = None;
+        self.last_scheduler_contact = now;
+        self.next_heartbeat = self.cfg.heartbeat_interval.map(|_| now);
+        // Reconnect to the scheduler under the new identity, and connect to
+        // this node itself and to every node of the other role.
+        let mut actions = Vec::new();
+        let mut connected = HashSet::new();
+        for node in nodes {
+            let wanted = node.id == SCHEDULER || node.id == mine.id || node.role != self.me.role;
+            if wanted && connected.insert(node.id) {
+                actions.push(MemberAction::Connect(node.clone()));
+            }
+        }
+        info!(
+            "{} joined as node {}{}",
+            self.me.role,
+            mine.id,
+            if mine.is_recovery { " (recovered)" } else { "" }
+        );
+        actions.push(MemberAction::Joined);
+        actions
+    }
+
+    /// Entries of nodes that restarted and took over an id.
+    fn update(&mut self, nodes: &[Node]) -> Vec<MemberAction> {
+        let mut actions = Vec::new();
+        let recovery = nodes.len() == 1;
+        for node in nodes {
+            if node.id == self.me.id || node.id == SCHEDULER {
+                continue;
+            }
+            if ids::role_of_id(node.id) != Some(node.role) {
+                debug!(
+                    "ignoring a node table entry {node}: its id is not a {} id",
+                    node.role
+                );
+                continue;
+            }
+            let moved = self
+                .table
+                .iter()
+                .filter(|n| n.id == node.id)
+                .any(|n| !n.same_process(node));
+            let known = self.table.iter().any(|n| n.id == node.id);
+            for entry in self.table.iter_mut().filter(|n| n.id == node.id) {
+                entry.hostname = node.hostname.clone();
+                entry.port = node.port;
+                entry.is_recovery = node.is_recovery;
+            }
+            if !known {
+                self.table.push(node.clone());
+            }
+            if moved {
+                info!("node {} moved to {}: reconnecting", node.id, node.address());
+                actions.push(MemberAction::Connect(node.clone()));
+            }
+            if recovery && node.is_recovery {
+                self.dead.remove(&node.id);
+                self.given_up.remove(&node.id);
+                actions.push(MemberAction::PeerReplaced(node.id));
+            }
+        }
+        actions
+    }
+
+    /// The scheduler's HEARTBEAT (the answer to ours): it is alive, and (a
+    /// pslite scheduler) these nodes are dead now.
+    pub fn on_scheduler_heartbeat(&mut self, dead: &[NodeId], now: Instant) {
+        self.scheduler_answers = true;
+        self.on_dead_nodes(dead, now);
+    }
+
+    /// The scheduler says these nodes are dead now (pslite schedulers only).
+    fn on_dead_nodes(&mut self, dead: &[NodeId], now: Instant) {
+        let dead: HashSet<NodeId> = dead.iter().copied().collect();
+        self.dead.retain(|id, _| dead.contains(id));
+        self.given_up.retain(|id| dead.contains(id));
+        for id in dead {
+            if id != self.me.id && self.is_member(id) && !self.dead.contains_key(&id) {
+                warn!(
+                    "the scheduler declared node {id} dead: waiting up to {} s for a \
+                     replacement (PS_RECOVERY_TIMEOUT)",
+                    self.cfg.recovery_timeout.as_secs()
+                );
+                self.dead.insert(id, now);
+            }
+        }
+    }
+
+    /// Starts waiting on a barrier over `group`: the token to ask about it
+    /// and the BARRIER request to send.
+    pub fn barrier(&mut self, customer_id: i32, group: i32) -> (u64, MemberAction) {
+        let token = self.next_token;
+        self.next_token += 1;
+        let mut outcome = None;
+        if let Some(f) = &self.failure {
+            outcome = Some(Err(f.clone()));
+        }
+        self.barriers.push(BarrierWaiter {
+            token,
+            group,
+            outcome,
+        });
+        let mut msg = Message::control(Command::Barrier, SCHEDULER);
+        msg.meta.request = true;
+        msg.meta.app_id = 0;
+        msg.meta.customer_id = customer_id;
+        msg.meta.control.barrier_group = group;
+        (token, MemberAction::Send(msg))
+    }
+
+    /// How barrier `token` ended, if it has.
+    pub fn barrier_outcome(&self, token: u64) -> Option<BarrierOutcome> {
+        self.barriers
+            .iter()
+            .find(|w| w.token == token)
+            .and_then(|w| w.outcome.clone())
+    }
+
+    /// Forgets barrier `token` (its waiter has returned).
+    pub fn end_barrier(&mut self, token: u64) {
+        self.barriers.retain(|w| w.token != token);
+    }
+
+    /// Barrier waiters still waiting.
+    pub fn waiting_barriers(&self) -> usize {
+        self.barriers.iter().filter(|w| w.outcome.is_none()).count()
+    }
+
+    /// The scheduler's BARRIER reply: releases the waiters of its group, or
+    /// fails them when it names a dead node (a pslite scheduler).
+    pub fn on_barrier_release(&mut self, msg: &Message) {
+        if msg.meta.sender != SCHEDULER || msg.meta.request {
+            warn!(
+                "dropping BARRIER from node {}: only the scheduler releases barriers",
+                msg.meta.sender
+            );
+            return;
+        }
+        let group = msg.meta.control.barrier_group;
+        let outcome = match msg.meta.control.failed_peer {
+            Some(id) => Err(Failure::PeerDead {
+                id,
+                secs: self.cfg.recovery_timeout.as_secs(),
+            }),
+            None => Ok(()),
+        };
+        let matching = self
+            .barriers
+            .iter()
+            .any(|w| w.group == group && w.outcome.is_none());
+        if matching {
+            for w in self.barriers.iter_mut().filter(|w| w.group == group) {
+                w.outcome.get_or_insert(outcome.clone());
+            }
+        } else if !ids::is_role_group(group) {
+            // A C++ scheduler leaves the group of its replies uninitialised:
+            // the release is for whatever barrier we are waiting on.
+            for w in self.barriers.iter_mut() {
+                w.outcome.get_or_insert(outcome.clone());
+            }
+        } else {
+            debug!("barrier release for group {group}, which nobody here waits on");
+        }
+    }
+
+    /// Fails the node: every wait ends with `failure`. Returns the action to
+    /// report it, the first time only.
+    pub fn fail(&mut self, failure: Failure) -> Option<MemberAction> {
+        if self.failure.is_some() {
+            return None;
+        }
+        for w in self.barriers.iter_mut() {
+            w.outcome.get_or_insert(Err(failure.clone()));
+        }
+        self.failure = Some(failure.clone());
+        Some(MemberAction::Failed(failure))
+    }
+
+    /// Clock-driven work: the start deadline and its log lines, heartbeats,
+    /// a silent scheduler, dead nodes that stay unreplaced.
+    pub fn tick(&mut self, now: Instant) -> Vec<MemberAction> {
+        let mut actions = Vec::new();
+        if let Some(j) = &mut self.joining {
+            if now >= j.deadline {
+                let waited = now - j.since;
+                self.joining = None;
+                self.timed_out = Some(waited);
+                return actions;
+            }
+            if now >= j.next_log {
+                j.next_log = now + WAIT_LOG_INTERVAL;
+                actions.push(MemberAction::Waiting {
+                    waited: now - j.since,
+                    limit: self.cfg.start_timeout,
+                });
+            }
+        }
+        if !self.joined || self.failure.is_some() {
+            return actions;
+        }
+        if self.me.role != Role::Scheduler {
+            if let (Some(interval), Some(next)) = (self.cfg.heartbeat_interval, self.next_heartbeat)
+            {
+                if now >= next {
+                    self.next_heartbeat = Some(now + interval);
+                    let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
+                    msg.meta.control.node.push(self.me.clone());
+                    actions.push(MemberAction::Send(msg));
+                }
+            }
+            if let Some(timeout) = self.scheduler_timeout() {
+                let silent = now.saturating_duration_since(self.last_scheduler_contact);
+                if silent > timeout {
+                    actions.extend(self.fail(Failure::SchedulerLost {
+                        address: self.cfg.scheduler.address(),
+                        silent_secs: silent.as_secs(),
+                        timeout_secs: timeout.as_secs(),
+                    }));
+                    return actions;
+                }
+            }
+        }
+        for (&id, &since) in &self.dead {
+            if now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
+                warn!(
+                    "node {id} was declared dead {} s ago and nothing replaced it: what waits \
+                     on it fails",
+                    now.saturating_duration_since(since).as_secs()
+                );
+                actions.push(MemberAction::PeerDead(id));
+            }
+        }
+        actions
+    }
+
+    /// When [`Member::tick`] has work next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        if let Some(j) = &self.joining {
+            consider(j.deadline.min(j.next_log));
+        }
+        if self.joined && self.failure.is_none() && self.me.role != Role::Scheduler {
+            if let Some(t) = self.next_heartbeat {
+                consider(t);
+            }
+            if let Some(timeout) = self.scheduler_timeout() {
+                consider(self.last_scheduler_contact + timeout + Duration::from_millis(1));
+            }
+        }
+        for (id, &since) in &self.dead {
+            if !self.given_up.contains(id) {
+                consider(since + self.cfg.recovery_timeout);
+            }
+        }
+        next
+    }
+
+    /// After how much silence the scheduler counts as lost, if it is
+    /// watched: always when the timeout was set; by default only while this
+    /// node sends heartbeats and the scheduler has answered one.
+    fn scheduler_timeout(&self) -> Option<Duration> {
+        let answers = self.scheduler_answers && self.cfg.heartbeat_interval.is_some();
+        self.cfg
+            .heartbeat_timeout
+            .filter(|_| self.cfg.watch_all || answers)
+    }
+
+    /// Nodes the scheduler declared dead that nothing replaced in time.
+    pub fn given_up(&self) -> &HashSet<NodeId> {
+        &self.given_up
+    }
+}
