@@ -60,7 +60,8 @@ pub struct Config {
     /// `PS_RECOVERY_TIMEOUT`, `PS_RESEND`/`_TIMEOUT`, `PS_DROP_MSG`,
     /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`.
     pub van: VanConfig,
-    /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 every message.
+    /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 (or more, as ps-lite reads
+    /// 3) every message; stored clamped to 2.
     pub verbose: u8,
     /// `PS_QUEUE_LIMIT`: messages a customer's queue holds before the
     /// receive thread waits for its handler (back-pressure).
@@ -165,7 +166,15 @@ impl Config {
             .get("PORT")
             .map(|v| parse_port("PORT", &v))
             .transpose()?;
-        let verbose = env.number("PS_VERBOSE", 0, 0..=2, "0, 1 or 2")?;
+        // ps-lite treats any level above 2 as "everything" (scripts set 3).
+        let verbose = env
+            .number(
+                "PS_VERBOSE",
+                0,
+                0..=u64::from(u8::MAX),
+                "a level from 0 (quiet) to 2 (everything)",
+            )?
+            .min(2);
         let seconds = |var, default| -> Result<Option<Duration>, ConfigError> {
             let secs = env.number(
                 var,
@@ -539,7 +548,8 @@ mod tests {
             message(&[("DMLC_NODE_HOST", "no-such-host.invalid")]).starts_with("DMLC_NODE_HOST")
         );
         assert!(message(&[("PORT", "-1")]).starts_with("PORT must be"));
-        assert!(message(&[("PS_VERBOSE", "3")]).starts_with("PS_VERBOSE must be 0, 1 or 2"));
+        assert_eq!(parse(&[("PS_VERBOSE", "3")]).unwrap().verbose, 2);
+        assert!(message(&[("PS_VERBOSE", "x")]).starts_with("PS_VERBOSE must be a level from 0"));
         assert!(message(&[("PS_DROP_MSG", "101")]).starts_with("PS_DROP_MSG must be"));
         assert!(message(&[("PS_METRICS_PORT", "70000")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_METRICS_PORT", "x")]).starts_with("PS_METRICS_PORT must be"));

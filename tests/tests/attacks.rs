@@ -360,3 +360,47 @@ fn strangers_cannot_pin_memory() {
     assert!(sched_mib < 150, "the scheduler holds {sched_mib} MiB");
     assert!(server_mib < 200, "the server holds {server_mib} MiB");
 }
+
+#[test]
+fn a_squatted_identity_fails_the_start_naming_a_possible_identity_conflict() {
+    let port = free_port();
+    let start_timeout = [("PS_START_TIMEOUT", "5".to_string())];
+    let scheduler = spawn(node_command(
+        "kv_app",
+        &env("scheduler", port, &start_timeout),
+    ));
+    wait_listening(port);
+    // A squatter takes ps8 on the scheduler's port before anyone joins.
+    let squatter = Attacker::new(Some("ps8"), port);
+    let mut hello = Message::control(Cmd::Heartbeat, 1);
+    hello.meta.timestamp = 0;
+    squatter.send(&hello);
+    let servers = two_ports();
+    let workers = two_ports();
+    let others: Vec<Spawned> = [servers.0, servers.1, workers.0, workers.1]
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let role = if i < 2 { "server" } else { "worker" };
+            let mut extra = start_timeout.to_vec();
+            extra.push(("PORT", p.to_string()));
+            spawn(node_command("kv_app", &env(role, port, &extra)))
+        })
+        .collect();
+    let started = Instant::now();
+    let bound = Duration::from_secs(20);
+    let run = scheduler.wait(bound + Duration::from_secs(10));
+    assert_eq!(run.code(), Some(1), "{}", run.output());
+    assert!(
+        run.stderr.contains("ps8") && run.stderr.contains("possible identity conflict"),
+        "{}",
+        run.output()
+    );
+    for node in others {
+        let run = node.wait(bound + Duration::from_secs(10));
+        assert!(!run.timed_out, "a node hung:\n{}", run.output());
+        assert_eq!(run.code(), Some(1), "{}", run.output());
+    }
+    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    drop(squatter);
+}

@@ -260,7 +260,7 @@ fn a_bad_setting_is_reported_once_before_any_node_starts() {
     assert_eq!(run.code(), Some(2), "{}", run.output());
     assert_eq!(
         run.stderr.trim_end(),
-        "pslite launch: PS_VERBOSE must be 0, 1 or 2, got \"loud\"",
+        "pslite launch: PS_VERBOSE must be a level from 0 (quiet) to 2 (everything), got \"loud\"",
         "{}",
         run.output()
     );

@@ -95,6 +95,8 @@ pub struct Core {
     rejected: u64,
     warned: HashSet<(NodeId, &'static str)>,
     stopped: bool,
+    /// Stopping: only resends go on (no more deaths or losses declared).
+    finishing: bool,
     changed: bool,
     out: Vec<Output>,
 }
@@ -171,6 +173,7 @@ impl Core {
             rejected: 0,
             warned: HashSet::new(),
             stopped: false,
+            finishing: false,
             changed: false,
             out: Vec::new(),
         };
@@ -211,6 +214,12 @@ impl Core {
     /// Why the node failed, if it did.
     pub fn failure(&self) -> Option<&Failure> {
         self.member.failure()
+    }
+
+    /// Identities heard from before they could have been assigned: a hint
+    /// of an identity conflict when the cluster does not form.
+    pub fn identity_conflicts(&self) -> Vec<NodeId> {
+        self.early_ids.iter().copied().collect()
     }
 
     /// Data messages dropped because their sender may not send them.
@@ -260,7 +269,7 @@ impl Core {
             num_workers: self.cfg.num_workers,
             scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
             advertised: self.member.me().address(),
-            identity_conflicts: self.early_ids.iter().copied().collect(),
+            identity_conflicts: self.identity_conflicts(),
         })))
     }
 
@@ -346,6 +355,13 @@ impl Core {
         self.member.end_barrier(token);
     }
 
+    /// The node is about to stop (finalized): from now on the clock only
+    /// drives resends; peers that exit first are neither declared dead nor
+    /// taken for a lost scheduler.
+    pub fn finish(&mut self) {
+        self.finishing = true;
+    }
+
     /// Stops the node: every wait ends with [`Failure::Stopped`].
     pub fn stop(&mut self) {
         self.stopped = true;
@@ -363,14 +379,18 @@ impl Core {
         }
     }
 
-    /// Messages still unacknowledged by peers that do acknowledge (waited
-    /// for at exit; a peer that never acknowledged anything, such as a C++
-    /// node without `PS_RESEND`, is not waited for).
-    pub fn unacknowledged_at_exit(&self) -> usize {
-        match &self.resender {
-            Some(r) => r.unacknowledged_to(|id| self.acked_by.contains(&id)),
-            None => 0,
-        }
+    /// Messages still unacknowledged that are worth waiting for at exit,
+    /// described for logs: heartbeats are not, nor messages to a peer that
+    /// never acknowledged anything (a C++ node without `PS_RESEND`).
+    pub fn unacknowledged_at_exit(&self) -> Vec<String> {
+        let Some(r) = &self.resender else {
+            return Vec::new();
+        };
+        r.unacknowledged_to(|id| self.acked_by.contains(&id))
+            .into_iter()
+            .filter(|m| m.meta.control.cmd != Command::Heartbeat)
+            .map(crate::describe)
+            .collect()
     }
 
     /// Ids of nodes silent for longer than `timeout` (ps-lite's
@@ -390,6 +410,9 @@ impl Core {
 
     /// When [`Core::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.finishing {
+            return self.resender.as_ref().and_then(Resender::poll_timeout);
+        }
         [
             self.member.poll_timeout(),
             self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
@@ -402,14 +425,16 @@ impl Core {
 
     /// Clock-driven work at `now`: deadlines, heartbeats, resends.
     pub fn tick(&mut self, now: Instant) {
-        let actions = self.member.tick(now);
-        if self.member.timed_out().is_some() && !self.member.is_joined() {
-            self.changed = true;
-        }
-        self.apply_member(actions, now);
-        if let Some(s) = &mut self.scheduler {
-            let actions = s.tick(now);
-            self.apply_scheduler(actions, now);
+        if !self.finishing {
+            let actions = self.member.tick(now);
+            if self.member.timed_out().is_some() && !self.member.is_joined() {
+                self.changed = true;
+            }
+            self.apply_member(actions, now);
+            if let Some(s) = &mut self.scheduler {
+                let actions = s.tick(now);
+                self.apply_scheduler(actions, now);
+            }
         }
         let Some(r) = &mut self.resender else {
             return;
@@ -469,6 +494,13 @@ impl Core {
             return;
         }
         let mut ack = None;
+        if self.scheduler.is_some() && sender != K_EMPTY {
+            // Anything from a node proves it has its table (a C++ node cannot
+            // acknowledge the table: it has no id when it arrives).
+            if let Some(r) = &mut self.resender {
+                r.settle(|m| m.meta.recver == sender && m.meta.control.cmd == Command::AddNode);
+            }
+        }
         if self.resender.is_some() {
             if msg.meta.control.cmd == Command::AddNode
                 && sender == SCHEDULER
@@ -531,9 +563,11 @@ impl Core {
             }
             Command::Barrier => {
                 self.member.on_barrier_release(&msg);
+                self.settle_with_scheduler(Command::Barrier, &msg);
                 self.changed = true;
             }
             Command::Heartbeat => {
+                self.settle_with_scheduler(Command::Heartbeat, &msg);
                 if msg.meta.sender == SCHEDULER && self.member.is_joined() {
                     self.member
                         .on_scheduler_heartbeat(&msg.meta.control.dead_nodes, now);
@@ -544,6 +578,27 @@ impl Core {
                 "dropping STATUS from node {}: only the scheduler answers it",
                 msg.meta.sender
             ),
+        }
+    }
+
+    /// The scheduler's answer settles this node's requests of the same kind:
+    /// a released barrier proves its requests arrived, a heartbeat answer
+    /// makes older heartbeats moot (a C++ scheduler may never acknowledge
+    /// them, and they must not be resent or waited for at exit).
+    fn settle_with_scheduler(&mut self, cmd: Command, answer: &Message) {
+        if answer.meta.sender != SCHEDULER || answer.meta.request {
+            return;
+        }
+        // A C++ scheduler's barrier replies carry no real group: they
+        // settle every barrier request.
+        let group = answer.meta.control.barrier_group;
+        let any_group = cmd != Command::Barrier || !ids::is_role_group(group);
+        if let Some(r) = &mut self.resender {
+            r.settle(|m| {
+                m.meta.recver == SCHEDULER
+                    && m.meta.control.cmd == cmd
+                    && (any_group || m.meta.control.barrier_group == group)
+            });
         }
     }
 

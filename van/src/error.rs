@@ -142,16 +142,23 @@ impl fmt::Display for StartTimeout {
                 self.scheduler, self.advertised, self.num_servers, self.num_workers
             )?,
         }
-        if !self.identity_conflicts.is_empty() {
-            write!(
-                f,
-                "; messages came from identities {:?} before they were assigned: another \
-                 process may hold the same identity (a possible identity conflict)",
-                self.identity_conflicts
-            )?;
-        }
-        Ok(())
+        f.write_str(&identity_hint(&self.identity_conflicts))
     }
+}
+
+/// The hint added to a timeout when identities were heard from before they
+/// were assigned (empty if none were).
+pub fn identity_hint(ids: &[NodeId]) -> String {
+    if ids.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<String> = ids.iter().map(|id| format!("ps{id}")).collect();
+    format!(
+        "; messages came from identities {} before they were assigned: another process may \
+         hold the same identity, and ZeroMQ refuses a second connection with it (a possible \
+         identity conflict)",
+        ids.join(", ")
+    )
 }
 
 /// An error of the Van. Every variant says what failed and, where there is
@@ -198,12 +205,18 @@ pub enum VanError {
     #[error("{0}")]
     StartTimeout(StartTimeout),
     /// A barrier was not released before its deadline.
-    #[error("barrier over group {group} was not released within {secs} s")]
+    #[error(
+        "barrier over group {group} was not released within {secs} s{}",
+        identity_hint(.identity_conflicts)
+    )]
     BarrierTimeout {
         /// The barrier's group.
         group: i32,
         /// How long we waited.
         secs: u64,
+        /// Identities heard from before they were assigned (a possible
+        /// identity conflict; see [`StartTimeout::identity_conflicts`]).
+        identity_conflicts: Vec<NodeId>,
     },
     /// A barrier names a group this node is not part of, or no group at all.
     #[error(

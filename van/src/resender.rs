@@ -274,13 +274,24 @@ impl Resender {
     }
 
     /// Messages waiting for an ACK from a receiver that `counts`.
-    pub fn unacknowledged_to(&self, counts: impl Fn(NodeId) -> bool) -> usize {
+    pub fn unacknowledged_to(&self, counts: impl Fn(NodeId) -> bool) -> Vec<&Message> {
         self.pending
             .iter()
             .filter(|((recver, _), _)| counts(*recver))
             .flat_map(|(_, q)| q.iter())
             .filter(|p| !p.acked)
-            .count()
+            .map(|p| &p.msg)
+            .collect()
+    }
+
+    /// Forgets the messages for which `settled` holds: their effect is
+    /// known (a barrier released proves its requests arrived, even from a
+    /// peer that does not acknowledge them).
+    pub fn settle(&mut self, settled: impl Fn(&Message) -> bool) {
+        for queue in self.pending.values_mut() {
+            queue.retain(|p| !settled(&p.msg));
+        }
+        self.pending.retain(|_, q| !q.is_empty());
     }
 
     /// Drops every message waiting for `id` (it is dead for good): the

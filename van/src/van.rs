@@ -246,6 +246,7 @@ impl Van {
                         break Err(VanError::BarrierTimeout {
                             group,
                             secs: timeout.unwrap_or_default().as_secs(),
+                            identity_conflicts: locked.core.identity_conflicts(),
                         });
                     }
                     wait_timeout(&shared.changed, locked, deadline - now)
@@ -303,6 +304,7 @@ impl Van {
             return;
         };
         let shared = &self.shared;
+        let _ = shared.with_core(|core, _| core.finish());
         shared.flush_resends();
         shared.stopping.store(true, Ordering::SeqCst);
         shared.wake();
@@ -562,14 +564,19 @@ impl Shared {
         };
         let deadline = Instant::now() + (timeout * 15).min(Duration::from_secs(30));
         let mut locked = lock(&self.locked);
+        let mut logged = false;
         while locked.core.failure().is_none() {
             let left = locked.core.unacknowledged_at_exit();
-            if left == 0 {
+            if left.is_empty() {
                 return;
+            }
+            if !logged {
+                debug!("stopping once these are acknowledged: {}", left.join("; "));
+                logged = true;
             }
             let now = Instant::now();
             if now >= deadline {
-                debug!("stopping with {left} messages unacknowledged");
+                debug!("stopping with {} messages unacknowledged", left.len());
                 return;
             }
             locked = wait_timeout(&self.changed, locked, deadline - now);

@@ -84,6 +84,30 @@ fn a_node_waiting_to_join_says_so_every_ten_seconds_then_times_out() {
 }
 
 #[test]
+fn a_start_timeout_names_identities_heard_before_they_were_assigned() {
+    let cfg = VanConfig {
+        start_timeout: SECOND * 5,
+        ..VanConfig::default()
+    };
+    let mut net = Network::cluster(1, 1, cfg, 20);
+    net.kill(2);
+    net.register_all();
+    // A squatter holding ps8 on the scheduler's port says something.
+    let mut hello = Message::control(Command::Heartbeat, SCHEDULER);
+    hello.meta.sender = 8;
+    let now = net.now;
+    net.nodes[0].core.handle(hello, now);
+    net.run_for(SECOND * 6);
+    match net.nodes[0].core.join_status() {
+        Some(Err(crate::VanError::StartTimeout(t))) => {
+            assert_eq!(t.identity_conflicts, vec![8]);
+            assert!(t.to_string().contains("possible identity conflict"), "{t}");
+        }
+        other => panic!("expected a start timeout, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_scheduler_times_out_naming_the_missing_nodes() {
     let cfg = VanConfig {
         start_timeout: SECOND * 5,
@@ -383,7 +407,12 @@ fn the_table_is_acknowledged_on_first_receipt_so_nothing_is_left_to_resend() {
     assert!(net.run_until(SECOND, |n| all_released(n, &waiters)));
     net.run_for(Duration::from_millis(50));
     for n in &net.nodes {
-        assert_eq!(n.core.unacknowledged_at_exit(), 0, "{}", n.core.me());
+        assert_eq!(
+            n.core.unacknowledged_at_exit(),
+            Vec::<String>::new(),
+            "{}",
+            n.core.me()
+        );
     }
 }
 
@@ -403,7 +432,7 @@ fn peers_that_never_acknowledge_are_not_waited_for_at_exit() {
     let waiters = enter(&mut net, ALL_GROUP);
     assert!(net.run_until(SECOND, |n| all_released(n, &waiters)));
     let core = &net.nodes[worker].core;
-    assert_eq!(core.unacknowledged_at_exit(), 0);
+    assert!(core.unacknowledged_at_exit().is_empty());
 }
 
 #[test]
