@@ -362,7 +362,7 @@ fn strangers_cannot_pin_memory() {
 }
 
 #[test]
-fn a_squatted_identity_fails_the_start_naming_a_possible_identity_conflict() {
+fn a_squatted_identity_is_taken_over_or_named_as_a_possible_identity_conflict() {
     let port = free_port();
     let start_timeout = [("PS_START_TIMEOUT", "5".to_string())];
     let scheduler = spawn(node_command(
@@ -389,17 +389,27 @@ fn a_squatted_identity_fails_the_start_naming_a_possible_identity_conflict() {
         .collect();
     let started = Instant::now();
     let bound = Duration::from_secs(20);
+    // The ROUTER hands a squatted identity over to the node that connects
+    // with it later (ROUTER_HANDOVER), so the real server usually wins and
+    // the job finishes exact (kv_app checks its sums); if the squatter keeps
+    // the identity, every node fails promptly naming the conflict. Never a
+    // hang, never a mix.
     let run = scheduler.wait(bound + Duration::from_secs(10));
-    assert_eq!(run.code(), Some(1), "{}", run.output());
-    assert!(
-        run.stderr.contains("ps8") && run.stderr.contains("possible identity conflict"),
-        "{}",
-        run.output()
-    );
+    assert!(!run.timed_out, "the scheduler hung:\n{}", run.output());
+    let formed = run.code() == Some(0);
+    if !formed {
+        assert_eq!(run.code(), Some(1), "{}", run.output());
+        assert!(
+            run.stderr.contains("ps8") && run.stderr.contains("possible identity conflict"),
+            "{}",
+            run.output()
+        );
+    }
     for node in others {
         let run = node.wait(bound + Duration::from_secs(10));
         assert!(!run.timed_out, "a node hung:\n{}", run.output());
-        assert_eq!(run.code(), Some(1), "{}", run.output());
+        let expected = if formed { 0 } else { 1 };
+        assert_eq!(run.code(), Some(expected), "{}", run.output());
     }
     assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
     drop(squatter);
