@@ -107,7 +107,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     pub timeout: f64,
     /// The scheduler's port [default: a free one]; `pslite status --port PORT`
-    /// then shows the running job (add PS_HEARTBEAT_INTERVAL=1 for counters).
+    /// then shows the running job (nodes report counters with their heartbeats, every second by default).
     #[arg(long)]
     pub port: Option<u16>,
     /// Write the held-out loss and accuracy per epoch as an SVG chart.

@@ -141,7 +141,7 @@ enum Commands {
     ///
     /// Asks the scheduler at --host/--port (default DMLC_PS_ROOT_URI and
     /// DMLC_PS_ROOT_PORT); it must be a pslite scheduler. Nodes send their
-    /// counters with their heartbeats: set PS_HEARTBEAT_INTERVAL for them.
+    /// counters with their heartbeats (every second by default, PS_HEARTBEAT_INTERVAL).
     Status(status::StatusArgs),
 }
 

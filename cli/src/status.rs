@@ -169,7 +169,7 @@ pub fn render(scheduler: &str, rows: &[NodeStatus], stale: Duration, json: bool)
         let Some(c) = &r.counters else {
             let _ = writeln!(
                 out,
-                "{:>4}  (none yet: nodes send counters with heartbeats, PS_HEARTBEAT_INTERVAL)",
+                "{:>4}  (none yet: nodes send counters with their heartbeats, PS_HEARTBEAT_INTERVAL)",
                 id(r.node.id)
             );
             continue;
