@@ -54,17 +54,18 @@
 //! (ZeroMQ transport, scheduler state machine), `pslite-postoffice`
 //! (configuration, node life cycle, barriers, routing to customers).
 
-pub mod customer;
+mod customer;
 mod error;
-pub mod kv_pairs;
-pub mod kv_server;
-pub mod kv_worker;
+mod kv_pairs;
+mod kv_server;
+mod kv_worker;
 mod logging;
-pub mod sarray;
-pub mod simple_app;
+mod sarray;
+mod simple_app;
 
 use std::process::ExitCode;
 
+pub use customer::{Customer, Handler, Tracker};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer};
