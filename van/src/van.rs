@@ -586,6 +586,21 @@ impl Shared {
     /// Opens (or replaces) the DEALER to `node`, identified as `ps<identity>`
     /// (anonymous for [`K_EMPTY`]).
     fn connect(&self, node: &Node, identity: NodeId) -> Result<(), VanError> {
+        let endpoint = self
+            .config
+            .transport
+            .connect_endpoint(&node.hostname, node.port);
+        let socket = self.open_dealer(identity, &endpoint)?;
+        // ZeroMQ connects in the background: "connected" is logged when the
+        // first message from the node arrives.
+        debug!("connecting to node {} at {endpoint}", node.id);
+        lock(&self.senders).insert(node.id, Arc::new(Mutex::new(socket)));
+        Ok(())
+    }
+
+    /// A DEALER connected to `endpoint` as `ps<identity>` (anonymous for
+    /// [`K_EMPTY`]), with this node's linger, high-water mark and token.
+    fn open_dealer(&self, identity: NodeId, endpoint: &str) -> Result<zmq::Socket, VanError> {
         let socket = self
             .ctx
             .socket(zmq::DEALER)
@@ -604,23 +619,15 @@ impl Shared {
                 .set_sndhwm(hwm)
                 .map_err(zmq_err("setting the send high-water mark"))?;
         }
-        let endpoint = self
-            .config
-            .transport
-            .connect_endpoint(&node.hostname, node.port);
         if endpoint.starts_with("tcp://[") {
             socket
                 .set_ipv6(true)
                 .map_err(zmq_err("enabling IPv6 on a DEALER"))?;
         }
         socket
-            .connect(&endpoint)
+            .connect(endpoint)
             .map_err(zmq_err(format!("connecting to {endpoint}")))?;
-        // ZeroMQ connects in the background: "connected" is logged when the
-        // first message from the node arrives.
-        debug!("connecting to node {} at {endpoint}", node.id);
-        lock(&self.senders).insert(node.id, Arc::new(Mutex::new(socket)));
-        Ok(())
+        Ok(socket)
     }
 
     fn send(&self, msg: Message) -> Result<usize, VanError> {
@@ -654,21 +661,8 @@ impl Shared {
     /// DEALER of its own, closed at once (it lingers until the message is
     /// out). Admin clients listen on TCP, whatever the cluster uses.
     fn answer(&self, to: &Node, msg: &Message) -> Result<(), VanError> {
-        let mut socket = self
-            .ctx
-            .socket(zmq::DEALER)
-            .map_err(zmq_err("creating a DEALER"))?;
-        socket
-            .set_identity(transport::identity(SCHEDULER).as_bytes())
-            .map_err(zmq_err("setting the identity"))?;
-        socket
-            .set_linger(LINGER_MS)
-            .map_err(zmq_err("setting LINGER"))?;
-        crate::auth::secure_dealer(&socket, self.config.auth_token.as_ref())?;
         let endpoint = Transport::Tcp.connect_endpoint(&to.hostname, to.port);
-        socket
-            .connect(&endpoint)
-            .map_err(zmq_err(format!("connecting to {endpoint}")))?;
+        let mut socket = self.open_dealer(SCHEDULER, &endpoint)?;
         transport::send_message(&mut socket, &msg.meta.encode(), &msg.data)
             .map_err(zmq_err(format!("sending to {endpoint}")))?;
         Ok(())
