@@ -19,7 +19,8 @@
 //!   window of requests in flight.
 //! - `rtt`: the 1-key push round trip at 1+1 and 2+2, pslite and raw ZeroMQ
 //!   alternating, 3 times each (medians).
-//! - `startup`: launch to every node past the start barrier, 1+2+2 and 1+32+32.
+//! - `startup`: launch to every node past the start barrier, 1+2+2, 1+32+32
+//!   and 1+100+100.
 //!
 //! Run with `DMLC_ROLE` (as `pslite launch` does) it is one node of such a
 //! cluster; the worker prints `BENCH ...` lines for the driver.
@@ -471,7 +472,7 @@ fn driver(args: &Args) -> Result<(), Error> {
         println!("## Start-up: launch to every node past the start barrier\n");
         println!("| cluster | median of 5 launches (ms) | slowest launch (ms) |");
         println!("|---|---|---|");
-        for (s, w) in [(2, 2), (32, 32)] {
+        for (s, w) in [(2, 2), (32, 32), (100, 100)] {
             let mut samples = Vec::new();
             for _ in 0..5 {
                 let run = launch(s, w, "startup", args)?;
