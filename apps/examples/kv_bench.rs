@@ -8,7 +8,7 @@
 //! ```text
 //! cargo build --release --bins --examples
 //! target/release/examples/kv_bench                 # everything below
-//! target/release/examples/kv_bench --only cxx      # one part: cxx, sweep, startup
+//! target/release/examples/kv_bench --only cxx      # one part: cxx, sweep, rtt, startup
 //! ```
 //!
 //! - `cxx`: C++ ps-lite's benchmark workload: 10 M `u64` keys with `f32`
@@ -17,10 +17,21 @@
 //! - `sweep`: keys per request 1 .. 10 M, median round trip of a push and a
 //!   pull (µs) and GB/s (12 bytes per key), plus requests per second with a
 //!   window of requests in flight.
-//! - `startup`: launch to every node past the start barrier, 1+2+2 and 1+32+32.
+//! - `rtt`: the 1-key push round trip at 1+1 and 2+2, pslite and raw ZeroMQ
+//!   alternating, 3 times each (medians).
+//! - `startup`: launch to every node past the start barrier, 1+2+2, 1+32+32
+//!   and 1+100+100.
 //!
 //! Run with `DMLC_ROLE` (as `pslite launch` does) it is one node of such a
 //! cluster; the worker prints `BENCH ...` lines for the driver.
+//!
+//! The driver ends with machine-readable lines, one per cluster (raw is raw
+//! ZeroMQ over TCP loopback, the path C++ ps-lite takes):
+//!
+//! ```text
+//! RESULT cxx 1+1 push_ms=.. pull_ms=.. raw_push_ms=.. raw_pull_ms=..
+//! RESULT rtt 1+1 ours_us=.. raw_us=..
+//! ```
 
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -41,10 +52,10 @@ struct Args {
     /// Requests in flight for the pipelined measurement.
     #[arg(long, default_value_t = 64)]
     window: usize,
-    /// Run only one part: cxx, sweep, startup, raw.
+    /// Run only one part: cxx, sweep, rtt, startup, raw.
     #[arg(long)]
     only: Option<String>,
-    /// (node mode) what the worker measures: cxx, sweep, startup.
+    /// (node mode) what the worker measures: cxx, sweep, rtt, startup.
     #[arg(long, default_value = "cxx")]
     mode: String,
     /// Servers answer on the receive thread (KVServer::set_request_handle_inline)
@@ -89,6 +100,7 @@ fn node(args: &Args) -> Result<(), Error> {
         match args.mode.as_str() {
             "cxx" => cxx_workload(&kv, args)?,
             "sweep" => sweep(&kv, args)?,
+            "rtt" => sweep_size(&kv, 1, args)?,
             _ => {}
         }
     }
@@ -185,6 +197,14 @@ fn iterations(n: usize) -> usize {
 
 fn sweep(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
     for n in sweep_sizes(args.keys) {
+        sweep_size(kv, n, args)?;
+    }
+    Ok(())
+}
+
+/// One size of the sweep: prints a `BENCH sweep keys=<n>` line.
+fn sweep_size(kv: &KVWorker<f32>, n: usize, args: &Args) -> Result<(), Error> {
+    {
         let keys = spread_keys(n);
         let vals = SArray::from_vec(vec![1.0f32; n]);
         let iters = iterations(n);
@@ -332,6 +352,7 @@ fn driver(args: &Args) -> Result<(), Error> {
         std::env::var("GLIBC_TUNABLES").unwrap_or_default()
     );
     let mut raw = Raw::default();
+    let mut results = Vec::new();
     if want("cxx") {
         println!(
             "## C++ ps-lite's workload: {} keys, push then pull\n",
@@ -366,6 +387,10 @@ fn driver(args: &Args) -> Result<(), Error> {
                 raw_push / p,
                 raw_pull / q,
             );
+            results.push(format!(
+                "RESULT cxx {s}+{w} push_ms={p:.1} pull_ms={q:.1} raw_push_ms={raw_push:.1} \
+                 raw_pull_ms={raw_pull:.1}"
+            ));
         }
         println!();
     }
@@ -408,11 +433,46 @@ fn driver(args: &Args) -> Result<(), Error> {
             println!();
         }
     }
+    if want("rtt") {
+        println!("## 1-key push round trip (µs; pslite and raw ZeroMQ alternating, 3 runs each)\n");
+        println!(
+            "| cluster | pslite, runs | raw, runs | pslite median | raw median | raw / ours |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for (s, w) in [(1, 1), (2, 2)] {
+            let (mut ours, mut raws) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                let run = launch(s, w, "rtt", args)?;
+                let mut push: Vec<f64> = run
+                    .lines
+                    .iter()
+                    .filter(|l| l.starts_with("sweep"))
+                    .filter_map(|l| field(l, "push_us").and_then(|v| v.parse().ok()))
+                    .collect();
+                ours.push(median(&mut push));
+                raws.push(raw.round_trip_us(s, w, 1, 12, 16, iterations(1))?);
+            }
+            let show = |v: &[f64]| {
+                v.iter()
+                    .map(|x| format!("{x:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let (o_runs, r_runs) = (show(&ours), show(&raws));
+            let (o, r) = (median(&mut ours), median(&mut raws));
+            println!(
+                "| 1+{s}+{w} | {o_runs} | {r_runs} | {o:.1} | {r:.1} | {:.2} |",
+                r / o
+            );
+            results.push(format!("RESULT rtt {s}+{w} ours_us={o:.1} raw_us={r:.1}"));
+        }
+        println!();
+    }
     if want("startup") {
         println!("## Start-up: launch to every node past the start barrier\n");
         println!("| cluster | median of 5 launches (ms) | slowest launch (ms) |");
         println!("|---|---|---|");
-        for (s, w) in [(2, 2), (32, 32)] {
+        for (s, w) in [(2, 2), (32, 32), (100, 100)] {
             let mut samples = Vec::new();
             for _ in 0..5 {
                 let run = launch(s, w, "startup", args)?;
@@ -427,6 +487,12 @@ fn driver(args: &Args) -> Result<(), Error> {
             println!("| 1+{s}+{w} | {:.1} | {slowest:.1} |", median(&mut samples));
         }
         println!();
+    }
+    if !results.is_empty() {
+        println!(
+            "## Machine-readable\n\n```text\n{}\n```\n",
+            results.join("\n")
+        );
     }
     if only == Some("raw") {
         println!("## Raw ZeroMQ round trips (one pair)\n");

@@ -41,6 +41,28 @@ fn connection_8_servers_8_workers() {
     assert!(run.stdout.contains("(node 23)") && run.stdout.contains("(node 22)"));
 }
 
+/// A larger cluster forms, and a node opens connections only to the
+/// scheduler and itself until it sends to a peer (no 2 * 24 * 24 handshakes
+/// on the start path). The 1+100+100 figure is in docs/BENCHMARKS.md.
+#[test]
+fn connection_24_servers_24_workers_connects_on_demand() {
+    let run = Launch::example("connection", 24, 24)
+        .env("PS_VERBOSE", "1")
+        .timeout(Duration::from_secs(120))
+        .run();
+    run.assert_ok();
+    assert_eq!(count(&run.stdout, "finalized"), 49, "{}", run.output());
+    for node in ["[server 3]", "[worker 17]"] {
+        let connects = run
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with(node) && l.contains("connecting to node"))
+            .count();
+        // The scheduler (first contact, then as ps<id>) and itself.
+        assert_eq!(connects, 3, "{node} connected to:\n{}", run.output());
+    }
+}
+
 #[test]
 fn barriers_over_every_group() {
     let run = Launch::example("barriers", 2, 2)

@@ -54,6 +54,8 @@ pub trait Dispatch: Send + Sync + 'static {
 
 /// How long DEALERs keep unsent messages when closed.
 const LINGER_MS: i32 = 1000;
+/// Pending connections a ROUTER accepts before the kernel drops SYNs.
+const LISTEN_BACKLOG: i32 = 4096;
 
 /// The identity of the in-process socket that wakes the receive thread.
 const WAKE_IDENTITY: &[u8] = b"pslite-wake";
@@ -332,6 +334,13 @@ fn bind_router(router: &zmq::Socket, config: &VanConfig) -> Result<i32, VanError
         (&config.host, config.port)
     };
     let port = port.filter(|&p| p != 0);
+    // ZeroMQ listens with a backlog of 100: when a few hundred nodes connect
+    // at once (registration, then reconnecting as `ps<id>`), the kernel drops
+    // the SYNs beyond it and the peers retry only after TCP's 1 s timeout.
+    // The kernel caps this at net.core.somaxconn.
+    router
+        .set_backlog(LISTEN_BACKLOG)
+        .map_err(zmq_err("setting the listen backlog"))?;
     if let Some(max) = config.max_message_size {
         router
             .set_maxmsgsize(max)
