@@ -51,6 +51,7 @@ mod member;
 pub mod resender;
 pub mod resolve;
 pub mod scheduler;
+pub mod store;
 pub mod transport;
 mod van;
 
