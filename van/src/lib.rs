@@ -7,6 +7,8 @@
 //!   waits, heartbeats, scheduler loss ([`Member`]).
 //! - `resender.rs`: acknowledgements and resends under `PS_RESEND=1`
 //!   ([`Resender`]).
+//! - `store.rs`: the key-value store the scheduler hosts ([`store::StoreHost`])
+//!   and the node side of it ([`store::StoreClient`]).
 //! - `core.rs`: the three composed behind one interface ([`Core`]); it
 //!   decides what to accept, hold back, send, deliver or give up.
 //!
