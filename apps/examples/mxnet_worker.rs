@@ -213,6 +213,36 @@ impl Store<'_> {
     }
 }
 
+/// pslite's key-value store beside MXNet nodes (`MX_NODE_STORE`): with `1`
+/// (a pslite scheduler) an `add` must work; with `0` (a C++ scheduler) the
+/// store must refuse at once without sending anything; unset: not tried.
+fn check_store(po: &Postoffice, who: &str) -> Result<(), Error> {
+    let expect = match std::env::var("MX_NODE_STORE").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => return Ok(()),
+    };
+    let store = po.store()?.with_timeout(Duration::from_secs(20));
+    match (expect, store.add("interop/workers", 1)) {
+        (true, Ok(n)) if n >= 1 => println!("PASS [{who}] store add on the pslite scheduler: {n}"),
+        (false, Err(pslite::StoreError::Van(pslite_van_error)))
+            if pslite_van_error
+                .to_string()
+                .contains("needs a pslite scheduler") =>
+        {
+            println!("PASS [{who}] store refused by a C++ scheduler: {pslite_van_error}")
+        }
+        (_, other) => {
+            println!(
+                "FAIL [{who}] store (MX_NODE_STORE={}): {other:?}",
+                expect as u8
+            );
+            return Err(Error::App(format!("store check failed: {other:?}")));
+        }
+    }
+    Ok(())
+}
+
 fn run() -> Result<(), Error> {
     let rounds: usize = env_or("MX_NODE_ROUNDS", 2, "a whole number")?;
     let big: usize = env_or("MX_NODE_BIG", 1_200_000, "a whole number")?;
@@ -242,6 +272,8 @@ fn run() -> Result<(), Error> {
         let ts = kv.request(head, b"", SERVER_GROUP)?;
         kv.wait_timeout(ts, REQUEST_TIMEOUT)
     };
+
+    check_store(&po, &who)?;
 
     // kvstore.cc: rank 0 of a dist_sync store puts the servers in sync mode.
     if rank == 0 {

@@ -188,7 +188,7 @@ fn on_response(tracker: &Tracker, handler: &dyn Handler, msg: Message, me: NodeI
     if let Some(message) = msg.meta.handler_panic.clone() {
         let failure = Failure::HandlerPanicked {
             node: sender,
-            message,
+            message: message.into(),
         };
         fail_request(tracker, handler, ts, failure);
         return;

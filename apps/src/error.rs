@@ -102,3 +102,9 @@ impl Error {
         }
     }
 }
+
+impl From<pslite_postoffice::StoreError> for Error {
+    fn from(e: pslite_postoffice::StoreError) -> Error {
+        Error::Postoffice(e.into())
+    }
+}

@@ -107,7 +107,7 @@ pub(crate) fn contain_panic(
         warn!("node {requester} is not a pslite node: it cannot be told that its request failed");
         return;
     }
-    msg.meta.handler_panic = Some(message);
+    msg.meta.handler_panic = Some(message.into());
     if let Err(e) = po.send(msg) {
         warn!("cannot tell node {requester} that its request failed: {e}");
     }

@@ -9,6 +9,7 @@ mod demo;
 mod exec;
 mod launcher;
 mod status;
+mod store;
 mod supervisor;
 
 use launcher::{launch, LaunchOptions, Outcome};
@@ -143,6 +144,14 @@ enum Commands {
     /// DMLC_PS_ROOT_PORT); it must be a pslite scheduler. Nodes send their
     /// counters with their heartbeats (every second by default, PS_HEARTBEAT_INTERVAL).
     Status(status::StatusArgs),
+    /// Read or change a running cluster's key-value store (hosted by its
+    /// scheduler): get (waits until the key is set), set, add, wait, keys,
+    /// delete.
+    ///
+    /// Asks the scheduler at --host/--port (default DMLC_PS_ROOT_URI and
+    /// DMLC_PS_ROOT_PORT); it must be a pslite scheduler. Exits 1 if the
+    /// keys are not set before --timeout, or the scheduler does not answer.
+    Store(store::StoreArgs),
 }
 
 fn main() -> ExitCode {
@@ -217,6 +226,7 @@ fn main() -> ExitCode {
             program,
         } => exec::run(&exec::ExecOptions { servers, port }, dry_run, &program),
         Commands::Status(args) => status::main(&args),
+        Commands::Store(args) => store::main(&args),
     }
 }
 

@@ -50,27 +50,36 @@ fn seconds(s: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("expected a positive number of seconds, got {s:?}"))
 }
 
-/// Runs `pslite status`.
-pub fn main(args: &StatusArgs) -> ExitCode {
-    let host = args
-        .host
-        .clone()
+/// An admin client of the scheduler at `host`/`port` (defaults:
+/// DMLC_PS_ROOT_URI, else 127.0.0.1, and DMLC_PS_ROOT_PORT; over IPC for a
+/// `DMLC_LOCAL=1` cluster), and the scheduler's address for messages. On a
+/// bad setting, says so as `pslite <command>` and gives the exit code.
+pub fn connect(
+    command: &str,
+    host: Option<&str>,
+    port: Option<u16>,
+    reply_host: Option<&str>,
+) -> Result<(AdminClient, String), ExitCode> {
+    let host = host
+        .map(str::to_string)
         .or_else(|| std::env::var("DMLC_PS_ROOT_URI").ok())
         .unwrap_or_else(|| "127.0.0.1".into());
-    let port = match args.port {
+    let port = match port {
         Some(p) => p,
         None => match std::env::var("DMLC_PS_ROOT_PORT").map(|v| v.trim().parse::<u16>()) {
             Ok(Ok(p)) if p > 0 => p,
             Ok(_) => {
-                eprintln!("pslite status: DMLC_PS_ROOT_PORT must be a port number; or pass --port");
-                return ExitCode::from(2);
+                eprintln!(
+                    "pslite {command}: DMLC_PS_ROOT_PORT must be a port number; or pass --port"
+                );
+                return Err(ExitCode::from(2));
             }
             Err(_) => {
                 eprintln!(
-                    "pslite status: which scheduler? pass --port (and --host), or set \
+                    "pslite {command}: which scheduler? pass --port (and --host), or set \
                      DMLC_PS_ROOT_PORT (and DMLC_PS_ROOT_URI)"
                 );
-                return ExitCode::from(2);
+                return Err(ExitCode::from(2));
             }
         },
     };
@@ -79,17 +88,28 @@ pub fn main(args: &StatusArgs) -> ExitCode {
         Some("1") | Some("true") => Transport::Ipc,
         _ => Transport::Tcp,
     };
-    let reply_host = args.reply_host.as_deref();
-    let mut client = match AdminClient::connect_via(transport, &host, port as i32, reply_host) {
-        Ok(c) => c,
+    match AdminClient::connect_via(transport, &host, port as i32, reply_host) {
+        Ok(c) => Ok((c, format!("{host}:{port}"))),
         Err(e) => {
-            eprintln!("pslite status: {e}");
-            return ExitCode::from(2);
+            eprintln!("pslite {command}: {e}");
+            Err(ExitCode::from(2))
         }
+    }
+}
+
+/// Runs `pslite status`.
+pub fn main(args: &StatusArgs) -> ExitCode {
+    let (mut client, scheduler) = match connect(
+        "status",
+        args.host.as_deref(),
+        args.port,
+        args.reply_host.as_deref(),
+    ) {
+        Ok(c) => c,
+        Err(code) => return code,
     };
     let timeout = Duration::from_secs_f64(args.timeout);
     let stale = Duration::from_secs_f64(args.stale);
-    let scheduler = format!("{host}:{port}");
     let Some(interval) = args.watch else {
         return match client.status(timeout) {
             Ok(rows) => {

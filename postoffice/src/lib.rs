@@ -18,8 +18,10 @@ mod config;
 pub mod metrics;
 mod postoffice;
 mod router;
+pub mod store;
 
 pub use config::{Config, ConfigError, DEFAULT_QUEUE_LIMIT};
 pub use postoffice::{key_ranges, Error, KeyRange, Postoffice};
 pub use pslite_van::Counters;
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};
+pub use store::{Store, StoreError, StoreEvent, Watch};

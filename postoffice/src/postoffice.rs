@@ -61,6 +61,9 @@ pub enum Error {
         /// Its customer id.
         customer_id: i32,
     },
+    /// A key-value store call failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     /// Used before `start`.
     #[error("the postoffice has not started: call start() first")]
     NotStarted,
@@ -309,7 +312,13 @@ impl Postoffice {
         Ok(self.van()?.send(msg)?)
     }
 
-    /// The running Van.
+    /// A handle on the job's key-value store, hosted by the scheduler
+    /// (after `start`; see [`crate::store`]).
+    pub fn store(&self) -> Result<crate::store::Store, Error> {
+        Ok(crate::store::Store::new(self.van()?))
+    }
+
+    /// The Van (after `start`).
     pub fn van(&self) -> Result<Arc<Van>, Error> {
         lock(&self.inner.van).clone().ok_or(Error::NotStarted)
     }

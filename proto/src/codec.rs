@@ -14,6 +14,7 @@ use prost::Message as _;
 use crate::ids::K_EMPTY;
 use crate::pb::{PbControl, PbMeta, PbNode};
 use crate::stats::{NodeCounters, NodeStatus};
+use crate::store::StoreMsg;
 use crate::{Command, Control, DataType, Meta, Node, Role};
 
 /// Why a meta frame could not be decoded.
@@ -25,12 +26,15 @@ pub enum DecodeError {
     /// `PBNode.role` is not 0, 1 or 2.
     #[error("meta frame names unknown role {0} (expected 0 server, 1 worker, 2 scheduler)")]
     UnknownRole(i32),
-    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100).
-    #[error("meta frame names unknown control command {0} (expected 0..=5 or 100)")]
+    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100, 101).
+    #[error("meta frame names unknown control command {0} (expected 0..=5, 100 or 101)")]
     UnknownCommand(i32),
     /// A `data_type` entry is not 0..=11.
     #[error("meta frame names unknown data type {0} (expected 0..=11)")]
     UnknownDataType(i32),
+    /// A pslite-only store message names an unknown op or status.
+    #[error("meta frame carries a store message with an unknown op or status")]
+    UnknownStoreOp,
 }
 
 impl Meta {
@@ -68,7 +72,8 @@ impl Meta {
             priority: Some(self.priority),
             counters: self.counters.as_deref().map(NodeCounters::to_pb),
             status: self.status.iter().map(NodeStatus::to_pb).collect(),
-            handler_panic: self.handler_panic.clone(),
+            handler_panic: self.handler_panic.as_deref().map(str::to_string),
+            store: self.store.as_deref().map(StoreMsg::to_pb),
         }
     }
 
@@ -102,7 +107,13 @@ impl Meta {
                 .into_iter()
                 .map(NodeStatus::from_pb)
                 .collect::<Result<_, _>>()?,
-            handler_panic: pb.handler_panic,
+            handler_panic: pb.handler_panic.map(String::into_boxed_str),
+            store: match pb.store {
+                Some(s) => Some(Box::new(
+                    StoreMsg::from_pb(s).ok_or(DecodeError::UnknownStoreOp)?,
+                )),
+                None => None,
+            },
             sender: K_EMPTY,
             recver: K_EMPTY,
         })

@@ -30,6 +30,7 @@ mod message;
 mod meta;
 mod node;
 pub mod stats;
+pub mod store;
 
 /// The prost structs generated from `proto/meta.proto`. Prefer [`Meta`]; these
 /// exist for code that needs the raw protobuf view (fuzzers, captures).

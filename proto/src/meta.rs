@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use crate::ids::{NodeId, K_EMPTY};
 use crate::stats::{NodeCounters, NodeStatus};
+use crate::store::StoreMsg;
 use crate::Node;
 
 /// The control command of a message; [`Command::Empty`] marks a data message.
@@ -26,6 +27,10 @@ pub enum Command {
     /// and every node's counters (request), and gets them (response, in
     /// [`Meta::status`]). Never sent to a peer not known to be pslite.
     Status = 100,
+    /// pslite-only: a request to the key-value store the scheduler hosts,
+    /// its answer, or a watch event (in [`Meta::store`]). Never sent to a
+    /// peer not known to be pslite.
+    Store = 101,
 }
 
 impl Command {
@@ -39,6 +44,7 @@ impl Command {
             4 => Command::Ack,
             5 => Command::Heartbeat,
             100 => Command::Status,
+            101 => Command::Store,
             _ => return None,
         })
     }
@@ -176,7 +182,10 @@ pub struct Meta {
     pub status: Vec<NodeStatus>,
     /// pslite-only (field 102): on a response, the request failed because
     /// the responder's handler panicked, with this message.
-    pub handler_panic: Option<String>,
+    pub handler_panic: Option<Box<str>>,
+    /// pslite-only (field 103): on a STORE message, the store request, its
+    /// answer or a watch event.
+    pub store: Option<Box<StoreMsg>>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -201,6 +210,7 @@ impl Default for Meta {
             counters: None,
             status: Vec::new(),
             handler_panic: None,
+            store: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

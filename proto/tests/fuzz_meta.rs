@@ -98,6 +98,7 @@ prop_compose! {
             counters: None,
             status: Vec::new(),
             handler_panic: None,
+            store: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

@@ -19,6 +19,8 @@
 #                     (array split over both servers, sums merged across implementations)
 #   5 mixed-servers   pslite scheduler + 1 mxnet_server + 1 MXNet server + 1 MXNet worker
 #                     + 1 mxnet_worker
+# The Rust workers of jobs 2 and 4 check that pslite's key-value store refuses a C++ scheduler at
+# once, and that of job 5 uses it (MX_NODE_STORE) beside MXNet nodes.
 # A job passes if every node exits 0, every worker passes all its value checks, and no Rust node
 # (scheduler, worker, server) logs a WARN or ERROR line (PS_VERBOSE=1 for every node).
 # Prints one line per job, `PASS <job>` or `FAIL <job> (<reason>)`; exits 1 if any job failed,
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     --jobs) jobs_arg="${2:?--jobs needs a list}"; shift 2 ;;
     --repeat) repeat="${2:?--repeat needs a number}"; shift 2 ;;
     --keep-logs) keep="${2:?--keep-logs needs a directory}"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -112,13 +114,13 @@ want() {  # number, name
 for round in $(seq 1 "$repeat"); do
   want 1 rust-scheduler && run_job rust-scheduler "scheduler" \
     --servers 1 --workers 2 --scheduler "$sched scheduler"
-  want 2 rust-worker && run_job rust-worker "worker0" \
+  want 2 rust-worker && MX_NODE_STORE=0 run_job rust-worker "worker0" \
     --servers 1 --workers 1 --worker "$rworker"
   want 3 rust-server && run_job rust-server "scheduler server0" \
     --servers 1 --workers 2 --scheduler "$sched scheduler" --server "$rserver"
-  want 4 mixed-workers && run_job mixed-workers "worker0" \
+  want 4 mixed-workers && MX_NODE_STORE=0 run_job mixed-workers "worker0" \
     --servers 2 --workers 2 --worker "$rworker" --worker mx
-  want 5 mixed-servers && run_job mixed-servers "scheduler server0 worker1" \
+  want 5 mixed-servers && MX_NODE_STORE=1 run_job mixed-servers "scheduler server0 worker1" \
     --servers 2 --workers 2 --scheduler "$sched scheduler" --server "$rserver" --server mx \
     --worker mx --worker "$rworker"
 done

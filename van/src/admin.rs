@@ -155,6 +155,10 @@ impl AdminClient {
         // A fresh timestamp pairs the answer with this request (and keeps a
         // resending scheduler from taking it for a duplicate of the last one).
         msg.meta.timestamp = rand::random_range(0..i32::MAX);
+        if let Some(store) = &mut msg.meta.store {
+            // The scheduler answers store requests with their id as timestamp.
+            store.id = msg.meta.timestamp as u64;
+        }
         msg.meta.control.node = vec![self.me.clone()];
         transport::send_message(&mut self.dealer, &msg.meta.encode(), &msg.data)
             .map_err(zmq_err(format!("sending to {}", self.scheduler)))?;
@@ -202,6 +206,26 @@ impl AdminClient {
     pub fn status(&mut self, timeout: Duration) -> Result<Vec<NodeStatus>, AdminError> {
         let answer = self.request(Message::control(Command::Status, SCHEDULER), timeout)?;
         Ok(answer.meta.status)
+    }
+}
+
+impl AdminClient {
+    /// Sends the scheduler store request `req` and waits up to `timeout`
+    /// for its answer (a GET or WAIT waits on the scheduler for
+    /// `req.timeout`: give `timeout` more than that).
+    pub fn store(
+        &mut self,
+        req: pslite_proto::store::StoreMsg,
+        timeout: Duration,
+    ) -> Result<pslite_proto::store::StoreMsg, AdminError> {
+        let mut msg = Message::control(Command::Store, SCHEDULER);
+        msg.meta.store = Some(Box::new(req));
+        let answer = self.request(msg, timeout)?;
+        answer.meta.store.map(|s| *s).ok_or(AdminError::NoAnswer {
+            scheduler: self.scheduler.clone(),
+            reply_to: self.reply_address(),
+            timeout,
+        })
     }
 }
 

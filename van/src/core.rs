@@ -28,6 +28,8 @@ use crate::error::{Failure, StartTimeout, VanError};
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
+use crate::store::{Requester, StoreClient, StoreHost, StoreLimits, StoreReply};
+use pslite_proto::store::{StoreMsg, StoreOp};
 
 /// Something the driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,6 +101,10 @@ pub struct Core {
     finishing: bool,
     changed: bool,
     out: Vec<Output>,
+    /// On the scheduler: the key-value store it hosts.
+    store_host: Option<StoreHost>,
+    /// This node's store requests and watches.
+    store_client: StoreClient,
 }
 
 /// Why a data message with inconsistent frames is dropped.
@@ -176,6 +182,8 @@ impl Core {
             finishing: false,
             changed: false,
             out: Vec::new(),
+            store_host: is_scheduler.then(|| StoreHost::new(StoreLimits::default())),
+            store_client: StoreClient::default(),
         };
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
@@ -417,6 +425,7 @@ impl Core {
             self.member.poll_timeout(),
             self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
             self.resender.as_ref().and_then(Resender::poll_timeout),
+            self.store_host.as_ref().and_then(StoreHost::poll_timeout),
         ]
         .into_iter()
         .flatten()
@@ -435,6 +444,10 @@ impl Core {
                 let actions = s.tick(now);
                 self.apply_scheduler(actions, now);
             }
+        }
+        if let Some(host) = &mut self.store_host {
+            let replies = host.tick(now);
+            self.send_store_replies(replies, now);
         }
         let Some(r) = &mut self.resender else {
             return;
@@ -573,6 +586,8 @@ impl Core {
                         .on_scheduler_heartbeat(&msg.meta.control.dead_nodes, now);
                 }
             }
+            Command::Store if is_scheduler && msg.meta.request => self.run_store(msg, now),
+            Command::Store => self.on_store_message(msg, now),
             Command::Ack => debug!("dropping ACK from node {}: resend is off", msg.meta.sender),
             Command::Status => warn!(
                 "dropping STATUS from node {}: only the scheduler answers it",
@@ -833,6 +848,134 @@ impl Core {
             );
         } else {
             debug!("dropping a data message from node {sender}: {why}");
+        }
+    }
+}
+
+/// The key-value store: the scheduler's side ([`StoreHost`]) and every
+/// node's ([`StoreClient`]).
+impl Core {
+    /// Sends store request `req` to the scheduler; ask
+    /// [`Core::store_answer`] with the id it returns. Fails if this node has
+    /// not joined or the scheduler is not pslite (C++ ps-lite has no store).
+    pub fn store_request(&mut self, mut req: StoreMsg, now: Instant) -> Result<u64, VanError> {
+        if let Some(f) = self.member.failure() {
+            return Err(f.clone().into());
+        }
+        if !self.member.is_joined() {
+            return Err(VanError::NotReady);
+        }
+        let pslite =
+            self.scheduler.is_some() || self.member.node(SCHEDULER).is_some_and(|n| n.pslite);
+        if !pslite {
+            return Err(VanError::StoreUnsupported);
+        }
+        let id = self.store_client.start(&mut req);
+        self.send_store(req, now);
+        Ok(id)
+    }
+
+    /// The answer to store request `id`, once here; the node's failure if
+    /// it failed (the scheduler was lost, say).
+    pub fn store_answer(&self, id: u64) -> Option<Result<StoreMsg, Failure>> {
+        if let Some(answer) = self.store_client.answer(id) {
+            return Some(Ok(answer.clone()));
+        }
+        self.member.failure().map(|f| Err(f.clone()))
+    }
+
+    /// On the scheduler: how many store requests wait for keys (0 elsewhere).
+    pub fn store_waiting(&self) -> usize {
+        self.store_host.as_ref().map_or(0, StoreHost::waiting)
+    }
+
+    /// Forgets store request `id` (its waiter returned).
+    pub fn end_store(&mut self, id: u64) {
+        self.store_client.end(id);
+    }
+
+    /// Sends every later change of `key` to `events` (call before the WATCH
+    /// request, so no change slips between them).
+    pub fn store_watch(&mut self, key: &str, events: std::sync::mpsc::Sender<StoreMsg>) {
+        self.store_client.watch(key, events);
+    }
+
+    fn send_store(&mut self, req: StoreMsg, now: Instant) {
+        let mut msg = Message::control(Command::Store, SCHEDULER);
+        msg.meta.request = true;
+        msg.meta.store = Some(Box::new(req));
+        self.emit(msg, now);
+    }
+
+    /// A store request that reached the scheduler.
+    fn run_store(&mut self, msg: Message, now: Instant) {
+        let sender = msg.meta.sender;
+        let Some(req) = msg.meta.store else {
+            warn!("scheduler: dropping a STORE request from node {sender} without a request");
+            return;
+        };
+        let from = if sender == K_EMPTY {
+            match msg.meta.control.node.as_slice() {
+                [client] if !client.hostname.is_empty() && (1..=65535).contains(&client.port) => {
+                    Requester::Admin(client.clone())
+                }
+                _ => {
+                    warn!("scheduler: dropping a STORE request without a usable reply address");
+                    return;
+                }
+            }
+        } else if sender == SCHEDULER || self.member.is_member(sender) {
+            Requester::Member(sender)
+        } else {
+            warn!("scheduler: dropping a STORE request from node {sender}: not a cluster member");
+            return;
+        };
+        let Some(host) = &mut self.store_host else {
+            return;
+        };
+        let replies = host.handle(from, *req, now);
+        self.send_store_replies(replies, now);
+    }
+
+    fn send_store_replies(&mut self, replies: Vec<StoreReply>, now: Instant) {
+        for StoreReply { to, msg: store } in replies {
+            match to {
+                Requester::Member(id) => {
+                    let mut msg = Message::control(Command::Store, id);
+                    msg.meta.store = Some(Box::new(store));
+                    self.emit(msg, now);
+                }
+                Requester::Admin(node) => {
+                    let mut msg = Message::control(Command::Store, K_EMPTY);
+                    // The admin client pairs answers by timestamp: its
+                    // requests carry it as their id.
+                    msg.meta.timestamp = (store.id & i32::MAX as u64) as i32;
+                    msg.meta.sender = SCHEDULER;
+                    msg.meta.store = Some(Box::new(store));
+                    self.out.push(Output::Answer { to: node, msg });
+                }
+            }
+        }
+    }
+
+    /// A store answer or event from the scheduler.
+    fn on_store_message(&mut self, msg: Message, now: Instant) {
+        let sender = msg.meta.sender;
+        if sender != SCHEDULER || msg.meta.request {
+            warn!("dropping a STORE message from node {sender}: only the scheduler answers them");
+            return;
+        }
+        let Some(store) = msg.meta.store else {
+            warn!("dropping a STORE answer without its store part");
+            return;
+        };
+        let (changed, unwatched) = self.store_client.on_message(*store);
+        self.changed |= changed;
+        for key in unwatched {
+            let mut req = StoreMsg::request(StoreOp::Unwatch, vec![key]);
+            let id = self.store_client.start(&mut req);
+            self.store_client.end(id);
+            self.send_store(req, now);
         }
     }
 }

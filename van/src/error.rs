@@ -224,6 +224,22 @@ pub enum VanError {
          that includes this node's role"
     )]
     InvalidGroup(i32),
+    /// The scheduler is not a pslite scheduler (C++ ps-lite), which hosts
+    /// no key-value store.
+    #[error(
+        "the key-value store needs a pslite scheduler; this cluster's scheduler is C++ ps-lite \
+         (or an older pslite), which has none"
+    )]
+    StoreUnsupported,
+    /// A store request got no answer in time: the scheduler is overloaded,
+    /// unreachable or gone.
+    #[error(
+        "the scheduler did not answer a store request within {secs:.1} s: is it still running?"
+    )]
+    StoreNoAnswer {
+        /// How long we waited.
+        secs: f64,
+    },
     /// The node, a barrier or a request failed remotely, or the node stopped.
     #[error("{0}")]
     Failed(#[from] Failure),

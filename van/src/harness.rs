@@ -237,6 +237,18 @@ impl Network {
         self.transmit(i, msg);
     }
 
+    /// Node `i` sends store request `req`; ask its core for the answer
+    /// with the id returned.
+    pub fn store(&mut self, i: usize, req: pslite_proto::store::StoreMsg) -> u64 {
+        let now = self.now;
+        let id = self.nodes[i]
+            .core
+            .store_request(req, now)
+            .expect("store request refused");
+        self.flush(i);
+        id
+    }
+
     /// Carries out node `i`'s outputs.
     fn flush(&mut self, i: usize) {
         let outputs = self.nodes[i].core.take_output();

@@ -7,6 +7,10 @@
 //!   waits, heartbeats, scheduler loss ([`Member`]).
 //! - `resender.rs`: acknowledgements and resends under `PS_RESEND=1`
 //!   ([`Resender`]).
+//! - `store.rs`: the key-value store the scheduler hosts ([`store::StoreHost`])
+//!   and the node side of it ([`store::StoreClient`]).
+//! - `rendezvous.rs`: elastic worker rounds ([`rendezvous::Rendezvous`]:
+//!   min:max workers, last call, wait list, re-ranking); not wired in yet.
 //! - `core.rs`: the three composed behind one interface ([`Core`]); it
 //!   decides what to accept, hold back, send, deliver or give up.
 //!
@@ -48,9 +52,11 @@ mod error;
 #[cfg(test)]
 mod harness;
 mod member;
+pub mod rendezvous;
 pub mod resender;
 pub mod resolve;
 pub mod scheduler;
+pub mod store;
 pub mod transport;
 mod van;
 

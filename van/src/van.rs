@@ -259,6 +259,58 @@ impl Van {
         result
     }
 
+    /// Sends store request `req` to the scheduler and waits up to `limit`
+    /// for its answer ([`VanError::StoreNoAnswer`] after that). Fails at
+    /// once if the node failed or the scheduler is lost.
+    pub fn store_call(
+        &self,
+        req: pslite_proto::store::StoreMsg,
+        limit: Duration,
+    ) -> Result<pslite_proto::store::StoreMsg, VanError> {
+        let shared = &self.shared;
+        let id = shared.with_core(|core, now| core.store_request(req, now))??;
+        let deadline = Instant::now() + limit;
+        let mut locked = lock(&shared.locked);
+        let result = loop {
+            if let Some(answer) = locked.core.store_answer(id) {
+                break answer.map_err(VanError::from);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break Err(VanError::StoreNoAnswer {
+                    secs: limit.as_secs_f64(),
+                });
+            }
+            locked = wait_timeout(&shared.changed, locked, deadline - now);
+        };
+        locked.core.end_store(id);
+        result
+    }
+
+    /// On the scheduler: how many store requests (GET, WAIT) wait for keys
+    /// to be set; 0 on other nodes.
+    pub fn store_waiting(&self) -> usize {
+        lock(&self.shared.locked).core.store_waiting()
+    }
+
+    /// Sends every later change of `key` (store events, in order) to
+    /// `events`, then registers the watch with the scheduler (see
+    /// [`Van::store_call`]); returns the scheduler's answer.
+    pub fn store_watch(
+        &self,
+        key: &str,
+        events: std::sync::mpsc::Sender<pslite_proto::store::StoreMsg>,
+        limit: Duration,
+    ) -> Result<pslite_proto::store::StoreMsg, VanError> {
+        use pslite_proto::store::{StoreMsg, StoreOp};
+        self.shared
+            .with_core(|core, _| core.store_watch(key, events))?;
+        self.store_call(
+            StoreMsg::request(StoreOp::Watch, vec![key.to_string()]),
+            limit,
+        )
+    }
+
     /// This node's counters (traffic per peer, resends, drops, and what the
     /// apps count: requests in flight, handler time).
     pub fn counters(&self) -> &Arc<Counters> {

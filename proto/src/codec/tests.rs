@@ -297,3 +297,41 @@ fn pslite_only_fields_round_trip_and_are_absent_by_default() {
     assert_eq!(back.control.failed_peer, None);
     assert!(back.control.dead_nodes.is_empty() && !back.control.node[0].pslite);
 }
+
+#[test]
+fn store_messages_round_trip_and_unknown_ops_are_refused() {
+    use crate::store::{StoreMsg, StoreOp, StoreStatus};
+    let store = StoreMsg {
+        id: 42,
+        op: StoreOp::CompareSet,
+        keys: vec!["k".into(), "é".into()],
+        value: Some(bytes::Bytes::from_static(b"\0new")),
+        expected: Some(bytes::Bytes::new()),
+        number: -7,
+        timeout: Some(std::time::Duration::from_millis(1500)),
+        status: StoreStatus::Timeout,
+        error: Some("why".into()),
+        found: true,
+        version: 9,
+    };
+    let mut meta = Meta {
+        control: Control::new(Command::Store),
+        request: true,
+        customer_id: 0,
+        store: Some(Box::new(store)),
+        ..Meta::default()
+    };
+    let back = Meta::decode(&meta.encode()).unwrap();
+    assert_eq!(back, meta);
+    // An empty expected value differs from none (the key must not exist).
+    meta.store.as_mut().unwrap().expected = None;
+    assert_eq!(Meta::decode(&meta.encode()).unwrap().store, meta.store);
+
+    let mut pb = meta.to_pb();
+    pb.store.as_mut().unwrap().op = Some(99);
+    let bytes = prost::Message::encode_to_vec(&pb);
+    assert!(matches!(
+        Meta::decode(&bytes),
+        Err(DecodeError::UnknownStoreOp)
+    ));
+}

@@ -1,0 +1,169 @@
+//! `pslite store get|set|add|wait|keys|delete`: the job's key-value store
+//! (hosted by a running cluster's scheduler) from a shell, for scripts and
+//! debugging. Every command has a deadline; values are printed as they are
+//! stored (bytes, then a newline if they lack one).
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pslite::proto::store::{Bytes, StoreMsg, StoreOp, StoreStatus};
+
+/// Options of `pslite store`.
+#[derive(clap::Args, Debug)]
+pub struct StoreArgs {
+    /// The scheduler's host [default: DMLC_PS_ROOT_URI, else 127.0.0.1].
+    #[arg(long, global = true)]
+    pub host: Option<String>,
+    /// The scheduler's port [default: DMLC_PS_ROOT_PORT].
+    #[arg(long, global = true)]
+    pub port: Option<u16>,
+    /// The address of this machine the scheduler answers to.
+    #[arg(long, global = true)]
+    pub reply_host: Option<String>,
+    /// Seconds to wait: for keys to be set (get, wait), and for the answer.
+    #[arg(long, global = true, default_value_t = 10.0, value_parser = seconds)]
+    pub timeout: f64,
+    /// What to do.
+    #[command(subcommand)]
+    pub op: StoreCommand,
+}
+
+/// One store operation.
+#[derive(clap::Subcommand, Debug)]
+pub enum StoreCommand {
+    /// Print KEY's value, waiting until it is set.
+    Get {
+        /// The key.
+        key: String,
+    },
+    /// Set KEY to VALUE.
+    Set {
+        /// The key.
+        key: String,
+        /// The value (text).
+        value: String,
+    },
+    /// Add DELTA to the integer in KEY (absent: 0); print the sum.
+    Add {
+        /// The key.
+        key: String,
+        /// What to add (may be negative).
+        #[arg(allow_hyphen_values = true)]
+        delta: i64,
+    },
+    /// Wait until every KEY is set.
+    Wait {
+        /// The keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Print every key, one a line.
+    Keys,
+    /// Delete KEY (exit 1 if it did not exist).
+    Delete {
+        /// The key.
+        key: String,
+    },
+}
+
+fn seconds(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .ok_or_else(|| format!("expected a positive number of seconds, got {s:?}"))
+}
+
+/// Runs `pslite store`.
+pub fn main(args: &StoreArgs) -> ExitCode {
+    let (mut client, scheduler) = match crate::status::connect(
+        "store",
+        args.host.as_deref(),
+        args.port,
+        args.reply_host.as_deref(),
+    ) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let one = |op, key: &String| StoreMsg::request(op, vec![key.clone()]);
+    let req = match &args.op {
+        StoreCommand::Get { key } => StoreMsg {
+            timeout: Some(timeout),
+            ..one(StoreOp::Get, key)
+        },
+        StoreCommand::Set { key, value } => StoreMsg {
+            value: Some(Bytes::from(value.clone())),
+            ..one(StoreOp::Set, key)
+        },
+        StoreCommand::Add { key, delta } => StoreMsg {
+            number: *delta,
+            ..one(StoreOp::Add, key)
+        },
+        StoreCommand::Wait { keys } => StoreMsg {
+            timeout: Some(timeout),
+            ..StoreMsg::request(StoreOp::Wait, keys.clone())
+        },
+        StoreCommand::Keys => StoreMsg::request(StoreOp::Keys, Vec::new()),
+        StoreCommand::Delete { key } => one(StoreOp::Delete, key),
+    };
+    // The scheduler answers a waiting request at its timeout: leave room.
+    let answer = match client.store(req, timeout + Duration::from_secs(2)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("pslite store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    report(&args.op, answer, &scheduler, args.timeout)
+}
+
+fn report(op: &StoreCommand, answer: StoreMsg, scheduler: &str, secs: f64) -> ExitCode {
+    match answer.status {
+        StoreStatus::Ok => {}
+        StoreStatus::Timeout => {
+            let keys: Vec<String> = answer.keys.iter().map(|k| format!("{k:?}")).collect();
+            eprintln!(
+                "pslite store: {} not set within {secs} s (scheduler {scheduler})",
+                keys.join(", ")
+            );
+            return ExitCode::FAILURE;
+        }
+        StoreStatus::Invalid => {
+            eprintln!(
+                "pslite store: the scheduler refused: {}",
+                answer.error.as_deref().unwrap_or("no reason given")
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let written = match op {
+        StoreCommand::Get { .. } => {
+            let value = answer.value.unwrap_or_default();
+            out.write_all(&value).and_then(|()| {
+                if value.ends_with(b"\n") {
+                    Ok(())
+                } else {
+                    out.write_all(b"\n")
+                }
+            })
+        }
+        StoreCommand::Add { .. } => writeln!(out, "{}", answer.number),
+        StoreCommand::Keys => answer.keys.iter().try_for_each(|k| writeln!(out, "{k}")),
+        StoreCommand::Delete { key } if !answer.found => {
+            eprintln!("pslite store: key {key:?} does not exist");
+            return ExitCode::FAILURE;
+        }
+        StoreCommand::Set { .. } | StoreCommand::Wait { .. } | StoreCommand::Delete { .. } => {
+            Ok(())
+        }
+    };
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pslite store: cannot write the answer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The [`Store`] handle: a small key-value store every node of a job shares,
+//! hosted by the scheduler (PyTorch's TCPStore, on pslite's control plane).
+//!
+//! Every call is one request to the scheduler, which applies requests one at
+//! a time: each key is linearizable. [`Store::get`] and [`Store::wait`] wait
+//! until their keys exist, up to the handle's timeout ([`Store::with_timeout`],
+//! 300 s by default); every call fails with a typed [`StoreError`] at its
+//! deadline, when the scheduler is lost, or when a value is over the limit.
+//! Values are bytes; [`Store::add`] keeps a decimal integer.
+//!
+//! ```no_run
+//! use pslite_postoffice::Postoffice;
+//!
+//! let po = Postoffice::from_env()?;
+//! po.start(0, true)?;
+//! let store = po.store()?;
+//! if po.my_rank()? == 0 {
+//!     store.set("lr", "0.01")?;
+//! }
+//! let lr = store.get("lr")?; // waits until rank 0 set it
+//! let arrived = store.add("arrived", 1)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The scheduler must be pslite: with a C++ ps-lite scheduler every call
+//! fails with [`pslite_van::VanError::StoreUnsupported`].
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pslite_proto::store::{StoreMsg, StoreOp, StoreStatus};
+use pslite_van::store::{too_large, DEFAULT_MAX_VALUE};
+use pslite_van::{Van, VanError};
+
+/// Bytes, as the store holds them.
+pub type Bytes = pslite_proto::store::Bytes;
+
+/// Why a store call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The keys did not exist before the deadline.
+    #[error("store: {} not set within {secs:.1} s", quoted(keys))]
+    Timeout {
+        /// The keys still missing.
+        keys: Vec<String>,
+        /// How long the call waited.
+        secs: f64,
+    },
+    /// The value is over the store's limit.
+    #[error("store: {}", too_large(*size, *limit))]
+    TooLarge {
+        /// The value's size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The scheduler refused the request.
+    #[error("store: the scheduler refused the request: {0}")]
+    Refused(String),
+    /// The node failed, the scheduler was lost or did not answer, or the
+    /// scheduler has no store (C++ ps-lite).
+    #[error("store: {0}")]
+    Van(#[from] VanError),
+}
+
+fn quoted(keys: &[String]) -> String {
+    let list: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
+    match list.len() {
+        1 => format!("key {}", list[0]),
+        _ => format!("keys {}", list.join(", ")),
+    }
+}
+
+/// How long a call may wait beyond the timeout it gave the scheduler before
+/// the scheduler counts as unresponsive.
+const ANSWER_GRACE: Duration = Duration::from_secs(10);
+
+/// What [`Store::compare_set`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompareSet {
+    /// Whether the value was the expected one and is now the new one.
+    pub swapped: bool,
+    /// The key's value now (`None`: it does not exist).
+    pub value: Option<Bytes>,
+}
+
+/// One change of a watched key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreEvent {
+    /// The key.
+    pub key: String,
+    /// Its new value; `None` if it was deleted.
+    pub value: Option<Bytes>,
+    /// The key's version after the change: 1 for its first set, +1 for
+    /// every set or delete after (consecutive events differ by 1).
+    pub version: u64,
+}
+
+impl StoreEvent {
+    fn from_msg(msg: StoreMsg) -> StoreEvent {
+        StoreEvent {
+            key: msg.keys.into_iter().next().unwrap_or_default(),
+            value: if msg.found {
+                msg.value.or_else(|| Some(Bytes::new()))
+            } else {
+                None
+            },
+            version: msg.version,
+        }
+    }
+}
+
+/// The changes of one watched key, in the order they happened. Dropping it
+/// ends the watch.
+pub struct Watch {
+    events: mpsc::Receiver<StoreMsg>,
+    /// The key's version when the watch began (0: never set).
+    pub version: u64,
+}
+
+impl Watch {
+    /// The next change, waiting up to `timeout`; `None` if none came (or the
+    /// node stopped).
+    pub fn recv_timeout(&self, timeout: Duration) -> Option<StoreEvent> {
+        self.events
+            .recv_timeout(timeout)
+            .ok()
+            .map(StoreEvent::from_msg)
+    }
+
+    /// The next change if one is here.
+    pub fn try_recv(&self) -> Option<StoreEvent> {
+        self.events.try_recv().ok().map(StoreEvent::from_msg)
+    }
+}
+
+impl Iterator for Watch {
+    type Item = StoreEvent;
+
+    /// Waits for the next change; `None` once the node stopped.
+    fn next(&mut self) -> Option<StoreEvent> {
+        self.events.recv().ok().map(StoreEvent::from_msg)
+    }
+}
+
+/// A handle on the job's key-value store (see the module docs). Cheap to
+/// clone; every clone talks to the same store.
+#[derive(Clone)]
+pub struct Store {
+    van: Arc<Van>,
+    timeout: Duration,
+}
+
+impl Store {
+    /// A handle on the store of the cluster `van` belongs to.
+    pub fn new(van: Arc<Van>) -> Store {
+        Store {
+            van,
+            timeout: Duration::from_secs(300),
+        }
+    }
+
+    /// This handle with `timeout` for waiting calls and for the scheduler's
+    /// answers.
+    pub fn with_timeout(mut self, timeout: Duration) -> Store {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The timeout of this handle's calls.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn call(&self, req: StoreMsg) -> Result<StoreMsg, StoreError> {
+        if let Some(v) = req.value.as_ref().filter(|v| v.len() > DEFAULT_MAX_VALUE) {
+            return Err(StoreError::TooLarge {
+                size: v.len(),
+                limit: DEFAULT_MAX_VALUE,
+            });
+        }
+        let waits = req.timeout.unwrap_or(Duration::ZERO);
+        let answer = self
+            .van
+            .store_call(req, self.timeout.max(waits) + ANSWER_GRACE)?;
+        match answer.status {
+            StoreStatus::Ok => Ok(answer),
+            StoreStatus::Timeout => Err(StoreError::Timeout {
+                keys: answer.keys,
+                secs: waits.as_secs_f64(),
+            }),
+            StoreStatus::Invalid => Err(StoreError::Refused(
+                answer.error.unwrap_or_else(|| "no reason given".into()),
+            )),
+        }
+    }
+
+    fn one(op: StoreOp, key: &str) -> StoreMsg {
+        StoreMsg::request(op, vec![key.to_string()])
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&self, key: &str, value: impl Into<Bytes>) -> Result<(), StoreError> {
+        let mut req = Store::one(StoreOp::Set, key);
+        req.value = Some(value.into());
+        self.call(req).map(drop)
+    }
+
+    /// The value of `key`, waiting until it is set (up to the handle's timeout).
+    pub fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        self.get_within(key, self.timeout)
+    }
+
+    /// [`Store::get`], waiting up to `timeout`.
+    pub fn get_within(&self, key: &str, timeout: Duration) -> Result<Bytes, StoreError> {
+        let mut req = Store::one(StoreOp::Get, key);
+        req.timeout = Some(timeout);
+        Ok(self.call(req)?.value.unwrap_or_default())
+    }
+
+    /// Adds `delta` to the integer in `key` (absent: 0) and returns the sum.
+    /// The value is decimal text, so [`Store::get`] reads e.g. `b"42"`.
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        let mut req = Store::one(StoreOp::Add, key);
+        req.number = delta;
+        Ok(self.call(req)?.number)
+    }
+
+    /// Sets `key` to `desired` if its value is `expected` (`None`: if it
+    /// does not exist). Returns whether it did and the value now.
+    pub fn compare_set(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        desired: impl Into<Bytes>,
+    ) -> Result<CompareSet, StoreError> {
+        let mut req = Store::one(StoreOp::CompareSet, key);
+        req.expected = expected.map(Bytes::copy_from_slice);
+        req.value = Some(desired.into());
+        let answer = self.call(req)?;
+        Ok(CompareSet {
+            swapped: answer.found,
+            value: answer.value,
+        })
+    }
+
+    /// Deletes `key`; whether it existed.
+    pub fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.call(Store::one(StoreOp::Delete, key))?.found)
+    }
+
+    /// Whether every key of `keys` exists (no waiting).
+    pub fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
+        let keys = keys.iter().map(|k| k.to_string()).collect();
+        Ok(self.call(StoreMsg::request(StoreOp::Check, keys))?.found)
+    }
+
+    /// How many keys the store holds.
+    pub fn num_keys(&self) -> Result<usize, StoreError> {
+        let n = self
+            .call(StoreMsg::request(StoreOp::NumKeys, Vec::new()))?
+            .number;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Every key, sorted.
+    pub fn keys(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .call(StoreMsg::request(StoreOp::Keys, Vec::new()))?
+            .keys)
+    }
+
+    /// Waits until every key of `keys` exists (up to the handle's timeout).
+    pub fn wait(&self, keys: &[&str]) -> Result<(), StoreError> {
+        self.wait_within(keys, self.timeout)
+    }
+
+    /// [`Store::wait`], waiting up to `timeout`.
+    pub fn wait_within(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
+        let keys = keys.iter().map(|k| k.to_string()).collect();
+        let mut req = StoreMsg::request(StoreOp::Wait, keys);
+        req.timeout = Some(timeout);
+        self.call(req).map(drop)
+    }
+
+    /// Every later change of `key` (set or delete), in order, until the
+    /// returned [`Watch`] is dropped.
+    pub fn watch(&self, key: &str) -> Result<Watch, StoreError> {
+        let (tx, rx) = mpsc::channel();
+        let answer = self.van.store_watch(key, tx, self.timeout + ANSWER_GRACE)?;
+        match answer.status {
+            StoreStatus::Ok => Ok(Watch {
+                events: rx,
+                version: answer.version,
+            }),
+            _ => Err(StoreError::Refused(
+                answer.error.unwrap_or_else(|| "no reason given".into()),
+            )),
+        }
+    }
+
+    /// Calls `callback` for every later change of `key`, in order, on a
+    /// thread of its own, until the node stops.
+    pub fn watch_with(
+        &self,
+        key: &str,
+        mut callback: impl FnMut(StoreEvent) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let watch = self.watch(key)?;
+        std::thread::Builder::new()
+            .name(format!("pslite-watch-{key}"))
+            .spawn(move || {
+                for event in watch {
+                    callback(event);
+                }
+            })
+            .map_err(|e| {
+                StoreError::Van(VanError::Setup {
+                    what: "start a watch thread",
+                    detail: e.to_string(),
+                })
+            })?;
+        Ok(())
+    }
+}
