@@ -88,7 +88,22 @@ pub fn connect(
         Some("1") | Some("true") => Transport::Ipc,
         _ => Transport::Tcp,
     };
-    match AdminClient::connect_via(transport, &host, port as i32, reply_host) {
+    // A cluster with PS_AUTH_TOKEN answers only clients that present it.
+    let token = match std::env::var("PS_AUTH_TOKEN") {
+        Ok(v) => match pslite::admin::AuthToken::new(&v) {
+            Some(t) => Some(t),
+            None => {
+                eprintln!(
+                    "pslite {command}: PS_AUTH_TOKEN must be a secret of 1 to 255 bytes, got \
+                     <{} bytes>",
+                    v.len()
+                );
+                return Err(ExitCode::from(2));
+            }
+        },
+        Err(_) => None,
+    };
+    match AdminClient::connect_via(transport, &host, port as i32, reply_host, token.as_ref()) {
         Ok(c) => Ok((c, format!("{host}:{port}"))),
         Err(e) => {
             eprintln!("pslite {command}: {e}");

@@ -10,7 +10,9 @@
 use std::time::{Duration, Instant};
 
 use pslite::{Command, DataType, Message, Meta, Node, Role};
-use pslite_tests::{assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin};
+use pslite_tests::{
+    assert_all_ok, free_port, node_command, node_env, pslite_bin, run, spawn, spawn_with_stdin,
+};
 
 const TOKEN: &str = "correct horse battery staple";
 
@@ -208,6 +210,37 @@ fn strangers_are_refused_and_the_job_stays_exact() {
         Some(zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16)
     );
     drop(control);
+    // Operators get in with the token, and only with it: `pslite status`
+    // presents PS_AUTH_TOKEN and the scheduler answers through PLAIN too.
+    let status = |token: Option<&str>| {
+        let mut cmd = std::process::Command::new(pslite_bin());
+        cmd.args([
+            "status",
+            "--json",
+            "--timeout",
+            "2",
+            "--port",
+            &port.to_string(),
+        ])
+        .env_remove("PS_AUTH_TOKEN");
+        if let Some(token) = token {
+            cmd.env("PS_AUTH_TOKEN", token);
+        }
+        let r = run(cmd, Duration::from_secs(30));
+        assert!(!r.timed_out, "pslite status hung:\n{}", r.output());
+        r
+    };
+    let with = status(Some(TOKEN));
+    assert!(with.ok(), "{}", with.output());
+    assert_eq!(
+        with.stdout.matches("\"role\"").count(),
+        5,
+        "{}",
+        with.output()
+    );
+    let without = status(None);
+    assert!(!without.ok(), "status without the token got an answer");
+    assert!(without.stderr.contains("no answer"), "{}", without.output());
 
     for w in &mut workers {
         w.write_stdin("go\n");

@@ -26,8 +26,9 @@ use pslite_proto::ids::SCHEDULER;
 use pslite_proto::stats::NodeStatus;
 use pslite_proto::{Command, Message, Meta, Node, Role, K_EMPTY};
 
-use crate::transport;
 /// How the scheduler is reached (see [`AdminClient::connect_via`]).
+pub use crate::auth::AuthToken;
+use crate::transport;
 pub use crate::transport::Transport;
 
 /// Why an admin request failed.
@@ -41,6 +42,9 @@ pub enum AdminError {
         /// ZeroMQ's error.
         source: zmq::Error,
     },
+    /// Setting up the client's sockets failed (e.g. `PS_AUTH_TOKEN`).
+    #[error(transparent)]
+    Van(#[from] crate::VanError),
     /// The host to listen on for answers does not resolve.
     #[error("cannot listen for the scheduler's answer: host {0:?} does not resolve; pass an IP address of this machine that the scheduler can reach")]
     Resolve(String),
@@ -85,16 +89,25 @@ impl AdminClient {
         scheduler_port: i32,
         reply_host: Option<&str>,
     ) -> Result<AdminClient, AdminError> {
-        AdminClient::connect_via(Transport::Tcp, scheduler_host, scheduler_port, reply_host)
+        AdminClient::connect_via(
+            Transport::Tcp,
+            scheduler_host,
+            scheduler_port,
+            reply_host,
+            None,
+        )
     }
 
     /// [`AdminClient::connect`] to a scheduler listening on `transport`
-    /// (IPC for a `DMLC_LOCAL=1` cluster; answers still come over TCP).
+    /// (IPC for a `DMLC_LOCAL=1` cluster; answers still come over TCP),
+    /// presenting `token` to a cluster that runs with `PS_AUTH_TOKEN` (and
+    /// accepting the scheduler's answer only with it).
     pub fn connect_via(
         transport: Transport,
         scheduler_host: &str,
         scheduler_port: i32,
         reply_host: Option<&str>,
+        token: Option<&crate::AuthToken>,
     ) -> Result<AdminClient, AdminError> {
         let reply_host = match reply_host {
             Some(host) => host.to_string(),
@@ -108,6 +121,9 @@ impl AdminClient {
             .socket(zmq::ROUTER)
             .map_err(zmq_err("creating the ROUTER"))?;
         router.set_linger(0).map_err(zmq_err("setting LINGER"))?;
+        if let Some(token) = token {
+            crate::auth::serve_router(&ctx, &router, token)?;
+        }
         let endpoint = Transport::Tcp.bind_endpoint(&ip, 0).replace(":0", ":*");
         router
             .bind(&endpoint)
@@ -128,6 +144,7 @@ impl AdminClient {
             .socket(zmq::DEALER)
             .map_err(zmq_err("creating a DEALER"))?;
         dealer.set_linger(0).map_err(zmq_err("setting LINGER"))?;
+        crate::auth::secure_dealer(&dealer, token)?;
         let scheduler = transport.connect_endpoint(scheduler_host, scheduler_port);
         dealer
             .connect(&scheduler)
