@@ -484,8 +484,16 @@ case_cpp_refused() {
 }
 
 case_kubernetes_manifests() {
-    local out
-    if out=$(python3 "$ROOT/tests/multihost/check_manifests.py" "$ROOT/deploy/kubernetes" 2>&1); then
+    local out py=""
+    # The first Python with PyYAML (the image's, or Debian's python3-yaml that .ci/run installs).
+    for candidate in python3 /usr/bin/python3; do
+        if "$candidate" -c 'import yaml' 2> /dev/null; then py=$candidate; break; fi
+    done
+    if [ -z "$py" ]; then
+        fail kubernetes_manifests "no Python with PyYAML (apt-get install python3-yaml)"
+        return
+    fi
+    if out=$("$py" "$ROOT/tests/multihost/check_manifests.py" "$ROOT/deploy/kubernetes" 2>&1); then
         pass kubernetes_manifests "$out"
     else
         fail kubernetes_manifests "$out"
