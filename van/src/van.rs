@@ -60,9 +60,6 @@ const LISTEN_BACKLOG: i32 = 4096;
 /// The identity of the in-process socket that wakes the receive thread.
 const WAKE_IDENTITY: &[u8] = b"pslite-wake";
 
-/// At most this many messages are handled between two looks at the clock.
-const BATCH: usize = 256;
-
 /// A node's transport and control plane. Dropping it stops it.
 pub struct Van {
     shared: Arc<Shared>,
@@ -754,9 +751,14 @@ impl Shared {
         debug!("receive loop stopped");
     }
 
-    /// Receives until stopped: handles what arrives, in batches, and runs
-    /// the core's clock when its next deadline passes.
+    /// Receives until stopped: one blocking receive per message, bounded by
+    /// the core's next deadline (`ZMQ_RCVTIMEO`), and runs the core's clock
+    /// when that deadline passes. A blocking receive costs ZeroMQ one wait;
+    /// a poll followed by non-blocking receives costs several syscalls more
+    /// per message (each empty look checks the socket's mailbox).
     fn receive_loop(&self, router: &zmq::Socket) {
+        // The ROUTER's receive timeout as last set (ZeroMQ's default: none).
+        let mut timeout_set: i32 = -1;
         loop {
             let next = {
                 let mut locked = lock(&self.locked);
@@ -769,37 +771,34 @@ impl Shared {
                 Some(at) => {
                     let left = at.saturating_duration_since(Instant::now());
                     // Round up: waking before the deadline only loops again.
-                    (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i64
+                    left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
                 }
             };
-            match router.poll(zmq::POLLIN, timeout_ms) {
-                Ok(_) | Err(zmq::Error::EINTR) => {}
+            if timeout_ms != timeout_set {
+                if let Err(e) = router.set_rcvtimeo(timeout_ms) {
+                    error!("setting the receive timeout failed: {e}");
+                    return;
+                }
+                timeout_set = timeout_ms;
+            }
+            match transport::recv_message(router) {
+                Ok(raw) => {
+                    if self.stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    self.on_raw(raw);
+                }
+                Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => {}
                 Err(zmq::Error::ETERM) => return,
                 Err(e) => {
-                    error!("waiting for messages failed: {e}");
+                    error!("receiving failed: {e}");
                     return;
-                }
-            }
-            for _ in 0..BATCH {
-                if self.stopping.load(Ordering::SeqCst) {
-                    return;
-                }
-                match transport::recv_message_nowait(router) {
-                    Ok(raw) => self.on_raw(raw),
-                    Err(zmq::Error::EAGAIN) => break,
-                    Err(zmq::Error::EINTR) => continue,
-                    Err(zmq::Error::ETERM) => return,
-                    Err(e) => {
-                        error!("receiving failed: {e}");
-                        break;
-                    }
                 }
             }
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            let now = Instant::now();
-            if next.is_some_and(|at| now >= at) {
+            if next.is_some_and(|at| Instant::now() >= at) {
                 let _ = self.with_core(|core, now| core.tick(now));
             }
         }
