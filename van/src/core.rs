@@ -589,10 +589,9 @@ impl Core {
             Command::Store if is_scheduler && msg.meta.request => self.run_store(msg, now),
             Command::Store => self.on_store_message(msg, now),
             Command::Ack => debug!("dropping ACK from node {}: resend is off", msg.meta.sender),
-            Command::Status => warn!(
-                "dropping STATUS from node {}: only the scheduler answers it",
-                msg.meta.sender
-            ),
+            Command::Status => {
+                self.drop_logged(msg.meta.sender, "STATUS", "only the scheduler answers it")
+            }
         }
     }
 
@@ -840,14 +839,20 @@ impl Core {
         } else {
             DropReason::UnknownPeer
         });
-        let sender = msg.meta.sender;
+        self.drop_logged(msg.meta.sender, "a data message", why);
+    }
+
+    /// Logs a dropped message: a warning the first time `sender` sends one
+    /// for `why`, at debug level after that, so a hostile or confused peer
+    /// cannot flood the log.
+    fn drop_logged(&mut self, sender: NodeId, what: &str, why: &'static str) {
         if self.warned.len() < 1024 && self.warned.insert((sender, why)) {
             warn!(
-                "dropping a data message from node {sender}: {why} (further ones are logged at \
-                 debug level)"
+                "dropping {what} from node {sender}: {why} (further ones are logged at debug \
+                 level)"
             );
         } else {
-            debug!("dropping a data message from node {sender}: {why}");
+            debug!("dropping {what} from node {sender}: {why}");
         }
     }
 }
@@ -962,11 +967,11 @@ impl Core {
     fn on_store_message(&mut self, msg: Message, now: Instant) {
         let sender = msg.meta.sender;
         if sender != SCHEDULER || msg.meta.request {
-            warn!("dropping a STORE message from node {sender}: only the scheduler answers them");
+            self.drop_logged(sender, "a STORE message", "only the scheduler answers them");
             return;
         }
         let Some(store) = msg.meta.store else {
-            warn!("dropping a STORE answer without its store part");
+            self.drop_logged(sender, "a STORE answer", "it has no store part");
             return;
         };
         let (changed, unwatched) = self.store_client.on_message(*store);

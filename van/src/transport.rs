@@ -151,17 +151,7 @@ impl RawMessage {
 /// Receives one whole multipart message from a ROUTER (blocking, honouring
 /// the socket's receive timeout).
 pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {
-    recv_message_flags(router, 0)
-}
-
-/// Receives one whole multipart message from a ROUTER if one is there
-/// (`EAGAIN` if not).
-pub fn recv_message_nowait(router: &zmq::Socket) -> zmq::Result<RawMessage> {
-    recv_message_flags(router, zmq::DONTWAIT)
-}
-
-fn recv_message_flags(router: &zmq::Socket, flags: i32) -> zmq::Result<RawMessage> {
-    let identity = router.recv_msg(flags)?;
+    let identity = router.recv_msg(0)?;
     let mut raw = RawMessage {
         sender: parse_identity(&identity),
         identity: identity.to_vec(),
