@@ -18,7 +18,7 @@
 //!   pull (µs) and GB/s (12 bytes per key), plus requests per second with a
 //!   window of requests in flight.
 //! - `rtt`: the 1-key push round trip at 1+1 and 2+2, pslite and raw ZeroMQ
-//!   alternating, 3 times each (medians).
+//!   alternating, 5 times each (medians of 2000 round trips per run).
 //! - `startup`: launch to every node past the start barrier, 1+2+2, 1+32+32
 //!   and 1+100+100.
 //!
@@ -33,7 +33,10 @@
 //! RESULT rtt 1+1 ours_us=.. raw_us=..
 //! ```
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -62,12 +65,60 @@ struct Args {
     /// instead of the app's thread, as ps-lite does.
     #[arg(long)]
     inline_server: bool,
+    /// (raw mode) serve as raw ZeroMQ server `RANK` for the clients whose
+    /// ROUTERs listen at `--raw-clients`; prints its own endpoint first.
+    #[arg(long, hide = true)]
+    raw_server: Option<usize>,
+    /// (raw mode) the clients' endpoints, comma-separated.
+    #[arg(long, hide = true, default_value = "")]
+    raw_clients: String,
+}
+
+/// Counts the heap allocations of this process's Rust code (ZeroMQ's own,
+/// made by C++, are not counted), to report allocations per round trip.
+struct CountingAlloc;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` or `realloc` above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as `dealloc` and `alloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
 }
 
 fn main() -> ExitCode {
     pslite::init_logging();
     let args = Args::parse();
-    if std::env::var_os("DMLC_ROLE").is_some() {
+    if let Some(rank) = args.raw_server {
+        pslite::exit_code(raw_server_process(rank, &args.raw_clients))
+    } else if std::env::var_os("DMLC_ROLE").is_some() {
         pslite::exit_code(node(&args))
     } else {
         pslite::exit_code(driver(&args))
@@ -95,17 +146,47 @@ fn node(args: &Args) -> Result<(), Error> {
     } else {
         None
     };
+    let server_allocs = po.is_server().then(|| Arc::clone(&SERVER_ALLOCS));
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
         match args.mode.as_str() {
             "cxx" => cxx_workload(&kv, args)?,
-            "sweep" => sweep(&kv, args)?,
-            "rtt" => sweep_size(&kv, 1, args)?,
+            "sweep" => sweep(&po, &kv, args)?,
+            "rtt" => sweep_size(&po, &kv, 1, args)?,
             _ => {}
         }
     }
     po.finalize(0, true)?;
+    if let Some(counts) = server_allocs {
+        let (pushes, allocs) = {
+            let c = lock_counts(&counts);
+            (c.pushes, c.allocs)
+        };
+        if pushes > 0 {
+            println!(
+                "BENCH server push_allocs={:.1}",
+                allocs as f64 / pushes as f64
+            );
+        }
+    }
     Ok(())
+}
+
+/// What a server counts: allocations between consecutive 1-key pushes
+/// (from the receive of one to the receive of the next, so a whole round
+/// trip of the server's side).
+#[derive(Default)]
+struct ServerAllocs {
+    last: Option<u64>,
+    pushes: u64,
+    allocs: u64,
+}
+
+static SERVER_ALLOCS: std::sync::LazyLock<Arc<Mutex<ServerAllocs>>> =
+    std::sync::LazyLock::new(Arc::default);
+
+fn lock_counts<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The empty handler: pushes are answered at once; pulls get the requested
@@ -114,6 +195,18 @@ fn empty_server(po: &Postoffice, inline: bool) -> Result<KVServer<f32>, Error> {
     let server = KVServer::<f32>::new(po, 0)?;
     let mut zeros = SArray::<f32>::new();
     let handle = move |meta: &pslite::KVMeta, req: KVPairs<f32>, server: &KVServer<f32>| {
+        if meta.push && req.keys.len() == 1 {
+            let now = allocations();
+            let mut c = lock_counts(&SERVER_ALLOCS);
+            // Consecutive pushes only (a pull in between starts afresh).
+            if let Some(last) = c.last.take() {
+                c.pushes += 1;
+                c.allocs += now - last;
+            }
+            c.last = Some(now);
+        } else {
+            lock_counts(&SERVER_ALLOCS).last = None;
+        }
         let res = if meta.pull {
             if zeros.len() < req.keys.len() {
                 zeros = SArray::from_vec(vec![0.0; req.keys.len()]);
@@ -195,60 +288,76 @@ fn iterations(n: usize) -> usize {
     }
 }
 
-fn sweep(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
+fn sweep(po: &Postoffice, kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
     for n in sweep_sizes(args.keys) {
-        sweep_size(kv, n, args)?;
+        sweep_size(po, kv, n, args)?;
     }
     Ok(())
 }
 
 /// One size of the sweep: prints a `BENCH sweep keys=<n>` line.
-fn sweep_size(kv: &KVWorker<f32>, n: usize, args: &Args) -> Result<(), Error> {
-    {
-        let keys = spread_keys(n);
-        let vals = SArray::from_vec(vec![1.0f32; n]);
-        let iters = iterations(n);
-        // Warm up connections and buffers.
-        for _ in 0..iters.min(20) {
-            kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
-        }
-        let mut push = Vec::with_capacity(iters);
-        let mut pull = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            let t = Instant::now();
-            kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
-            push.push(t.elapsed().as_secs_f64() * 1e6);
-            let t = Instant::now();
-            kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
-            pull.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        // Pipelined: `window` pushes in flight.
-        let mut rps = 0.0;
-        if n <= 10_000 {
-            let total = (iters * 5).max(args.window * 4);
-            let t = Instant::now();
-            let mut inflight = std::collections::VecDeque::new();
-            for _ in 0..total {
-                if inflight.len() >= args.window {
-                    if let Some(ts) = inflight.pop_front() {
-                        kv.wait(ts)?;
-                    }
-                }
-                inflight.push_back(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?);
-            }
-            for ts in inflight {
-                kv.wait(ts)?;
-            }
-            rps = total as f64 / t.elapsed().as_secs_f64();
-        }
-        println!(
-            "BENCH sweep keys={n} push_us={:.1} pull_us={:.1} rps={rps:.0}",
-            median(&mut push),
-            median(&mut pull)
-        );
+///
+/// The workers go through the phases together (a barrier before each), so
+/// that, like the raw baseline, every worker pushes while the others push
+/// and none is timed while another pulls or floods the servers with
+/// pipelined pushes.
+fn sweep_size(po: &Postoffice, kv: &KVWorker<f32>, n: usize, args: &Args) -> Result<(), Error> {
+    let together = || po.barrier(0, pslite::WORKER_GROUP);
+    let keys = spread_keys(n);
+    let vals = SArray::from_vec(vec![1.0f32; n]);
+    let iters = iterations(n);
+    together()?;
+    // Warm up connections and buffers.
+    for _ in 0..iters.min(20) {
+        kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
+        kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
     }
+    let mut push = Vec::with_capacity(iters);
+    let mut pull = Vec::with_capacity(iters);
+    together()?;
+    let before = allocations();
+    for _ in 0..iters {
+        let t = Instant::now();
+        kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
+        push.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let push_allocs = (allocations() - before) as f64 / iters as f64;
+    together()?;
+    for _ in 0..iters {
+        let t = Instant::now();
+        kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+        pull.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    // Pipelined: `window` pushes in flight.
+    let mut rps = 0.0;
+    if n <= 10_000 && args.mode != "rtt" {
+        together()?;
+        let total = (iters * 5).max(args.window * 4);
+        let t = Instant::now();
+        let mut inflight = std::collections::VecDeque::new();
+        for _ in 0..total {
+            if inflight.len() >= args.window {
+                if let Some(ts) = inflight.pop_front() {
+                    kv.wait(ts)?;
+                }
+            }
+            inflight.push_back(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?);
+        }
+        for ts in inflight {
+            kv.wait(ts)?;
+        }
+        rps = total as f64 / t.elapsed().as_secs_f64();
+    }
+    println!(
+        "BENCH sweep keys={n} push_us={:.1} pull_us={:.1} rps={rps:.0} push_allocs={push_allocs:.1}",
+        median(&mut push),
+        median(&mut pull)
+    );
     Ok(())
 }
+
+/// Launches of each cluster (and raw runs) behind a `RESULT rtt` line.
+const RTT_RUNS: usize = 5;
 
 fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
@@ -434,14 +543,17 @@ fn driver(args: &Args) -> Result<(), Error> {
         }
     }
     if want("rtt") {
-        println!("## 1-key push round trip (µs; pslite and raw ZeroMQ alternating, 3 runs each)\n");
+        println!(
+            "## 1-key push round trip (µs; pslite and raw ZeroMQ alternating, {RTT_RUNS} runs \
+             each, medians of 2000 round trips per run)\n"
+        );
         println!(
             "| cluster | pslite, runs | raw, runs | pslite median | raw median | raw / ours |"
         );
         println!("|---|---|---|---|---|---|");
         for (s, w) in [(1, 1), (2, 2)] {
             let (mut ours, mut raws) = (Vec::new(), Vec::new());
-            for _ in 0..3 {
+            for _ in 0..RTT_RUNS {
                 let run = launch(s, w, "rtt", args)?;
                 let mut push: Vec<f64> = run
                     .lines
@@ -560,7 +672,7 @@ impl Raw {
 /// its share of the reply. Frames move as pslite moves them (no copies).
 struct RawCluster {
     clients: Vec<RawClient>,
-    servers: Vec<std::thread::JoinHandle<()>>,
+    servers: Vec<std::process::Child>,
     stop_endpoints: Vec<String>,
     ctx: zmq::Context,
 }
@@ -601,47 +713,35 @@ impl RawCluster {
         for ctx in &client_ctxs {
             client_inboxes.push(raw_router(ctx)?);
         }
-        let mut server_threads = Vec::new();
+        // Each server is a process of its own, as a node is: a round trip
+        // then pays for switching between processes like pslite's does
+        // (threads of one process switch more cheaply).
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::App(format!("cannot find this program: {e}")))?;
+        let client_endpoints: Vec<&str> =
+            client_inboxes.iter().map(|(_, ep)| ep.as_str()).collect();
+        let mut server_procs = Vec::new();
         let mut server_endpoints = Vec::new();
         for s in 0..servers {
-            let ctx = zmq::Context::new();
-            let (inbox, endpoint) = raw_router(&ctx)?;
+            let mut child = Command::new(&exe)
+                .args(["--raw-server", &s.to_string()])
+                .args(["--raw-clients", &client_endpoints.join(",")])
+                .env_remove("DMLC_ROLE")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| Error::App(format!("cannot start a raw server: {e}")))?;
+            let mut line = String::new();
+            if let Some(out) = child.stdout.take() {
+                use std::io::BufRead;
+                let _ = std::io::BufReader::new(out).read_line(&mut line);
+            }
+            let Some(endpoint) = line.trim().strip_prefix("ENDPOINT ").map(str::to_string) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::App(format!("a raw server said {line:?}")));
+            };
             server_endpoints.push(endpoint);
-            let mut to_clients: Vec<zmq::Socket> = client_inboxes
-                .iter()
-                .map(|(_, ep)| raw_dealer(&ctx, &format!("ps{}", 8 + 2 * s), ep))
-                .collect::<Result<_, _>>()?;
-            server_threads.push(std::thread::spawn(move || {
-                let _ctx = ctx;
-                let mut reply = Bytes::new();
-                loop {
-                    // Received as pslite receives: frames stay in ZeroMQ's buffers.
-                    let Ok(raw) = pslite_van::transport::recv_message(&inbox) else {
-                        return;
-                    };
-                    let Some(meta) = raw.meta else { return };
-                    if &meta[..] == b"stop" {
-                        return;
-                    }
-                    // The meta holds the reply size; the sender is ps<9+2c>.
-                    let want = meta
-                        .get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .map(u64::from_le_bytes)
-                        .unwrap_or(0) as usize;
-                    if want != reply.len() {
-                        reply = Bytes::from(vec![0u8; want]);
-                    }
-                    let client = ((raw.sender - 9) / 2) as usize;
-                    if let Some(out) = to_clients.get_mut(client) {
-                        let _ = pslite_van::transport::send_message(
-                            out,
-                            b"reply",
-                            std::slice::from_ref(&reply),
-                        );
-                    }
-                }
-            }));
+            server_procs.push(child);
         }
         let mut clients = Vec::new();
         for (c, (ctx, (inbox, _))) in client_ctxs.into_iter().zip(client_inboxes).enumerate() {
@@ -657,10 +757,53 @@ impl RawCluster {
         }
         Ok(RawCluster {
             clients,
-            servers: server_threads,
+            servers: server_procs,
             stop_endpoints: server_endpoints,
             ctx: zmq::Context::new(),
         })
+    }
+}
+
+/// A raw ZeroMQ server process (`--raw-server`): binds a ROUTER, prints
+/// `ENDPOINT <endpoint>`, connects a DEALER to each client and answers every
+/// request with as many bytes as its meta asks for, until told to stop.
+fn raw_server_process(rank: usize, clients: &str) -> Result<(), Error> {
+    let ctx = zmq::Context::new();
+    let (inbox, endpoint) = raw_router(&ctx)?;
+    let mut to_clients: Vec<zmq::Socket> = clients
+        .split(',')
+        .filter(|ep| !ep.is_empty())
+        .map(|ep| raw_dealer(&ctx, &format!("ps{}", 8 + 2 * rank), ep))
+        .collect::<Result<_, _>>()?;
+    println!("ENDPOINT {endpoint}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let mut reply = Bytes::new();
+    loop {
+        // Received as pslite receives: frames stay in ZeroMQ's buffers.
+        let Ok(raw) = pslite_van::transport::recv_message(&inbox) else {
+            return Ok(());
+        };
+        let Some(meta) = raw.meta else {
+            return Ok(());
+        };
+        if &meta[..] == b"stop" {
+            return Ok(());
+        }
+        // The meta holds the reply size; the sender is ps<9+2c>.
+        let want = meta
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .unwrap_or(0) as usize;
+        if want != reply.len() {
+            reply = Bytes::from(vec![0u8; want]);
+        }
+        let client = ((raw.sender - 9) / 2) as usize;
+        if let Some(out) = to_clients.get_mut(client) {
+            let _ =
+                pslite_van::transport::send_message(out, b"reply", std::slice::from_ref(&reply));
+        }
     }
 }
 
@@ -707,8 +850,14 @@ impl Drop for RawCluster {
                 }
             }
         }
-        for t in self.servers.drain(..) {
-            let _ = t.join();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for mut child in self.servers.drain(..) {
+            // A server that missed its stop message is killed.
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
