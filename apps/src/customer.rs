@@ -178,7 +178,12 @@ fn fail_request(tracker: &Tracker, handler: &dyn Handler, ts: i32, failure: Fail
 /// Handles one response: checks that it belongs to its request, lets the
 /// app see it and completes the request with its last response. A panic in
 /// the app fails the request.
-fn on_response(tracker: &Tracker, handler: &dyn Handler, msg: Message, me: NodeId) {
+fn on_response(
+    tracker: &Tracker,
+    handler: &dyn Handler,
+    msg: Message,
+    me: impl FnOnce() -> NodeId,
+) {
     let ts = msg.meta.timestamp;
     let sender = msg.meta.sender;
     if !tracker.accept_response(ts, sender) {
@@ -202,7 +207,10 @@ fn on_response(tracker: &Tracker, handler: &dyn Handler, msg: Message, me: NodeI
     if let Err(payload) = outcome {
         let message = panic_message(&*payload);
         error!("a handler of request {ts} panicked: {message}");
-        let failure = Failure::HandlerPanicked { node: me, message };
+        let failure = Failure::HandlerPanicked {
+            node: me(),
+            message,
+        };
         if !tracker.force_complete(ts, &failure) {
             // It panicked completing: the request is over, and failed.
             if let Some(req) = tracker.lock().open.get_mut(&ts) {
@@ -263,7 +271,7 @@ impl Customer {
             if msg.meta.request {
                 on_request(&*handler, msg);
             } else {
-                let me = inline_po.my_id().unwrap_or(K_EMPTY);
+                let me = || inline_po.my_id().unwrap_or(K_EMPTY);
                 on_response(&inline_tracker, &*handler, msg, me);
             }
             None
@@ -282,7 +290,7 @@ impl Customer {
                     match delivery {
                         Delivery::Message(msg) if msg.meta.request => on_request(&*handler, msg),
                         Delivery::Message(msg) => {
-                            let me = thread_po.my_id().unwrap_or(K_EMPTY);
+                            let me = || thread_po.my_id().unwrap_or(K_EMPTY);
                             on_response(tracker, &*handler, msg, me);
                         }
                         Delivery::Undeliverable { msg, failure } => {

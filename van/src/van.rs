@@ -54,6 +54,11 @@ pub trait Dispatch: Send + Sync + 'static {
 
 /// How long DEALERs keep unsent messages when closed.
 const LINGER_MS: i32 = 1000;
+/// How long a DEALER waits for its TCP connection to be accepted before
+/// ZeroMQ abandons the attempt and retries (after `ZMQ_RECONNECT_IVL`,
+/// 100 ms by default). Loopback and LAN connections take well under a
+/// millisecond; a longer wait means the SYN was dropped.
+const CONNECT_TIMEOUT_MS: i32 = 500;
 /// Pending connections a ROUTER accepts before the kernel drops SYNs.
 const LISTEN_BACKLOG: i32 = 4096;
 
@@ -671,6 +676,12 @@ impl Shared {
         socket
             .set_linger(LINGER_MS)
             .map_err(zmq_err("setting LINGER"))?;
+        // A SYN lost to a full listen queue is otherwise retried by TCP after
+        // 1 s (then 3 s, 7 s ...): give up on the attempt sooner and let
+        // ZeroMQ reconnect after its interval.
+        socket
+            .set_connect_timeout(CONNECT_TIMEOUT_MS)
+            .map_err(zmq_err("setting CONNECT_TIMEOUT"))?;
         crate::auth::secure_dealer(&socket, self.config.auth_token.as_ref())?;
         if let Some(hwm) = self.config.water_mark {
             socket
@@ -707,8 +718,12 @@ impl Shared {
         let meta = msg.meta.encode();
         let sent = {
             let mut socket = lock(&sender);
-            transport::send_message(&mut socket, &meta, &msg.data)
-                .map_err(zmq_err(format!("sending to node {recver}")))?
+            transport::send_message(&mut socket, &meta, &msg.data).map_err(|source| {
+                VanError::Zmq {
+                    context: format!("sending to node {recver}"),
+                    source,
+                }
+            })?
         };
         self.counters.sent(recver, sent);
         trace!("send {}", describe(msg));
