@@ -36,7 +36,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -146,7 +146,6 @@ fn node(args: &Args) -> Result<(), Error> {
     } else {
         None
     };
-    let server_allocs = po.is_server().then(|| Arc::clone(&SERVER_ALLOCS));
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
         match args.mode.as_str() {
@@ -157,9 +156,9 @@ fn node(args: &Args) -> Result<(), Error> {
         }
     }
     po.finalize(0, true)?;
-    if let Some(counts) = server_allocs {
+    if po.is_server() {
         let (pushes, allocs) = {
-            let c = lock_counts(&counts);
+            let c = lock_counts(&SERVER_ALLOCS);
             (c.pushes, c.allocs)
         };
         if pushes > 0 {
@@ -175,15 +174,17 @@ fn node(args: &Args) -> Result<(), Error> {
 /// What a server counts: allocations between consecutive 1-key pushes
 /// (from the receive of one to the receive of the next, so a whole round
 /// trip of the server's side).
-#[derive(Default)]
 struct ServerAllocs {
     last: Option<u64>,
     pushes: u64,
     allocs: u64,
 }
 
-static SERVER_ALLOCS: std::sync::LazyLock<Arc<Mutex<ServerAllocs>>> =
-    std::sync::LazyLock::new(Arc::default);
+static SERVER_ALLOCS: Mutex<ServerAllocs> = Mutex::new(ServerAllocs {
+    last: None,
+    pushes: 0,
+    allocs: 0,
+});
 
 fn lock_counts<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -548,13 +549,23 @@ fn driver(args: &Args) -> Result<(), Error> {
              each, medians of 2000 round trips per run)\n"
         );
         println!(
-            "| cluster | pslite, runs | raw, runs | pslite median | raw median | raw / ours |"
+            "| cluster | pslite, runs | raw, runs | pslite median | raw median | raw / ours | Rust allocations per round trip, worker / server |"
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|");
         for (s, w) in [(1, 1), (2, 2)] {
             let (mut ours, mut raws) = (Vec::new(), Vec::new());
+            let mut allocs = String::from("-");
             for _ in 0..RTT_RUNS {
                 let run = launch(s, w, "rtt", args)?;
+                let count = |prefix: &str| {
+                    run.lines
+                        .iter()
+                        .filter(|l| l.starts_with(prefix))
+                        .find_map(|l| field(l, "push_allocs"))
+                        .unwrap_or("-")
+                        .to_string()
+                };
+                allocs = format!("{} / {}", count("sweep"), count("server"));
                 let mut push: Vec<f64> = run
                     .lines
                     .iter()
@@ -573,7 +584,7 @@ fn driver(args: &Args) -> Result<(), Error> {
             let (o_runs, r_runs) = (show(&ours), show(&raws));
             let (o, r) = (median(&mut ours), median(&mut raws));
             println!(
-                "| 1+{s}+{w} | {o_runs} | {r_runs} | {o:.1} | {r:.1} | {:.2} |",
+                "| 1+{s}+{w} | {o_runs} | {r_runs} | {o:.1} | {r:.1} | {:.2} | {allocs} |",
                 r / o
             );
             results.push(format!("RESULT rtt {s}+{w} ours_us={o:.1} raw_us={r:.1}"));
