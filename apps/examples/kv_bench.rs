@@ -16,14 +16,19 @@
 //!   handler, at 1 server + 1 worker and 2 + 2.
 //! - `sweep`: keys per request 1 .. 10 M, median round trip of a push and a
 //!   pull (µs) and GB/s (12 bytes per key), plus requests per second with a
-//!   window of requests in flight.
+//!   window of requests in flight. The workers start each phase together
+//!   (a barrier), as the raw clients do.
 //! - `rtt`: the 1-key push round trip at 1+1 and 2+2, pslite and raw ZeroMQ
-//!   alternating, 5 times each (medians of 2000 round trips per run).
+//!   alternating, 5 times each (medians of 2000 round trips per run), and
+//!   the Rust heap allocations per round trip on the worker and the server
+//!   (a counting global allocator; ZeroMQ's own are not seen).
 //! - `startup`: launch to every node past the start barrier, 1+2+2, 1+32+32
 //!   and 1+100+100.
 //!
 //! Run with `DMLC_ROLE` (as `pslite launch` does) it is one node of such a
-//! cluster; the worker prints `BENCH ...` lines for the driver.
+//! cluster; the worker prints `BENCH ...` lines for the driver. The raw
+//! baseline's servers are processes too (this program with the hidden
+//! `--raw-server` option); its clients are threads of the driver.
 //!
 //! The driver ends with machine-readable lines, one per cluster (raw is raw
 //! ZeroMQ over TCP loopback, the path C++ ps-lite takes):
