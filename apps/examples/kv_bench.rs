@@ -744,6 +744,9 @@ impl RawCluster {
                 .args(["--raw-clients", &client_endpoints.join(",")])
                 .env_remove("DMLC_ROLE")
                 .stdout(std::process::Stdio::piped())
+                // Its stdin stays open while this process lives: the server
+                // exits when it closes, even if this process is killed.
+                .stdin(std::process::Stdio::piped())
                 .spawn()
                 .map_err(|e| Error::App(format!("cannot start a raw server: {e}")))?;
             let mut line = String::new();
@@ -791,6 +794,14 @@ fn raw_server_process(rank: usize, clients: &str) -> Result<(), Error> {
         .filter(|ep| !ep.is_empty())
         .map(|ep| raw_dealer(&ctx, &format!("ps{}", 8 + 2 * rank), ep))
         .collect::<Result<_, _>>()?;
+    // Exit with the driver: its end of our stdin closes when it exits,
+    // however it exits.
+    std::thread::spawn(|| {
+        use std::io::Read;
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        std::process::exit(0);
+    });
     println!("ENDPOINT {endpoint}");
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -868,6 +879,7 @@ impl Drop for RawCluster {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         for mut child in self.servers.drain(..) {
+            drop(child.stdin.take());
             // A server that missed its stop message is killed.
             while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
