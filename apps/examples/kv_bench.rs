@@ -160,6 +160,9 @@ fn node(args: &Args) -> Result<(), Error> {
             _ => {}
         }
     }
+    if po.is_worker() && std::env::var_os("KV_BENCH_THREAD_CPU").is_some() {
+        print_thread_cpu();
+    }
     po.finalize(0, true)?;
     if po.is_server() {
         let (pushes, allocs) = {
@@ -174,6 +177,24 @@ fn node(args: &Args) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Prints the CPU time of each of this worker's threads so far
+/// (`/proc/self/task/*/schedstat`), for `KV_BENCH_THREAD_CPU=1` runs (a
+/// server cannot tell when the workers are done, so only workers print).
+fn print_thread_cpu() {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(path.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+            .unwrap_or(0);
+        println!("BENCH cpu thread={} ms={:.1}", name.trim(), ns as f64 / 1e6);
+    }
 }
 
 /// What a server counts: allocations between consecutive 1-key pushes
