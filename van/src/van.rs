@@ -290,6 +290,17 @@ impl Van {
         lock(&self.shared.locked).core.store_waiting()
     }
 
+    /// The configuration this Van runs with.
+    pub fn config(&self) -> &VanConfig {
+        &self.shared.config
+    }
+
+    /// On the scheduler: how many store watches there are (members' and
+    /// admin clients'); 0 on other nodes.
+    pub fn store_watches(&self) -> usize {
+        lock(&self.shared.locked).core.store_watches()
+    }
+
     /// Sends every later change of `key` (store events, in order) to
     /// `events`, then registers the watch with the scheduler (see
     /// [`Van::store_call`]); returns the scheduler's answer.
@@ -355,7 +366,10 @@ impl Van {
             return;
         };
         let shared = &self.shared;
-        let _ = shared.with_core(|core, _| core.finish());
+        let _ = shared.with_core(|core, now| {
+            core.store_leave(now);
+            core.finish()
+        });
         shared.flush_resends();
         shared.stopping.store(true, Ordering::SeqCst);
         shared.wake();
