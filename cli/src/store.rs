@@ -212,7 +212,10 @@ fn watch(
             return ExitCode::FAILURE;
         }
     };
-    eprintln!("pslite store: watching {key:?} (version {})", answer.version);
+    eprintln!(
+        "pslite store: watching {key:?} (version {})",
+        answer.version
+    );
     // Each event comes on a connection of its own: put them back in order.
     let mut next = answer.version + 1;
     let mut early: BTreeMap<u64, StoreMsg> = BTreeMap::new();

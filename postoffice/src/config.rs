@@ -562,6 +562,43 @@ mod tests {
     }
 
     #[test]
+    fn store_bounds_are_read_with_size_suffixes() {
+        let c = parse(&[
+            ("PS_STORE_MAX_KEY", "100"),
+            ("PS_STORE_MAX_VALUE", "1M"),
+            ("PS_STORE_MAX_BYTES", "2GiB"),
+            ("PS_STORE_MAX_KEYS", "50"),
+            ("PS_STORE_MAX_WAITS", "7"),
+            ("PS_STORE_MAX_WATCHES", "8"),
+        ])
+        .unwrap();
+        let l = c.van.store_limits;
+        assert_eq!(
+            (l.max_key, l.max_value, l.max_total),
+            (100, 1 << 20, 2 << 30)
+        );
+        assert_eq!(
+            (l.max_keys, l.max_waits_per_node, l.max_watches_per_node),
+            (50, 7, 8)
+        );
+        assert_eq!(parse(&[]).unwrap().van.store_limits, StoreLimits::default());
+        assert_eq!(parse_bytes("64k"), Some(64 << 10));
+        assert_eq!(parse_bytes("12 MB"), Some(12 << 20));
+        assert_eq!(
+            message(&[("PS_STORE_MAX_VALUE", "lots")]),
+            "PS_STORE_MAX_VALUE must be a positive number of bytes, optionally with K, M or G \
+             (KiB, MiB, GiB), got \"lots\""
+        );
+        // One value travels in one message: over 2 GiB - 1 cannot work.
+        assert!(message(&[("PS_STORE_MAX_VALUE", "4G")]).starts_with("PS_STORE_MAX_VALUE must"));
+        assert!(message(&[("PS_STORE_MAX_KEY", "0")]).starts_with("PS_STORE_MAX_KEY must"));
+        assert_eq!(
+            message(&[("PS_STORE_MAX_WATCHES", "-1")]),
+            "PS_STORE_MAX_WATCHES must be a positive integer, got \"-1\""
+        );
+    }
+
+    #[test]
     fn auth_token_is_checked() {
         assert_eq!(parse(&[]).unwrap().van.auth_token, None);
         assert_eq!(

@@ -153,7 +153,10 @@ impl std::fmt::Display for OverLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let OverLimit { which, size, limit } = *self;
         match which {
-            StoreLimit::Key => write!(f, "a key of {size} bytes is over the limit of {limit} bytes"),
+            StoreLimit::Key => write!(
+                f,
+                "a key of {size} bytes is over the limit of {limit} bytes"
+            ),
             StoreLimit::Value => write!(
                 f,
                 "a value of {size} bytes is over the store's limit of {limit} bytes; the store \

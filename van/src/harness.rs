@@ -255,7 +255,10 @@ impl Network {
         &mut self,
         i: usize,
         key: &str,
-    ) -> (u64, std::sync::mpsc::Receiver<pslite_proto::store::StoreMsg>) {
+    ) -> (
+        u64,
+        std::sync::mpsc::Receiver<pslite_proto::store::StoreMsg>,
+    ) {
         let (tx, rx) = std::sync::mpsc::channel();
         self.nodes[i].core.store_watch(key, tx);
         let req = pslite_proto::store::StoreMsg::request(

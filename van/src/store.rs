@@ -361,8 +361,7 @@ impl StoreHost {
                     })
                 }) {
                     Ok(sum) => {
-                        match self.put_all(&[(req.key(), Bytes::from(sum.to_string()))], &mut out)
-                        {
+                        match self.put_all(&[(req.key(), Bytes::from(sum.to_string()))], &mut out) {
                             Ok(()) => answer.number = sum,
                             Err(why) => answer = refuse(&req, why),
                         }
@@ -475,7 +474,11 @@ impl StoreHost {
             .into());
         }
         if keys > l.max_keys_per_request {
-            return Err(over(StoreLimit::KeysPerRequest, keys, l.max_keys_per_request));
+            return Err(over(
+                StoreLimit::KeysPerRequest,
+                keys,
+                l.max_keys_per_request,
+            ));
         }
         if let Some(k) = req.keys.iter().find(|k| k.len() > l.max_key) {
             return Err(over(StoreLimit::Key, k.len(), l.max_key));

@@ -301,7 +301,11 @@ fn admin_watches_get_events_and_end_at_their_lease() {
     assert_eq!((out[1].msg.op, out[1].msg.version), (StoreOp::Event, 1));
     s.tick(now + Duration::from_secs(5));
     assert_eq!(s.watch_count(), 0, "the lease ended");
-    assert_eq!(s.handle(A, set("k", "2"), now).len(), 1, "no event after it");
+    assert_eq!(
+        s.handle(A, set("k", "2"), now).len(),
+        1,
+        "no event after it"
+    );
 }
 
 #[test]
