@@ -19,13 +19,12 @@ fn wait_until(
     name: &str,
     what: impl Fn(&pslite::Postoffice) -> usize,
 ) {
-    let van = scheduler;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while what(&van) != n {
+    while what(scheduler) != n {
         assert!(
             Instant::now() < deadline,
             "the scheduler never had {n} {name} (has {})",
-            what(&van)
+            what(scheduler)
         );
         std::thread::sleep(Duration::from_millis(5));
     }
