@@ -3,8 +3,9 @@
 //!
 //! It binds a ROUTER of its own on a free port, opens a DEALER (with no
 //! identity) to the scheduler and sends it pslite-only requests carrying the
-//! ROUTER's address in their one node entry; the scheduler answers from a
-//! short-lived DEALER of its own to that address. Every wait has a deadline,
+//! ROUTER's address in their one node entry; the scheduler answers (and
+//! sends store events, see [`AdminClient::store_event`]) from a DEALER of its
+//! own to that address, one per client. Every wait has a deadline,
 //! so a scheduler that is gone (or is C++ ps-lite, which does not know these
 //! requests) gives a clear error instead of a hang.
 //!
