@@ -113,6 +113,18 @@ pub struct Core {
 /// Why a data message with inconsistent frames is dropped.
 const MALFORMED: &str = "its data frames and data types differ in number";
 
+/// The UNWATCH a finalizing node sends ([`Core::store_leave`]): not worth
+/// waiting for at exit (the scheduler may be stopping too; a scheduler that
+/// stays drops the watches when the node is declared dead).
+fn is_leaving_unwatch(msg: &Message) -> bool {
+    msg.meta.control.cmd == Command::Store
+        && msg
+            .meta
+            .store
+            .as_ref()
+            .is_some_and(|s| s.op == StoreOp::Unwatch && s.keys.is_empty())
+}
+
 /// Bytes of a message's data frames and body.
 fn size_of(msg: &Message) -> usize {
     msg.data_size() + msg.meta.body.len()
@@ -400,7 +412,7 @@ impl Core {
         };
         r.unacknowledged_to(|id| self.acked_by.contains(&id))
             .into_iter()
-            .filter(|m| m.meta.control.cmd != Command::Heartbeat)
+            .filter(|m| m.meta.control.cmd != Command::Heartbeat && !is_leaving_unwatch(m))
             .map(crate::describe)
             .collect()
     }

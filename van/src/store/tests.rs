@@ -481,6 +481,28 @@ mod cluster {
     }
 
     #[test]
+    fn a_leaving_nodes_unwatch_does_not_hold_up_its_exit() {
+        let cfg = VanConfig {
+            resend_timeout: Some(Duration::from_millis(100)),
+            ..VanConfig::default()
+        };
+        let mut net = Network::cluster(1, 1, cfg, 26);
+        assert!(net.form(SECOND * 5));
+        let (w, _rx) = net.store_watch(2, "a");
+        assert!(net.run_until(SECOND, |n| answer(n, 2, w).is_some()));
+        // The scheduler is gone (stopping too): the UNWATCH is never
+        // acknowledged, and the node does not wait for it.
+        net.kill(0);
+        net.store_leave(2);
+        net.run_for(Duration::from_millis(50));
+        assert!(
+            net.nodes[2].core.unacknowledged_at_exit().is_empty(),
+            "{:?}",
+            net.nodes[2].core.unacknowledged_at_exit()
+        );
+    }
+
+    #[test]
     fn a_node_whose_scheduler_is_not_pslite_is_refused_at_once() {
         use pslite_proto::{Command, Message, Node, Role};
         let cfg = VanConfig {
