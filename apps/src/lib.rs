@@ -71,7 +71,7 @@ pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
 pub use logging::init_logging;
-pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, Watch};
+pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Postoffice};
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use pslite_proto::Role;
+use pslite_van::store::StoreLimits;
 use pslite_van::{resolve, AuthToken, Transport, VanConfig};
 
 /// A configuration value that is missing or unusable.
@@ -58,7 +59,8 @@ pub struct Config {
     /// address), `PS_BIND_HOST`, `PORT`, `DMLC_LOCAL`, `DMLC_PS_WATER_MARK`,
     /// `PS_START_TIMEOUT`, `PS_HEARTBEAT_INTERVAL`/`_TIMEOUT`,
     /// `PS_RECOVERY_TIMEOUT`, `PS_RESEND`/`_TIMEOUT`, `PS_DROP_MSG`,
-    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`.
+    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_STORE_MAX_KEY`/`_VALUE`/
+    /// `_BYTES`/`_KEYS`/`_WAITS`/`_WATCHES`.
     pub van: VanConfig,
     /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 (or more, as ps-lite reads
     /// 3) every message; stored clamped to 2.
@@ -275,6 +277,7 @@ impl Config {
                     as u32,
                 max_message_size,
                 hold_limit,
+                store_limits: store_limits(&env, defaults.store_limits)?,
                 auth_token: env
                     .get("PS_AUTH_TOKEN")
                     .map(|v| {
@@ -302,6 +305,62 @@ impl Config {
                 .map(|p| p as u16),
         })
     }
+}
+
+/// The store's bounds from `PS_STORE_MAX_KEY`, `_VALUE`, `_BYTES` (bytes,
+/// with an optional K, M or G suffix: KiB, MiB, GiB), `_KEYS`, `_WAITS`
+/// and `_WATCHES` (counts; the last two per node).
+fn store_limits(env: &Env, defaults: StoreLimits) -> Result<StoreLimits, ConfigError> {
+    const BYTES: &str = "a positive number of bytes, optionally with K, M or G (KiB, MiB, GiB)";
+    let bytes = |var: &'static str, default: usize, max: u64| -> Result<usize, ConfigError> {
+        let Some(value) = env.get(var) else {
+            return Ok(default);
+        };
+        parse_bytes(&value)
+            .filter(|v| (1..=max).contains(v))
+            .map(|v| v as usize)
+            .ok_or(ConfigError::Invalid {
+                var,
+                value,
+                expected: BYTES,
+            })
+    };
+    let count = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
+        env.number(
+            var,
+            default as u64,
+            1..=u64::from(u32::MAX),
+            "a positive integer",
+        )
+        .map(|v| v as usize)
+    };
+    Ok(StoreLimits {
+        max_key: bytes("PS_STORE_MAX_KEY", defaults.max_key, 1 << 20)?,
+        // A value travels in one message: ps-lite's sizes are C ints.
+        max_value: bytes("PS_STORE_MAX_VALUE", defaults.max_value, i32::MAX as u64)?,
+        max_total: bytes("PS_STORE_MAX_BYTES", defaults.max_total, usize::MAX as u64)?,
+        max_keys: count("PS_STORE_MAX_KEYS", defaults.max_keys)?,
+        max_waits_per_node: count("PS_STORE_MAX_WAITS", defaults.max_waits_per_node)?,
+        max_watches_per_node: count("PS_STORE_MAX_WATCHES", defaults.max_watches_per_node)?,
+        ..defaults
+    })
+}
+
+/// `123`, `64K`, `64M`, `1G` (binary multiples, case-insensitive, an
+/// optional trailing `B` or `iB`) as bytes.
+fn parse_bytes(value: &str) -> Option<u64> {
+    let v = value.trim().to_ascii_lowercase();
+    let v = v
+        .strip_suffix("ib")
+        .or_else(|| v.strip_suffix('b'))
+        .unwrap_or(&v);
+    let (digits, shift) = match v.char_indices().last()? {
+        (i, 'k') => (&v[..i], 10),
+        (i, 'm') => (&v[..i], 20),
+        (i, 'g') => (&v[..i], 30),
+        _ => (v, 0),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 /// The host to advertise when none is configured.
@@ -500,6 +559,43 @@ mod tests {
         assert_eq!(c.recovery_timeout, Duration::from_secs(9));
         assert_eq!(c.max_message_size, Some(1_000_000));
         assert_eq!(c.hold_limit, 5000);
+    }
+
+    #[test]
+    fn store_bounds_are_read_with_size_suffixes() {
+        let c = parse(&[
+            ("PS_STORE_MAX_KEY", "100"),
+            ("PS_STORE_MAX_VALUE", "1M"),
+            ("PS_STORE_MAX_BYTES", "2GiB"),
+            ("PS_STORE_MAX_KEYS", "50"),
+            ("PS_STORE_MAX_WAITS", "7"),
+            ("PS_STORE_MAX_WATCHES", "8"),
+        ])
+        .unwrap();
+        let l = c.van.store_limits;
+        assert_eq!(
+            (l.max_key, l.max_value, l.max_total),
+            (100, 1 << 20, 2 << 30)
+        );
+        assert_eq!(
+            (l.max_keys, l.max_waits_per_node, l.max_watches_per_node),
+            (50, 7, 8)
+        );
+        assert_eq!(parse(&[]).unwrap().van.store_limits, StoreLimits::default());
+        assert_eq!(parse_bytes("64k"), Some(64 << 10));
+        assert_eq!(parse_bytes("12 MB"), Some(12 << 20));
+        assert_eq!(
+            message(&[("PS_STORE_MAX_VALUE", "lots")]),
+            "PS_STORE_MAX_VALUE must be a positive number of bytes, optionally with K, M or G \
+             (KiB, MiB, GiB), got \"lots\""
+        );
+        // One value travels in one message: over 2 GiB - 1 cannot work.
+        assert!(message(&[("PS_STORE_MAX_VALUE", "4G")]).starts_with("PS_STORE_MAX_VALUE must"));
+        assert!(message(&[("PS_STORE_MAX_KEY", "0")]).starts_with("PS_STORE_MAX_KEY must"));
+        assert_eq!(
+            message(&[("PS_STORE_MAX_WATCHES", "-1")]),
+            "PS_STORE_MAX_WATCHES must be a positive integer, got \"-1\""
+        );
     }
 
     #[test]

@@ -29,9 +29,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pslite_proto::store::{StoreMsg, StoreOp, StoreStatus};
-use pslite_van::store::{too_large, DEFAULT_MAX_VALUE};
+use pslite_proto::store::{OverLimit, StoreMsg, StoreOp, StoreStatus};
 use pslite_van::{Van, VanError};
+
+/// Which bound of the store a request went over (see [`StoreError::TooLarge`]).
+pub use pslite_proto::store::StoreLimit;
 
 /// Bytes, as the store holds them.
 pub type Bytes = pslite_proto::store::Bytes;
@@ -47,12 +49,17 @@ pub enum StoreError {
         /// How long the call waited.
         secs: f64,
     },
-    /// The value is over the store's limit.
-    #[error("store: {}", too_large(*size, *limit))]
+    /// The request went over a bound of the store: a value, key, the
+    /// store's bytes or keys, this node's waiting requests or watches. The
+    /// message names the bound and the scheduler's variable that raises it
+    /// (`PS_STORE_MAX_VALUE`, ...).
+    #[error("store: {}", OverLimit { which: *which, size: *size as u64, limit: *limit as u64 })]
     TooLarge {
-        /// The value's size in bytes.
+        /// The bound.
+        which: StoreLimit,
+        /// What the request asked for: bytes, or a count.
         size: usize,
-        /// The limit in bytes.
+        /// The bound's value.
         limit: usize,
     },
     /// The scheduler refused the request.
@@ -64,12 +71,30 @@ pub enum StoreError {
     Van(#[from] VanError),
 }
 
+/// The error of a refused answer: typed for a bound, else the reason.
+fn refused(answer: StoreMsg) -> StoreError {
+    match answer.limit {
+        Some(o) => StoreError::TooLarge {
+            which: o.which,
+            size: o.size.min(usize::MAX as u64) as usize,
+            limit: o.limit.min(usize::MAX as u64) as usize,
+        },
+        None => StoreError::Refused(answer.error.unwrap_or_else(|| "no reason given".into())),
+    }
+}
+
 fn quoted(keys: &[String]) -> String {
     let list: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
     match list.len() {
         1 => format!("key {}", list[0]),
         _ => format!("keys {}", list.join(", ")),
     }
+}
+
+/// What a waiting request asks the scheduler for: `None` (its bound)
+/// for [`Store::NO_TIMEOUT`].
+fn deadline(timeout: Duration) -> Option<Duration> {
+    (!timeout.is_zero()).then_some(timeout)
 }
 
 /// How long a call may wait beyond the timeout it gave the scheduler before
@@ -153,6 +178,10 @@ pub struct Store {
 }
 
 impl Store {
+    /// A timeout that waits without a deadline (TCPStore's `kNoTimeout`):
+    /// up to the scheduler's bound on waits, 24 h.
+    pub const NO_TIMEOUT: Duration = Duration::ZERO;
+
     /// A handle on the store of the cluster `van` belongs to.
     pub fn new(van: Arc<Van>) -> Store {
         Store {
@@ -162,7 +191,7 @@ impl Store {
     }
 
     /// This handle with `timeout` for waiting calls and for the scheduler's
-    /// answers.
+    /// answers ([`Store::NO_TIMEOUT`]: waiting calls have no deadline).
     pub fn with_timeout(mut self, timeout: Duration) -> Store {
         self.timeout = timeout;
         self
@@ -174,13 +203,22 @@ impl Store {
     }
 
     fn call(&self, req: StoreMsg) -> Result<StoreMsg, StoreError> {
-        if let Some(v) = req.value.as_ref().filter(|v| v.len() > DEFAULT_MAX_VALUE) {
+        // Refused here rather than sent: a 2 GB value never leaves.
+        let max = self.van.config().store_limits.max_value;
+        let values = req.value.iter().chain(&req.values);
+        if let Some(v) = values.into_iter().find(|v| v.len() > max) {
             return Err(StoreError::TooLarge {
+                which: StoreLimit::Value,
                 size: v.len(),
-                limit: DEFAULT_MAX_VALUE,
+                limit: max,
             });
         }
-        let waits = req.timeout.unwrap_or(Duration::ZERO);
+        let waits = match req.op {
+            StoreOp::Get | StoreOp::Wait | StoreOp::MultiGet => req
+                .timeout
+                .unwrap_or(self.van.config().store_limits.max_timeout),
+            _ => Duration::ZERO,
+        };
         let answer = self
             .van
             .store_call(req, self.timeout.max(waits) + ANSWER_GRACE)?;
@@ -190,9 +228,7 @@ impl Store {
                 keys: answer.keys,
                 secs: waits.as_secs_f64(),
             }),
-            StoreStatus::Invalid => Err(StoreError::Refused(
-                answer.error.unwrap_or_else(|| "no reason given".into()),
-            )),
+            StoreStatus::Invalid => Err(refused(answer)),
         }
     }
 
@@ -212,11 +248,53 @@ impl Store {
         self.get_within(key, self.timeout)
     }
 
-    /// [`Store::get`], waiting up to `timeout`.
+    /// [`Store::get`], waiting up to `timeout` ([`Store::NO_TIMEOUT`]:
+    /// without a deadline).
     pub fn get_within(&self, key: &str, timeout: Duration) -> Result<Bytes, StoreError> {
         let mut req = Store::one(StoreOp::Get, key);
-        req.timeout = Some(timeout);
+        req.timeout = deadline(timeout);
         Ok(self.call(req)?.value.unwrap_or_default())
+    }
+
+    /// The values of `keys`, in order, read at one instant, waiting until
+    /// every key is set (up to the handle's timeout).
+    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Bytes>, StoreError> {
+        self.multi_get_within(keys, self.timeout)
+    }
+
+    /// [`Store::multi_get`], waiting up to `timeout`.
+    pub fn multi_get_within(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+    ) -> Result<Vec<Bytes>, StoreError> {
+        let keys = keys.iter().map(|k| k.to_string()).collect();
+        let mut req = StoreMsg::request(StoreOp::MultiGet, keys);
+        req.timeout = deadline(timeout);
+        Ok(self.call(req)?.values)
+    }
+
+    /// Sets every key to its value in one request: no other request sees
+    /// some set and others not (a key named twice ends with its last value).
+    pub fn multi_set<K: AsRef<str>, V: Into<Bytes>>(
+        &self,
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<(), StoreError> {
+        let (keys, values): (Vec<String>, Vec<Bytes>) = pairs
+            .into_iter()
+            .map(|(k, v)| (k.as_ref().to_string(), v.into()))
+            .unzip();
+        let mut req = StoreMsg::request(StoreOp::MultiSet, keys);
+        req.values = values;
+        self.call(req).map(drop)
+    }
+
+    /// Appends `value` to `key`'s value (absent: sets it); returns the new
+    /// length in bytes.
+    pub fn append(&self, key: &str, value: impl Into<Bytes>) -> Result<usize, StoreError> {
+        let mut req = Store::one(StoreOp::Append, key);
+        req.value = Some(value.into());
+        Ok(self.call(req)?.number.max(0) as usize)
     }
 
     /// Adds `delta` to the integer in `key` (absent: 0) and returns the sum.
@@ -276,11 +354,12 @@ impl Store {
         self.wait_within(keys, self.timeout)
     }
 
-    /// [`Store::wait`], waiting up to `timeout`.
+    /// [`Store::wait`], waiting up to `timeout` ([`Store::NO_TIMEOUT`]:
+    /// without a deadline).
     pub fn wait_within(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
         let keys = keys.iter().map(|k| k.to_string()).collect();
         let mut req = StoreMsg::request(StoreOp::Wait, keys);
-        req.timeout = Some(timeout);
+        req.timeout = deadline(timeout);
         self.call(req).map(drop)
     }
 
@@ -294,9 +373,7 @@ impl Store {
                 events: rx,
                 version: answer.version,
             }),
-            _ => Err(StoreError::Refused(
-                answer.error.unwrap_or_else(|| "no reason given".into()),
-            )),
+            _ => Err(refused(answer)),
         }
     }
 

@@ -108,7 +108,6 @@ impl Run {
     }
 }
 
-/// Reads lines from `r`, forwards each on `lines`, and returns them all.
 /// Panics, showing every run's output, unless all runs exited 0.
 pub fn assert_all_ok(runs: &[Run]) {
     if runs.iter().all(Run::ok) {
@@ -122,6 +121,7 @@ pub fn assert_all_ok(runs: &[Run]) {
     panic!("a process failed:\n{}", all.join("\n"));
 }
 
+/// Reads lines from `r`, forwards each on `lines`, and returns them all.
 fn drain(
     r: impl Read + Send + 'static,
     lines: crossbeam_channel::Sender<String>,
@@ -322,9 +322,8 @@ impl Launch {
 
     /// The launcher command.
     pub fn command(&self) -> Command {
-        let mut cmd = Command::new(pslite_bin());
-        cmd.arg("launch")
-            .arg("--servers")
+        let mut cmd = pslite_command("launch");
+        cmd.arg("--servers")
             .arg(self.servers.to_string())
             .arg("--workers")
             .arg(self.workers.to_string())
@@ -333,8 +332,7 @@ impl Launch {
             .args(&self.launcher_args)
             .arg("--")
             .args(&self.program)
-            .envs(&self.env)
-            .env_remove("RUST_LOG");
+            .envs(&self.env);
         cmd
     }
 
@@ -360,17 +358,67 @@ pub fn node_env(role: &str, servers: usize, workers: usize, port: u16) -> Vec<(S
     .collect()
 }
 
-/// A command running example `name` as one node, with a clean ps-lite
-/// environment plus `env`.
-pub fn node_command(name: &str, env: &[(String, String)]) -> Command {
-    let mut cmd = Command::new(example(name));
+/// [`node_env`] plus `extra` variables.
+pub fn node_env_with(
+    role: &str,
+    servers: usize,
+    workers: usize,
+    port: u16,
+    extra: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let mut env = node_env(role, servers, workers, port);
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
+
+/// Removes the ps-lite variables of the test's own environment (`DMLC_*`,
+/// `PS_*`, `PORT`, `RUST_LOG`) from `cmd`, so it sees only what the test sets.
+fn clean_env(cmd: &mut Command) {
     for (k, _) in std::env::vars() {
         if k.starts_with("DMLC_") || k.starts_with("PS_") || k == "PORT" || k == "RUST_LOG" {
             cmd.env_remove(k);
         }
     }
+}
+
+/// A command running example `name` as one node, with a clean ps-lite
+/// environment plus `env`.
+pub fn node_command(name: &str, env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(example(name));
+    clean_env(&mut cmd);
     cmd.envs(env.iter().map(|(k, v)| (k, v)));
     cmd
+}
+
+/// Starts example `name` as a `role` node of a cluster of `servers` and
+/// `workers` around 127.0.0.1:`port`, with `extra` variables.
+pub fn spawn_node(
+    name: &str,
+    role: &str,
+    servers: usize,
+    workers: usize,
+    port: u16,
+    extra: &[(&str, &str)],
+) -> Spawned {
+    let env = node_env_with(role, servers, workers, port, extra);
+    spawn(node_command(name, &env))
+}
+
+/// `pslite SUBCOMMAND` with a clean ps-lite environment (the test adds
+/// what it needs).
+pub fn pslite_command(subcommand: &str) -> Command {
+    let mut cmd = Command::new(pslite_bin());
+    cmd.arg(subcommand);
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// Waits for every process, in order, each up to `limit` from its start;
+/// panics, showing every output, unless all exited 0.
+pub fn wait_all_ok(procs: impl IntoIterator<Item = Spawned>, limit: Duration) -> Vec<Run> {
+    let runs: Vec<Run> = procs.into_iter().map(|p| p.wait(limit)).collect();
+    assert_all_ok(&runs);
+    runs
 }
 
 /// A free TCP port on 127.0.0.1.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pslite::{Command, DataType, Message, Meta, Node, Role};
 use pslite_tests::{
-    assert_all_ok, free_port, node_command, node_env, pslite_bin, run, spawn, spawn_with_stdin,
+    free_port, node_command, node_env_with, pslite_bin, run, spawn, spawn_with_stdin, wait_all_ok,
 };
 
 const TOKEN: &str = "correct horse battery staple";
@@ -22,11 +22,10 @@ fn env(
     token: Option<&str>,
     extra: &[(&str, &str)],
 ) -> Vec<(String, String)> {
-    let mut e = node_env(role, 2, 2, port);
+    let mut e = node_env_with(role, 2, 2, port, extra);
     if let Some(token) = token {
         e.push(("PS_AUTH_TOKEN".into(), token.into()));
     }
-    e.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     e
 }
 
@@ -246,13 +245,11 @@ fn strangers_are_refused_and_the_job_stays_exact() {
         w.write_stdin("go\n");
     }
     let limit = Duration::from_secs(120);
-    let runs: Vec<_> = std::iter::once(scheduler)
-        .chain(servers)
-        .chain(workers)
-        .map(|p| p.wait(limit))
-        .collect();
+    let runs = wait_all_ok(
+        std::iter::once(scheduler).chain(servers).chain(workers),
+        limit,
+    );
     eprintln!("job done after {:?}", t0.elapsed());
-    assert_all_ok(&runs);
     for worker in &runs[3..] {
         assert!(worker.stdout.contains("sums exact"), "{}", worker.output());
     }
@@ -280,10 +277,13 @@ fn strangers_are_refused_and_the_job_stays_exact() {
 fn a_node_with_a_wrong_token_fails_naming_the_variable() {
     let port = free_port();
     let env1 = |role, token| {
-        let mut e = node_env(role, 1, 1, port);
-        e.push(("PS_AUTH_TOKEN".into(), String::from(token)));
-        e.push(("PS_START_TIMEOUT".into(), "60".into()));
-        e
+        node_env_with(
+            role,
+            1,
+            1,
+            port,
+            &[("PS_AUTH_TOKEN", token), ("PS_START_TIMEOUT", "60")],
+        )
     };
     let scheduler = spawn(node_command("kv_app", &env1("scheduler", TOKEN)));
     let server = spawn(node_command("kv_app", &env1("server", TOKEN)));

@@ -45,6 +45,16 @@ fn missing_num_server() {
 }
 
 #[test]
+fn unusable_store_bound() {
+    let run = node("scheduler", &[("PS_STORE_MAX_VALUE", "64 megs")]);
+    assert_config_error(
+        &run,
+        "PS_STORE_MAX_VALUE must be a positive number of bytes, optionally with K, M or G \
+         (KiB, MiB, GiB), got \"64 megs\"",
+    );
+}
+
+#[test]
 fn non_numeric_num_server() {
     let run = node("server", &[("DMLC_NUM_SERVER", "two")]);
     assert_config_error(

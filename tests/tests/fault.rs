@@ -3,21 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use pslite_tests::{assert_all_ok, free_port, node_command, node_env, spawn, Launch, Spawned};
-
-/// A node of `example` in a cluster around 127.0.0.1:`port`, with `extra`.
-fn node(
-    example: &str,
-    role: &str,
-    s: usize,
-    w: usize,
-    port: u16,
-    extra: &[(&str, &str)],
-) -> Spawned {
-    let mut env = node_env(role, s, w, port);
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    spawn(node_command(example, &env))
-}
+use pslite_tests::{free_port, spawn_node as node, wait_all_ok, Launch};
 
 #[test]
 fn kv_app_is_exact_with_ten_percent_of_messages_dropped() {
@@ -77,12 +63,12 @@ fn a_killed_server_is_replaced_and_serves_again() {
     // Restart it: it takes over the dead server's id once the scheduler
     // misses its heartbeats, and the workers' pending requests are resent.
     let replacement = n("server");
-    let runs: Vec<_> = [scheduler, survivor, replacement]
-        .into_iter()
-        .chain(workers)
-        .map(|p| p.wait(Duration::from_secs(120)))
-        .collect();
-    assert_all_ok(&runs);
+    let runs = wait_all_ok(
+        [scheduler, survivor, replacement]
+            .into_iter()
+            .chain(workers),
+        Duration::from_secs(120),
+    );
     let replaced = &runs[2].stdout;
     assert!(
         replaced.contains(&format!("server node {victim_id} serving (recovered)")),

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use pslite::{Command, Control, DataType, Meta, Node, Role};
-use pslite_tests::{assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin};
+use pslite_tests::{free_port, node_command, node_env, spawn, spawn_with_stdin, wait_all_ok};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -187,12 +187,10 @@ fn garbage_frames_do_not_hurt_a_live_cluster() {
         w.write_stdin("go\n");
     }
     let limit = Duration::from_secs(120);
-    let runs: Vec<_> = std::iter::once(scheduler)
-        .chain(servers)
-        .chain(workers)
-        .map(|p| p.wait(limit))
-        .collect();
-    assert_all_ok(&runs);
+    let runs = wait_all_ok(
+        std::iter::once(scheduler).chain(servers).chain(workers),
+        limit,
+    );
     for run in &runs {
         assert!(!run.stderr.contains("panicked"), "{}", run.output());
     }

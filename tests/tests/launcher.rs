@@ -5,22 +5,13 @@
 use std::process::Command;
 use std::time::Duration;
 
-use pslite_tests::{example, pslite_bin, run, spawn};
+use pslite_tests::{example, pslite_bin, pslite_command, run, spawn};
 
-/// The launcher running `sh -c script` on every node.
+/// The launcher running `sh -c script` on every node (with a clean ps-lite
+/// environment).
 fn launch_command(args: &[&str], script: &str) -> Command {
-    let mut cmd = Command::new(pslite_bin());
-    cmd.arg("launch")
-        .args(args)
-        .args(["--", "sh", "-c", script]);
-    for var in [
-        "PS_VERBOSE",
-        "PS_START_TIMEOUT",
-        "DMLC_INTERFACE",
-        "DMLC_NODE_HOST",
-    ] {
-        cmd.env_remove(var);
-    }
+    let mut cmd = pslite_command("launch");
+    cmd.args(args).args(["--", "sh", "-c", script]);
     cmd
 }
 

@@ -1,26 +1,40 @@
 //! The key-value store the scheduler hosts, on real clusters: every
 //! operation through the Postoffice's `Store` handle (in-process nodes on
-//! real sockets), 8 worker processes hammering `add` on one key, and the
-//! `pslite store` subcommands against a running scheduler.
+//! real sockets), 8 worker processes hammering `add` on one key, the
+//! `pslite store` subcommands (watch included, with `PS_AUTH_TOKEN`)
+//! against a running scheduler, bounds set by configuration, and a watcher
+//! process killed -9 whose watch the scheduler drops.
 
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use pslite::{Store, StoreError};
-use pslite_tests::{pslite_bin, run, Launch, LocalCluster};
+use pslite::{Store, StoreError, StoreLimit};
+use pslite_tests::{node_command, node_env_with, pslite_command, run, spawn, Launch, LocalCluster};
 
-/// Waits (up to 10 s) until `n` store requests wait on the scheduler.
-fn wait_until_waiting(scheduler: &pslite::Postoffice, n: usize) {
-    let van = scheduler.van().expect("the scheduler started");
+/// Waits (up to 10 s) until `what` of the scheduler's Van is `n` (the Van
+/// offers no event for it: it is polled).
+fn wait_until(
+    scheduler: &pslite::Postoffice,
+    n: usize,
+    name: &str,
+    what: impl Fn(&pslite::Postoffice) -> usize,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while van.store_waiting() != n {
+    while what(scheduler) != n {
         assert!(
             Instant::now() < deadline,
-            "{n} requests never waited on the scheduler"
+            "the scheduler never had {n} {name} (has {})",
+            what(scheduler)
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Waits (up to 10 s) until `n` store requests wait on the scheduler.
+fn wait_until_waiting(scheduler: &pslite::Postoffice, n: usize) {
+    wait_until(scheduler, n, "waiting requests", |po| {
+        po.van().map_or(0, |v| v.store_waiting())
+    });
 }
 
 fn store(po: &pslite::Postoffice) -> Store {
@@ -144,14 +158,14 @@ fn eight_processes_adding_to_one_key_give_the_exact_total() {
     );
 }
 
+fn cli_command(port: u16, args: &[&str]) -> std::process::Command {
+    let mut cmd = pslite_command("store");
+    cmd.arg("--port").arg(port.to_string()).args(args);
+    cmd
+}
+
 fn cli(port: u16, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new(pslite_bin());
-    cmd.arg("store")
-        .arg("--port")
-        .arg(port.to_string())
-        .args(args)
-        .env_remove("DMLC_LOCAL");
-    let r = run(cmd, Duration::from_secs(20));
+    let r = run(cli_command(port, args), Duration::from_secs(20));
     assert!(!r.timed_out, "pslite store hung");
     (r.ok(), r.stdout.clone(), r.stderr.clone())
 }
@@ -175,9 +189,7 @@ fn pslite_store_subcommands_talk_to_a_running_scheduler() {
     assert!(cli(port, &["wait", "addr", "n"]).0);
 
     // get waits for a set made while it waits.
-    let mut cmd = Command::new(pslite_bin());
-    cmd.args(["store", "--port", &port.to_string(), "get", "late"]);
-    let getter = pslite_tests::spawn(cmd);
+    let getter = spawn(cli_command(port, &["get", "late"]));
     // Set only once the CLI's request is waiting on the scheduler.
     wait_until_waiting(&c.scheduler, 1);
     w.set("late", "now").unwrap();
@@ -205,4 +217,163 @@ fn pslite_store_without_a_scheduler_fails_within_its_deadline() {
     assert!(!ok);
     assert!(err.contains("no answer from the scheduler"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn pslite_store_watch_prints_every_change_in_order_with_a_token() {
+    const TOKEN: &str = "store watch secret";
+    let c = LocalCluster::start_with(1, 1, |cfg| {
+        cfg.van.auth_token = pslite::admin::AuthToken::new(TOKEN);
+    });
+    let port = c.scheduler.config().van.scheduler_port as u16;
+    let w = store(&c.workers[0]);
+    w.set("epoch", "0").unwrap();
+    let mut cmd = cli_command(
+        port,
+        &["--timeout", "30", "watch", "epoch", "--count", "22"],
+    );
+    cmd.env("PS_AUTH_TOKEN", TOKEN);
+    let watcher = spawn(cmd);
+    watcher
+        .wait_for_line("watching \"epoch\" (version 1)", Duration::from_secs(20))
+        .expect("the CLI never started watching");
+    for i in 1..=20 {
+        w.set("epoch", i.to_string()).unwrap();
+    }
+    w.set("epoch", vec![0u8, 255]).unwrap();
+    w.delete("epoch").unwrap();
+    let r = watcher.wait(Duration::from_secs(40));
+    assert!(r.ok(), "{}", r.output());
+    let mut expected: Vec<String> = (1..=20).map(|i| format!("{} set {i}", i + 1)).collect();
+    expected.push("22 set 0x00ff".into());
+    expected.push("23 deleted".into());
+    assert_eq!(
+        r.stdout.lines().collect::<Vec<_>>(),
+        expected,
+        "{}",
+        r.output()
+    );
+    // The CLI unwatched as it left.
+    wait_until(&c.scheduler, 0, "watches", |po| {
+        po.van().map_or(usize::MAX, |v| v.store_watches())
+    });
+
+    // Without the token the scheduler never answers.
+    let (ok, _, err) = cli(port, &["--timeout", "1", "watch", "epoch"]);
+    assert!(!ok && err.contains("no answer"), "{err}");
+
+    // A count not reached by the timeout fails, saying so.
+    let mut cmd = cli_command(
+        port,
+        &["--timeout", "0.5", "watch", "epoch", "--count", "1"],
+    );
+    cmd.env("PS_AUTH_TOKEN", TOKEN);
+    let r = run(cmd, Duration::from_secs(20));
+    assert!(!r.ok(), "{}", r.output());
+    assert!(r.stderr.contains("saw 0 of 1 events"), "{}", r.output());
+    c.finalize();
+}
+
+#[test]
+fn configured_bounds_refuse_with_typed_errors() {
+    // The scheduler's bounds are small; the workers' own value check is the
+    // default, so the value bound is enforced by the scheduler.
+    let c = LocalCluster::start_with(1, 1, |cfg| {
+        if cfg.role() == pslite::Role::Scheduler {
+            let l = &mut cfg.van.store_limits;
+            l.max_value = 16;
+            l.max_keys = 2;
+            l.max_watches_per_node = 1;
+        }
+    });
+    let w = store(&c.workers[0]);
+    match w.set("k", vec![7u8; 17]) {
+        Err(StoreError::TooLarge {
+            which: StoreLimit::Value,
+            size: 17,
+            limit: 16,
+        }) => {}
+        other => panic!("expected the value bound, got {other:?}"),
+    }
+    w.set("a", "1").unwrap();
+    w.multi_set([("b", "2"), ("b", "3")]).unwrap();
+    assert_eq!(w.multi_get(&["a", "b"]).unwrap(), vec!["1", "3"]);
+    let e = w.set("c", "1").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::TooLarge {
+                which: StoreLimit::Keys,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("PS_STORE_MAX_KEYS"), "{e}");
+    assert_eq!(w.append("a", "23").unwrap(), 3);
+    assert_eq!(&w.get("a").unwrap()[..], b"123");
+    let _watch = w.watch("a").unwrap();
+    let e = w
+        .watch("b")
+        .err()
+        .expect("a second watch is over the bound");
+    assert!(e.to_string().contains("PS_STORE_MAX_WATCHES"), "{e}");
+    c.finalize();
+}
+
+#[test]
+fn a_watcher_killed_9_loses_its_watch_on_the_scheduler() {
+    let port = pslite_tests::free_port();
+    let env = [
+        ("PS_HEARTBEAT_INTERVAL", "1"),
+        ("PS_HEARTBEAT_TIMEOUT", "3"),
+    ];
+    let node = |role, verbose: &str| {
+        let mut env = env.to_vec();
+        env.push(("PS_VERBOSE", verbose));
+        let mut cmd = node_command("store_watch", &node_env_with(role, 1, 1, port, &env));
+        cmd.arg("k");
+        spawn(cmd)
+    };
+    let scheduler = node("scheduler", "1");
+    let server = node("server", "0");
+    let worker = node("worker", "0");
+    let limit = Duration::from_secs(60);
+    server
+        .wait_for_line("watching k", limit)
+        .expect("the server never watched");
+    let line = worker
+        .wait_for_line("watching k", limit)
+        .expect("the worker never watched");
+    let id = line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    worker.signal(libc::SIGKILL);
+    let killed = worker.wait(limit);
+    assert!(killed.code().is_none(), "not killed: {}", killed.output());
+    let t0 = Instant::now();
+    let dropped = scheduler.wait_for_line(
+        &format!("node {id} is dead: the store dropped its 1 watches and 0 waiting requests"),
+        Duration::from_secs(30),
+    );
+    assert!(
+        dropped.is_some(),
+        "the scheduler kept the dead node's watch"
+    );
+    eprintln!("watch dropped {:?} after the kill", t0.elapsed());
+    // The live watcher's watch stays.
+    let (ok, _, err) = cli(port, &["set", "k", "after"]);
+    assert!(ok, "{err}");
+    assert!(
+        server
+            .wait_for_line("event 1 after", Duration::from_secs(20))
+            .is_some(),
+        "the server's watch was lost"
+    );
+    for p in [server, scheduler] {
+        p.signal(libc::SIGKILL);
+        p.wait(limit);
+    }
 }

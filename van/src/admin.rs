@@ -3,8 +3,9 @@
 //!
 //! It binds a ROUTER of its own on a free port, opens a DEALER (with no
 //! identity) to the scheduler and sends it pslite-only requests carrying the
-//! ROUTER's address in their one node entry; the scheduler answers from a
-//! short-lived DEALER of its own to that address. Every wait has a deadline,
+//! ROUTER's address in their one node entry; the scheduler answers (and
+//! sends store events, see [`AdminClient::store_event`]) from a DEALER of its
+//! own to that address, one per client. Every wait has a deadline,
 //! so a scheduler that is gone (or is C++ ps-lite, which does not know these
 //! requests) gives a clear error instead of a hang.
 //!
@@ -19,11 +20,13 @@
 //! # Ok::<(), pslite_van::admin::AdminError>(())
 //! ```
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use pslite_proto::ids::SCHEDULER;
 use pslite_proto::stats::NodeStatus;
+use pslite_proto::store::{StoreMsg, StoreOp};
 use pslite_proto::{Command, Message, Meta, Node, Role, K_EMPTY};
 
 /// How the scheduler is reached (see [`AdminClient::connect_via`]).
@@ -73,6 +76,8 @@ fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> AdminError 
 /// A connection to a scheduler for admin requests. See the module docs.
 pub struct AdminClient {
     router: zmq::Socket,
+    /// Store events that arrived while waiting for an answer.
+    events: VecDeque<StoreMsg>,
     dealer: zmq::Socket,
     me: Node,
     scheduler: String,
@@ -151,6 +156,7 @@ impl AdminClient {
             .map_err(zmq_err(format!("connecting to {scheduler}")))?;
         Ok(AdminClient {
             router,
+            events: VecDeque::new(),
             dealer,
             me: Node::new(Role::Worker, reply_host, port),
             scheduler,
@@ -181,13 +187,27 @@ impl AdminClient {
             .map_err(zmq_err(format!("sending to {}", self.scheduler)))?;
         let deadline = Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let Some(answer) = self.receive(deadline)? else {
                 return Err(AdminError::NoAnswer {
                     scheduler: self.scheduler.clone(),
                     reply_to: self.reply_address(),
                     timeout,
                 });
+            };
+            if answer.meta.control.cmd == cmd && answer.meta.timestamp == msg.meta.timestamp {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// The next message from the scheduler that is not a request, before
+    /// `deadline` (`None` after it); store events go to the event queue.
+    /// Anything else (garbage, another sender) is skipped.
+    fn receive(&mut self, deadline: Instant) -> Result<Option<Message>, AdminError> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
             }
             let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
             self.router
@@ -198,22 +218,23 @@ impl AdminClient {
                 Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
                 Err(e) => return Err(zmq_err("receiving the answer")(e)),
             };
-            // Anything but the answer (a stale one, garbage) is skipped.
-            let Some(meta) = raw.meta.as_deref().and_then(|m| Meta::decode(m).ok()) else {
+            let Some(mut meta) = raw.meta.as_deref().and_then(|m| Meta::decode(m).ok()) else {
                 continue;
             };
-            if raw.sender == SCHEDULER
-                && meta.control.cmd == cmd
-                && !meta.request
-                && meta.timestamp == msg.meta.timestamp
-            {
-                let mut meta = meta;
-                meta.sender = raw.sender;
-                meta.recver = K_EMPTY;
-                return Ok(Message {
-                    meta,
-                    data: raw.data,
-                });
+            if raw.sender != SCHEDULER || meta.request {
+                continue;
+            }
+            meta.sender = raw.sender;
+            meta.recver = K_EMPTY;
+            match meta.store.take() {
+                Some(event) if event.op == StoreOp::Event => self.events.push_back(*event),
+                store => {
+                    meta.store = store;
+                    return Ok(Some(Message {
+                        meta,
+                        data: raw.data,
+                    }));
+                }
             }
         }
     }
@@ -243,6 +264,21 @@ impl AdminClient {
             reply_to: self.reply_address(),
             timeout,
         })
+    }
+
+    /// The next event of this client's store watches (a WATCH request with
+    /// a timeout, see [`AdminClient::store`]), waiting up to `timeout`;
+    /// `None` if none came. Events arrive on separate connections, so they
+    /// may come out of order: order them by [`StoreMsg::version`].
+    pub fn store_event(&mut self, timeout: Duration) -> Result<Option<StoreMsg>, AdminError> {
+        let deadline = Instant::now() + timeout;
+        while self.events.is_empty() {
+            // Answers without a request waiting for them are stale: dropped.
+            if self.receive(deadline)?.is_none() {
+                break;
+            }
+        }
+        Ok(self.events.pop_front())
     }
 }
 

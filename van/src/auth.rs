@@ -382,23 +382,51 @@ mod tests {
         assert_eq!(zmq::has("curve"), Some(false));
     }
 
-    /// A ROUTER with a token, a DEALER with `offered` (or none): whether a
-    /// message gets through within a short wait.
-    fn delivered(offered: Option<&str>) -> bool {
+    /// A ROUTER on a free loopback port, protected by `token` if given,
+    /// and its endpoint.
+    fn router(token: Option<&str>) -> (zmq::Socket, String) {
         let ctx = zmq::Context::new();
         let router = ctx.socket(zmq::ROUTER).unwrap();
-        serve_router(&ctx, &router, &AuthToken::new("right").unwrap()).unwrap();
+        if let Some(token) = token {
+            serve_router(&ctx, &router, &AuthToken::new(token).unwrap()).unwrap();
+        }
         router.bind("tcp://127.0.0.1:*").unwrap();
         let endpoint = router.get_last_endpoint().unwrap().unwrap();
+        (router, endpoint)
+    }
+
+    /// A DEALER in a context of its own (another process, as far as
+    /// ZeroMQ's authentication goes), offering `offered` (or no token).
+    fn dealer(offered: Option<&str>) -> (zmq::Context, zmq::Socket) {
         let client = zmq::Context::new();
         let dealer = client.socket(zmq::DEALER).unwrap();
         dealer.set_linger(0).unwrap();
-        secure_dealer(&dealer, AuthToken::new(offered.unwrap_or("")).as_ref()).unwrap();
+        secure_dealer(&dealer, offered.and_then(AuthToken::new).as_ref()).unwrap();
+        (client, dealer)
+    }
+
+    /// Why a DEALER offering `offered` is refused by a ROUTER protected by
+    /// `token` (none: a plain one), as [`watch_refusal`] reports it.
+    fn refusal(token: Option<&str>, offered: &str) -> String {
+        let (_router, endpoint) = router(token);
+        let (client, dealer) = dealer(Some(offered));
+        let (tx, rx) = std::sync::mpsc::channel();
+        watch_refusal(&client, &dealer, &endpoint, move |e| {
+            let _ = tx.send(e.to_string());
+        })
+        .unwrap();
+        dealer.connect(&endpoint).unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    }
+
+    /// A ROUTER with a token, a DEALER with `offered` (or none): whether a
+    /// message gets through within a short wait.
+    fn delivered(offered: Option<&str>) -> bool {
+        let (router, endpoint) = router(Some("right"));
+        let (_client, dealer) = dealer(offered);
         dealer.connect(&endpoint).unwrap();
         dealer.send(&b"hello"[..], 0).unwrap();
-        let got = router.poll(zmq::POLLIN, 2000).unwrap() > 0;
-        drop(router);
-        got
+        router.poll(zmq::POLLIN, 2000).unwrap() > 0
     }
 
     #[test]
@@ -410,22 +438,7 @@ mod tests {
 
     #[test]
     fn a_refused_client_is_told_why() {
-        let ctx = zmq::Context::new();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
-        serve_router(&ctx, &router, &AuthToken::new("right").unwrap()).unwrap();
-        router.bind("tcp://127.0.0.1:*").unwrap();
-        let endpoint = router.get_last_endpoint().unwrap().unwrap();
-        let client = zmq::Context::new();
-        let dealer = client.socket(zmq::DEALER).unwrap();
-        dealer.set_linger(0).unwrap();
-        secure_dealer(&dealer, AuthToken::new("wrong").as_ref()).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        watch_refusal(&client, &dealer, &endpoint, move |e| {
-            let _ = tx.send(e.to_string());
-        })
-        .unwrap();
-        dealer.connect(&endpoint).unwrap();
-        let reason = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let reason = refusal(Some("right"), "wrong");
         assert!(
             reason.contains("refused this node's PS_AUTH_TOKEN"),
             "{reason}"
@@ -434,21 +447,7 @@ mod tests {
 
     #[test]
     fn a_client_without_auth_against_a_plain_server_is_refused() {
-        let ctx = zmq::Context::new();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
-        router.bind("tcp://127.0.0.1:*").unwrap();
-        let endpoint = router.get_last_endpoint().unwrap().unwrap();
-        let client = zmq::Context::new();
-        let dealer = client.socket(zmq::DEALER).unwrap();
-        dealer.set_linger(0).unwrap();
-        secure_dealer(&dealer, AuthToken::new("mine").as_ref()).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        watch_refusal(&client, &dealer, &endpoint, move |e| {
-            let _ = tx.send(e.to_string());
-        })
-        .unwrap();
-        dealer.connect(&endpoint).unwrap();
-        let reason = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let reason = refusal(None, "mine");
         assert!(reason.contains("does not authenticate nodes"), "{reason}");
     }
 }

@@ -65,6 +65,10 @@ pub struct VanConfig {
     /// Bytes of data messages held before this node joined, in total and
     /// per sender (`PS_HOLD_LIMIT`).
     pub hold_limit: usize,
+    /// On the scheduler: the bounds of the key-value store it hosts
+    /// (`PS_STORE_MAX_*`); on a node, the largest value its `Store` handle
+    /// sends.
+    pub store_limits: crate::store::StoreLimits,
     /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
     /// unauthenticated wire (see [`crate::auth`]).
     pub auth_token: Option<crate::AuthToken>,
@@ -95,6 +99,7 @@ impl Default for VanConfig {
             drop_percent: 0,
             max_message_size: Some(i64::from(i32::MAX)),
             hold_limit: 256 << 20,
+            store_limits: crate::store::StoreLimits::default(),
             auth_token: None,
         }
     }

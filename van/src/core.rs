@@ -28,7 +28,7 @@ use crate::error::{Failure, StartTimeout, VanError};
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
-use crate::store::{Requester, StoreClient, StoreHost, StoreLimits, StoreReply};
+use crate::store::{Requester, StoreClient, StoreHost, StoreReply};
 use pslite_proto::store::{StoreMsg, StoreOp};
 
 /// Something the driver must do, in order.
@@ -105,10 +105,25 @@ pub struct Core {
     store_host: Option<StoreHost>,
     /// This node's store requests and watches.
     store_client: StoreClient,
+    /// On the scheduler: the nodes dead at the last tick, whose waits and
+    /// watches the store has dropped.
+    store_dead: BTreeSet<NodeId>,
 }
 
 /// Why a data message with inconsistent frames is dropped.
 const MALFORMED: &str = "its data frames and data types differ in number";
+
+/// The UNWATCH a finalizing node sends ([`Core::store_leave`]): not worth
+/// waiting for at exit (the scheduler may be stopping too; a scheduler that
+/// stays drops the watches when the node is declared dead).
+fn is_leaving_unwatch(msg: &Message) -> bool {
+    msg.meta.control.cmd == Command::Store
+        && msg
+            .meta
+            .store
+            .as_ref()
+            .is_some_and(|s| s.op == StoreOp::Unwatch && s.keys.is_empty())
+}
 
 /// Bytes of a message's data frames and body.
 fn size_of(msg: &Message) -> usize {
@@ -182,8 +197,9 @@ impl Core {
             finishing: false,
             changed: false,
             out: Vec::new(),
-            store_host: is_scheduler.then(|| StoreHost::new(StoreLimits::default())),
+            store_host: is_scheduler.then(|| StoreHost::new(cfg.store_limits)),
             store_client: StoreClient::default(),
+            store_dead: BTreeSet::new(),
         };
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
@@ -396,7 +412,7 @@ impl Core {
         };
         r.unacknowledged_to(|id| self.acked_by.contains(&id))
             .into_iter()
-            .filter(|m| m.meta.control.cmd != Command::Heartbeat)
+            .filter(|m| m.meta.control.cmd != Command::Heartbeat && !is_leaving_unwatch(m))
             .map(crate::describe)
             .collect()
     }
@@ -444,6 +460,7 @@ impl Core {
                 let actions = s.tick(now);
                 self.apply_scheduler(actions, now);
             }
+            self.store_forget_dead(now);
         }
         if let Some(host) = &mut self.store_host {
             let replies = host.tick(now);
@@ -740,6 +757,7 @@ impl Core {
     /// process (the old one may have taken them to its grave); without a
     /// resender they cannot, and fail instead of waiting forever.
     fn peer_replaced(&mut self, id: NodeId, now: Instant) {
+        self.store_forget(id, "was replaced by a restarted process");
         let Some(r) = &mut self.resender else {
             if self.scheduler.is_none() {
                 self.out
@@ -892,6 +910,59 @@ impl Core {
     /// On the scheduler: how many store requests wait for keys (0 elsewhere).
     pub fn store_waiting(&self) -> usize {
         self.store_host.as_ref().map_or(0, StoreHost::waiting)
+    }
+
+    /// On the scheduler: how many store watches there are (0 elsewhere).
+    pub fn store_watches(&self) -> usize {
+        self.store_host.as_ref().map_or(0, StoreHost::watch_count)
+    }
+
+    /// This node is leaving (finalized): if it watches keys, tells the
+    /// scheduler to drop its watches (one UNWATCH without a key), so no
+    /// event goes to a process that is gone.
+    pub fn store_leave(&mut self, now: Instant) {
+        if !self.store_client.is_watching() || !self.member.is_joined() {
+            return;
+        }
+        if let Some(host) = &mut self.store_host {
+            let me = self.member.me().id;
+            host.forget(&Requester::Member(me));
+            return;
+        }
+        let mut req = StoreMsg::request(StoreOp::Unwatch, Vec::new());
+        let id = self.store_client.start(&mut req);
+        self.store_client.end(id);
+        self.send_store(req, now);
+    }
+
+    /// On the scheduler: drops the waits and watches of nodes declared dead
+    /// since the last tick (their answers and events would go nowhere, or
+    /// to the process that takes over the id).
+    fn store_forget_dead(&mut self, now: Instant) {
+        let (Some(s), Some(_)) = (&self.scheduler, &self.store_host) else {
+            return;
+        };
+        let dead: BTreeSet<NodeId> = s.dead_nodes(now).into_iter().collect();
+        let newly: Vec<NodeId> = dead.difference(&self.store_dead).copied().collect();
+        for id in newly {
+            self.store_forget(id, "is dead");
+        }
+        self.store_dead = dead;
+    }
+
+    /// On the scheduler: drops node `id`'s store waits and watches.
+    fn store_forget(&mut self, id: NodeId, why: &str) {
+        let Some(host) = &mut self.store_host else {
+            return;
+        };
+        let gone = host.forget(&Requester::Member(id));
+        if gone.waits + gone.watches > 0 {
+            info!(
+                "scheduler: node {id} {why}: the store dropped its {} watches and {} waiting \
+                 requests",
+                gone.watches, gone.waits
+            );
+        }
     }
 
     /// Forgets store request `id` (its waiter returned).

@@ -249,6 +249,32 @@ impl Network {
         id
     }
 
+    /// Node `i` watches store key `key`: its events go to the receiver;
+    /// ask the core for the WATCH answer with the id returned.
+    pub fn store_watch(
+        &mut self,
+        i: usize,
+        key: &str,
+    ) -> (
+        u64,
+        std::sync::mpsc::Receiver<pslite_proto::store::StoreMsg>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.nodes[i].core.store_watch(key, tx);
+        let req = pslite_proto::store::StoreMsg::request(
+            pslite_proto::store::StoreOp::Watch,
+            vec![key.to_string()],
+        );
+        (self.store(i, req), rx)
+    }
+
+    /// Node `i` leaves the store (as at finalize): its watches end.
+    pub fn store_leave(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].core.store_leave(now);
+        self.flush(i);
+    }
+
     /// Carries out node `i`'s outputs.
     fn flush(&mut self, i: usize) {
         let outputs = self.nodes[i].core.take_output();

@@ -12,31 +12,39 @@
 //! Sizes are bounded ([`StoreLimits`]): a request over a limit is refused
 //! with a clear error, never stored.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::debug;
-use pslite_proto::store::{StoreMsg, StoreOp, StoreStatus};
+use pslite_proto::store::{OverLimit, StoreLimit, StoreMsg, StoreOp, StoreStatus};
 use pslite_proto::{Node, NodeId};
 
-/// Bounds on what the store holds.
+/// Bounds on what the store holds. The scheduler reads the configurable ones
+/// from `PS_STORE_MAX_*` (see `pslite_postoffice::Config`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreLimits {
-    /// The longest key, in bytes.
+    /// The longest key, in bytes (`PS_STORE_MAX_KEY`).
     pub max_key: usize,
-    /// The largest value, in bytes.
+    /// The largest value, in bytes (`PS_STORE_MAX_VALUE`).
     pub max_value: usize,
-    /// All keys and values together, in bytes.
+    /// All keys and values together, in bytes (`PS_STORE_MAX_BYTES`).
     pub max_total: usize,
-    /// Keys one request may name (CHECK, WAIT).
+    /// Keys the store holds (`PS_STORE_MAX_KEYS`).
+    pub max_keys: usize,
+    /// Keys one request may name (CHECK, WAIT, MULTI_GET, MULTI_SET).
     pub max_keys_per_request: usize,
-    /// Requests waiting at once (GET, WAIT), over all requesters.
+    /// Requests of one requester waiting at once (GET, WAIT, MULTI_GET;
+    /// `PS_STORE_MAX_WAITS`).
+    pub max_waits_per_node: usize,
+    /// Watches of one requester (`PS_STORE_MAX_WATCHES`).
+    pub max_watches_per_node: usize,
+    /// Requests waiting at once, over all requesters.
     pub max_waiting: usize,
     /// Watches at once, over all requesters.
     pub max_watches: usize,
-    /// The longest a request may wait.
+    /// The longest a request may wait, and an admin client's watch last.
     pub max_timeout: Duration,
 }
 
@@ -46,7 +54,10 @@ impl Default for StoreLimits {
             max_key: 4096,
             max_value: DEFAULT_MAX_VALUE,
             max_total: 1 << 30,
+            max_keys: 1_000_000,
             max_keys_per_request: 10_000,
+            max_waits_per_node: 10_000,
+            max_watches_per_node: 10_000,
             max_waiting: 100_000,
             max_watches: 100_000,
             max_timeout: Duration::from_secs(24 * 3600),
@@ -75,6 +86,15 @@ pub struct StoreReply {
     pub msg: StoreMsg,
 }
 
+/// What [`StoreHost::forget`] dropped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Waiting requests (GET, WAIT, MULTI_GET).
+    pub waits: usize,
+    /// Watches.
+    pub watches: usize,
+}
+
 struct Entry {
     value: Bytes,
     version: u64,
@@ -86,6 +106,46 @@ struct Waiter {
     deadline: Instant,
 }
 
+/// One watch of a key. A member's lasts until it unwatches, leaves or
+/// dies; an admin client's (which sends no heartbeats) until `until`.
+struct Watcher {
+    who: Requester,
+    until: Option<Instant>,
+}
+
+/// Why a request is refused.
+enum Refusal {
+    Limit(OverLimit),
+    Other(String),
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal::Other(why)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(why: &str) -> Refusal {
+        Refusal::Other(why.to_string())
+    }
+}
+
+fn over(which: StoreLimit, size: usize, limit: usize) -> Refusal {
+    Refusal::Limit(OverLimit {
+        which,
+        size: size as u64,
+        limit: limit as u64,
+    })
+}
+
+fn refuse(req: &StoreMsg, why: Refusal) -> StoreMsg {
+    match why {
+        Refusal::Limit(o) => req.over_limit(o),
+        Refusal::Other(why) => req.invalid(why),
+    }
+}
+
 /// The store's contents, waiting requests and watches.
 pub struct StoreHost {
     limits: StoreLimits,
@@ -94,8 +154,8 @@ pub struct StoreHost {
     deleted_versions: HashMap<String, u64>,
     total: usize,
     waiting: Vec<Waiter>,
-    /// Watched keys and the members watching them.
-    watches: BTreeMap<String, BTreeSet<NodeId>>,
+    /// Watched keys and who watches them, in the order they began.
+    watches: BTreeMap<String, Vec<Watcher>>,
 }
 
 impl StoreHost {
@@ -126,18 +186,40 @@ impl StoreHost {
         self.waiting.len()
     }
 
+    /// How many watches there are, over all keys and requesters.
+    pub fn watch_count(&self) -> usize {
+        self.watches.values().map(Vec::len).sum()
+    }
+
+    /// How many requests of `who` wait, and how many watches it has.
+    pub fn held_by(&self, who: &Requester) -> Forgotten {
+        Forgotten {
+            waits: self.waiting.iter().filter(|w| &w.from == who).count(),
+            watches: self
+                .watches
+                .values()
+                .flatten()
+                .filter(|w| &w.who == who)
+                .count(),
+        }
+    }
+
     /// The value of `key`, if set.
     pub fn value(&self, key: &str) -> Option<&Bytes> {
         self.data.get(key).map(|e| &e.value)
     }
 
-    /// When [`StoreHost::tick`] has work next: the earliest waiting deadline.
+    /// When [`StoreHost::tick`] has work next: the earliest waiting deadline
+    /// or end of an admin client's watch.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.waiting.iter().map(|w| w.deadline).min()
+        let waits = self.waiting.iter().map(|w| w.deadline);
+        let watches = self.watches.values().flatten().filter_map(|w| w.until);
+        waits.chain(watches).min()
     }
 
     /// Answers the waiting requests whose deadline passed with
-    /// [`StoreStatus::Timeout`].
+    /// [`StoreStatus::Timeout`], and ends admin clients' watches whose time
+    /// is up.
     pub fn tick(&mut self, now: Instant) -> Vec<StoreReply> {
         let mut out = Vec::new();
         self.waiting.retain(|w| {
@@ -153,18 +235,27 @@ impl StoreHost {
             });
             false
         });
+        for list in self.watches.values_mut() {
+            list.retain(|w| w.until.is_none_or(|until| until > now));
+        }
+        self.watches.retain(|_, list| !list.is_empty());
         out
     }
 
-    /// Forgets what `from` waits for and watches (it died or left).
-    pub fn forget(&mut self, from: &Requester) {
+    /// Forgets what `from` waits for and watches (it died, was replaced by
+    /// a restarted process, or left); returns what it dropped. No answer
+    /// goes out: nobody is there to read it.
+    pub fn forget(&mut self, from: &Requester) -> Forgotten {
+        let before = (self.waiting.len(), self.watch_count());
         self.waiting.retain(|w| &w.from != from);
-        if let Requester::Member(id) = from {
-            for set in self.watches.values_mut() {
-                set.remove(id);
-            }
+        for list in self.watches.values_mut() {
+            list.retain(|w| &w.who != from);
         }
-        self.watches.retain(|_, set| !set.is_empty());
+        self.watches.retain(|_, list| !list.is_empty());
+        Forgotten {
+            waits: before.0 - self.waiting.len(),
+            watches: before.1 - self.watch_count(),
+        }
     }
 
     /// Applies one request from `from` at `now`; returns its answer (unless
@@ -172,10 +263,10 @@ impl StoreHost {
     pub fn handle(&mut self, from: Requester, req: StoreMsg, now: Instant) -> Vec<StoreReply> {
         let mut out = Vec::new();
         if let Err(why) = self.check(&req) {
-            debug!("store: refusing {:?} from {from:?}: {why}", req.op);
+            debug!("store: refusing {:?} from {from:?}", req.op);
             out.push(StoreReply {
                 to: from,
-                msg: req.invalid(why),
+                msg: refuse(&req, why),
             });
             return out;
         }
@@ -183,33 +274,74 @@ impl StoreHost {
         match req.op {
             StoreOp::Set => {
                 let value = req.value.clone().unwrap_or_default();
-                if let Err(why) = self.put(req.key(), value, &mut out) {
-                    answer = req.invalid(why);
+                if let Err(why) = self.put_all(&[(req.key(), value)], &mut out) {
+                    answer = refuse(&req, why);
                 }
             }
-            StoreOp::Get | StoreOp::Wait => {
+            StoreOp::MultiSet => {
+                let pairs: Vec<(&str, Bytes)> = req
+                    .keys
+                    .iter()
+                    .map(String::as_str)
+                    .zip(req.values.iter().cloned())
+                    .collect();
+                if let Err(why) = self.put_all(&pairs, &mut out) {
+                    answer = refuse(&req, why);
+                }
+            }
+            StoreOp::Append => {
+                let mut value = self
+                    .data
+                    .get(req.key())
+                    .map(|e| e.value.to_vec())
+                    .unwrap_or_default();
+                value.extend_from_slice(req.value.as_deref().unwrap_or_default());
+                let len = value.len();
+                let result = if len > self.limits.max_value {
+                    Err(over(StoreLimit::Value, len, self.limits.max_value))
+                } else {
+                    self.put_all(&[(req.key(), Bytes::from(value))], &mut out)
+                };
+                match result {
+                    Ok(()) => answer.number = len as i64,
+                    Err(why) => answer = refuse(&req, why),
+                }
+            }
+            StoreOp::Get | StoreOp::Wait | StoreOp::MultiGet => {
                 if missing(&self.data, &req.keys).is_empty() {
                     out.push(StoreReply {
                         to: from,
                         msg: self.ready_answer(&req),
                     });
-                } else if self.waiting.len() >= self.limits.max_waiting {
+                    return out;
+                }
+                let l = &self.limits;
+                let mine = self.waiting.iter().filter(|w| w.from == from).count();
+                let refusal = if mine >= l.max_waits_per_node {
+                    Some(over(StoreLimit::Waits, mine + 1, l.max_waits_per_node))
+                } else if self.waiting.len() >= l.max_waiting {
+                    Some(over(
+                        StoreLimit::AllWaits,
+                        self.waiting.len() + 1,
+                        l.max_waiting,
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = refusal {
                     out.push(StoreReply {
                         to: from,
-                        msg: req.invalid(format!(
-                            "the store has {} requests waiting already; try again later",
-                            self.waiting.len()
-                        )),
+                        msg: refuse(&req, why),
                     });
-                } else {
-                    let timeout = req.timeout.unwrap_or(self.limits.max_timeout);
-                    let deadline = now + timeout.min(self.limits.max_timeout);
-                    self.waiting.push(Waiter {
-                        from,
-                        request: req,
-                        deadline,
-                    });
+                    return out;
                 }
+                let timeout = req.timeout.unwrap_or(l.max_timeout);
+                let deadline = now + timeout.min(l.max_timeout);
+                self.waiting.push(Waiter {
+                    from,
+                    request: req,
+                    deadline,
+                });
                 return out;
             }
             StoreOp::Add => {
@@ -228,10 +360,12 @@ impl StoreHost {
                         format!("adding {} to {c} overflows a 64-bit integer", req.number)
                     })
                 }) {
-                    Ok(sum) => match self.put(req.key(), Bytes::from(sum.to_string()), &mut out) {
-                        Ok(()) => answer.number = sum,
-                        Err(why) => answer = req.invalid(why),
-                    },
+                    Ok(sum) => {
+                        match self.put_all(&[(req.key(), Bytes::from(sum.to_string()))], &mut out) {
+                            Ok(()) => answer.number = sum,
+                            Err(why) => answer = refuse(&req, why),
+                        }
+                    }
                     Err(why) => answer = req.invalid(why),
                 }
             }
@@ -239,12 +373,12 @@ impl StoreHost {
                 let current = self.data.get(req.key()).map(|e| e.value.clone());
                 if current == req.expected {
                     let value = req.value.clone().unwrap_or_default();
-                    match self.put(req.key(), value.clone(), &mut out) {
+                    match self.put_all(&[(req.key(), value.clone())], &mut out) {
                         Ok(()) => {
                             answer.found = true;
                             answer.value = Some(value);
                         }
-                        Err(why) => answer = req.invalid(why),
+                        Err(why) => answer = refuse(&req, why),
                     }
                 } else {
                     answer.value = current;
@@ -254,30 +388,19 @@ impl StoreHost {
             StoreOp::Check => answer.found = missing(&self.data, &req.keys).is_empty(),
             StoreOp::NumKeys => answer.number = self.data.len() as i64,
             StoreOp::Keys => answer.keys = self.data.keys().cloned().collect(),
-            StoreOp::Watch => {
-                let count: usize = self.watches.values().map(BTreeSet::len).sum();
-                if let Requester::Admin(_) = from {
-                    answer =
-                        req.invalid("WATCH needs a cluster member: an admin client cannot watch");
-                } else if count >= self.limits.max_watches {
-                    answer = req.invalid(format!("the store has {count} watches already"));
-                } else {
-                    self.watches
-                        .entry(req.key().to_string())
-                        .or_default()
-                        .extend(member_id(&from));
-                    answer.version = self.version(req.key());
-                }
-            }
+            StoreOp::Watch => match self.watch(&from, &req, now) {
+                Ok(()) => answer.version = self.version(req.key()),
+                Err(why) => answer = refuse(&req, why),
+            },
             StoreOp::Unwatch => {
-                if let Some(set) = self.watches.get_mut(req.key()) {
-                    if let Some(id) = member_id(&from) {
-                        set.remove(&id);
-                    }
-                    if set.is_empty() {
-                        self.watches.remove(req.key());
+                // No key: every watch of the requester (it is leaving).
+                let all = req.keys.is_empty();
+                for (key, list) in self.watches.iter_mut() {
+                    if all || key == req.key() {
+                        list.retain(|w| w.who != from);
                     }
                 }
+                self.watches.retain(|_, list| !list.is_empty());
             }
             StoreOp::Event => answer = req.invalid("EVENT is sent by the scheduler, not to it"),
         }
@@ -293,36 +416,76 @@ impl StoreHost {
         out
     }
 
-    /// Why `req` is refused, if it is.
-    fn check(&self, req: &StoreMsg) -> Result<(), String> {
-        let l = &self.limits;
-        let one_key = !matches!(
-            req.op,
-            StoreOp::Check | StoreOp::Wait | StoreOp::NumKeys | StoreOp::Keys
-        );
-        if one_key && req.keys.len() != 1 {
-            return Err(format!(
-                "{:?} takes one key, got {}",
-                req.op,
-                req.keys.len()
-            ));
+    /// Starts (or, for an admin client, extends) `from`'s watch of the key.
+    fn watch(&mut self, from: &Requester, req: &StoreMsg, now: Instant) -> Result<(), Refusal> {
+        let l = self.limits;
+        let until = match from {
+            Requester::Member(_) => None,
+            // An admin client sends no heartbeats: its watch lasts as long
+            // as it asked, so a client that vanished holds nothing for long.
+            Requester::Admin(_) => match req.timeout {
+                Some(t) if !t.is_zero() => Some(now + t.min(l.max_timeout)),
+                _ => return Err("an admin client's WATCH needs a timeout".into()),
+            },
+        };
+        if let Some(w) = self
+            .watches
+            .get_mut(req.key())
+            .and_then(|list| list.iter_mut().find(|w| &w.who == from))
+        {
+            w.until = until;
+            return Ok(());
         }
-        if req.keys.len() > l.max_keys_per_request {
+        let mine = self.held_by(from).watches;
+        let all = self.watch_count();
+        if mine >= l.max_watches_per_node {
+            return Err(over(StoreLimit::Watches, mine + 1, l.max_watches_per_node));
+        }
+        if all >= l.max_watches {
+            return Err(over(StoreLimit::AllWatches, all + 1, l.max_watches));
+        }
+        self.watches
+            .entry(req.key().to_string())
+            .or_default()
+            .push(Watcher {
+                who: from.clone(),
+                until,
+            });
+        Ok(())
+    }
+
+    /// Why `req` is refused, if it is.
+    fn check(&self, req: &StoreMsg) -> Result<(), Refusal> {
+        let l = &self.limits;
+        let keys = req.keys.len();
+        let ok = match req.op {
+            StoreOp::Check | StoreOp::Wait | StoreOp::MultiGet => keys >= 1,
+            StoreOp::NumKeys | StoreOp::Keys => true,
+            StoreOp::Unwatch => keys <= 1,
+            StoreOp::MultiSet => keys >= 1 && req.values.len() == keys,
+            _ => keys == 1,
+        };
+        if !ok {
             return Err(format!(
-                "{} keys in one request; the limit is {}",
-                req.keys.len(),
-                l.max_keys_per_request
+                "{:?} got {keys} keys and {} values: wrong number",
+                req.op,
+                req.values.len()
+            )
+            .into());
+        }
+        if keys > l.max_keys_per_request {
+            return Err(over(
+                StoreLimit::KeysPerRequest,
+                keys,
+                l.max_keys_per_request,
             ));
         }
         if let Some(k) = req.keys.iter().find(|k| k.len() > l.max_key) {
-            return Err(format!(
-                "a key of {} bytes; the limit is {} bytes",
-                k.len(),
-                l.max_key
-            ));
+            return Err(over(StoreLimit::Key, k.len(), l.max_key));
         }
-        if let Some(v) = req.value.as_ref().filter(|v| v.len() > l.max_value) {
-            return Err(too_large(v.len(), l.max_value));
+        let values = req.value.iter().chain(&req.values).chain(&req.expected);
+        if let Some(v) = values.into_iter().find(|v| v.len() > l.max_value) {
+            return Err(over(StoreLimit::Value, v.len(), l.max_value));
         }
         Ok(())
     }
@@ -334,17 +497,44 @@ impl StoreHost {
         }
     }
 
-    /// Sets `key`, wakes the requests waiting for it, tells its watchers.
-    fn put(&mut self, key: &str, value: Bytes, out: &mut Vec<StoreReply>) -> Result<(), String> {
-        let old = self.data.get(key).map(|e| key.len() + e.value.len());
-        let total = self.total - old.unwrap_or(0) + key.len() + value.len();
+    /// Sets every key of `pairs` (in order; all or none, within the
+    /// bounds), wakes the requests waiting for them, tells their watchers.
+    fn put_all(
+        &mut self,
+        pairs: &[(&str, Bytes)],
+        out: &mut Vec<StoreReply>,
+    ) -> Result<(), Refusal> {
+        // What the store would hold after the request (the last value of
+        // a key named twice counts).
+        let mut sizes: HashMap<&str, usize> = HashMap::new();
+        for (key, value) in pairs {
+            sizes.insert(key, key.len() + value.len());
+        }
+        let (mut total, mut keys) = (self.total, self.data.len());
+        for (key, new) in sizes {
+            match self.data.get(key) {
+                Some(e) => total = total - (key.len() + e.value.len()) + new,
+                None => {
+                    total += new;
+                    keys += 1;
+                }
+            }
+        }
         if total > self.limits.max_total {
-            return Err(format!(
-                "the store would hold {total} bytes; the limit is {} bytes (delete keys first)",
-                self.limits.max_total
-            ));
+            return Err(over(StoreLimit::Bytes, total, self.limits.max_total));
+        }
+        if keys > self.limits.max_keys {
+            return Err(over(StoreLimit::Keys, keys, self.limits.max_keys));
         }
         self.total = total;
+        for (key, value) in pairs {
+            self.put(key, value.clone(), out);
+        }
+        Ok(())
+    }
+
+    /// Sets `key` (within the bounds: see [`StoreHost::put_all`]).
+    fn put(&mut self, key: &str, value: Bytes, out: &mut Vec<StoreReply>) {
         let version = self.version(key) + 1;
         self.deleted_versions.remove(key);
         self.data.insert(
@@ -368,7 +558,6 @@ impl StoreHost {
                 self.waiting.push(w);
             }
         }
-        Ok(())
     }
 
     /// Deletes `key`; whether it existed.
@@ -389,7 +578,7 @@ impl StoreHost {
         };
         for w in watchers {
             out.push(StoreReply {
-                to: Requester::Member(*w),
+                to: w.who.clone(),
                 msg: StoreMsg {
                     op: StoreOp::Event,
                     keys: vec![key.to_string()],
@@ -402,20 +591,16 @@ impl StoreHost {
         }
     }
 
-    /// The answer to a GET or WAIT whose keys all exist.
+    /// The answer to a GET, WAIT or MULTI_GET whose keys all exist.
     fn ready_answer(&self, req: &StoreMsg) -> StoreMsg {
         let mut msg = req.answer();
-        if req.op == StoreOp::Get {
-            msg.value = self.data.get(req.key()).map(|e| e.value.clone());
+        let value = |k: &String| self.data.get(k).map(|e| e.value.clone());
+        match req.op {
+            StoreOp::Get => msg.value = req.keys.first().and_then(value),
+            StoreOp::MultiGet => msg.values = req.keys.iter().filter_map(value).collect(),
+            _ => {}
         }
         msg
-    }
-}
-
-fn member_id(from: &Requester) -> Option<NodeId> {
-    match from {
-        Requester::Member(id) => Some(*id),
-        Requester::Admin(_) => None,
     }
 }
 
@@ -429,14 +614,6 @@ fn missing(data: &BTreeMap<String, Entry>, keys: &[String]) -> Vec<String> {
 
 fn parse_i64(value: &[u8]) -> Option<i64> {
     std::str::from_utf8(value).ok()?.trim().parse().ok()
-}
-
-/// The error for a value over the limit (the one wording, for both sides).
-pub fn too_large(size: usize, limit: usize) -> String {
-    format!(
-        "a value of {size} bytes is over the store's limit of {limit} bytes; the store is for \
-         small shared state (configuration, counters, addresses), move bulk data with KVWorker"
-    )
 }
 
 /// The node side of the store: requests in flight and their answers, and
@@ -477,6 +654,11 @@ impl StoreClient {
             .push(events);
     }
 
+    /// Whether this process watches any key.
+    pub fn is_watching(&self) -> bool {
+        !self.watches.is_empty()
+    }
+
     /// Takes an answer or event from the scheduler. Returns whether a waiter
     /// may see something new, and the keys nobody in this process watches
     /// any more (their receivers were dropped: UNWATCH them).
@@ -484,8 +666,10 @@ impl StoreClient {
         if msg.op == StoreOp::Event {
             let key = msg.key().to_string();
             let Some(senders) = self.watches.get_mut(&key) else {
+                // A watch of an earlier process with this id (it restarted),
+                // or one just dropped: tell the scheduler to stop.
                 debug!("store: dropping an event of {key:?}: nothing here watches it");
-                return (false, Vec::new());
+                return (false, vec![key]);
             };
             senders.retain(|s| s.send(msg.clone()).is_ok());
             if senders.is_empty() {

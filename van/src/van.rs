@@ -59,6 +59,8 @@ const LINGER_MS: i32 = 1000;
 /// 100 ms by default). Loopback and LAN connections take well under a
 /// millisecond; a longer wait means the SYN was dropped.
 const CONNECT_TIMEOUT_MS: i32 = 500;
+/// Connections to admin clients the scheduler keeps open.
+const ADMIN_DEALERS: usize = 32;
 /// Pending connections a ROUTER accepts before the kernel drops SYNs.
 const LISTEN_BACKLOG: i32 = 4096;
 
@@ -87,6 +89,11 @@ struct Shared {
     changed: Condvar,
     /// DEALERs by peer id; dropped before `ctx`.
     senders: Mutex<HashMap<NodeId, Sender>>,
+    /// On the scheduler: DEALERs to admin clients, by endpoint, most
+    /// recently used last (at most [`ADMIN_DEALERS`]). One per client keeps
+    /// its answers and store events in order, and a client's ROUTER takes
+    /// only one connection at a time with the scheduler's identity.
+    admin_dealers: Mutex<Vec<(String, zmq::Socket)>>,
     stopping: AtomicBool,
     dispatch: Arc<dyn Dispatch>,
     waker: Mutex<zmq::Socket>,
@@ -177,6 +184,7 @@ impl Van {
             }),
             changed: Condvar::new(),
             senders: Mutex::new(HashMap::new()),
+            admin_dealers: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             dispatch,
             waker: Mutex::new(waker),
@@ -295,6 +303,17 @@ impl Van {
         lock(&self.shared.locked).core.store_waiting()
     }
 
+    /// The configuration this Van runs with.
+    pub fn config(&self) -> &VanConfig {
+        &self.shared.config
+    }
+
+    /// On the scheduler: how many store watches there are (members' and
+    /// admin clients'); 0 on other nodes.
+    pub fn store_watches(&self) -> usize {
+        lock(&self.shared.locked).core.store_watches()
+    }
+
     /// Sends every later change of `key` (store events, in order) to
     /// `events`, then registers the watch with the scheduler (see
     /// [`Van::store_call`]); returns the scheduler's answer.
@@ -360,7 +379,10 @@ impl Van {
             return;
         };
         let shared = &self.shared;
-        let _ = shared.with_core(|core, _| core.finish());
+        let _ = shared.with_core(|core, now| {
+            core.store_leave(now);
+            core.finish()
+        });
         shared.flush_resends();
         shared.stopping.store(true, Ordering::SeqCst);
         shared.wake();
@@ -369,6 +391,7 @@ impl Van {
         }
         let _ = shared.with_core(|core, _| core.stop());
         lock(&shared.senders).clear();
+        lock(&shared.admin_dealers).clear();
     }
 }
 
@@ -735,8 +758,28 @@ impl Shared {
     /// out). Admin clients listen on TCP, whatever the cluster uses.
     fn answer(&self, to: &Node, msg: &Message) -> Result<(), VanError> {
         let endpoint = Transport::Tcp.connect_endpoint(&to.hostname, to.port);
-        let mut socket = self.open_dealer(SCHEDULER, &endpoint)?;
-        transport::send_message(&mut socket, &msg.meta.encode(), &msg.data)
+        let mut dealers = lock(&self.admin_dealers);
+        let socket = match dealers.iter().position(|(e, _)| *e == endpoint) {
+            Some(i) => dealers.remove(i).1,
+            None => {
+                let socket = self.open_dealer(SCHEDULER, &endpoint)?;
+                // A client that is gone must not block the receive thread
+                // once its queue is full: its messages are dropped instead.
+                socket
+                    .set_sndtimeo(0)
+                    .map_err(zmq_err("setting the send timeout"))?;
+                socket
+            }
+        };
+        if dealers.len() >= ADMIN_DEALERS {
+            // The least recently used one lingers and closes.
+            dealers.remove(0);
+        }
+        dealers.push((endpoint.clone(), socket));
+        let Some((_, socket)) = dealers.last_mut() else {
+            return Ok(());
+        };
+        transport::send_message(socket, &msg.meta.encode(), &msg.data)
             .map_err(zmq_err(format!("sending to {endpoint}")))?;
         Ok(())
     }

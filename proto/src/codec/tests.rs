@@ -313,6 +313,12 @@ fn store_messages_round_trip_and_unknown_ops_are_refused() {
         error: Some("why".into()),
         found: true,
         version: 9,
+        values: vec![bytes::Bytes::new(), bytes::Bytes::from_static(b"v")],
+        limit: Some(crate::store::OverLimit {
+            which: crate::store::StoreLimit::Watches,
+            size: 3,
+            limit: 2,
+        }),
     };
     let mut meta = Meta {
         control: Control::new(Command::Store),
@@ -326,6 +332,15 @@ fn store_messages_round_trip_and_unknown_ops_are_refused() {
     // An empty expected value differs from none (the key must not exist).
     meta.store.as_mut().unwrap().expected = None;
     assert_eq!(Meta::decode(&meta.encode()).unwrap().store, meta.store);
+
+    // A bound this node does not know (a newer scheduler) still refuses,
+    // without the typed part.
+    let mut pb = meta.to_pb();
+    if let Some(limit) = pb.store.as_mut().and_then(|s| s.limit.as_mut()) {
+        limit.which = Some(99);
+    }
+    let back = Meta::decode(&prost::Message::encode_to_vec(&pb)).unwrap();
+    assert_eq!(back.store.and_then(|s| s.limit), None);
 
     let mut pb = meta.to_pb();
     pb.store.as_mut().unwrap().op = Some(99);

@@ -1,4 +1,5 @@
 use super::*;
+use pslite_proto::store::{OverLimit, StoreLimit};
 
 fn t0() -> Instant {
     Instant::now()
@@ -202,10 +203,140 @@ fn forget_drops_waiters_and_watches() {
     let mut s = StoreHost::new(StoreLimits::default());
     let now = t0();
     s.handle(B, req(StoreOp::Watch, "k"), now);
+    s.handle(B, req(StoreOp::Watch, "j"), now);
+    s.handle(A, req(StoreOp::Watch, "k"), now);
     s.handle(B, req(StoreOp::Get, "k"), now);
-    s.forget(&B);
+    assert_eq!(
+        s.forget(&B),
+        Forgotten {
+            waits: 1,
+            watches: 2
+        }
+    );
     assert!(s.poll_timeout().is_none());
-    assert_eq!(s.handle(A, set("k", "v"), now).len(), 1);
+    assert_eq!(s.held_by(&B), Forgotten::default());
+    let out = s.handle(A, set("k", "v"), now);
+    assert_eq!(out.len(), 2, "the answer and A's event, nothing for B");
+    assert!(out.iter().all(|r| r.to == A));
+    assert_eq!(s.forget(&B), Forgotten::default(), "twice is harmless");
+}
+
+#[test]
+fn unwatch_without_a_key_ends_every_watch_of_the_requester() {
+    let mut s = StoreHost::new(StoreLimits::default());
+    let now = t0();
+    for key in ["a", "b", "c"] {
+        s.handle(B, req(StoreOp::Watch, key), now);
+    }
+    s.handle(A, req(StoreOp::Watch, "a"), now);
+    let out = s.handle(B, StoreMsg::request(StoreOp::Unwatch, vec![]), now);
+    assert_eq!(out[0].msg.status, StoreStatus::Ok);
+    assert_eq!(s.watch_count(), 1, "A's watch stays");
+}
+
+fn over_limit(out: &[StoreReply]) -> Option<OverLimit> {
+    assert_eq!(out[0].msg.status, StoreStatus::Invalid, "{out:?}");
+    out[0].msg.limit
+}
+
+#[test]
+fn every_bound_is_typed_and_names_its_variable() {
+    let limits = StoreLimits {
+        max_keys: 2,
+        max_waits_per_node: 1,
+        max_watches_per_node: 2,
+        max_keys_per_request: 3,
+        ..StoreLimits::default()
+    };
+    let mut s = StoreHost::new(limits);
+    let now = t0();
+    s.handle(A, set("a", "1"), now);
+    s.handle(A, set("b", "1"), now);
+    let o = over_limit(&s.handle(A, set("c", "1"), now)).expect("typed");
+    assert_eq!((o.which, o.size, o.limit), (StoreLimit::Keys, 3, 2));
+    assert!(o.to_string().contains("PS_STORE_MAX_KEYS"), "{o}");
+    assert_eq!(
+        s.handle(A, set("a", "2"), now)[0].msg.status,
+        StoreStatus::Ok,
+        "an existing key may change"
+    );
+
+    assert!(s.handle(B, req(StoreOp::Get, "x"), now).is_empty());
+    let o = over_limit(&s.handle(B, req(StoreOp::Wait, "y"), now)).expect("typed");
+    assert_eq!((o.which, o.limit), (StoreLimit::Waits, 1));
+    assert!(o.to_string().contains("PS_STORE_MAX_WAITS"), "{o}");
+    assert!(
+        s.handle(A, req(StoreOp::Get, "y"), now).is_empty(),
+        "the bound is per node"
+    );
+
+    s.handle(B, req(StoreOp::Watch, "a"), now);
+    s.handle(B, req(StoreOp::Watch, "a"), now);
+    s.handle(B, req(StoreOp::Watch, "b"), now);
+    let o = over_limit(&s.handle(B, req(StoreOp::Watch, "c"), now)).expect("typed");
+    assert_eq!((o.which, o.size, o.limit), (StoreLimit::Watches, 3, 2));
+    assert!(o.to_string().contains("PS_STORE_MAX_WATCHES"), "{o}");
+
+    let keys: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+    let o = over_limit(&s.handle(A, StoreMsg::request(StoreOp::Check, keys), now));
+    assert_eq!(o.map(|o| o.which), Some(StoreLimit::KeysPerRequest));
+}
+
+#[test]
+fn admin_watches_get_events_and_end_at_their_lease() {
+    let admin = Requester::Admin(Node::new(pslite_proto::Role::Worker, "127.0.0.1", 4000));
+    let mut s = StoreHost::new(StoreLimits::default());
+    let now = t0();
+    let out = s.handle(admin.clone(), req(StoreOp::Watch, "k"), now);
+    assert_eq!(out[0].msg.status, StoreStatus::Invalid, "a lease is needed");
+    let mut watch = req(StoreOp::Watch, "k");
+    watch.timeout = Some(Duration::from_secs(5));
+    assert_eq!(
+        s.handle(admin.clone(), watch, now)[0].msg.status,
+        StoreStatus::Ok
+    );
+    assert_eq!(s.poll_timeout(), Some(now + Duration::from_secs(5)));
+    let out = s.handle(A, set("k", "1"), now + Duration::from_secs(1));
+    assert_eq!(out[1].to, admin);
+    assert_eq!((out[1].msg.op, out[1].msg.version), (StoreOp::Event, 1));
+    s.tick(now + Duration::from_secs(5));
+    assert_eq!(s.watch_count(), 0, "the lease ended");
+    assert_eq!(
+        s.handle(A, set("k", "2"), now).len(),
+        1,
+        "no event after it"
+    );
+}
+
+#[test]
+fn append_multi_get_multi_set() {
+    let limits = StoreLimits {
+        max_value: 4,
+        ..StoreLimits::default()
+    };
+    let mut s = StoreHost::new(limits);
+    let now = t0();
+    let mut mget = StoreMsg::request(StoreOp::MultiGet, vec!["x".into(), "y".into()]);
+    mget.id = 3;
+    assert!(s.handle(B, mget, now).is_empty(), "waits for both keys");
+    let mut mset = StoreMsg::request(StoreOp::MultiSet, vec!["x".into(), "y".into()]);
+    mset.values = vec![Bytes::from_static(b"1"), Bytes::from_static(b"2")];
+    let out = s.handle(A, mset, now);
+    assert_eq!(out.len(), 2, "the MULTI_SET's answer and the MULTI_GET's");
+    assert_eq!(out[1].msg.id, 3);
+    assert_eq!(
+        out[1].msg.values,
+        vec![Bytes::from_static(b"1"), Bytes::from_static(b"2")]
+    );
+    let mut append = req(StoreOp::Append, "x");
+    append.value = Some(Bytes::from_static(b"23"));
+    assert_eq!(s.handle(A, append.clone(), now)[0].msg.number, 3);
+    assert_eq!(s.value("x").map(|v| &v[..]), Some(&b"123"[..]));
+    let o = over_limit(&s.handle(A, append, now)).expect("typed");
+    assert_eq!((o.which, o.size), (StoreLimit::Value, 5));
+    let mut bad = StoreMsg::request(StoreOp::MultiSet, vec!["x".into()]);
+    bad.values = vec![];
+    assert_eq!(s.handle(A, bad, now)[0].msg.status, StoreStatus::Invalid);
 }
 
 // Through whole clusters of cores in the in-memory network (virtual time).
@@ -296,6 +427,79 @@ mod cluster {
             net.nodes[2].core.store_answer(g),
             Some(Err(Failure::SchedulerLost { .. }))
         ));
+    }
+
+    fn watches(net: &Network) -> usize {
+        net.nodes[0].core.store_watches()
+    }
+
+    #[test]
+    fn a_dead_or_restarted_watcher_loses_its_watches_and_waits() {
+        let cfg = VanConfig {
+            heartbeat_interval: Some(SECOND),
+            heartbeat_timeout: Some(SECOND * 3),
+            ..VanConfig::default()
+        };
+        let mut net = Network::cluster(1, 3, cfg, 24);
+        assert!(net.form(SECOND * 5));
+        let (w2, _rx2) = net.store_watch(2, "k");
+        let (w3, rx3) = net.store_watch(3, "k");
+        let mut get = req(StoreOp::Get, "never");
+        get.timeout = Some(SECOND * 3600);
+        net.store(2, get);
+        assert!(net.run_until(SECOND, |n| answer(n, 2, w2).is_some()
+            && answer(n, 3, w3).is_some()));
+        assert_eq!((watches(&net), net.nodes[0].core.store_waiting()), (2, 1));
+
+        // Node 2 dies: once the scheduler declares it dead, its watch and
+        // its waiting GET are gone; node 3's watch stays.
+        net.kill(2);
+        assert!(net.run_until(SECOND * 10, |n| watches(n) == 1));
+        assert_eq!(net.nodes[0].core.store_waiting(), 0);
+        let s = net.store(1, set("k", "v"));
+        assert!(net.run_until(SECOND, |n| answer(n, 1, s).is_some()));
+        assert!(net.run_until(SECOND, |_| rx3.try_recv().is_ok()));
+
+        // Node 3 restarts (takes its id back): the old process's watch
+        // does not carry over to the new one.
+        net.restart(3);
+        net.register(3);
+        assert!(net.run_until(SECOND * 10, |n| watches(n) == 0));
+    }
+
+    #[test]
+    fn a_leaving_node_unwatches_everything() {
+        let mut net = Network::cluster(1, 2, VanConfig::default(), 25);
+        assert!(net.form(SECOND * 5));
+        let (a, _ra) = net.store_watch(2, "a");
+        let (b, _rb) = net.store_watch(2, "b");
+        assert!(net.run_until(SECOND, |n| answer(n, 2, a).is_some()
+            && answer(n, 2, b).is_some()));
+        assert_eq!(watches(&net), 2);
+        net.store_leave(2);
+        assert!(net.run_until(SECOND, |n| watches(n) == 0));
+    }
+
+    #[test]
+    fn a_leaving_nodes_unwatch_does_not_hold_up_its_exit() {
+        let cfg = VanConfig {
+            resend_timeout: Some(Duration::from_millis(100)),
+            ..VanConfig::default()
+        };
+        let mut net = Network::cluster(1, 1, cfg, 26);
+        assert!(net.form(SECOND * 5));
+        let (w, _rx) = net.store_watch(2, "a");
+        assert!(net.run_until(SECOND, |n| answer(n, 2, w).is_some()));
+        // The scheduler is gone (stopping too): the UNWATCH is never
+        // acknowledged, and the node does not wait for it.
+        net.kill(0);
+        net.store_leave(2);
+        net.run_for(Duration::from_millis(50));
+        assert!(
+            net.nodes[2].core.unacknowledged_at_exit().is_empty(),
+            "{:?}",
+            net.nodes[2].core.unacknowledged_at_exit()
+        );
     }
 
     #[test]
