@@ -412,6 +412,23 @@ impl Van {
         }
         let _ = shared.with_core(|core, _| core.stop());
         lock(&shared.senders).clear();
+        if let Some(side) = &shared.shm {
+            let s = &side.pool.stats;
+            let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            if n(&s.frames_sent) + n(&s.frames_received) + n(&s.fallbacks) + n(&s.rejected) > 0 {
+                info!(
+                    "shared memory: sent {} frames ({} bytes), received {}, {} sent over \
+                     ZeroMQ for want of a free segment, {} descriptors rejected; {} bytes of \
+                     segments",
+                    n(&s.frames_sent),
+                    n(&s.bytes_sent),
+                    n(&s.frames_received),
+                    n(&s.fallbacks),
+                    n(&s.rejected),
+                    side.pool.bytes()
+                );
+            }
+        }
     }
 }
 
