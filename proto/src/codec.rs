@@ -61,7 +61,7 @@ impl Meta {
         let mut pb = self.to_pb();
         if !shm.is_empty() {
             pb.shm = Some(PbShm {
-                frame: shm.iter().map(ShmFrame::to_pb).collect(),
+                frame: shm.iter().map(|f| f.to_pb()).collect(),
             });
         }
         let mut buf = Vec::with_capacity(pb.encoded_len());

@@ -25,7 +25,7 @@ pub struct ShmFrame {
 }
 
 impl ShmFrame {
-    pub(crate) fn to_pb(&self) -> PbShmFrame {
+    pub(crate) fn to_pb(self) -> PbShmFrame {
         PbShmFrame {
             index: Some(self.index),
             fd: Some(self.fd),

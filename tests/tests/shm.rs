@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use pslite::{DataType, Message, Meta};
 use pslite_tests::{
-    assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin, Launch, Run,
-    Spawned,
+    assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin, Launch, Run, Spawned,
 };
 
 /// The numbers of the nodes' exit lines "shared memory: sent N frames (B
@@ -71,7 +70,10 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
         if keys == 1_000 {
             assert_eq!(sent, 0, "small frames stay on ZeroMQ:\n{out}");
         } else {
-            assert!(sent > 0, "{keys} keys: nothing went through shared memory:\n{out}");
+            assert!(
+                sent > 0,
+                "{keys} keys: nothing went through shared memory:\n{out}"
+            );
             assert_eq!(sent, received, "{out}");
         }
     }
@@ -87,7 +89,10 @@ fn shm_totals_reads_the_exit_line() {
     let line = "[worker 0] 2026-11-23T12:00:00.000Z INFO  shared memory: sent 12 frames (999 \
                 bytes), received 7, 3 sent over ZeroMQ for want of a free segment, 2 \
                 descriptors rejected; 4096 bytes of segments";
-    assert_eq!(shm_totals(&format!("{line}\n{line}\nother")), (24, 14, 6, 4));
+    assert_eq!(
+        shm_totals(&format!("{line}\n{line}\nother")),
+        (24, 14, 6, 4)
+    );
 }
 
 /// Processes that map a segment created by process `pid`.
@@ -177,7 +182,10 @@ fn kill_mid_transfer(victim: &str) {
         assert!(!run.output().contains("panicked"), "{}", run.output());
     }
     for pid in pids.into_iter().chain([s, w]) {
-        assert!(mapping_holders(pid).is_empty(), "segments of {pid} outlive it");
+        assert!(
+            mapping_holders(pid).is_empty(),
+            "segments of {pid} outlive it"
+        );
     }
     let after = dev_shm_pslite();
     assert_eq!(before, after, "/dev/shm gained entries of ours");
@@ -301,7 +309,11 @@ fn forged_shared_memory_descriptors_are_dropped_and_the_job_stays_exact() {
     }
     let mut runs = vec![scheduler.wait(Duration::from_secs(120))];
     runs.extend(servers.map(|s| s.wait(Duration::from_secs(120))));
-    runs.extend(workers.into_iter().map(|w| w.wait(Duration::from_secs(120))));
+    runs.extend(
+        workers
+            .into_iter()
+            .map(|w| w.wait(Duration::from_secs(120))),
+    );
     assert_all_ok(&runs);
     for run in &runs {
         assert!(!run.output().contains("panicked"), "{}", run.output());

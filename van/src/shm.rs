@@ -356,7 +356,10 @@ impl Pool {
                 let seq = inner.seq;
                 match Segment::create(want, seq) {
                     Ok(seg) => {
-                        log::debug!("shared memory: new segment of {want} bytes (fd {})", seg.fd.as_raw_fd());
+                        log::debug!(
+                            "shared memory: new segment of {want} bytes (fd {})",
+                            seg.fd.as_raw_fd()
+                        );
                         inner.bytes += want;
                         inner.segments.push(seg);
                         inner.segments.len() - 1
@@ -400,8 +403,8 @@ fn reclaim(segments: &mut [Segment], now: Instant) {
         if state == 0 {
             continue;
         }
-        let unclaimed = state == sent(seg.generation)
-            && now.duration_since(seg.sent_at) >= UNCLAIMED_LIMIT;
+        let unclaimed =
+            state == sent(seg.generation) && now.duration_since(seg.sent_at) >= UNCLAIMED_LIMIT;
         if unclaimed || is_gone(seg.to_pid) {
             log::debug!(
                 "shared memory: taking back a segment sent to process {} ({})",
@@ -445,7 +448,10 @@ impl fmt::Display for ShmError {
             ShmError::NotShmPeer => {
                 f.write_str("the sender is not a same-host pslite node with shared memory")
             }
-            ShmError::BadIndex(i) => write!(f, "it names data frame {i}, which is absent, not empty or named twice"),
+            ShmError::BadIndex(i) => write!(
+                f,
+                "it names data frame {i}, which is absent, not empty or named twice"
+            ),
             ShmError::Segment(e) => write!(f, "its segment cannot be used: {e}"),
             ShmError::WrongToken => f.write_str("its token does not match the segment"),
             ShmError::OutOfBounds {
@@ -457,7 +463,10 @@ impl fmt::Display for ShmError {
                 "bytes {offset}+{length} lie outside the segment's {capacity} bytes"
             ),
             ShmError::WrongGeneration(g) => {
-                write!(f, "generation {g} is not the segment's current, unclaimed use")
+                write!(
+                    f,
+                    "generation {g} is not the segment's current, unclaimed use"
+                )
             }
         }
     }
@@ -579,7 +588,12 @@ impl Receiver {
     }
 
     /// The mapping of the segment `d` names, opened on first use.
-    fn mapping(&mut self, sender: NodeId, pid: u32, d: &ShmFrame) -> Result<Arc<Mapping>, ShmError> {
+    fn mapping(
+        &mut self,
+        sender: NodeId,
+        pid: u32,
+        d: &ShmFrame,
+    ) -> Result<Arc<Mapping>, ShmError> {
         let key = (sender, d.fd, d.token);
         if let Some((p, map)) = self.maps.get(&key) {
             if *p == pid {
@@ -587,7 +601,8 @@ impl Receiver {
             }
         }
         // A restarted sender (new pid) or a new segment.
-        self.maps.retain(|(s, _, _), (p, _)| *s != sender || *p == pid);
+        self.maps
+            .retain(|(s, _, _), (p, _)| *s != sender || *p == pid);
         if self.maps.len() >= MAX_MAPPINGS {
             self.maps.clear();
         }
@@ -626,11 +641,13 @@ fn open_segment(pid: u32, fd: i32) -> Result<Mapping, ShmError> {
         return Err(ShmError::Segment(format!("bad fd {fd}")));
     }
     let path = format!("/proc/{pid}/fd/{fd}");
-    let target = std::fs::read_link(&path)
-        .map_err(|e| ShmError::Segment(format!("{path}: {e}")))?;
+    let target =
+        std::fs::read_link(&path).map_err(|e| ShmError::Segment(format!("{path}: {e}")))?;
     let target = target.to_string_lossy();
     if !target.starts_with(&format!("/memfd:{NAME_PREFIX}")) {
-        return Err(ShmError::Segment(format!("{path} is {target:?}, not a pslite segment")));
+        return Err(ShmError::Segment(format!(
+            "{path} is {target:?}, not a pslite segment"
+        )));
     }
     let file = std::fs::OpenOptions::new()
         .read(true)

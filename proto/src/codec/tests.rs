@@ -363,8 +363,10 @@ fn shm_fields_round_trip_and_stay_off_the_wire_when_unused() {
     assert!(none.is_empty());
 
     // Host identity and pid ride on the node entry, absent when unset.
-    let mut ctl = Meta::default();
-    ctl.control = Control::new(Command::AddNode);
+    let mut ctl = Meta {
+        control: Control::new(Command::AddNode),
+        ..Meta::default()
+    };
     ctl.control.node.push(node(Role::Worker, 9, 1234, 0));
     let plain = ctl.encode();
     ctl.control.node[0].host = "boot/uid/ns".into();

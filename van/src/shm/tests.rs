@@ -28,7 +28,11 @@ fn frames_arrive_exact_in_place_and_free_their_segment_when_dropped() {
     let mut data = vec![Bytes::from_static(b"small"), Bytes::new()];
     assert_eq!(rx.resolve(SENDER, me(), &[d], &mut data), Ok(big.len()));
     assert_eq!(&data[1][..], &big[..]);
-    assert_eq!(data[1].as_ptr() as usize % 4096, 0, "the data area is page-aligned");
+    assert_eq!(
+        data[1].as_ptr() as usize % 4096,
+        0,
+        "the data area is page-aligned"
+    );
     assert_eq!(rx.mapped(), 1);
     // Claimed: the segment is not free, so the next frame gets another one.
     let d2 = send(&pool, &big, 0);
@@ -70,13 +74,20 @@ fn segments_claimed_by_a_dead_process_are_taken_back() {
     // A pid that does not exist (beyond pid_max).
     let lease = pool.lease(100, 0x7fff_fff0).unwrap();
     let _ = lease.fill(b"x", 0);
-    assert!(pool.lease(100, 1).is_some(), "the dead receiver's segment is reused");
+    assert!(
+        pool.lease(100, 1).is_some(),
+        "the dead receiver's segment is reused"
+    );
 }
 
 fn rejected(rx: &mut Receiver, pid: Option<u32>, d: ShmFrame, data: &mut [Bytes]) -> ShmError {
     let before: Vec<Bytes> = data.to_vec();
     let err = rx.resolve(SENDER, pid, &[d], data).unwrap_err();
-    assert_eq!(data, &before[..], "a rejected descriptor leaves the frames alone");
+    assert_eq!(
+        data,
+        &before[..],
+        "a rejected descriptor leaves the frames alone"
+    );
     err
 }
 
@@ -89,14 +100,28 @@ fn hostile_descriptors_are_rejected_without_reading() {
     let empty = || vec![Bytes::new()];
 
     // Not a same-host shared-memory peer (another host, a C++ node, PS_SHM=0).
-    assert_eq!(rejected(&mut rx, None, good, &mut empty()), ShmError::NotShmPeer);
+    assert_eq!(
+        rejected(&mut rx, None, good, &mut empty()),
+        ShmError::NotShmPeer
+    );
     // Frame index absent, or the frame on the wire is not empty.
     let bad = ShmFrame { index: 3, ..good };
-    assert_eq!(rejected(&mut rx, me(), bad, &mut empty()), ShmError::BadIndex(3));
+    assert_eq!(
+        rejected(&mut rx, me(), bad, &mut empty()),
+        ShmError::BadIndex(3)
+    );
     let mut full = vec![Bytes::from_static(b"wire data")];
-    assert_eq!(rejected(&mut rx, me(), good, &mut full), ShmError::BadIndex(0));
+    assert_eq!(
+        rejected(&mut rx, me(), good, &mut full),
+        ShmError::BadIndex(0)
+    );
     let err = rx
-        .resolve(SENDER, me(), &[good, good], &mut [Bytes::new(), Bytes::new()])
+        .resolve(
+            SENDER,
+            me(),
+            &[good, good],
+            &mut [Bytes::new(), Bytes::new()],
+        )
         .unwrap_err();
     assert_eq!(err, ShmError::BadIndex(0));
     // Out of bounds, overflowing, empty.
@@ -117,7 +142,10 @@ fn hostile_descriptors_are_rejected_without_reading() {
         token: good.token ^ 2,
         ..good
     };
-    assert_eq!(rejected(&mut rx, me(), bad, &mut empty()), ShmError::WrongToken);
+    assert_eq!(
+        rejected(&mut rx, me(), bad, &mut empty()),
+        ShmError::WrongToken
+    );
     for generation in [0, good.generation + 1, u64::MAX] {
         let bad = ShmFrame { generation, ..good };
         assert_eq!(
@@ -166,7 +194,10 @@ fn a_memfd_without_a_pslite_header_is_refused() {
     // SAFETY: a fresh fd.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // SAFETY: our fd.
-    assert_eq!(unsafe { libc::ftruncate(raw, (HEADER + MIN_CAPACITY) as libc::off_t) }, 0);
+    assert_eq!(
+        unsafe { libc::ftruncate(raw, (HEADER + MIN_CAPACITY) as libc::off_t) },
+        0
+    );
     let d = ShmFrame {
         index: 0,
         fd: fd.as_raw_fd(),
@@ -176,14 +207,22 @@ fn a_memfd_without_a_pslite_header_is_refused() {
         length: 10,
     };
     let mut rx = Receiver::new();
-    let err = rx.resolve(SENDER, me(), &[d], &mut [Bytes::new()]).unwrap_err();
-    assert!(matches!(err, ShmError::Segment(ref e) if e.contains("no pslite header")), "{err}");
+    let err = rx
+        .resolve(SENDER, me(), &[d], &mut [Bytes::new()])
+        .unwrap_err();
+    assert!(
+        matches!(err, ShmError::Segment(ref e) if e.contains("no pslite header")),
+        "{err}"
+    );
 }
 
 #[test]
 fn host_identity_names_boot_user_and_namespaces() {
     let id = host_identity().unwrap();
-    assert!(id.contains("net:[") && id.contains("pid:[") && id.contains("/uid"), "{id}");
+    assert!(
+        id.contains("net:[") && id.contains("pid:[") && id.contains("/uid"),
+        "{id}"
+    );
     assert_eq!(id, host_identity().unwrap());
     assert!(can_reach(std::process::id()));
     assert!(!can_reach(0));
