@@ -91,7 +91,10 @@ struct Header {
 }
 
 /// This process's host identity: equal for two processes iff each can map
-/// the other's segments. `Err` says why shared memory is off.
+/// the other's segments. It is a 64-bit FNV-1a digest (16 hex digits, so
+/// that node tables stay small at hundreds of nodes) of the boot id, the
+/// effective uid and the network, pid, mount, user and IPC namespaces.
+/// `Err` says why shared memory is off.
 pub fn host_identity() -> Result<String, String> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map_err(|e| format!("cannot read /proc/sys/kernel/random/boot_id: {e}"))?;
@@ -105,7 +108,15 @@ pub fn host_identity() -> Result<String, String> {
         id += "/";
         id += &link.to_string_lossy();
     }
-    Ok(id)
+    log::debug!("shared memory: host identity {id}");
+    Ok(format!("{:016x}", fnv1a(id.as_bytes())))
+}
+
+/// 64-bit FNV-1a (stable across builds and platforms).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Whether this process may open `pid`'s file descriptors (the test a peer's

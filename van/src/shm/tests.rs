@@ -217,13 +217,14 @@ fn a_memfd_without_a_pslite_header_is_refused() {
 }
 
 #[test]
-fn host_identity_names_boot_user_and_namespaces() {
+fn host_identity_is_a_stable_digest() {
     let id = host_identity().unwrap();
-    assert!(
-        id.contains("net:[") && id.contains("pid:[") && id.contains("/uid"),
-        "{id}"
-    );
+    assert_eq!(id.len(), 16, "{id}");
     assert_eq!(id, host_identity().unwrap());
+    // The digest is stable (peers built apart must agree) and sensitive.
+    assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_ne!(fnv1a(b"boot/uid0/net:[1]"), fnv1a(b"boot/uid0/net:[2]"));
     assert!(can_reach(std::process::id()));
     assert!(!can_reach(0));
 }
