@@ -720,10 +720,13 @@ impl Shared {
         if let Some(side) = &self.shm {
             let mut peers = lock(&side.peers);
             if shm_peer(side, node).is_some() {
-                info!(
-                    "node {} (process {}) shares this host: large frames go through shared memory",
-                    node.id, node.pid
-                );
+                if node.pid != std::process::id() {
+                    info!(
+                        "node {} (process {}) shares this host: large frames go through shared \
+                         memory",
+                        node.id, node.pid
+                    );
+                }
                 peers.insert(node.id, node.pid);
             } else {
                 peers.remove(&node.id);
