@@ -77,6 +77,21 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
             assert_eq!(sent, received, "{out}");
         }
     }
+    // Resent and dropped messages (PS_RESEND, PS_DROP_MSG): a dropped
+    // message frees its segment, a resent one takes a new one.
+    let run = Launch::example("kv_app", 2, 2)
+        .env("KV_APP_KEYS", "300000")
+        .env("KV_APP_REPEAT", "12")
+        .env("PS_VERBOSE", "1")
+        .env("PS_RESEND", "1")
+        .env("PS_RESEND_TIMEOUT", "300")
+        .env("PS_DROP_MSG", "10")
+        .timeout(Duration::from_secs(90))
+        .run();
+    assert_exact(&run, 2);
+    let (sent, _, _, rejected) = shm_totals(&run.output());
+    assert!(sent > 0 && rejected == 0, "{}", run.output());
+
     let run = kv_app(2, 2, 300_000, Some("0"));
     assert_exact(&run, 2);
     let out = run.output();

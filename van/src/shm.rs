@@ -367,7 +367,7 @@ impl Pool {
                 let seq = inner.seq;
                 match Segment::create(want, seq) {
                     Ok(seg) => {
-                        log::debug!(
+                        log::trace!(
                             "shared memory: new segment of {want} bytes (fd {})",
                             seg.fd.as_raw_fd()
                         );
