@@ -342,4 +342,10 @@ fn forged_shared_memory_descriptors_are_dropped_and_the_job_stays_exact() {
         "{attacked}"
     );
     assert_eq!(shm_totals(&attacked).3, sent, "{attacked}");
+    // One warning per forging sender: a peer cannot flood the log.
+    assert_eq!(
+        attacked.matches("(warned once per sender)").count(),
+        2,
+        "{attacked}"
+    );
 }

@@ -516,6 +516,8 @@ pub struct Receiver {
     /// By (sender, fd, token): the sender's pid and the mapping.
     maps: HashMap<(NodeId, i32, u64), (u32, Arc<Mapping>)>,
     pruned: Option<Instant>,
+    /// Senders whose rejected descriptors were already warned about.
+    warned: std::collections::HashSet<NodeId>,
 }
 
 /// Mappings a receiver keeps at most (older ones are dropped beyond it).
@@ -525,6 +527,12 @@ impl Receiver {
     /// A receiver with no mappings.
     pub fn new() -> Receiver {
         Receiver::default()
+    }
+
+    /// Whether a rejected descriptor from `sender` is the first one (warn
+    /// once per sender, so a peer cannot flood the log).
+    pub fn first_rejection(&mut self, sender: NodeId) -> bool {
+        self.warned.insert(sender)
     }
 
     /// How many peer segments are mapped.

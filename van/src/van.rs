@@ -976,10 +976,15 @@ impl Shared {
                     if let Some(side) = &self.shm {
                         side.pool.stats.rejected.fetch_add(1, Ordering::Relaxed);
                     }
-                    warn!(
+                    let what = format!(
                         "dropping a message from {} with a bad shared-memory descriptor: {e}",
                         peer_name(&raw.identity)
                     );
+                    if shm_rx.first_rejection(raw.sender) {
+                        warn!("{what} (warned once per sender)");
+                    } else {
+                        debug!("{what}");
+                    }
                     return;
                 }
             }
