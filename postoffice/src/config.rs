@@ -59,8 +59,8 @@ pub struct Config {
     /// address), `PS_BIND_HOST`, `PORT`, `DMLC_LOCAL`, `DMLC_PS_WATER_MARK`,
     /// `PS_START_TIMEOUT`, `PS_HEARTBEAT_INTERVAL`/`_TIMEOUT`,
     /// `PS_RECOVERY_TIMEOUT`, `PS_RESEND`/`_TIMEOUT`, `PS_DROP_MSG`,
-    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_STORE_MAX_KEY`/`_VALUE`/
-    /// `_BYTES`/`_KEYS`/`_WAITS`/`_WATCHES`.
+    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_SHM`, `PS_STORE_MAX_KEY`/
+    /// `_VALUE`/`_BYTES`/`_KEYS`/`_WAITS`/`_WATCHES`.
     pub van: VanConfig,
     /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 (or more, as ps-lite reads
     /// 3) every message; stored clamped to 2.
@@ -288,6 +288,11 @@ impl Config {
                         })
                     })
                     .transpose()?,
+                shm: match env.get("PS_SHM") {
+                    None => defaults.shm,
+                    Some(_) => env.flag("PS_SHM")?,
+                },
+                shm_identity: None,
             },
             verbose: verbose as u8,
             queue_limit,
@@ -510,6 +515,7 @@ mod tests {
         assert_eq!(v.recovery_timeout, d.recovery_timeout);
         assert_eq!(v.hold_limit, d.hold_limit);
         assert_eq!(v.max_resends, d.max_resends);
+        assert!(v.shm && d.shm, "shared memory is on by default");
     }
 
     #[test]
@@ -534,8 +540,11 @@ mod tests {
             ("PS_QUEUE_LIMIT", "17"),
             ("PS_AUTH_TOKEN", "s3cret"),
             ("PS_METRICS_PORT", "9900"),
+            ("PS_SHM", "0"),
         ])
         .unwrap();
+        assert!(!c.van.shm);
+        assert!(parse(&[("PS_SHM", "maybe")]).is_err());
         assert!(
             !format!("{c:?}").contains("s3cret"),
             "the token must not be logged"

@@ -12,7 +12,8 @@
 use prost::Message as _;
 
 use crate::ids::K_EMPTY;
-use crate::pb::{PbControl, PbMeta, PbNode};
+use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
+use crate::shm::ShmFrame;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
 use crate::{Command, Control, DataType, Meta, Node, Role};
@@ -53,6 +54,34 @@ impl Meta {
         Meta::from_pb(PbMeta::decode(frame)?)
     }
 
+    /// [`Meta::encode`] plus the pslite-only shared-memory descriptors
+    /// (field 104) when `shm` is not empty; exactly [`Meta::encode`]'s bytes
+    /// when it is.
+    pub fn encode_with_shm(&self, shm: &[ShmFrame]) -> Vec<u8> {
+        let mut pb = self.to_pb();
+        if !shm.is_empty() {
+            pb.shm = Some(PbShm {
+                frame: shm.iter().map(|f| f.to_pb()).collect(),
+            });
+        }
+        let mut buf = Vec::with_capacity(pb.encoded_len());
+        let _ = pb.encode(&mut buf);
+        buf
+    }
+
+    /// [`Meta::decode`], also returning the shared-memory descriptors the
+    /// frame carries (field 104; empty if none). They are not checked here:
+    /// the receiver checks them against the segments it can map.
+    pub fn decode_with_shm(frame: &[u8]) -> Result<(Meta, Vec<ShmFrame>), DecodeError> {
+        let mut pb = PbMeta::decode(frame)?;
+        let shm = pb
+            .shm
+            .take()
+            .map(|s| s.frame.iter().map(ShmFrame::from_pb).collect())
+            .unwrap_or_default();
+        Ok((Meta::from_pb(pb)?, shm))
+    }
+
     /// This meta as the generated protobuf struct, with C++'s presence rules.
     pub fn to_pb(&self) -> PbMeta {
         let control = (!self.control.is_empty()).then(|| control_to_pb(&self.control));
@@ -74,6 +103,7 @@ impl Meta {
             status: self.status.iter().map(NodeStatus::to_pb).collect(),
             handler_panic: self.handler_panic.as_deref().map(str::to_string),
             store: self.store.as_deref().map(StoreMsg::to_pb),
+            shm: None,
         }
     }
 
@@ -157,6 +187,8 @@ pub(crate) fn node_to_pb(node: &Node) -> PbNode {
         is_recovery: Some(node.is_recovery),
         customer_id: Some(node.customer_id),
         pslite: node.pslite.then_some(true),
+        host: (!node.host.is_empty()).then(|| node.host.clone()),
+        pid: (node.pid != 0).then_some(node.pid),
     }
 }
 
@@ -169,6 +201,8 @@ pub(crate) fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
         is_recovery: pb.is_recovery.unwrap_or(false),
         customer_id: pb.customer_id.unwrap_or(0),
         pslite: pb.pslite.unwrap_or(false),
+        host: pb.host.unwrap_or_default(),
+        pid: pb.pid.unwrap_or(0),
     })
 }
 

@@ -79,6 +79,12 @@ pub struct Node {
     /// pslite-only (field 100): the entry is a pslite node's, so it
     /// understands pslite-only control fields. C++ schedulers drop it.
     pub pslite: bool,
+    /// pslite-only (field 101): the node's host identity, set when it may
+    /// use shared memory with same-host peers (`PS_SHM`); empty otherwise.
+    pub host: String,
+    /// pslite-only (field 102): the node's process id, with `host`; 0 if
+    /// not sent.
+    pub pid: u32,
 }
 
 impl Node {
@@ -92,6 +98,8 @@ impl Node {
             is_recovery: false,
             customer_id: 0,
             pslite: false,
+            host: String::new(),
+            pid: 0,
         }
     }
 

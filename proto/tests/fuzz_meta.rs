@@ -55,6 +55,8 @@ fn node() -> impl Strategy<Value = Node> {
                 is_recovery,
                 customer_id,
                 pslite: false,
+                host: String::new(),
+                pid: 0,
             },
         )
 }

@@ -199,6 +199,9 @@ case_interface() {
     # without DMLC_INTERFACE): DMLC_INTERFACE=net0 must win.
     if ! kv_cluster interface "$NET.10" iface PS_VERBOSE=1; then
         fail interface "$DETAIL"
+    elif grep -q "shares this host" "$LOGS"/interface.*.log; then
+        # Namespaces stand for machines: no shared memory between them.
+        fail interface "nodes in separate namespaces took each other for same-host peers"
     elif grep -q "listening on $NET.11:" "$LOGS/interface.server1.log"; then
         pass interface "DMLC_INTERFACE=net0 advertised $NET.11, not eth0's $DECOY.11"
     else

@@ -72,6 +72,14 @@ pub struct VanConfig {
     /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
     /// unauthenticated wire (see [`crate::auth`]).
     pub auth_token: Option<crate::AuthToken>,
+    /// Send large data frames to same-host pslite peers through shared
+    /// memory (`PS_SHM`, default on; see [`crate::shm`]).
+    pub shm: bool,
+    /// This node's host identity and process id as advertised in its
+    /// node-table entry (`PBNode.host`, `pid`): filled in by
+    /// [`crate::Van::start`] when `shm` is on and the host supports it;
+    /// `None` advertises nothing (the entry is as C++ writes it).
+    pub shm_identity: Option<(String, u32)>,
 }
 
 impl Default for VanConfig {
@@ -101,6 +109,8 @@ impl Default for VanConfig {
             hold_limit: 256 << 20,
             store_limits: crate::store::StoreLimits::default(),
             auth_token: None,
+            shm: true,
+            shm_identity: None,
         }
     }
 }

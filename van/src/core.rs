@@ -142,6 +142,10 @@ impl Core {
         };
         let mut me = Node::new(cfg.role, host, port);
         me.pslite = true;
+        if let Some((host, pid)) = &cfg.shm_identity {
+            me.host = host.clone();
+            me.pid = *pid;
+        }
         let mut scheduler_node = Node::new(Role::Scheduler, cfg.scheduler_host.clone(), {
             if is_scheduler {
                 port
@@ -223,6 +227,11 @@ impl Core {
     /// This node as the cluster knows it (its id once joined).
     pub fn me(&self) -> &Node {
         self.member.me()
+    }
+
+    /// The entry of node `id` in the node table, if it has one.
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.member.node(id)
     }
 
     /// The node table: servers, workers and the scheduler, once joined.

@@ -56,6 +56,7 @@ pub mod rendezvous;
 pub mod resender;
 pub mod resolve;
 pub mod scheduler;
+pub mod shm;
 pub mod store;
 pub mod transport;
 mod van;

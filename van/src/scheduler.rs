@@ -502,6 +502,8 @@ impl Scheduler {
         for entry in self.nodes.iter_mut().filter(|n| n.id == pid) {
             entry.hostname = node.hostname.clone();
             entry.port = node.port;
+            entry.host = node.host.clone();
+            entry.pid = node.pid;
             entry.is_recovery = true;
             recovered.get_or_insert_with(|| entry.clone());
         }

@@ -22,6 +22,7 @@ use crate::config::VanConfig;
 use crate::core::{Core, Output};
 use crate::counters::{Counters, DropReason};
 use crate::error::{Failure, VanError};
+use crate::shm::{self, ShmStats};
 use crate::transport::{self, RawMessage, Transport};
 
 /// Receives the data messages (no control command) that reach this node,
@@ -99,7 +100,29 @@ struct Shared {
     waker: Mutex<zmq::Socket>,
     /// The core's counters, for the hot path without its lock.
     counters: Arc<Counters>,
+    /// The shared-memory path, when on (`PS_SHM`) and this host has one.
+    shm: Option<ShmSide>,
     ctx: zmq::Context,
+}
+
+/// This node's side of the shared-memory path ([`crate::shm`]).
+struct ShmSide {
+    /// This node's host identity.
+    host: String,
+    /// The segments this node sends from.
+    pool: shm::Pool,
+    /// Same-host peers, by id: their pid (from their node-table entries,
+    /// recorded when connecting to them).
+    peers: Mutex<HashMap<NodeId, u32>>,
+}
+
+/// A message's data frames as put on the wire: large ones to a same-host
+/// peer moved into shared memory.
+struct Staged {
+    frames: Vec<pslite_proto::shm::ShmFrame>,
+    data: Vec<Bytes>,
+    leases: Vec<shm::Lease>,
+    bytes: usize,
 }
 
 fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> VanError {
@@ -172,6 +195,25 @@ impl Van {
                 config.drop_percent
             );
         }
+        let shm_side = if config.shm {
+            match shm::host_identity() {
+                Ok(host) => {
+                    config.shm_identity = Some((host.clone(), std::process::id()));
+                    Some(ShmSide {
+                        host,
+                        pool: shm::Pool::new(shm::DEFAULT_POOL_BYTES),
+                        peers: Mutex::new(HashMap::new()),
+                    })
+                }
+                Err(e) => {
+                    info!("shared memory with same-host peers is off: {e}");
+                    None
+                }
+            }
+        } else {
+            config.shm_identity = None;
+            None
+        };
         let seed = rand::random();
         let core =
             Core::new(&config, port, Instant::now(), seed).with_counters(Arc::clone(&counters));
@@ -189,6 +231,7 @@ impl Van {
             dispatch,
             waker: Mutex::new(waker),
             counters,
+            shm: shm_side,
             ctx,
         });
         // The first output connects to the scheduler.
@@ -332,6 +375,11 @@ impl Van {
         )
     }
 
+    /// What the shared-memory path did (`None` when it is off).
+    pub fn shm_stats(&self) -> Option<&ShmStats> {
+        self.shared.shm.as_ref().map(|s| &s.pool.stats)
+    }
+
     /// This node's counters (traffic per peer, resends, drops, and what the
     /// apps count: requests in flight, handler time).
     pub fn counters(&self) -> &Arc<Counters> {
@@ -392,6 +440,23 @@ impl Van {
         let _ = shared.with_core(|core, _| core.stop());
         lock(&shared.senders).clear();
         lock(&shared.admin_dealers).clear();
+        if let Some(side) = &shared.shm {
+            let s = &side.pool.stats;
+            let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            if n(&s.frames_sent) + n(&s.frames_received) + n(&s.fallbacks) + n(&s.rejected) > 0 {
+                info!(
+                    "shared memory: sent {} frames ({} bytes), received {}, {} sent over \
+                     ZeroMQ for want of a free segment, {} descriptors rejected; {} bytes of \
+                     segments",
+                    n(&s.frames_sent),
+                    n(&s.bytes_sent),
+                    n(&s.frames_received),
+                    n(&s.fallbacks),
+                    n(&s.rejected),
+                    side.pool.bytes()
+                );
+            }
+        }
     }
 }
 
@@ -680,6 +745,21 @@ impl Shared {
         // ZeroMQ connects in the background: "connected" is logged when the
         // first message from the node arrives.
         debug!("connecting to node {} at {endpoint}", node.id);
+        if let Some(side) = &self.shm {
+            let mut peers = lock(&side.peers);
+            if shm_peer(side, node).is_some() {
+                if node.pid != std::process::id() {
+                    info!(
+                        "node {} (process {}) shares this host: large frames go through shared \
+                         memory",
+                        node.id, node.pid
+                    );
+                }
+                peers.insert(node.id, node.pid);
+            } else {
+                peers.remove(&node.id);
+            }
+        }
         lock(&self.senders).insert(node.id, Arc::new(Mutex::new(socket)));
         Ok(())
     }
@@ -738,19 +818,69 @@ impl Shared {
             .get(&recver)
             .cloned()
             .ok_or(VanError::UnknownPeer(recver))?;
-        let meta = msg.meta.encode();
+        let staged = self.stage(recver, &msg.data);
+        let (meta, data) = match &staged {
+            Some(st) => (msg.meta.encode_with_shm(&st.frames), &st.data[..]),
+            None => (msg.meta.encode(), &msg.data[..]),
+        };
         let sent = {
             let mut socket = lock(&sender);
-            transport::send_message(&mut socket, &meta, &msg.data).map_err(|source| {
-                VanError::Zmq {
-                    context: format!("sending to node {recver}"),
-                    source,
+            transport::send_message(&mut socket, &meta, data)
+        };
+        let sent = match (sent, staged) {
+            (Ok(sent), None) => sent,
+            (Ok(sent), Some(st)) => sent + st.bytes,
+            (Err(e), staged) => {
+                // Descriptors that did not leave give their segments back;
+                // one that did is taken back when never claimed.
+                if let Some(st) = staged {
+                    st.leases.into_iter().for_each(shm::Lease::abandon);
                 }
-            })?
+                return Err(zmq_err(format!("sending to node {recver}"))(e));
+            }
         };
         self.counters.sent(recver, sent);
         trace!("send {}", describe(msg));
         Ok(sent)
+    }
+
+    /// Moves the large frames of a message to `recver` into shared memory
+    /// when it is a same-host peer; `None` sends the frames as they are.
+    fn stage(&self, recver: NodeId, data: &[Bytes]) -> Option<Staged> {
+        let side = self.shm.as_ref()?;
+        if !data.iter().any(|f| f.len() >= shm::MIN_FRAME) {
+            return None;
+        }
+        let pid = *lock(&side.peers).get(&recver)?;
+        let mut staged = Staged {
+            frames: Vec::new(),
+            data: data.to_vec(),
+            leases: Vec::new(),
+            bytes: 0,
+        };
+        for (i, frame) in data.iter().enumerate() {
+            if frame.len() < shm::MIN_FRAME {
+                continue;
+            }
+            let Some(lease) = side.pool.lease(frame.len(), pid) else {
+                continue;
+            };
+            staged.frames.push(lease.fill(frame, i as u32));
+            staged.leases.push(lease);
+            staged.data[i] = Bytes::new();
+            staged.bytes += frame.len();
+        }
+        if staged.frames.is_empty() {
+            return None;
+        }
+        let stats = &side.pool.stats;
+        stats
+            .frames_sent
+            .fetch_add(staged.frames.len() as u64, Ordering::Relaxed);
+        stats
+            .bytes_sent
+            .fetch_add(staged.bytes as u64, Ordering::Relaxed);
+        Some(staged)
     }
 
     /// Sends `msg` to an admin client at `to` (not a cluster member) on a
@@ -805,7 +935,8 @@ impl Shared {
 
     fn receive_thread(&self, router: zmq::Socket) {
         let _guard = ReceiveThreadGuard(self);
-        self.receive_loop(&router);
+        let mut shm_rx = shm::Receiver::new();
+        self.receive_loop(&router, &mut shm_rx);
         debug!("receive loop stopped");
     }
 
@@ -814,7 +945,7 @@ impl Shared {
     /// when that deadline passes. A blocking receive costs ZeroMQ one wait;
     /// a poll followed by non-blocking receives costs several syscalls more
     /// per message (each empty look checks the socket's mailbox).
-    fn receive_loop(&self, router: &zmq::Socket) {
+    fn receive_loop(&self, router: &zmq::Socket, shm_rx: &mut shm::Receiver) {
         // The ROUTER's receive timeout as last set (ZeroMQ's default: none).
         let mut timeout_set: i32 = -1;
         loop {
@@ -844,7 +975,7 @@ impl Shared {
                     if self.stopping.load(Ordering::SeqCst) {
                         return;
                     }
-                    self.on_raw(raw);
+                    self.on_raw(raw, shm_rx);
                 }
                 Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => {}
                 Err(zmq::Error::ETERM) => return,
@@ -859,16 +990,20 @@ impl Shared {
             if next.is_some_and(|at| Instant::now() >= at) {
                 let _ = self.with_core(|core, now| core.tick(now));
             }
+            if shm_rx.mapped() > 0 {
+                shm_rx.prune(Instant::now());
+            }
         }
     }
 
     /// One message from the ROUTER: decoded and handed to the core.
-    fn on_raw(&self, raw: RawMessage) {
+    fn on_raw(&self, mut raw: RawMessage, shm_rx: &mut shm::Receiver) {
         if raw.identity == WAKE_IDENTITY {
             return;
         }
-        self.counters.received(raw.sender, raw.size());
-        let Some(meta_frame) = raw.meta else {
+        let size = raw.size();
+        let Some(meta_frame) = raw.meta.take() else {
+            self.counters.received(raw.sender, size);
             self.counters.dropped(DropReason::Malformed);
             warn!(
                 "dropping a message without a meta frame from {}",
@@ -876,14 +1011,39 @@ impl Shared {
             );
             return;
         };
-        let mut meta = match Meta::decode(&meta_frame) {
-            Ok(meta) => meta,
+        let (mut meta, descs) = match Meta::decode_with_shm(&meta_frame) {
+            Ok(decoded) => decoded,
             Err(e) => {
+                self.counters.received(raw.sender, size);
                 self.counters.dropped(DropReason::Malformed);
                 warn!("dropping a message from {}: {e}", peer_name(&raw.identity));
                 return;
             }
         };
+        let mut shm_bytes = 0;
+        if !descs.is_empty() {
+            match self.resolve_shm(raw.sender, &descs, &mut raw.data, shm_rx) {
+                Ok(bytes) => shm_bytes = bytes,
+                Err(e) => {
+                    self.counters.received(raw.sender, size);
+                    self.counters.dropped(DropReason::Malformed);
+                    if let Some(side) = &self.shm {
+                        side.pool.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let what = format!(
+                        "dropping a message from {} with a bad shared-memory descriptor: {e}",
+                        peer_name(&raw.identity)
+                    );
+                    if shm_rx.first_rejection(raw.sender) {
+                        warn!("{what} (warned once per sender)");
+                    } else {
+                        debug!("{what}");
+                    }
+                    return;
+                }
+            }
+        }
+        self.counters.received(raw.sender, size + shm_bytes);
         meta.sender = raw.sender;
         let msg = Message {
             meta,
@@ -892,6 +1052,48 @@ impl Shared {
         trace!("recv {}", describe(&msg));
         let _ = self.with_core(|core, now| core.handle(msg, now));
     }
+}
+
+impl Shared {
+    /// Replaces the frames a message carries in shared memory by views of
+    /// the sender's segments; returns their bytes.
+    fn resolve_shm(
+        &self,
+        sender: NodeId,
+        descs: &[pslite_proto::shm::ShmFrame],
+        data: &mut [Bytes],
+        shm_rx: &mut shm::Receiver,
+    ) -> Result<usize, shm::ShmError> {
+        let side = self.shm.as_ref().ok_or(shm::ShmError::NotShmPeer)?;
+        // The sender's pid from the node table, never from the message.
+        let pid = if sender == K_EMPTY {
+            None
+        } else {
+            let locked = lock(&self.locked);
+            locked
+                .core
+                .node(sender)
+                .filter(|n| same_host(side, n))
+                .map(|n| n.pid)
+        };
+        let bytes = shm_rx.resolve(sender, pid, descs, data)?;
+        side.pool
+            .stats
+            .frames_received
+            .fetch_add(descs.len() as u64, Ordering::Relaxed);
+        Ok(bytes)
+    }
+}
+
+/// `node`'s pid if it is a pslite node of this host that uses shared memory
+/// and whose segments this process can open.
+fn shm_peer(side: &ShmSide, node: &Node) -> Option<u32> {
+    (same_host(side, node) && shm::can_reach(node.pid)).then_some(node.pid)
+}
+
+/// Whether `node` is a pslite node of this host that uses shared memory.
+fn same_host(side: &ShmSide, node: &Node) -> bool {
+    node.pslite && node.pid != 0 && !node.host.is_empty() && node.host == side.host
 }
 
 fn peer_name(identity: &[u8]) -> String {

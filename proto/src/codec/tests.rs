@@ -21,6 +21,8 @@ fn node(role: Role, id: i32, port: i32, customer_id: i32) -> Node {
         is_recovery: false,
         customer_id,
         pslite: false,
+        host: String::new(),
+        pid: 0,
     }
 }
 
@@ -349,4 +351,44 @@ fn store_messages_round_trip_and_unknown_ops_are_refused() {
         Meta::decode(&bytes),
         Err(DecodeError::UnknownStoreOp)
     ));
+}
+
+#[test]
+fn shm_fields_round_trip_and_stay_off_the_wire_when_unused() {
+    use crate::shm::ShmFrame;
+    let meta = data_meta(3);
+    // No descriptors: the very bytes of `encode` (golden frames unchanged).
+    assert_eq!(meta.encode_with_shm(&[]), meta.encode());
+    let frame = ShmFrame {
+        index: 1,
+        fd: 7,
+        token: 0xfeed,
+        generation: 3,
+        offset: 0,
+        length: 1 << 20,
+    };
+    let bytes = meta.encode_with_shm(&[frame]);
+    assert_ne!(bytes, meta.encode());
+    // A decoder that ignores field 104 (as C++ does) reads the same meta.
+    assert_eq!(Meta::decode(&bytes).unwrap(), meta);
+    let (back, shm) = Meta::decode_with_shm(&bytes).unwrap();
+    assert_eq!(back, meta);
+    assert_eq!(shm, vec![frame]);
+    let (_, none) = Meta::decode_with_shm(&meta.encode()).unwrap();
+    assert!(none.is_empty());
+
+    // Host identity and pid ride on the node entry, absent when unset.
+    let mut ctl = Meta {
+        control: Control::new(Command::AddNode),
+        ..Meta::default()
+    };
+    ctl.control.node.push(node(Role::Worker, 9, 1234, 0));
+    let plain = ctl.encode();
+    ctl.control.node[0].host = "boot/uid/ns".into();
+    ctl.control.node[0].pid = 4242;
+    let with = ctl.encode();
+    assert!(with.len() > plain.len());
+    let back = Meta::decode(&with).unwrap();
+    assert_eq!(back.control.node[0].host, "boot/uid/ns");
+    assert_eq!(back.control.node[0].pid, 4242);
 }
