@@ -1168,7 +1168,8 @@ mod tests {
             "3",
         ])
         .unwrap();
-        let port = crate::launcher::free_port("127.0.0.1").unwrap();
+        let reserved = crate::launcher::PortReservation::new("127.0.0.1").unwrap();
+        let port = reserved.port();
         let roles = [
             Role::Scheduler,
             Role::Server,

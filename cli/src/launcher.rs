@@ -7,6 +7,19 @@
 //! when a node ends, a signal arrives or a time limit passes is decided by
 //! the [`Supervisor`](crate::supervisor::Supervisor); this module only starts
 //! processes, forwards their output and carries out its decisions.
+//!
+//! With elastic workers (`--workers MIN:MAX`) every node gets
+//! `DMLC_NUM_WORKER=MIN:MAX`, and the launcher records the cluster's shape in
+//! the scheduler's key-value store ([`LAUNCH_KEY`]) so that
+//! `pslite launch --add-worker` ([`LaunchOptions::join`]) can start one more
+//! worker against it. A running launch also takes [`Control`] requests (the
+//! demo adds and kills workers with them).
+//!
+//! The scheduler's port, when the launcher picks it, stays reserved by the
+//! launcher until the job ends ([`PortReservation`]): a port found free and
+//! released was sometimes taken by another process's `bind(0)` (a node of a
+//! concurrent job binding its own port) before the scheduler bound it, and
+//! the job failed with "Address already in use".
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -72,6 +85,14 @@ pub struct LaunchOptions {
     pub restart_role: Option<Role>,
     /// At most this many restarts in all.
     pub max_restarts: u32,
+    /// Elastic workers, `(MIN, MAX)`: every node gets
+    /// `DMLC_NUM_WORKER=MIN:MAX` and `workers` is how many to start (at most
+    /// MAX); a worker that fails or leaves does not end the job.
+    pub elastic: Option<(usize, usize)>,
+    /// Start only one worker, for the running cluster whose scheduler is at
+    /// `host`:`port` (`pslite launch --add-worker`): no scheduler, no
+    /// servers; `servers` and `elastic` describe the cluster.
+    pub join: bool,
 }
 
 impl Default for LaunchOptions {
@@ -94,8 +115,57 @@ impl Default for LaunchOptions {
             exit_grace: Duration::from_secs(30),
             restart_role: None,
             max_restarts: 3,
+            elastic: None,
+            join: false,
         }
     }
+}
+
+/// The store key where `pslite launch --workers MIN:MAX` records its
+/// cluster's shape (`servers=S workers=MIN:MAX`) for `--add-worker`.
+pub const LAUNCH_KEY: &str = "pslite.launch";
+
+/// The value of [`LAUNCH_KEY`] for a cluster of `servers` servers and
+/// `min`:`max` elastic workers.
+pub fn launch_record(servers: usize, min: usize, max: usize) -> String {
+    format!("servers={servers} workers={min}:{max}")
+}
+
+/// Reads a [`LAUNCH_KEY`] value: `(servers, min, max)`.
+pub fn parse_launch_record(value: &str) -> Option<(usize, usize, usize)> {
+    let mut servers = None;
+    let mut workers = None;
+    for word in value.split_whitespace() {
+        match word.split_once('=') {
+            Some(("servers", v)) => servers = v.parse::<usize>().ok(),
+            Some(("workers", v)) => workers = parse_bounds(v),
+            _ => {}
+        }
+    }
+    let (min, max) = workers?;
+    Some((servers?, min, max))
+}
+
+/// `MIN:MAX` with 1 <= MIN <= MAX.
+pub fn parse_bounds(s: &str) -> Option<(usize, usize)> {
+    let (min, max) = s.trim().split_once(':')?;
+    let min = min.trim().parse::<usize>().ok()?;
+    let max = max.trim().parse::<usize>().ok()?;
+    (min >= 1 && min <= max).then_some((min, max))
+}
+
+/// A request to a running launch (see [`launch_with`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Start one more worker (same program and environment as the others).
+    AddWorker,
+    /// Send `signal` to worker `worker` (by launch index, as in its prefix).
+    SignalWorker {
+        /// The worker's launch index.
+        worker: usize,
+        /// The signal.
+        signal: i32,
+    },
 }
 
 /// Why the cluster could not be started at all.
@@ -128,10 +198,113 @@ pub enum LaunchError {
     },
 }
 
-/// A free TCP port on `host` (bound and released; the scheduler takes it
-/// right after).
-pub fn free_port(host: &str) -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+/// A TCP port on a host held for the scheduler: a socket bound to it with
+/// `SO_REUSEADDR` but not listening. While it is held, the kernel gives the
+/// port to no other `bind(0)` or outgoing connection, and a plain `bind` to
+/// it fails; the scheduler's ZeroMQ socket, which sets `SO_REUSEADDR` too,
+/// binds and listens on it all the same. Released when dropped.
+pub struct PortReservation {
+    fd: libc::c_int,
+    port: u16,
+}
+
+impl PortReservation {
+    /// Reserves a free port on `host` (an IP address or a name).
+    pub fn new(host: &str) -> std::io::Result<PortReservation> {
+        use std::net::ToSocketAddrs;
+        let addr = (host, 0).to_socket_addrs()?.next().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{host} does not resolve"),
+            )
+        })?;
+        let (family, storage, len) = sockaddr(&addr);
+        // SAFETY: socket(2) returns a descriptor we own (or -1).
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut reservation = PortReservation { fd, port: 0 };
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt and bind on our descriptor with valid pointers
+        // and lengths; getsockname fills `bound` up to `bound_len`.
+        unsafe {
+            if libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) != 0
+                || libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut bound: libc::sockaddr_storage = std::mem::zeroed();
+            let mut bound_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getsockname(
+                fd,
+                (&mut bound as *mut libc::sockaddr_storage).cast(),
+                &mut bound_len,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // sin_port and sin6_port sit at the same offset, in network order.
+            reservation.port = u16::from_be(
+                (*(&bound as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>()).sin_port,
+            );
+            Ok(reservation)
+        }
+    }
+
+    /// The reserved port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for PortReservation {
+    fn drop(&mut self) {
+        // SAFETY: closing the descriptor we own, once.
+        unsafe {
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// `addr` as a C socket address: family, storage, length.
+fn sockaddr(addr: &std::net::SocketAddr) -> (libc::c_int, libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is valid; we fill in one of the
+    // address structs it is large enough to hold.
+    unsafe {
+        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+        match addr {
+            std::net::SocketAddr::V4(v4) => {
+                let sin = (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                (*sin).sin_family = libc::AF_INET as libc::sa_family_t;
+                (*sin).sin_port = v4.port().to_be();
+                (*sin).sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+                (
+                    libc::AF_INET,
+                    storage,
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+            std::net::SocketAddr::V6(v6) => {
+                let sin6 =
+                    (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                (*sin6).sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                (*sin6).sin6_port = v6.port().to_be();
+                (*sin6).sin6_addr.s6_addr = v6.ip().octets();
+                (
+                    libc::AF_INET6,
+                    storage,
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    }
 }
 
 fn ended(status: std::io::Result<ExitStatus>) -> Ended {
@@ -275,6 +448,7 @@ fn set_handler(sig: i32, handler: libc::sighandler_t) {
 }
 
 /// One node to run.
+#[derive(Clone)]
 struct NodeSpec {
     name: String,
     role: Role,
@@ -369,11 +543,38 @@ impl Cluster {
     }
 }
 
+/// The name (and output prefix) of the worker `--add-worker` starts.
+pub const ADDED_WORKER: &str = "added worker";
+
 /// Which nodes to start, with their programs and environments.
 fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
     if opts.servers == 0 || opts.workers == 0 {
         return Err(LaunchError::Invalid(
             "--servers and --workers must be at least 1".into(),
+        ));
+    }
+    if let Some((min, max)) = opts.elastic {
+        if min == 0 || min > max {
+            return Err(LaunchError::Invalid(format!(
+                "--workers {min}:{max}: MIN:MAX needs 1 <= MIN <= MAX"
+            )));
+        }
+        if opts.workers > max {
+            return Err(LaunchError::Invalid(format!(
+                "--start-workers {} is more than MAX in --workers {min}:{max}",
+                opts.workers
+            )));
+        }
+        if opts.worker_procs.is_some() {
+            return Err(LaunchError::Invalid(
+                "--worker-procs does not go with elastic workers (--workers MIN:MAX): \
+                 each elastic worker is a process of its own"
+                    .into(),
+            ));
+        }
+    } else if opts.join {
+        return Err(LaunchError::Invalid(
+            "--add-worker needs the cluster's elastic bounds (--workers MIN:MAX)".into(),
         ));
     }
     let worker_procs = opts.worker_procs.unwrap_or(opts.workers);
@@ -408,11 +609,15 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
+    let num_worker = match opts.elastic {
+        Some((min, max)) => format!("{min}:{max}"),
+        None => opts.workers.to_string(),
+    };
     let common = |role: Role| {
         let mut env = vec![
             ("DMLC_ROLE".to_string(), role.as_str().to_string()),
             ("DMLC_NUM_SERVER".into(), opts.servers.to_string()),
-            ("DMLC_NUM_WORKER".into(), opts.workers.to_string()),
+            ("DMLC_NUM_WORKER".into(), num_worker.clone()),
             ("DMLC_PS_ROOT_URI".into(), opts.host.clone()),
             ("DMLC_PS_ROOT_PORT".into(), port.to_string()),
             ("DMLC_NODE_HOST".into(), opts.host.clone()),
@@ -462,6 +667,10 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
         });
         Ok(())
     };
+    if opts.join {
+        add(ADDED_WORKER.into(), Role::Worker, &opts.worker_program)?;
+        return Ok(nodes);
+    }
     add("scheduler".into(), Role::Scheduler, &opts.scheduler_program)?;
     for i in 0..opts.servers {
         add(format!("server {i}"), Role::Server, &opts.server_program)?;
@@ -488,15 +697,37 @@ fn connections_logged(opts: &LaunchOptions) -> bool {
 
 /// Runs the cluster to completion.
 pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
+    launch_with(opts, &crossbeam_channel::never())
+}
+
+/// [`launch`], carrying out the [`Control`] requests that arrive on
+/// `control` while the job runs.
+pub fn launch_with(
+    opts: &LaunchOptions,
+    control: &Receiver<Control>,
+) -> Result<Outcome, LaunchError> {
+    // Held until the job ends (see PortReservation).
+    let mut reservation = None;
     let port = match opts.port {
         Some(p) => p,
-        None => free_port(&opts.host).map_err(|source| LaunchError::Port {
-            host: opts.host.clone(),
-            source,
-        })?,
+        None if opts.join => {
+            return Err(LaunchError::Invalid(
+                "--add-worker needs the scheduler's port (--port or DMLC_PS_ROOT_PORT)".into(),
+            ))
+        }
+        None => {
+            let held = PortReservation::new(&opts.host).map_err(|source| LaunchError::Port {
+                host: opts.host.clone(),
+                source,
+            })?;
+            let port = held.port();
+            reservation = Some(held);
+            port
+        }
     };
     let nodes = plan(opts, port)?;
     let count = nodes.len();
+    let worker_template = nodes.iter().find(|n| n.role == Role::Worker).cloned();
     let (exits, exited) = unbounded();
     let mut cluster = Cluster {
         pids: vec![0; count],
@@ -521,6 +752,14 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
     if verbose {
         eprintln!("pslite launch: started {}", cluster.pids_line());
     }
+    if let (Some((min, max)), false) = (opts.elastic, opts.join) {
+        publish_launch_record(
+            &opts.host,
+            port,
+            launch_record(opts.servers, min, max),
+            &opts.env,
+        );
+    }
     let mut supervisor = Supervisor::new(
         Policy {
             timeout: opts.timeout,
@@ -529,6 +768,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             kill_grace: KILL_GRACE,
             restart_role: opts.restart_role,
             max_restarts: opts.max_restarts,
+            elastic: opts.elastic.is_some() && !opts.join,
         },
         cluster
             .nodes
@@ -537,6 +777,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             .collect(),
         Instant::now(),
     );
+    let mut workers_started = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Worker)
+        .count();
     let mut outcome = loop {
         if let Some(outcome) = supervisor.outcome() {
             break outcome;
@@ -552,6 +797,33 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             recv(signals) -> sig => match sig {
                 Ok(sig) => supervisor.on_signal(sig, Instant::now()),
                 Err(_) => Vec::new(),
+            },
+            recv(control) -> request => match (request, &worker_template) {
+                (Ok(Control::AddWorker), Some(template)) => {
+                    let name = format!("worker {workers_started}");
+                    match supervisor.add_node(name.clone(), Role::Worker, Instant::now()) {
+                        Some(index) => {
+                            workers_started += 1;
+                            cluster.nodes.push(NodeSpec {
+                                name,
+                                ..template.clone()
+                            });
+                            cluster.pids.push(0);
+                            cluster.last_stderr.push(Arc::default());
+                            vec![Action::Restart(index)]
+                        }
+                        None => Vec::new(),
+                    }
+                }
+                (Ok(Control::SignalWorker { worker, signal }), _) => {
+                    let name = format!("worker {worker}");
+                    if let Some(index) = cluster.nodes.iter().position(|n| n.name == name) {
+                        vec![Action::Signal { nodes: vec![index], signal }]
+                    } else {
+                        vec![Action::Say(format!("no {name} to signal"))]
+                    }
+                }
+                _ => Vec::new(),
             },
             recv(timer) -> _ => supervisor.on_tick(Instant::now()),
         };
@@ -587,6 +859,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             actions = more;
         }
     };
+    drop(reservation);
     for out in cluster.outputs.drain(..) {
         let _ = out.join();
     }
@@ -604,4 +877,72 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
         }
     }
     Ok(outcome)
+}
+
+/// Records the cluster's shape in its scheduler's store ([`LAUNCH_KEY`]),
+/// from a thread: the request waits (up to a minute) for the scheduler to
+/// listen. Only `--add-worker` reads it, so a failure is a warning.
+fn publish_launch_record(host: &str, port: u16, record: String, env: &[(String, String)]) {
+    let var = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let local = matches!(
+        var("DMLC_LOCAL").as_deref().map(str::trim),
+        Some("1" | "true")
+    );
+    let token = var("PS_AUTH_TOKEN");
+    let host = host.to_string();
+    let _ = std::thread::Builder::new()
+        .name("launch record".into())
+        .spawn(move || {
+            let published = admin_client(&host, port, local, token.as_deref()).and_then(|mut c| {
+                let req = pslite::proto::store::StoreMsg {
+                    value: Some(record.into()),
+                    ..pslite::proto::store::StoreMsg::request(
+                        pslite::proto::store::StoreOp::Set,
+                        vec![LAUNCH_KEY.into()],
+                    )
+                };
+                c.store(req, Duration::from_secs(60))
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            });
+            if let Err(e) = published {
+                log::warn!(
+                    "pslite launch: cannot record the cluster in the scheduler's store \
+                     ({LAUNCH_KEY}; `pslite launch --add-worker` needs it): {e}"
+                );
+            }
+        });
+}
+
+/// An admin client of the scheduler at `host`:`port` (over IPC with
+/// `local`, presenting `token`).
+pub fn admin_client(
+    host: &str,
+    port: u16,
+    local: bool,
+    token: Option<&str>,
+) -> Result<pslite::admin::AdminClient, String> {
+    use pslite::admin::{AdminClient, AuthToken, Transport};
+    let token = match token {
+        Some(t) => Some(AuthToken::new(t).ok_or_else(|| {
+            format!(
+                "PS_AUTH_TOKEN must be a secret of 1 to 255 bytes, got <{} bytes>",
+                t.len()
+            )
+        })?),
+        None => None,
+    };
+    let transport = if local {
+        Transport::Ipc
+    } else {
+        Transport::Tcp
+    };
+    AdminClient::connect_via(transport, host, i32::from(port), None, token.as_ref())
+        .map_err(|e| e.to_string())
 }
