@@ -101,8 +101,23 @@ pub fn key_ranges(num_servers: i32) -> Vec<KeyRange> {
         .collect()
 }
 
+/// The workers of the current elastic round (see the README, "Elastic
+/// workers"). In plain mode (`DMLC_NUM_WORKER` a number) there is one round,
+/// 0, with every worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// The round number: 0 for the first round, then 1, 2, ...
+    pub round: u64,
+    /// The round's workers in rank order: a worker's rank is its index.
+    pub workers: Vec<NodeId>,
+}
+
+/// A membership-change callback.
+type MembershipCallback = Arc<dyn Fn(&Membership) + Send + Sync>;
+
 struct Inner {
     config: Config,
+    membership_callbacks: Mutex<Vec<MembershipCallback>>,
     router: Arc<CustomerRouter>,
     van: Mutex<Option<Arc<Van>>>,
     counters: Arc<Counters>,
@@ -126,6 +141,7 @@ impl Postoffice {
         Postoffice {
             inner: Arc::new(Inner {
                 config,
+                membership_callbacks: Mutex::new(Vec::new()),
                 router,
                 van: Mutex::new(None),
                 counters: Arc::new(Counters::new()),
@@ -378,6 +394,26 @@ impl Postoffice {
     /// `DMLC_NUM_SERVER`.
     pub fn num_servers(&self) -> i32 {
         self.inner.config.van.num_servers
+    }
+
+    /// Whether this node runs in elastic mode (`DMLC_NUM_WORKER=MIN:MAX`).
+    pub fn is_elastic(&self) -> bool {
+        false
+    }
+
+    /// The current round and its workers in rank order. In plain mode:
+    /// round 0 with every worker by rank.
+    pub fn membership(&self) -> Membership {
+        Membership {
+            round: 0,
+            workers: self.node_ids(ids::WORKER_GROUP),
+        }
+    }
+
+    /// Calls `f` with the new membership each time a round begins (never in
+    /// plain mode), on the receive thread: keep it short.
+    pub fn on_membership_change(&self, f: impl Fn(&Membership) + Send + Sync + 'static) {
+        lock(&self.inner.membership_callbacks).push(Arc::new(f));
     }
 
     /// The key range each server owns, by server rank.
