@@ -946,3 +946,96 @@ pub fn admin_client(
     AdminClient::connect_via(transport, host, i32::from(port), None, token.as_ref())
         .map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race `PortReservation` closes: a port found free and released is
+    /// handed to the next `bind(0)` that lands on it (after a few thousand
+    /// binds on this machine). Held, it never is, and the scheduler (whose
+    /// ZeroMQ socket sets SO_REUSEADDR, as std's listener does) still binds
+    /// and listens on it.
+    #[test]
+    fn a_reserved_port_goes_to_no_other_bind_but_the_scheduler_can_listen_on_it() {
+        let held = PortReservation::new("127.0.0.1").unwrap();
+        let port = held.port();
+        assert_ne!(port, 0);
+        // 20 000 binds of port 0 (more than the odd ports bind(0) picks
+        // from): none gets it.
+        for _ in 0..20_000 {
+            let other = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+            assert_ne!(other.local_addr().unwrap().port(), port);
+        }
+        let scheduler = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (accepted, _) = scheduler.accept().unwrap();
+        assert_eq!(
+            accepted.peer_addr().unwrap(),
+            client.local_addr().unwrap()
+        );
+        drop(held);
+    }
+
+    #[test]
+    fn launch_records_and_bounds_read_back() {
+        assert_eq!(parse_bounds("2:4"), Some((2, 4)));
+        assert_eq!(parse_bounds(" 3 : 3 "), Some((3, 3)));
+        for bad in ["4:2", "0:3", "a:b", "2", ":4", "2:"] {
+            assert_eq!(parse_bounds(bad), None, "{bad:?}");
+        }
+        let record = launch_record(2, 2, 4);
+        assert_eq!(record, "servers=2 workers=2:4");
+        assert_eq!(parse_launch_record(&record), Some((2, 2, 4)));
+        assert_eq!(parse_launch_record("servers=2"), None);
+        assert_eq!(parse_launch_record("workers=2:4"), None);
+    }
+
+    fn opts() -> LaunchOptions {
+        LaunchOptions {
+            program: "true".into(),
+            ..LaunchOptions::default()
+        }
+    }
+
+    #[test]
+    fn elastic_plans_give_every_node_min_max_and_start_the_asked_workers() {
+        let plan_of = |o: &LaunchOptions| {
+            plan(o, 9000).map(|nodes| {
+                nodes
+                    .iter()
+                    .map(|n| {
+                        let w = n.env.iter().find(|(k, _)| k == "DMLC_NUM_WORKER");
+                        (n.name.clone(), w.map(|(_, v)| v.clone()).unwrap_or_default())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let mut o = opts();
+        o.elastic = Some((2, 4));
+        o.workers = 3;
+        let nodes = plan_of(&o).unwrap();
+        assert_eq!(
+            nodes.iter().map(|n| n.0.as_str()).collect::<Vec<_>>(),
+            ["scheduler", "server 0", "worker 0", "worker 1", "worker 2"]
+        );
+        assert!(nodes.iter().all(|n| n.1 == "2:4"), "{nodes:?}");
+        // One worker only, for a running cluster.
+        o.join = true;
+        o.workers = 1;
+        let nodes = plan_of(&o).unwrap();
+        assert_eq!(nodes, [(ADDED_WORKER.to_string(), "2:4".to_string())]);
+        // More than MAX, or per-process workers: refused.
+        let mut o = opts();
+        o.elastic = Some((2, 4));
+        o.workers = 5;
+        assert!(plan_of(&o).is_err());
+        o.workers = 2;
+        o.worker_procs = Some(1);
+        assert!(plan_of(&o).is_err());
+        // Plain mode is unchanged.
+        let mut o = opts();
+        o.workers = 3;
+        assert!(plan_of(&o).unwrap().iter().all(|n| n.1 == "3"));
+    }
+}
