@@ -1,0 +1,130 @@
+//! Elastic workers from the command line: `pslite launch --workers MIN:MAX`,
+//! `pslite launch --add-worker` against a running cluster, a worker killed
+//! with SIGKILL, and `pslite demo --elastic`, with real processes.
+
+use std::process::Command;
+use std::time::Duration;
+
+use pslite_tests::{pslite_bin, run, spawn, Spawned};
+
+/// `pslite` with a clean ps-lite environment.
+fn pslite(args: &[&str]) -> Command {
+    let mut cmd = Command::new(pslite_bin());
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DMLC_") || k.starts_with("PS_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// The scheduler port a launch's nodes print as `port=N`.
+fn printed_port(launcher: &Spawned) -> String {
+    let line = launcher
+        .wait_for_line("port=", Duration::from_secs(30))
+        .expect("no node printed its port");
+    line.rsplit("port=").next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn add_worker_refuses_a_cluster_without_elastic_workers() {
+    // A real pslite scheduler (the nodes never register; it only has to answer).
+    let launcher = spawn(pslite(&[
+        "launch",
+        "-s",
+        "1",
+        "-w",
+        "1",
+        "--timeout",
+        "30",
+        "--scheduler-program",
+        "pslite",
+        "--",
+        "sh",
+        "-c",
+        "echo port=$DMLC_PS_ROOT_PORT; exec sleep 60",
+    ]));
+    let port = printed_port(&launcher);
+    let add = run(
+        pslite(&["launch", "--add-worker", "--port", &port, "--", "true"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(add.code(), Some(2), "{}", add.output());
+    assert_eq!(
+        add.stderr.trim_end(),
+        format!(
+            "pslite launch --add-worker: the cluster at 127.0.0.1:{port} does not take more \
+             workers: it was not started with elastic workers by `pslite launch --workers \
+             MIN:MAX` (its scheduler's store has no pslite.launch record); if it is elastic all \
+             the same, give its --workers MIN:MAX and --servers"
+        ),
+        "{}",
+        add.output()
+    );
+    launcher.signal(libc::SIGTERM);
+    let run = launcher.wait(Duration::from_secs(30));
+    assert!(!run.timed_out, "{}", run.output());
+}
+
+#[test]
+fn add_worker_says_when_no_scheduler_answers() {
+    let port = pslite_tests::free_port().to_string();
+    let add = run(
+        pslite(&["launch", "--add-worker", "--port", &port, "--", "true"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(add.code(), Some(2), "{}", add.output());
+    assert!(
+        add.stderr.starts_with(&format!(
+            "pslite launch --add-worker: cannot reach the cluster's scheduler: no answer from \
+             the scheduler at tcp://127.0.0.1:{port} within 3.0 s"
+        )),
+        "{}",
+        add.output()
+    );
+    // Without a port at all, it says what to give.
+    let add = run(
+        pslite(&["launch", "--add-worker", "--", "true"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(add.code(), Some(2), "{}", add.output());
+    assert!(
+        add.stderr.contains("which cluster? pass --port"),
+        "{}",
+        add.output()
+    );
+}
+
+#[test]
+fn bad_elastic_worker_counts_are_refused_before_anything_starts() {
+    for (args, says) in [
+        (
+            &["--workers", "4:2"][..],
+            "expected MIN:MAX with 1 <= MIN <= MAX, got \"4:2\"",
+        ),
+        (
+            &["--workers", "0:3"],
+            "expected MIN:MAX with 1 <= MIN <= MAX, got \"0:3\"",
+        ),
+        (
+            &["--workers", "2:4", "--start-workers", "5"],
+            "--start-workers 5 must be from 1 to MAX (4) of --workers 2:4",
+        ),
+        (
+            &["--workers", "3", "--start-workers", "2"],
+            "--start-workers goes with --workers MIN:MAX",
+        ),
+        (
+            &["--workers", "2:4", "--worker-procs", "1"],
+            "--worker-procs does not go with elastic workers",
+        ),
+    ] {
+        let mut cmd = pslite(&["launch"]);
+        cmd.args(args).args(["--", "sh", "-c", "echo started"]);
+        let run = run(cmd, Duration::from_secs(30));
+        assert_eq!(run.code(), Some(2), "{args:?}: {}", run.output());
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.output());
+        assert!(!run.stdout.contains("started"), "{}", run.output());
+    }
+}
