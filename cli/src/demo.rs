@@ -1078,7 +1078,10 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     let mut env = Vec::new();
     if args.elastic {
         // A killed worker is noticed by its missing heartbeats: soon.
-        for (var, value) in [("PS_HEARTBEAT_INTERVAL", "1"), ("PS_HEARTBEAT_TIMEOUT", "3")] {
+        for (var, value) in [
+            ("PS_HEARTBEAT_INTERVAL", "1"),
+            ("PS_HEARTBEAT_TIMEOUT", "3"),
+        ] {
             if std::env::var_os(var).is_none() {
                 env.push((var.to_string(), value.to_string()));
             }
@@ -1264,13 +1267,18 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         keys.join(" + ")
     );
     println!(
-        "moved {} of keys and values: pushes {}, pulls {} ({} requests from {} worker{})",
+        "moved {} of keys and values: pushes {}, pulls {} ({} requests from {} worker{}{})",
         megabytes(pushed + pulled),
         megabytes(pushed),
         megabytes(pulled),
         group(requests),
-        args.workers,
-        plural(args.workers)
+        workers.len(),
+        plural(workers.len()),
+        if elastic.killed {
+            ", not counting the killed one"
+        } else {
+            ""
+        }
     );
     println!(
         "wall time {:.1} s (training and evaluation {training:.1} s)",

@@ -970,10 +970,7 @@ mod tests {
         let scheduler = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (accepted, _) = scheduler.accept().unwrap();
-        assert_eq!(
-            accepted.peer_addr().unwrap(),
-            client.local_addr().unwrap()
-        );
+        assert_eq!(accepted.peer_addr().unwrap(), client.local_addr().unwrap());
         drop(held);
     }
 
@@ -1006,7 +1003,10 @@ mod tests {
                     .iter()
                     .map(|n| {
                         let w = n.env.iter().find(|(k, _)| k == "DMLC_NUM_WORKER");
-                        (n.name.clone(), w.map(|(_, v)| v.clone()).unwrap_or_default())
+                        (
+                            n.name.clone(),
+                            w.map(|(_, v)| v.clone()).unwrap_or_default(),
+                        )
                     })
                     .collect::<Vec<_>>()
             })

@@ -128,3 +128,87 @@ fn bad_elastic_worker_counts_are_refused_before_anything_starts() {
         assert!(!run.stdout.contains("started"), "{}", run.output());
     }
 }
+
+/// Lines of `text` that contain `needle`.
+fn lines_with<'a>(text: &'a str, needle: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.contains(needle)).collect()
+}
+
+#[test]
+fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
+    let run = run(
+        pslite(&[
+            "demo",
+            "--elastic",
+            "--samples",
+            "60000",
+            "--epochs",
+            "6",
+            "--timeout",
+            "120",
+        ]),
+        Duration::from_secs(150),
+    );
+    run.assert_ok();
+    let out = &run.stdout;
+    // Round 0 with the 2 workers started, round 1 with the added one,
+    // round 2 without the killed one; in that order.
+    let rounds = lines_with(out, " began with workers ");
+    assert_eq!(rounds.len(), 3, "{}", run.output());
+    assert!(
+        rounds[0].starts_with("round 0 began with workers 9, 11 (ranks 0-1), before training"),
+        "{}",
+        run.output()
+    );
+    assert!(
+        rounds[1].starts_with("round 1 began with workers ") && rounds[1].contains("(ranks 0-2)"),
+        "{}",
+        run.output()
+    );
+    assert!(
+        rounds[2].starts_with("round 2 began with workers ") && rounds[2].contains("(ranks 0-1)"),
+        "{}",
+        run.output()
+    );
+    // The killed worker's id is in round 1 and not in round 2; the added
+    // one (13) is in both.
+    let ids = |line: &str| -> Vec<i32> {
+        let list = line
+            .split("workers ")
+            .nth(1)
+            .and_then(|rest| rest.split(" (").next())
+            .unwrap_or_default();
+        list.split(", ").filter_map(|id| id.parse().ok()).collect()
+    };
+    let (one, two) = (ids(rounds[1]), ids(rounds[2]));
+    assert!(one.contains(&13) && two.contains(&13), "{}", run.output());
+    assert_eq!(
+        one.iter().filter(|id| !two.contains(id)).count(),
+        1,
+        "{}",
+        run.output()
+    );
+    let pos = |needle: &str| {
+        out.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} missing:\n{}", run.output()))
+    };
+    assert!(pos("adding worker 2") < pos("round 1 began"));
+    assert!(pos("round 1 began") < pos("killing worker 1 with SIGKILL"));
+    assert!(pos("killing worker 1 with SIGKILL") < pos("round 2 began"));
+    assert!(
+        run.stderr.contains(
+            "pslite launch: worker 1 was killed by signal 9 (SIGKILL); the job goes on without it"
+        ),
+        "{}",
+        run.output()
+    );
+    // Every epoch is still reported, and training gets there.
+    for epoch in 0..=6 {
+        assert!(
+            out.contains(&format!("epoch {epoch}/6  test loss")),
+            "{}",
+            run.output()
+        );
+    }
+    assert!(out.contains("(threshold 0.8): ok"), "{}", run.output());
+}
