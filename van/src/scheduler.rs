@@ -157,6 +157,10 @@ struct Elastic {
     members: Vec<NodeId>,
     /// The job failed: (workers it had, MIN, seconds waited).
     failed: Option<(usize, usize, u64)>,
+    /// Workers admitted while no barrier over the workers was pending:
+    /// they count as arrived at the next one (their start() returned
+    /// instead).
+    excused_next: HashSet<NodeId>,
 }
 
 impl Scheduler {
@@ -186,6 +190,7 @@ impl Scheduler {
                 linked: HashSet::new(),
                 members: Vec::new(),
                 failed: None,
+                excused_next: HashSet::new(),
             }),
             cfg,
         }
@@ -644,8 +649,15 @@ impl Scheduler {
                 return vec![self.barrier_failure(sender, group, dead, &round)];
             }
         }
-        if self.elastic.is_some() {
-            let round = self.barriers.entry(group).or_default();
+        if let Some(e) = &mut self.elastic {
+            let round = self.barriers.entry(group).or_insert_with(|| BarrierRound {
+                excused: if group & ids::WORKER_GROUP != 0 {
+                    std::mem::take(&mut e.excused_next)
+                } else {
+                    HashSet::new()
+                },
+                ..BarrierRound::default()
+            });
             round.arrived.insert((sender, msg.meta.customer_id));
             round.app_id = msg.meta.app_id;
             round.customer_id = msg.meta.customer_id;
@@ -1092,11 +1104,20 @@ impl Scheduler {
             .filter(|id| !members.contains(id))
             .collect();
         e.members = members.to_vec();
+        // Newcomers were admitted at the pending barriers over the workers
+        // (or, with none pending, count as arrived at the next one).
+        let mut pending = false;
+        for (&group, round) in self.barriers.iter_mut() {
+            if group & ids::WORKER_GROUP != 0 {
+                round.excused.extend(newcomers.iter().copied());
+                pending = true;
+            }
+        }
+        if !pending && self.ready {
+            e.excused_next.extend(newcomers.iter().copied());
+        }
         for id in gone {
             self.forget(id);
-        }
-        for round in self.barriers.values_mut() {
-            round.excused.extend(newcomers.iter().copied());
         }
         if !self.ready {
             return self.maybe_form(now);

@@ -381,3 +381,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn after_a_death_joiners_wait_for_a_barrier_unless_the_survivors_are_below_min() {
+    // Enough survivors: the joiner waits for the next worker barrier.
+    let mut net = elastic(1, 2, 4, 11);
+    let ws: Vec<usize> = (0..3).map(|_| join(&mut net)).collect();
+    assert!(net.run_until(SECOND * 3, Network::all_joined));
+    let d = join(&mut net);
+    net.kill(ws[2]);
+    assert!(net.run_until(SECOND * 5, |n| everyone_in(n, 1, &[9, 11])));
+    assert!(!net.nodes[d].core.is_joined(), "admitted at a barrier only");
+    let t: Vec<(usize, u64)> = ws[..2]
+        .iter()
+        .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
+        .collect();
+    assert!(net.run_until(SECOND, |n| n.nodes[d].core.is_joined()
+        && t.iter()
+            .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+    assert!(everyone_in(&net, 2, &[9, 11, 15]));
+
+    // Too few survivors: the joiner is taken in at once, and counts as
+    // arrived at the next worker barrier (its start() returned instead).
+    let (mut net, a, b) = two_running(12, 2, 4);
+    let c = join(&mut net);
+    net.kill(b);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[c].core.is_joined()));
+    assert!(everyone_in(&net, 1, &[9, 13]));
+    let ta = net.barrier(a, WORKER_GROUP);
+    assert!(net.run_until(SECOND, |n| matches!(n.outcome(a, ta), Some(Ok(())))));
+    // The one after counts c again.
+    let ta = net.barrier(a, WORKER_GROUP);
+    net.run_for(SECOND);
+    assert!(net.outcome(a, ta).is_none());
+    let tc = net.barrier(c, WORKER_GROUP);
+    assert!(net.run_until(SECOND, |n| [(a, ta), (c, tc)]
+        .iter()
+        .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+}
