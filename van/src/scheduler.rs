@@ -117,6 +117,15 @@ struct BarrierRound {
     customer_id: i32,
 }
 
+impl BarrierRound {
+    /// Whether a worker has arrived.
+    fn has_worker(&self) -> bool {
+        self.arrived
+            .iter()
+            .any(|&(id, _)| ids::role_of_id(id) == Some(Role::Worker))
+    }
+}
+
 /// The scheduler's membership, barrier and liveness state.
 pub struct Scheduler {
     cfg: SchedulerConfig,
@@ -650,14 +659,10 @@ impl Scheduler {
             }
         }
         if let Some(e) = &mut self.elastic {
-            let round = self.barriers.entry(group).or_insert_with(|| BarrierRound {
-                excused: if group & ids::WORKER_GROUP != 0 {
-                    std::mem::take(&mut e.excused_next)
-                } else {
-                    HashSet::new()
-                },
-                ..BarrierRound::default()
-            });
+            let round = self.barriers.entry(group).or_default();
+            if ids::role_of_id(sender) == Some(Role::Worker) && !round.has_worker() {
+                round.excused.extend(std::mem::take(&mut e.excused_next));
+            }
             round.arrived.insert((sender, msg.meta.customer_id));
             round.app_id = msg.meta.app_id;
             round.customer_id = msg.meta.customer_id;
@@ -1104,11 +1109,13 @@ impl Scheduler {
             .filter(|id| !members.contains(id))
             .collect();
         e.members = members.to_vec();
-        // Newcomers were admitted at the pending barriers over the workers
-        // (or, with none pending, count as arrived at the next one).
+        // Newcomers are admitted at the barriers the workers have reached
+        // (some worker arrived), or, with none, count as arrived at the next
+        // one a worker reaches. A barrier no worker reached yet (the
+        // servers' finalize, say) is still ahead of them.
         let mut pending = false;
-        for (&group, round) in self.barriers.iter_mut() {
-            if group & ids::WORKER_GROUP != 0 {
+        for round in self.barriers.values_mut() {
+            if round.has_worker() {
                 round.excused.extend(newcomers.iter().copied());
                 pending = true;
             }

@@ -419,3 +419,31 @@ fn after_a_death_joiners_wait_for_a_barrier_unless_the_survivors_are_below_min()
         .iter()
         .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
 }
+
+#[test]
+fn a_newcomer_is_not_excused_from_a_barrier_no_worker_reached() {
+    let (mut net, a, b) = two_running(13, 2, 4);
+    // The server and the scheduler wait at the final barrier all along.
+    let ts = net.barrier(1, ALL_GROUP);
+    let t0 = net.barrier(0, ALL_GROUP);
+    let c = join(&mut net);
+    let t: Vec<(usize, u64)> = [a, b]
+        .iter()
+        .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
+        .collect();
+    assert!(net.run_until(SECOND, |n| n.nodes[c].core.is_joined()));
+    assert!(t
+        .iter()
+        .all(|&(i, t)| matches!(net.outcome(i, t), Some(Ok(())))));
+    let t: Vec<(usize, u64)> = [a, b]
+        .iter()
+        .map(|&i| (i, net.barrier(i, ALL_GROUP)))
+        .collect();
+    net.run_for(SECOND);
+    assert!(net.outcome(1, ts).is_none(), "the newcomer has not arrived");
+    let tc = net.barrier(c, ALL_GROUP);
+    let all: Vec<(usize, u64)> = t.into_iter().chain([(c, tc), (1, ts), (0, t0)]).collect();
+    assert!(net.run_until(SECOND, |n| all
+        .iter()
+        .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+}
