@@ -12,8 +12,9 @@
 //!   round for them at a safe point ([`Rendezvous::admit_waiting`], say at
 //!   a barrier of the round's members);
 //! - a member that dies or leaves ends the running round; the next one forms
-//!   with the survivors (in their old order) followed by the waiting workers,
-//!   and ranks them 0..n-1 by position;
+//!   with the survivors (in their old order), and ranks them 0..n-1 by
+//!   position; the waiting workers stay waiting for a safe point, unless the
+//!   survivors are fewer than `min`: then they are taken in too;
 //! - a round that stays below `min` for longer than the timeout
 //!   (`PS_RDZV_TIMEOUT`, counted from when it started forming) fails for
 //!   good, saying how many workers it had.
@@ -216,7 +217,10 @@ impl Rendezvous {
     }
 
     fn end_round(&mut self, number: u64, reason: EndReason, now: Instant) -> Vec<RendezvousEvent> {
-        self.members.append(&mut self.waiting);
+        let joiners = matches!(reason, EndReason::Joiners(_));
+        if joiners || self.members.len() < self.cfg.min {
+            self.members.append(&mut self.waiting);
+        }
         self.phase = Phase::Forming {
             since: now,
             last_call_at: None,

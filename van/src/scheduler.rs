@@ -117,6 +117,15 @@ struct BarrierRound {
     customer_id: i32,
 }
 
+impl BarrierRound {
+    /// Whether a worker has arrived.
+    fn has_worker(&self) -> bool {
+        self.arrived
+            .iter()
+            .any(|&(id, _)| ids::role_of_id(id) == Some(Role::Worker))
+    }
+}
+
 /// The scheduler's membership, barrier and liveness state.
 pub struct Scheduler {
     cfg: SchedulerConfig,
@@ -157,6 +166,10 @@ struct Elastic {
     members: Vec<NodeId>,
     /// The job failed: (workers it had, MIN, seconds waited).
     failed: Option<(usize, usize, u64)>,
+    /// Workers admitted while no barrier over the workers was pending:
+    /// they count as arrived at the next one (their start() returned
+    /// instead).
+    excused_next: HashSet<NodeId>,
 }
 
 impl Scheduler {
@@ -186,6 +199,7 @@ impl Scheduler {
                 linked: HashSet::new(),
                 members: Vec::new(),
                 failed: None,
+                excused_next: HashSet::new(),
             }),
             cfg,
         }
@@ -644,8 +658,11 @@ impl Scheduler {
                 return vec![self.barrier_failure(sender, group, dead, &round)];
             }
         }
-        if self.elastic.is_some() {
+        if let Some(e) = &mut self.elastic {
             let round = self.barriers.entry(group).or_default();
+            if ids::role_of_id(sender) == Some(Role::Worker) && !round.has_worker() {
+                round.excused.extend(std::mem::take(&mut e.excused_next));
+            }
             round.arrived.insert((sender, msg.meta.customer_id));
             round.app_id = msg.meta.app_id;
             round.customer_id = msg.meta.customer_id;
@@ -1092,11 +1109,22 @@ impl Scheduler {
             .filter(|id| !members.contains(id))
             .collect();
         e.members = members.to_vec();
+        // Newcomers are admitted at the barriers the workers have reached
+        // (some worker arrived), or, with none, count as arrived at the next
+        // one a worker reaches. A barrier no worker reached yet (the
+        // servers' finalize, say) is still ahead of them.
+        let mut pending = false;
+        for round in self.barriers.values_mut() {
+            if round.has_worker() {
+                round.excused.extend(newcomers.iter().copied());
+                pending = true;
+            }
+        }
+        if !pending && self.ready {
+            e.excused_next.extend(newcomers.iter().copied());
+        }
         for id in gone {
             self.forget(id);
-        }
-        for round in self.barriers.values_mut() {
-            round.excused.extend(newcomers.iter().copied());
         }
         if !self.ready {
             return self.maybe_form(now);

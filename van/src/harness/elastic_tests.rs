@@ -381,3 +381,69 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn after_a_death_joiners_wait_for_a_barrier_unless_the_survivors_are_below_min() {
+    // Enough survivors: the joiner waits for the next worker barrier.
+    let mut net = elastic(1, 2, 4, 11);
+    let ws: Vec<usize> = (0..3).map(|_| join(&mut net)).collect();
+    assert!(net.run_until(SECOND * 3, Network::all_joined));
+    let d = join(&mut net);
+    net.kill(ws[2]);
+    assert!(net.run_until(SECOND * 5, |n| everyone_in(n, 1, &[9, 11])));
+    assert!(!net.nodes[d].core.is_joined(), "admitted at a barrier only");
+    let t: Vec<(usize, u64)> = ws[..2]
+        .iter()
+        .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
+        .collect();
+    assert!(net.run_until(SECOND, |n| n.nodes[d].core.is_joined()
+        && t.iter()
+            .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+    assert!(everyone_in(&net, 2, &[9, 11, 15]));
+
+    // Too few survivors: the joiner is taken in at once, and counts as
+    // arrived at the next worker barrier (its start() returned instead).
+    let (mut net, a, b) = two_running(12, 2, 4);
+    let c = join(&mut net);
+    net.kill(b);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[c].core.is_joined()));
+    assert!(everyone_in(&net, 1, &[9, 13]));
+    let ta = net.barrier(a, WORKER_GROUP);
+    assert!(net.run_until(SECOND, |n| matches!(n.outcome(a, ta), Some(Ok(())))));
+    // The one after counts c again.
+    let ta = net.barrier(a, WORKER_GROUP);
+    net.run_for(SECOND);
+    assert!(net.outcome(a, ta).is_none());
+    let tc = net.barrier(c, WORKER_GROUP);
+    assert!(net.run_until(SECOND, |n| [(a, ta), (c, tc)]
+        .iter()
+        .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+}
+
+#[test]
+fn a_newcomer_is_not_excused_from_a_barrier_no_worker_reached() {
+    let (mut net, a, b) = two_running(13, 2, 4);
+    // The server and the scheduler wait at the final barrier all along.
+    let ts = net.barrier(1, ALL_GROUP);
+    let t0 = net.barrier(0, ALL_GROUP);
+    let c = join(&mut net);
+    let t: Vec<(usize, u64)> = [a, b]
+        .iter()
+        .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
+        .collect();
+    assert!(net.run_until(SECOND, |n| n.nodes[c].core.is_joined()));
+    assert!(t
+        .iter()
+        .all(|&(i, t)| matches!(net.outcome(i, t), Some(Ok(())))));
+    let t: Vec<(usize, u64)> = [a, b]
+        .iter()
+        .map(|&i| (i, net.barrier(i, ALL_GROUP)))
+        .collect();
+    net.run_for(SECOND);
+    assert!(net.outcome(1, ts).is_none(), "the newcomer has not arrived");
+    let tc = net.barrier(c, ALL_GROUP);
+    let all: Vec<(usize, u64)> = t.into_iter().chain([(c, tc), (1, ts), (0, t0)]).collect();
+    assert!(net.run_until(SECOND, |n| all
+        .iter()
+        .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+}

@@ -99,7 +99,7 @@ fn a_dead_member_ends_the_round_and_the_survivors_are_re_ranked() {
 }
 
 #[test]
-fn a_death_with_joiners_waiting_takes_them_in_at_once() {
+fn a_death_leaves_joiners_waiting_unless_below_min() {
     let t = Instant::now();
     let mut r = rdzv(2, 3, t);
     for id in [9, 11, 13] {
@@ -107,7 +107,14 @@ fn a_death_with_joiners_waiting_takes_them_in_at_once() {
     }
     r.join(15, t);
     let events = r.leave(11, t);
-    assert_eq!(events[1], began(1, &[9, 13, 15]), "max again: no last call");
+    assert_eq!(events[1], began(1, &[9, 13]), "enough survivors: 15 waits");
+    assert_eq!(r.waiting(), &[15]);
+    let events = r.leave(9, t);
+    assert_eq!(
+        events[1],
+        began(2, &[13, 15]),
+        "below min: the joiner is taken in"
+    );
 }
 
 #[test]
@@ -151,7 +158,8 @@ fn waiting_workers_that_die_leave_no_trace_and_extra_joiners_wait() {
     assert_eq!(r.waiting(), &[15]);
     assert!(r.join(9, t).is_empty(), "joining twice changes nothing");
     let events = r.leave(9, t);
-    assert_eq!(events[1], began(1, &[11, 15]));
+    assert_eq!(events[1], began(1, &[11]));
+    assert_eq!(r.waiting(), &[15], "admitted at the next safe point");
     // More joiners than max when a round forms: the last wait.
     let mut r = rdzv(1, 2, t);
     r.join(9, t);
