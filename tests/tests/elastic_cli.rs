@@ -212,3 +212,124 @@ fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
     }
     assert!(out.contains("(threshold 0.8): ok"), "{}", run.output());
 }
+
+/// The first child of `parent` whose environment has `var=value`, and that
+/// environment.
+fn child_with_env(parent: u32, var: &str, value: &str) -> Option<(u32, Vec<String>)> {
+    let wanted = format!("{var}={value}");
+    let tasks = std::fs::read_dir(format!("/proc/{parent}/task")).ok()?;
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let env: Vec<String> = env
+                .split(|&b| b == 0)
+                .map(|kv| String::from_utf8_lossy(kv).into_owned())
+                .collect();
+            if env.iter().any(|kv| *kv == wanted) {
+                return Some((pid, env));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn a_launch_with_elastic_workers_takes_an_added_worker_and_survives_a_killed_one() {
+    // Demo nodes as the program: worker rank 0 prints each epoch and each
+    // new round.
+    let node = [
+        "demo",
+        "--node",
+        "--samples",
+        "100000",
+        "--epochs",
+        "8",
+        "--threshold",
+        "0.8",
+    ];
+    let bin = pslite_bin().to_string_lossy().into_owned();
+    let heartbeats = |cmd: &mut Command| {
+        cmd.env("PS_HEARTBEAT_INTERVAL", "1")
+            .env("PS_HEARTBEAT_TIMEOUT", "3");
+    };
+    let mut cmd = pslite(&[
+        "launch",
+        "-s",
+        "1",
+        "-w",
+        "2:4",
+        "--timeout",
+        "120",
+        "--",
+        &bin,
+    ]);
+    cmd.args(node);
+    heartbeats(&mut cmd);
+    let launcher = spawn(cmd);
+    assert!(
+        launcher
+            .wait_for_line("round 0 began with workers 9, 11", Duration::from_secs(60))
+            .is_some(),
+        "the first round never began"
+    );
+    let (_, env) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
+    let port = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
+        .expect("no DMLC_PS_ROOT_PORT")
+        .to_string();
+    assert!(
+        launcher
+            .wait_for_line("epoch 1/8", Duration::from_secs(60))
+            .is_some(),
+        "epoch 1 never ended"
+    );
+    let mut add = pslite(&["launch", "--add-worker", "--port", &port, "--", &bin]);
+    add.args(node);
+    heartbeats(&mut add);
+    let added = spawn(add);
+    let round = launcher
+        .wait_for_line("round 1 began with workers", Duration::from_secs(60))
+        .expect("the added worker never joined a round");
+    assert!(round.contains("9, 11, 13 (ranks 0-2)"), "{round}");
+    let (victim, _) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
+    // SAFETY: kill(2) on a worker process the launcher started.
+    unsafe {
+        libc::kill(victim as libc::pid_t, libc::SIGKILL);
+    }
+    let round = launcher
+        .wait_for_line("round 2 began with workers", Duration::from_secs(60))
+        .expect("no round after the kill");
+    assert!(
+        round.contains("(ranks 0-1)") && round.contains("13"),
+        "{round}"
+    );
+    let run = launcher.wait(Duration::from_secs(150));
+    let added = added.wait(Duration::from_secs(30));
+    run.assert_ok();
+    added.assert_ok();
+    assert!(
+        run.stderr
+            .contains("was killed by signal 9 (SIGKILL); the job goes on without it"),
+        "{}",
+        run.output()
+    );
+    // Training finished (worker 0 checks the threshold) and both the
+    // surviving first worker and the added one reported their work.
+    assert!(run.stdout.contains("epoch 8/8"), "{}", run.output());
+    assert_eq!(
+        lines_with(&run.stdout, "] worker ").len(),
+        1,
+        "{}",
+        run.output()
+    );
+    assert!(
+        added.stdout.contains("[added worker] worker "),
+        "{}",
+        added.output()
+    );
+}
