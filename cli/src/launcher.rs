@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, unbounded, Receiver, Sender};
+use crossbeam_channel::{select, unbounded, Receiver, RecvTimeoutError, Sender};
 use pslite_proto::Role;
 
 use crate::supervisor::{Action, Policy, Supervisor};
@@ -322,12 +322,12 @@ fn ended(status: std::io::Result<ExitStatus>) -> Ended {
 /// `last` (when given).
 fn forward(
     reader: impl Read + Send + 'static,
-    prefix: String,
+    prefix: Prefix,
     to_stderr: bool,
     last: Option<Arc<Mutex<Option<String>>>>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("output {prefix}"))
+        .name("node output".into())
         .spawn(move || {
             let mut reader = BufReader::new(reader);
             let mut line = Vec::new();
@@ -338,6 +338,7 @@ fn forward(
                     Ok(_) => {
                         let text = String::from_utf8_lossy(&line);
                         let text = text.trim_end_matches(['\n', '\r']);
+                        let prefix = prefix.lock().map(|p| p.clone()).unwrap_or_default();
                         if to_stderr {
                             let _ = writeln!(std::io::stderr().lock(), "{prefix} {text}");
                         } else {
@@ -466,6 +467,12 @@ struct Cluster {
     unwatched: Vec<(usize, Child)>,
     outputs: Vec<JoinHandle<()>>,
     last_stderr: Vec<Arc<Mutex<Option<String>>>>,
+    /// Each node's output prefix, `[worker 1]`, later maybe with its node
+    /// id (see [`name_nodes`]).
+    prefixes: Vec<Prefix>,
+    /// Where started servers and workers go to have their node id found
+    /// (elastic jobs).
+    namer: Option<Sender<Unnamed>>,
     exits: Sender<(usize, Ended)>,
 }
 
@@ -497,6 +504,18 @@ impl Cluster {
             source,
         })?;
         self.pids[index] = child.id();
+        let base = format!("[{}]", node.name);
+        if let Ok(mut prefix) = self.prefixes[index].lock() {
+            prefix.clone_from(&base);
+        }
+        if let (Some(namer), Role::Server | Role::Worker) = (&self.namer, node.role) {
+            let _ = namer.send(Unnamed {
+                pid: child.id(),
+                role: node.role,
+                name: node.name.clone(),
+                prefix: self.prefixes[index].clone(),
+            });
+        }
         self.unwatched.push((index, child));
         Ok(())
     }
@@ -509,7 +528,7 @@ impl Cluster {
     /// CPU time.
     fn watch(&mut self) {
         for (index, mut child) in std::mem::take(&mut self.unwatched) {
-            let prefix = format!("[{}]", self.nodes[index].name);
+            let prefix = self.prefixes[index].clone();
             if let Some(out) = child.stdout.take() {
                 self.outputs
                     .extend(forward(out, prefix.clone(), false, None).ok());
@@ -729,10 +748,23 @@ pub fn launch_with(
     let count = nodes.len();
     let worker_template = nodes.iter().find(|n| n.role == Role::Worker).cloned();
     let (exits, exited) = unbounded();
+    // Elastic clusters are pslite-only, so their scheduler answers the
+    // admin requests that find node ids (a C++ scheduler may not).
+    let namer = opts.elastic.map(|_| {
+        let (tx, rx) = unbounded();
+        let host = opts.host.clone();
+        let env = opts.env.clone();
+        let _ = std::thread::Builder::new()
+            .name("node names".into())
+            .spawn(move || name_nodes(&host, port, &env, &rx));
+        tx
+    });
     let mut cluster = Cluster {
         pids: vec![0; count],
         unwatched: Vec::new(),
         last_stderr: (0..count).map(|_| Arc::default()).collect(),
+        prefixes: (0..count).map(|_| Arc::default()).collect(),
+        namer,
         outputs: Vec::new(),
         exits,
         nodes,
@@ -810,6 +842,7 @@ pub fn launch_with(
                             });
                             cluster.pids.push(0);
                             cluster.last_stderr.push(Arc::default());
+                            cluster.prefixes.push(Arc::default());
                             vec![Action::Restart(index)]
                         }
                         None => Vec::new(),
@@ -860,6 +893,7 @@ pub fn launch_with(
         }
     };
     drop(reservation);
+    cluster.namer = None;
     for out in cluster.outputs.drain(..) {
         let _ = out.join();
     }
@@ -877,6 +911,129 @@ pub fn launch_with(
         }
     }
     Ok(outcome)
+}
+
+/// A node's output prefix, shared with the threads that forward its output.
+type Prefix = Arc<Mutex<String>>;
+
+/// A started server or worker whose node id is not known yet.
+struct Unnamed {
+    pid: u32,
+    role: Role,
+    name: String,
+    prefix: Prefix,
+}
+
+/// How often [`name_nodes`] asks the scheduler while nodes are unnamed.
+const NAMING_PERIOD: Duration = Duration::from_millis(200);
+
+/// Finds the node id of each server and worker started (sent on `started`)
+/// and adds it to its output prefix: `[worker 1 (node 9)]`. Elastic workers
+/// get ids in the order they register, not in launch order, and their ranks
+/// change with every round, so the id is what links a process's output to
+/// the rounds. The scheduler's status table gives each node's address; the
+/// node whose process listens on that port (in `/proc/PID/fd` and
+/// `/proc/PID/net/tcp`) is the one. Ends when `started` is closed.
+fn name_nodes(host: &str, port: u16, env: &[(String, String)], started: &Receiver<Unnamed>) {
+    let var = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let local = matches!(
+        var("DMLC_LOCAL").as_deref().map(str::trim),
+        Some("1" | "true")
+    );
+    let token = var("PS_AUTH_TOKEN");
+    let mut client = None;
+    let mut unnamed: Vec<Unnamed> = Vec::new();
+    loop {
+        let next = if unnamed.is_empty() {
+            started.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            started.recv_timeout(NAMING_PERIOD)
+        };
+        match next {
+            Ok(node) => {
+                unnamed.retain(|u| !Arc::ptr_eq(&u.prefix, &node.prefix));
+                unnamed.push(node);
+                while let Ok(node) = started.try_recv() {
+                    unnamed.retain(|u| !Arc::ptr_eq(&u.prefix, &node.prefix));
+                    unnamed.push(node);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if client.is_none() {
+            client = admin_client(host, port, local, token.as_deref()).ok();
+        }
+        let Some(c) = client.as_mut() else { continue };
+        let Ok(table) = c.status(NAMING_PERIOD) else {
+            continue;
+        };
+        unnamed.retain(|node| {
+            let ports = listening_ports(node.pid);
+            let found = table.iter().find(|row| {
+                row.node.role == node.role
+                    && u16::try_from(row.node.port).is_ok_and(|p| ports.contains(&p))
+            });
+            match found {
+                Some(row) => {
+                    if let Ok(mut prefix) = node.prefix.lock() {
+                        *prefix = format!("[{} (node {})]", node.name, row.node.id);
+                    }
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+}
+
+/// The TCP ports process `pid` listens on (none if it cannot be read).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let mut inodes = std::collections::HashSet::new();
+    if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for fd in fds.flatten() {
+            let Ok(link) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let inode = link
+                .to_str()
+                .and_then(|l| l.strip_prefix("socket:["))
+                .and_then(|l| l.strip_suffix(']'))
+                .and_then(|l| l.parse::<u64>().ok());
+            inodes.extend(inode);
+        }
+    }
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address is field 1 (HEXIP:HEXPORT), st 3 (0A: listening), inode 9.
+            let (Some(local), Some(&"0A"), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let port = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if let (Some(port), Ok(inode)) = (port, inode.parse::<u64>()) {
+                if inodes.contains(&inode) {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports
 }
 
 /// Records the cluster's shape in its scheduler's store ([`LAUNCH_KEY`]),

@@ -328,7 +328,7 @@ fn a_launch_with_elastic_workers_takes_an_added_worker_and_survives_a_killed_one
         run.output()
     );
     assert!(
-        added.stdout.contains("[added worker] worker "),
+        added.stdout.contains("[added worker (node 13)] worker "),
         "{}",
         added.output()
     );
