@@ -996,6 +996,8 @@ struct Elastic {
     killed: bool,
     /// The last round printed.
     round: Option<u64>,
+    /// Every round printed, for the chart.
+    rounds: Vec<plot::RoundMark>,
     pending: Vec<Control>,
 }
 
@@ -1012,6 +1014,7 @@ impl Elastic {
             grown: false,
             killed: false,
             round: None,
+            rounds: Vec::new(),
             pending: Vec::new(),
         }
     }
@@ -1022,12 +1025,18 @@ impl Elastic {
         self.decide();
     }
 
-    /// Round `round` began with `workers` workers; whether it is new.
-    fn round_began(&mut self, round: u64, workers: usize) -> bool {
+    /// Round `round` began with `workers` workers after `after_epoch`
+    /// epochs; whether it is new.
+    fn round_began(&mut self, round: u64, after_epoch: usize, workers: usize) -> bool {
         if self.round.is_some_and(|r| r >= round) {
             return false;
         }
         self.round = Some(round);
+        self.rounds.push(plot::RoundMark {
+            round,
+            after_epoch,
+            workers,
+        });
         self.grown |= workers > self.started;
         self.decide();
         true
@@ -1149,8 +1158,12 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                         epochs.push((*epoch, *loss, *accuracy, *secs));
                         elastic.epoch_done(*epoch);
                     }
-                    Report::Round { round, workers, .. } => {
-                        if elastic.round_began(*round, workers.len()) {
+                    Report::Round {
+                        round,
+                        after_epoch,
+                        workers,
+                    } => {
+                        if elastic.round_began(*round, *after_epoch, workers.len()) {
                             if bar_shown {
                                 print!("\r\x1b[2K");
                                 bar_shown = false;
@@ -1239,13 +1252,14 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
             })
             .collect();
         let title = format!(
-            "pslite demo: {} servers, {} workers, {} (learning rate {})",
+            "pslite demo: {} servers, {} workers{}, {} (learning rate {})",
             args.servers,
             args.workers,
+            if args.elastic { " (elastic)" } else { "" },
             args.optimizer.title(),
             args.learning_rate()
         );
-        match plot::write_chart(path, &title, &points) {
+        match plot::write_chart(path, &title, &points, &elastic.rounds) {
             Ok(()) => println!("chart of loss and accuracy per epoch: {}", path.display()),
             Err(e) => {
                 eprintln!("pslite demo: {e}");
