@@ -39,9 +39,12 @@ enum Commands {
     /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through, checked once before any node
     /// starts. DMLC_INTERFACE is refused (use --host). Output lines are prefixed
     /// with the node ([scheduler], [server 0], [worker 1]; numbered in
-    /// launch order, not by rank).
+    /// launch order, not by rank; with --workers MIN:MAX the node id is added
+    /// once the scheduler lists it: [worker 1 (node 9)]).
     ///
-    /// Exits 0 only if every node exits 0. When a node fails, the launcher
+    /// Exits 0 only if every node exits 0 (with --workers MIN:MAX, a worker
+    /// that fails or is killed is only named: the job goes on and the
+    /// others' exits decide). When a node fails, the launcher
     /// waits up to 2 s for the scheduler to end on its own (its error says who
     /// never registered, and is printed last), stops the others and exits with
     /// the failed node's code (128 + signal if killed). A node that exits 0
