@@ -444,6 +444,14 @@ impl Postoffice {
         }
     }
 
+    /// Elastic mode: the round this node joined in, once joined. A worker
+    /// that joined after round 0 was admitted at a barrier the others
+    /// reached (its `start` skipped the start barrier): it must not call
+    /// that barrier itself.
+    pub fn joined_round(&self) -> Option<u64> {
+        self.van().ok().and_then(|v| v.joined_round())
+    }
+
     /// Calls `f` with the new membership each time a round begins or this
     /// node joins one (elastic mode only; never in plain mode), on the
     /// receive thread: keep it short, do not block in it. Register it
