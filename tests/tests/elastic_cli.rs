@@ -333,3 +333,138 @@ fn a_launch_with_elastic_workers_takes_an_added_worker_and_survives_a_killed_one
         added.output()
     );
 }
+
+/// `acked round R epoch E` lines of the elastic example, counted by round.
+fn acked_by_round(stdout: &str) -> std::collections::BTreeMap<u64, u64> {
+    let mut acked = std::collections::BTreeMap::new();
+    for line in stdout.lines() {
+        let Some(rest) = line.split(" acked round ").nth(1) else {
+            continue;
+        };
+        if let Some(round) = rest.split(' ').next().and_then(|r| r.parse().ok()) {
+            *acked.entry(round).or_insert(0) += 1;
+        }
+    }
+    acked
+}
+
+#[test]
+fn elastic_example_under_the_launcher_keeps_exact_sums_through_a_join_and_a_kill() {
+    // The elastic example pushes 1 to the key of the current round per
+    // epoch and prints each acknowledged push; the first worker to start
+    // parks after its 20th (so its pushes are known when it is killed).
+    let dir = std::env::temp_dir().join(format!("pslite-elastic-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("cannot make a temporary directory");
+    let elastic = pslite_tests::example("elastic")
+        .to_string_lossy()
+        .into_owned();
+    let script = format!(
+        "if [ \"$DMLC_ROLE\" = worker ] && mkdir '{}/parked' 2>/dev/null; then \
+         export ELASTIC_PARK_AFTER=20; fi; exec {elastic}",
+        dir.display()
+    );
+    let env = |cmd: &mut Command| {
+        cmd.env("PS_HEARTBEAT_INTERVAL", "1")
+            .env("PS_HEARTBEAT_TIMEOUT", "3")
+            .env("ELASTIC_EPOCHS", "40")
+            .env("ELASTIC_EPOCH_MS", "50");
+    };
+    let mut cmd = pslite(&[
+        "launch",
+        "-s",
+        "1",
+        "-w",
+        "2:4",
+        "--timeout",
+        "120",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    env(&mut cmd);
+    let launcher = spawn(cmd);
+    assert!(
+        launcher
+            .wait_for_line("acked round 0 epoch 2", Duration::from_secs(60))
+            .is_some(),
+        "the workers never pushed"
+    );
+    let (_, worker_env) =
+        child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker process");
+    let port = worker_env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
+        .expect("no DMLC_PS_ROOT_PORT")
+        .to_string();
+    let mut add = pslite(&[
+        "launch",
+        "--add-worker",
+        "--port",
+        &port,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    env(&mut add);
+    let added = spawn(add);
+    assert!(
+        launcher
+            .wait_for_line("parked after 20 acked pushes", Duration::from_secs(60))
+            .is_some(),
+        "no worker parked"
+    );
+    let (victim, _) = child_with_env(launcher.pid(), "ELASTIC_PARK_AFTER", "20")
+        .expect("the parked worker is not the launcher's child");
+    // SAFETY: kill(2) on a worker process the launcher started.
+    unsafe {
+        libc::kill(victim as libc::pid_t, libc::SIGKILL);
+    }
+    let run = launcher.wait(Duration::from_secs(150));
+    let added = added.wait(Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    run.assert_ok();
+    added.assert_ok();
+    assert!(
+        run.stderr
+            .contains("was killed by signal 9 (SIGKILL); the job goes on without it"),
+        "{}",
+        run.output()
+    );
+    assert!(
+        added.stdout.contains("] worker 13 starts at epoch ")
+            && added.stdout.contains("[added worker (node 13)] "),
+        "{}",
+        added.output()
+    );
+    // Every acknowledged push is in the server's sums, exactly, per round.
+    let mut acked = acked_by_round(&run.stdout);
+    for (round, n) in acked_by_round(&added.stdout) {
+        *acked.entry(round).or_insert(0) += n;
+    }
+    let totals: std::collections::BTreeMap<u64, u64> = run
+        .stdout
+        .lines()
+        .chain(added.stdout.lines())
+        .filter_map(|l| {
+            let rest = l.split("] round ").nth(1)?;
+            let (round, total) = rest.split_once(" total ")?;
+            Some((
+                round.parse().ok()?,
+                total.trim().parse::<f64>().ok()? as u64,
+            ))
+        })
+        .collect();
+    assert!(acked.len() >= 3, "rounds {acked:?}\n{}", run.output());
+    for (round, n) in &acked {
+        assert_eq!(
+            totals.get(round),
+            Some(n),
+            "round {round}: {n} pushes acknowledged, totals {totals:?}\n{}\n{}",
+            run.output(),
+            added.output()
+        );
+    }
+}
