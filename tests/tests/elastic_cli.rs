@@ -229,7 +229,7 @@ fn child_with_env(parent: u32, var: &str, value: &str) -> Option<(u32, Vec<Strin
                 .split(|&b| b == 0)
                 .map(|kv| String::from_utf8_lossy(kv).into_owned())
                 .collect();
-            if env.iter().any(|kv| *kv == wanted) {
+            if env.contains(&wanted) {
                 return Some((pid, env));
             }
         }
