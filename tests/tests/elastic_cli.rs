@@ -143,7 +143,7 @@ fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
             "--samples",
             "60000",
             "--epochs",
-            "6",
+            "8",
             "--timeout",
             "120",
         ]),
@@ -203,9 +203,9 @@ fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
         run.output()
     );
     // Every epoch is still reported, and training gets there.
-    for epoch in 0..=6 {
+    for epoch in 0..=8 {
         assert!(
-            out.contains(&format!("epoch {epoch}/6  test loss")),
+            out.contains(&format!("epoch {epoch}/8  test loss")),
             "{}",
             run.output()
         );
