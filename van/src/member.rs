@@ -54,6 +54,9 @@ pub struct MemberConfig {
 }
 
 /// Something the node side asks for, in order.
+// Most actions are sends, and they live only until the core carries them
+// out: boxing the message would cost an allocation per send for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MemberAction {
     /// Open (or replace) the connection to this node, under this node's
