@@ -18,8 +18,8 @@
 //!   `round R total T`. Every worker prints each round it sees begin.
 //!
 //! ```sh
-//! DMLC_NUM_WORKER=2:4 PS_HEARTBEAT_INTERVAL=1 PS_HEARTBEAT_TIMEOUT=3 \
-//!   pslite launch -s 1 -w 2 -- target/release/examples/elastic
+//! PS_HEARTBEAT_INTERVAL=1 PS_HEARTBEAT_TIMEOUT=3 \
+//!   pslite launch -s 1 -w 2:4 -- target/release/examples/elastic
 //! ```
 
 use std::process::ExitCode;
