@@ -76,7 +76,7 @@ fn prepare(
         var("DMLC_LOCAL").as_deref().map(str::trim),
         Some("1" | "true")
     );
-    let mut client = admin_client(&host, port, local, var("PS_AUTH_TOKEN").as_deref())?;
+    let mut client = admin_client(&host, port, local, var("PS_AUTH_TOKEN").as_deref(), None)?;
     let table = client
         .status(ASK_TIMEOUT)
         .map_err(|e| format!("cannot reach the cluster's scheduler: {e}"))?;

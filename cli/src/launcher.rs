@@ -968,7 +968,7 @@ fn name_nodes(host: &str, port: u16, env: &[(String, String)], started: &Receive
             Err(RecvTimeoutError::Disconnected) => return,
         }
         if client.is_none() {
-            client = admin_client(host, port, local, token.as_deref()).ok();
+            client = admin_client(host, port, local, token.as_deref(), None).ok();
         }
         let Some(c) = client.as_mut() else { continue };
         let Ok(table) = c.status(NAMING_PERIOD) else {
@@ -1056,18 +1056,19 @@ fn publish_launch_record(host: &str, port: u16, record: String, env: &[(String, 
     let _ = std::thread::Builder::new()
         .name("launch record".into())
         .spawn(move || {
-            let published = admin_client(&host, port, local, token.as_deref()).and_then(|mut c| {
-                let req = pslite::proto::store::StoreMsg {
-                    value: Some(record.into()),
-                    ..pslite::proto::store::StoreMsg::request(
-                        pslite::proto::store::StoreOp::Set,
-                        vec![LAUNCH_KEY.into()],
-                    )
-                };
-                c.store(req, Duration::from_secs(60))
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            });
+            let published =
+                admin_client(&host, port, local, token.as_deref(), None).and_then(|mut c| {
+                    let req = pslite::proto::store::StoreMsg {
+                        value: Some(record.into()),
+                        ..pslite::proto::store::StoreMsg::request(
+                            pslite::proto::store::StoreOp::Set,
+                            vec![LAUNCH_KEY.into()],
+                        )
+                    };
+                    c.store(req, Duration::from_secs(60))
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                });
             if let Err(e) = published {
                 log::warn!(
                     "pslite launch: cannot record the cluster in the scheduler's store \
@@ -1078,12 +1079,14 @@ fn publish_launch_record(host: &str, port: u16, record: String, env: &[(String, 
 }
 
 /// An admin client of the scheduler at `host`:`port` (over IPC with
-/// `local`, presenting `token`).
+/// `local`, presenting `token`; answers to `reply_host`, default the
+/// address on the route to the scheduler).
 pub fn admin_client(
     host: &str,
     port: u16,
     local: bool,
     token: Option<&str>,
+    reply_host: Option<&str>,
 ) -> Result<pslite::admin::AdminClient, String> {
     use pslite::admin::{AdminClient, AuthToken, Transport};
     let token = match token {
@@ -1100,7 +1103,7 @@ pub fn admin_client(
     } else {
         Transport::Tcp
     };
-    AdminClient::connect_via(transport, host, i32::from(port), None, token.as_ref())
+    AdminClient::connect_via(transport, host, i32::from(port), reply_host, token.as_ref())
         .map_err(|e| e.to_string())
 }
 
