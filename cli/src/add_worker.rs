@@ -8,7 +8,9 @@
 //! ([`LAUNCH_KEY`]): a cluster without it is not an elastic one started by
 //! the launcher, and is refused unless `--workers MIN:MAX` says otherwise.
 //! Then the worker runs under the launcher's usual supervision (prefixed
-//! output, signals, `--timeout`), and its exit code is the command's.
+//! output, signals, `--timeout`), and its exit code is the command's. It
+//! advertises the address this machine reaches the scheduler from, so the
+//! scheduler may run on another machine.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -90,6 +92,13 @@ fn prepare(
         }
         None => read_record(&mut client, &host, port)?,
     };
+    // The worker advertises the address this machine reaches the
+    // scheduler from (127.0.0.1 for a local one).
+    let reply = client.reply_address();
+    opts.node_host = reply
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+        .filter(|h| !h.is_empty() && *h != host);
     opts.host = host;
     opts.port = Some(port);
     opts.servers = servers;

@@ -62,6 +62,9 @@ pub struct LaunchOptions {
     pub worker_procs: Option<usize>,
     /// The host every node advertises and the scheduler listens on.
     pub host: String,
+    /// The host the nodes advertise, when not `host`: a worker added to a
+    /// cluster whose scheduler runs on another machine advertises this one.
+    pub node_host: Option<String>,
     /// The scheduler's port; default: a free one.
     pub port: Option<u16>,
     /// Stop everything after this long.
@@ -104,6 +107,7 @@ impl Default for LaunchOptions {
             workers: 1,
             worker_procs: None,
             host: "127.0.0.1".into(),
+            node_host: None,
             port: None,
             timeout: None,
             program: OsString::new(),
@@ -603,6 +607,7 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
             opts.workers
         )));
     }
+    let advertised = opts.node_host.as_deref().unwrap_or(&opts.host);
     // The launcher sets DMLC_NODE_HOST, which a node prefers to
     // DMLC_INTERFACE: refuse rather than silently override.
     if let Some(interface) = std::env::var_os("DMLC_INTERFACE").filter(|v| !v.is_empty()) {
@@ -611,15 +616,14 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
              (--host), which takes precedence: unset DMLC_INTERFACE, or pass that \
              interface's address as --host",
             interface.to_string_lossy(),
-            opts.host
+            advertised
         )));
     }
     if let Ok(node_host) = std::env::var("DMLC_NODE_HOST") {
-        if !node_host.is_empty() && node_host != opts.host {
+        if !node_host.is_empty() && node_host != advertised {
             return Err(LaunchError::Invalid(format!(
                 "DMLC_NODE_HOST is set ({node_host}), but pslite launch gives every node \
-                 DMLC_NODE_HOST={} (--host): unset it, or pass --host {node_host}",
-                opts.host
+                 DMLC_NODE_HOST={advertised} (--host): unset it, or pass --host {node_host}"
             )));
         }
     }
@@ -639,7 +643,7 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
             ("DMLC_NUM_WORKER".into(), num_worker.clone()),
             ("DMLC_PS_ROOT_URI".into(), opts.host.clone()),
             ("DMLC_PS_ROOT_PORT".into(), port.to_string()),
-            ("DMLC_NODE_HOST".into(), opts.host.clone()),
+            ("DMLC_NODE_HOST".into(), advertised.to_string()),
             ("PSLITE_LAUNCH_UNIX_NS".into(), launched_ns.to_string()),
         ];
         env.extend(opts.env.iter().cloned());
