@@ -447,3 +447,21 @@ fn a_newcomer_is_not_excused_from_a_barrier_no_worker_reached() {
         .iter()
         .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
 }
+
+#[test]
+fn a_cxx_node_cannot_join_an_elastic_job() {
+    let mut net = elastic(1, 1, 2, 14);
+    // A C++ ps-lite worker: its entry has no pslite flag.
+    let mut add = Message::control(Command::AddNode, SCHEDULER);
+    add.meta.control.node = vec![Node::new(Role::Worker, "127.0.0.1", 12_345)];
+    let now = net.now;
+    net.nodes[0].core.handle(add, now);
+    net.flush(0);
+    net.run_for(SECOND * 5);
+    assert_eq!(net.nodes[0].core.round(), None, "no round: nobody joined");
+    assert!(!net.nodes[1].core.is_joined());
+    // A pslite worker still can.
+    let w = join(&mut net);
+    assert!(net.run_until(SECOND * 3, Network::all_joined));
+    assert_eq!(net.nodes[w].core.round(), Some((0, vec![9])));
+}
