@@ -184,7 +184,7 @@ impl Postoffice {
         self.start_metrics(&van);
         // A recovered node, and an elastic worker admitted after the first
         // round, skip the start barrier: the others are past it.
-        let late = van.joined_round().is_some_and(|r| r > 0);
+        let late = self.is_worker() && van.joined_round().is_some_and(|r| r > 0);
         if do_barrier && !van.my_node().is_recovery && !late {
             self.barrier_with_timeout(
                 customer_id,

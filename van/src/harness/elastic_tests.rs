@@ -17,7 +17,18 @@ const MS: Duration = Duration::from_millis(1);
 /// A scheduler and `servers` servers (indices 0, 1..=servers) of an
 /// elastic job with MIN:MAX workers; no worker yet; everyone registered.
 fn elastic(servers: i32, min: usize, max: usize, seed: u64) -> Network {
-    let cfg = VanConfig {
+    elastic_with(servers, min, max, seed, |_| {})
+}
+
+/// [`elastic`] with the configuration changed by `edit`.
+fn elastic_with(
+    servers: i32,
+    min: usize,
+    max: usize,
+    seed: u64,
+    edit: impl FnOnce(&mut VanConfig),
+) -> Network {
+    let mut cfg = VanConfig {
         num_servers: servers,
         num_workers: max as i32,
         elastic: Some(RendezvousConfig {
@@ -32,6 +43,7 @@ fn elastic(servers: i32, min: usize, max: usize, seed: u64) -> Network {
         recovery_timeout: SECOND * 5,
         ..VanConfig::default()
     };
+    edit(&mut cfg);
     let mut net = Network::new(cfg, seed);
     net.add(Role::Scheduler, SCHEDULER_PORT);
     for i in 0..servers {
@@ -446,4 +458,48 @@ fn a_newcomer_is_not_excused_from_a_barrier_no_worker_reached() {
     assert!(net.run_until(SECOND, |n| all
         .iter()
         .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+}
+
+#[test]
+fn a_cxx_node_cannot_join_an_elastic_job() {
+    let mut net = elastic(1, 1, 2, 14);
+    // A C++ ps-lite worker: its entry has no pslite flag.
+    let mut add = Message::control(Command::AddNode, SCHEDULER);
+    add.meta.control.node = vec![Node::new(Role::Worker, "127.0.0.1", 12_345)];
+    let now = net.now;
+    net.nodes[0].core.handle(add, now);
+    net.flush(0);
+    net.run_for(SECOND * 5);
+    assert_eq!(net.nodes[0].core.round(), None, "no round: nobody joined");
+    assert!(!net.nodes[1].core.is_joined());
+    // A pslite worker still can.
+    let w = join(&mut net);
+    assert!(net.run_until(SECOND * 3, Network::all_joined));
+    assert_eq!(net.nodes[w].core.round(), Some((0, vec![9])));
+}
+
+#[test]
+fn under_resend_a_joiner_waits_long_without_failing() {
+    let mut net = elastic_with(1, 2, 4, 15, |c| {
+        c.resend_timeout = Some(Duration::from_millis(200));
+        c.max_resends = 3;
+    });
+    let a = join(&mut net);
+    let b = join(&mut net);
+    assert!(net.run_until(SECOND * 3, Network::all_joined));
+    let c = join(&mut net);
+    net.run_for(SECOND * 60);
+    assert!(
+        net.nodes.iter().all(|n| n.failures.is_empty()),
+        "{:?}",
+        net.nodes[c].failures
+    );
+    let t: Vec<(usize, u64)> = [a, b]
+        .iter()
+        .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
+        .collect();
+    assert!(net.run_until(SECOND * 2, |n| n.nodes[c].core.is_joined()
+        && t.iter()
+            .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+    assert!(everyone_in(&net, 1, &[9, 11, 13]));
 }
