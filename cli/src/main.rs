@@ -85,7 +85,9 @@ enum Commands {
         /// --add-worker, DMLC_PS_ROOT_URI if set].
         #[arg(long)]
         host: Option<String>,
-        /// Scheduler port (default: a free one).
+        /// Scheduler port (default: a free one, held by the launcher until
+        /// the job ends; the scheduler binds it with SO_REUSEADDR, as
+        /// ZeroMQ does).
         #[arg(long)]
         port: Option<u16>,
         /// Stop every node after this many seconds.
