@@ -331,9 +331,10 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// Whatever joins, deaths and barriers happen: every round a node is
+    /// Whatever joins, deaths and barriers happen, with packets reordered
+    /// across connections: every round a node is
     /// told of has MIN..=MAX distinct members, rounds only go up, every
     /// live joined node ends up in the scheduler's round, and the job
     /// either runs or failed with the rendezvous error on every live node.
@@ -346,6 +347,8 @@ proptest! {
     ) {
         let max = min + extra;
         let mut net = elastic(1, min, max, seed);
+        // Packets take 1 to 6 ms: messages on different connections reorder.
+        net.faults.max_delay = MS * 5;
         let mut workers: Vec<usize> = Vec::new();
         for s in steps {
             match s {
