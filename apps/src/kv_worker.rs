@@ -221,6 +221,11 @@ impl<V: Val> KVWorker<V> {
             .ok_or_else(|| Error::App("the app has no customer".into()))
     }
 
+    /// The current round of workers (see [`Postoffice::membership`]).
+    pub fn membership(&self) -> pslite_postoffice::Membership {
+        self.inner.po.membership()
+    }
+
     /// Replaces how requests are split over servers.
     pub fn set_slicer(
         &self,

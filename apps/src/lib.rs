@@ -72,7 +72,7 @@ pub use kv_server::{DefaultHandle, KVServer};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
 pub use logging::init_logging;
 pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};
-pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Postoffice};
+pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membership, Postoffice};
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};

@@ -53,7 +53,7 @@ use crossbeam_channel::{unbounded, RecvTimeoutError};
 use log::warn;
 use pslite_proto::{lock, Role};
 
-use crate::launcher::{launch, LaunchError, LaunchOptions, Outcome};
+use crate::launcher::{launch_with, Control, LaunchError, LaunchOptions, Outcome};
 use data::{unique_keys, DataSpec, Sample};
 use model::{evaluate, gradient, Metrics, Optimizer, Store};
 use pslite::{Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
@@ -113,6 +113,23 @@ pub struct DemoArgs {
     /// Write the held-out loss and accuracy per epoch as an SVG chart.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
+    /// Elastic workers: DMLC_NUM_WORKER=W:W+2 for --workers W. Training
+    /// starts with W workers; the demo adds one after epoch --join-after and
+    /// kills worker --kill-worker with SIGKILL after epoch --kill-after (once
+    /// the added worker trains). Workers re-shard the data at every new
+    /// round, and the output says when each round began and with whom.
+    #[arg(long)]
+    pub elastic: bool,
+    /// With --elastic: add a worker after this epoch (0: no worker is added).
+    #[arg(long, default_value_t = 1, value_name = "EPOCH")]
+    pub join_after: usize,
+    /// With --elastic: kill a worker after this epoch (0: none is killed).
+    #[arg(long, default_value_t = 2, value_name = "EPOCH")]
+    pub kill_after: usize,
+    /// With --elastic: which worker to kill (its launch index, as in its
+    /// output prefix).
+    #[arg(long, default_value_t = 1, value_name = "INDEX")]
+    pub kill_worker: usize,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
@@ -198,6 +215,14 @@ impl DemoArgs {
                 self.samples, self.test_fraction
             )));
         }
+        if self.elastic && self.kill_after > 0 && self.kill_worker >= self.workers {
+            return Err(Error::InvalidInput(format!(
+                "--kill-worker {} is not one of the {} workers started (0 to {})",
+                self.kill_worker,
+                self.workers,
+                self.workers - 1
+            )));
+        }
         if self.nnz as u64 > self.features {
             return Err(Error::InvalidInput(format!(
                 "--nnz {} is more than the {} features",
@@ -227,6 +252,7 @@ impl DemoArgs {
         ] {
             args.extend([name.to_string(), value]);
         }
+
         args.into_iter().map(OsString::from).collect()
     }
 }
@@ -289,6 +315,16 @@ pub enum Report {
         /// Bytes of keys it sent in pulls and of keys and values it got back.
         pulled: u64,
     },
+    /// The rank 0 of a new elastic round saw it begin (the launching
+    /// process prints each round once).
+    Round {
+        /// The round number.
+        round: u64,
+        /// Epochs done when it began (trained, maybe not yet evaluated).
+        after_epoch: usize,
+        /// Its workers' node ids, in rank order.
+        workers: Vec<i32>,
+    },
     /// A server's state, when it is done.
     Server {
         /// Its rank.
@@ -328,6 +364,17 @@ impl fmt::Display for Report {
                 pushes,
                 pulls,
             } => write!(f, "server {rank} {keys} {pushes} {pulls}"),
+            Report::Round {
+                round,
+                after_epoch,
+                workers,
+            } => {
+                write!(f, "round {round} {after_epoch}")?;
+                for w in workers {
+                    write!(f, " {w}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -340,6 +387,14 @@ impl Report {
         let nums: Vec<&str> = words.collect();
         let int = |i: usize| nums.get(i).and_then(|s| s.parse::<u64>().ok());
         let float = |i: usize| nums.get(i).and_then(|s| s.parse::<f64>().ok());
+        if kind == "round" && nums.len() >= 3 {
+            let workers: Option<Vec<i32>> = nums[2..].iter().map(|w| w.parse().ok()).collect();
+            return Some(Report::Round {
+                round: int(0)?,
+                after_epoch: int(1)? as usize,
+                workers: workers?,
+            });
+        }
         let report = match (kind, nums.len()) {
             ("epoch", 4) => Report::Epoch {
                 epoch: int(0)? as usize,
@@ -415,6 +470,27 @@ impl Report {
                 megabytes(*pushed),
                 megabytes(*pulled)
             ),
+            Report::Round {
+                round,
+                after_epoch,
+                workers,
+            } => {
+                let ids: Vec<String> = workers.iter().map(i32::to_string).collect();
+                let ranks = match workers.len() {
+                    0 => "no ranks".to_string(),
+                    1 => "rank 0".to_string(),
+                    n => format!("ranks 0-{}", n - 1),
+                };
+                let when = match after_epoch {
+                    0 => "before training".to_string(),
+                    e => format!("after epoch {e}"),
+                };
+                format!(
+                    "round {round} began with worker{} {} ({ranks}), {when}",
+                    plural(workers.len()),
+                    ids.join(", ")
+                )
+            }
             Report::Server {
                 rank,
                 keys,
@@ -528,7 +604,11 @@ fn run_node_on(
             Ok(None)
         }
         Role::Worker => {
-            let last = train(po, args, reporter)?;
+            let last = if po.is_elastic() {
+                train_elastic(po, args, reporter)?
+            } else {
+                train(po, args, reporter)?
+            };
             po.finalize(0, true)?;
             Ok(last)
         }
@@ -690,32 +770,8 @@ fn train(
     po.barrier(0, pslite::WORKER_GROUP)?;
     for epoch in 1..=args.epochs {
         let started = Instant::now();
-        let mut pushes = VecDeque::new();
-        let total = shard.len().div_ceil(args.batch.max(1));
-        // About 20 progress reports per epoch, from worker 0.
-        let every = (total / 20).max(1);
-        for (i, batch) in shard.chunks(args.batch.max(1)).enumerate() {
-            if test.is_some() && i % every == 0 {
-                reporter.send(Report::Progress {
-                    epoch,
-                    done: i,
-                    total,
-                })?;
-            }
-            let keys = SArray::from_vec(unique_keys(batch));
-            let weights = pull_weights(&kv, &keys, &mut traffic)?;
-            let (grad, _loss) = gradient(batch, &keys, &weights);
-            traffic.push(keys.len(), grad.len());
-            pushes.push_back(kv.zpush(keys, SArray::from_vec(grad), KVOptions::new())?);
-            if pushes.len() > MAX_PUSHES_IN_FLIGHT {
-                if let Some(ts) = pushes.pop_front() {
-                    kv.wait(ts)?;
-                }
-            }
-        }
-        for ts in pushes {
-            kv.wait(ts)?;
-        }
+        let progress = test.is_some();
+        train_epoch(&kv, &shard, args, epoch, progress, reporter, &mut traffic)?;
         // Every worker's pushes are applied: evaluate this epoch's model.
         po.barrier(0, pslite::WORKER_GROUP)?;
         if let Some(test) = &test {
@@ -738,6 +794,160 @@ fn train(
         pulled: traffic.pulled,
     })?;
     Ok(last)
+}
+
+/// One epoch over `shard`: pull, gradient, push per minibatch, with at most
+/// [`MAX_PUSHES_IN_FLIGHT`] pushes unanswered; returns when every push is
+/// applied. With `progress`, reports about 20 times.
+fn train_epoch(
+    kv: &KVWorker<f32>,
+    shard: &[Sample],
+    args: &DemoArgs,
+    epoch: usize,
+    progress: bool,
+    reporter: &mut Reporter,
+    traffic: &mut Traffic,
+) -> Result<(), Error> {
+    let mut pushes = VecDeque::new();
+    let total = shard.len().div_ceil(args.batch.max(1));
+    let every = (total / 20).max(1);
+    for (i, batch) in shard.chunks(args.batch.max(1)).enumerate() {
+        if progress && i % every == 0 {
+            reporter.send(Report::Progress {
+                epoch,
+                done: i,
+                total,
+            })?;
+        }
+        let keys = SArray::from_vec(unique_keys(batch));
+        let weights = pull_weights(kv, &keys, traffic)?;
+        let (grad, _loss) = gradient(batch, &keys, &weights);
+        traffic.push(keys.len(), grad.len());
+        pushes.push_back(kv.zpush(keys, SArray::from_vec(grad), KVOptions::new())?);
+        if pushes.len() > MAX_PUSHES_IN_FLIGHT {
+            if let Some(ts) = pushes.pop_front() {
+                kv.wait(ts)?;
+            }
+        }
+    }
+    for ts in pushes {
+        kv.wait(ts)?;
+    }
+    Ok(())
+}
+
+/// The store key where rank 0 of elastic round `round` records how many
+/// of the demo's worker barriers had passed when the round began.
+fn round_key(round: u64) -> String {
+    format!("pslite.demo.round.{round}")
+}
+
+/// How long a worker admitted to a running job waits for the round's
+/// rank 0 to say where the job stands.
+const JOIN_WAIT: Duration = Duration::from_secs(60);
+
+/// A worker of an elastic job. The same epochs and barriers as [`train`],
+/// counted: barrier 1 follows the evaluation before training, then epoch
+/// `e` ends with barrier `2e` (trained) and `2e + 1` (evaluated). Rounds
+/// change at barriers: after each, the worker looks at the membership, and
+/// the new round's rank 0 reports it and records the barrier count in the
+/// store ([`round_key`]), where a worker admitted at that barrier reads
+/// where to go on. Every epoch, each worker trains on shard (rank, round
+/// size); the round's rank 0 evaluates.
+fn train_elastic(
+    po: &Postoffice,
+    args: &DemoArgs,
+    reporter: &mut Reporter,
+) -> Result<Option<Metrics>, Error> {
+    let me = po.my_id()?;
+    let store = po.store()?;
+    let spec = args.data_spec();
+    let kv = KVWorker::<f32>::new(po, 0, 0)?;
+    let mut traffic = Traffic::default();
+    let mut last = None;
+    let mut test: Option<TestSet> = None;
+    let mut view = po.membership();
+    // Barriers passed: 0 for the first round; a worker admitted later
+    // learns it from the round's rank 0.
+    let mut passed: u64 = if view.round == 0 {
+        0
+    } else {
+        let value = store.get_within(&round_key(view.round), JOIN_WAIT)?;
+        String::from_utf8_lossy(&value)
+            .trim()
+            .parse()
+            .map_err(|_| Error::App(format!("bad {} in the store", round_key(view.round))))?
+    };
+    let rank_of = |view: &pslite::Membership| view.workers.iter().position(|&w| w == me);
+    if view.round == 0 && rank_of(&view) == Some(0) {
+        report_round(reporter, &view, 0)?;
+    }
+    let mut epoch_started = Instant::now();
+    let mut samples = 0;
+    loop {
+        let Some(rank) = rank_of(&view) else {
+            return Err(Error::App(format!(
+                "node {me} is not among the workers of round {} ({:?})",
+                view.round, view.workers
+            )));
+        };
+        if passed % 2 == 0 {
+            // Epoch passed / 2 is trained: rank 0 evaluates it.
+            let epoch = (passed / 2) as usize;
+            if rank == 0 {
+                let test = test.get_or_insert_with(|| TestSet::new(spec.test_set()));
+                let m = test.evaluate(&kv, &mut traffic)?;
+                reporter.send(Report::Epoch {
+                    epoch,
+                    loss: m.loss,
+                    accuracy: m.accuracy,
+                    secs: if epoch == 0 {
+                        0.0
+                    } else {
+                        epoch_started.elapsed().as_secs_f64()
+                    },
+                })?;
+                last = Some(m);
+            }
+            if epoch == args.epochs {
+                break;
+            }
+        } else {
+            let epoch = (passed as usize).div_ceil(2);
+            epoch_started = Instant::now();
+            let shard = spec.shard(rank, view.workers.len().max(1));
+            samples = shard.len();
+            train_epoch(&kv, &shard, args, epoch, rank == 0, reporter, &mut traffic)?;
+        }
+        po.barrier(0, pslite::WORKER_GROUP)?;
+        passed += 1;
+        let now = po.membership();
+        if now.round != view.round && rank_of(&now) == Some(0) {
+            store.set(&round_key(now.round), passed.to_string())?;
+            report_round(reporter, &now, (passed / 2) as usize)?;
+        }
+        view = now;
+    }
+    reporter.send(Report::Worker {
+        rank: rank_of(&view).unwrap_or(0),
+        samples,
+        requests: traffic.requests,
+        pushed: traffic.pushed,
+        pulled: traffic.pulled,
+    })?;
+    Ok(last)
+}
+
+fn report_round(
+    reporter: &mut Reporter,
+    view: &pslite::Membership,
+    after_epoch: usize,
+) -> Result<(), Error> {
+    reporter.send(Report::Round {
+        round: view.round,
+        after_epoch,
+        workers: view.workers.clone(),
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -770,6 +980,99 @@ fn collect_reports(listener: TcpListener, tx: crossbeam_channel::Sender<Event>) 
     }
 }
 
+/// The launching process's part in `--elastic`: when to add a worker and
+/// when to kill one, and the rounds seen.
+struct Elastic {
+    on: bool,
+    started: usize,
+    join_after: usize,
+    kill_after: usize,
+    kill_worker: usize,
+    /// The last epoch evaluated.
+    epoch: usize,
+    joined: bool,
+    /// A round had more workers than were started (the added one trains).
+    grown: bool,
+    killed: bool,
+    /// The last round printed.
+    round: Option<u64>,
+    /// Every round printed, for the chart.
+    rounds: Vec<plot::RoundMark>,
+    pending: Vec<Control>,
+}
+
+impl Elastic {
+    fn new(args: &DemoArgs) -> Elastic {
+        Elastic {
+            on: args.elastic,
+            started: args.workers,
+            join_after: args.join_after,
+            kill_after: args.kill_after,
+            kill_worker: args.kill_worker,
+            epoch: 0,
+            joined: false,
+            grown: false,
+            killed: false,
+            round: None,
+            rounds: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Epoch `epoch` was evaluated.
+    fn epoch_done(&mut self, epoch: usize) {
+        self.epoch = epoch;
+        self.decide();
+    }
+
+    /// Round `round` began with `workers` workers after `after_epoch`
+    /// epochs; whether it is new.
+    fn round_began(&mut self, round: u64, after_epoch: usize, workers: usize) -> bool {
+        if self.round.is_some_and(|r| r >= round) {
+            return false;
+        }
+        self.round = Some(round);
+        self.rounds.push(plot::RoundMark {
+            round,
+            after_epoch,
+            workers,
+        });
+        self.grown |= workers > self.started;
+        self.decide();
+        true
+    }
+
+    fn decide(&mut self) {
+        if !self.on {
+            return;
+        }
+        if self.join_after > 0 && !self.joined && self.epoch >= self.join_after {
+            self.joined = true;
+            self.pending.push(Control::AddWorker);
+        }
+        // Kill only once the added worker is in a round, so that the
+        // kill ends a round of its own.
+        let ready = self.grown || self.join_after == 0;
+        if self.kill_after > 0 && !self.killed && self.epoch >= self.kill_after && ready {
+            self.killed = true;
+            self.pending.push(Control::SignalWorker {
+                worker: self.kill_worker,
+                signal: libc::SIGKILL,
+            });
+        }
+    }
+
+    /// What to ask of the launcher now.
+    fn requests(&mut self) -> Vec<Control> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Workers that should report at the end.
+    fn workers_expected(&self) -> usize {
+        self.started + usize::from(self.joined) - usize::from(self.killed)
+    }
+}
+
 /// Runs the cluster, prints its progress and summary; the exit code says
 /// whether training reached the threshold.
 fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
@@ -781,9 +1084,23 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     let addr = listener
         .local_addr()
         .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
+    let mut env = Vec::new();
+    if args.elastic {
+        // A killed worker is noticed by its missing heartbeats: soon.
+        for (var, value) in [
+            ("PS_HEARTBEAT_INTERVAL", "1"),
+            ("PS_HEARTBEAT_TIMEOUT", "3"),
+        ] {
+            if std::env::var_os(var).is_none() {
+                env.push((var.to_string(), value.to_string()));
+            }
+        }
+    }
     let opts = LaunchOptions {
         servers: args.servers,
         workers: args.workers,
+        elastic: args.elastic.then_some((args.workers, args.workers + 2)),
+        env,
         worker_procs: None,
         host: host.into(),
         port: args.port,
@@ -800,9 +1117,11 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         std::thread::spawn(move || collect_reports(listener, tx));
     }
     let started = Instant::now();
+    let (control, requests) = unbounded();
     std::thread::spawn(move || {
-        let _ = tx.send(Event::Done(launch(&opts)));
+        let _ = tx.send(Event::Done(launch_with(&opts, &requests)));
     });
+    let mut elastic = Elastic::new(args);
 
     let mut epochs: Vec<(usize, f64, f64, f64)> = Vec::new();
     // A progress bar redrawn in place on a terminal; plain lines otherwise.
@@ -837,6 +1156,20 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                         }
                         println!("{}", report.human(args.epochs));
                         epochs.push((*epoch, *loss, *accuracy, *secs));
+                        elastic.epoch_done(*epoch);
+                    }
+                    Report::Round {
+                        round,
+                        after_epoch,
+                        workers,
+                    } => {
+                        if elastic.round_began(*round, *after_epoch, workers.len()) {
+                            if bar_shown {
+                                print!("\r\x1b[2K");
+                                bar_shown = false;
+                            }
+                            println!("{}", report.human(args.epochs));
+                        }
                     }
                     Report::Progress { .. } => {
                         if bar {
@@ -853,8 +1186,24 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                     } => workers.push((*requests, *pushed, *pulled)),
                     Report::Server { rank, keys, .. } => servers.push((*rank, *keys)),
                 }
+                for request in elastic.requests() {
+                    if bar_shown {
+                        print!("\r\x1b[2K");
+                        bar_shown = false;
+                    }
+                    match request {
+                        Control::AddWorker => println!(
+                            "adding worker {} (it waits for the next round)",
+                            args.workers
+                        ),
+                        Control::SignalWorker { worker, .. } => {
+                            println!("killing worker {worker} with SIGKILL")
+                        }
+                    }
+                    let _ = control.send(request);
+                }
                 if linger.is_some()
-                    && workers.len() == args.workers
+                    && workers.len() == elastic.workers_expected()
                     && servers.len() == args.servers
                 {
                     break;
@@ -862,7 +1211,8 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
             }
             Event::Done(result) => {
                 let wall = started.elapsed();
-                let complete = workers.len() == args.workers && servers.len() == args.servers;
+                let complete =
+                    workers.len() == elastic.workers_expected() && servers.len() == args.servers;
                 let failed = !matches!(result, Ok(Outcome::Success));
                 outcome = Some((result, wall));
                 if complete || failed {
@@ -902,13 +1252,14 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
             })
             .collect();
         let title = format!(
-            "pslite demo: {} servers, {} workers, {} (learning rate {})",
+            "pslite demo: {} servers, {} workers{}, {} (learning rate {})",
             args.servers,
             args.workers,
+            if args.elastic { " (elastic)" } else { "" },
             args.optimizer.title(),
             args.learning_rate()
         );
-        match plot::write_chart(path, &title, &points) {
+        match plot::write_chart(path, &title, &points, &elastic.rounds) {
             Ok(()) => println!("chart of loss and accuracy per epoch: {}", path.display()),
             Err(e) => {
                 eprintln!("pslite demo: {e}");
@@ -930,13 +1281,18 @@ fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         keys.join(" + ")
     );
     println!(
-        "moved {} of keys and values: pushes {}, pulls {} ({} requests from {} worker{})",
+        "moved {} of keys and values: pushes {}, pulls {} ({} requests from {} worker{}{})",
         megabytes(pushed + pulled),
         megabytes(pushed),
         megabytes(pulled),
         group(requests),
-        args.workers,
-        plural(args.workers)
+        workers.len(),
+        plural(workers.len()),
+        if elastic.killed {
+            ", not counting the killed one"
+        } else {
+            ""
+        }
     );
     println!(
         "wall time {:.1} s (training and evaluation {training:.1} s)",
@@ -994,8 +1350,13 @@ fn print_header(args: &DemoArgs) {
         spec.label_noise * 100.0,
         spec.seed
     );
+    let elastic = if args.elastic {
+        format!(" (elastic, {}:{})", args.workers, args.workers + 2)
+    } else {
+        String::new()
+    };
     println!(
-        "cluster: 1 scheduler, {} server{}, {} worker{} on this machine; \
+        "cluster: 1 scheduler, {} server{}, {} worker{}{elastic} on this machine; \
          minibatches of {} samples per worker, {} epoch{}",
         args.servers,
         plural(args.servers),
@@ -1168,7 +1529,8 @@ mod tests {
             "3",
         ])
         .unwrap();
-        let port = crate::launcher::free_port("127.0.0.1").unwrap();
+        let reserved = crate::launcher::PortReservation::new("127.0.0.1").unwrap();
+        let port = reserved.port();
         let roles = [
             Role::Scheduler,
             Role::Server,

@@ -7,6 +7,19 @@
 //! when a node ends, a signal arrives or a time limit passes is decided by
 //! the [`Supervisor`](crate::supervisor::Supervisor); this module only starts
 //! processes, forwards their output and carries out its decisions.
+//!
+//! With elastic workers (`--workers MIN:MAX`) every node gets
+//! `DMLC_NUM_WORKER=MIN:MAX`, and the launcher records the cluster's shape in
+//! the scheduler's key-value store ([`LAUNCH_KEY`]) so that
+//! `pslite launch --add-worker` ([`LaunchOptions::join`]) can start one more
+//! worker against it. A running launch also takes [`Control`] requests (the
+//! demo adds and kills workers with them).
+//!
+//! The scheduler's port, when the launcher picks it, stays reserved by the
+//! launcher until the job ends ([`PortReservation`]): a port found free and
+//! released was sometimes taken by another process's `bind(0)` (a node of a
+//! concurrent job binding its own port) before the scheduler bound it, and
+//! the job failed with "Address already in use".
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,7 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{select, unbounded, Receiver, Sender};
+use crossbeam_channel::{select, unbounded, Receiver, RecvTimeoutError, Sender};
 use pslite_proto::Role;
 
 use crate::supervisor::{Action, Policy, Supervisor};
@@ -49,6 +62,9 @@ pub struct LaunchOptions {
     pub worker_procs: Option<usize>,
     /// The host every node advertises and the scheduler listens on.
     pub host: String,
+    /// The host the nodes advertise, when not `host`: a worker added to a
+    /// cluster whose scheduler runs on another machine advertises this one.
+    pub node_host: Option<String>,
     /// The scheduler's port; default: a free one.
     pub port: Option<u16>,
     /// Stop everything after this long.
@@ -72,6 +88,14 @@ pub struct LaunchOptions {
     pub restart_role: Option<Role>,
     /// At most this many restarts in all.
     pub max_restarts: u32,
+    /// Elastic workers, `(MIN, MAX)`: every node gets
+    /// `DMLC_NUM_WORKER=MIN:MAX` and `workers` is how many to start (at most
+    /// MAX); a worker that fails or leaves does not end the job.
+    pub elastic: Option<(usize, usize)>,
+    /// Start only one worker, for the running cluster whose scheduler is at
+    /// `host`:`port` (`pslite launch --add-worker`): no scheduler, no
+    /// servers; `servers` and `elastic` describe the cluster.
+    pub join: bool,
 }
 
 impl Default for LaunchOptions {
@@ -83,6 +107,7 @@ impl Default for LaunchOptions {
             workers: 1,
             worker_procs: None,
             host: "127.0.0.1".into(),
+            node_host: None,
             port: None,
             timeout: None,
             program: OsString::new(),
@@ -94,8 +119,57 @@ impl Default for LaunchOptions {
             exit_grace: Duration::from_secs(30),
             restart_role: None,
             max_restarts: 3,
+            elastic: None,
+            join: false,
         }
     }
+}
+
+/// The store key where `pslite launch --workers MIN:MAX` records its
+/// cluster's shape (`servers=S workers=MIN:MAX`) for `--add-worker`.
+pub const LAUNCH_KEY: &str = "pslite.launch";
+
+/// The value of [`LAUNCH_KEY`] for a cluster of `servers` servers and
+/// `min`:`max` elastic workers.
+pub fn launch_record(servers: usize, min: usize, max: usize) -> String {
+    format!("servers={servers} workers={min}:{max}")
+}
+
+/// Reads a [`LAUNCH_KEY`] value: `(servers, min, max)`.
+pub fn parse_launch_record(value: &str) -> Option<(usize, usize, usize)> {
+    let mut servers = None;
+    let mut workers = None;
+    for word in value.split_whitespace() {
+        match word.split_once('=') {
+            Some(("servers", v)) => servers = v.parse::<usize>().ok(),
+            Some(("workers", v)) => workers = parse_bounds(v),
+            _ => {}
+        }
+    }
+    let (min, max) = workers?;
+    Some((servers?, min, max))
+}
+
+/// `MIN:MAX` with 1 <= MIN <= MAX.
+pub fn parse_bounds(s: &str) -> Option<(usize, usize)> {
+    let (min, max) = s.trim().split_once(':')?;
+    let min = min.trim().parse::<usize>().ok()?;
+    let max = max.trim().parse::<usize>().ok()?;
+    (min >= 1 && min <= max).then_some((min, max))
+}
+
+/// A request to a running launch (see [`launch_with`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Start one more worker (same program and environment as the others).
+    AddWorker,
+    /// Send `signal` to worker `worker` (by launch index, as in its prefix).
+    SignalWorker {
+        /// The worker's launch index.
+        worker: usize,
+        /// The signal.
+        signal: i32,
+    },
 }
 
 /// Why the cluster could not be started at all.
@@ -128,10 +202,113 @@ pub enum LaunchError {
     },
 }
 
-/// A free TCP port on `host` (bound and released; the scheduler takes it
-/// right after).
-pub fn free_port(host: &str) -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+/// A TCP port on a host held for the scheduler: a socket bound to it with
+/// `SO_REUSEADDR` but not listening. While it is held, the kernel gives the
+/// port to no other `bind(0)` or outgoing connection, and a plain `bind` to
+/// it fails; the scheduler's ZeroMQ socket, which sets `SO_REUSEADDR` too,
+/// binds and listens on it all the same. Released when dropped.
+pub struct PortReservation {
+    fd: libc::c_int,
+    port: u16,
+}
+
+impl PortReservation {
+    /// Reserves a free port on `host` (an IP address or a name).
+    pub fn new(host: &str) -> std::io::Result<PortReservation> {
+        use std::net::ToSocketAddrs;
+        let addr = (host, 0).to_socket_addrs()?.next().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{host} does not resolve"),
+            )
+        })?;
+        let (family, storage, len) = sockaddr(&addr);
+        // SAFETY: socket(2) returns a descriptor we own (or -1).
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut reservation = PortReservation { fd, port: 0 };
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt and bind on our descriptor with valid pointers
+        // and lengths; getsockname fills `bound` up to `bound_len`.
+        unsafe {
+            if libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) != 0
+                || libc::bind(fd, (&storage as *const libc::sockaddr_storage).cast(), len) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut bound: libc::sockaddr_storage = std::mem::zeroed();
+            let mut bound_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getsockname(
+                fd,
+                (&mut bound as *mut libc::sockaddr_storage).cast(),
+                &mut bound_len,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // sin_port and sin6_port sit at the same offset, in network order.
+            reservation.port = u16::from_be(
+                (*(&bound as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>()).sin_port,
+            );
+            Ok(reservation)
+        }
+    }
+
+    /// The reserved port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for PortReservation {
+    fn drop(&mut self) {
+        // SAFETY: closing the descriptor we own, once.
+        unsafe {
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// `addr` as a C socket address: family, storage, length.
+fn sockaddr(addr: &std::net::SocketAddr) -> (libc::c_int, libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: an all-zero sockaddr_storage is valid; we fill in one of the
+    // address structs it is large enough to hold.
+    unsafe {
+        let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+        match addr {
+            std::net::SocketAddr::V4(v4) => {
+                let sin = (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                (*sin).sin_family = libc::AF_INET as libc::sa_family_t;
+                (*sin).sin_port = v4.port().to_be();
+                (*sin).sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+                (
+                    libc::AF_INET,
+                    storage,
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+            std::net::SocketAddr::V6(v6) => {
+                let sin6 =
+                    (&mut storage as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                (*sin6).sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                (*sin6).sin6_port = v6.port().to_be();
+                (*sin6).sin6_addr.s6_addr = v6.ip().octets();
+                (
+                    libc::AF_INET6,
+                    storage,
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    }
 }
 
 fn ended(status: std::io::Result<ExitStatus>) -> Ended {
@@ -149,12 +326,12 @@ fn ended(status: std::io::Result<ExitStatus>) -> Ended {
 /// `last` (when given).
 fn forward(
     reader: impl Read + Send + 'static,
-    prefix: String,
+    prefix: Prefix,
     to_stderr: bool,
     last: Option<Arc<Mutex<Option<String>>>>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("output {prefix}"))
+        .name("node output".into())
         .spawn(move || {
             let mut reader = BufReader::new(reader);
             let mut line = Vec::new();
@@ -165,6 +342,7 @@ fn forward(
                     Ok(_) => {
                         let text = String::from_utf8_lossy(&line);
                         let text = text.trim_end_matches(['\n', '\r']);
+                        let prefix = prefix.lock().map(|p| p.clone()).unwrap_or_default();
                         if to_stderr {
                             let _ = writeln!(std::io::stderr().lock(), "{prefix} {text}");
                         } else {
@@ -275,6 +453,7 @@ fn set_handler(sig: i32, handler: libc::sighandler_t) {
 }
 
 /// One node to run.
+#[derive(Clone)]
 struct NodeSpec {
     name: String,
     role: Role,
@@ -292,6 +471,12 @@ struct Cluster {
     unwatched: Vec<(usize, Child)>,
     outputs: Vec<JoinHandle<()>>,
     last_stderr: Vec<Arc<Mutex<Option<String>>>>,
+    /// Each node's output prefix, `[worker 1]`, later maybe with its node
+    /// id (see [`name_nodes`]).
+    prefixes: Vec<Prefix>,
+    /// Where started servers and workers go to have their node id found
+    /// (elastic jobs).
+    namer: Option<Sender<Unnamed>>,
     exits: Sender<(usize, Ended)>,
 }
 
@@ -323,6 +508,18 @@ impl Cluster {
             source,
         })?;
         self.pids[index] = child.id();
+        let base = format!("[{}]", node.name);
+        if let Ok(mut prefix) = self.prefixes[index].lock() {
+            prefix.clone_from(&base);
+        }
+        if let (Some(namer), Role::Server | Role::Worker) = (&self.namer, node.role) {
+            let _ = namer.send(Unnamed {
+                pid: child.id(),
+                role: node.role,
+                name: node.name.clone(),
+                prefix: self.prefixes[index].clone(),
+            });
+        }
         self.unwatched.push((index, child));
         Ok(())
     }
@@ -335,7 +532,7 @@ impl Cluster {
     /// CPU time.
     fn watch(&mut self) {
         for (index, mut child) in std::mem::take(&mut self.unwatched) {
-            let prefix = format!("[{}]", self.nodes[index].name);
+            let prefix = self.prefixes[index].clone();
             if let Some(out) = child.stdout.take() {
                 self.outputs
                     .extend(forward(out, prefix.clone(), false, None).ok());
@@ -369,11 +566,38 @@ impl Cluster {
     }
 }
 
+/// The name (and output prefix) of the worker `--add-worker` starts.
+pub const ADDED_WORKER: &str = "added worker";
+
 /// Which nodes to start, with their programs and environments.
 fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
     if opts.servers == 0 || opts.workers == 0 {
         return Err(LaunchError::Invalid(
             "--servers and --workers must be at least 1".into(),
+        ));
+    }
+    if let Some((min, max)) = opts.elastic {
+        if min == 0 || min > max {
+            return Err(LaunchError::Invalid(format!(
+                "--workers {min}:{max}: MIN:MAX needs 1 <= MIN <= MAX"
+            )));
+        }
+        if opts.workers > max {
+            return Err(LaunchError::Invalid(format!(
+                "--start-workers {} is more than MAX in --workers {min}:{max}",
+                opts.workers
+            )));
+        }
+        if opts.worker_procs.is_some() {
+            return Err(LaunchError::Invalid(
+                "--worker-procs does not go with elastic workers (--workers MIN:MAX): \
+                 each elastic worker is a process of its own"
+                    .into(),
+            ));
+        }
+    } else if opts.join {
+        return Err(LaunchError::Invalid(
+            "--add-worker needs the cluster's elastic bounds (--workers MIN:MAX)".into(),
         ));
     }
     let worker_procs = opts.worker_procs.unwrap_or(opts.workers);
@@ -383,6 +607,7 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
             opts.workers
         )));
     }
+    let advertised = opts.node_host.as_deref().unwrap_or(&opts.host);
     // The launcher sets DMLC_NODE_HOST, which a node prefers to
     // DMLC_INTERFACE: refuse rather than silently override.
     if let Some(interface) = std::env::var_os("DMLC_INTERFACE").filter(|v| !v.is_empty()) {
@@ -391,15 +616,14 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
              (--host), which takes precedence: unset DMLC_INTERFACE, or pass that \
              interface's address as --host",
             interface.to_string_lossy(),
-            opts.host
+            advertised
         )));
     }
     if let Ok(node_host) = std::env::var("DMLC_NODE_HOST") {
-        if !node_host.is_empty() && node_host != opts.host {
+        if !node_host.is_empty() && node_host != advertised {
             return Err(LaunchError::Invalid(format!(
                 "DMLC_NODE_HOST is set ({node_host}), but pslite launch gives every node \
-                 DMLC_NODE_HOST={} (--host): unset it, or pass --host {node_host}",
-                opts.host
+                 DMLC_NODE_HOST={advertised} (--host): unset it, or pass --host {node_host}"
             )));
         }
     }
@@ -408,14 +632,18 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
+    let num_worker = match opts.elastic {
+        Some((min, max)) => format!("{min}:{max}"),
+        None => opts.workers.to_string(),
+    };
     let common = |role: Role| {
         let mut env = vec![
             ("DMLC_ROLE".to_string(), role.as_str().to_string()),
             ("DMLC_NUM_SERVER".into(), opts.servers.to_string()),
-            ("DMLC_NUM_WORKER".into(), opts.workers.to_string()),
+            ("DMLC_NUM_WORKER".into(), num_worker.clone()),
             ("DMLC_PS_ROOT_URI".into(), opts.host.clone()),
             ("DMLC_PS_ROOT_PORT".into(), port.to_string()),
-            ("DMLC_NODE_HOST".into(), opts.host.clone()),
+            ("DMLC_NODE_HOST".into(), advertised.to_string()),
             ("PSLITE_LAUNCH_UNIX_NS".into(), launched_ns.to_string()),
         ];
         env.extend(opts.env.iter().cloned());
@@ -462,6 +690,10 @@ fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
         });
         Ok(())
     };
+    if opts.join {
+        add(ADDED_WORKER.into(), Role::Worker, &opts.worker_program)?;
+        return Ok(nodes);
+    }
     add("scheduler".into(), Role::Scheduler, &opts.scheduler_program)?;
     for i in 0..opts.servers {
         add(format!("server {i}"), Role::Server, &opts.server_program)?;
@@ -488,20 +720,55 @@ fn connections_logged(opts: &LaunchOptions) -> bool {
 
 /// Runs the cluster to completion.
 pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
+    launch_with(opts, &crossbeam_channel::never())
+}
+
+/// [`launch`], carrying out the [`Control`] requests that arrive on
+/// `control` while the job runs.
+pub fn launch_with(
+    opts: &LaunchOptions,
+    control: &Receiver<Control>,
+) -> Result<Outcome, LaunchError> {
+    // Held until the job ends (see PortReservation).
+    let mut reservation = None;
     let port = match opts.port {
         Some(p) => p,
-        None => free_port(&opts.host).map_err(|source| LaunchError::Port {
-            host: opts.host.clone(),
-            source,
-        })?,
+        None if opts.join => {
+            return Err(LaunchError::Invalid(
+                "--add-worker needs the scheduler's port (--port or DMLC_PS_ROOT_PORT)".into(),
+            ))
+        }
+        None => {
+            let held = PortReservation::new(&opts.host).map_err(|source| LaunchError::Port {
+                host: opts.host.clone(),
+                source,
+            })?;
+            let port = held.port();
+            reservation = Some(held);
+            port
+        }
     };
     let nodes = plan(opts, port)?;
     let count = nodes.len();
+    let worker_template = nodes.iter().find(|n| n.role == Role::Worker).cloned();
     let (exits, exited) = unbounded();
+    // Elastic clusters are pslite-only, so their scheduler answers the
+    // admin requests that find node ids (a C++ scheduler may not).
+    let namer = opts.elastic.map(|_| {
+        let (tx, rx) = unbounded();
+        let host = opts.host.clone();
+        let env = opts.env.clone();
+        let _ = std::thread::Builder::new()
+            .name("node names".into())
+            .spawn(move || name_nodes(&host, port, &env, &rx));
+        tx
+    });
     let mut cluster = Cluster {
         pids: vec![0; count],
         unwatched: Vec::new(),
         last_stderr: (0..count).map(|_| Arc::default()).collect(),
+        prefixes: (0..count).map(|_| Arc::default()).collect(),
+        namer,
         outputs: Vec::new(),
         exits,
         nodes,
@@ -521,6 +788,14 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
     if verbose {
         eprintln!("pslite launch: started {}", cluster.pids_line());
     }
+    if let (Some((min, max)), false) = (opts.elastic, opts.join) {
+        publish_launch_record(
+            &opts.host,
+            port,
+            launch_record(opts.servers, min, max),
+            &opts.env,
+        );
+    }
     let mut supervisor = Supervisor::new(
         Policy {
             timeout: opts.timeout,
@@ -529,6 +804,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             kill_grace: KILL_GRACE,
             restart_role: opts.restart_role,
             max_restarts: opts.max_restarts,
+            elastic: opts.elastic.is_some() && !opts.join,
         },
         cluster
             .nodes
@@ -537,6 +813,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             .collect(),
         Instant::now(),
     );
+    let mut workers_started = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Worker)
+        .count();
     let mut outcome = loop {
         if let Some(outcome) = supervisor.outcome() {
             break outcome;
@@ -552,6 +833,34 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             recv(signals) -> sig => match sig {
                 Ok(sig) => supervisor.on_signal(sig, Instant::now()),
                 Err(_) => Vec::new(),
+            },
+            recv(control) -> request => match (request, &worker_template) {
+                (Ok(Control::AddWorker), Some(template)) => {
+                    let name = format!("worker {workers_started}");
+                    match supervisor.add_node(name.clone(), Role::Worker, Instant::now()) {
+                        Some(index) => {
+                            workers_started += 1;
+                            cluster.nodes.push(NodeSpec {
+                                name,
+                                ..template.clone()
+                            });
+                            cluster.pids.push(0);
+                            cluster.last_stderr.push(Arc::default());
+                            cluster.prefixes.push(Arc::default());
+                            vec![Action::Restart(index)]
+                        }
+                        None => Vec::new(),
+                    }
+                }
+                (Ok(Control::SignalWorker { worker, signal }), _) => {
+                    let name = format!("worker {worker}");
+                    if let Some(index) = cluster.nodes.iter().position(|n| n.name == name) {
+                        vec![Action::Signal { nodes: vec![index], signal }]
+                    } else {
+                        vec![Action::Say(format!("no {name} to signal"))]
+                    }
+                }
+                _ => Vec::new(),
             },
             recv(timer) -> _ => supervisor.on_tick(Instant::now()),
         };
@@ -587,6 +896,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
             actions = more;
         }
     };
+    drop(reservation);
+    cluster.namer = None;
     for out in cluster.outputs.drain(..) {
         let _ = out.join();
     }
@@ -604,4 +915,291 @@ pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
         }
     }
     Ok(outcome)
+}
+
+/// A node's output prefix, shared with the threads that forward its output.
+type Prefix = Arc<Mutex<String>>;
+
+/// A started server or worker whose node id is not known yet.
+struct Unnamed {
+    pid: u32,
+    role: Role,
+    name: String,
+    prefix: Prefix,
+}
+
+/// How often [`name_nodes`] asks the scheduler while nodes are unnamed.
+const NAMING_PERIOD: Duration = Duration::from_millis(200);
+
+/// Finds the node id of each server and worker started (sent on `started`)
+/// and adds it to its output prefix: `[worker 1 (node 9)]`. Elastic workers
+/// get ids in the order they register, not in launch order, and their ranks
+/// change with every round, so the id is what links a process's output to
+/// the rounds. The scheduler's status table gives each node's address; the
+/// node whose process listens on that port (in `/proc/PID/fd` and
+/// `/proc/PID/net/tcp`) is the one. Ends when `started` is closed.
+fn name_nodes(host: &str, port: u16, env: &[(String, String)], started: &Receiver<Unnamed>) {
+    let var = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let local = matches!(
+        var("DMLC_LOCAL").as_deref().map(str::trim),
+        Some("1" | "true")
+    );
+    let token = var("PS_AUTH_TOKEN");
+    let mut client = None;
+    let mut unnamed: Vec<Unnamed> = Vec::new();
+    loop {
+        let next = if unnamed.is_empty() {
+            started.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            started.recv_timeout(NAMING_PERIOD)
+        };
+        match next {
+            Ok(node) => {
+                unnamed.retain(|u| !Arc::ptr_eq(&u.prefix, &node.prefix));
+                unnamed.push(node);
+                while let Ok(node) = started.try_recv() {
+                    unnamed.retain(|u| !Arc::ptr_eq(&u.prefix, &node.prefix));
+                    unnamed.push(node);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if client.is_none() {
+            client = admin_client(host, port, local, token.as_deref(), None).ok();
+        }
+        let Some(c) = client.as_mut() else { continue };
+        let Ok(table) = c.status(NAMING_PERIOD) else {
+            continue;
+        };
+        unnamed.retain(|node| {
+            let ports = listening_ports(node.pid);
+            let found = table.iter().find(|row| {
+                row.node.role == node.role
+                    && u16::try_from(row.node.port).is_ok_and(|p| ports.contains(&p))
+            });
+            match found {
+                Some(row) => {
+                    if let Ok(mut prefix) = node.prefix.lock() {
+                        *prefix = format!("[{} (node {})]", node.name, row.node.id);
+                    }
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+}
+
+/// The TCP ports process `pid` listens on (none if it cannot be read).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let mut inodes = std::collections::HashSet::new();
+    if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        for fd in fds.flatten() {
+            let Ok(link) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let inode = link
+                .to_str()
+                .and_then(|l| l.strip_prefix("socket:["))
+                .and_then(|l| l.strip_suffix(']'))
+                .and_then(|l| l.parse::<u64>().ok());
+            inodes.extend(inode);
+        }
+    }
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address is field 1 (HEXIP:HEXPORT), st 3 (0A: listening), inode 9.
+            let (Some(local), Some(&"0A"), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let port = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if let (Some(port), Ok(inode)) = (port, inode.parse::<u64>()) {
+                if inodes.contains(&inode) {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports
+}
+
+/// Records the cluster's shape in its scheduler's store ([`LAUNCH_KEY`]),
+/// from a thread: the request waits (up to a minute) for the scheduler to
+/// listen. Only `--add-worker` reads it, so a failure is a warning.
+fn publish_launch_record(host: &str, port: u16, record: String, env: &[(String, String)]) {
+    let var = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let local = matches!(
+        var("DMLC_LOCAL").as_deref().map(str::trim),
+        Some("1" | "true")
+    );
+    let token = var("PS_AUTH_TOKEN");
+    let host = host.to_string();
+    let _ = std::thread::Builder::new()
+        .name("launch record".into())
+        .spawn(move || {
+            let published =
+                admin_client(&host, port, local, token.as_deref(), None).and_then(|mut c| {
+                    let req = pslite::proto::store::StoreMsg {
+                        value: Some(record.into()),
+                        ..pslite::proto::store::StoreMsg::request(
+                            pslite::proto::store::StoreOp::Set,
+                            vec![LAUNCH_KEY.into()],
+                        )
+                    };
+                    c.store(req, Duration::from_secs(60))
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                });
+            if let Err(e) = published {
+                log::warn!(
+                    "pslite launch: cannot record the cluster in the scheduler's store \
+                     ({LAUNCH_KEY}; `pslite launch --add-worker` needs it): {e}"
+                );
+            }
+        });
+}
+
+/// An admin client of the scheduler at `host`:`port` (over IPC with
+/// `local`, presenting `token`; answers to `reply_host`, default the
+/// address on the route to the scheduler).
+pub fn admin_client(
+    host: &str,
+    port: u16,
+    local: bool,
+    token: Option<&str>,
+    reply_host: Option<&str>,
+) -> Result<pslite::admin::AdminClient, String> {
+    use pslite::admin::{AdminClient, AuthToken, Transport};
+    let token = match token {
+        Some(t) => Some(AuthToken::new(t).ok_or_else(|| {
+            format!(
+                "PS_AUTH_TOKEN must be a secret of 1 to 255 bytes, got <{} bytes>",
+                t.len()
+            )
+        })?),
+        None => None,
+    };
+    let transport = if local {
+        Transport::Ipc
+    } else {
+        Transport::Tcp
+    };
+    AdminClient::connect_via(transport, host, i32::from(port), reply_host, token.as_ref())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The race `PortReservation` closes: a port found free and released is
+    /// handed to the next `bind(0)` that lands on it (after a few thousand
+    /// binds on this machine). Held, it never is, and the scheduler (whose
+    /// ZeroMQ socket sets SO_REUSEADDR, as std's listener does) still binds
+    /// and listens on it.
+    #[test]
+    fn a_reserved_port_goes_to_no_other_bind_but_the_scheduler_can_listen_on_it() {
+        let held = PortReservation::new("127.0.0.1").unwrap();
+        let port = held.port();
+        assert_ne!(port, 0);
+        // 20 000 binds of port 0 (more than the odd ports bind(0) picks
+        // from): none gets it.
+        for _ in 0..20_000 {
+            let other = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+            assert_ne!(other.local_addr().unwrap().port(), port);
+        }
+        let scheduler = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (accepted, _) = scheduler.accept().unwrap();
+        assert_eq!(accepted.peer_addr().unwrap(), client.local_addr().unwrap());
+        drop(held);
+    }
+
+    #[test]
+    fn launch_records_and_bounds_read_back() {
+        assert_eq!(parse_bounds("2:4"), Some((2, 4)));
+        assert_eq!(parse_bounds(" 3 : 3 "), Some((3, 3)));
+        for bad in ["4:2", "0:3", "a:b", "2", ":4", "2:"] {
+            assert_eq!(parse_bounds(bad), None, "{bad:?}");
+        }
+        let record = launch_record(2, 2, 4);
+        assert_eq!(record, "servers=2 workers=2:4");
+        assert_eq!(parse_launch_record(&record), Some((2, 2, 4)));
+        assert_eq!(parse_launch_record("servers=2"), None);
+        assert_eq!(parse_launch_record("workers=2:4"), None);
+    }
+
+    fn opts() -> LaunchOptions {
+        LaunchOptions {
+            program: "true".into(),
+            ..LaunchOptions::default()
+        }
+    }
+
+    #[test]
+    fn elastic_plans_give_every_node_min_max_and_start_the_asked_workers() {
+        let plan_of = |o: &LaunchOptions| {
+            plan(o, 9000).map(|nodes| {
+                nodes
+                    .iter()
+                    .map(|n| {
+                        let w = n.env.iter().find(|(k, _)| k == "DMLC_NUM_WORKER");
+                        (
+                            n.name.clone(),
+                            w.map(|(_, v)| v.clone()).unwrap_or_default(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let mut o = opts();
+        o.elastic = Some((2, 4));
+        o.workers = 3;
+        let nodes = plan_of(&o).unwrap();
+        assert_eq!(
+            nodes.iter().map(|n| n.0.as_str()).collect::<Vec<_>>(),
+            ["scheduler", "server 0", "worker 0", "worker 1", "worker 2"]
+        );
+        assert!(nodes.iter().all(|n| n.1 == "2:4"), "{nodes:?}");
+        // One worker only, for a running cluster.
+        o.join = true;
+        o.workers = 1;
+        let nodes = plan_of(&o).unwrap();
+        assert_eq!(nodes, [(ADDED_WORKER.to_string(), "2:4".to_string())]);
+        // More than MAX, or per-process workers: refused.
+        let mut o = opts();
+        o.elastic = Some((2, 4));
+        o.workers = 5;
+        assert!(plan_of(&o).is_err());
+        o.workers = 2;
+        o.worker_procs = Some(1);
+        assert!(plan_of(&o).is_err());
+        // Plain mode is unchanged.
+        let mut o = opts();
+        o.workers = 3;
+        assert!(plan_of(&o).unwrap().iter().all(|n| n.1 == "3"));
+    }
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+mod add_worker;
 mod demo;
 mod exec;
 mod launcher;
@@ -38,9 +39,12 @@ enum Commands {
     /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through, checked once before any node
     /// starts. DMLC_INTERFACE is refused (use --host). Output lines are prefixed
     /// with the node ([scheduler], [server 0], [worker 1]; numbered in
-    /// launch order, not by rank).
+    /// launch order, not by rank; with --workers MIN:MAX the node id is added
+    /// once the scheduler lists it: [worker 1 (node 9)]).
     ///
-    /// Exits 0 only if every node exits 0. When a node fails, the launcher
+    /// Exits 0 only if every node exits 0 (with --workers MIN:MAX, a worker
+    /// that fails or is killed is only named: the job goes on and the
+    /// others' exits decide). When a node fails, the launcher
     /// waits up to 2 s for the scheduler to end on its own (its error says who
     /// never registered, and is printed last), stops the others and exits with
     /// the failed node's code (128 + signal if killed). A node that exits 0
@@ -48,21 +52,42 @@ enum Commands {
     /// --exit-grace. Exits 124 on --timeout and 128 + signal on SIGINT, SIGTERM
     /// or SIGHUP (saying so; a second one kills the nodes at once).
     Launch {
-        /// Number of servers.
-        #[arg(long, short = 's', default_value_t = 1)]
-        servers: usize,
-        /// Number of workers (DMLC_NUM_WORKER).
-        #[arg(long, short = 'w', default_value_t = 1)]
-        workers: usize,
+        /// Number of servers [default: 1; with --add-worker, what the cluster
+        /// recorded].
+        #[arg(long, short = 's')]
+        servers: Option<usize>,
+        /// Number of workers (DMLC_NUM_WORKER) [default: 1], or MIN:MAX for
+        /// elastic workers: every node gets DMLC_NUM_WORKER=MIN:MAX, MIN
+        /// workers are started (--start-workers), more can join
+        /// (--add-worker), and a worker that dies or leaves does not fail
+        /// the job (its round ends; the scheduler's and the other nodes'
+        /// exits decide the job's).
+        #[arg(long, short = 'w', value_parser = worker_count)]
+        workers: Option<WorkerCount>,
+        /// With --workers MIN:MAX, start this many workers [default: MIN].
+        #[arg(long, value_name = "N")]
+        start_workers: Option<usize>,
+        /// Start one more worker of PROGRAM for the running elastic cluster
+        /// whose scheduler is at --host/--port (default DMLC_PS_ROOT_URI,
+        /// else 127.0.0.1, and DMLC_PS_ROOT_PORT), and follow it like any
+        /// node: exits with its code. The cluster must have been started by
+        /// `pslite launch --workers MIN:MAX` (it records its shape in the
+        /// scheduler's store, key pslite.launch), or give --workers MIN:MAX
+        /// and --servers yourself.
+        #[arg(long)]
+        add_worker: bool,
         /// Run the workers in this many processes, each hosting
         /// workers/worker-procs workers (PSLITE_WORKERS_PER_PROCESS tells the
         /// program how many); e.g. --workers 2 --worker-procs 1.
         #[arg(long)]
         worker_procs: Option<usize>,
-        /// Host to advertise and listen on.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// Scheduler port (default: a free one).
+        /// Host to advertise and listen on [default: 127.0.0.1; with
+        /// --add-worker, DMLC_PS_ROOT_URI if set].
+        #[arg(long)]
+        host: Option<String>,
+        /// Scheduler port (default: a free one, held by the launcher until
+        /// the job ends; the scheduler binds it with SO_REUSEADDR, as
+        /// ZeroMQ does).
         #[arg(long)]
         port: Option<u16>,
         /// Stop every node after this many seconds.
@@ -161,6 +186,8 @@ fn main() -> ExitCode {
         Commands::Launch {
             servers,
             workers,
+            start_workers,
+            add_worker,
             worker_procs,
             host,
             port,
@@ -195,11 +222,19 @@ fn main() -> ExitCode {
                 p => p.map(|p| vec![p]),
             };
             let mut program = program.into_iter();
-            let opts = LaunchOptions {
-                servers,
-                workers,
+            let shape = match launch_shape(servers, workers, start_workers, add_worker) {
+                Ok(shape) => shape,
+                Err(e) => {
+                    eprintln!("pslite launch: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let mut opts = LaunchOptions {
+                servers: shape.servers,
+                workers: shape.workers,
+                elastic: shape.elastic,
                 worker_procs,
-                host,
+                host: host.clone().unwrap_or_else(|| "127.0.0.1".into()),
                 port,
                 timeout,
                 program: program.next().unwrap_or_default(),
@@ -215,6 +250,9 @@ fn main() -> ExitCode {
                 max_restarts,
                 ..LaunchOptions::default()
             };
+            if add_worker {
+                return add_worker::run(&mut opts, host, servers, workers);
+            }
             run_launch(&opts)
         }
         Commands::Demo(args) => demo::main(&args),
@@ -227,6 +265,76 @@ fn main() -> ExitCode {
         } => exec::run(&exec::ExecOptions { servers, port }, dry_run, &program),
         Commands::Status(args) => status::main(&args),
         Commands::Store(args) => store::main(&args),
+    }
+}
+
+/// `--workers`: a number, or elastic bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerCount {
+    /// Exactly this many workers.
+    Fixed(usize),
+    /// Elastic workers, MIN:MAX.
+    Elastic(usize, usize),
+}
+
+fn worker_count(s: &str) -> Result<WorkerCount, String> {
+    if s.contains(':') {
+        return launcher::parse_bounds(s)
+            .map(|(min, max)| WorkerCount::Elastic(min, max))
+            .ok_or_else(|| format!("expected MIN:MAX with 1 <= MIN <= MAX, got {s:?}"));
+    }
+    match s.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(WorkerCount::Fixed(n)),
+        _ => Err(format!(
+            "expected a positive number of workers, or MIN:MAX, got {s:?}"
+        )),
+    }
+}
+
+/// Servers, workers to start and elastic bounds, from the options.
+struct Shape {
+    servers: usize,
+    workers: usize,
+    elastic: Option<(usize, usize)>,
+}
+
+fn launch_shape(
+    servers: Option<usize>,
+    workers: Option<WorkerCount>,
+    start_workers: Option<usize>,
+    add_worker: bool,
+) -> Result<Shape, String> {
+    let servers = servers.unwrap_or(1);
+    match (workers, start_workers) {
+        (Some(WorkerCount::Elastic(min, max)), start) => {
+            let start = start.unwrap_or(min);
+            if start == 0 || start > max {
+                return Err(format!(
+                    "--start-workers {start} must be from 1 to MAX ({max}) of --workers {min}:{max}"
+                ));
+            }
+            Ok(Shape {
+                servers,
+                workers: if add_worker { 1 } else { start },
+                elastic: Some((min, max)),
+            })
+        }
+        (_, Some(_)) => Err("--start-workers goes with --workers MIN:MAX".into()),
+        (Some(WorkerCount::Fixed(_)), None) if add_worker => Err(
+            "--add-worker joins an elastic cluster: give its --workers as MIN:MAX, or leave \
+             it out to read it from the cluster"
+                .into(),
+        ),
+        (Some(WorkerCount::Fixed(n)), None) => Ok(Shape {
+            servers,
+            workers: n,
+            elastic: None,
+        }),
+        (None, None) => Ok(Shape {
+            servers,
+            workers: 1,
+            elastic: None,
+        }),
     }
 }
 

@@ -11,7 +11,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pslite::admin::{AdminClient, Transport};
+use pslite::admin::AdminClient;
 use pslite::proto::K_EMPTY;
 use pslite::{ids, NodeStatus, Role};
 
@@ -83,27 +83,14 @@ pub fn connect(
             }
         },
     };
-    // A DMLC_LOCAL=1 cluster's scheduler listens on ipc:///tmp/<port>.
-    let transport = match std::env::var("DMLC_LOCAL").ok().as_deref().map(str::trim) {
-        Some("1") | Some("true") => Transport::Ipc,
-        _ => Transport::Tcp,
-    };
-    // A cluster with PS_AUTH_TOKEN answers only clients that present it.
-    let token = match std::env::var("PS_AUTH_TOKEN") {
-        Ok(v) => match pslite::admin::AuthToken::new(&v) {
-            Some(t) => Some(t),
-            None => {
-                eprintln!(
-                    "pslite {command}: PS_AUTH_TOKEN must be a secret of 1 to 255 bytes, got \
-                     <{} bytes>",
-                    v.len()
-                );
-                return Err(ExitCode::from(2));
-            }
-        },
-        Err(_) => None,
-    };
-    match AdminClient::connect_via(transport, &host, port as i32, reply_host, token.as_ref()) {
+    // A DMLC_LOCAL=1 cluster's scheduler listens on ipc:///tmp/<port>; a
+    // cluster with PS_AUTH_TOKEN answers only clients that present it.
+    let local = matches!(
+        std::env::var("DMLC_LOCAL").ok().as_deref().map(str::trim),
+        Some("1" | "true")
+    );
+    let token = std::env::var("PS_AUTH_TOKEN").ok();
+    match crate::launcher::admin_client(&host, port, local, token.as_deref(), reply_host) {
         Ok(c) => Ok((c, format!("{host}:{port}"))),
         Err(e) => {
             eprintln!("pslite {command}: {e}");

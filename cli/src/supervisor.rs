@@ -15,6 +15,14 @@
 //! - A node that exits 0 while others keep running (a server that forgot to
 //!   finalize) is named after a few seconds, and the job is stopped with a
 //!   failure if the others still run after [`Policy::exit_grace`].
+//! - With elastic workers (`DMLC_NUM_WORKER=MIN:MAX`, [`Policy::elastic`]),
+//!   a worker that fails or is killed is not a job failure by itself: the
+//!   scheduler ends its round and the survivors go on. Its end is said, and
+//!   the job's result comes from the scheduler, the servers and the other
+//!   workers (below MIN for too long, the scheduler fails the job). A
+//!   worker that exits 0 while other workers still run has left; only the
+//!   last one to exit 0 starts the early-exit grace.
+//! - Nodes may be added while the job runs ([`Supervisor::add_node`]).
 //! - `--timeout` stops every node still running; so does SIGINT, SIGTERM or
 //!   SIGHUP to the launcher (a second one kills at once).
 //! - Stopping is SIGTERM, then SIGKILL after [`Policy::kill_grace`].
@@ -255,6 +263,8 @@ pub struct Policy {
     pub restart_role: Option<Role>,
     /// At most this many restarts in all.
     pub max_restarts: u32,
+    /// Elastic workers: a worker's failure or early exit does not end the job.
+    pub elastic: bool,
 }
 
 /// How long after an early exit 0 the launcher names the node (at most
@@ -337,6 +347,28 @@ impl Supervisor {
         self.nodes[index].role == Role::Scheduler
     }
 
+    /// Whether a worker other than `index` still runs.
+    fn other_worker_running(&self, index: usize) -> bool {
+        self.nodes
+            .iter()
+            .enumerate()
+            .any(|(i, n)| i != index && n.role == Role::Worker && n.running)
+    }
+
+    /// Adds a node of `role` called `name`, started at `now`, and returns
+    /// its index; `None` once the job is being stopped (do not start it).
+    pub fn add_node(&mut self, name: String, role: Role, _now: Instant) -> Option<usize> {
+        if !matches!(self.state, State::Running) {
+            return None;
+        }
+        self.nodes.push(NodeState {
+            name,
+            role,
+            running: true,
+        });
+        Some(self.nodes.len() - 1)
+    }
+
     fn scheduler_running(&self) -> bool {
         self.nodes
             .iter()
@@ -386,7 +418,11 @@ impl Supervisor {
                 self.on_tick(now)
             }
             State::Running if ended.success() => {
-                if self.early_exit.is_none() && !self.running().is_empty() {
+                // An elastic worker that exits 0 while other workers train
+                // has left the job: not a reason to stop it.
+                let left =
+                    self.policy.elastic && role == Role::Worker && self.other_worker_running(index);
+                if !left && self.early_exit.is_none() && !self.running().is_empty() {
                     self.early_exit = Some(EarlyExit {
                         node: index,
                         notice_at: Some(now + EXIT_NOTICE.min(self.policy.exit_grace)),
@@ -410,6 +446,13 @@ impl Supervisor {
                         )),
                         Action::Restart(index),
                     ];
+                }
+                if self.policy.elastic && role == Role::Worker {
+                    return vec![Action::Say(format!(
+                        "{name} {}; the job goes on without it (elastic workers: the scheduler \
+                         starts a new round with the others)",
+                        ended.describe()
+                    ))];
                 }
                 let outcome = Outcome::Failed {
                     node: name,
@@ -597,6 +640,7 @@ mod tests {
             kill_grace: Duration::from_secs(3),
             restart_role: None,
             max_restarts: 3,
+            elastic: false,
         }
     }
 
@@ -847,6 +891,116 @@ mod tests {
         );
         assert!(s.on_exit(2, Ended::Code(1), secs(t0, 1.0)).is_empty());
         assert!(matches!(s.state, State::Settling { .. }));
+    }
+
+    fn elastic() -> Policy {
+        Policy {
+            elastic: true,
+            ..policy()
+        }
+    }
+
+    #[test]
+    fn an_elastic_worker_killed_is_not_a_job_failure() {
+        let t0 = Instant::now();
+        let mut s = cluster(elastic(), t0);
+        let said = s.on_exit(3, Ended::Signal(libc::SIGKILL), secs(t0, 1.0));
+        assert_eq!(
+            said,
+            [Action::Say(
+                "worker 1 was killed by signal 9 (SIGKILL); the job goes on without it \
+                 (elastic workers: the scheduler starts a new round with the others)"
+                    .into()
+            )]
+        );
+        // Nothing to wait for, nothing stopped.
+        assert_eq!(s.deadline(), None);
+        assert!(s.outcome().is_none());
+        for i in 0..3 {
+            assert!(s.on_exit(i, Ended::Code(0), secs(t0, 9.0)).is_empty());
+        }
+        assert_eq!(s.outcome(), Some(Outcome::Success));
+    }
+
+    #[test]
+    fn in_elastic_mode_the_survivors_and_the_scheduler_decide_the_exit_code() {
+        let t0 = Instant::now();
+        let mut s = cluster(elastic(), t0);
+        // Both workers die: the scheduler waits for joiners, then fails (below MIN).
+        s.on_exit(2, Ended::Code(1), secs(t0, 1.0));
+        s.on_exit(3, Ended::Signal(libc::SIGKILL), secs(t0, 1.5));
+        assert!(s.outcome().is_none());
+        assert_eq!(
+            s.on_exit(0, Ended::Code(1), secs(t0, 30.0)),
+            [sigterm(&[1])]
+        );
+        s.on_exit(1, Ended::Signal(libc::SIGTERM), secs(t0, 30.1));
+        let outcome = s.outcome().unwrap();
+        assert_eq!(
+            outcome.summary(),
+            "scheduler failed with exit code 1; stopped server 0"
+        );
+        assert_eq!(outcome.exit_code(), 1);
+        // A server failing does fail an elastic job.
+        let mut s = cluster(elastic(), t0);
+        s.on_exit(2, Ended::Signal(libc::SIGKILL), secs(t0, 1.0));
+        assert!(s.on_exit(1, Ended::Code(4), secs(t0, 2.0)).is_empty());
+        assert_eq!(s.on_tick(secs(t0, 4.0)), [sigterm(&[0, 3])]);
+        s.on_exit(0, Ended::Signal(libc::SIGTERM), secs(t0, 4.1));
+        s.on_exit(3, Ended::Signal(libc::SIGTERM), secs(t0, 4.1));
+        assert_eq!(s.outcome().map(|o| o.exit_code()), Some(4));
+    }
+
+    #[test]
+    fn plain_mode_keeps_failing_on_a_killed_worker() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        assert!(s
+            .on_exit(3, Ended::Signal(libc::SIGKILL), secs(t0, 1.0))
+            .is_empty());
+        assert!(matches!(s.state, State::Settling { .. }));
+        assert_eq!(s.on_tick(secs(t0, 3.0)), [sigterm(&[0, 1, 2])]);
+    }
+
+    #[test]
+    fn an_elastic_worker_leaving_early_starts_no_grace_until_the_last_worker_ends() {
+        let t0 = Instant::now();
+        let mut s = cluster(elastic(), t0);
+        assert!(s.on_exit(2, Ended::Code(0), secs(t0, 1.0)).is_empty());
+        assert_eq!(s.deadline(), None);
+        // The last worker ends; the server and scheduler must follow.
+        s.on_exit(3, Ended::Code(0), secs(t0, 20.0));
+        assert_eq!(s.deadline(), Some(secs(t0, 23.0)));
+        assert_eq!(s.on_tick(secs(t0, 30.0)), [sigterm(&[0, 1])]);
+        // In plain mode, the same early exit starts the grace at once.
+        let mut s = cluster(policy(), t0);
+        s.on_exit(2, Ended::Code(0), secs(t0, 1.0));
+        assert_eq!(s.deadline(), Some(secs(t0, 4.0)));
+    }
+
+    #[test]
+    fn added_nodes_are_supervised_like_the_others() {
+        let t0 = Instant::now();
+        let mut s = cluster(elastic(), t0);
+        assert_eq!(
+            s.add_node("worker 2".into(), Role::Worker, secs(t0, 1.0)),
+            Some(4)
+        );
+        s.on_exit(2, Ended::Signal(libc::SIGKILL), secs(t0, 2.0));
+        for i in [0, 1, 3] {
+            s.on_exit(i, Ended::Code(0), secs(t0, 5.0));
+        }
+        // The added worker still runs.
+        assert!(s.outcome().is_none());
+        s.on_exit(4, Ended::Code(0), secs(t0, 5.1));
+        assert_eq!(s.outcome(), Some(Outcome::Success));
+        // Once the job is stopping, nothing more is started.
+        let mut s = cluster(policy(), t0);
+        s.on_signal(libc::SIGTERM, secs(t0, 1.0));
+        assert_eq!(
+            s.add_node("worker 2".into(), Role::Worker, secs(t0, 1.1)),
+            None
+        );
     }
 
     #[test]

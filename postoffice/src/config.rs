@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use pslite_proto::Role;
 use pslite_van::store::StoreLimits;
+use pslite_van::rendezvous::RendezvousConfig;
 use pslite_van::{resolve, AuthToken, Transport, VanConfig};
 
 /// A configuration value that is missing or unusable.
@@ -77,6 +78,14 @@ pub struct Config {
 /// The default `PS_QUEUE_LIMIT`.
 pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
 
+/// Default `PS_RDZV_LAST_CALL`: how long the first elastic round waits for
+/// more workers once it has MIN, in seconds.
+pub const DEFAULT_RDZV_LAST_CALL_SECS: u64 = 1;
+
+/// Default `PS_RDZV_TIMEOUT`: how long an elastic job may stay below MIN
+/// workers before it fails, in seconds.
+pub const DEFAULT_RDZV_TIMEOUT_SECS: u64 = 120;
+
 /// The default `PS_RESEND_TIMEOUT`, in milliseconds.
 const DEFAULT_RESEND_TIMEOUT_MS: u64 = 1000;
 
@@ -127,7 +136,20 @@ impl Config {
             expected: "scheduler, server or worker",
         })?;
         let num_servers = env.positive("DMLC_NUM_SERVER")?;
-        let num_workers = env.positive("DMLC_NUM_WORKER")?;
+        let (num_workers, elastic) = env.workers(
+            Duration::from_secs(env.number(
+                "PS_RDZV_LAST_CALL",
+                DEFAULT_RDZV_LAST_CALL_SECS,
+                0..=86_400,
+                "a number of seconds from 0 to 86400",
+            )?),
+            Duration::from_secs(env.number(
+                "PS_RDZV_TIMEOUT",
+                DEFAULT_RDZV_TIMEOUT_SECS,
+                1..=86_400 * 7,
+                "a number of seconds from 1 to 604800",
+            )?),
+        )?;
         let scheduler_host = env.required(
             "DMLC_PS_ROOT_URI",
             "set it to the scheduler's IP or host name (e.g. 127.0.0.1)",
@@ -252,6 +274,7 @@ impl Config {
                 role,
                 num_servers,
                 num_workers,
+                elastic,
                 scheduler_host,
                 scheduler_port,
                 host,
@@ -394,6 +417,42 @@ impl Env<'_> {
 
     fn required(&self, var: &'static str, hint: &'static str) -> Result<String, ConfigError> {
         self.get(var).ok_or(ConfigError::Missing { var, hint })
+    }
+
+    /// `DMLC_NUM_WORKER`: a positive number, or `MIN:MAX` (elastic mode,
+    /// `1 <= MIN <= MAX`). Returns the worker count (MAX when elastic) and
+    /// the rounds' configuration.
+    fn workers(
+        &self,
+        last_call: Duration,
+        timeout: Duration,
+    ) -> Result<(i32, Option<RendezvousConfig>), ConfigError> {
+        const VAR: &str = "DMLC_NUM_WORKER";
+        let value = self.required(VAR, "set it to a positive integer or MIN:MAX")?;
+        let bad = || ConfigError::Invalid {
+            var: VAR,
+            value: value.clone(),
+            expected: "a positive integer or MIN:MAX with 1 <= MIN <= MAX",
+        };
+        let Some((min, max)) = value.split_once(':') else {
+            return Ok((parse_positive(VAR, &value).map_err(|_| bad())?, None));
+        };
+        let parse = |s: &str| s.trim().parse::<i32>().ok().filter(|&n| n >= 1);
+        let (Some(min), Some(max)) = (parse(min), parse(max)) else {
+            return Err(bad());
+        };
+        if min > max {
+            return Err(bad());
+        }
+        Ok((
+            max,
+            Some(RendezvousConfig {
+                min: min as usize,
+                max: max as usize,
+                last_call,
+                timeout,
+            }),
+        ))
     }
 
     fn positive(&self, var: &'static str) -> Result<i32, ConfigError> {
@@ -627,6 +686,39 @@ mod tests {
     }
 
     #[test]
+    fn min_max_workers_turn_on_elastic_mode() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.van.elastic, None, "a plain number: no rounds");
+        let c = parse(&[("DMLC_NUM_WORKER", "2:4"), ("PS_RDZV_LAST_CALL", "3")]).unwrap();
+        assert_eq!(c.van.num_workers, 4);
+        assert_eq!(
+            c.van.elastic,
+            Some(RendezvousConfig {
+                min: 2,
+                max: 4,
+                last_call: Duration::from_secs(3),
+                timeout: Duration::from_secs(DEFAULT_RDZV_TIMEOUT_SECS),
+            })
+        );
+        let c = parse(&[("DMLC_NUM_WORKER", "3:3"), ("PS_RDZV_TIMEOUT", "9")]).unwrap();
+        let e = c.van.elastic.unwrap();
+        assert_eq!((e.min, e.max, e.timeout), (3, 3, Duration::from_secs(9)));
+        for bad in ["4:2", "0:3", "a:b", "2:", ":2", "1:2:3", "x", "-1"] {
+            assert_eq!(
+                message(&[("DMLC_NUM_WORKER", bad)]),
+                format!(
+                    "DMLC_NUM_WORKER must be a positive integer or MIN:MAX with 1 <= MIN <= MAX, \
+                     got {bad:?}"
+                )
+            );
+        }
+        assert_eq!(
+            message(&[("DMLC_NUM_WORKER", "2:4"), ("PS_RDZV_TIMEOUT", "0")]),
+            "PS_RDZV_TIMEOUT must be a number of seconds from 1 to 604800, got \"0\""
+        );
+    }
+
+    #[test]
     fn errors_name_the_variable_and_the_fix() {
         assert_eq!(
             message(&[("DMLC_NUM_SERVER", "x")]),
@@ -638,7 +730,7 @@ mod tests {
         );
         assert_eq!(
             message(&[("DMLC_NUM_WORKER", "")]),
-            "DMLC_NUM_WORKER is not set: set it to a positive integer"
+            "DMLC_NUM_WORKER is not set: set it to a positive integer or MIN:MAX"
         );
         assert_eq!(
             message(&[("DMLC_ROLE", "boss")]),

@@ -21,7 +21,7 @@ mod router;
 pub mod store;
 
 pub use config::{Config, ConfigError, DEFAULT_QUEUE_LIMIT};
-pub use postoffice::{key_ranges, Error, KeyRange, Postoffice};
+pub use postoffice::{key_ranges, Error, KeyRange, Membership, Postoffice};
 pub use pslite_van::Counters;
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};
 pub use store::{Store, StoreError, StoreEvent, Watch};

@@ -101,6 +101,20 @@ pub fn key_ranges(num_servers: i32) -> Vec<KeyRange> {
         .collect()
 }
 
+/// The workers of the current elastic round (see the README, "Elastic
+/// workers"). In plain mode (`DMLC_NUM_WORKER` a number) there is one round,
+/// 0, with every worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// The round number: 0 for the first round, then 1, 2, ...
+    pub round: u64,
+    /// The round's workers in rank order: a worker's rank is its index.
+    pub workers: Vec<NodeId>,
+}
+
+/// A membership-change callback.
+pub(crate) type MembershipCallback = Arc<dyn Fn(&Membership) + Send + Sync>;
+
 struct Inner {
     config: Config,
     router: Arc<CustomerRouter>,
@@ -168,7 +182,10 @@ impl Postoffice {
         };
         van.register(customer_id)?;
         self.start_metrics(&van);
-        if do_barrier && !van.my_node().is_recovery {
+        // A recovered node, and an elastic worker admitted after the first
+        // round, skip the start barrier: the others are past it.
+        let late = self.is_worker() && van.joined_round().is_some_and(|r| r > 0);
+        if do_barrier && !van.my_node().is_recovery && !late {
             self.barrier_with_timeout(
                 customer_id,
                 ids::ALL_GROUP,
@@ -233,6 +250,13 @@ impl Postoffice {
         };
         if customer_id == 0 {
             if let Some(van) = lock(&self.inner.van).take() {
+                if !do_barrier && self.is_elastic() {
+                    // Leaving alone: end this worker's round now rather
+                    // than at the heartbeat timeout.
+                    if let Err(e) = van.leave() {
+                        debug!("cannot tell the scheduler this worker leaves: {e}");
+                    }
+                }
                 van.stop();
             }
             lock(&self.inner.metrics).take();
@@ -257,7 +281,10 @@ impl Postoffice {
         let van = self.van()?;
         let c = &self.inner.config.van;
         let role_ok = ids::is_role_group(group) && group & ids::role_group(c.role) != 0;
-        if role_ok && ids::group_members(group, c.num_servers, c.num_workers).len() <= 1 {
+        let alone = ids::group_members(group, c.num_servers, c.num_workers).len() <= 1;
+        // Elastic barriers are where waiting workers are admitted: always
+        // asked of the scheduler.
+        if role_ok && alone && c.elastic.is_none() {
             return Ok(());
         }
         Ok(van.barrier(customer_id, group, timeout)?)
@@ -353,9 +380,18 @@ impl Postoffice {
         Ok(self.my_node()?.id)
     }
 
-    /// This node's rank among the nodes of its role.
+    /// This node's rank among the nodes of its role; in elastic mode, a
+    /// worker's rank in the current round (its index in
+    /// [`Postoffice::membership`]).
     pub fn my_rank(&self) -> Result<i32, Error> {
-        Ok(ids::id_to_rank(self.my_id()?))
+        let id = self.my_id()?;
+        if self.is_elastic() && self.is_worker() {
+            let position = self.membership().workers.iter().position(|&w| w == id);
+            return position
+                .map(|p| p as i32)
+                .ok_or(Error::Van(VanError::NotReady));
+        }
+        Ok(ids::id_to_rank(id))
     }
 
     /// Whether node `id` is a pslite node (its table entry says so), which
@@ -370,14 +406,58 @@ impl Postoffice {
         self.van().is_ok_and(|v| v.my_node().is_recovery)
     }
 
-    /// `DMLC_NUM_WORKER`.
+    /// `DMLC_NUM_WORKER`; in elastic mode, the current round's worker
+    /// count (0 before this node joined one).
     pub fn num_workers(&self) -> i32 {
+        if self.is_elastic() {
+            return self.membership().workers.len() as i32;
+        }
         self.inner.config.van.num_workers
     }
 
     /// `DMLC_NUM_SERVER`.
     pub fn num_servers(&self) -> i32 {
         self.inner.config.van.num_servers
+    }
+
+    /// Whether this node runs in elastic mode (`DMLC_NUM_WORKER=MIN:MAX`).
+    pub fn is_elastic(&self) -> bool {
+        self.inner.config.van.elastic.is_some()
+    }
+
+    /// The current round and its workers in rank order. In plain mode:
+    /// round 0 with every worker by rank. In elastic mode before this node
+    /// joined a round: round 0 with no workers.
+    pub fn membership(&self) -> Membership {
+        if !self.is_elastic() {
+            return Membership {
+                round: 0,
+                workers: self.node_ids(ids::WORKER_GROUP),
+            };
+        }
+        match self.van().ok().and_then(|v| v.round()) {
+            Some((round, workers)) => Membership { round, workers },
+            None => Membership {
+                round: 0,
+                workers: Vec::new(),
+            },
+        }
+    }
+
+    /// Elastic mode: the round this node joined in, once joined. A worker
+    /// that joined after round 0 was admitted at a barrier the others
+    /// reached (its `start` skipped the start barrier): it must not call
+    /// that barrier itself.
+    pub fn joined_round(&self) -> Option<u64> {
+        self.van().ok().and_then(|v| v.joined_round())
+    }
+
+    /// Calls `f` with the new membership each time a round begins or this
+    /// node joins one (elastic mode only; never in plain mode), on the
+    /// receive thread: keep it short, do not block in it. Register it
+    /// before `start` to see the round this node joins.
+    pub fn on_membership_change(&self, f: impl Fn(&Membership) + Send + Sync + 'static) {
+        self.inner.router.on_membership(Arc::new(f));
     }
 
     /// The key range each server owns, by server rank.

@@ -75,6 +75,8 @@ pub struct CustomerRouter {
     queue_limit: usize,
     hold_limit: usize,
     routes: Mutex<Routes>,
+    /// Elastic mode: called when a round begins.
+    membership_callbacks: Mutex<Vec<crate::postoffice::MembershipCallback>>,
 }
 
 /// The bytes a held message pins.
@@ -92,7 +94,13 @@ impl CustomerRouter {
             queue_limit: queue_limit.max(1),
             hold_limit,
             routes: Mutex::new(Routes::default()),
+            membership_callbacks: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Calls `f` each time an elastic round begins.
+    pub(crate) fn on_membership(&self, f: crate::postoffice::MembershipCallback) {
+        lock(&self.membership_callbacks).push(f);
     }
 
     /// The customer a message is for.
@@ -241,6 +249,20 @@ impl Dispatch for CustomerRouter {
                 let _ = queue.send(Delivery::Undeliverable { msg, failure });
             }
             None => debug!("{failure} (its customer has gone)"),
+        }
+    }
+
+    fn membership(&self, round: u64, workers: &[NodeId]) {
+        let membership = crate::Membership {
+            round,
+            workers: workers.to_vec(),
+        };
+        let callbacks = lock(&self.membership_callbacks).clone();
+        for f in callbacks {
+            let call = std::panic::AssertUnwindSafe(|| f(&membership));
+            if std::panic::catch_unwind(call).is_err() {
+                log::error!("a membership-change callback panicked (round {round})");
+            }
         }
     }
 

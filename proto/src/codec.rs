@@ -27,8 +27,8 @@ pub enum DecodeError {
     /// `PBNode.role` is not 0, 1 or 2.
     #[error("meta frame names unknown role {0} (expected 0 server, 1 worker, 2 scheduler)")]
     UnknownRole(i32),
-    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100, 101).
-    #[error("meta frame names unknown control command {0} (expected 0..=5, 100 or 101)")]
+    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100..=102).
+    #[error("meta frame names unknown control command {0} (expected 0..=5 or 100..=102)")]
     UnknownCommand(i32),
     /// A `data_type` entry is not 0..=11.
     #[error("meta frame names unknown data type {0} (expected 0..=11)")]
@@ -158,6 +158,8 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
         msg_sig: (ctrl.cmd == Command::Ack).then_some(ctrl.msg_sig),
         failed_peer: ctrl.failed_peer,
         dead_nodes: ctrl.dead_nodes.clone(),
+        round: ctrl.round,
+        round_members: ctrl.round_members.clone(),
     }
 }
 
@@ -175,6 +177,8 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         msg_sig: pb.msg_sig.unwrap_or(0),
         failed_peer: pb.failed_peer,
         dead_nodes: pb.dead_nodes,
+        round: pb.round,
+        round_members: pb.round_members,
     })
 }
 

@@ -31,6 +31,9 @@ pub enum Command {
     /// its answer, or a watch event (in [`Meta::store`]). Never sent to a
     /// peer not known to be pslite.
     Store = 101,
+    /// pslite-only, elastic mode only: a worker leaves the job (its round
+    /// ends). Never sent to a peer not known to be pslite.
+    Leave = 102,
 }
 
 impl Command {
@@ -45,6 +48,7 @@ impl Command {
             5 => Command::Heartbeat,
             100 => Command::Status,
             101 => Command::Store,
+            102 => Command::Leave,
             _ => return None,
         })
     }
@@ -68,6 +72,12 @@ pub struct Control {
     /// pslite-only (field 101): on a scheduler's HEARTBEAT, the nodes it
     /// holds dead.
     pub dead_nodes: Vec<NodeId>,
+    /// pslite-only (field 102), elastic mode only: on the scheduler's
+    /// ADD_NODE, the elastic round the table describes.
+    pub round: Option<u64>,
+    /// pslite-only (field 103), elastic mode only: with `round`, the round's
+    /// workers in rank order.
+    pub round_members: Vec<NodeId>,
 }
 
 impl Control {

@@ -87,6 +87,8 @@ prop_compose! {
                 msg_sig: if cmd == Command::Ack { msg_sig } else { 0 },
                 failed_peer: None,
                 dead_nodes: Vec::new(),
+                round: None,
+                round_members: Vec::new(),
             },
             request: flags[0],
             push: flags[1],

@@ -96,6 +96,10 @@ fn hostile_meta(rng: &mut StdRng) -> Vec<u8> {
         dead_nodes: (0..rng.random_range(0..3))
             .map(|_| rng.random_range(-1..20))
             .collect(),
+        round: rng.random::<bool>().then(|| rng.random()),
+        round_members: (0..rng.random_range(0..3))
+            .map(|_| rng.random_range(-1..20))
+            .collect(),
     };
     let types = [
         DataType::UInt64,

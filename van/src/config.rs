@@ -15,8 +15,12 @@ pub struct VanConfig {
     pub role: Role,
     /// Servers in the cluster.
     pub num_servers: i32,
-    /// Workers in the cluster.
+    /// Workers in the cluster; in elastic mode, the most at once (MAX).
     pub num_workers: i32,
+    /// Elastic mode (`DMLC_NUM_WORKER=MIN:MAX`, pslite-only): worker rounds
+    /// of MIN to MAX workers, with `PS_RDZV_LAST_CALL` and
+    /// `PS_RDZV_TIMEOUT`. `None` (a plain number) is ps-lite's fixed job.
+    pub elastic: Option<crate::rendezvous::RendezvousConfig>,
     /// The scheduler's host (`DMLC_PS_ROOT_URI`).
     pub scheduler_host: String,
     /// The scheduler's port (`DMLC_PS_ROOT_PORT`).
@@ -90,6 +94,7 @@ impl Default for VanConfig {
             role: Role::Worker,
             num_servers: 1,
             num_workers: 1,
+            elastic: None,
             scheduler_host: "127.0.0.1".into(),
             scheduler_port: 9091,
             host: "127.0.0.1".into(),

@@ -61,6 +61,14 @@ pub enum Output {
         /// The answer.
         msg: Message,
     },
+    /// Elastic mode: a round began (or this node joined one): `workers`
+    /// in rank order.
+    RoundBegan {
+        /// The round number.
+        round: u64,
+        /// Its workers in rank order.
+        workers: Vec<NodeId>,
+    },
     /// This node is still waiting to join (a log line for the operator).
     Waiting {
         /// How long it has waited.
@@ -91,6 +99,10 @@ pub struct Core {
     /// Data that arrived before this node joined, and its size per sender.
     held: Vec<Message>,
     held_bytes: usize,
+    /// Elastic mode, on a server: data from a worker id not in the table
+    /// yet (a newcomer whose push beat the scheduler's table here); looked
+    /// at again when the next table arrives.
+    held_newcomers: Vec<Message>,
     /// Identities that sent something before they could have been assigned.
     early_ids: BTreeSet<NodeId>,
     /// Data messages dropped because their sender may not send them.
@@ -156,14 +168,18 @@ impl Core {
         scheduler_node.id = SCHEDULER;
         let scheduler = is_scheduler.then(|| {
             me.id = SCHEDULER;
-            Scheduler::new(SchedulerConfig {
-                num_servers: cfg.num_servers,
-                num_workers: cfg.num_workers,
-                me: me.clone(),
-                heartbeat_timeout: cfg.heartbeat_timeout,
-                recovery_timeout: cfg.recovery_timeout,
-                watch_all: cfg.watch_all,
-            })
+            Scheduler::starting_at(
+                SchedulerConfig {
+                    num_servers: cfg.num_servers,
+                    num_workers: cfg.num_workers,
+                    me: me.clone(),
+                    heartbeat_timeout: cfg.heartbeat_timeout,
+                    recovery_timeout: cfg.recovery_timeout,
+                    watch_all: cfg.watch_all,
+                    elastic: cfg.elastic,
+                },
+                now,
+            )
         });
         let member = Member::new(
             MemberConfig {
@@ -194,6 +210,7 @@ impl Core {
             acked_by: HashSet::new(),
             held: Vec::new(),
             held_bytes: 0,
+            held_newcomers: Vec::new(),
             early_ids: BTreeSet::new(),
             rejected: 0,
             warned: HashSet::new(),
@@ -242,6 +259,27 @@ impl Core {
     /// Whether this node has joined the cluster.
     pub fn is_joined(&self) -> bool {
         self.member.is_joined()
+    }
+
+    /// Elastic mode: the current round and its workers in rank order, once
+    /// known.
+    pub fn round(&self) -> Option<(u64, Vec<NodeId>)> {
+        self.member.round().map(|(n, m)| (n, m.to_vec()))
+    }
+
+    /// Elastic mode: the round this node joined in (a worker admitted after
+    /// the first round skips the start barrier: the others are past it).
+    pub fn joined_round(&self) -> Option<u64> {
+        self.member.joined_round()
+    }
+
+    /// Elastic mode, on a worker: leaves the job (its round ends).
+    pub fn leave(&mut self, now: Instant) {
+        if self.cfg.elastic.is_none() || self.cfg.role != Role::Worker || !self.is_joined() {
+            return;
+        }
+        let msg = Message::control(Command::Leave, SCHEDULER);
+        self.emit(msg, now);
     }
 
     /// Why the node failed, if it did.
@@ -596,6 +634,14 @@ impl Core {
                 self.run_scheduler(&msg, now)
             }
             Command::Barrier if is_scheduler && msg.meta.request => self.run_scheduler(&msg, now),
+            Command::Leave if is_scheduler => self.run_scheduler(&msg, now),
+            Command::Leave if self.cfg.elastic.is_some() => {
+                let actions = self.member.on_leave(&msg);
+                self.apply_member(actions, now);
+            }
+            Command::Leave => {
+                self.drop_logged(msg.meta.sender, "LEAVE", "this is not an elastic job")
+            }
             Command::AddNode => {
                 let actions = self.member.on_node_table(&msg, now);
                 self.apply_member(actions, now);
@@ -697,6 +743,11 @@ impl Core {
                     msg.meta.sender = SCHEDULER;
                     self.out.push(Output::Answer { to, msg });
                 }
+                Action::Failed(f) => self.fail(f, now),
+                Action::RoundBegan { round, workers } => {
+                    let actions = self.member.set_round(round, workers);
+                    self.apply_member(actions, now);
+                }
                 Action::Ready => {
                     info!(
                         "scheduler: cluster formed with {} servers and {} workers",
@@ -758,6 +809,17 @@ impl Core {
                 MemberAction::Waiting { waited, limit } => {
                     self.out.push(Output::Waiting { waited, limit });
                 }
+                MemberAction::RoundBegan { round, workers } => {
+                    self.changed = true;
+                    self.out.push(Output::RoundBegan { round, workers });
+                    for msg in std::mem::take(&mut self.held_newcomers) {
+                        if self.member.is_member(msg.meta.sender) {
+                            self.data(msg);
+                        } else {
+                            self.reject(&msg, "its sender is not in the node table");
+                        }
+                    }
+                }
             }
         }
     }
@@ -804,6 +866,17 @@ impl Core {
             return;
         }
         if !self.member.is_member(sender) {
+            let newcomer = self.cfg.elastic.is_some()
+                && self.cfg.role == Role::Server
+                && ids::role_of_id(sender) == Some(Role::Worker)
+                && self.held_newcomers.len() < 1024
+                && self.held_newcomers.iter().map(size_of).sum::<usize>() + size_of(&msg)
+                    <= self.cfg.hold_limit;
+            if newcomer {
+                debug!("holding data from node {sender} until the next table names it");
+                self.held_newcomers.push(msg);
+                return;
+            }
             self.reject(&msg, "its sender is not in the node table");
             return;
         }
@@ -832,9 +905,13 @@ impl Core {
 
     fn hold(&mut self, msg: Message) {
         let sender = msg.meta.sender;
-        let member_id =
+        // Elastic mode hands out worker ids without bound.
+        let member_id = if self.cfg.elastic.is_some() {
+            ids::role_of_id(sender).is_some()
+        } else {
             ids::group_members(ids::ALL_GROUP, self.cfg.num_servers, self.cfg.num_workers)
-                .contains(&sender);
+                .contains(&sender)
+        };
         if !member_id {
             self.reject(&msg, "its sender's id cannot be a member of this cluster");
             return;

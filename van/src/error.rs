@@ -95,6 +95,32 @@ pub enum Failure {
         /// What was refused and what to set.
         detail: String,
     },
+    /// Elastic mode: the workers stayed fewer than MIN for longer than
+    /// `PS_RDZV_TIMEOUT`; the job cannot go on.
+    #[error(
+        "elastic rendezvous failed: {have} worker(s) for {waited_secs} s, fewer than the \
+         minimum {min} (DMLC_NUM_WORKER=MIN:MAX); start more workers or raise PS_RDZV_TIMEOUT"
+    )]
+    RendezvousFailed {
+        /// Workers the round had.
+        have: usize,
+        /// Workers it needed.
+        min: usize,
+        /// How long it waited, in seconds.
+        waited_secs: u64,
+    },
+    /// Elastic mode: the scheduler started a round without this worker (it
+    /// was taken for dead, or it left).
+    #[error(
+        "worker {id} is not in elastic round {round}: the scheduler took it for dead or it left \
+         (raise PS_HEARTBEAT_TIMEOUT if it was only slow)"
+    )]
+    LeftRound {
+        /// This worker.
+        id: NodeId,
+        /// The round that began without it.
+        round: u64,
+    },
     /// The app that sent the request was dropped before it completed.
     #[error("the app was dropped")]
     AppDropped,

@@ -63,6 +63,8 @@ pub struct SimNode {
     pub waiting: Vec<Duration>,
     /// Answers to admin clients (`pslite status`), with where they went.
     pub answers: Vec<(Node, Message)>,
+    /// Elastic rounds reported: (round, workers in rank order).
+    pub rounds: Vec<(u64, Vec<NodeId>)>,
     /// Connections: peer id -> (node index or none, identity used).
     conns: HashMap<NodeId, (Option<usize>, NodeId)>,
 }
@@ -147,6 +149,7 @@ impl Network {
             peer_dead: Vec::new(),
             waiting: Vec::new(),
             answers: Vec::new(),
+            rounds: Vec::new(),
             conns: HashMap::new(),
         });
         let i = self.nodes.len() - 1;
@@ -175,6 +178,7 @@ impl Network {
         node.conns.clear();
         node.delivered.clear();
         node.failures.clear();
+        node.rounds.clear();
         self.flush(i);
     }
 
@@ -294,6 +298,9 @@ impl Network {
                 Output::Failed(f) => self.nodes[i].failures.push(f),
                 Output::Waiting { waited, .. } => self.nodes[i].waiting.push(waited),
                 Output::Answer { to, msg } => self.nodes[i].answers.push((to, msg)),
+                Output::RoundBegan { round, workers } => {
+                    self.nodes[i].rounds.push((round, workers))
+                }
             }
         }
     }
@@ -452,5 +459,7 @@ impl Network {
     }
 }
 
+#[cfg(test)]
+mod elastic_tests;
 #[cfg(test)]
 mod tests;

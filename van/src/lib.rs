@@ -10,7 +10,8 @@
 //! - `store.rs`: the key-value store the scheduler hosts ([`store::StoreHost`])
 //!   and the node side of it ([`store::StoreClient`]).
 //! - `rendezvous.rs`: elastic worker rounds ([`rendezvous::Rendezvous`]:
-//!   min:max workers, last call, wait list, re-ranking); not wired in yet.
+//!   min:max workers, last call, wait list, re-ranking), driven by the
+//!   scheduler in elastic mode.
 //! - `core.rs`: the three composed behind one interface ([`Core`]); it
 //!   decides what to accept, hold back, send, deliver or give up.
 //!

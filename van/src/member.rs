@@ -54,6 +54,9 @@ pub struct MemberConfig {
 }
 
 /// Something the node side asks for, in order.
+// Most actions are sends, and they live only until the core carries them
+// out: boxing the message would cost an allocation per send for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MemberAction {
     /// Open (or replace) the connection to this node, under this node's
@@ -71,6 +74,13 @@ pub enum MemberAction {
     PeerDead(NodeId),
     /// The node cannot go on.
     Failed(Failure),
+    /// Elastic mode: a round began (or this node joined one).
+    RoundBegan {
+        /// The round number.
+        round: u64,
+        /// Its workers in rank order.
+        workers: Vec<NodeId>,
+    },
     /// Still waiting to join (a log line for the operator).
     Waiting {
         /// How long this node has waited.
@@ -116,6 +126,10 @@ pub struct Member {
     given_up: HashSet<NodeId>,
     /// Ignored node tables (logged once).
     ignored_tables: u32,
+    /// Elastic mode: the current round and its workers in rank order, and
+    /// the round this node joined in.
+    round: Option<(u64, Vec<NodeId>)>,
+    joined_round: Option<u64>,
 }
 
 impl Member {
@@ -137,6 +151,8 @@ impl Member {
             dead: HashMap::new(),
             given_up: HashSet::new(),
             ignored_tables: 0,
+            round: None,
+            joined_round: None,
         }
     }
 
@@ -163,6 +179,51 @@ impl Member {
     /// How long this node waited before giving up joining, if it did.
     pub fn timed_out(&self) -> Option<Duration> {
         self.timed_out
+    }
+
+    /// Elastic mode: the current round and its workers in rank order.
+    pub fn round(&self) -> Option<(u64, &[NodeId])> {
+        self.round.as_ref().map(|(n, m)| (*n, m.as_slice()))
+    }
+
+    /// Elastic mode: the round this node joined in.
+    pub fn joined_round(&self) -> Option<u64> {
+        self.joined_round
+    }
+
+    /// Elastic mode: round `number` with `workers` is current (the
+    /// scheduler's own view). Reports it if it is news.
+    pub fn set_round(&mut self, number: u64, workers: Vec<NodeId>) -> Vec<MemberAction> {
+        if self.round.as_ref().is_some_and(|(n, _)| *n == number) {
+            return Vec::new();
+        }
+        self.joined_round.get_or_insert(number);
+        self.round = Some((number, workers.clone()));
+        vec![MemberAction::RoundBegan {
+            round: number,
+            workers,
+        }]
+    }
+
+    /// The scheduler's LEAVE: the elastic job failed (too few workers for
+    /// too long); `round` carries the seconds waited, `round_members` the
+    /// workers it had and the minimum.
+    pub fn on_leave(&mut self, msg: &Message) -> Vec<MemberAction> {
+        if msg.meta.sender != SCHEDULER {
+            warn!(
+                "dropping LEAVE from node {}: only workers leave, to the scheduler",
+                msg.meta.sender
+            );
+            return Vec::new();
+        }
+        let c = &msg.meta.control;
+        let count = |i: usize| c.round_members.get(i).map_or(0, |&n| n.max(0) as usize);
+        let failure = Failure::RendezvousFailed {
+            have: count(0),
+            min: count(1),
+            waited_secs: c.round.unwrap_or(0),
+        };
+        self.fail(failure).into_iter().collect()
     }
 
     /// Whether `id` is in the node table.
@@ -244,7 +305,10 @@ impl Member {
         }
         let nodes = &msg.meta.control.node;
         if !self.joined {
-            return self.join(nodes, now);
+            return self.join(msg, nodes, now);
+        }
+        if let Some((number, workers)) = msg_round(msg) {
+            return self.next_round(nodes, number, workers);
         }
         self.update(nodes)
     }
@@ -266,7 +330,7 @@ impl Member {
             .filter(|n| ids::role_of_id(n.id) == Some(self.me.role) && n.role == self.me.role)
     }
 
-    fn join(&mut self, nodes: &[Node], now: Instant) -> Vec<MemberAction> {
+    fn join(&mut self, msg: &Message, nodes: &[Node], now: Instant) -> Vec<MemberAction> {
         let Some(mine) = self.my_entry(nodes).cloned() else {
             self.ignore_table(format!(
                 "without a usable entry for this {} at {} (check DMLC_NODE_HOST); still \
@@ -283,6 +347,7 @@ impl Member {
         self.me.id = mine.id;
         self.me.is_recovery = mine.is_recovery;
         self.table = nodes.to_vec();
+        let round = msg_round(msg);
         self.joined = true;
         self.joining = None;
         self.last_scheduler_contact = now;
@@ -306,7 +371,54 @@ impl Member {
             mine.id,
             if mine.is_recovery { " (recovered)" } else { "" }
         );
+        if let Some((number, workers)) = round {
+            info!("in elastic round {number} with workers {workers:?}");
+            actions.extend(self.set_round(number, workers));
+        }
         actions.push(MemberAction::Joined);
+        actions
+    }
+
+    /// Elastic mode: the table of a new round replaces the old one.
+    fn next_round(
+        &mut self,
+        nodes: &[Node],
+        number: u64,
+        workers: Vec<NodeId>,
+    ) -> Vec<MemberAction> {
+        if self.round.as_ref().is_some_and(|(n, _)| *n >= number) {
+            // The same round again (another customer's table), or an old one.
+            return self.update(nodes);
+        }
+        if !nodes.iter().any(|n| n.id == self.me.id) || !nodes.iter().any(|n| n.id == SCHEDULER) {
+            if self.me.role == Role::Worker {
+                return self
+                    .fail(Failure::LeftRound {
+                        id: self.me.id,
+                        round: number,
+                    })
+                    .into_iter()
+                    .collect();
+            }
+            self.ignore_table("of a round without this node or the scheduler".to_string());
+            return Vec::new();
+        }
+        let mut actions: Vec<MemberAction> = nodes
+            .iter()
+            .filter(|n| n.id != self.me.id && n.id != SCHEDULER)
+            .filter(|n| {
+                self.table
+                    .iter()
+                    .any(|t| t.id == n.id && !t.same_process(n))
+            })
+            .map(|n| MemberAction::Connect(n.clone()))
+            .collect();
+        self.table = nodes.to_vec();
+        let table = &self.table;
+        self.dead.retain(|id, _| table.iter().any(|n| n.id == *id));
+        self.given_up.retain(|id| table.iter().any(|n| n.id == *id));
+        info!("elastic round {number} began with workers {workers:?}");
+        actions.extend(self.set_round(number, workers));
         actions
     }
 
@@ -560,4 +672,11 @@ impl Member {
     pub fn given_up(&self) -> &HashSet<NodeId> {
         &self.given_up
     }
+}
+
+/// The elastic round a scheduler's ADD_NODE carries (pslite-only fields
+/// 102 and 103), if any.
+fn msg_round(msg: &Message) -> Option<(u64, Vec<NodeId>)> {
+    let c = &msg.meta.control;
+    c.round.map(|n| (n, c.round_members.clone()))
 }

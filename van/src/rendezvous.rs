@@ -1,18 +1,20 @@
 //! Elastic worker rounds (torch elastic's dynamic rendezvous, on the
-//! scheduler), as a state machine with no sockets and no clock. Not wired
-//! into the scheduler yet: this is the decision logic alone, tested on its
-//! own.
+//! scheduler), as a state machine with no sockets and no clock. The
+//! [`crate::Scheduler`] drives it in elastic mode (`DMLC_NUM_WORKER=MIN:MAX`).
 //!
 //! Workers join; a round *forms* until it may begin, then *runs*:
-//! - a forming round begins at once when `max` workers have joined, or when
+//! - the first round begins at once when `max` workers have joined, or when
 //!   at least `min` have and the last call (`PS_RDZV_LAST_CALL`) since the
 //!   `min`-th joined has passed; workers joining during the last call are in;
+//!   a later round begins as soon as it has `min` workers (the job is
+//!   stalled meanwhile: survivors wait at a barrier), with everyone waiting;
 //! - while a round runs, joiners wait for the next one; the caller ends the
 //!   round for them at a safe point ([`Rendezvous::admit_waiting`], say at
 //!   a barrier of the round's members);
 //! - a member that dies or leaves ends the running round; the next one forms
-//!   with the survivors (in their old order) followed by the waiting workers,
-//!   and ranks them 0..n-1 by position;
+//!   with the survivors (in their old order), and ranks them 0..n-1 by
+//!   position; the waiting workers stay waiting for a safe point, unless the
+//!   survivors are fewer than `min`: then they are taken in too;
 //! - a round that stays below `min` for longer than the timeout
 //!   (`PS_RDZV_TIMEOUT`, counted from when it started forming) fails for
 //!   good, saying how many workers it had.
@@ -215,7 +217,10 @@ impl Rendezvous {
     }
 
     fn end_round(&mut self, number: u64, reason: EndReason, now: Instant) -> Vec<RendezvousEvent> {
-        self.members.append(&mut self.waiting);
+        let joiners = matches!(reason, EndReason::Joiners(_));
+        if joiners || self.members.len() < self.cfg.min {
+            self.members.append(&mut self.waiting);
+        }
         self.phase = Phase::Forming {
             since: now,
             last_call_at: None,
@@ -236,6 +241,9 @@ impl Rendezvous {
         };
         let have = self.members.len();
         if have >= self.cfg.max {
+            return self.begin();
+        }
+        if have >= self.cfg.min && self.next_round > 0 {
             return self.begin();
         }
         if have >= self.cfg.min {

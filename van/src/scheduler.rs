@@ -10,6 +10,23 @@
 //! group when all of its members arrived, answers heartbeats, and lets a
 //! restarted node take over the id of a dead one (recovery).
 //!
+//! In elastic mode (`DMLC_NUM_WORKER=MIN:MAX`, pslite-only) it drives a
+//! [`Rendezvous`] instead of waiting for a fixed number of workers: ids are
+//! handed out on registration (servers 8+2r and workers 9+2r, each in
+//! registration order; a worker id is never reused), the cluster forms once
+//! every server registered and the first round began, and the node table
+//! holds the servers and the current round's workers, with the round number
+//! and its members in rank order (PBControl fields 102 and 103). Workers
+//! that register while a round runs wait (their ADD_NODE is answered when
+//! they are admitted); they are admitted when a barrier that includes the
+//! workers completes, before it is released. A round member that dies
+//! (heartbeats) or LEAVEs ends the round; the next one re-ranks the
+//! survivors. Barriers over workers count the current round's members; a
+//! barrier pending across a round change is re-evaluated against the new
+//! round, whose newcomers count as arrived (they were admitted at it). Below
+//! MIN for longer than `PS_RDZV_TIMEOUT`, every node is sent a LEAVE
+//! carrying the failure and the scheduler fails.
+//!
 //! For observability it keeps the counters each node attaches to its
 //! heartbeats (a pslite-only field) and answers an admin client's STATUS
 //! request (pslite-only) with the node table, liveness and those counters.
@@ -17,10 +34,13 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::stats::{NodeCounters, NodeStatus};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
+
+use crate::error::Failure;
+use crate::rendezvous::{Rendezvous, RendezvousConfig, RendezvousEvent};
 
 /// What the scheduler needs to know about the cluster it forms.
 #[derive(Clone, Debug)]
@@ -42,6 +62,9 @@ pub struct SchedulerConfig {
     /// How long a dead node may stay unreplaced before the barriers that
     /// wait for it fail (`PS_RECOVERY_TIMEOUT`).
     pub recovery_timeout: Duration,
+    /// Elastic mode (`DMLC_NUM_WORKER=MIN:MAX`): the rounds' bounds and
+    /// periods; `None` is ps-lite's fixed number of workers.
+    pub elastic: Option<RendezvousConfig>,
 }
 
 /// Something the Van must do for the scheduler, in order.
@@ -53,6 +76,16 @@ pub enum Action {
     Send(Message),
     /// Every node has registered and received its id.
     Ready,
+    /// Elastic mode: the job failed (too few workers for too long); every
+    /// node has been told.
+    Failed(Failure),
+    /// Elastic mode: round `round` began with `workers` in rank order.
+    RoundBegan {
+        /// The round number.
+        round: u64,
+        /// Its workers in rank order.
+        workers: Vec<NodeId>,
+    },
     /// Answer an admin client that is not a cluster member: open a
     /// short-lived DEALER to `to`'s address, send the message, close it.
     /// The Van adds its own counters to the scheduler's row of a status table.
@@ -77,8 +110,20 @@ pub struct Missing {
 struct BarrierRound {
     /// (process id, customer id) of every arrival.
     arrived: HashSet<(NodeId, i32)>,
+    /// Elastic mode: workers admitted into the round at this barrier (or
+    /// while it was pending): they count as arrived, but are not released.
+    excused: HashSet<NodeId>,
     app_id: i32,
     customer_id: i32,
+}
+
+impl BarrierRound {
+    /// Whether a worker has arrived.
+    fn has_worker(&self) -> bool {
+        self.arrived
+            .iter()
+            .any(|&(id, _)| ids::role_of_id(id) == Some(Role::Worker))
+    }
 }
 
 /// The scheduler's membership, barrier and liveness state.
@@ -102,13 +147,41 @@ pub struct Scheduler {
     dead_since: HashMap<NodeId, Instant>,
     /// Processes that have sent a heartbeat.
     heartbeating: HashSet<NodeId>,
+    /// Elastic mode: the worker rounds, and the registrations they need.
+    elastic: Option<Elastic>,
+}
+
+/// The scheduler's elastic-mode state.
+struct Elastic {
+    rdzv: Rendezvous,
+    /// Ranks of the next server and worker ids to hand out.
+    next_server: i32,
+    next_worker: i32,
+    /// Entries of workers that have an id but are not in the current round
+    /// (waiting for the next one).
+    outside: Vec<Node>,
+    /// Processes this scheduler has opened a connection to.
+    linked: HashSet<NodeId>,
+    /// The current round's members as last sent.
+    members: Vec<NodeId>,
+    /// The job failed: (workers it had, MIN, seconds waited).
+    failed: Option<(usize, usize, u64)>,
+    /// Workers admitted while no barrier over the workers was pending:
+    /// they count as arrived at the next one (their start() returned
+    /// instead).
+    excused_next: HashSet<NodeId>,
 }
 
 impl Scheduler {
-    /// A scheduler waiting for its first registration.
+    /// A scheduler waiting for its first registration (an elastic job's
+    /// first round starts forming now).
     pub fn new(cfg: SchedulerConfig) -> Scheduler {
+        Scheduler::starting_at(cfg, Instant::now())
+    }
+
+    /// A scheduler waiting for its first registration since `now`.
+    pub fn starting_at(cfg: SchedulerConfig, now: Instant) -> Scheduler {
         Scheduler {
-            cfg,
             nodes: Vec::new(),
             ready: false,
             barriers: HashMap::new(),
@@ -118,6 +191,17 @@ impl Scheduler {
             counters: HashMap::new(),
             dead_since: HashMap::new(),
             heartbeating: HashSet::new(),
+            elastic: cfg.elastic.map(|rc| Elastic {
+                rdzv: Rendezvous::new(rc, now),
+                next_server: 0,
+                next_worker: 0,
+                outside: Vec::new(),
+                linked: HashSet::new(),
+                members: Vec::new(),
+                failed: None,
+                excused_next: HashSet::new(),
+            }),
+            cfg,
         }
     }
 
@@ -126,10 +210,10 @@ impl Scheduler {
     /// and fails the barriers that wait for a node dead for longer than the
     /// recovery timeout.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = self.elastic_tick(now);
         if !self.ready {
-            return Vec::new();
+            return actions;
         }
-        let mut actions = Vec::new();
         for node in std::mem::take(&mut self.waiting) {
             match self.dead_of_role(node.role, now) {
                 Some(pid) => actions.extend(self.recover(pid, &node, now)),
@@ -160,6 +244,14 @@ impl Scheduler {
 
     /// When [`Scheduler::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let rounds = self.elastic.as_ref().and_then(|e| e.rdzv.poll_timeout());
+        match (rounds, self.liveness_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn liveness_timeout(&self) -> Option<Instant> {
         let timeout = self.cfg.heartbeat_timeout?;
         if !self.ready {
             return None;
@@ -318,6 +410,7 @@ impl Scheduler {
             Command::Barrier => self.barrier(msg, now),
             Command::Heartbeat => self.heartbeat(msg, now),
             Command::Status => self.status(msg, now),
+            Command::Leave if self.elastic.is_some() => self.leave(sender, now),
             cmd => {
                 warn!("scheduler: dropping {cmd:?} from node {sender}: not a scheduler command");
                 Vec::new()
@@ -344,6 +437,9 @@ impl Scheduler {
                 node.address()
             );
             return Vec::new();
+        }
+        if self.elastic.is_some() && (node.role == Role::Worker || !self.ready) {
+            return self.elastic_add_node(node, sender, now);
         }
         if self.ready {
             return self.late_add_node(node, sender, now);
@@ -564,6 +660,16 @@ impl Scheduler {
                 return vec![self.barrier_failure(sender, group, dead, &round)];
             }
         }
+        if let Some(e) = &mut self.elastic {
+            let round = self.barriers.entry(group).or_default();
+            if ids::role_of_id(sender) == Some(Role::Worker) && !round.has_worker() {
+                round.excused.extend(std::mem::take(&mut e.excused_next));
+            }
+            round.arrived.insert((sender, msg.meta.customer_id));
+            round.app_id = msg.meta.app_id;
+            round.customer_id = msg.meta.customer_id;
+            return self.settle_barriers(now);
+        }
         let expected = self.group_size(group);
         let round = self.barriers.entry(group).or_default();
         round.arrived.insert((sender, msg.meta.customer_id));
@@ -720,12 +826,428 @@ impl Scheduler {
         self.process_nodes().into_iter().map(|n| n.id).collect()
     }
 
-    /// ADD_NODE carrying the whole table: every entry, then the scheduler.
+    /// ADD_NODE carrying the whole table: every entry, then the scheduler;
+    /// in elastic mode, with the round and its members in rank order.
     fn table_message(&self) -> Message {
         let mut msg = Message::control(Command::AddNode, K_EMPTY);
         msg.meta.control.node = self.nodes.clone();
         msg.meta.control.node.push(self.cfg.me.clone());
+        if let Some((number, members)) = self.round() {
+            msg.meta.control.round = Some(number);
+            msg.meta.control.round_members = members.to_vec();
+        }
         msg
+    }
+
+    /// Elastic mode: the running round's number and members in rank order.
+    pub fn round(&self) -> Option<(u64, &[NodeId])> {
+        self.elastic.as_ref().and_then(|e| e.rdzv.round())
+    }
+
+    /// Elastic mode: workers waiting for the next round.
+    pub fn waiting_workers(&self) -> &[NodeId] {
+        self.elastic.as_ref().map_or(&[], |e| e.rdzv.waiting())
+    }
+
+    /// Elastic mode: deaths of round members, the last call, the timeout.
+    fn elastic_tick(&mut self, now: Instant) -> Vec<Action> {
+        let Some(e) = &self.elastic else {
+            return Vec::new();
+        };
+        let dead: Vec<NodeId> = e
+            .members
+            .iter()
+            .copied()
+            .filter(|&id| self.is_dead(id, now))
+            .collect();
+        let mut actions = Vec::new();
+        for id in dead {
+            warn!(
+                "scheduler: worker {id} is dead (no message for more than {} s): it leaves \
+                 the elastic round",
+                self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
+            );
+            actions.extend(self.leave(id, now));
+        }
+        let Some(e) = &mut self.elastic else {
+            return actions;
+        };
+        let events = e.rdzv.tick(now);
+        actions.extend(self.on_rounds(events, now));
+        actions.extend(self.settle_barriers(now));
+        actions
+    }
+
+    /// Elastic mode: worker `id` died or left.
+    fn leave(&mut self, id: NodeId, now: Instant) -> Vec<Action> {
+        let Some(e) = &mut self.elastic else {
+            return Vec::new();
+        };
+        let known = e.members.contains(&id) || e.outside.iter().any(|n| n.id == id);
+        if !known || ids::role_of_id(id) != Some(Role::Worker) {
+            debug!("scheduler: ignoring LEAVE from node {id}: not an elastic worker");
+            return Vec::new();
+        }
+        info!("scheduler: worker {id} leaves the job");
+        e.outside.retain(|n| n.id != id);
+        let events = e.rdzv.leave(id, now);
+        let mut actions = self.on_rounds(events, now);
+        // Not in the table any more (if the round went on without it).
+        self.nodes.retain(|n| n.id != id);
+        self.forget(id);
+        actions.extend(self.settle_barriers(now));
+        actions
+    }
+
+    fn forget(&mut self, id: NodeId) {
+        self.last_seen.remove(&id);
+        self.heartbeating.remove(&id);
+        self.counters.remove(&id);
+        self.dead_since.remove(&id);
+    }
+
+    /// Elastic mode: a registration. Ids in registration order; workers
+    /// join the rounds.
+    fn elastic_add_node(&mut self, node: &Node, sender: NodeId, now: Instant) -> Vec<Action> {
+        let servers = self.count(Role::Server);
+        let Some(e) = &mut self.elastic else {
+            return Vec::new();
+        };
+        if !node.pslite {
+            warn!(
+                "scheduler: dropping ADD_NODE from {node}: elastic mode (DMLC_NUM_WORKER=MIN:MAX) \
+                 is pslite-only, C++ ps-lite nodes cannot join it"
+            );
+            return Vec::new();
+        }
+        let known = self
+            .nodes
+            .iter()
+            .chain(&e.outside)
+            .find(|n| n.same_process(node))
+            .cloned();
+        if let Some(known) = known {
+            if known.role != node.role || (sender != K_EMPTY && sender != known.id) {
+                warn!(
+                    "scheduler: dropping ADD_NODE from {node}: {} is node {} ({})",
+                    node.address(),
+                    known.id,
+                    known.role
+                );
+                return Vec::new();
+            }
+            let repeat = self
+                .nodes
+                .iter()
+                .chain(&e.outside)
+                .any(|n| n.same_process(node) && n.customer_id == node.customer_id);
+            if repeat {
+                debug!("scheduler: ignoring a repeated ADD_NODE from {node}");
+                return Vec::new();
+            }
+            // Another customer of a registered process: it shares the id.
+            let mut entry = node.clone();
+            entry.id = known.id;
+            entry.is_recovery = false;
+            if e.outside.iter().any(|n| n.id == known.id) {
+                e.outside.push(entry);
+                return Vec::new();
+            }
+            self.nodes.push(entry);
+            if !self.ready {
+                return Vec::new();
+            }
+            let mut table = self.table_message();
+            table.meta.recver = known.id;
+            return vec![Action::Send(table)];
+        }
+        if let Some((have, min, secs)) = e.failed {
+            let mut entry = node.clone();
+            entry.id = ids::worker_rank_to_id(e.next_worker);
+            e.next_worker += 1;
+            warn!(
+                "scheduler: {} registers after the elastic job failed: telling it",
+                node.address()
+            );
+            return self.tell_failure(&[entry], have, min, secs, now);
+        }
+        let mut entry = node.clone();
+        entry.is_recovery = false;
+        if node.role == Role::Server {
+            if servers >= self.cfg.num_servers {
+                warn!(
+                    "scheduler: dropping ADD_NODE from {node}: all {} servers have registered \
+                     (is DMLC_NUM_SERVER right?)",
+                    self.cfg.num_servers
+                );
+                return Vec::new();
+            }
+            entry.id = ids::server_rank_to_id(e.next_server);
+            e.next_server += 1;
+            info!(
+                "scheduler: server {} registered as node {}",
+                node.address(),
+                entry.id
+            );
+            self.nodes.push(entry);
+            return self.maybe_form(now);
+        }
+        entry.id = ids::worker_rank_to_id(e.next_worker);
+        e.next_worker += 1;
+        let id = entry.id;
+        e.outside.push(entry);
+        let events = e.rdzv.join(id, now);
+        if e.rdzv.round().is_some() && e.rdzv.waiting().contains(&id) {
+            info!(
+                "scheduler: worker {} registered as node {id}; it waits for the next round",
+                node.address()
+            );
+        } else {
+            info!(
+                "scheduler: worker {} registered as node {id}",
+                node.address()
+            );
+        }
+        let mut actions = self.on_rounds(events, now);
+        actions.extend(self.settle_barriers(now));
+        actions
+    }
+
+    /// Elastic mode: carries out what the rounds decided.
+    fn on_rounds(&mut self, events: Vec<RendezvousEvent>, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for event in events {
+            match event {
+                RendezvousEvent::RoundBegan { number, members } => {
+                    info!("scheduler: elastic round {number} began with workers {members:?}");
+                    actions.extend(self.round_began(&members, now));
+                    actions.push(Action::RoundBegan {
+                        round: number,
+                        workers: members,
+                    });
+                }
+                RendezvousEvent::RoundEnded { number, reason } => {
+                    info!("scheduler: elastic round {number} ended ({reason:?})");
+                }
+                RendezvousEvent::Failed { have, min, waited } => {
+                    let failure = Failure::RendezvousFailed {
+                        have,
+                        min,
+                        waited_secs: waited.as_secs(),
+                    };
+                    error!("scheduler: {failure}");
+                    let mut everyone = self.nodes.clone();
+                    if let Some(e) = &mut self.elastic {
+                        everyone.extend(e.outside.iter().cloned());
+                        e.failed = Some((have, min, waited.as_secs()));
+                    }
+                    actions.extend(self.tell_failure(&everyone, have, min, waited.as_secs(), now));
+                    actions.push(Action::Failed(failure));
+                }
+            }
+        }
+        actions
+    }
+
+    /// LEAVE to every process in `nodes`: the job failed.
+    fn tell_failure(
+        &mut self,
+        nodes: &[Node],
+        have: usize,
+        min: usize,
+        secs: u64,
+        now: Instant,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let mut told = HashSet::new();
+        for node in nodes {
+            if !told.insert(node.id) || (self.ready && self.is_dead(node.id, now)) {
+                continue;
+            }
+            actions.extend(self.link(node));
+            let mut msg = Message::control(Command::Leave, node.id);
+            msg.meta.control.round = Some(secs);
+            msg.meta.control.round_members = vec![have as NodeId, min as NodeId];
+            actions.push(Action::Send(msg));
+        }
+        actions
+    }
+
+    /// A connection to `node`, if none was opened yet.
+    fn link(&mut self, node: &Node) -> Option<Action> {
+        let e = self.elastic.as_mut()?;
+        e.linked
+            .insert(node.id)
+            .then(|| Action::Connect(node.clone()))
+    }
+
+    /// Elastic mode: a round began with `members`: the table becomes the
+    /// servers and the members, and everyone in it is told.
+    fn round_began(&mut self, members: &[NodeId], now: Instant) -> Vec<Action> {
+        let Some(e) = &mut self.elastic else {
+            return Vec::new();
+        };
+        let waiting: HashSet<NodeId> = e.rdzv.waiting().iter().copied().collect();
+        let mut all = std::mem::take(&mut self.nodes);
+        all.append(&mut e.outside);
+        for n in all {
+            if n.role == Role::Server || members.contains(&n.id) {
+                self.nodes.push(n);
+            } else if waiting.contains(&n.id) {
+                e.outside.push(n);
+            }
+        }
+        self.nodes.sort_by_key(|n| (n.id, n.customer_id));
+        let before: HashSet<NodeId> = e.members.iter().copied().collect();
+        let newcomers: Vec<NodeId> = members
+            .iter()
+            .copied()
+            .filter(|id| !before.contains(id))
+            .collect();
+        let gone: Vec<NodeId> = e
+            .members
+            .iter()
+            .copied()
+            .filter(|id| !members.contains(id))
+            .collect();
+        e.members = members.to_vec();
+        // Newcomers are admitted at the barriers the workers have reached
+        // (some worker arrived), or, with none, count as arrived at the next
+        // one a worker reaches. A barrier no worker reached yet (the
+        // servers' finalize, say) is still ahead of them.
+        let mut pending = false;
+        for round in self.barriers.values_mut() {
+            if round.has_worker() {
+                round.excused.extend(newcomers.iter().copied());
+                pending = true;
+            }
+        }
+        if !pending && self.ready {
+            e.excused_next.extend(newcomers.iter().copied());
+        }
+        for id in gone {
+            self.forget(id);
+        }
+        if !self.ready {
+            return self.maybe_form(now);
+        }
+        for &id in &newcomers {
+            self.last_seen.insert(id, now);
+        }
+        self.send_table(now)
+    }
+
+    /// The table to every live process in it.
+    fn send_table(&mut self, now: Instant) -> Vec<Action> {
+        let table = self.table_message();
+        let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
+        let mut actions = Vec::new();
+        for node in processes {
+            if self.is_dead(node.id, now) {
+                continue;
+            }
+            actions.extend(self.link(&node));
+            let mut msg = table.clone();
+            msg.meta.recver = node.id;
+            actions.push(Action::Send(msg));
+        }
+        actions
+    }
+
+    /// Elastic mode: the cluster forms once every server registered and
+    /// the first round began.
+    fn maybe_form(&mut self, now: Instant) -> Vec<Action> {
+        if self.ready || self.round().is_none() || self.count(Role::Server) < self.cfg.num_servers {
+            return Vec::new();
+        }
+        self.ready = true;
+        for id in self.processes() {
+            self.last_seen.insert(id, now);
+        }
+        for node in self.process_nodes() {
+            info!("scheduler: assigned id {} to {}", node.id, node.address());
+        }
+        let mut actions = self.send_table(now);
+        actions.push(Action::Ready);
+        actions
+    }
+
+    /// Elastic mode: releases every barrier whose arrivals are complete;
+    /// waiting workers are admitted at a barrier over the workers first.
+    fn settle_barriers(&mut self, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        if !self.ready {
+            return actions;
+        }
+        loop {
+            let mut groups: Vec<i32> = self.barriers.keys().copied().collect();
+            groups.sort_unstable();
+            let Some(group) = groups.into_iter().find(|&g| self.barrier_complete(g)) else {
+                break;
+            };
+            if group & ids::WORKER_GROUP != 0 {
+                if let Some(e) = &mut self.elastic {
+                    let events = e.rdzv.admit_waiting(now);
+                    actions.extend(self.on_rounds(events, now));
+                }
+            }
+            actions.extend(self.release_arrivals(group));
+        }
+        actions
+    }
+
+    /// Elastic mode: whether the barrier over `group` has every arrival of
+    /// the current round's members (and of the servers and the scheduler).
+    fn barrier_complete(&self, group: i32) -> bool {
+        let Some(round) = self.barriers.get(&group) else {
+            return false;
+        };
+        let mut expected = 0;
+        if group & ids::SCHEDULER_GROUP != 0 {
+            expected += 1;
+        }
+        if group & ids::SERVER_GROUP != 0 {
+            expected += self.cfg.num_servers as usize;
+        }
+        if group & ids::WORKER_GROUP != 0 {
+            match self.round() {
+                Some((_, members)) => expected += members.len(),
+                None => return false,
+            }
+        }
+        let present = |id: NodeId| id == SCHEDULER || self.nodes.iter().any(|n| n.id == id);
+        let arrived = round.arrived.iter().filter(|(id, _)| present(*id)).count()
+            + round
+                .excused
+                .iter()
+                .filter(|&&id| present(id) && !round.arrived.iter().any(|&(a, _)| a == id))
+                .count();
+        arrived >= expected
+    }
+
+    /// Elastic mode: releases the barrier over `group` to those that
+    /// arrived at it and are still members.
+    fn release_arrivals(&mut self, group: i32) -> Vec<Action> {
+        let Some(round) = self.barriers.remove(&group) else {
+            return Vec::new();
+        };
+        let waiting: BTreeSet<NodeId> = round
+            .arrived
+            .iter()
+            .map(|&(id, _)| id)
+            .filter(|&id| id == SCHEDULER || self.nodes.iter().any(|n| n.id == id))
+            .collect();
+        debug!("scheduler: barrier {group} released to {waiting:?}");
+        waiting
+            .into_iter()
+            .map(|id| {
+                let mut reply = Message::control(Command::Barrier, id);
+                reply.meta.control.barrier_group = group;
+                reply.meta.app_id = round.app_id;
+                reply.meta.customer_id = round.customer_id;
+                Action::Send(reply)
+            })
+            .collect()
     }
 }
 

@@ -51,6 +51,12 @@ pub trait Dispatch: Send + Sync + 'static {
     fn failed(&self, failure: &Failure) {
         let _ = failure;
     }
+
+    /// Elastic mode: round `round` began with `workers` (in rank order), or
+    /// this node joined it.
+    fn membership(&self, round: u64, workers: &[NodeId]) {
+        let _ = (round, workers);
+    }
 }
 
 /// How long DEALERs keep unsent messages when closed.
@@ -396,6 +402,22 @@ impl Van {
         lock(&self.shared.locked).core.nodes()
     }
 
+    /// Elastic mode: the current round and its workers in rank order.
+    pub fn round(&self) -> Option<(u64, Vec<NodeId>)> {
+        lock(&self.shared.locked).core.round()
+    }
+
+    /// Elastic mode: the round this node joined in.
+    pub fn joined_round(&self) -> Option<u64> {
+        lock(&self.shared.locked).core.joined_round()
+    }
+
+    /// Elastic mode, on a worker: tells the scheduler this worker leaves
+    /// the job (call before [`Van::stop`]).
+    pub fn leave(&self) -> Result<(), VanError> {
+        self.shared.with_core(|core, now| core.leave(now))
+    }
+
     /// Whether this node has joined the cluster.
     pub fn is_ready(&self) -> bool {
         lock(&self.shared.locked).core.is_joined()
@@ -669,6 +691,7 @@ impl Shared {
                 }
                 Output::Undeliverable(msg, failure) => self.dispatch.undeliverable(msg, failure),
                 Output::PeerDead(id, failure) => self.dispatch.peer_dead(id, &failure),
+                Output::RoundBegan { round, workers } => self.dispatch.membership(round, &workers),
                 Output::Failed(failure) => {
                     if failure != Failure::Stopped {
                         error!("{failure}");

@@ -67,6 +67,7 @@ proptest! {
             heartbeat_timeout: heartbeats.then(|| Duration::from_secs(1)),
             recovery_timeout: Duration::from_secs(3),
             watch_all: true,
+            elastic: None,
         });
         let t0 = Instant::now();
         let mut now = t0;

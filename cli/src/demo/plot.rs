@@ -4,6 +4,8 @@
 //! Drawn with `plotters`' SVG backend only: text stays SVG `<text>`, so no
 //! font or image library is needed on the machine. Each epoch is one marked
 //! point on each curve (a `<circle>`), epoch 0 being the untrained model.
+//! With `--elastic`, each round after the first is a green vertical line
+//! where it began, labelled with its number of workers.
 
 use std::path::Path;
 
@@ -20,11 +22,29 @@ pub struct Point {
     pub accuracy: f64,
 }
 
+/// An elastic round that began during training.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoundMark {
+    /// The round number.
+    pub round: u64,
+    /// Epochs trained when it began.
+    pub after_epoch: usize,
+    /// Its workers.
+    pub workers: usize,
+}
+
+const ROUND: RGBColor = RGBColor(20, 140, 70);
 const LOSS: RGBColor = RGBColor(200, 60, 40);
 const ACCURACY: RGBColor = RGBColor(30, 90, 200);
 
-/// Writes the chart of `points` to `path`, titled `title`.
-pub fn write_chart(path: &Path, title: &str, points: &[Point]) -> Result<(), String> {
+/// Writes the chart of `points` to `path`, titled `title`, with a line
+/// where each of `rounds` began (round 0 is not marked).
+pub fn write_chart(
+    path: &Path,
+    title: &str,
+    points: &[Point],
+    rounds: &[RoundMark],
+) -> Result<(), String> {
     let last_epoch = points.iter().map(|p| p.epoch).max().unwrap_or(0).max(1);
     let max_loss = points.iter().map(|p| p.loss).fold(0.0_f64, f64::max);
     let loss_top = if max_loss > 0.0 { max_loss * 1.1 } else { 1.0 };
@@ -58,6 +78,30 @@ pub fn write_chart(path: &Path, title: &str, points: &[Point]) -> Result<(), Str
         .draw()
         .map_err(|e| draw(&e))?;
 
+    for mark in rounds.iter().filter(|r| r.round > 0) {
+        let x = mark.after_epoch as f64;
+        chart
+            .draw_series(LineSeries::new(
+                [(x, 0.0), (x, loss_top)],
+                ROUND.stroke_width(2),
+            ))
+            .map_err(|e| draw(&e))?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                format!(
+                    "round {}: {} worker{}",
+                    mark.round,
+                    mark.workers,
+                    if mark.workers == 1 { "" } else { "s" }
+                ),
+                (
+                    x + 0.02 * last_epoch as f64,
+                    loss_top * (0.97 - 0.06 * (mark.round % 2) as f64),
+                ),
+                ("sans-serif", 13).into_font().color(&ROUND),
+            )))
+            .map_err(|e| draw(&e))?;
+    }
     let loss: Vec<(f64, f64)> = points.iter().map(|p| (p.epoch as f64, p.loss)).collect();
     let accuracy: Vec<(f64, f64)> = points
         .iter()
@@ -111,7 +155,24 @@ mod tests {
                 accuracy: 0.5 + 0.05 * e as f64,
             })
             .collect();
-        write_chart(&path, "test chart", &points).unwrap();
+        let rounds = [
+            RoundMark {
+                round: 0,
+                after_epoch: 0,
+                workers: 2,
+            },
+            RoundMark {
+                round: 1,
+                after_epoch: 2,
+                workers: 3,
+            },
+            RoundMark {
+                round: 2,
+                after_epoch: 3,
+                workers: 2,
+            },
+        ];
+        write_chart(&path, "test chart", &points, &rounds).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         let doc = roxmltree::Document::parse(&svg).expect("the chart is not well-formed XML");
@@ -130,11 +191,19 @@ mod tests {
             .filter(|n| n.has_tag_name("text"))
             .filter_map(|n| n.text())
             .collect();
-        for label in ["epoch", "held-out loss", "held-out accuracy", "test chart"] {
+        for label in [
+            "epoch",
+            "held-out loss",
+            "held-out accuracy",
+            "test chart",
+            "round 1: 3 workers",
+            "round 2: 2 workers",
+        ] {
             assert!(
                 texts.iter().any(|t| t.contains(label)),
                 "no {label:?} in {texts:?}"
             );
         }
+        assert!(!texts.iter().any(|t| t.contains("round 0")), "{texts:?}");
     }
 }

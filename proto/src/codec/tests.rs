@@ -34,6 +34,8 @@ fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
         msg_sig: 0,
         failed_peer: None,
         dead_nodes: Vec::new(),
+        round: None,
+        round_members: Vec::new(),
     }
 }
 

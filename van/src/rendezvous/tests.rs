@@ -65,12 +65,15 @@ fn a_worker_joining_a_running_round_waits_and_enters_the_next() {
     let events = r.admit_waiting(now);
     assert_eq!(
         events,
-        vec![RendezvousEvent::RoundEnded {
-            number: 0,
-            reason: EndReason::Joiners(vec![13]),
-        }]
+        vec![
+            RendezvousEvent::RoundEnded {
+                number: 0,
+                reason: EndReason::Joiners(vec![13]),
+            },
+            began(1, &[9, 11, 13]),
+        ],
+        "later rounds have no last call"
     );
-    assert_eq!(r.tick(now + SECOND * 5), vec![began(1, &[9, 11, 13])]);
     assert!(r.admit_waiting(now).is_empty(), "nobody waits");
 }
 
@@ -84,17 +87,19 @@ fn a_dead_member_ends_the_round_and_the_survivors_are_re_ranked() {
     let events = r.leave(9, t + SECOND);
     assert_eq!(
         events,
-        vec![RendezvousEvent::RoundEnded {
-            number: 0,
-            reason: EndReason::Left(9),
-        }]
+        vec![
+            RendezvousEvent::RoundEnded {
+                number: 0,
+                reason: EndReason::Left(9),
+            },
+            began(1, &[11, 13]),
+        ]
     );
-    assert_eq!(r.tick(t + SECOND * 6), vec![began(1, &[11, 13])]);
     assert_eq!((r.rank(11), r.rank(13)), (Some(0), Some(1)));
 }
 
 #[test]
-fn a_death_with_joiners_waiting_takes_them_in_at_once() {
+fn a_death_leaves_joiners_waiting_unless_below_min() {
     let t = Instant::now();
     let mut r = rdzv(2, 3, t);
     for id in [9, 11, 13] {
@@ -102,7 +107,14 @@ fn a_death_with_joiners_waiting_takes_them_in_at_once() {
     }
     r.join(15, t);
     let events = r.leave(11, t);
-    assert_eq!(events[1], began(1, &[9, 13, 15]), "max again: no last call");
+    assert_eq!(events[1], began(1, &[9, 13]), "enough survivors: 15 waits");
+    assert_eq!(r.waiting(), &[15]);
+    let events = r.leave(9, t);
+    assert_eq!(
+        events[1],
+        began(2, &[13, 15]),
+        "below min: the joiner is taken in"
+    );
 }
 
 #[test]
@@ -146,7 +158,8 @@ fn waiting_workers_that_die_leave_no_trace_and_extra_joiners_wait() {
     assert_eq!(r.waiting(), &[15]);
     assert!(r.join(9, t).is_empty(), "joining twice changes nothing");
     let events = r.leave(9, t);
-    assert_eq!(events[1], began(1, &[11, 15]));
+    assert_eq!(events[1], began(1, &[11]));
+    assert_eq!(r.waiting(), &[15], "admitted at the next safe point");
     // More joiners than max when a round forms: the last wait.
     let mut r = rdzv(1, 2, t);
     r.join(9, t);

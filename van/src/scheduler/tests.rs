@@ -15,6 +15,7 @@ fn scheduler(num_servers: i32, num_workers: i32, timeout: Option<u64>) -> Schedu
         heartbeat_timeout: timeout.map(Duration::from_secs),
         recovery_timeout: Duration::from_secs(30),
         watch_all: true,
+        elastic: None,
     })
 }
 

@@ -1,0 +1,470 @@
+//! Elastic workers from the command line: `pslite launch --workers MIN:MAX`,
+//! `pslite launch --add-worker` against a running cluster, a worker killed
+//! with SIGKILL, and `pslite demo --elastic`, with real processes.
+
+use std::process::Command;
+use std::time::Duration;
+
+use pslite_tests::{pslite_bin, run, spawn, Spawned};
+
+/// `pslite` with a clean ps-lite environment.
+fn pslite(args: &[&str]) -> Command {
+    let mut cmd = Command::new(pslite_bin());
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DMLC_") || k.starts_with("PS_") || k == "RUST_LOG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// The scheduler port a launch's nodes print as `port=N`.
+fn printed_port(launcher: &Spawned) -> String {
+    let line = launcher
+        .wait_for_line("port=", Duration::from_secs(30))
+        .expect("no node printed its port");
+    line.rsplit("port=").next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn add_worker_refuses_a_cluster_without_elastic_workers() {
+    // A real pslite scheduler (the nodes never register; it only has to answer).
+    let launcher = spawn(pslite(&[
+        "launch",
+        "-s",
+        "1",
+        "-w",
+        "1",
+        "--timeout",
+        "30",
+        "--scheduler-program",
+        "pslite",
+        "--",
+        "sh",
+        "-c",
+        "echo port=$DMLC_PS_ROOT_PORT; exec sleep 60",
+    ]));
+    let port = printed_port(&launcher);
+    let add = run(
+        pslite(&["launch", "--add-worker", "--port", &port, "--", "true"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(add.code(), Some(2), "{}", add.output());
+    assert_eq!(
+        add.stderr.trim_end(),
+        format!(
+            "pslite launch --add-worker: the cluster at 127.0.0.1:{port} does not take more \
+             workers: it was not started with elastic workers by `pslite launch --workers \
+             MIN:MAX` (its scheduler's store has no pslite.launch record); if it is elastic all \
+             the same, give its --workers MIN:MAX and --servers"
+        ),
+        "{}",
+        add.output()
+    );
+    launcher.signal(libc::SIGTERM);
+    let run = launcher.wait(Duration::from_secs(30));
+    assert!(!run.timed_out, "{}", run.output());
+}
+
+#[test]
+fn add_worker_says_when_no_scheduler_answers() {
+    let port = pslite_tests::free_port().to_string();
+    let add = run(
+        pslite(&["launch", "--add-worker", "--port", &port, "--", "true"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(add.code(), Some(2), "{}", add.output());
+    assert!(
+        add.stderr.starts_with(&format!(
+            "pslite launch --add-worker: cannot reach the cluster's scheduler: no answer from \
+             the scheduler at tcp://127.0.0.1:{port} within 3.0 s"
+        )),
+        "{}",
+        add.output()
+    );
+    // Without a port at all, it says what to give.
+    let add = run(
+        pslite(&["launch", "--add-worker", "--", "true"]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(add.code(), Some(2), "{}", add.output());
+    assert!(
+        add.stderr.contains("which cluster? pass --port"),
+        "{}",
+        add.output()
+    );
+}
+
+#[test]
+fn bad_elastic_worker_counts_are_refused_before_anything_starts() {
+    for (args, says) in [
+        (
+            &["--workers", "4:2"][..],
+            "expected MIN:MAX with 1 <= MIN <= MAX, got \"4:2\"",
+        ),
+        (
+            &["--workers", "0:3"],
+            "expected MIN:MAX with 1 <= MIN <= MAX, got \"0:3\"",
+        ),
+        (
+            &["--workers", "2:4", "--start-workers", "5"],
+            "--start-workers 5 must be from 1 to MAX (4) of --workers 2:4",
+        ),
+        (
+            &["--workers", "3", "--start-workers", "2"],
+            "--start-workers goes with --workers MIN:MAX",
+        ),
+        (
+            &["--workers", "2:4", "--worker-procs", "1"],
+            "--worker-procs does not go with elastic workers",
+        ),
+    ] {
+        let mut cmd = pslite(&["launch"]);
+        cmd.args(args).args(["--", "sh", "-c", "echo started"]);
+        let run = run(cmd, Duration::from_secs(30));
+        assert_eq!(run.code(), Some(2), "{args:?}: {}", run.output());
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.output());
+        assert!(!run.stdout.contains("started"), "{}", run.output());
+    }
+}
+
+/// Lines of `text` that contain `needle`.
+fn lines_with<'a>(text: &'a str, needle: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.contains(needle)).collect()
+}
+
+#[test]
+fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
+    let run = run(
+        pslite(&[
+            "demo",
+            "--elastic",
+            "--samples",
+            "60000",
+            "--epochs",
+            "8",
+            "--timeout",
+            "120",
+        ]),
+        Duration::from_secs(150),
+    );
+    run.assert_ok();
+    let out = &run.stdout;
+    // Round 0 with the 2 workers started, round 1 with the added one,
+    // round 2 without the killed one; in that order.
+    let rounds = lines_with(out, " began with workers ");
+    assert_eq!(rounds.len(), 3, "{}", run.output());
+    assert!(
+        rounds[0].starts_with("round 0 began with workers 9, 11 (ranks 0-1), before training"),
+        "{}",
+        run.output()
+    );
+    assert!(
+        rounds[1].starts_with("round 1 began with workers ") && rounds[1].contains("(ranks 0-2)"),
+        "{}",
+        run.output()
+    );
+    assert!(
+        rounds[2].starts_with("round 2 began with workers ") && rounds[2].contains("(ranks 0-1)"),
+        "{}",
+        run.output()
+    );
+    // The killed worker's id is in round 1 and not in round 2; the added
+    // one (13) is in both.
+    let ids = |line: &str| -> Vec<i32> {
+        let list = line
+            .split("workers ")
+            .nth(1)
+            .and_then(|rest| rest.split(" (").next())
+            .unwrap_or_default();
+        list.split(", ").filter_map(|id| id.parse().ok()).collect()
+    };
+    let (one, two) = (ids(rounds[1]), ids(rounds[2]));
+    assert!(one.contains(&13) && two.contains(&13), "{}", run.output());
+    assert_eq!(
+        one.iter().filter(|id| !two.contains(id)).count(),
+        1,
+        "{}",
+        run.output()
+    );
+    let pos = |needle: &str| {
+        out.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} missing:\n{}", run.output()))
+    };
+    assert!(pos("adding worker 2") < pos("round 1 began"));
+    assert!(pos("round 1 began") < pos("killing worker 1 with SIGKILL"));
+    assert!(pos("killing worker 1 with SIGKILL") < pos("round 2 began"));
+    assert!(
+        run.stderr.contains(
+            "pslite launch: worker 1 was killed by signal 9 (SIGKILL); the job goes on without it"
+        ),
+        "{}",
+        run.output()
+    );
+    // Every epoch is still reported, and training gets there.
+    for epoch in 0..=8 {
+        assert!(
+            out.contains(&format!("epoch {epoch}/8  test loss")),
+            "{}",
+            run.output()
+        );
+    }
+    assert!(out.contains("(threshold 0.8): ok"), "{}", run.output());
+}
+
+/// The first child of `parent` whose environment has `var=value`, and that
+/// environment.
+fn child_with_env(parent: u32, var: &str, value: &str) -> Option<(u32, Vec<String>)> {
+    let wanted = format!("{var}={value}");
+    let tasks = std::fs::read_dir(format!("/proc/{parent}/task")).ok()?;
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let env: Vec<String> = env
+                .split(|&b| b == 0)
+                .map(|kv| String::from_utf8_lossy(kv).into_owned())
+                .collect();
+            if env.contains(&wanted) {
+                return Some((pid, env));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn a_launch_with_elastic_workers_takes_an_added_worker_and_survives_a_killed_one() {
+    // Demo nodes as the program: worker rank 0 prints each epoch and each
+    // new round.
+    let node = [
+        "demo",
+        "--node",
+        "--samples",
+        "100000",
+        "--epochs",
+        "8",
+        "--threshold",
+        "0.8",
+    ];
+    let bin = pslite_bin().to_string_lossy().into_owned();
+    let heartbeats = |cmd: &mut Command| {
+        cmd.env("PS_HEARTBEAT_INTERVAL", "1")
+            .env("PS_HEARTBEAT_TIMEOUT", "3");
+    };
+    let mut cmd = pslite(&[
+        "launch",
+        "-s",
+        "1",
+        "-w",
+        "2:4",
+        "--timeout",
+        "120",
+        "--",
+        &bin,
+    ]);
+    cmd.args(node);
+    heartbeats(&mut cmd);
+    let launcher = spawn(cmd);
+    assert!(
+        launcher
+            .wait_for_line("round 0 began with workers 9, 11", Duration::from_secs(60))
+            .is_some(),
+        "the first round never began"
+    );
+    let (_, env) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
+    let port = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
+        .expect("no DMLC_PS_ROOT_PORT")
+        .to_string();
+    assert!(
+        launcher
+            .wait_for_line("epoch 1/8", Duration::from_secs(60))
+            .is_some(),
+        "epoch 1 never ended"
+    );
+    let mut add = pslite(&["launch", "--add-worker", "--port", &port, "--", &bin]);
+    add.args(node);
+    heartbeats(&mut add);
+    let added = spawn(add);
+    let round = launcher
+        .wait_for_line("round 1 began with workers", Duration::from_secs(60))
+        .expect("the added worker never joined a round");
+    assert!(round.contains("9, 11, 13 (ranks 0-2)"), "{round}");
+    let (victim, _) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
+    // SAFETY: kill(2) on a worker process the launcher started.
+    unsafe {
+        libc::kill(victim as libc::pid_t, libc::SIGKILL);
+    }
+    let round = launcher
+        .wait_for_line("round 2 began with workers", Duration::from_secs(60))
+        .expect("no round after the kill");
+    assert!(
+        round.contains("(ranks 0-1)") && round.contains("13"),
+        "{round}"
+    );
+    let run = launcher.wait(Duration::from_secs(150));
+    let added = added.wait(Duration::from_secs(30));
+    run.assert_ok();
+    added.assert_ok();
+    assert!(
+        run.stderr
+            .contains("was killed by signal 9 (SIGKILL); the job goes on without it"),
+        "{}",
+        run.output()
+    );
+    // Training finished (worker 0 checks the threshold) and both the
+    // surviving first worker and the added one reported their work.
+    assert!(run.stdout.contains("epoch 8/8"), "{}", run.output());
+    assert_eq!(
+        lines_with(&run.stdout, "] worker ").len(),
+        1,
+        "{}",
+        run.output()
+    );
+    assert!(
+        added.stdout.contains("[added worker (node 13)] worker "),
+        "{}",
+        added.output()
+    );
+}
+
+/// `acked round R epoch E` lines of the elastic example, counted by round.
+fn acked_by_round(stdout: &str) -> std::collections::BTreeMap<u64, u64> {
+    let mut acked = std::collections::BTreeMap::new();
+    for line in stdout.lines() {
+        let Some(rest) = line.split(" acked round ").nth(1) else {
+            continue;
+        };
+        if let Some(round) = rest.split(' ').next().and_then(|r| r.parse().ok()) {
+            *acked.entry(round).or_insert(0) += 1;
+        }
+    }
+    acked
+}
+
+#[test]
+fn elastic_example_under_the_launcher_keeps_exact_sums_through_a_join_and_a_kill() {
+    // The elastic example pushes 1 to the key of the current round per
+    // epoch and prints each acknowledged push; the first worker to start
+    // parks after its 20th (so its pushes are known when it is killed).
+    let dir = std::env::temp_dir().join(format!("pslite-elastic-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("cannot make a temporary directory");
+    let elastic = pslite_tests::example("elastic")
+        .to_string_lossy()
+        .into_owned();
+    let script = format!(
+        "if [ \"$DMLC_ROLE\" = worker ] && mkdir '{}/parked' 2>/dev/null; then \
+         export ELASTIC_PARK_AFTER=20; fi; exec {elastic}",
+        dir.display()
+    );
+    let env = |cmd: &mut Command| {
+        cmd.env("PS_HEARTBEAT_INTERVAL", "1")
+            .env("PS_HEARTBEAT_TIMEOUT", "3")
+            .env("ELASTIC_EPOCHS", "40")
+            .env("ELASTIC_EPOCH_MS", "50");
+    };
+    let mut cmd = pslite(&[
+        "launch",
+        "-s",
+        "1",
+        "-w",
+        "2:4",
+        "--timeout",
+        "120",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    env(&mut cmd);
+    let launcher = spawn(cmd);
+    assert!(
+        launcher
+            .wait_for_line("acked round 0 epoch 2", Duration::from_secs(60))
+            .is_some(),
+        "the workers never pushed"
+    );
+    let (_, worker_env) =
+        child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker process");
+    let port = worker_env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
+        .expect("no DMLC_PS_ROOT_PORT")
+        .to_string();
+    let mut add = pslite(&[
+        "launch",
+        "--add-worker",
+        "--port",
+        &port,
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    env(&mut add);
+    let added = spawn(add);
+    assert!(
+        launcher
+            .wait_for_line("parked after 20 acked pushes", Duration::from_secs(60))
+            .is_some(),
+        "no worker parked"
+    );
+    let (victim, _) = child_with_env(launcher.pid(), "ELASTIC_PARK_AFTER", "20")
+        .expect("the parked worker is not the launcher's child");
+    // SAFETY: kill(2) on a worker process the launcher started.
+    unsafe {
+        libc::kill(victim as libc::pid_t, libc::SIGKILL);
+    }
+    let run = launcher.wait(Duration::from_secs(150));
+    let added = added.wait(Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    run.assert_ok();
+    added.assert_ok();
+    assert!(
+        run.stderr
+            .contains("was killed by signal 9 (SIGKILL); the job goes on without it"),
+        "{}",
+        run.output()
+    );
+    assert!(
+        added.stdout.contains("] worker 13 starts at epoch ")
+            && added.stdout.contains("[added worker (node 13)] "),
+        "{}",
+        added.output()
+    );
+    // Every acknowledged push is in the server's sums, exactly, per round.
+    let mut acked = acked_by_round(&run.stdout);
+    for (round, n) in acked_by_round(&added.stdout) {
+        *acked.entry(round).or_insert(0) += n;
+    }
+    let totals: std::collections::BTreeMap<u64, u64> = run
+        .stdout
+        .lines()
+        .chain(added.stdout.lines())
+        .filter_map(|l| {
+            let rest = l.split("] round ").nth(1)?;
+            let (round, total) = rest.split_once(" total ")?;
+            Some((
+                round.parse().ok()?,
+                total.trim().parse::<f64>().ok()? as u64,
+            ))
+        })
+        .collect();
+    assert!(acked.len() >= 3, "rounds {acked:?}\n{}", run.output());
+    for (round, n) in &acked {
+        assert_eq!(
+            totals.get(round),
+            Some(n),
+            "round {round}: {n} pushes acknowledged, totals {totals:?}\n{}\n{}",
+            run.output(),
+            added.output()
+        );
+    }
+}
