@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use pslite_proto::Role;
-use pslite_van::store::StoreLimits;
 use pslite_van::rendezvous::RendezvousConfig;
+use pslite_van::store::StoreLimits;
 use pslite_van::{resolve, AuthToken, Transport, VanConfig};
 
 /// A configuration value that is missing or unusable.

@@ -86,8 +86,9 @@ pub enum Action {
         /// Its workers in rank order.
         workers: Vec<NodeId>,
     },
-    /// Answer an admin client that is not a cluster member: open a
-    /// short-lived DEALER to `to`'s address, send the message, close it.
+    /// Answer an admin client that is not a cluster member: send the
+    /// message on the DEALER the Van keeps to `to`'s address (the most
+    /// recent admin clients keep theirs, so watch events stay in order).
     /// The Van adds its own counters to the scheduler's row of a status table.
     Answer {
         /// Where the client listens.
