@@ -852,11 +852,12 @@ impl Scheduler {
         let Some(e) = &self.elastic else {
             return Vec::new();
         };
+        // Before the cluster forms nobody has been heard from as a member.
         let dead: Vec<NodeId> = e
             .members
             .iter()
             .copied()
-            .filter(|&id| self.is_dead(id, now))
+            .filter(|&id| self.ready && self.is_dead(id, now))
             .collect();
         let mut actions = Vec::new();
         for id in dead {
@@ -888,6 +889,7 @@ impl Scheduler {
         }
         info!("scheduler: worker {id} leaves the job");
         e.outside.retain(|n| n.id != id);
+        e.members.retain(|&m| m != id);
         let events = e.rdzv.leave(id, now);
         let mut actions = self.on_rounds(events, now);
         // Not in the table any more (if the round went on without it).
