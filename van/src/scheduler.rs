@@ -265,14 +265,14 @@ impl Scheduler {
             .filter_map(|id| self.last_seen.get(&id))
             .map(|&seen| seen + timeout + slack)
             .min();
-        let recovery = (!self.barriers.is_empty())
-            .then(|| {
-                self.dead_since
-                    .values()
-                    .map(|&since| since + self.cfg.recovery_timeout)
-                    .min()
-            })
-            .flatten();
+        // Only the dead a pending barrier waits for (tick fails those
+        // barriers; a dead node outside every pending group is no timer).
+        let recovery = self
+            .dead_since
+            .iter()
+            .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
+            .map(|(_, &since)| since + self.cfg.recovery_timeout)
+            .min();
         match (alive, recovery) {
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
