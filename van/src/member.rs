@@ -650,9 +650,12 @@ impl Member {
                 consider(self.last_scheduler_contact + timeout + Duration::from_millis(1));
             }
         }
-        for (id, &since) in &self.dead {
-            if !self.given_up.contains(id) {
-                consider(since + self.cfg.recovery_timeout);
+        // As in tick: a failed node gives up on nobody (it gave up).
+        if self.joined && self.failure.is_none() {
+            for (id, &since) in &self.dead {
+                if !self.given_up.contains(id) {
+                    consider(since + self.cfg.recovery_timeout);
+                }
             }
         }
         next

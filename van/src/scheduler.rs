@@ -266,14 +266,14 @@ impl Scheduler {
             .filter_map(|id| self.last_seen.get(&id))
             .map(|&seen| seen + timeout + slack)
             .min();
-        let recovery = (!self.barriers.is_empty())
-            .then(|| {
-                self.dead_since
-                    .values()
-                    .map(|&since| since + self.cfg.recovery_timeout)
-                    .min()
-            })
-            .flatten();
+        // Only the dead a pending barrier waits for (tick fails those
+        // barriers; a dead node outside every pending group is no timer).
+        let recovery = self
+            .dead_since
+            .iter()
+            .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
+            .map(|(_, &since)| since + self.cfg.recovery_timeout)
+            .min();
         match (alive, recovery) {
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
@@ -855,11 +855,12 @@ impl Scheduler {
         let Some(e) = &self.elastic else {
             return Vec::new();
         };
+        // Before the cluster forms nobody has been heard from as a member.
         let dead: Vec<NodeId> = e
             .members
             .iter()
             .copied()
-            .filter(|&id| self.is_dead(id, now))
+            .filter(|&id| self.ready && self.is_dead(id, now))
             .collect();
         let mut actions = Vec::new();
         for id in dead {
@@ -891,6 +892,7 @@ impl Scheduler {
         }
         info!("scheduler: worker {id} leaves the job");
         e.outside.retain(|n| n.id != id);
+        e.members.retain(|&m| m != id);
         let events = e.rdzv.leave(id, now);
         let mut actions = self.on_rounds(events, now);
         // Not in the table any more (if the round went on without it).

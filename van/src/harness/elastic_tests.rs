@@ -371,7 +371,15 @@ proptest! {
                 Step::Wait(ms) => net.run_for(Duration::from_millis(ms)),
             }
         }
-        net.run_for(SECOND * 5);
+        // Settle: dead workers admitted from the wait list are found dead
+        // one heartbeat timeout later, and may cascade.
+        for _ in 0..20 {
+            let before = net.nodes[0].rounds.len();
+            net.run_for(SECOND * 5);
+            if net.nodes[0].rounds.len() == before {
+                break;
+            }
+        }
         let sched = net.nodes[0].core.round();
         let failed = !net.nodes[0].failures.is_empty();
         for (i, n) in net.nodes.iter().enumerate() {
