@@ -939,18 +939,7 @@ const NAMING_PERIOD: Duration = Duration::from_millis(200);
 /// node whose process listens on that port (in `/proc/PID/fd` and
 /// `/proc/PID/net/tcp`) is the one. Ends when `started` is closed.
 fn name_nodes(host: &str, port: u16, env: &[(String, String)], started: &Receiver<Unnamed>) {
-    let var = |name: &str| {
-        env.iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var(name).ok())
-    };
-    let local = matches!(
-        var("DMLC_LOCAL").as_deref().map(str::trim),
-        Some("1" | "true")
-    );
-    let token = var("PS_AUTH_TOKEN");
+    let (local, token) = admin_settings(env);
     let mut client = None;
     let mut unnamed: Vec<Unnamed> = Vec::new();
     loop {
@@ -1044,18 +1033,7 @@ fn listening_ports(pid: u32) -> Vec<u16> {
 /// from a thread: the request waits (up to a minute) for the scheduler to
 /// listen. Only `--add-worker` reads it, so a failure is a warning.
 fn publish_launch_record(host: &str, port: u16, record: String, env: &[(String, String)]) {
-    let var = |name: &str| {
-        env.iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var(name).ok())
-    };
-    let local = matches!(
-        var("DMLC_LOCAL").as_deref().map(str::trim),
-        Some("1" | "true")
-    );
-    let token = var("PS_AUTH_TOKEN");
+    let (local, token) = admin_settings(env);
     let host = host.to_string();
     let _ = std::thread::Builder::new()
         .name("launch record".into())
@@ -1080,6 +1058,24 @@ fn publish_launch_record(host: &str, port: u16, record: String, env: &[(String, 
                 );
             }
         });
+}
+
+/// What an admin client of this job's scheduler needs from the nodes'
+/// environment (the launch's own variables first, then the launcher's):
+/// whether the cluster is local (`DMLC_LOCAL`: IPC) and its `PS_AUTH_TOKEN`.
+fn admin_settings(env: &[(String, String)]) -> (bool, Option<String>) {
+    let var = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let local = matches!(
+        var("DMLC_LOCAL").as_deref().map(str::trim),
+        Some("1" | "true")
+    );
+    (local, var("PS_AUTH_TOKEN"))
 }
 
 /// An admin client of the scheduler at `host`:`port` (over IPC with

@@ -125,6 +125,19 @@ impl BarrierRound {
             .iter()
             .any(|&(id, _)| ids::role_of_id(id) == Some(Role::Worker))
     }
+
+    /// The release of this barrier over `group`, one message to each of `to`.
+    fn release(&self, group: i32, to: BTreeSet<NodeId>) -> Vec<Action> {
+        to.into_iter()
+            .map(|id| {
+                let mut reply = Message::control(Command::Barrier, id);
+                reply.meta.control.barrier_group = group;
+                reply.meta.app_id = self.app_id;
+                reply.meta.customer_id = self.customer_id;
+                Action::Send(reply)
+            })
+            .collect()
+    }
 }
 
 /// The scheduler's membership, barrier and liveness state.
@@ -691,16 +704,7 @@ impl Scheduler {
         if group & ids::SCHEDULER_GROUP != 0 {
             members.insert(SCHEDULER);
         }
-        members
-            .into_iter()
-            .map(|id| {
-                let mut reply = Message::control(Command::Barrier, id);
-                reply.meta.control.barrier_group = group;
-                reply.meta.app_id = round.app_id;
-                reply.meta.customer_id = round.customer_id;
-                Action::Send(reply)
-            })
-            .collect()
+        round.release(group, members)
     }
 
     fn heartbeat(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
@@ -1241,16 +1245,7 @@ impl Scheduler {
             .filter(|&id| id == SCHEDULER || self.nodes.iter().any(|n| n.id == id))
             .collect();
         debug!("scheduler: barrier {group} released to {waiting:?}");
-        waiting
-            .into_iter()
-            .map(|id| {
-                let mut reply = Message::control(Command::Barrier, id);
-                reply.meta.control.barrier_group = group;
-                reply.meta.app_id = round.app_id;
-                reply.meta.customer_id = round.customer_id;
-                Action::Send(reply)
-            })
-            .collect()
+        round.release(group, waiting)
     }
 }
 
