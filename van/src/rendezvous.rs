@@ -200,7 +200,11 @@ impl Rendezvous {
     /// round so that the next one takes them in.
     pub fn admit_waiting(&mut self, now: Instant) -> Vec<RendezvousEvent> {
         match self.phase {
-            Phase::Running { number } if !self.waiting.is_empty() => {
+            // A full round has no place for them: they wait on, and the
+            // round goes on unchanged (no new round of the same members).
+            Phase::Running { number }
+                if !self.waiting.is_empty() && self.members.len() < self.cfg.max =>
+            {
                 let joiners = self.waiting.clone();
                 self.end_round(number, EndReason::Joiners(joiners), now)
             }

@@ -170,6 +170,14 @@ fn waiting_workers_that_die_leave_no_trace_and_extra_joiners_wait() {
     let events = r.admit_waiting(t);
     assert_eq!(events[1], began(1, &[9, 11]));
     assert_eq!(r.waiting(), &[13, 15]);
+    // The round is full: later safe points leave it alone (no new round
+    // of the same members at every barrier) until a place frees up.
+    assert!(r.admit_waiting(t).is_empty());
+    assert_eq!(r.round(), Some((1, &[9, 11][..])));
+    let events = r.leave(11, t);
+    assert_eq!(events[1], began(2, &[9]));
+    assert_eq!(r.admit_waiting(t)[1], began(3, &[9, 13]));
+    assert_eq!(r.waiting(), &[15]);
 }
 
 #[derive(Clone, Debug)]
