@@ -82,7 +82,14 @@ pub struct Network {
     packets: Vec<Packet>,
     rng: StdRng,
     seq: u64,
+    /// Steps taken without the clock moving (a busy-loop detector).
+    stalled_steps: u32,
 }
+
+/// Steps at one virtual instant after which the harness calls it a busy
+/// loop (a core whose deadline stays in the past after `tick`) and fails
+/// the test, instead of hanging it. Real runs take a handful.
+const MAX_STEPS_AT_ONE_INSTANT: u32 = 100_000;
 
 /// The scheduler's address in clusters built here.
 pub const SCHEDULER_PORT: i32 = 9000;
@@ -103,6 +110,7 @@ impl Network {
             packets: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
             seq: 0,
+            stalled_steps: 0,
         }
     }
 
@@ -360,7 +368,18 @@ impl Network {
         let Some(at) = self.next_event() else {
             return false;
         };
-        self.now = self.now.max(at);
+        if at > self.now {
+            self.now = at;
+            self.stalled_steps = 0;
+        } else {
+            self.stalled_steps += 1;
+            assert!(
+                self.stalled_steps < MAX_STEPS_AT_ONE_INSTANT,
+                "busy loop: {MAX_STEPS_AT_ONE_INSTANT} steps without virtual time moving \
+                 (a core's poll_timeout stays in the past after tick, or packets bounce \
+                 with no delay)"
+            );
+        }
         let now = self.now;
         let mut due: Vec<Packet> = Vec::new();
         let mut i = 0;
