@@ -906,9 +906,10 @@ impl Shared {
         Some(staged)
     }
 
-    /// Sends `msg` to an admin client at `to` (not a cluster member) on a
-    /// DEALER of its own, closed at once (it lingers until the message is
-    /// out). Admin clients listen on TCP, whatever the cluster uses.
+    /// Sends `msg` to an admin client at `to` (not a cluster member) on the
+    /// DEALER kept for it (the [`ADMIN_DEALERS`] most recent clients keep
+    /// theirs, so a watcher's events arrive in order on one connection).
+    /// Admin clients listen on TCP, whatever the cluster uses.
     fn answer(&self, to: &Node, msg: &Message) -> Result<(), VanError> {
         let endpoint = Transport::Tcp.connect_endpoint(&to.hostname, to.port);
         let mut dealers = lock(&self.admin_dealers);
