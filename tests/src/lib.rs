@@ -421,12 +421,27 @@ pub fn wait_all_ok(procs: impl IntoIterator<Item = Spawned>, limit: Duration) ->
     runs
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1 for a scheduler a test starts.
+///
+/// Taken below the kernel's ephemeral range (32768-60999), from a counter
+/// that starts at a random place per test process: a port from `bind(0)`
+/// is released before the scheduler binds it, and in between any outgoing
+/// connection of a test running alongside (ZeroMQ's DEALERs, nodes binding
+/// `:*`) could be given it. Ports below that range are never handed out by
+/// the kernel, and the counter keeps this process's tests apart.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port on 127.0.0.1")
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static NEXT: OnceLock<AtomicU16> = OnceLock::new();
+    let next = NEXT.get_or_init(|| AtomicU16::new(rand::random_range(0..SPAN)));
+    for _ in 0..SPAN {
+        let port = LOW + next.fetch_add(1, Ordering::Relaxed) % SPAN;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 in {LOW}..{}", LOW + SPAN)
 }
 
 /// A whole cluster inside this test process: one `Postoffice` per node, on
