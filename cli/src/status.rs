@@ -147,7 +147,12 @@ pub fn render(scheduler: &str, rows: &[NodeStatus], stale: Duration, json: bool)
     if json {
         return to_json(scheduler, rows, stale);
     }
-    let count = |role| rows.iter().filter(|r| r.node.role == role).count();
+    let count = |role| {
+        rows.iter()
+            .filter(|r| r.node.role == role && !r.waiting)
+            .count()
+    };
+    let waiting = rows.iter().filter(|r| r.waiting).count();
     let mut out = format!(
         "cluster at {scheduler}: {} server{}, {} worker{}\n\n",
         count(Role::Server),
@@ -155,6 +160,12 @@ pub fn render(scheduler: &str, rows: &[NodeStatus], stale: Duration, json: bool)
         count(Role::Worker),
         if count(Role::Worker) == 1 { "" } else { "s" },
     );
+    if waiting > 0 {
+        out.insert_str(
+            out.len() - 2,
+            &format!(" ({waiting} waiting for the next round)"),
+        );
+    }
     let _ = writeln!(
         out,
         "{:>4}  {:<9}  {:>4}  {:<21}  {:>10}  state",
@@ -168,7 +179,8 @@ pub fn render(scheduler: &str, rows: &[NodeStatus], stale: Duration, json: bool)
             "{:>4}  {:<9}  {:>4}  {:<21}  {:>10}  {}",
             id(n.id),
             n.role.as_str(),
-            rank(n.id),
+            r.round_rank
+                .map_or_else(|| rank(n.id), |rank| rank.to_string()),
             n.address(),
             heard,
             state(r, stale)
@@ -239,6 +251,8 @@ fn rank(id: i32) -> String {
 fn state(r: &NodeStatus, stale: Duration) -> String {
     let mut s = if r.node.id == K_EMPTY {
         "registered (cluster not formed yet)".to_string()
+    } else if r.waiting {
+        "waiting for the next round".to_string()
     } else if r.dead {
         "DEAD".to_string()
     } else {
@@ -337,7 +351,7 @@ fn to_json(scheduler: &str, rows: &[NodeStatus], stale: Duration) -> String {
             let answering = n.id == ids::SCHEDULER || r.counters_age.is_some_and(|a| a <= stale);
             format!(
                 "{{\"id\":{},\"role\":\"{}\",\"rank\":{},\"host\":{},\"port\":{},\
-                 \"last_seen_ms\":{},\"dead\":{},\"recovered\":{},\"answering\":{answering},\
+                 \"last_seen_ms\":{},\"dead\":{},\"waiting\":{},\"recovered\":{},\"answering\":{answering},\
                  \"counters_age_ms\":{},\"counters\":{counters}}}",
                 if n.id == K_EMPTY {
                     "null".into()
@@ -345,14 +359,16 @@ fn to_json(scheduler: &str, rows: &[NodeStatus], stale: Duration) -> String {
                     n.id.to_string()
                 },
                 n.role,
-                match rank(n.id).parse::<i32>() {
-                    Ok(r) => r.to_string(),
-                    Err(_) => "null".into(),
+                match (r.round_rank, rank(n.id).parse::<i32>()) {
+                    (Some(rank), _) => rank.to_string(),
+                    (None, Ok(rank)) => rank.to_string(),
+                    (None, Err(_)) => "null".into(),
                 },
                 json_string(&n.hostname),
                 n.port,
                 opt_ms(r.last_seen),
                 r.dead,
+                r.waiting,
                 n.is_recovery,
                 opt_ms(r.counters_age),
             )

@@ -145,6 +145,10 @@ pub struct NodeStatus {
     pub counters: Option<NodeCounters>,
     /// How old those counters are.
     pub counters_age: Option<Duration>,
+    /// Elastic mode: a registered worker waiting to be admitted to a round.
+    pub waiting: bool,
+    /// Elastic mode: the worker's rank in the current round.
+    pub round_rank: Option<u32>,
 }
 
 impl NodeStatus {
@@ -156,6 +160,8 @@ impl NodeStatus {
             dead: Some(self.dead),
             counters: self.counters.as_ref().map(NodeCounters::to_pb),
             counters_age_ms: self.counters_age.map(|d| d.as_millis() as u64),
+            waiting: self.waiting.then_some(true),
+            round_rank: self.round_rank,
         }
     }
 
@@ -167,6 +173,8 @@ impl NodeStatus {
             dead: pb.dead.unwrap_or(false),
             counters: pb.counters.map(NodeCounters::from_pb),
             counters_age: pb.counters_age_ms.map(Duration::from_millis),
+            waiting: pb.waiting.unwrap_or(false),
+            round_rank: pb.round_rank,
         })
     }
 }

@@ -468,3 +468,83 @@ fn elastic_example_under_the_launcher_keeps_exact_sums_through_a_join_and_a_kill
         );
     }
 }
+
+#[test]
+fn status_shows_round_ranks_and_a_worker_waiting_for_a_full_round() {
+    let bin = pslite_bin().to_string_lossy().into_owned();
+    // Long enough to outlive the checks; the launcher is stopped at the end.
+    let node = ["demo", "--node", "--samples", "20000", "--epochs", "100000"];
+    let mut cmd = pslite(&[
+        "launch",
+        "-s",
+        "1",
+        "-w",
+        "2:2",
+        "--timeout",
+        "120",
+        "--",
+        &bin,
+    ]);
+    cmd.args(node);
+    let launcher = spawn(cmd);
+    assert!(
+        launcher
+            .wait_for_line("round 0 began with workers 9, 11", Duration::from_secs(60))
+            .is_some(),
+        "the first round never began"
+    );
+    let (_, env) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
+    let port = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
+        .expect("no DMLC_PS_ROOT_PORT")
+        .to_string();
+    // The round is full (MAX = 2): the added worker registers and waits.
+    let mut add = pslite(&["launch", "--add-worker", "--port", &port, "--", &bin]);
+    add.args(node);
+    let added = spawn(add);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let table = loop {
+        let status = run(
+            pslite(&["status", "--port", &port]),
+            Duration::from_secs(20),
+        );
+        assert!(!status.timed_out && status.ok(), "{}", status.output());
+        if status.stdout.contains("waiting for the next round") {
+            break status.stdout;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the added worker never showed as waiting:\n{}",
+            status.output()
+        );
+        // A polling period, not synchronisation: each poll is a full answer.
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        table.contains("1 server, 2 workers (1 waiting for the next round)"),
+        "{table}"
+    );
+    let row = |id: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .unwrap_or_else(|| panic!("no row for node {id}:\n{table}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row("9")[2], "0", "{table}");
+    assert_eq!(row("11")[2], "1", "{table}");
+    let waiting = row("13");
+    assert_eq!(waiting[1], "worker", "{table}");
+    assert!(
+        waiting.join(" ").ends_with("waiting for the next round"),
+        "{table}"
+    );
+    added.signal(libc::SIGTERM);
+    launcher.signal(libc::SIGTERM);
+    let added = added.wait(Duration::from_secs(30));
+    let run = launcher.wait(Duration::from_secs(30));
+    assert!(!added.timed_out, "{}", added.output());
+    assert!(!run.timed_out, "{}", run.output());
+}

@@ -759,6 +759,8 @@ impl Scheduler {
     /// The scheduler first, then every process (by id; before the cluster
     /// forms, the registrations so far, without ids), each with how long ago
     /// it was last heard from, whether it is dead, and its latest counters.
+    /// In elastic mode each worker of the round carries its rank, and the
+    /// workers waiting for a round follow, marked `waiting`.
     pub fn status_table(&self, now: Instant) -> Vec<NodeStatus> {
         let mut rows = vec![NodeStatus {
             node: self.cfg.me.clone(),
@@ -766,7 +768,10 @@ impl Scheduler {
             dead: false,
             counters: None,
             counters_age: None,
+            waiting: false,
+            round_rank: None,
         }];
+        let round = self.round().map_or(&[][..], |(_, members)| members);
         let nodes: Vec<&Node> = if self.ready {
             self.process_nodes()
         } else {
@@ -783,7 +788,30 @@ impl Scheduler {
                 dead: known.is_some_and(|id| self.is_dead(id, now)),
                 counters: counters.map(|(c, _)| c.clone()),
                 counters_age: counters.map(|&(_, at)| now.saturating_duration_since(at)),
+                waiting: false,
+                round_rank: known
+                    .and_then(|id| round.iter().position(|&m| m == id))
+                    .map(|rank| rank as u32),
             });
+        }
+        if let Some(e) = &self.elastic {
+            let waiting = e.rdzv.waiting();
+            let mut outside: Vec<&Node> = e
+                .outside
+                .iter()
+                .filter(|n| waiting.contains(&n.id))
+                .collect();
+            outside.sort_by_key(|n| n.id);
+            outside.dedup_by_key(|n| n.id);
+            rows.extend(outside.into_iter().map(|node| NodeStatus {
+                node: node.clone(),
+                last_seen: None,
+                dead: false,
+                counters: None,
+                counters_age: None,
+                waiting: true,
+                round_rank: None,
+            }));
         }
         rows
     }

@@ -275,6 +275,8 @@ fn pslite_only_fields_round_trip_and_stay_off_by_default() {
             dead: true,
             counters: Some(counters),
             counters_age: Some(std::time::Duration::from_millis(7)),
+            waiting: true,
+            round_rank: Some(2),
         }],
         ..Meta::default()
     };

@@ -578,3 +578,56 @@ fn bad_status_requests_are_dropped() {
     reply.meta.request = false;
     assert!(s.handle(&reply, now).is_empty());
 }
+
+#[test]
+fn elastic_status_gives_round_ranks_and_lists_waiting_workers() {
+    let mut me = Node::new(Role::Scheduler, HOST, 9000);
+    me.id = SCHEDULER;
+    let mut s = Scheduler::new(SchedulerConfig {
+        num_servers: 1,
+        num_workers: 2,
+        me,
+        heartbeat_timeout: None,
+        recovery_timeout: Duration::from_secs(30),
+        watch_all: true,
+        elastic: Some(RendezvousConfig {
+            min: 2,
+            max: 2,
+            last_call: Duration::from_secs(1),
+            timeout: Duration::from_secs(60),
+        }),
+    });
+    let now = Instant::now();
+    let pslite = |role, port| {
+        let mut msg = add_node(role, HOST, port, 0);
+        msg.meta.control.node[0].pslite = true;
+        msg
+    };
+    s.handle(&pslite(Role::Server, 9100), now);
+    s.handle(&pslite(Role::Worker, 9201), now);
+    s.handle(&pslite(Role::Worker, 9202), now);
+    assert_eq!(
+        s.round().map(|(n, m)| (n, m.to_vec())),
+        Some((0, vec![9, 11]))
+    );
+    // The round is full (MAX = 2): a third worker waits.
+    s.handle(&pslite(Role::Worker, 9203), now);
+    assert_eq!(s.waiting_workers(), &[13]);
+
+    let rows = answered(&s.handle(&status_request(7000), now), 7000);
+    let summary: Vec<(NodeId, bool, Option<u32>)> = rows
+        .iter()
+        .map(|r| (r.node.id, r.waiting, r.round_rank))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (SCHEDULER, false, None),
+            (8, false, None),
+            (9, false, Some(0)),
+            (11, false, Some(1)),
+            (13, true, None),
+        ]
+    );
+    assert_eq!(rows[4].node.port, 9203, "the waiting worker's own entry");
+}
