@@ -18,8 +18,10 @@
 //!   pull (µs) and GB/s (12 bytes per key), plus requests per second with a
 //!   window of requests in flight. The workers start each phase together
 //!   (a barrier), as the raw clients do.
-//! - `rtt`: the 1-key push round trip at 1+1 and 2+2, pslite and raw ZeroMQ
-//!   alternating, 5 times each (medians of 2000 round trips per run), and
+//! - `rtt`: the 1-key push round trip at 1+1 and 2+2, pslite, raw ZeroMQ
+//!   over TCP and raw ZeroMQ over ipc (abstract Unix sockets, the path
+//!   same-host pslite nodes take unless `PS_IPC=0`) alternating, 5 times
+//!   each (medians of 2000 round trips per run), and
 //!   the Rust heap allocations per round trip on the worker and the server
 //!   (a counting global allocator; ZeroMQ's own are not seen).
 //! - `startup`: launch to every node past the start barrier, 1+2+2, 1+32+32
@@ -77,6 +79,9 @@ struct Args {
     /// (raw mode) the clients' endpoints, comma-separated.
     #[arg(long, hide = true, default_value = "")]
     raw_clients: String,
+    /// (raw mode) listen on an abstract Unix socket instead of TCP.
+    #[arg(long, hide = true)]
+    raw_ipc: bool,
 }
 
 /// Counts the heap allocations of this process's Rust code (ZeroMQ's own,
@@ -122,7 +127,7 @@ fn main() -> ExitCode {
     pslite::init_logging();
     let args = Args::parse();
     if let Some(rank) = args.raw_server {
-        pslite::exit_code(raw_server_process(rank, &args.raw_clients))
+        pslite::exit_code(raw_server_process(rank, &args.raw_clients, args.raw_ipc))
     } else if std::env::var_os("DMLC_ROLE").is_some() {
         pslite::exit_code(node(&args))
     } else {
@@ -488,6 +493,10 @@ fn driver(args: &Args) -> Result<(), Error> {
         std::env::var("GLIBC_TUNABLES").unwrap_or_default()
     );
     let mut raw = Raw::default();
+    let mut raw_ipc = Raw {
+        ipc: true,
+        ..Raw::default()
+    };
     let mut results = Vec::new();
     if want("cxx") {
         println!(
@@ -570,16 +579,25 @@ fn driver(args: &Args) -> Result<(), Error> {
         }
     }
     if want("rtt") {
+        let ipc_off = ["PS_IPC", "PS_SHM"]
+            .iter()
+            .any(|v| std::env::var(v).is_ok_and(|x| x.trim() == "0"));
         println!(
-            "## 1-key push round trip (µs; pslite and raw ZeroMQ alternating, {RTT_RUNS} runs \
-             each, medians of 2000 round trips per run)\n"
+            "## 1-key push round trip (µs; pslite, raw ZeroMQ over TCP and raw ZeroMQ over \
+             ipc alternating, {RTT_RUNS} runs each, medians of 2000 round trips per run; \
+             pslite's nodes talk over {})\n",
+            if ipc_off {
+                "TCP (PS_IPC=0 or PS_SHM=0)"
+            } else {
+                "ipc (same host)"
+            }
         );
         println!(
-            "| cluster | pslite, runs | raw, runs | pslite median | raw median | raw / ours | Rust allocations per round trip, worker / server |"
+            "| cluster | pslite, runs | raw TCP, runs | raw ipc, runs | pslite median | raw TCP median | raw ipc median | raw TCP / ours | raw ipc / ours | Rust allocations per round trip, worker / server |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for (s, w) in [(1, 1), (2, 2)] {
-            let (mut ours, mut raws) = (Vec::new(), Vec::new());
+            let (mut ours, mut raws, mut ipcs) = (Vec::new(), Vec::new(), Vec::new());
             let mut allocs = String::from("-");
             for _ in 0..RTT_RUNS {
                 let run = launch(s, w, "rtt", args)?;
@@ -600,6 +618,7 @@ fn driver(args: &Args) -> Result<(), Error> {
                     .collect();
                 ours.push(median(&mut push));
                 raws.push(raw.round_trip_us(s, w, 1, 12, 16, iterations(1))?);
+                ipcs.push(raw_ipc.round_trip_us(s, w, 1, 12, 16, iterations(1))?);
             }
             let show = |v: &[f64]| {
                 v.iter()
@@ -607,11 +626,13 @@ fn driver(args: &Args) -> Result<(), Error> {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            let (o_runs, r_runs) = (show(&ours), show(&raws));
-            let (o, r) = (median(&mut ours), median(&mut raws));
+            let (o_runs, r_runs, i_runs) = (show(&ours), show(&raws), show(&ipcs));
+            let (o, r, i) = (median(&mut ours), median(&mut raws), median(&mut ipcs));
             println!(
-                "| 1+{s}+{w} | {o_runs} | {r_runs} | {o:.1} | {r:.1} | {:.2} | {allocs} |",
-                r / o
+                "| 1+{s}+{w} | {o_runs} | {r_runs} | {i_runs} | {o:.1} | {r:.1} | {i:.1} | {:.2} | \
+                 {:.2} | {allocs} |",
+                r / o,
+                i / o
             );
             results.push(format!("RESULT rtt {s}+{w} ours_us={o:.1} raw_us={r:.1}"));
         }
@@ -661,6 +682,9 @@ fn driver(args: &Args) -> Result<(), Error> {
 #[derive(Default)]
 struct Raw {
     clusters: Vec<((usize, usize), RawCluster)>,
+    /// Over abstract Unix sockets (`ipc://@`, the path same-host pslite
+    /// nodes take) instead of TCP loopback.
+    ipc: bool,
 }
 
 impl Raw {
@@ -680,7 +704,7 @@ impl Raw {
         let key = (servers, workers);
         if !self.clusters.iter().any(|(k, _)| *k == key) {
             self.clusters
-                .push((key, RawCluster::start(servers, workers)?));
+                .push((key, RawCluster::start(servers, workers, self.ipc)?));
         }
         let cluster = self
             .clusters
@@ -724,9 +748,17 @@ fn raw_err(e: zmq::Error) -> Error {
     Error::App(format!("raw ZeroMQ: {e}"))
 }
 
-/// A ROUTER bound to a free loopback port, and its endpoint.
-fn raw_router(ctx: &zmq::Context) -> Result<(zmq::Socket, String), Error> {
+/// A ROUTER bound to a free loopback port (or a fresh abstract Unix
+/// socket), and its endpoint.
+fn raw_router(ctx: &zmq::Context, ipc: bool) -> Result<(zmq::Socket, String), Error> {
     let router = ctx.socket(zmq::ROUTER).map_err(raw_err)?;
+    if ipc {
+        static ROUTERS: AtomicU64 = AtomicU64::new(0);
+        let n = ROUTERS.fetch_add(1, Ordering::Relaxed);
+        let endpoint = format!("ipc://@kv_bench-raw-{}-{n}", std::process::id());
+        router.bind(&endpoint).map_err(raw_err)?;
+        return Ok((router, endpoint));
+    }
     router.bind("tcp://127.0.0.1:*").map_err(raw_err)?;
     let endpoint = router
         .get_last_endpoint()
@@ -743,12 +775,12 @@ fn raw_dealer(ctx: &zmq::Context, identity: &str, endpoint: &str) -> Result<zmq:
 }
 
 impl RawCluster {
-    fn start(servers: usize, workers: usize) -> Result<RawCluster, Error> {
+    fn start(servers: usize, workers: usize, ipc: bool) -> Result<RawCluster, Error> {
         // One context (one I/O thread) per node, as with separate processes.
         let client_ctxs: Vec<zmq::Context> = (0..workers).map(|_| zmq::Context::new()).collect();
         let mut client_inboxes = Vec::new();
         for ctx in &client_ctxs {
-            client_inboxes.push(raw_router(ctx)?);
+            client_inboxes.push(raw_router(ctx, ipc)?);
         }
         // Each server is a process of its own, as a node is: a round trip
         // then pays for switching between processes like pslite's does
@@ -763,6 +795,7 @@ impl RawCluster {
             let mut child = Command::new(&exe)
                 .args(["--raw-server", &s.to_string()])
                 .args(["--raw-clients", &client_endpoints.join(",")])
+                .args(ipc.then_some("--raw-ipc"))
                 .env_remove("DMLC_ROLE")
                 .stdout(std::process::Stdio::piped())
                 // Its stdin stays open while this process lives: the server
@@ -807,9 +840,9 @@ impl RawCluster {
 /// A raw ZeroMQ server process (`--raw-server`): binds a ROUTER, prints
 /// `ENDPOINT <endpoint>`, connects a DEALER to each client and answers every
 /// request with as many bytes as its meta asks for, until told to stop.
-fn raw_server_process(rank: usize, clients: &str) -> Result<(), Error> {
+fn raw_server_process(rank: usize, clients: &str, ipc: bool) -> Result<(), Error> {
     let ctx = zmq::Context::new();
-    let (inbox, endpoint) = raw_router(&ctx)?;
+    let (inbox, endpoint) = raw_router(&ctx, ipc)?;
     let mut to_clients: Vec<zmq::Socket> = clients
         .split(',')
         .filter(|ep| !ep.is_empty())

@@ -60,7 +60,7 @@ pub struct Config {
     /// address), `PS_BIND_HOST`, `PORT`, `DMLC_LOCAL`, `DMLC_PS_WATER_MARK`,
     /// `PS_START_TIMEOUT`, `PS_HEARTBEAT_INTERVAL`/`_TIMEOUT`,
     /// `PS_RECOVERY_TIMEOUT`, `PS_RESEND`/`_TIMEOUT`, `PS_DROP_MSG`,
-    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_SHM`, `PS_STORE_MAX_KEY`/
+    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_SHM`, `PS_IPC`, `PS_STORE_MAX_KEY`/
     /// `_VALUE`/`_BYTES`/`_KEYS`/`_WAITS`/`_WATCHES`.
     pub van: VanConfig,
     /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 (or more, as ps-lite reads
@@ -316,6 +316,10 @@ impl Config {
                     Some(_) => env.flag("PS_SHM")?,
                 },
                 shm_identity: None,
+                ipc: match env.get("PS_IPC") {
+                    None => defaults.ipc,
+                    Some(_) => env.flag("PS_IPC")?,
+                },
             },
             verbose: verbose as u8,
             queue_limit,
@@ -600,10 +604,14 @@ mod tests {
             ("PS_AUTH_TOKEN", "s3cret"),
             ("PS_METRICS_PORT", "9900"),
             ("PS_SHM", "0"),
+            ("PS_IPC", "0"),
         ])
         .unwrap();
         assert!(!c.van.shm);
+        assert!(!c.van.ipc);
+        assert!(parse(&[]).unwrap().van.ipc);
         assert!(parse(&[("PS_SHM", "maybe")]).is_err());
+        assert!(parse(&[("PS_IPC", "maybe")]).is_err());
         assert!(
             !format!("{c:?}").contains("s3cret"),
             "the token must not be logged"

@@ -84,6 +84,11 @@ pub struct VanConfig {
     /// [`crate::Van::start`] when `shm` is on and the host supports it;
     /// `None` advertises nothing (the entry is as C++ writes it).
     pub shm_identity: Option<(String, u32)>,
+    /// Reach same-host pslite peers over an abstract Unix socket instead of
+    /// loopback TCP (`PS_IPC`, default on; needs the host identity `shm`
+    /// advertises, so `PS_SHM=0` turns it off too; see
+    /// [`crate::transport::local_endpoint`]).
+    pub ipc: bool,
 }
 
 impl Default for VanConfig {
@@ -116,6 +121,7 @@ impl Default for VanConfig {
             auth_token: None,
             shm: true,
             shm_identity: None,
+            ipc: true,
         }
     }
 }

@@ -65,6 +65,61 @@ impl Transport {
     }
 }
 
+/// The extra endpoint a pslite node of host identity `host` (see
+/// [`crate::shm::host_identity`]), process `pid`, listening on `port`, binds
+/// for same-host pslite peers (`PS_IPC`): an abstract Unix socket, so nothing
+/// appears on the filesystem, the name is gone when the process dies, and
+/// it is visible only inside the node's network namespace.
+pub fn local_endpoint(host: &str, pid: u32, port: i32) -> String {
+    format!("ipc://@pslite-{host}-{pid}-{port}")
+}
+
+/// Whether something listens on abstract Unix socket `endpoint`
+/// (`ipc://@name`): a non-blocking connect that is closed at once. A peer
+/// that runs with `PS_IPC=0` binds none, and is then reached over TCP.
+pub fn local_listening(endpoint: &str) -> bool {
+    let Some(name) = endpoint.strip_prefix("ipc://@") else {
+        return false;
+    };
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    // The leading NUL of `sun_path` makes the name abstract.
+    if name.is_empty() || name.len() + 1 > addr.sun_path.len() {
+        return false;
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (slot, &b) in addr.sun_path[1..].iter_mut().zip(name.as_bytes()) {
+        *slot = b as libc::c_char;
+    }
+    // ZeroMQ's length: the name without a trailing NUL, as here.
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    // SAFETY: socket has no preconditions.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes and
+    // `fd` is the socket just opened.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    // EAGAIN: the listener's backlog is full, but it listens.
+    let listening = r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    listening
+}
+
 /// A received frame kept in ZeroMQ's own buffer; `Bytes` points into it.
 struct ZmqFrame(zmq::Message);
 
@@ -200,6 +255,30 @@ mod tests {
         assert_eq!(Transport::Tcp.connect_endpoint("h", 5), "tcp://h:5");
         assert_eq!(Transport::Tcp.connect_endpoint("::1", 5), "tcp://[::1]:5");
         assert_eq!(Transport::Ipc.connect_endpoint("h", 5), "ipc:///tmp/5");
+    }
+
+    #[test]
+    fn local_endpoint_probe() {
+        let endpoint = local_endpoint("0123456789abcdef", std::process::id(), 4242);
+        assert!(endpoint.starts_with("ipc://@pslite-0123456789abcdef-"));
+        assert!(!local_listening(&endpoint), "nothing bound yet");
+        assert!(!local_listening("tcp://127.0.0.1:1"));
+        assert!(!local_listening("ipc://@"));
+        let ctx = zmq::Context::new();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.bind(&endpoint).unwrap();
+        assert!(local_listening(&endpoint));
+        // A probe leaves the socket usable.
+        let mut dealer = ctx.socket(zmq::DEALER).unwrap();
+        dealer.set_identity(b"ps9").unwrap();
+        dealer.connect(&endpoint).unwrap();
+        send_message(&mut dealer, b"meta", &[]).unwrap();
+        let raw = recv_message(&router).unwrap();
+        assert_eq!(raw.sender, 9);
+        drop((dealer, router));
+        // Terminating the context closes the listener: the name is gone.
+        drop(ctx);
+        assert!(!local_listening(&endpoint));
     }
 
     #[test]

@@ -108,6 +108,9 @@ struct Shared {
     counters: Arc<Counters>,
     /// The shared-memory path, when on (`PS_SHM`) and this host has one.
     shm: Option<ShmSide>,
+    /// This node's host identity when it listens on its abstract Unix
+    /// socket for same-host pslite peers and reaches theirs (`PS_IPC`).
+    ipc_host: Option<String>,
     ctx: zmq::Context,
 }
 
@@ -220,6 +223,22 @@ impl Van {
             config.shm_identity = None;
             None
         };
+        let ipc_host = match (&config.shm_identity, config.transport) {
+            (Some((host, pid)), Transport::Tcp) if config.ipc => {
+                let endpoint = transport::local_endpoint(host, *pid, port);
+                match router.bind(&endpoint) {
+                    Ok(()) => {
+                        debug!("also listening on {endpoint} for same-host peers");
+                        Some(host.clone())
+                    }
+                    Err(e) => {
+                        info!("same-host peers use TCP: cannot bind {endpoint}: {e}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let seed = rand::random();
         let core =
             Core::new(&config, port, Instant::now(), seed).with_counters(Arc::clone(&counters));
@@ -238,6 +257,7 @@ impl Van {
             waker: Mutex::new(waker),
             counters,
             shm: shm_side,
+            ipc_host,
             ctx,
         });
         // The first output connects to the scheduler.
@@ -760,10 +780,7 @@ impl Shared {
     /// Opens (or replaces) the DEALER to `node`, identified as `ps<identity>`
     /// (anonymous for [`K_EMPTY`]).
     fn connect(&self, node: &Node, identity: NodeId) -> Result<(), VanError> {
-        let endpoint = self
-            .config
-            .transport
-            .connect_endpoint(&node.hostname, node.port);
+        let endpoint = self.peer_endpoint(node);
         let socket = self.open_dealer(identity, &endpoint)?;
         // ZeroMQ connects in the background: "connected" is logged when the
         // first message from the node arrives.
@@ -785,6 +802,23 @@ impl Shared {
         }
         lock(&self.senders).insert(node.id, Arc::new(Mutex::new(socket)));
         Ok(())
+    }
+
+    /// Where to reach `node`: its abstract Unix socket when it is a pslite
+    /// node of this host that listens on one (`PS_IPC`), else the address
+    /// it advertises (C++ nodes and other hosts: always).
+    fn peer_endpoint(&self, node: &Node) -> String {
+        if let Some(host) = &self.ipc_host {
+            if node.pslite && node.pid != 0 && node.host == *host {
+                let local = transport::local_endpoint(host, node.pid, node.port);
+                if transport::local_listening(&local) {
+                    return local;
+                }
+            }
+        }
+        self.config
+            .transport
+            .connect_endpoint(&node.hostname, node.port)
     }
 
     /// A DEALER connected to `endpoint` as `ps<identity>` (anonymous for
