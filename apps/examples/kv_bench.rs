@@ -29,8 +29,10 @@
 //!
 //! Run with `DMLC_ROLE` (as `pslite launch` does) it is one node of such a
 //! cluster; the worker prints `BENCH ...` lines for the driver. The raw
-//! baseline's servers are processes too (this program with the hidden
-//! `--raw-server` option); its clients are threads of the driver.
+//! baseline's servers and clients are processes too (this program with the
+//! hidden `--raw-server` and `--raw-client` options), S + W of them as a
+//! pslite cluster has; `--raw-layout threads` runs them as threads of the
+//! driver instead.
 //!
 //! The driver ends with machine-readable lines, one per cluster (raw is raw
 //! ZeroMQ over TCP loopback, the path C++ ps-lite takes):
@@ -82,6 +84,15 @@ struct Args {
     /// (raw mode) listen on an abstract Unix socket instead of TCP.
     #[arg(long, hide = true)]
     raw_ipc: bool,
+    /// (raw mode) serve as raw ZeroMQ client `RANK`: prints its endpoint,
+    /// then takes commands on stdin.
+    #[arg(long, hide = true)]
+    raw_client: Option<usize>,
+    /// How the raw ZeroMQ baseline's servers and clients run: each a
+    /// process of its own, as pslite's nodes (the default), or all threads
+    /// of this program (the layout before 2026-11-23, to compare with).
+    #[arg(long, value_enum, default_value = "processes")]
+    raw_layout: RawLayout,
 }
 
 /// Counts the heap allocations of this process's Rust code (ZeroMQ's own,
@@ -128,6 +139,8 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(rank) = args.raw_server {
         pslite::exit_code(raw_server_process(rank, &args.raw_clients, args.raw_ipc))
+    } else if let Some(rank) = args.raw_client {
+        pslite::exit_code(raw_client_process(rank, args.raw_ipc))
     } else if std::env::var_os("DMLC_ROLE").is_some() {
         pslite::exit_code(node(&args))
     } else {
@@ -492,11 +505,9 @@ fn driver(args: &Args) -> Result<(), Error> {
         },
         std::env::var("GLIBC_TUNABLES").unwrap_or_default()
     );
-    let mut raw = Raw::default();
-    let mut raw_ipc = Raw {
-        ipc: true,
-        ..Raw::default()
-    };
+    let mut raw = Raw::new(args.raw_layout);
+    let mut raw_ipc = Raw::new(args.raw_layout);
+    raw_ipc.ipc = true;
     let mut results = Vec::new();
     if want("cxx") {
         println!(
@@ -505,8 +516,12 @@ fn driver(args: &Args) -> Result<(), Error> {
         );
         println!(
             "Raw ZeroMQ: the same bytes over the same sockets (a DEALER per peer to each node's \
-             ROUTER, requests split over the servers), as many workers and servers, in this \
-             process.\n"
+             ROUTER, requests split over the servers, a pull answered with its keys echoed and \
+             the values), as many workers and servers, {}.\n",
+            match args.raw_layout {
+                RawLayout::Processes => "each a process",
+                RawLayout::Threads => "as threads of this process",
+            }
         );
         println!("| cluster | push ms | pull ms | push GB/s | raw push ms | raw pull ms | raw / ours, push | raw / ours, pull | misaligned frames copied |");
         println!("|---|---|---|---|---|---|---|---|---|");
@@ -525,7 +540,7 @@ fn driver(args: &Args) -> Result<(), Error> {
             let (p, q) = (median(&mut push), median(&mut pull));
             let rounds = args.repeat.max(3);
             let raw_push = raw.round_trip_us(s, w, s, args.keys * 12, 16, rounds)? / 1e3;
-            let raw_pull = raw.round_trip_us(s, w, s, args.keys * 8, args.keys * 12, rounds)? / 1e3;
+            let raw_pull = raw.pull_us(s, w, s, args.keys * 8, args.keys * 4, rounds)? / 1e3;
             println!(
                 "| 1+{s}+{w} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {raw_pull:.1} | {:.2} | {:.2} | {misaligned} |",
                 (args.keys * 12) as f64 / (p / 1e3) / 1e9,
@@ -678,9 +693,79 @@ fn driver(args: &Args) -> Result<(), Error> {
     Ok(())
 }
 
+/// How the raw baseline's nodes run (`--raw-layout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RawLayout {
+    /// Every server and every client a process of its own, as pslite runs
+    /// each node: the same launch shape (S + W processes).
+    Processes,
+    /// Servers and clients as threads of the driver, each with its own
+    /// ZeroMQ context (the layout before 2026-11-23), to compare with.
+    Threads,
+}
+
+/// What one raw request asks of the servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RawRequest {
+    /// Servers the request is split over (the first `fanout`).
+    fanout: usize,
+    /// Bytes sent in all (split evenly over the servers).
+    size: usize,
+    /// Whether each server sends its share of the request back (zero-copy,
+    /// the received frame itself), as a pslite server answers a pull with
+    /// the request's keys.
+    echo: bool,
+    /// Bytes each server's reply carries besides the echo, in all (split
+    /// evenly): the values of a pull, a small ack for a push.
+    extra: usize,
+    /// Timed round trips (after up to 20 untimed ones).
+    iters: usize,
+}
+
+impl RawRequest {
+    /// A request of `size` bytes answered with `reply` bytes.
+    fn push(fanout: usize, size: usize, reply: usize, iters: usize) -> RawRequest {
+        RawRequest {
+            fanout,
+            size,
+            echo: false,
+            extra: reply,
+            iters,
+        }
+    }
+
+    /// The line a client process reads on stdin.
+    fn line(&self) -> String {
+        format!(
+            "RUN {} {} {} {} {}\n",
+            self.fanout,
+            self.size,
+            u8::from(self.echo),
+            self.extra,
+            self.iters
+        )
+    }
+
+    fn parse(line: &str) -> Option<RawRequest> {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("RUN") {
+            return None;
+        }
+        let mut num = || words.next().and_then(|w| w.parse::<usize>().ok());
+        let (fanout, size, echo, extra, iters) = (num()?, num()?, num()?, num()?, num()?);
+        Some(RawRequest {
+            fanout,
+            size,
+            echo: echo == 1,
+            extra,
+            iters,
+        })
+    }
+}
+
 /// Raw ZeroMQ clusters of `servers` x `workers`, started on first use.
-#[derive(Default)]
 struct Raw {
+    layout: RawLayout,
     clusters: Vec<((usize, usize), RawCluster)>,
     /// Over abstract Unix sockets (`ipc://@`, the path same-host pslite
     /// nodes take) instead of TCP loopback.
@@ -688,10 +773,17 @@ struct Raw {
 }
 
 impl Raw {
+    fn new(layout: RawLayout) -> Raw {
+        Raw {
+            layout,
+            clusters: Vec::new(),
+            ipc: false,
+        }
+    }
+
     /// Median (over workers, of each worker's median) round trip in µs of a
     /// request of `size` bytes answered with `reply` bytes, split over
-    /// `servers` like a pslite request (each worker at once).
-    #[allow(clippy::too_many_arguments)]
+    /// `fanout` servers like a pslite request (each worker at once).
     fn round_trip_us(
         &mut self,
         servers: usize,
@@ -701,10 +793,40 @@ impl Raw {
         reply: usize,
         iters: usize,
     ) -> Result<f64, Error> {
+        self.run(
+            servers,
+            workers,
+            RawRequest::push(fanout, size, reply, iters),
+        )
+    }
+
+    /// As `round_trip_us` for a pull: `keys` bytes out, the same keys
+    /// (echoed) and `vals` bytes of values back, split over `fanout`
+    /// servers.
+    fn pull_us(
+        &mut self,
+        servers: usize,
+        workers: usize,
+        fanout: usize,
+        keys: usize,
+        vals: usize,
+        iters: usize,
+    ) -> Result<f64, Error> {
+        let req = RawRequest {
+            fanout,
+            size: keys,
+            echo: true,
+            extra: vals,
+            iters,
+        };
+        self.run(servers, workers, req)
+    }
+
+    fn run(&mut self, servers: usize, workers: usize, req: RawRequest) -> Result<f64, Error> {
         let key = (servers, workers);
         if !self.clusters.iter().any(|(k, _)| *k == key) {
-            self.clusters
-                .push((key, RawCluster::start(servers, workers, self.ipc)?));
+            let cluster = RawCluster::start(servers, workers, self.layout, self.ipc)?;
+            self.clusters.push((key, cluster));
         }
         let cluster = self
             .clusters
@@ -712,35 +834,144 @@ impl Raw {
             .find(|(k, _)| *k == key)
             .map(|(_, c)| c)
             .ok_or_else(|| Error::App("raw cluster vanished".into()))?;
-        let mut medians: Vec<f64> = std::thread::scope(|scope| {
+        // Client processes start together: each is told before any answer
+        // is read.
+        for client in &mut cluster.clients {
+            if let RawClientNode::Process(p) = client {
+                p.say(&req.line())?;
+            }
+        }
+        let medians: Vec<Result<f64, Error>> = std::thread::scope(|scope| {
             let handles: Vec<_> = cluster
                 .clients
                 .iter_mut()
-                .map(|client| scope.spawn(move || client.round_trip_us(fanout, size, reply, iters)))
+                .map(|client| {
+                    scope.spawn(move || match client {
+                        RawClientNode::Local(c) => Ok(c.round_trip_us(&req)),
+                        RawClientNode::Process(p) => {
+                            let line = p.read_line()?;
+                            line.strip_prefix("MEDIAN ")
+                                .and_then(|v| v.trim().parse::<f64>().ok())
+                                .ok_or_else(|| Error::App(format!("a raw client said {line:?}")))
+                        }
+                    })
+                })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or(f64::NAN))
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::App("a raw client panicked".into())))
+                })
                 .collect()
         });
+        let mut medians = medians.into_iter().collect::<Result<Vec<f64>, Error>>()?;
         Ok(median(&mut medians))
     }
 }
 
-/// Raw ZeroMQ in ps-lite's topology, in this process: every node binds a
-/// ROUTER and sends through its own DEALER per peer (identities `ps<id>`);
-/// a client's request is split evenly over the servers, each answers with
-/// its share of the reply. Frames move as pslite moves them (no copies).
+/// Raw ZeroMQ in ps-lite's topology: every node binds a ROUTER and sends
+/// through its own DEALER per peer (identities `ps<id>`, servers
+/// `ps<8+2s>`, clients `ps<9+2c>`); a client's request is split evenly over
+/// the servers, each answers with its share. Frames move as pslite moves
+/// them: sent by reference, received into ZeroMQ's buffers, no copies.
 struct RawCluster {
-    clients: Vec<RawClient>,
-    servers: Vec<std::process::Child>,
+    clients: Vec<RawClientNode>,
+    servers: Vec<RawServerNode>,
     stop_endpoints: Vec<String>,
     ctx: zmq::Context,
 }
 
+enum RawClientNode {
+    Local(RawClient),
+    Process(RawProcess),
+}
+
+enum RawServerNode {
+    Thread(std::thread::JoinHandle<()>),
+    Process(RawProcess),
+}
+
+/// A raw node started as a process of this program: it prints
+/// `ENDPOINT <endpoint>` first, then reads commands on its stdin and exits
+/// when stdin closes (so also when this process is killed).
+struct RawProcess {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    endpoint: String,
+}
+
+impl RawProcess {
+    fn spawn(role: &[String]) -> Result<RawProcess, Error> {
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::App(format!("cannot find this program: {e}")))?;
+        let mut child = Command::new(&exe)
+            .args(role)
+            .env_remove("DMLC_ROLE")
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::App(format!("cannot start a raw node: {e}")))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::App("a raw node has no stdin or stdout".into()));
+        };
+        let mut p = RawProcess {
+            child,
+            stdin: Some(stdin),
+            stdout: std::io::BufReader::new(stdout),
+            endpoint: String::new(),
+        };
+        let line = p.read_line()?;
+        match line.trim().strip_prefix("ENDPOINT ") {
+            Some(endpoint) => p.endpoint = endpoint.to_string(),
+            None => return Err(Error::App(format!("a raw node said {line:?}"))),
+        }
+        Ok(p)
+    }
+
+    fn say(&mut self, line: &str) -> Result<(), Error> {
+        use std::io::Write;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| Error::App("a raw node's stdin is closed".into()))?;
+        stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| stdin.flush())
+            .map_err(|e| Error::App(format!("cannot talk to a raw node: {e}")))
+    }
+
+    fn read_line(&mut self) -> Result<String, Error> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        match self.stdout.read_line(&mut line) {
+            Ok(0) => Err(Error::App("a raw node exited".into())),
+            Ok(_) => Ok(line),
+            Err(e) => Err(Error::App(format!("cannot read a raw node: {e}"))),
+        }
+    }
+
+    /// Closes its stdin and waits for it to exit until `deadline`, then
+    /// kills it.
+    fn finish(mut self, deadline: Instant) {
+        drop(self.stdin.take());
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A raw client: a DEALER to each server and its own ROUTER for replies.
 struct RawClient {
     to_servers: Vec<zmq::Socket>,
     inbox: zmq::Socket,
+    /// The request's bytes, kept between runs of the same size.
+    payload: Bytes,
     _ctx: zmq::Context,
 }
 
@@ -774,80 +1005,165 @@ fn raw_dealer(ctx: &zmq::Context, identity: &str, endpoint: &str) -> Result<zmq:
     Ok(dealer)
 }
 
+/// DEALERs from client `rank` to each server endpoint.
+fn raw_client_dealers(
+    ctx: &zmq::Context,
+    rank: usize,
+    servers: &[String],
+) -> Result<Vec<zmq::Socket>, Error> {
+    servers
+        .iter()
+        .map(|ep| raw_dealer(ctx, &format!("ps{}", 9 + 2 * rank), ep))
+        .collect()
+}
+
+/// DEALERs from server `rank` to each client endpoint.
+fn raw_server_dealers(
+    ctx: &zmq::Context,
+    rank: usize,
+    clients: &[String],
+) -> Result<Vec<zmq::Socket>, Error> {
+    clients
+        .iter()
+        .map(|ep| raw_dealer(ctx, &format!("ps{}", 8 + 2 * rank), ep))
+        .collect()
+}
+
 impl RawCluster {
-    fn start(servers: usize, workers: usize, ipc: bool) -> Result<RawCluster, Error> {
-        // One context (one I/O thread) per node, as with separate processes.
-        let client_ctxs: Vec<zmq::Context> = (0..workers).map(|_| zmq::Context::new()).collect();
-        let mut client_inboxes = Vec::new();
-        for ctx in &client_ctxs {
-            client_inboxes.push(raw_router(ctx, ipc)?);
-        }
-        // Each server is a process of its own, as a node is: a round trip
-        // then pays for switching between processes like pslite's does
-        // (threads of one process switch more cheaply).
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::App(format!("cannot find this program: {e}")))?;
-        let client_endpoints: Vec<&str> =
-            client_inboxes.iter().map(|(_, ep)| ep.as_str()).collect();
-        let mut server_procs = Vec::new();
-        let mut server_endpoints = Vec::new();
-        for s in 0..servers {
-            let mut child = Command::new(&exe)
-                .args(["--raw-server", &s.to_string()])
-                .args(["--raw-clients", &client_endpoints.join(",")])
-                .args(ipc.then_some("--raw-ipc"))
-                .env_remove("DMLC_ROLE")
-                .stdout(std::process::Stdio::piped())
-                // Its stdin stays open while this process lives: the server
-                // exits when it closes, even if this process is killed.
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .map_err(|e| Error::App(format!("cannot start a raw server: {e}")))?;
-            let mut line = String::new();
-            if let Some(out) = child.stdout.take() {
-                use std::io::BufRead;
-                let _ = std::io::BufReader::new(out).read_line(&mut line);
-            }
-            let Some(endpoint) = line.trim().strip_prefix("ENDPOINT ").map(str::to_string) else {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(Error::App(format!("a raw server said {line:?}")));
-            };
-            server_endpoints.push(endpoint);
-            server_procs.push(child);
-        }
-        let mut clients = Vec::new();
-        for (c, (ctx, (inbox, _))) in client_ctxs.into_iter().zip(client_inboxes).enumerate() {
-            let to_servers = server_endpoints
-                .iter()
-                .map(|ep| raw_dealer(&ctx, &format!("ps{}", 9 + 2 * c), ep))
-                .collect::<Result<_, _>>()?;
-            clients.push(RawClient {
-                to_servers,
-                inbox,
-                _ctx: ctx,
-            });
-        }
-        Ok(RawCluster {
-            clients,
-            servers: server_procs,
-            stop_endpoints: server_endpoints,
+    fn start(
+        servers: usize,
+        workers: usize,
+        layout: RawLayout,
+        ipc: bool,
+    ) -> Result<RawCluster, Error> {
+        let mut cluster = RawCluster {
+            clients: Vec::new(),
+            servers: Vec::new(),
+            stop_endpoints: Vec::new(),
             ctx: zmq::Context::new(),
-        })
+        };
+        // Clients first (the servers connect to their ROUTERs), then the
+        // servers, then the clients' DEALERs to the servers. One ZeroMQ
+        // context (one I/O thread) per node in either layout.
+        match layout {
+            RawLayout::Processes => {
+                let mut procs = Vec::new();
+                let ipc_flag: Vec<String> =
+                    ipc.then(|| "--raw-ipc".to_string()).into_iter().collect();
+                for c in 0..workers {
+                    let mut role = vec!["--raw-client".to_string(), c.to_string()];
+                    role.extend(ipc_flag.iter().cloned());
+                    procs.push(RawProcess::spawn(&role)?);
+                }
+                let client_eps: Vec<String> = procs.iter().map(|p| p.endpoint.clone()).collect();
+                for s in 0..servers {
+                    let mut role = vec![
+                        "--raw-server".to_string(),
+                        s.to_string(),
+                        "--raw-clients".to_string(),
+                        client_eps.join(","),
+                    ];
+                    role.extend(ipc_flag.iter().cloned());
+                    let p = RawProcess::spawn(&role)?;
+                    cluster.stop_endpoints.push(p.endpoint.clone());
+                    cluster.servers.push(RawServerNode::Process(p));
+                }
+                let line = format!("CONNECT {}\n", cluster.stop_endpoints.join(","));
+                for mut p in procs {
+                    p.say(&line)?;
+                    cluster.clients.push(RawClientNode::Process(p));
+                }
+            }
+            RawLayout::Threads => {
+                let mut locals = Vec::new();
+                for _ in 0..workers {
+                    let ctx = zmq::Context::new();
+                    let (inbox, endpoint) = raw_router(&ctx, ipc)?;
+                    locals.push((ctx, inbox, endpoint));
+                }
+                let client_eps: Vec<String> = locals.iter().map(|l| l.2.clone()).collect();
+                for s in 0..servers {
+                    let ctx = zmq::Context::new();
+                    let (inbox, endpoint) = raw_router(&ctx, ipc)?;
+                    let mut to_clients = raw_server_dealers(&ctx, s, &client_eps)?;
+                    cluster.stop_endpoints.push(endpoint);
+                    cluster
+                        .servers
+                        .push(RawServerNode::Thread(std::thread::spawn(move || {
+                            let _ctx = ctx;
+                            raw_serve(&inbox, &mut to_clients);
+                        })));
+                }
+                for (c, (ctx, inbox, _)) in locals.into_iter().enumerate() {
+                    cluster.clients.push(RawClientNode::Local(RawClient {
+                        to_servers: raw_client_dealers(&ctx, c, &cluster.stop_endpoints)?,
+                        inbox,
+                        payload: Bytes::new(),
+                        _ctx: ctx,
+                    }));
+                }
+            }
+        }
+        Ok(cluster)
+    }
+}
+
+/// A raw server's loop: answers every request as its meta asks, until a
+/// `stop` message or a receive error.
+fn raw_serve(inbox: &zmq::Socket, to_clients: &mut [zmq::Socket]) {
+    // The values a reply carries: one buffer, sent again and again by
+    // reference, as pslite's bench server keeps one zero array.
+    let mut vals = Bytes::new();
+    loop {
+        // Received as pslite receives: frames stay in ZeroMQ's buffers.
+        let Ok(raw) = pslite_van::transport::recv_message(inbox) else {
+            return;
+        };
+        let Some(meta) = raw.meta else {
+            return;
+        };
+        if &meta[..] == b"stop" {
+            return;
+        }
+        // The meta: echo flag (1 byte), then the extra reply size (u64 LE).
+        let echo = meta.first() == Some(&1);
+        let extra = meta
+            .get(1..9)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .unwrap_or(0) as usize;
+        if extra != vals.len() {
+            vals = Bytes::from(vec![0u8; extra]);
+        }
+        // The sender is ps<9+2c>.
+        let Some(out) = usize::try_from((raw.sender - 9) / 2)
+            .ok()
+            .and_then(|c| to_clients.get_mut(c))
+        else {
+            continue;
+        };
+        let _ = match raw.data.first() {
+            Some(request) if echo => {
+                let frames = [request.clone(), vals.clone()];
+                pslite_van::transport::send_message(out, b"reply", &frames)
+            }
+            _ => pslite_van::transport::send_message(out, b"reply", std::slice::from_ref(&vals)),
+        };
     }
 }
 
 /// A raw ZeroMQ server process (`--raw-server`): binds a ROUTER, prints
 /// `ENDPOINT <endpoint>`, connects a DEALER to each client and answers every
-/// request with as many bytes as its meta asks for, until told to stop.
+/// request as its meta asks, until told to stop or its stdin closes.
 fn raw_server_process(rank: usize, clients: &str, ipc: bool) -> Result<(), Error> {
     let ctx = zmq::Context::new();
     let (inbox, endpoint) = raw_router(&ctx, ipc)?;
-    let mut to_clients: Vec<zmq::Socket> = clients
+    let clients: Vec<String> = clients
         .split(',')
         .filter(|ep| !ep.is_empty())
-        .map(|ep| raw_dealer(&ctx, &format!("ps{}", 8 + 2 * rank), ep))
-        .collect::<Result<_, _>>()?;
+        .map(str::to_string)
+        .collect();
+    let mut to_clients = raw_server_dealers(&ctx, rank, &clients)?;
     // Exit with the driver: its end of our stdin closes when it exits,
     // however it exits.
     std::thread::spawn(|| {
@@ -856,54 +1172,86 @@ fn raw_server_process(rank: usize, clients: &str, ipc: bool) -> Result<(), Error
         let _ = std::io::stdin().read_to_end(&mut sink);
         std::process::exit(0);
     });
-    println!("ENDPOINT {endpoint}");
+    say_endpoint(&endpoint)?;
+    raw_serve(&inbox, &mut to_clients);
+    Ok(())
+}
+
+fn say_endpoint(endpoint: &str) -> Result<(), Error> {
     use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let mut reply = Bytes::new();
-    loop {
-        // Received as pslite receives: frames stay in ZeroMQ's buffers.
-        let Ok(raw) = pslite_van::transport::recv_message(&inbox) else {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ENDPOINT {endpoint}")
+        .and_then(|()| out.flush())
+        .map_err(|e| Error::App(format!("cannot write to stdout: {e}")))
+}
+
+/// A raw ZeroMQ client process (`--raw-client`): binds a ROUTER, prints
+/// `ENDPOINT <endpoint>`, then reads commands on stdin until it closes:
+/// `CONNECT <server endpoints>` and `RUN ...` (see [`RawRequest::line`]),
+/// answering each run with `MEDIAN <µs>`.
+fn raw_client_process(rank: usize, ipc: bool) -> Result<(), Error> {
+    use std::io::{BufRead, Write};
+    let ctx = zmq::Context::new();
+    let (inbox, endpoint) = raw_router(&ctx, ipc)?;
+    say_endpoint(&endpoint)?;
+    let read_err = |e: std::io::Error| Error::App(format!("cannot read stdin: {e}"));
+    let mut lines = std::io::stdin().lock().lines();
+    let Some(first) = lines.next() else {
+        return Ok(());
+    };
+    let first = first.map_err(read_err)?;
+    let servers: Vec<String> = first
+        .strip_prefix("CONNECT ")
+        .ok_or_else(|| Error::App(format!("a raw client was told {first:?}")))?
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let mut client = RawClient {
+        to_servers: raw_client_dealers(&ctx, rank, &servers)?,
+        inbox,
+        payload: Bytes::new(),
+        _ctx: ctx,
+    };
+    for line in lines {
+        let line = line.map_err(read_err)?;
+        let req = RawRequest::parse(&line)
+            .ok_or_else(|| Error::App(format!("a raw client was told {line:?}")))?;
+        let us = client.round_trip_us(&req);
+        let mut out = std::io::stdout().lock();
+        if writeln!(out, "MEDIAN {us}")
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            // The driver is gone.
             return Ok(());
-        };
-        let Some(meta) = raw.meta else {
-            return Ok(());
-        };
-        if &meta[..] == b"stop" {
-            return Ok(());
-        }
-        // The meta holds the reply size; the sender is ps<9+2c>.
-        let want = meta
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-            .unwrap_or(0) as usize;
-        if want != reply.len() {
-            reply = Bytes::from(vec![0u8; want]);
-        }
-        let client = ((raw.sender - 9) / 2) as usize;
-        if let Some(out) = to_clients.get_mut(client) {
-            let _ =
-                pslite_van::transport::send_message(out, b"reply", std::slice::from_ref(&reply));
         }
     }
+    Ok(())
 }
 
 impl RawClient {
-    /// Median round trip (µs): `size` bytes out, `reply` bytes back, split
-    /// evenly over the first `fanout` servers (those a pslite request of
-    /// that size reaches).
-    fn round_trip_us(&mut self, fanout: usize, size: usize, reply: usize, iters: usize) -> f64 {
-        let n = fanout.clamp(1, self.to_servers.len().max(1));
-        let payload = Bytes::from(vec![1u8; size.div_ceil(n)]);
-        let mut meta = (reply.div_ceil(n) as u64).to_le_bytes().to_vec();
+    /// Median round trip (µs) of `req`: its bytes out, split evenly over
+    /// the first `fanout` servers (those a pslite request of that size
+    /// reaches), and their replies back.
+    fn round_trip_us(&mut self, req: &RawRequest) -> f64 {
+        let n = req.fanout.clamp(1, self.to_servers.len().max(1));
+        let share = req.size.div_ceil(n);
+        if self.payload.len() != share {
+            self.payload = Bytes::from(vec![1u8; share]);
+        }
+        let mut meta = vec![u8::from(req.echo)];
+        meta.extend_from_slice(&(req.extra.div_ceil(n) as u64).to_le_bytes());
         meta.extend_from_slice(&[0u8; 12]);
-        let warmup = iters.min(20);
-        let mut samples = Vec::with_capacity(iters);
-        for i in 0..iters + warmup {
+        let warmup = req.iters.min(20);
+        let mut samples = Vec::with_capacity(req.iters);
+        for i in 0..req.iters + warmup {
             let t = Instant::now();
             for out in &mut self.to_servers[..n] {
-                let sent =
-                    pslite_van::transport::send_message(out, &meta, std::slice::from_ref(&payload));
+                let sent = pslite_van::transport::send_message(
+                    out,
+                    &meta,
+                    std::slice::from_ref(&self.payload),
+                );
                 if sent.is_err() {
                     return f64::NAN;
                 }
@@ -931,15 +1279,28 @@ impl Drop for RawCluster {
                 }
             }
         }
+        // Processes that miss the stop message (or clients, which get
+        // none) exit when their stdin closes; any left at the deadline are
+        // killed.
         let deadline = Instant::now() + Duration::from_secs(10);
-        for mut child in self.servers.drain(..) {
-            drop(child.stdin.take());
-            // A server that missed its stop message is killed.
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
+        for client in self.clients.drain(..) {
+            if let RawClientNode::Process(p) = client {
+                p.finish(deadline);
             }
-            let _ = child.kill();
-            let _ = child.wait();
+        }
+        for server in self.servers.drain(..) {
+            match server {
+                RawServerNode::Process(p) => p.finish(deadline),
+                RawServerNode::Thread(t) => {
+                    // A thread that missed its stop message is left behind.
+                    while !t.is_finished() && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    if t.is_finished() {
+                        let _ = t.join();
+                    }
+                }
+            }
         }
     }
 }
