@@ -13,10 +13,10 @@ use pslite_tests::{
 
 /// The numbers of the nodes' exit lines "shared memory: sent N frames (B
 /// bytes), received M, F sent over ZeroMQ for want of a free segment, R
-/// descriptors rejected; S bytes of segments", summed over the nodes:
-/// (N, M, F, R).
-fn shm_totals(output: &str) -> (u64, u64, u64, u64) {
-    let mut t = (0, 0, 0, 0);
+/// descriptors rejected; S bytes of segments, H frames sent again without a
+/// copy", summed over the nodes: (N, M, F, R, H).
+fn shm_totals(output: &str) -> (u64, u64, u64, u64, u64) {
+    let mut t = (0, 0, 0, 0, 0);
     for line in output.lines() {
         let Some((_, rest)) = line.split_once("shared memory: sent") else {
             continue;
@@ -25,8 +25,8 @@ fn shm_totals(output: &str) -> (u64, u64, u64, u64) {
             .split(|c: char| !c.is_ascii_digit())
             .filter_map(|w| w.parse().ok())
             .collect();
-        assert_eq!(n.len(), 6, "unexpected exit line {line:?}");
-        t = (t.0 + n[0], t.1 + n[2], t.2 + n[3], t.3 + n[4]);
+        assert_eq!(n.len(), 7, "unexpected exit line {line:?}");
+        t = (t.0 + n[0], t.1 + n[2], t.2 + n[3], t.3 + n[4], t.4 + n[6]);
     }
     t
 }
@@ -65,7 +65,7 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
         assert_exact(&run, workers);
         let out = run.output();
         assert!(out.contains("shares this host"), "{out}");
-        let (sent, received, _, rejected) = shm_totals(&out);
+        let (sent, received, _, rejected, _) = shm_totals(&out);
         assert_eq!(rejected, 0, "{out}");
         if keys == 1_000 {
             assert_eq!(sent, 0, "small frames stay on ZeroMQ:\n{out}");
@@ -89,7 +89,7 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
         .timeout(Duration::from_secs(90))
         .run();
     assert_exact(&run, 2);
-    let (sent, _, _, rejected) = shm_totals(&run.output());
+    let (sent, _, _, rejected, _) = shm_totals(&run.output());
     assert!(sent > 0 && rejected == 0, "{}", run.output());
 
     let run = kv_app(2, 2, 300_000, Some("0"));
@@ -103,10 +103,10 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
 fn shm_totals_reads_the_exit_line() {
     let line = "[worker 0] 2026-11-23T12:00:00.000Z INFO  shared memory: sent 12 frames (999 \
                 bytes), received 7, 3 sent over ZeroMQ for want of a free segment, 2 \
-                descriptors rejected; 4096 bytes of segments";
+                descriptors rejected; 4096 bytes of segments, 5 frames sent again without a copy";
     assert_eq!(
         shm_totals(&format!("{line}\n{line}\nother")),
-        (24, 14, 6, 4)
+        (24, 14, 6, 4, 10)
     );
 }
 
