@@ -185,6 +185,9 @@ fn is_gone(pid: u32) -> bool {
 struct Mapping {
     ptr: *mut u8,
     len: usize,
+    /// On a receiver: set once the segment's sender is gone (registered in
+    /// [`FOREIGN`] while mapped).
+    gone: Option<Arc<AtomicBool>>,
 }
 
 // SAFETY: the mapping is plain shared memory; the header's slots are
@@ -215,6 +218,7 @@ impl Mapping {
         Ok(Mapping {
             ptr: ptr as *mut u8,
             len,
+            gone: None,
         })
     }
 
@@ -239,6 +243,16 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if let Some(gone) = &self.gone {
+            let mut foreign = lock(&FOREIGN);
+            let start = self.ptr as usize;
+            if foreign
+                .get(&start)
+                .is_some_and(|(_, g)| Arc::ptr_eq(g, gone))
+            {
+                foreign.remove(&start);
+            }
+        }
         // SAFETY: unmaps exactly what `new` mapped; no reference outlives
         // the mapping (views hold an Arc to it).
         unsafe {
@@ -360,7 +374,11 @@ impl Segment {
             Content::Frame {
                 life: Life::Held(b),
                 ..
-            } => b.is_unique() || now.duration_since(self.sent_at) >= HELD_IDLE,
+            } => {
+                b.is_unique()
+                    || now.duration_since(self.sent_at) >= HELD_IDLE
+                    || foreign_gone(b.as_ptr() as usize)
+            }
             _ => false,
         }
     }
@@ -609,6 +627,7 @@ impl Pool {
         let life = tracked(key.0, len);
         let now = Instant::now();
         let mut inner = lock(&self.inner);
+        inner.drop_stale(now);
         if let Some(&i) = inner.cached.get(&key) {
             let seg = &mut inner.segments[i];
             if seg.holds(key, life.as_ref()) {
@@ -627,7 +646,6 @@ impl Pool {
                 inner.cached.remove(&key);
             }
         }
-        inner.drop_stale(now);
         let want = class(len);
         let mut pick = inner.free_segment(want);
         if pick.is_none() && inner.bytes + want > self.limit {
@@ -757,6 +775,21 @@ pub fn track(bytes: &[u8]) -> Option<Tracked> {
     let flag = Arc::new(AtomicBool::new(true));
     lock(&TRACKED).insert(start, (start + bytes.len(), Arc::clone(&flag)));
     Some(Tracked { start, flag })
+}
+
+/// Peers' segments this process maps (start by end and "sender gone").
+static FOREIGN: Mutex<std::collections::BTreeMap<usize, (usize, Arc<AtomicBool>)>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+/// Whether `ptr` lies in a peer's segment whose sender is gone: a frame
+/// received from it and sent on (a server answering with the keys it was
+/// sent) must not keep the dead peer's memory mapped.
+fn foreign_gone(ptr: usize) -> bool {
+    let foreign = lock(&FOREIGN);
+    foreign
+        .range(..=ptr)
+        .next_back()
+        .is_some_and(|(_, (end, gone))| ptr < *end && gone.load(Ordering::Acquire))
 }
 
 /// The flag of the live registered buffer holding `len` bytes at `ptr`.
@@ -1033,7 +1066,17 @@ impl Receiver {
         }
         self.pruned = Some(now);
         let before = self.maps.len();
-        self.maps.retain(|_, (pid, _)| !is_gone(*pid));
+        self.maps.retain(|_, (pid, map)| {
+            let live = !is_gone(*pid);
+            if !live {
+                // Copies of its frames a pool of this process keeps are let
+                // go (see `Segment::is_stale`), so the mapping can go.
+                if let Some(gone) = &map.gone {
+                    gone.store(true, Ordering::Release);
+                }
+            }
+            live
+        });
         if self.maps.len() != before {
             log::debug!(
                 "shared memory: unmapped {} segments of processes that are gone",
@@ -1075,6 +1118,11 @@ fn open_segment(pid: u32, fd: i32) -> Result<Mapping, ShmError> {
     if h.magic != MAGIC || h.capacity != (len - HEADER) as u64 {
         return Err(ShmError::Segment(format!("{path} has no pslite header")));
     }
+    let mut map = map;
+    let gone = Arc::new(AtomicBool::new(false));
+    let start = map.ptr as usize;
+    lock(&FOREIGN).insert(start, (start + map.len, Arc::clone(&gone)));
+    map.gone = Some(gone);
     Ok(map)
 }
 

@@ -201,7 +201,7 @@ fn a_tracked_frame_is_cached_without_keeping_it_alive() {
             len,
         });
         let sent = pool.send(&fresh, std::process::id(), 0).unwrap();
-        assert_eq!(sent.copied, true, "round {round}: a new buffer is copied");
+        assert!(sent.copied, "round {round}: a new buffer is copied");
         let again = pool.send(&fresh, std::process::id(), 0).unwrap();
         assert!(!again.copied, "round {round}: and cached while it lives");
         for d in [sent.frame, again.frame] {
@@ -461,4 +461,34 @@ fn mappings_of_gone_processes_are_forgotten() {
     assert_eq!(rx.mapped(), 1, "at most once a second");
     rx.prune(Instant::now() + Duration::from_secs(2));
     assert_eq!(rx.mapped(), 0);
+}
+
+#[test]
+fn a_received_frame_sent_on_is_cached_until_its_sender_is_gone() {
+    // A worker's pool, and a server's that answers with the keys it got.
+    let worker = Pool::new(DEFAULT_POOL_BYTES);
+    let server = Pool::new(DEFAULT_POOL_BYTES);
+    let mut rx = Receiver::new();
+    let keys = Bytes::from(pattern(MIN_FRAME * 2));
+    let d = worker.send(&keys, std::process::id(), 0).unwrap().frame;
+    let mut got = vec![Bytes::new()];
+    rx.resolve(SENDER, me(), &[d], &mut got).unwrap();
+    let view = got.pop().unwrap();
+    let first = server.send(&view, std::process::id(), 0).unwrap();
+    let again = server.send(&view, std::process::id(), 0).unwrap();
+    assert!(first.copied && !again.copied, "held: the claim keeps it");
+    assert!(!foreign_gone(view.as_ptr() as usize));
+    // The worker's process is gone (pretend): the copy is let go.
+    for (pid, _) in rx.maps.values_mut() {
+        *pid = 0x7fff_fff0;
+    }
+    rx.prune(Instant::now());
+    assert_eq!(rx.mapped(), 0);
+    assert!(foreign_gone(view.as_ptr() as usize));
+    assert!(server.send(&view, std::process::id(), 0).unwrap().copied);
+    // Unmapped: the registry forgets it.
+    let addr = view.as_ptr() as usize;
+    drop(view);
+    drop(server);
+    assert!(!foreign_gone(addr));
 }
