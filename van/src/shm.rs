@@ -535,8 +535,8 @@ impl PoolInner {
 pub struct Pool {
     inner: Mutex<PoolInner>,
     limit: usize,
-    /// What the shared-memory path did.
-    pub(crate) stats: ShmStats,
+    /// What the shared-memory path did (shared with the metrics endpoint).
+    pub(crate) stats: Arc<ShmStats>,
 }
 
 /// What the shared-memory path did (process-wide per van).
@@ -604,7 +604,7 @@ impl Pool {
         Pool {
             inner: Mutex::new(PoolInner::default()),
             limit,
-            stats: ShmStats::default(),
+            stats: Arc::default(),
         }
     }
 

@@ -382,8 +382,8 @@ impl Van {
     }
 
     /// What the shared-memory path did (`None` when it is off).
-    pub fn shm_stats(&self) -> Option<&ShmStats> {
-        self.shared.shm.as_ref().map(|s| &s.pool.stats)
+    pub fn shm_stats(&self) -> Option<Arc<ShmStats>> {
+        self.shared.shm.as_ref().map(|s| Arc::clone(&s.pool.stats))
     }
 
     /// This node's counters (traffic per peer, resends, drops, and what the
