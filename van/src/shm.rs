@@ -51,7 +51,8 @@
 //! **Crashes.** A memfd lives while a process holds its fd or a mapping of
 //! it, so a killed sender's segments vanish once its receivers drop their
 //! mappings (the receive loop forgets mappings of dead pids within a
-//! second), and a killed receiver's slots are taken back by the sender
+//! second; a pool's held copy of a frame received from a dead sender and
+//! sent on is let go at the pool's next send), and a killed receiver's slots are taken back by the sender
 //! when it needs the memory (it checks each slot's pid). Descriptors sent
 //! but never claimed (the message was lost) are taken back after
 //! [`UNCLAIMED_LIMIT`] without a send.
@@ -71,6 +72,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pslite_proto::shm::ShmFrame;
 use pslite_proto::{lock, NodeId};
+
+mod ranges;
+use ranges::Ranges;
 
 /// The name prefix of every segment's memfd.
 pub const NAME_PREFIX: &str = "pslite-shm-";
@@ -244,14 +248,7 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         if let Some(gone) = &self.gone {
-            let mut foreign = lock(&FOREIGN);
-            let start = self.ptr as usize;
-            if foreign
-                .get(&start)
-                .is_some_and(|(_, g)| Arc::ptr_eq(g, gone))
-            {
-                foreign.remove(&start);
-            }
+            FOREIGN.remove(self.ptr as usize, gone);
         }
         // SAFETY: unmaps exactly what `new` mapped; no reference outlives
         // the mapping (views hold an Arc to it).
@@ -737,10 +734,11 @@ impl Pool {
     }
 }
 
-/// Buffers that said they live (see [`track`]): start address by end
-/// address and flag.
-static TRACKED: Mutex<std::collections::BTreeMap<usize, (usize, Arc<AtomicBool>)>> =
-    Mutex::new(std::collections::BTreeMap::new());
+/// Buffers that said they live (see [`track`]).
+static TRACKED: Ranges = Ranges::new();
+
+/// Peers' segments this process maps, flagged once their sender is gone.
+static FOREIGN: Ranges = Ranges::new();
 
 /// A registration of a live buffer, made by [`track`]: dropping it says the
 /// buffer is about to be freed.
@@ -752,13 +750,7 @@ pub struct Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         self.flag.store(false, Ordering::Release);
-        let mut map = lock(&TRACKED);
-        if map
-            .get(&self.start)
-            .is_some_and(|(_, f)| Arc::ptr_eq(f, &self.flag))
-        {
-            map.remove(&self.start);
-        }
+        TRACKED.remove(self.start, &self.flag);
     }
 }
 
@@ -773,30 +765,24 @@ pub fn track(bytes: &[u8]) -> Option<Tracked> {
     }
     let start = bytes.as_ptr() as usize;
     let flag = Arc::new(AtomicBool::new(true));
-    lock(&TRACKED).insert(start, (start + bytes.len(), Arc::clone(&flag)));
+    TRACKED.insert(start, start + bytes.len(), &flag);
     Some(Tracked { start, flag })
 }
 
-/// Peers' segments this process maps (start by end and "sender gone").
-static FOREIGN: Mutex<std::collections::BTreeMap<usize, (usize, Arc<AtomicBool>)>> =
-    Mutex::new(std::collections::BTreeMap::new());
+/// The flag of the live registered buffer holding `len` bytes at `ptr`.
+fn tracked(ptr: usize, len: usize) -> Option<Arc<AtomicBool>> {
+    TRACKED
+        .find(ptr, len)
+        .filter(|flag| flag.load(Ordering::Acquire))
+}
 
 /// Whether `ptr` lies in a peer's segment whose sender is gone: a frame
 /// received from it and sent on (a server answering with the keys it was
 /// sent) must not keep the dead peer's memory mapped.
 fn foreign_gone(ptr: usize) -> bool {
-    let foreign = lock(&FOREIGN);
-    foreign
-        .range(..=ptr)
-        .next_back()
-        .is_some_and(|(_, (end, gone))| ptr < *end && gone.load(Ordering::Acquire))
-}
-
-/// The flag of the live registered buffer holding `len` bytes at `ptr`.
-fn tracked(ptr: usize, len: usize) -> Option<Arc<AtomicBool>> {
-    let map = lock(&TRACKED);
-    let (_, (end, flag)) = map.range(..=ptr).next_back()?;
-    (ptr + len <= *end && flag.load(Ordering::Acquire)).then(|| Arc::clone(flag))
+    FOREIGN
+        .find(ptr, 1)
+        .is_some_and(|gone| gone.load(Ordering::Acquire))
 }
 
 /// Why a received descriptor was rejected.
@@ -1121,7 +1107,7 @@ fn open_segment(pid: u32, fd: i32) -> Result<Mapping, ShmError> {
     let mut map = map;
     let gone = Arc::new(AtomicBool::new(false));
     let start = map.ptr as usize;
-    lock(&FOREIGN).insert(start, (start + map.len, Arc::clone(&gone)));
+    FOREIGN.insert(start, start + map.len, &gone);
     map.gone = Some(gone);
     Ok(map)
 }
