@@ -6,7 +6,9 @@
 //!
 //! `KV_APP_KEYS` and `KV_APP_REPEAT` change the sizes; with
 //! `KV_APP_WAIT_STDIN=1` a worker prints "ready" and waits for a line on
-//! standard input before it starts.
+//! standard input before it starts; with `KV_APP_SAME_KEYS=1` a worker
+//! pushes one key array with fresh values each time instead
+//! (`kv_workload::run_same_keys`).
 
 use std::process::ExitCode;
 
@@ -37,8 +39,13 @@ fn run() -> Result<(), Error> {
                 .read_line(&mut line)
                 .map_err(|e| Error::App(format!("cannot read stdin: {e}")))?;
         }
-        kv_workload::run(&kv, rank as u64, num.max(1), repeat)?;
-        println!("worker rank {rank}: push, pull and push_pull sums exact");
+        if env_or("KV_APP_SAME_KEYS", 0u8, "0 or 1")? == 1 {
+            kv_workload::run_same_keys(&kv, rank as u64, num.max(1), repeat)?;
+            println!("worker rank {rank}: same keys, fresh values: sums exact");
+        } else {
+            kv_workload::run(&kv, rank as u64, num.max(1), repeat)?;
+            println!("worker rank {rank}: push, pull and push_pull sums exact");
+        }
     }
     po.finalize(0, true)?;
     Ok(())

@@ -13,7 +13,12 @@
 //!
 //! - `cxx`: C++ ps-lite's benchmark workload: 10 M `u64` keys with `f32`
 //!   values (120 MB) pushed once then pulled once per round, empty server
-//!   handler, at 1 server + 1 worker and 2 + 2.
+//!   handler, at 1 server + 1 worker and 2 + 2; the same arrays every
+//!   round (as C++ ps-lite's benchmark), then again with a fresh value
+//!   array per push (`cxx_fresh`: gradients change every step, keys do not;
+//!   the array is made before the timer starts). Shared memory sends an
+//!   array it already holds without a copy, so only the fresh figure says
+//!   what a training step's push costs.
 //! - `sweep`: keys per request 1 .. 10 M, median round trip of a push and a
 //!   pull (µs) and GB/s (12 bytes per key), plus requests per second with a
 //!   window of requests in flight. The workers start each phase together
@@ -39,6 +44,7 @@
 //!
 //! ```text
 //! RESULT cxx 1+1 push_ms=.. pull_ms=.. raw_push_ms=.. raw_pull_ms=..
+//! RESULT cxx_fresh 1+1 push_ms=.. pull_ms=.. raw_push_ms=.. raw_pull_ms=..
 //! RESULT rtt 1+1 ours_us=.. raw_us=..
 //! ```
 
@@ -282,28 +288,39 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// C++ ps-lite's workload, then the same with a fresh value array per push
+/// (gradients change every step; made before the timer starts), the keys
+/// the same array every time: `BENCH cxx ...` and `BENCH cxx_fresh ...`.
 fn cxx_workload(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
     let keys = spread_keys(args.keys);
     let vals = SArray::from_vec(vec![1.0f32; args.keys]);
-    let (mut push, mut pull) = (Vec::new(), Vec::new());
-    for _ in 0..args.repeat {
-        let t = Instant::now();
-        kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
-        push.push(millis(t.elapsed()));
-        let t = Instant::now();
-        let got = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
-        pull.push(millis(t.elapsed()));
-        if got.vals.len() != args.keys {
-            return Err(Error::App(format!("pulled {} values", got.vals.len())));
+    for fresh in [false, true] {
+        let (mut push, mut pull) = (Vec::new(), Vec::new());
+        for round in 0..args.repeat {
+            let vals = if fresh {
+                SArray::from_vec(vec![round as f32 + 2.0; args.keys])
+            } else {
+                vals.clone()
+            };
+            let t = Instant::now();
+            kv.wait(kv.zpush(keys.clone(), vals, KVOptions::new())?)?;
+            push.push(millis(t.elapsed()));
+            let t = Instant::now();
+            let got = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+            pull.push(millis(t.elapsed()));
+            if got.vals.len() != args.keys {
+                return Err(Error::App(format!("pulled {} values", got.vals.len())));
+            }
         }
+        println!(
+            "BENCH {} keys={} push_ms={} pull_ms={} misaligned={}",
+            if fresh { "cxx_fresh" } else { "cxx" },
+            args.keys,
+            join(&push),
+            join(&pull),
+            pslite::misaligned_copies()
+        );
     }
-    println!(
-        "BENCH cxx keys={} push_ms={} pull_ms={} misaligned={}",
-        args.keys,
-        join(&push),
-        join(&pull),
-        pslite::misaligned_copies()
-    );
     Ok(())
 }
 
@@ -527,30 +544,36 @@ fn driver(args: &Args) -> Result<(), Error> {
         println!("|---|---|---|---|---|---|---|---|---|");
         for (s, w) in [(1, 1), (2, 2)] {
             let run = launch(s, w, "cxx", args)?;
-            let mut push = Vec::new();
-            let mut pull = Vec::new();
-            let mut misaligned = 0.0f64;
-            for line in run.lines.iter().filter(|l| l.starts_with("cxx")) {
-                push.extend(field(line, "push_ms").map(numbers).unwrap_or_default());
-                pull.extend(field(line, "pull_ms").map(numbers).unwrap_or_default());
-                misaligned += field(line, "misaligned")
-                    .and_then(|m| m.parse::<f64>().ok())
-                    .unwrap_or(0.0);
-            }
-            let (p, q) = (median(&mut push), median(&mut pull));
             let rounds = args.repeat.max(3);
             let raw_push = raw.round_trip_us(s, w, s, args.keys * 12, 16, rounds)? / 1e3;
             let raw_pull = raw.pull_us(s, w, s, args.keys * 8, args.keys * 4, rounds)? / 1e3;
-            println!(
-                "| 1+{s}+{w} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {raw_pull:.1} | {:.2} | {:.2} | {misaligned} |",
-                (args.keys * 12) as f64 / (p / 1e3) / 1e9,
-                raw_push / p,
-                raw_pull / q,
-            );
-            results.push(format!(
-                "RESULT cxx {s}+{w} push_ms={p:.1} pull_ms={q:.1} raw_push_ms={raw_push:.1} \
-                 raw_pull_ms={raw_pull:.1}"
-            ));
+            for (name, label) in [("cxx", ""), ("cxx_fresh", ", fresh values")] {
+                let mut push = Vec::new();
+                let mut pull = Vec::new();
+                let mut misaligned = 0.0f64;
+                let mine = run
+                    .lines
+                    .iter()
+                    .filter(|l| l.split_whitespace().next() == Some(name));
+                for line in mine {
+                    push.extend(field(line, "push_ms").map(numbers).unwrap_or_default());
+                    pull.extend(field(line, "pull_ms").map(numbers).unwrap_or_default());
+                    misaligned += field(line, "misaligned")
+                        .and_then(|m| m.parse::<f64>().ok())
+                        .unwrap_or(0.0);
+                }
+                let (p, q) = (median(&mut push), median(&mut pull));
+                println!(
+                    "| 1+{s}+{w}{label} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {raw_pull:.1} | {:.2} | {:.2} | {misaligned} |",
+                    (args.keys * 12) as f64 / (p / 1e3) / 1e9,
+                    raw_push / p,
+                    raw_pull / q,
+                );
+                results.push(format!(
+                    "RESULT {name} {s}+{w} push_ms={p:.1} pull_ms={q:.1} raw_push_ms={raw_push:.1} \
+                     raw_pull_ms={raw_pull:.1}"
+                ));
+            }
         }
         println!();
     }

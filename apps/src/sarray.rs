@@ -58,11 +58,18 @@ impl<T> Clone for SArray<T> {
     }
 }
 
-struct VecOwner<T>(Vec<T>);
+/// An array's elements. `_tracked` (declared first: dropped before the
+/// elements are freed) tells the shared-memory path's cache when a large
+/// array dies, so the cache can send it again without a copy while it lives
+/// and needs no clone of it (see `pslite_van::shm::track`).
+struct VecOwner<T> {
+    _tracked: Option<pslite_van::shm::Tracked>,
+    values: Vec<T>,
+}
 
 impl<T: Pod> AsRef<[u8]> for VecOwner<T> {
     fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.0)
+        bytemuck::cast_slice(&self.values)
     }
 }
 
@@ -81,8 +88,12 @@ impl<T: Pod + Send + Sync> SArray<T> {
         if values.is_empty() {
             return SArray::new();
         }
+        let owner = VecOwner {
+            _tracked: pslite_van::shm::track(bytemuck::cast_slice(&values)),
+            values,
+        };
         SArray {
-            bytes: Bytes::from_owner(VecOwner(values)),
+            bytes: Bytes::from_owner(owner),
             ascending: Some(Arc::new(AtomicBool::new(false))),
             _elem: PhantomData,
         }

@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,6 +22,7 @@ use log::{debug, info, warn};
 use pslite_proto::stats::NodeCounters;
 use pslite_proto::{Node, K_EMPTY};
 use pslite_van::counters::OTHER_PEER;
+use pslite_van::shm::ShmStats;
 
 /// How long a client may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -153,10 +154,11 @@ fn respond(stream: &mut TcpStream, status: &str, body: &str) -> io::Result<()> {
     stream.flush()
 }
 
-/// `node`'s counters in Prometheus' text format. Every series carries the
-/// node's id and role; per-peer series also the peer's id (`unknown` for
-/// traffic with peers that had no id yet).
-pub fn render(node: &Node, c: &NodeCounters) -> String {
+/// `node`'s counters in Prometheus' text format, and what its shared-memory
+/// path did (`shm`, when it is on). Every series carries the node's id and
+/// role; per-peer series also the peer's id (`unknown` for traffic with
+/// peers that had no id yet).
+pub fn render(node: &Node, c: &NodeCounters, shm: Option<&ShmStats>) -> String {
     let id = if node.id == K_EMPTY {
         "none".to_string()
     } else {
@@ -252,6 +254,48 @@ pub fn render(node: &Node, c: &NodeCounters) -> String {
         "How long the node has been running.",
         vec![(String::new(), format!("{:.3}", c.uptime.as_secs_f64()))],
     );
+    if let Some(s) = shm {
+        let shm_families: [(&str, &str, &AtomicU64); 6] = [
+            (
+                "pslite_shm_frames_sent_total",
+                "Data frames sent to same-host peers through shared memory.",
+                &s.frames_sent,
+            ),
+            (
+                "pslite_shm_bytes_sent_total",
+                "Bytes of those frames.",
+                &s.bytes_sent,
+            ),
+            (
+                "pslite_shm_frames_sent_without_copy_total",
+                "Frames sent through shared memory as a descriptor of a copy made before.",
+                &s.cache_hits,
+            ),
+            (
+                "pslite_shm_fallbacks_total",
+                "Frames sent over ZeroMQ because no segment was free.",
+                &s.fallbacks,
+            ),
+            (
+                "pslite_shm_frames_received_total",
+                "Data frames received through shared memory.",
+                &s.frames_received,
+            ),
+            (
+                "pslite_shm_rejected_total",
+                "Shared-memory descriptors rejected (their messages dropped).",
+                &s.rejected,
+            ),
+        ];
+        for (name, help, n) in shm_families {
+            family(
+                name,
+                "counter",
+                help,
+                vec![(String::new(), n.load(Ordering::Relaxed).to_string())],
+            );
+        }
+    }
     out
 }
 
@@ -292,13 +336,19 @@ mod tests {
             handler_nanos: 1_500_000_000,
             ..NodeCounters::default()
         };
-        let text = render(&node, &c);
+        let shm = ShmStats::default();
+        shm.cache_hits.store(7, Ordering::Relaxed);
+        assert!(!render(&node, &c, None).contains("pslite_shm_"));
+        let text = render(&node, &c, Some(&shm));
         for line in [
             "# TYPE pslite_bytes_sent_total counter",
             "pslite_bytes_sent_total{node=\"9\",role=\"worker\",peer=\"unknown\"} 40",
             "pslite_bytes_received_total{node=\"9\",role=\"worker\",peer=\"8\"} 1234",
             "pslite_dropped_total{node=\"9\",role=\"worker\",reason=\"injected\"} 3",
             "pslite_handler_seconds_total{node=\"9\",role=\"worker\"} 1.500000000",
+            "# TYPE pslite_shm_frames_sent_without_copy_total counter",
+            "pslite_shm_frames_sent_without_copy_total{node=\"9\",role=\"worker\"} 7",
+            "pslite_shm_rejected_total{node=\"9\",role=\"worker\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -217,7 +217,8 @@ impl Postoffice {
         };
         let node = van.my_node();
         let counters = Arc::clone(&self.inner.counters);
-        let render = Arc::new(move || metrics::render(&node, &counters.snapshot()));
+        let shm = van.shm_stats();
+        let render = Arc::new(move || metrics::render(&node, &counters.snapshot(), shm.as_deref()));
         match MetricsServer::start(&ip, port, render) {
             Ok(server) => *slot = Some(server),
             Err(e) => error!("PS_METRICS_PORT: cannot serve metrics on {ip}:{port}: {e}"),

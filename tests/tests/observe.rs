@@ -117,8 +117,14 @@ fn metrics_endpoint_counts_the_bytes_a_job_moves() {
     let kv = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     const KEYS: u64 = 10_000;
     const PUSHES: u64 = 5;
+    // The last two pushes send one key array (80 KB: shared memory) twice.
+    let same = SArray::from_vec((0..KEYS).map(|k| k * 7).collect::<Vec<u64>>());
     for round in 0..PUSHES {
-        let keys = SArray::from_vec((0..KEYS).map(|k| k * 7).collect::<Vec<u64>>());
+        let keys = if round + 2 >= PUSHES {
+            same.clone()
+        } else {
+            SArray::from_vec((0..KEYS).map(|k| k * 7).collect::<Vec<u64>>())
+        };
         let vals = SArray::from_vec(vec![round as f32; KEYS as usize]);
         let ts = kv.zpush(keys, vals, KVOptions::new()).unwrap();
         kv.wait(ts).unwrap();
@@ -169,6 +175,25 @@ fn metrics_endpoint_counts_the_bytes_a_job_moves() {
             "pslite_requests_in_flight{node=\"9\",role=\"worker\"}"
         ),
         0
+    );
+    // Nodes of one process share a host: the keys went through shared
+    // memory, the last time without a copy (the values, 40 KB, did not).
+    let worker_shm = |name: &str| {
+        metric(
+            &worker_page,
+            &format!("pslite_shm_{name}_total{{node=\"9\",role=\"worker\"}}"),
+        )
+    };
+    assert_eq!(worker_shm("frames_sent"), PUSHES);
+    assert_eq!(worker_shm("bytes_sent"), PUSHES * KEYS * 8);
+    assert_eq!(worker_shm("frames_sent_without_copy"), 1);
+    assert_eq!(worker_shm("fallbacks"), 0);
+    assert_eq!(
+        metric(
+            &server_page,
+            "pslite_shm_frames_received_total{node=\"8\",role=\"server\"}"
+        ),
+        PUSHES
     );
     // The Postoffice API reads the same counters.
     let api = c.workers[0].counters();

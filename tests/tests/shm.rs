@@ -13,10 +13,10 @@ use pslite_tests::{
 
 /// The numbers of the nodes' exit lines "shared memory: sent N frames (B
 /// bytes), received M, F sent over ZeroMQ for want of a free segment, R
-/// descriptors rejected; S bytes of segments", summed over the nodes:
-/// (N, M, F, R).
-fn shm_totals(output: &str) -> (u64, u64, u64, u64) {
-    let mut t = (0, 0, 0, 0);
+/// descriptors rejected; S bytes of segments, H frames sent again without a
+/// copy", summed over the nodes: (N, M, F, R, H).
+fn shm_totals(output: &str) -> (u64, u64, u64, u64, u64) {
+    let mut t = (0, 0, 0, 0, 0);
     for line in output.lines() {
         let Some((_, rest)) = line.split_once("shared memory: sent") else {
             continue;
@@ -25,8 +25,8 @@ fn shm_totals(output: &str) -> (u64, u64, u64, u64) {
             .split(|c: char| !c.is_ascii_digit())
             .filter_map(|w| w.parse().ok())
             .collect();
-        assert_eq!(n.len(), 6, "unexpected exit line {line:?}");
-        t = (t.0 + n[0], t.1 + n[2], t.2 + n[3], t.3 + n[4]);
+        assert_eq!(n.len(), 7, "unexpected exit line {line:?}");
+        t = (t.0 + n[0], t.1 + n[2], t.2 + n[3], t.3 + n[4], t.4 + n[6]);
     }
     t
 }
@@ -65,7 +65,7 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
         assert_exact(&run, workers);
         let out = run.output();
         assert!(out.contains("shares this host"), "{out}");
-        let (sent, received, _, rejected) = shm_totals(&out);
+        let (sent, received, _, rejected, _) = shm_totals(&out);
         assert_eq!(rejected, 0, "{out}");
         if keys == 1_000 {
             assert_eq!(sent, 0, "small frames stay on ZeroMQ:\n{out}");
@@ -89,7 +89,7 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
         .timeout(Duration::from_secs(90))
         .run();
     assert_exact(&run, 2);
-    let (sent, _, _, rejected) = shm_totals(&run.output());
+    let (sent, _, _, rejected, _) = shm_totals(&run.output());
     assert!(sent > 0 && rejected == 0, "{}", run.output());
 
     let run = kv_app(2, 2, 300_000, Some("0"));
@@ -100,13 +100,57 @@ fn frames_of_every_size_cross_shared_memory_exact_and_ps_shm_0_gives_the_same() 
 }
 
 #[test]
+fn one_key_array_pushed_again_with_fresh_values_is_sent_once_and_sums_stay_exact() {
+    // 150 000 keys per server and request: keys (1.2 MB) and values
+    // (600 KB) in shared memory. Each worker pushes its one key array 12
+    // times with fresh values, then pulls: the keys go to each server
+    // without a copy after the first time, the values are copied every
+    // time. Then the same with dropped and resent messages.
+    for resend in [false, true] {
+        let mut launch = Launch::example("kv_app", 2, 2)
+            .env("KV_APP_KEYS", "300000")
+            .env("KV_APP_REPEAT", "12")
+            .env("KV_APP_SAME_KEYS", "1")
+            .env("PS_VERBOSE", "1")
+            .timeout(Duration::from_secs(90));
+        if resend {
+            launch = launch
+                .env("PS_RESEND", "1")
+                .env("PS_RESEND_TIMEOUT", "300")
+                .env("PS_DROP_MSG", "10");
+        }
+        let run = launch.run();
+        assert_exact(&run, 2);
+        let out = run.output();
+        assert_eq!(
+            run.stdout
+                .matches("same keys, fresh values: sums exact")
+                .count(),
+            2,
+            "{out}"
+        );
+        let (sent, received, _, rejected, again) = shm_totals(&out);
+        assert_eq!(rejected, 0, "{out}");
+        // 2 workers x 2 servers x (12 pushes + 1 pull - the first copy).
+        assert!(
+            again >= 48,
+            "keys sent again {again} times without a copy:\n{out}"
+        );
+        assert!(again < sent, "values are copied every time:\n{out}");
+        if !resend {
+            assert_eq!(sent, received, "{out}");
+        }
+    }
+}
+
+#[test]
 fn shm_totals_reads_the_exit_line() {
     let line = "[worker 0] 2026-11-23T12:00:00.000Z INFO  shared memory: sent 12 frames (999 \
                 bytes), received 7, 3 sent over ZeroMQ for want of a free segment, 2 \
-                descriptors rejected; 4096 bytes of segments";
+                descriptors rejected; 4096 bytes of segments, 5 frames sent again without a copy";
     assert_eq!(
         shm_totals(&format!("{line}\n{line}\nother")),
-        (24, 14, 6, 4)
+        (24, 14, 6, 4, 10)
     );
 }
 
@@ -153,7 +197,9 @@ fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 /// A 1 + 1 kv_bench cluster pushing and pulling 400 000 keys over and
-/// over (both directions in shared memory); kills `victim` with SIGKILL
+/// over, the same arrays every time (both directions in shared memory, sent
+/// once and then as descriptors of cached segments that the receiver holds
+/// views of when the kill comes); kills `victim` with SIGKILL
 /// once each side maps the other's segments and checks that no process
 /// maps the victim's segments afterwards, that the survivors end, and that
 /// nothing of ours is in /dev/shm.

@@ -18,25 +18,44 @@
 //! page faults. When the pool holds [`DEFAULT_POOL_BYTES`] and none is free,
 //! the frame goes over ZeroMQ as before: sending never waits for memory.
 //!
+//! **Send once.** `Bytes` are immutable, so a frame sent again (the same
+//! address and length, the buffer alive since) holds the same bytes: the
+//! pool remembers which segment holds a copy of which frame and sends such
+//! a frame again, to any same-host peer, as a descriptor only (ps-lite
+//! programs push the same key arrays every step). It knows the buffer lives
+//! through a registration ([`track`], made by every large `SArray`: dropped
+//! before the buffer is freed), or else by holding a clone of the frame
+//! (let go when it is the last one, after [`HELD_IDLE`] unused, or when the
+//! pool needs room). A segment's content is overwritten only when its frame
+//! is gone and no receiver holds or is about to claim it.
+//!
+//! **Slots.** Several receivers may hold one content at once: the header
+//! has a slot per receiving process (its pid, written by the sender, and a
+//! word counting, for the content's generation, descriptors sent but not
+//! claimed and views held). The sender counts a descriptor before it
+//! leaves; the receiver finds the slot with its own pid and claims by a
+//! compare-and-swap (the generation must match and a descriptor must be
+//! outstanding, so a replayed or stale descriptor fails); dropping the last
+//! reference to the frame releases the claim by another compare-and-swap.
+//!
 //! **Receiving.** The receiver opens the segment once through
 //! `/proc/<pid>/fd/<fd>` (the pid from the sender's node-table entry, never
 //! from the descriptor), checks the link names a `pslite-shm-` memfd, maps
 //! it, checks the header's magic, token and size, and keeps the mapping.
-//! Each descriptor is then checked (bounds, generation) and *claimed* by a
-//! compare-and-swap on the header's state word; the frame becomes a
-//! [`Bytes`] over the mapping (zero copies: the app's `SArray` reads the
-//! segment in place), and dropping the last reference frees the segment for
-//! its sender by another compare-and-swap. A descriptor that fails any check
+//! Each descriptor is then checked (bounds, slot, generation) and claimed;
+//! the frame becomes a [`Bytes`] over the mapping (zero copies: the app's
+//! `SArray` reads the segment in place). A descriptor that fails any check
 //! is a [`ShmError`]: the van drops the message with a log line and counts
 //! it; nothing is read out of bounds.
 //!
 //! **Crashes.** A memfd lives while a process holds its fd or a mapping of
 //! it, so a killed sender's segments vanish once its receivers drop their
 //! mappings (the receive loop forgets mappings of dead pids within a
-//! second), and a killed receiver's claims are taken back by the sender
-//! when it needs the memory (it checks the receiver's pid). A segment sent
-//! but never claimed (the message was lost) is taken back after
-//! [`UNCLAIMED_LIMIT`].
+//! second; a pool's held copy of a frame received from a dead sender and
+//! sent on is let go at the pool's next send), and a killed receiver's slots are taken back by the sender
+//! when it needs the memory (it checks each slot's pid). Descriptors sent
+//! but never claimed (the message was lost) are taken back after
+//! [`UNCLAIMED_LIMIT`] without a send.
 //!
 //! Trust: a same-host peer is a process of the same user, which could read
 //! this process's memory anyway (ptrace); the checks protect against bugs
@@ -46,13 +65,16 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pslite_proto::shm::ShmFrame;
 use pslite_proto::{lock, NodeId};
+
+mod ranges;
+use ranges::Ranges;
 
 /// The name prefix of every segment's memfd.
 pub const NAME_PREFIX: &str = "pslite-shm-";
@@ -62,6 +84,9 @@ pub const MIN_FRAME: usize = 64 << 10;
 pub const DEFAULT_POOL_BYTES: usize = 1 << 30;
 /// A segment sent but not claimed for this long is taken back.
 pub const UNCLAIMED_LIMIT: Duration = Duration::from_secs(60);
+/// A cached frame the pool keeps alive itself (one it cannot see die, see
+/// [`Pool::send`]) is let go after this long without being sent again.
+pub const HELD_IDLE: Duration = Duration::from_secs(10);
 
 /// The header's bytes before the data area (one page: the data is aligned
 /// for every element type).
@@ -70,16 +95,35 @@ const HEADER: usize = 4096;
 const MIN_CAPACITY: usize = 64 << 10;
 /// The largest data area: 2 GiB, the largest frame a node accepts.
 const MAX_CAPACITY: usize = 1 << 31;
-const MAGIC: u64 = u64::from_le_bytes(*b"pslshm01");
+/// Layout 2: one slot per receiving process (layout 1 had one state word).
+const MAGIC: u64 = u64::from_le_bytes(*b"pslshm02");
+/// Receiving processes one segment can address at once.
+const SLOTS: usize = (HEADER - 32) / std::mem::size_of::<Slot>();
+/// Descriptors in flight plus views held, per slot (16 bits each).
+const MAX_REFS: u64 = 0xffff;
 
-/// The state word: 0 free; `gen << 1` sent as generation `gen`, not yet
-/// claimed; `gen << 1 | 1` claimed by the receiver.
-fn sent(gen: u64) -> u64 {
-    gen << 1
+/// A slot's word: the generation of the segment's content it counts (high
+/// 32 bits), descriptors sent and not yet claimed (16 bits), views claimed
+/// and not yet released (low 16 bits). Changed only by compare-and-swap.
+fn pack(gen: u32, pending: u64, held: u64) -> u64 {
+    u64::from(gen) << 32 | pending << 16 | held
 }
 
-fn held(gen: u64) -> u64 {
-    gen << 1 | 1
+fn unpack(word: u64) -> (u32, u64, u64) {
+    ((word >> 32) as u32, word >> 16 & 0xffff, word & 0xffff)
+}
+
+/// Whether a slot's word counts nothing in flight or held.
+fn idle(word: u64) -> bool {
+    word & 0xffff_ffff == 0
+}
+
+/// One receiving process's share of a segment: its pid (0 when the slot is
+/// free; written by the sender) and its word.
+#[repr(C)]
+struct Slot {
+    pid: AtomicU64,
+    word: AtomicU64,
 }
 
 #[repr(C)]
@@ -87,13 +131,18 @@ struct Header {
     magic: u64,
     token: u64,
     capacity: u64,
-    state: AtomicU64,
+    reserved: u64,
+    slots: [Slot; SLOTS],
 }
+
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
 
 /// This process's host identity: equal for two processes iff each can map
 /// the other's segments. It is a 64-bit FNV-1a digest (16 hex digits, so
 /// that node tables stay small at hundreds of nodes) of the boot id, the
-/// effective uid and the network, pid, mount, user and IPC namespaces.
+/// effective uid, the network, pid, mount, user and IPC namespaces, and the
+/// segment layout (nodes of builds with another layout count as another
+/// host and keep ZeroMQ).
 /// `Err` says why shared memory is off.
 pub fn host_identity() -> Result<String, String> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
@@ -108,6 +157,7 @@ pub fn host_identity() -> Result<String, String> {
         id += "/";
         id += &link.to_string_lossy();
     }
+    id += &format!("/layout{MAGIC:x}");
     log::debug!("shared memory: host identity {id}");
     Ok(format!("{:016x}", fnv1a(id.as_bytes())))
 }
@@ -139,11 +189,14 @@ fn is_gone(pid: u32) -> bool {
 struct Mapping {
     ptr: *mut u8,
     len: usize,
+    /// On a receiver: set once the segment's sender is gone (registered in
+    /// [`FOREIGN`] while mapped).
+    gone: Option<Arc<AtomicBool>>,
 }
 
-// SAFETY: the mapping is plain shared memory; the header's state is an
-// atomic, and data areas are written only by the sender while it owns the
-// segment (state free or not yet sent) and read only by its claimer.
+// SAFETY: the mapping is plain shared memory; the header's slots are
+// atomics, and data areas are written only by the sender while no slot
+// counts a descriptor or a view of the content, and read only by claimers.
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
@@ -169,12 +222,17 @@ impl Mapping {
         Ok(Mapping {
             ptr: ptr as *mut u8,
             len,
+            gone: None,
         })
     }
 
     fn header(&self) -> &Header {
         // SAFETY: every mapping is at least HEADER bytes, page-aligned.
         unsafe { &*(self.ptr as *const Header) }
+    }
+
+    fn slot(&self, i: usize) -> &Slot {
+        &self.header().slots[i]
     }
 
     fn capacity(&self) -> usize {
@@ -189,6 +247,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if let Some(gone) = &self.gone {
+            FOREIGN.remove(self.ptr as usize, gone);
+        }
         // SAFETY: unmaps exactly what `new` mapped; no reference outlives
         // the mapping (views hold an Arc to it).
         unsafe {
@@ -201,15 +262,40 @@ fn io_err(what: &str) -> String {
     format!("{what}: {}", std::io::Error::last_os_error())
 }
 
+/// What a segment's data area holds, as its sender sees it.
+enum Content {
+    /// Nothing kept: reusable once no slot counts anything.
+    Empty,
+    /// Being copied in by one sender.
+    Filling,
+    /// A copy of the frame at `ptr`, `len` bytes, sent again without a copy
+    /// while `life` says that frame lives.
+    Frame { ptr: usize, len: usize, life: Life },
+}
+
+/// How the pool knows a cached frame's bytes are still the same.
+enum Life {
+    /// The app's buffer registered itself ([`Tracked`]): the flag turns
+    /// false before its memory is freed.
+    Tracked(Arc<AtomicBool>),
+    /// A clone the pool holds keeps the buffer alive (and so unchanged:
+    /// `Bytes` are immutable); let go once it is the only one left
+    /// ([`Bytes::is_unique`]) or after [`HELD_IDLE`] unused.
+    Held(Bytes),
+}
+
 /// One segment of a sender's pool.
 struct Segment {
     map: Arc<Mapping>,
     fd: OwnedFd,
     token: u64,
-    generation: u64,
-    /// When it was last sent, and to which process.
+    /// The content's generation (1, 2 ...; bumped at every refill).
+    generation: u32,
+    content: Content,
+    /// Slots given to receiving processes: (pid, slot index).
+    slots: Vec<(u32, usize)>,
+    /// When a descriptor last left, and when the content was last sent.
     sent_at: Instant,
-    to_pid: u32,
 }
 
 impl Segment {
@@ -230,26 +316,157 @@ impl Segment {
         }
         let map = Mapping::new(&fd, len).map_err(|e| format!("mmap: {e}"))?;
         let token = rand::random::<u64>() | 1;
-        // SAFETY: the header is ours alone until the first descriptor leaves.
+        // SAFETY: the header is ours alone until the first descriptor leaves
+        // (the slots are zero: a fresh memfd reads as zeros).
         unsafe {
             let h = map.ptr as *mut Header;
             (*h).magic = MAGIC;
             (*h).token = token;
             (*h).capacity = capacity as u64;
         }
-        map.header().state.store(0, Ordering::Release);
         Ok(Segment {
             map: Arc::new(map),
             fd,
             token,
             generation: 0,
+            content: Content::Empty,
+            slots: Vec::new(),
             sent_at: Instant::now(),
-            to_pid: 0,
         })
     }
 
+    /// Whether no receiver holds or is about to claim the content.
+    fn is_idle(&self) -> bool {
+        self.slots
+            .iter()
+            .all(|&(_, i)| idle(self.map.slot(i).word.load(Ordering::Acquire)))
+    }
+
+    /// Whether the data area may be written with a new frame.
     fn is_free(&self) -> bool {
-        self.map.header().state.load(Ordering::Acquire) == 0
+        matches!(self.content, Content::Empty) && self.is_idle()
+    }
+
+    /// Whether the content is a copy of `frame` (`life`: its registration).
+    fn holds(&self, key: (usize, usize), life: Option<&Arc<AtomicBool>>) -> bool {
+        match &self.content {
+            Content::Frame { ptr, len, life: l } if (*ptr, *len) == key => match l {
+                Life::Held(_) => true,
+                Life::Tracked(flag) => {
+                    life.is_some_and(|f| Arc::ptr_eq(f, flag)) && flag.load(Ordering::Acquire)
+                }
+            },
+            _ => false,
+        }
+    }
+
+    /// Whether the cached frame is gone (or let go): the content may be
+    /// overwritten once idle.
+    fn is_stale(&self, now: Instant) -> bool {
+        match &self.content {
+            Content::Frame {
+                life: Life::Tracked(flag),
+                ..
+            } => !flag.load(Ordering::Acquire),
+            Content::Frame {
+                life: Life::Held(b),
+                ..
+            } => {
+                b.is_unique()
+                    || now.duration_since(self.sent_at) >= HELD_IDLE
+                    || foreign_gone(b.as_ptr() as usize)
+            }
+            _ => false,
+        }
+    }
+
+    /// Counts one more descriptor of the current content to process `pid`
+    /// (a slot is given to it on first use); `None` when no slot is left
+    /// or the slot counts too many.
+    fn address(&mut self, pid: u32, now: Instant) -> Option<Lease> {
+        let slot = match self.slots.iter().find(|&&(p, _)| p == pid) {
+            Some(&(_, i)) => i,
+            None => {
+                let used: Vec<usize> = self.slots.iter().map(|&(_, i)| i).collect();
+                let i = (0..SLOTS).find(|i| !used.contains(i))?;
+                let s = self.map.slot(i);
+                s.word.store(0, Ordering::Release);
+                s.pid.store(u64::from(pid), Ordering::Release);
+                self.slots.push((pid, i));
+                i
+            }
+        };
+        let gen = self.generation;
+        let word = &self.map.slot(slot).word;
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let (g, pending, held) = unpack(cur);
+            let next = if g == gen {
+                if pending + held >= MAX_REFS {
+                    return None;
+                }
+                pack(gen, pending + 1, held)
+            } else if idle(cur) {
+                pack(gen, 1, 0)
+            } else {
+                // Counts of an older content: not ours to touch.
+                return None;
+            };
+            match word.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+        self.sent_at = now;
+        Some(Lease {
+            map: Arc::clone(&self.map),
+            slot,
+            generation: gen,
+        })
+    }
+
+    fn descriptor(&self, index: u32, length: usize) -> ShmFrame {
+        ShmFrame {
+            index,
+            fd: self.fd.as_raw_fd(),
+            token: self.token,
+            generation: u64::from(self.generation),
+            offset: 0,
+            length: length as u64,
+        }
+    }
+
+    /// Takes back counts of receivers that are gone, and descriptors sent
+    /// long ago and never claimed (their messages were lost).
+    fn reclaim(&mut self, now: Instant) {
+        let map = Arc::clone(&self.map);
+        let old = now.duration_since(self.sent_at) >= UNCLAIMED_LIMIT;
+        self.slots.retain(|&(pid, i)| {
+            let slot = map.slot(i);
+            let word = slot.word.load(Ordering::Acquire);
+            if is_gone(pid) {
+                if !idle(word) {
+                    log::debug!("shared memory: taking back a segment held by process {pid} (gone)");
+                }
+                slot.word.store(0, Ordering::Release);
+                slot.pid.store(0, Ordering::Release);
+                return false;
+            }
+            let (gen, pending, held) = unpack(word);
+            if old && pending > 0 {
+                // A claim racing with this fails the CAS: retried next time.
+                if slot
+                    .word
+                    .compare_exchange(word, pack(gen, 0, held), Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    log::debug!(
+                        "shared memory: taking back {pending} descriptors to process {pid} never claimed"
+                    );
+                }
+            }
+            true
+        });
     }
 }
 
@@ -261,16 +478,62 @@ fn class(len: usize) -> usize {
 #[derive(Default)]
 struct PoolInner {
     segments: Vec<Segment>,
+    /// Cached frames (address, length) by segment index.
+    cached: HashMap<(usize, usize), usize>,
     bytes: usize,
     seq: u64,
 }
 
-/// A sender's segments.
+impl PoolInner {
+    /// Forgets cached frames that are gone.
+    fn drop_stale(&mut self, now: Instant) {
+        for seg in &mut self.segments {
+            if seg.is_stale(now) {
+                if let Content::Frame { ptr, len, .. } = seg.content {
+                    self.cached.remove(&(ptr, len));
+                }
+                seg.content = Content::Empty;
+            }
+        }
+    }
+
+    /// Forgets the least recently sent cached frame of segments of
+    /// `capacity` whose content no receiver holds; whether one was.
+    fn evict_one(&mut self, capacity: usize) -> bool {
+        let victim = self
+            .segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.map.capacity() == capacity
+                    && matches!(s.content, Content::Frame { .. })
+                    && s.is_idle()
+            })
+            .min_by_key(|(_, s)| s.sent_at)
+            .map(|(i, _)| i);
+        let Some(i) = victim else {
+            return false;
+        };
+        if let Content::Frame { ptr, len, .. } = self.segments[i].content {
+            self.cached.remove(&(ptr, len));
+        }
+        self.segments[i].content = Content::Empty;
+        true
+    }
+
+    fn free_segment(&self, capacity: usize) -> Option<usize> {
+        self.segments
+            .iter()
+            .position(|s| s.map.capacity() == capacity && s.is_free())
+    }
+}
+
+/// A sender's segments, and the frames they hold copies of.
 pub struct Pool {
     inner: Mutex<PoolInner>,
     limit: usize,
-    /// Frames sent through shared memory, and those that fell back to ZeroMQ.
-    pub(crate) stats: ShmStats,
+    /// What the shared-memory path did (shared with the metrics endpoint).
+    pub(crate) stats: Arc<ShmStats>,
 }
 
 /// What the shared-memory path did (process-wide per van).
@@ -286,44 +549,50 @@ pub struct ShmStats {
     pub frames_received: AtomicU64,
     /// Descriptors rejected (their messages dropped).
     pub rejected: AtomicU64,
+    /// Frames sent through shared memory without a copy: a segment already
+    /// held the same frame.
+    pub cache_hits: AtomicU64,
 }
 
-/// A segment taken for one frame: write it, send its descriptor.
+/// A descriptor sent for one frame: give it back with [`Lease::abandon`] if
+/// its message does not leave.
 pub struct Lease {
     map: Arc<Mapping>,
-    fd: i32,
-    token: u64,
-    generation: u64,
+    slot: usize,
+    generation: u32,
 }
 
 impl Lease {
-    /// Copies `frame` in and returns its descriptor as data frame `index`.
-    pub fn fill(&self, frame: &[u8], index: u32) -> ShmFrame {
-        let len = frame.len().min(self.map.capacity());
-        // SAFETY: the segment is ours (state `sent`, the descriptor not yet
-        // out), `len` fits its data area.
-        unsafe {
-            std::ptr::copy_nonoverlapping(frame.as_ptr(), self.map.data(), len);
-        }
-        ShmFrame {
-            index,
-            fd: self.fd,
-            token: self.token,
-            generation: self.generation,
-            offset: 0,
-            length: len as u64,
-        }
-    }
-
-    /// Gives the segment back (its descriptor never left).
+    /// Gives the descriptor's count back (its message never left).
     pub fn abandon(self) {
-        let _ = self.map.header().state.compare_exchange(
-            sent(self.generation),
-            0,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        let word = &self.map.slot(self.slot).word;
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let (g, pending, held) = unpack(cur);
+            if g != self.generation || pending == 0 {
+                return;
+            }
+            match word.compare_exchange(
+                cur,
+                pack(g, pending - 1, held),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
     }
+}
+
+/// One frame handed to shared memory by [`Pool::send`].
+pub struct Sent {
+    /// Its descriptor, for the message's meta.
+    pub frame: ShmFrame,
+    /// Its count in the segment, to give back if the message fails.
+    pub lease: Lease,
+    /// Whether the bytes were copied (`false`: a cached copy was reused).
+    pub copied: bool,
 }
 
 impl Pool {
@@ -332,31 +601,60 @@ impl Pool {
         Pool {
             inner: Mutex::new(PoolInner::default()),
             limit,
-            stats: ShmStats::default(),
+            stats: Arc::default(),
         }
     }
 
-    /// A free segment for a frame of `len` bytes to process `to_pid`, or
-    /// `None` if the pool is full (the frame goes over ZeroMQ).
-    pub fn lease(&self, len: usize, to_pid: u32) -> Option<Lease> {
-        if len > MAX_CAPACITY {
+    /// Puts `frame` (data frame `index` of a message to process `to_pid`)
+    /// in a segment and returns its descriptor, or `None` if the pool has
+    /// no room (the frame goes over ZeroMQ: sending never waits).
+    ///
+    /// A frame sent before (the same address and length, while the pool
+    /// knows those bytes are unchanged) is not copied again: the descriptor
+    /// names the segment that holds it, whichever peer it went to. The pool
+    /// knows the bytes are unchanged while the buffer lives: a buffer
+    /// registered with [`track`] (every large `SArray`) says when it dies;
+    /// of any other frame the pool keeps a clone (see [`HELD_IDLE`]).
+    pub fn send(&self, frame: &Bytes, to_pid: u32, index: u32) -> Option<Sent> {
+        let len = frame.len();
+        if len == 0 || len > MAX_CAPACITY {
             return None;
         }
-        let want = class(len);
+        let key = (frame.as_ptr() as usize, len);
+        let life = tracked(key.0, len);
         let now = Instant::now();
         let mut inner = lock(&self.inner);
-        let mut pick = inner
-            .segments
-            .iter()
-            .position(|s| s.map.capacity() == want && s.is_free());
-        if pick.is_none() && inner.bytes + want > self.limit {
-            reclaim(&mut inner.segments, now);
-            pick = inner
-                .segments
-                .iter()
-                .position(|s| s.map.capacity() == want && s.is_free());
+        inner.drop_stale(now);
+        if let Some(&i) = inner.cached.get(&key) {
+            let seg = &mut inner.segments[i];
+            if seg.holds(key, life.as_ref()) {
+                if let Some(lease) = seg.address(to_pid, now) {
+                    self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    return Some(Sent {
+                        frame: seg.descriptor(index, len),
+                        lease,
+                        copied: false,
+                    });
+                }
+                // No slot left for this receiver: a plain copy below.
+            } else {
+                // The cached frame died; its address is someone else's now.
+                seg.content = Content::Empty;
+                inner.cached.remove(&key);
+            }
         }
-        let index = match pick {
+        let want = class(len);
+        let mut pick = inner.free_segment(want);
+        if pick.is_none() && inner.bytes + want > self.limit {
+            for seg in &mut inner.segments {
+                seg.reclaim(now);
+            }
+            pick = inner.free_segment(want);
+            while pick.is_none() && inner.evict_one(want) {
+                pick = inner.free_segment(want);
+            }
+        }
+        let i = match pick {
             Some(i) => i,
             None => {
                 if inner.bytes + want > self.limit {
@@ -383,20 +681,45 @@ impl Pool {
                 }
             }
         };
-        let seg = &mut inner.segments[index];
-        seg.generation += 1;
-        seg.sent_at = now;
-        seg.to_pid = to_pid;
-        // Taken under the pool's lock: no other sender picks it.
-        seg.map
-            .header()
-            .state
-            .store(sent(seg.generation), Ordering::Release);
-        Some(Lease {
-            map: Arc::clone(&seg.map),
-            fd: seg.fd.as_raw_fd(),
-            token: seg.token,
-            generation: seg.generation,
+        let seg = &mut inner.segments[i];
+        seg.generation = seg.generation.checked_add(1).unwrap_or(1);
+        seg.content = Content::Filling;
+        let Some(lease) = seg.address(to_pid, now) else {
+            seg.content = Content::Empty;
+            self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let map = Arc::clone(&seg.map);
+        let desc = seg.descriptor(index, len);
+        drop(inner);
+        // SAFETY: the segment is this sender's alone while `Filling` (no
+        // other sender picks it, no receiver holds its old content, and the
+        // descriptor has not left); `len` fits its data area.
+        unsafe {
+            std::ptr::copy_nonoverlapping(frame.as_ptr(), map.data(), len);
+        }
+        let mut inner = lock(&self.inner);
+        let cache = !inner.cached.contains_key(&key);
+        let seg = &mut inner.segments[i];
+        seg.content = if cache {
+            Content::Frame {
+                ptr: key.0,
+                len,
+                life: match life {
+                    Some(flag) => Life::Tracked(flag),
+                    None => Life::Held(frame.clone()),
+                },
+            }
+        } else {
+            Content::Empty
+        };
+        if cache {
+            inner.cached.insert(key, i);
+        }
+        Some(Sent {
+            frame: desc,
+            lease,
+            copied: true,
         })
     }
 
@@ -404,27 +727,62 @@ impl Pool {
     pub fn bytes(&self) -> usize {
         lock(&self.inner).bytes
     }
+
+    /// Frames the pool holds copies of.
+    pub fn cached(&self) -> usize {
+        lock(&self.inner).cached.len()
+    }
 }
 
-/// Takes back segments whose receiver died, or sent long ago and never
-/// claimed (the message was lost).
-fn reclaim(segments: &mut [Segment], now: Instant) {
-    for seg in segments.iter_mut() {
-        let state = seg.map.header().state.load(Ordering::Acquire);
-        if state == 0 {
-            continue;
-        }
-        let unclaimed =
-            state == sent(seg.generation) && now.duration_since(seg.sent_at) >= UNCLAIMED_LIMIT;
-        if unclaimed || is_gone(seg.to_pid) {
-            log::debug!(
-                "shared memory: taking back a segment sent to process {} ({})",
-                seg.to_pid,
-                if unclaimed { "never claimed" } else { "gone" }
-            );
-            seg.map.header().state.store(0, Ordering::Release);
-        }
+/// Buffers that said they live (see [`track`]).
+static TRACKED: Ranges = Ranges::new();
+
+/// Peers' segments this process maps, flagged once their sender is gone.
+static FOREIGN: Ranges = Ranges::new();
+
+/// A registration of a live buffer, made by [`track`]: dropping it says the
+/// buffer is about to be freed.
+pub struct Tracked {
+    start: usize,
+    flag: Arc<AtomicBool>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.flag.store(false, Ordering::Release);
+        TRACKED.remove(self.start, &self.flag);
     }
+}
+
+/// Registers the immutable buffer `bytes` (at least [`MIN_FRAME`] long, else
+/// `None`) so that a pool may send copies of it again without copying: the
+/// owner keeps the result and drops it *before* the buffer is freed or
+/// changed. Frames inside a registered buffer need no clone in the pool's
+/// cache, so the pool never keeps an app's dropped array alive.
+pub fn track(bytes: &[u8]) -> Option<Tracked> {
+    if bytes.len() < MIN_FRAME {
+        return None;
+    }
+    let start = bytes.as_ptr() as usize;
+    let flag = Arc::new(AtomicBool::new(true));
+    TRACKED.insert(start, start + bytes.len(), &flag);
+    Some(Tracked { start, flag })
+}
+
+/// The flag of the live registered buffer holding `len` bytes at `ptr`.
+fn tracked(ptr: usize, len: usize) -> Option<Arc<AtomicBool>> {
+    TRACKED
+        .find(ptr, len)
+        .filter(|flag| flag.load(Ordering::Acquire))
+}
+
+/// Whether `ptr` lies in a peer's segment whose sender is gone: a frame
+/// received from it and sent on (a server answering with the keys it was
+/// sent) must not keep the dead peer's memory mapped.
+fn foreign_gone(ptr: usize) -> bool {
+    FOREIGN
+        .find(ptr, 1)
+        .is_some_and(|gone| gone.load(Ordering::Acquire))
 }
 
 /// Why a received descriptor was rejected.
@@ -448,6 +806,9 @@ pub enum ShmError {
         /// The segment's data area.
         capacity: u64,
     },
+    /// The segment has no slot for this process (the descriptor was sent
+    /// to another process, or forged).
+    NotAddressed,
     /// The segment is not in the state the descriptor says (stale, replayed
     /// or forged generation).
     WrongGeneration(u64),
@@ -473,6 +834,7 @@ impl fmt::Display for ShmError {
                 f,
                 "bytes {offset}+{length} lie outside the segment's {capacity} bytes"
             ),
+            ShmError::NotAddressed => f.write_str("its segment was not sent to this process"),
             ShmError::WrongGeneration(g) => {
                 write!(
                     f,
@@ -483,10 +845,11 @@ impl fmt::Display for ShmError {
     }
 }
 
-/// A claimed frame in a peer's segment; dropping it frees the segment.
+/// A claimed frame in a peer's segment; dropping it releases the claim.
 struct View {
     map: Arc<Mapping>,
-    generation: u64,
+    slot: usize,
+    generation: u32,
     offset: usize,
     len: usize,
 }
@@ -494,30 +857,71 @@ struct View {
 impl AsRef<[u8]> for View {
     fn as_ref(&self) -> &[u8] {
         // SAFETY: bounds were checked against the mapping at claim time, and
-        // the sender leaves the segment alone until this view releases it.
+        // the sender leaves the content alone while a slot counts a view.
         unsafe { std::slice::from_raw_parts(self.map.data().add(self.offset), self.len) }
     }
 }
 
 impl Drop for View {
     fn drop(&mut self) {
-        let _ = self.map.header().state.compare_exchange(
-            held(self.generation),
-            0,
+        let word = &self.map.slot(self.slot).word;
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let (g, pending, held) = unpack(cur);
+            if g != self.generation || held == 0 {
+                // Taken back by the sender (it thought this process gone).
+                return;
+            }
+            match word.compare_exchange(
+                cur,
+                pack(g, pending, held - 1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+/// Claims one descriptor of generation `gen` counted in `slot`: the content
+/// stays until the claim is released.
+fn claim(map: &Mapping, slot: usize, gen: u32) -> bool {
+    let word = &map.slot(slot).word;
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        let (g, pending, held) = unpack(cur);
+        if g != gen || pending == 0 || held >= MAX_REFS {
+            return false;
+        }
+        match word.compare_exchange(
+            cur,
+            pack(g, pending - 1, held + 1),
             Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return true,
+            Err(actual) => cur = actual,
+        }
     }
 }
 
 /// A receiver's mappings of its peers' segments (owned by the receive thread).
-#[derive(Default)]
 pub struct Receiver {
     /// By (sender, fd, token): the sender's pid and the mapping.
     maps: HashMap<(NodeId, i32, u64), (u32, Arc<Mapping>)>,
     pruned: Option<Instant>,
     /// Senders whose rejected descriptors were already warned about.
     warned: std::collections::HashSet<NodeId>,
+    /// This process: the slot of a segment this receiver claims in.
+    me: u32,
+}
+
+impl Default for Receiver {
+    fn default() -> Receiver {
+        Receiver::new()
+    }
 }
 
 /// Mappings a receiver keeps at most (older ones are dropped beyond it).
@@ -526,7 +930,12 @@ const MAX_MAPPINGS: usize = 4096;
 impl Receiver {
     /// A receiver with no mappings.
     pub fn new() -> Receiver {
-        Receiver::default()
+        Receiver {
+            maps: HashMap::new(),
+            pruned: None,
+            warned: Default::default(),
+            me: std::process::id(),
+        }
     }
 
     /// Whether a rejected descriptor from `sender` is the first one (warn
@@ -575,16 +984,14 @@ impl Receiver {
                     capacity,
                 });
             }
-            if d.generation == 0 || d.generation > u64::MAX >> 2 {
-                return Err(ShmError::WrongGeneration(d.generation));
-            }
-            let claimed = map.header().state.compare_exchange(
-                sent(d.generation),
-                held(d.generation),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-            if claimed.is_err() {
+            let gen = match u32::try_from(d.generation) {
+                Ok(g) if g > 0 => g,
+                _ => return Err(ShmError::WrongGeneration(d.generation)),
+            };
+            let slot = (0..SLOTS)
+                .find(|&i| map.slot(i).pid.load(Ordering::Acquire) == u64::from(self.me))
+                .ok_or(ShmError::NotAddressed)?;
+            if !claim(&map, slot, gen) {
                 // Views claimed so far are dropped with `views`: released.
                 return Err(ShmError::WrongGeneration(d.generation));
             }
@@ -592,7 +999,8 @@ impl Receiver {
                 d.index as usize,
                 View {
                     map,
-                    generation: d.generation,
+                    slot,
+                    generation: gen,
                     offset: d.offset as usize,
                     len: d.length as usize,
                 },
@@ -644,7 +1052,17 @@ impl Receiver {
         }
         self.pruned = Some(now);
         let before = self.maps.len();
-        self.maps.retain(|_, (pid, _)| !is_gone(*pid));
+        self.maps.retain(|_, (pid, map)| {
+            let live = !is_gone(*pid);
+            if !live {
+                // Copies of its frames a pool of this process keeps are let
+                // go (see `Segment::is_stale`), so the mapping can go.
+                if let Some(gone) = &map.gone {
+                    gone.store(true, Ordering::Release);
+                }
+            }
+            live
+        });
         if self.maps.len() != before {
             log::debug!(
                 "shared memory: unmapped {} segments of processes that are gone",
@@ -686,6 +1104,11 @@ fn open_segment(pid: u32, fd: i32) -> Result<Mapping, ShmError> {
     if h.magic != MAGIC || h.capacity != (len - HEADER) as u64 {
         return Err(ShmError::Segment(format!("{path} has no pslite header")));
     }
+    let mut map = map;
+    let gone = Arc::new(AtomicBool::new(false));
+    let start = map.ptr as usize;
+    FOREIGN.insert(start, start + map.len, &gone);
+    map.gone = Some(gone);
     Ok(map)
 }
 

@@ -402,8 +402,8 @@ impl Van {
     }
 
     /// What the shared-memory path did (`None` when it is off).
-    pub fn shm_stats(&self) -> Option<&ShmStats> {
-        self.shared.shm.as_ref().map(|s| &s.pool.stats)
+    pub fn shm_stats(&self) -> Option<Arc<ShmStats>> {
+        self.shared.shm.as_ref().map(|s| Arc::clone(&s.pool.stats))
     }
 
     /// This node's counters (traffic per peer, resends, drops, and what the
@@ -489,13 +489,14 @@ impl Van {
                 info!(
                     "shared memory: sent {} frames ({} bytes), received {}, {} sent over \
                      ZeroMQ for want of a free segment, {} descriptors rejected; {} bytes of \
-                     segments",
+                     segments, {} frames sent again without a copy",
                     n(&s.frames_sent),
                     n(&s.bytes_sent),
                     n(&s.frames_received),
                     n(&s.fallbacks),
                     n(&s.rejected),
-                    side.pool.bytes()
+                    side.pool.bytes(),
+                    n(&s.cache_hits)
                 );
             }
         }
@@ -915,17 +916,22 @@ impl Shared {
             leases: Vec::new(),
             bytes: 0,
         };
+        let mut hits = 0;
         for (i, frame) in data.iter().enumerate() {
             if frame.len() < shm::MIN_FRAME {
                 continue;
             }
-            let Some(lease) = side.pool.lease(frame.len(), pid) else {
+            let Some(sent) = side.pool.send(frame, pid, i as u32) else {
                 continue;
             };
-            staged.frames.push(lease.fill(frame, i as u32));
-            staged.leases.push(lease);
+            hits += u64::from(!sent.copied);
+            staged.frames.push(sent.frame);
+            staged.leases.push(sent.lease);
             staged.data[i] = Bytes::new();
             staged.bytes += frame.len();
+        }
+        if hits > 0 {
+            trace!("shared memory: {hits} frames to node {recver} sent again without a copy");
         }
         if staged.frames.is_empty() {
             return None;

@@ -9,7 +9,7 @@
 //! workers never share a key and the sums are exact for any cluster size;
 //! values are small integers, which `f32` adds exactly.
 
-use pslite::{DefaultHandle, Error, KVOptions, KVServer, KVWorker, Key, Postoffice};
+use pslite::{DefaultHandle, Error, KVOptions, KVServer, KVWorker, Key, Postoffice, SArray};
 
 /// On a server, the default sum store (app 0); elsewhere nothing. Keep the
 /// result alive until finalize.
@@ -45,6 +45,40 @@ pub fn run(kv: &KVWorker<f32>, index: u64, num: usize, repeat: usize) -> Result<
         compare("push_pull", &out.vals, &vals, (repeat + round) as f32)?;
     }
     Ok(())
+}
+
+/// As a training loop pushes: one key array (the same `SArray` every
+/// time) with a fresh value array per push, `values * round` in round
+/// 1..=`repeat` (at most 10 in flight), then a pull that must return
+/// exactly `values * repeat (repeat + 1) / 2`. Sent through shared memory,
+/// the keys are copied once and the values every time.
+#[allow(dead_code)]
+pub fn run_same_keys(
+    kv: &KVWorker<f32>,
+    index: u64,
+    num: usize,
+    repeat: usize,
+) -> Result<(), Error> {
+    let keys: SArray<Key> = SArray::from_vec(
+        (0..num as u64)
+            .map(|i| u64::MAX / num as u64 * i + index)
+            .collect(),
+    );
+    let vals = values(index + 7, num);
+    let mut ts = Vec::new();
+    for round in 1..=repeat {
+        let fresh = SArray::from_vec(vals.iter().map(|v| v * round as f32).collect());
+        ts.push(kv.zpush(keys.clone(), fresh, KVOptions::new())?);
+        if ts.len() > 10 {
+            kv.wait(ts.remove(0))?;
+        }
+    }
+    for t in ts {
+        kv.wait(t)?;
+    }
+    let pulled = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+    let times = (repeat * (repeat + 1) / 2) as f32;
+    compare("pull of fresh values", &pulled.vals, &vals, times)
 }
 
 /// Deterministic integer-valued floats in 0..1000.

@@ -9,10 +9,11 @@ fn me() -> Option<u32> {
     Some(std::process::id())
 }
 
-/// A descriptor for `frame`, sent through a fresh lease of `pool`.
+/// A descriptor for a fresh copy of `frame` (dropped at once: the pool's
+/// clone becomes the last one), sent to this process.
 fn send(pool: &Pool, frame: &[u8], index: u32) -> ShmFrame {
-    let lease = pool.lease(frame.len(), std::process::id()).unwrap();
-    lease.fill(frame, index)
+    let bytes = Bytes::copy_from_slice(frame);
+    pool.send(&bytes, std::process::id(), index).unwrap().frame
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -53,30 +54,237 @@ fn frames_arrive_exact_in_place_and_free_their_segment_when_dropped() {
     assert_eq!((d4.fd, d4.token), (d.fd, d.token));
     assert_eq!(d4.generation, d.generation + 1);
     assert_eq!(pool.bytes(), 2 * class(big.len()));
+    assert_eq!(pool.stats.cache_hits.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_frame_sent_again_is_not_copied_and_several_receivers_share_it() {
+    let pool = Pool::new(DEFAULT_POOL_BYTES);
+    let frame = Bytes::from(pattern(MIN_FRAME * 2 - 10));
+    let mut rx = Receiver::new();
+    // Another receiving process, as this process (its slot is its pid's).
+    let other_pid = std::process::id() + 1;
+    let mut rx2 = Receiver::new();
+    rx2.me = other_pid;
+    let first = pool.send(&frame, std::process::id(), 0).unwrap();
+    assert!(first.copied);
+    let again = pool.send(&frame, std::process::id(), 0).unwrap();
+    assert!(!again.copied, "the same frame is sent without a copy");
+    assert_eq!(again.frame, first.frame);
+    // A slice with the same address and length is the same frame.
+    let to_other = pool.send(&frame.slice(..), other_pid, 1).unwrap();
+    assert!(!to_other.copied);
+    assert_eq!(
+        (to_other.frame.fd, to_other.frame.generation),
+        (first.frame.fd, first.frame.generation)
+    );
+    assert_eq!(pool.stats.cache_hits.load(Ordering::Relaxed), 2);
+    assert_eq!(pool.cached(), 1);
+
+    let mut a = vec![Bytes::new()];
+    let mut b = vec![Bytes::new()];
+    let mut c = vec![Bytes::new(), Bytes::new()];
+    rx.resolve(SENDER, me(), &[first.frame], &mut a).unwrap();
+    rx.resolve(SENDER, me(), &[again.frame], &mut b).unwrap();
+    rx2.resolve(SENDER, me(), &[to_other.frame], &mut c)
+        .unwrap();
+    for got in [&a[0], &b[0], &c[1]] {
+        assert_eq!(&got[..], &frame[..]);
+    }
+    assert_eq!(a[0].as_ptr(), b[0].as_ptr(), "one copy, read in place");
+    // Each descriptor is claimed once: a third claim of this process fails.
+    assert_eq!(
+        rx.resolve(SENDER, me(), &[first.frame], &mut [Bytes::new()]),
+        Err(ShmError::WrongGeneration(first.frame.generation))
+    );
+    // The app drops its frame: the copy stays while a receiver holds it.
+    drop(frame);
+    let next = Bytes::from(pattern(MIN_FRAME * 2 - 20));
+    drop((a, b));
+    let sent = pool.send(&next, std::process::id(), 0).unwrap();
+    assert_ne!(sent.frame.fd, first.frame.fd, "the other receiver holds it");
+    drop(c);
+    let next2 = Bytes::from(pattern(MIN_FRAME * 2 - 30));
+    let reused = pool.send(&next2, std::process::id(), 0).unwrap();
+    assert_eq!(reused.frame.fd, first.frame.fd, "free again: refilled");
+    assert_eq!(reused.frame.generation, first.frame.generation + 1);
+    let mut d = vec![Bytes::new()];
+    rx.resolve(SENDER, me(), &[reused.frame], &mut d).unwrap();
+    assert_eq!(&d[0][..], &next2[..]);
+    // The old generation's descriptor no longer claims anything.
+    assert_eq!(
+        rx2.resolve(
+            SENDER,
+            me(),
+            &[to_other.frame],
+            &mut [Bytes::new(), Bytes::new()]
+        ),
+        Err(ShmError::WrongGeneration(to_other.frame.generation))
+    );
+}
+
+/// A buffer registered with [`track`], as an `SArray` holds one; `dropped`
+/// turns true when its memory is freed.
+struct Owned {
+    _tracked: Option<Tracked>,
+    values: Vec<u8>,
+    dropped: Arc<AtomicBool>,
+}
+
+impl AsRef<[u8]> for Owned {
+    fn as_ref(&self) -> &[u8] {
+        &self.values
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+fn owned(values: Vec<u8>) -> (Bytes, Arc<AtomicBool>) {
+    let dropped = Arc::new(AtomicBool::new(false));
+    let owner = Owned {
+        _tracked: track(&values),
+        values,
+        dropped: Arc::clone(&dropped),
+    };
+    (Bytes::from_owner(owner), dropped)
+}
+
+#[test]
+fn a_tracked_frame_is_cached_without_keeping_it_alive() {
+    let pool = Pool::new(DEFAULT_POOL_BYTES);
+    let mut rx = Receiver::new();
+    assert!(
+        track(&[0u8; 100]).is_none(),
+        "small buffers are not tracked"
+    );
+    let len = MIN_FRAME * 4;
+    let (frame, dropped) = owned(pattern(len));
+    let first = pool.send(&frame, std::process::id(), 0).unwrap();
+    let again = pool.send(&frame, std::process::id(), 0).unwrap();
+    assert!(first.copied && !again.copied);
+    for d in [first.frame, again.frame] {
+        let mut got = vec![Bytes::new()];
+        rx.resolve(SENDER, me(), &[d], &mut got).unwrap();
+        assert_eq!(&got[0][..], &frame[..]);
+    }
+    // A part of it is another frame (its own copy, also tracked).
+    let part = pool.send(&frame.slice(8..), std::process::id(), 0).unwrap();
+    assert!(part.copied);
+    assert_ne!(part.frame.fd, first.frame.fd);
+    let mut got = vec![Bytes::new()];
+    rx.resolve(SENDER, me(), &[part.frame], &mut got).unwrap();
+    assert_eq!(&got[0][..], &frame[8..]);
+    drop(got);
+    drop(frame);
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the pool holds no clone of a tracked frame"
+    );
+    // New buffers of the same length at the same address (memory freed and
+    // reused): never taken for the dead one.
+    let base: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
+    let base = base.as_mut_ptr() as usize;
+    for round in 0..20u8 {
+        // SAFETY: no `Reused` of the previous round lives (it was dropped
+        // with its Bytes), so nothing reads the buffer while it is written.
+        let buf = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, len) };
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i * 7 % 253) as u8 ^ round;
+        }
+        let fresh = Bytes::from_owner(Reused {
+            _tracked: track(buf),
+            base,
+            len,
+        });
+        let sent = pool.send(&fresh, std::process::id(), 0).unwrap();
+        assert!(sent.copied, "round {round}: a new buffer is copied");
+        let again = pool.send(&fresh, std::process::id(), 0).unwrap();
+        assert!(!again.copied, "round {round}: and cached while it lives");
+        for d in [sent.frame, again.frame] {
+            let mut got = vec![Bytes::new()];
+            rx.resolve(SENDER, me(), &[d], &mut got).unwrap();
+            assert_eq!(&got[0][..], &fresh[..], "round {round}");
+        }
+    }
+    // Two segments serve every round: each dead frame's copy is reused.
+    assert_eq!(pool.bytes(), 2 * class(len));
+}
+
+/// A registered buffer at a fixed address, rewritten between rounds.
+struct Reused {
+    _tracked: Option<Tracked>,
+    base: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Reused {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: a leaked buffer of `len` bytes, written only while no
+        // `Reused` lives.
+        unsafe { std::slice::from_raw_parts(self.base as *const u8, self.len) }
+    }
 }
 
 #[test]
 fn a_full_pool_falls_back_instead_of_waiting() {
     let pool = Pool::new(2 * MIN_CAPACITY);
-    let a = pool.lease(MIN_FRAME, std::process::id()).unwrap();
-    let _b = pool.lease(MIN_FRAME, std::process::id()).unwrap();
-    assert!(pool.lease(MIN_FRAME, std::process::id()).is_none());
+    let frames: Vec<Bytes> = (0..3).map(|i| Bytes::from(vec![i; MIN_FRAME])).collect();
+    let a = pool.send(&frames[0], std::process::id(), 0).unwrap();
+    let _b = pool.send(&frames[1], std::process::id(), 0).unwrap();
+    assert!(pool.send(&frames[2], std::process::id(), 0).is_none());
     assert_eq!(pool.stats.fallbacks.load(Ordering::Relaxed), 1);
-    // A segment whose descriptor never left comes back at once.
-    a.abandon();
-    assert!(pool.lease(MIN_FRAME, std::process::id()).is_some());
-    assert!(pool.lease(MAX_CAPACITY + 1, std::process::id()).is_none());
+    // A descriptor that never left gives its count back; with the pool
+    // full, the least recently sent idle copy is let go for a new frame.
+    a.lease.abandon();
+    let c = pool.send(&frames[2], std::process::id(), 0).unwrap();
+    assert!(c.copied);
+    assert_eq!(c.frame.fd, a.frame.fd);
+    assert!(
+        pool.send(&frames[0], std::process::id(), 0).is_none(),
+        "frame 0 is no longer cached and no segment is free"
+    );
+    assert!(pool.send(&Bytes::from(vec![0; 10]), 1, 0).is_none());
+    assert!(pool
+        .send(&Bytes::from(vec![0; MAX_CAPACITY + 1]), 1, 0)
+        .is_none());
 }
 
 #[test]
 fn segments_claimed_by_a_dead_process_are_taken_back() {
     let pool = Pool::new(MIN_CAPACITY);
     // A pid that does not exist (beyond pid_max).
-    let lease = pool.lease(100, 0x7fff_fff0).unwrap();
-    let _ = lease.fill(b"x", 0);
+    let frame = Bytes::from(vec![1; 100]);
+    let _ = pool.send(&frame, 0x7fff_fff0, 0).unwrap();
+    drop(frame);
     assert!(
-        pool.lease(100, 1).is_some(),
+        pool.send(&Bytes::from(vec![2; 100]), 1, 0).is_some(),
         "the dead receiver's segment is reused"
+    );
+}
+
+#[test]
+fn descriptors_never_claimed_are_taken_back_after_the_limit() {
+    let pool = Pool::new(DEFAULT_POOL_BYTES);
+    let frame = Bytes::from(pattern(MIN_FRAME));
+    let lost = pool.send(&frame, std::process::id(), 0).unwrap();
+    drop(frame);
+    let mut inner = lock(&pool.inner);
+    inner.drop_stale(Instant::now());
+    assert!(!inner.segments[0].is_free(), "a descriptor is out");
+    inner.segments[0].reclaim(Instant::now());
+    assert!(!inner.segments[0].is_free(), "not yet");
+    inner.segments[0].reclaim(Instant::now() + UNCLAIMED_LIMIT);
+    assert!(inner.segments[0].is_free());
+    drop(inner);
+    // A late arrival of the lost message is refused, not read.
+    let mut rx = Receiver::new();
+    assert_eq!(
+        rx.resolve(SENDER, me(), &[lost.frame], &mut [Bytes::new()]),
+        Err(ShmError::WrongGeneration(lost.frame.generation))
     );
 }
 
@@ -146,7 +354,7 @@ fn hostile_descriptors_are_rejected_without_reading() {
         rejected(&mut rx, me(), bad, &mut empty()),
         ShmError::WrongToken
     );
-    for generation in [0, good.generation + 1, u64::MAX] {
+    for generation in [0, good.generation + 1, 1 << 32 | good.generation, u64::MAX] {
         let bad = ShmFrame { generation, ..good };
         assert_eq!(
             rejected(&mut rx, me(), bad, &mut empty()),
@@ -167,6 +375,13 @@ fn hostile_descriptors_are_rejected_without_reading() {
         rejected(&mut rx, Some(0x7fff_fff0), good, &mut empty()),
         ShmError::Segment(_)
     ));
+    // A segment sent to another process: this one has no slot in it.
+    let mut stranger = Receiver::new();
+    stranger.me = std::process::id() + 1;
+    assert_eq!(
+        rejected(&mut stranger, me(), good, &mut empty()),
+        ShmError::NotAddressed
+    );
     // After all that, the good descriptor still works, exactly once.
     let mut data = empty();
     rx.resolve(SENDER, me(), &[good], &mut data).unwrap();
@@ -246,4 +461,34 @@ fn mappings_of_gone_processes_are_forgotten() {
     assert_eq!(rx.mapped(), 1, "at most once a second");
     rx.prune(Instant::now() + Duration::from_secs(2));
     assert_eq!(rx.mapped(), 0);
+}
+
+#[test]
+fn a_received_frame_sent_on_is_cached_until_its_sender_is_gone() {
+    // A worker's pool, and a server's that answers with the keys it got.
+    let worker = Pool::new(DEFAULT_POOL_BYTES);
+    let server = Pool::new(DEFAULT_POOL_BYTES);
+    let mut rx = Receiver::new();
+    let keys = Bytes::from(pattern(MIN_FRAME * 2));
+    let d = worker.send(&keys, std::process::id(), 0).unwrap().frame;
+    let mut got = vec![Bytes::new()];
+    rx.resolve(SENDER, me(), &[d], &mut got).unwrap();
+    let view = got.pop().unwrap();
+    let first = server.send(&view, std::process::id(), 0).unwrap();
+    let again = server.send(&view, std::process::id(), 0).unwrap();
+    assert!(first.copied && !again.copied, "held: the claim keeps it");
+    assert!(!foreign_gone(view.as_ptr() as usize));
+    // The worker's process is gone (pretend): the copy is let go.
+    for (pid, _) in rx.maps.values_mut() {
+        *pid = 0x7fff_fff0;
+    }
+    rx.prune(Instant::now());
+    assert_eq!(rx.mapped(), 0);
+    assert!(foreign_gone(view.as_ptr() as usize));
+    assert!(server.send(&view, std::process::id(), 0).unwrap().copied);
+    // Unmapped: the registry forgets it.
+    let addr = view.as_ptr() as usize;
+    drop(view);
+    drop(server);
+    assert!(!foreign_gone(addr));
 }
