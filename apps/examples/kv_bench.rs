@@ -16,9 +16,11 @@
 //!   handler, at 1 server + 1 worker and 2 + 2; the same arrays every
 //!   round (as C++ ps-lite's benchmark), then again with a fresh value
 //!   array per push (`cxx_fresh`: gradients change every step, keys do not;
-//!   the array is made before the timer starts). Shared memory sends an
-//!   array it already holds without a copy, so only the fresh figure says
-//!   what a training step's push costs.
+//!   the array is made before the timer starts), each pull answered with
+//!   values never sent before (the server makes them before the timer
+//!   starts, as a server whose values changed since the last pull). Shared
+//!   memory sends an array it already holds without a copy, so only the
+//!   fresh figures say what a training step's push and pull cost.
 //! - `sweep`: keys per request 1 .. 10 M, median round trip of a push and a
 //!   pull (µs) and GB/s (12 bytes per key), plus requests per second with a
 //!   window of requests in flight. The workers start each phase together
@@ -171,14 +173,14 @@ fn node(args: &Args) -> Result<(), Error> {
         println!("BENCH ready_us={}", now.saturating_sub(launched) / 1000);
     }
     let _server = if po.is_server() {
-        Some(empty_server(&po, args.inline_server)?)
+        Some(empty_server(&po, args.inline_server, args.repeat)?)
     } else {
         None
     };
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
         match args.mode.as_str() {
-            "cxx" => cxx_workload(&kv, args)?,
+            "cxx" => cxx_workload(&po, &kv, args)?,
             "sweep" => sweep(&po, &kv, args)?,
             "rtt" => sweep_size(&po, &kv, 1, args)?,
             _ => {}
@@ -242,9 +244,21 @@ fn lock_counts<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The empty handler: pushes are answered at once; pulls get the requested
 /// keys back with zero values (a slice of one cached buffer, no copy).
-fn empty_server(po: &Postoffice, inline: bool) -> Result<KVServer<f32>, Error> {
+/// `cmd` of the push that asks each server to make its `cxx_fresh` answers.
+const CMD_PREPARE_FRESH: i32 = 1;
+/// `cmd` of a `cxx_fresh` pull: answered with values never sent before.
+const CMD_FRESH: i32 = 2;
+
+/// A server that keeps nothing: a pull is answered with the keys it asked
+/// for and zeros (the same array every time, as a server whose values did
+/// not change), or, for a [`CMD_FRESH`] pull, with one of `fresh` arrays
+/// made beforehand ([`CMD_PREPARE_FRESH`], `fresh` per worker) and never sent before: as a
+/// server whose values changed since the last pull, it pays for sending new
+/// content, but not for computing it inside the timed pull.
+fn empty_server(po: &Postoffice, inline: bool, fresh: usize) -> Result<KVServer<f32>, Error> {
     let server = KVServer::<f32>::new(po, 0)?;
     let mut zeros = SArray::<f32>::new();
+    let mut prepared: Vec<SArray<f32>> = Vec::new();
     let handle = move |meta: &pslite::KVMeta, req: KVPairs<f32>, server: &KVServer<f32>| {
         if meta.push && req.keys.len() == 1 {
             let now = allocations();
@@ -258,7 +272,23 @@ fn empty_server(po: &Postoffice, inline: bool) -> Result<KVServer<f32>, Error> {
         } else {
             lock_counts(&SERVER_ALLOCS).last = None;
         }
-        let res = if meta.pull {
+        if meta.push && meta.cmd == CMD_PREPARE_FRESH {
+            // `fresh` answers for each worker that asks.
+            prepared
+                .extend((0..fresh).map(|i| SArray::from_vec(vec![i as f32 + 1.0; req.keys.len()])));
+        }
+        let res = if meta.pull && meta.cmd == CMD_FRESH {
+            match prepared.pop() {
+                Some(vals) if vals.len() == req.keys.len() => KVPairs::new(req.keys.clone(), vals),
+                _ => {
+                    eprintln!("kv_bench server: a fresh pull without a prepared answer");
+                    KVPairs::new(
+                        req.keys.clone(),
+                        SArray::from_vec(vec![0.0; req.keys.len()]),
+                    )
+                }
+            }
+        } else if meta.pull {
             if zeros.len() < req.keys.len() {
                 zeros = SArray::from_vec(vec![0.0; req.keys.len()]);
             }
@@ -291,11 +321,20 @@ fn millis(d: Duration) -> f64 {
 /// C++ ps-lite's workload, then the same with a fresh value array per push
 /// (gradients change every step; made before the timer starts), the keys
 /// the same array every time: `BENCH cxx ...` and `BENCH cxx_fresh ...`.
-fn cxx_workload(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
+fn cxx_workload(po: &Postoffice, kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
     let keys = spread_keys(args.keys);
     let vals = SArray::from_vec(vec![1.0f32; args.keys]);
     for fresh in [false, true] {
         let (mut push, mut pull) = (Vec::new(), Vec::new());
+        let pull_cmd = if fresh {
+            // Every server makes its fresh answers now, outside the timer.
+            let prepare = KVOptions::new().cmd(CMD_PREPARE_FRESH);
+            kv.wait(kv.zpush(keys.clone(), vals.clone(), prepare)?)?;
+            po.barrier(0, pslite::WORKER_GROUP)?;
+            CMD_FRESH
+        } else {
+            0
+        };
         for round in 0..args.repeat {
             let vals = if fresh {
                 SArray::from_vec(vec![round as f32 + 2.0; args.keys])
@@ -306,7 +345,7 @@ fn cxx_workload(kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
             kv.wait(kv.zpush(keys.clone(), vals, KVOptions::new())?)?;
             push.push(millis(t.elapsed()));
             let t = Instant::now();
-            let got = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+            let got = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new().cmd(pull_cmd))?)?;
             pull.push(millis(t.elapsed()));
             if got.vals.len() != args.keys {
                 return Err(Error::App(format!("pulled {} values", got.vals.len())));
