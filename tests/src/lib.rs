@@ -421,6 +421,21 @@ pub fn wait_all_ok(procs: impl IntoIterator<Item = Spawned>, limit: Duration) ->
     runs
 }
 
+/// Polls `cond` every 20 ms until it holds (true) or `limit` passes
+/// (false): for state that has no event to wait on, such as `/proc`.
+pub fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A free TCP port on 127.0.0.1 for a scheduler a test starts.
 ///
 /// Taken below the kernel's ephemeral range (32768-60999), from a counter

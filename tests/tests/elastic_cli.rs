@@ -213,6 +213,22 @@ fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
     assert!(out.contains("(threshold 0.8): ok"), "{}", run.output());
 }
 
+/// Waits for an elastic launch's round 0 of workers 9 and 11 and returns
+/// the scheduler port its workers were given.
+fn first_round_port(launcher: &Spawned) -> String {
+    assert!(
+        launcher
+            .wait_for_line("round 0 began with workers 9, 11", Duration::from_secs(60))
+            .is_some(),
+        "the first round never began"
+    );
+    let (_, env) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
+    env.iter()
+        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
+        .expect("no DMLC_PS_ROOT_PORT")
+        .to_string()
+}
+
 /// The first child of `parent` whose environment has `var=value`, and that
 /// environment.
 fn child_with_env(parent: u32, var: &str, value: &str) -> Option<(u32, Vec<String>)> {
@@ -270,18 +286,7 @@ fn a_launch_with_elastic_workers_takes_an_added_worker_and_survives_a_killed_one
     cmd.args(node);
     heartbeats(&mut cmd);
     let launcher = spawn(cmd);
-    assert!(
-        launcher
-            .wait_for_line("round 0 began with workers 9, 11", Duration::from_secs(60))
-            .is_some(),
-        "the first round never began"
-    );
-    let (_, env) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
-    let port = env
-        .iter()
-        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
-        .expect("no DMLC_PS_ROOT_PORT")
-        .to_string();
+    let port = first_round_port(&launcher);
     assert!(
         launcher
             .wait_for_line("epoch 1/8", Duration::from_secs(60))
@@ -487,18 +492,7 @@ fn status_shows_round_ranks_and_a_worker_waiting_for_a_full_round() {
     ]);
     cmd.args(node);
     let launcher = spawn(cmd);
-    assert!(
-        launcher
-            .wait_for_line("round 0 began with workers 9, 11", Duration::from_secs(60))
-            .is_some(),
-        "the first round never began"
-    );
-    let (_, env) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
-    let port = env
-        .iter()
-        .find_map(|kv| kv.strip_prefix("DMLC_PS_ROOT_PORT="))
-        .expect("no DMLC_PS_ROOT_PORT")
-        .to_string();
+    let port = first_round_port(&launcher);
     // The round is full (MAX = 2): the added worker registers and waits.
     let mut add = pslite(&["launch", "--add-worker", "--port", &port, "--", &bin]);
     add.args(node);

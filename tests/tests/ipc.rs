@@ -5,10 +5,11 @@
 //! node killed with SIGKILL leaves no socket name behind, and none is ever
 //! a file.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pslite_tests::{
-    free_port, node_command, node_env_with, spawn_node, spawn_with_stdin, wait_all_ok, Launch, Run,
+    free_port, node_command, node_env_with, spawn_node, spawn_with_stdin, wait_all_ok, within,
+    Launch, Run,
 };
 
 /// The endpoints of the "connecting to node N at ENDPOINT" lines (PS_VERBOSE=1)
@@ -137,21 +138,6 @@ fn pslite_socket_names() -> Vec<String> {
 fn has_name(pid: u32) -> bool {
     let needle = format!("-{pid}-");
     pslite_socket_names().iter().any(|n| n.contains(&needle))
-}
-
-/// Polls `cond` until it holds or `limit` passes (/proc/net/unix has no
-/// event to wait on).
-fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

@@ -4,11 +4,12 @@
 //! worker or a server is killed with SIGKILL mid-transfer, and forged
 //! descriptors from a raw ZeroMQ peer dropped without harm.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pslite::{DataType, Message, Meta};
 use pslite_tests::{
-    assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin, Launch, Run, Spawned,
+    assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin, within, Launch, Run,
+    Spawned,
 };
 
 /// The numbers of the nodes' exit lines "shared memory: sent N frames (B
@@ -179,21 +180,6 @@ fn dev_shm_pslite() -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Polls `cond` until it holds or `limit` passes (process state in /proc
-/// has no event to wait on).
-fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A 1 + 1 kv_bench cluster pushing and pulling 400 000 keys over and
