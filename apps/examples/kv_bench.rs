@@ -1074,27 +1074,17 @@ fn raw_dealer(ctx: &zmq::Context, identity: &str, endpoint: &str) -> Result<zmq:
     Ok(dealer)
 }
 
-/// DEALERs from client `rank` to each server endpoint.
-fn raw_client_dealers(
+/// DEALERs from node `id` (`ps<id>`: servers 8 + 2r, clients 9 + 2r, as
+/// ps-lite numbers them) to each endpoint.
+fn raw_dealers(
     ctx: &zmq::Context,
-    rank: usize,
-    servers: &[String],
+    id: usize,
+    endpoints: &[String],
 ) -> Result<Vec<zmq::Socket>, Error> {
-    servers
+    let identity = format!("ps{id}");
+    endpoints
         .iter()
-        .map(|ep| raw_dealer(ctx, &format!("ps{}", 9 + 2 * rank), ep))
-        .collect()
-}
-
-/// DEALERs from server `rank` to each client endpoint.
-fn raw_server_dealers(
-    ctx: &zmq::Context,
-    rank: usize,
-    clients: &[String],
-) -> Result<Vec<zmq::Socket>, Error> {
-    clients
-        .iter()
-        .map(|ep| raw_dealer(ctx, &format!("ps{}", 8 + 2 * rank), ep))
+        .map(|ep| raw_dealer(ctx, &identity, ep))
         .collect()
 }
 
@@ -1154,7 +1144,7 @@ impl RawCluster {
                 for s in 0..servers {
                     let ctx = zmq::Context::new();
                     let (inbox, endpoint) = raw_router(&ctx, ipc)?;
-                    let mut to_clients = raw_server_dealers(&ctx, s, &client_eps)?;
+                    let mut to_clients = raw_dealers(&ctx, 8 + 2 * s, &client_eps)?;
                     cluster.stop_endpoints.push(endpoint);
                     cluster
                         .servers
@@ -1165,7 +1155,7 @@ impl RawCluster {
                 }
                 for (c, (ctx, inbox, _)) in locals.into_iter().enumerate() {
                     cluster.clients.push(RawClientNode::Local(RawClient {
-                        to_servers: raw_client_dealers(&ctx, c, &cluster.stop_endpoints)?,
+                        to_servers: raw_dealers(&ctx, 9 + 2 * c, &cluster.stop_endpoints)?,
                         inbox,
                         payload: Bytes::new(),
                         _ctx: ctx,
@@ -1232,7 +1222,7 @@ fn raw_server_process(rank: usize, clients: &str, ipc: bool) -> Result<(), Error
         .filter(|ep| !ep.is_empty())
         .map(str::to_string)
         .collect();
-    let mut to_clients = raw_server_dealers(&ctx, rank, &clients)?;
+    let mut to_clients = raw_dealers(&ctx, 8 + 2 * rank, &clients)?;
     // Exit with the driver: its end of our stdin closes when it exits,
     // however it exits.
     std::thread::spawn(|| {
@@ -1276,7 +1266,7 @@ fn raw_client_process(rank: usize, ipc: bool) -> Result<(), Error> {
         .map(str::to_string)
         .collect();
     let mut client = RawClient {
-        to_servers: raw_client_dealers(&ctx, rank, &servers)?,
+        to_servers: raw_dealers(&ctx, 9 + 2 * rank, &servers)?,
         inbox,
         payload: Bytes::new(),
         _ctx: ctx,
