@@ -421,6 +421,25 @@ pub fn wait_all_ok(procs: impl IntoIterator<Item = Spawned>, limit: Duration) ->
     runs
 }
 
+/// The message a KVWorker (app 0, customer 0) sends for a push of `u64`
+/// keys and `f32` values at `timestamp`, for tests that speak ZeroMQ
+/// themselves (forged or raw peers).
+pub fn kv_push(timestamp: i32, keys: Vec<u8>, vals: Vec<u8>) -> pslite::Message {
+    pslite::Message {
+        meta: pslite::Meta {
+            app_id: 0,
+            customer_id: 0,
+            request: true,
+            push: true,
+            head: 0,
+            timestamp,
+            data_type: vec![pslite::DataType::UInt64, pslite::DataType::Float],
+            ..pslite::Meta::default()
+        },
+        data: vec![keys.into(), vals.into()],
+    }
+}
+
 /// Polls `cond` every 20 ms until it holds (true) or `limit` passes
 /// (false): for state that has no event to wait on, such as `/proc`.
 pub fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use pslite::{Command as Cmd, Message, Meta, Node, Role};
+use pslite::{Command as Cmd, Message, Node, Role};
 use pslite_tests::{assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin};
-use pslite_tests::{Run, Spawned};
+use pslite_tests::{kv_push, Run, Spawned};
 
 /// A raw ZeroMQ peer with identity `ps<id>` (or none) connected to a port.
 struct Attacker {
@@ -178,18 +178,7 @@ fn forged_data_and_terminate_are_dropped_and_the_job_stays_exact() {
     let key_frame: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
     let val_frame: Vec<u8> = keys.iter().flat_map(|_| 1e9f32.to_le_bytes()).collect();
     for ts in 0..40 {
-        let mut push = Message::default();
-        push.meta = Meta {
-            app_id: 0,
-            customer_id: 0,
-            request: true,
-            push: true,
-            head: 0,
-            timestamp: ts,
-            data_type: vec![pslite::DataType::UInt64, pslite::DataType::Float],
-            ..Meta::default()
-        };
-        push.data = vec![key_frame.clone().into(), val_frame.clone().into()];
+        let push = kv_push(ts, key_frame.clone(), val_frame.clone());
         from_server.send(&push);
         let mut response = push.clone();
         response.meta.request = false;

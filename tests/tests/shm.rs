@@ -6,10 +6,9 @@
 
 use std::time::Duration;
 
-use pslite::{DataType, Message, Meta};
 use pslite_tests::{
-    assert_all_ok, free_port, node_command, node_env, spawn, spawn_with_stdin, within, Launch, Run,
-    Spawned,
+    assert_all_ok, free_port, kv_push, node_command, node_env, spawn, spawn_with_stdin, within,
+    Launch, Run, Spawned,
 };
 
 /// The numbers of the nodes' exit lines "shared memory: sent N frames (B
@@ -295,22 +294,7 @@ fn forged_shared_memory_descriptors_are_dropped_and_the_job_stays_exact() {
     // be in shared memory, naming fds that are not segments, wrong tokens,
     // generations and bounds, and frames that do not exist.
     let keys: Vec<u8> = (0..10_000u64).flat_map(|k| (k * 7).to_le_bytes()).collect();
-    let push = |ts: i32| {
-        let meta = Meta {
-            app_id: 0,
-            customer_id: 0,
-            request: true,
-            push: true,
-            head: 0,
-            timestamp: ts,
-            data_type: vec![DataType::UInt64, DataType::Float],
-            ..Meta::default()
-        };
-        Message {
-            meta,
-            data: vec![keys.clone().into(), Default::default()],
-        }
-    };
+    let push = |ts: i32| kv_push(ts, keys.clone(), Vec::new());
     let mut forged = Vec::new();
     for fd in [-1, 0, 1, 2, 3, 5, 8, 13, 21, 34, 1 << 20] {
         forged.push(ShmFrame {
