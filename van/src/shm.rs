@@ -118,6 +118,13 @@ fn idle(word: u64) -> bool {
     word & 0xffff_ffff == 0
 }
 
+/// Changes a slot's word by `f` (compare-and-swap, retried while others
+/// change it); false when `f` refuses the current value.
+fn update(word: &AtomicU64, f: impl FnMut(u64) -> Option<u64>) -> bool {
+    word.fetch_update(Ordering::AcqRel, Ordering::Acquire, f)
+        .is_ok()
+}
+
 /// One receiving process's share of a segment: its pid (0 when the slot is
 /// free; written by the sender) and its word.
 #[repr(C)]
@@ -387,8 +394,7 @@ impl Segment {
         let slot = match self.slots.iter().find(|&&(p, _)| p == pid) {
             Some(&(_, i)) => i,
             None => {
-                let used: Vec<usize> = self.slots.iter().map(|&(_, i)| i).collect();
-                let i = (0..SLOTS).find(|i| !used.contains(i))?;
+                let i = (0..SLOTS).find(|&i| self.slots.iter().all(|&(_, u)| u != i))?;
                 let s = self.map.slot(i);
                 s.word.store(0, Ordering::Release);
                 s.pid.store(u64::from(pid), Ordering::Release);
@@ -397,25 +403,17 @@ impl Segment {
             }
         };
         let gen = self.generation;
-        let word = &self.map.slot(slot).word;
-        let mut cur = word.load(Ordering::Acquire);
-        loop {
+        let counted = update(&self.map.slot(slot).word, |cur| {
             let (g, pending, held) = unpack(cur);
-            let next = if g == gen {
-                if pending + held >= MAX_REFS {
-                    return None;
-                }
-                pack(gen, pending + 1, held)
-            } else if idle(cur) {
-                pack(gen, 1, 0)
+            if g == gen {
+                (pending + held < MAX_REFS).then(|| pack(gen, pending + 1, held))
             } else {
-                // Counts of an older content: not ours to touch.
-                return None;
-            };
-            match word.compare_exchange(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
-                Err(actual) => cur = actual,
+                // Counts of an older content are not ours to touch.
+                idle(cur).then(|| pack(gen, 1, 0))
             }
+        });
+        if !counted {
+            return None;
         }
         self.sent_at = now;
         Some(Lease {
@@ -565,23 +563,10 @@ pub struct Lease {
 impl Lease {
     /// Gives the descriptor's count back (its message never left).
     pub fn abandon(self) {
-        let word = &self.map.slot(self.slot).word;
-        let mut cur = word.load(Ordering::Acquire);
-        loop {
+        update(&self.map.slot(self.slot).word, |cur| {
             let (g, pending, held) = unpack(cur);
-            if g != self.generation || pending == 0 {
-                return;
-            }
-            match word.compare_exchange(
-                cur,
-                pack(g, pending - 1, held),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
-        }
+            (g == self.generation && pending > 0).then(|| pack(g, pending - 1, held))
+        });
     }
 }
 
@@ -864,47 +849,22 @@ impl AsRef<[u8]> for View {
 
 impl Drop for View {
     fn drop(&mut self) {
-        let word = &self.map.slot(self.slot).word;
-        let mut cur = word.load(Ordering::Acquire);
-        loop {
+        // Nothing to release if the sender took the count back (it
+        // thought this process gone).
+        update(&self.map.slot(self.slot).word, |cur| {
             let (g, pending, held) = unpack(cur);
-            if g != self.generation || held == 0 {
-                // Taken back by the sender (it thought this process gone).
-                return;
-            }
-            match word.compare_exchange(
-                cur,
-                pack(g, pending, held - 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
-        }
+            (g == self.generation && held > 0).then(|| pack(g, pending, held - 1))
+        });
     }
 }
 
 /// Claims one descriptor of generation `gen` counted in `slot`: the content
 /// stays until the claim is released.
 fn claim(map: &Mapping, slot: usize, gen: u32) -> bool {
-    let word = &map.slot(slot).word;
-    let mut cur = word.load(Ordering::Acquire);
-    loop {
+    update(&map.slot(slot).word, |cur| {
         let (g, pending, held) = unpack(cur);
-        if g != gen || pending == 0 || held >= MAX_REFS {
-            return false;
-        }
-        match word.compare_exchange(
-            cur,
-            pack(g, pending - 1, held + 1),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => return true,
-            Err(actual) => cur = actual,
-        }
-    }
+        (g == gen && pending > 0 && held < MAX_REFS).then(|| pack(g, pending - 1, held + 1))
+    })
 }
 
 /// A receiver's mappings of its peers' segments (owned by the receive thread).
