@@ -69,6 +69,40 @@ pub enum Output {
         /// Its workers in rank order.
         workers: Vec<NodeId>,
     },
+    /// Replicated key ranges: ask app `apps[..]` for a copy of its state
+    /// of keys `[begin, end)` (range `range`), in request order; answer
+    /// with [`Core::snapshot_taken`], one part per app.
+    Snapshot {
+        /// Pairs the answers with the request.
+        token: u64,
+        /// The range.
+        range: u32,
+        /// Its first key.
+        begin: u64,
+        /// One past its last key (`u64::MAX`: every key from `begin` on).
+        end: u64,
+        /// The apps to ask.
+        apps: Vec<i32>,
+    },
+    /// Replicated key ranges: replace the apps' state of keys `[begin, end)`
+    /// by these copies (`data[i]` for app `apps[i]`); answer with
+    /// [`Core::restored`] per app.
+    Restore {
+        /// Pairs the answers with the request.
+        token: u64,
+        /// The range.
+        range: u32,
+        /// Its first key.
+        begin: u64,
+        /// One past its last key.
+        end: u64,
+        /// The app of each copy.
+        apps: Vec<i32>,
+        /// The copies.
+        data: Vec<bytes::Bytes>,
+    },
+    /// Replicated key ranges: a new range map (for observers).
+    RangeMap(pslite_proto::replica::RangeMap),
     /// This node is still waiting to join (a log line for the operator).
     Waiting {
         /// How long it has waited.
@@ -120,7 +154,15 @@ pub struct Core {
     /// On the scheduler: the nodes dead at the last tick, whose waits and
     /// watches the store has dropped.
     store_dead: BTreeSet<NodeId>,
+    /// Replicated key ranges (`crate::replica`).
+    replication: replication::Replication,
+    /// On the scheduler: servers whose death the range map has taken in.
+    replica_dead: BTreeSet<NodeId>,
+    /// On a server: the apps whose state is copied to joining servers.
+    replicated_apps: BTreeSet<i32>,
 }
+
+mod replication;
 
 /// Why a data message with inconsistent frames is dropped.
 const MALFORMED: &str = "its data frames and data types differ in number";
@@ -221,6 +263,13 @@ impl Core {
             store_host: is_scheduler.then(|| StoreHost::new(cfg.store_limits)),
             store_client: StoreClient::default(),
             store_dead: BTreeSet::new(),
+            replication: if is_scheduler {
+                replication::Replication::for_scheduler(cfg.num_servers, cfg.replicas)
+            } else {
+                replication::Replication::Off
+            },
+            replica_dead: BTreeSet::new(),
+            replicated_apps: BTreeSet::from([0]),
         };
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
@@ -347,11 +396,16 @@ impl Core {
     /// Prepares a message an app sends: checks that the node can send it,
     /// opens the connection on first use, stamps the sender and records it
     /// for resending. Returns the message to put on the wire.
-    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Message, VanError> {
+    /// Returns `None` when there is nothing to send now (replicated key
+    /// ranges: an answer held until the backups have the push).
+    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Option<Message>, VanError> {
         if let Some(f) = self.member.failure() {
             return Err(f.clone().into());
         }
-        self.prepare(msg, now)
+        let Some(msg) = self.replica_outgoing(msg, now)? else {
+            return Ok(None);
+        };
+        self.prepare(msg, now).map(Some)
     }
 
     /// A message [`Core::send`] prepared could not be put on the wire.
@@ -507,6 +561,7 @@ impl Core {
                 let actions = s.tick(now);
                 self.apply_scheduler(actions, now);
             }
+            self.replica_tick(now);
             self.store_forget_dead(now);
         }
         if let Some(host) = &mut self.store_host {
@@ -538,6 +593,8 @@ impl Core {
                 } else {
                     debug!("{failure}");
                 }
+            } else if self.replica_owns(&msg) {
+                debug!("{failure}: the range map decides where it goes next");
             } else {
                 warn!("{failure}");
                 self.out.push(Output::Undeliverable(msg, failure));
@@ -622,7 +679,7 @@ impl Core {
     fn dispatch(&mut self, msg: Message, now: Instant) {
         let is_scheduler = self.scheduler.is_some();
         match msg.meta.control.cmd {
-            Command::Empty => self.data(msg),
+            Command::Empty => self.data(msg, now),
             Command::Terminate => {
                 // Never obeyed from the wire: a node stops itself in-process.
                 warn!(
@@ -630,9 +687,11 @@ impl Core {
                     msg.meta.sender
                 );
             }
+            Command::AddNode if is_scheduler && self.replica_refuses(&msg) => {}
             Command::AddNode | Command::Heartbeat | Command::Status if is_scheduler => {
                 self.run_scheduler(&msg, now)
             }
+            Command::Replica => self.replica_control(msg, now),
             Command::Barrier if is_scheduler && msg.meta.request => self.run_scheduler(&msg, now),
             Command::Leave if is_scheduler => self.run_scheduler(&msg, now),
             Command::Leave if self.cfg.elastic.is_some() => {
@@ -645,6 +704,11 @@ impl Core {
             Command::AddNode => {
                 let actions = self.member.on_node_table(&msg, now);
                 self.apply_member(actions, now);
+                if msg.meta.sender == SCHEDULER {
+                    if let Some(map) = msg.meta.replica.and_then(|r| r.map) {
+                        self.on_range_map(map, now);
+                    }
+                }
             }
             Command::Barrier => {
                 self.member.on_barrier_release(&msg);
@@ -724,6 +788,12 @@ impl Core {
         if actions.is_empty() {
             return;
         }
+        self.replica_before(&actions);
+        let recoveries: Vec<Action> = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Connect(n) if n.is_recovery))
+            .cloned()
+            .collect();
         for action in actions {
             match action {
                 Action::Connect(node) => {
@@ -733,7 +803,10 @@ impl Core {
                         self.peer_replaced(id, now);
                     }
                 }
-                Action::Send(msg) => self.emit(msg, now),
+                Action::Send(mut msg) => {
+                    self.replica_attach(&mut msg);
+                    self.emit(msg, now)
+                }
                 Action::Answer { to, mut msg } => {
                     // The scheduler's own row carries its own counters.
                     if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
@@ -763,6 +836,7 @@ impl Core {
             let table = self.scheduler_table();
             self.member.formed(table);
         }
+        self.replica_after(&recoveries, now);
     }
 
     /// Carries out what the node side asked for.
@@ -784,7 +858,7 @@ impl Core {
                 MemberAction::Joined => {
                     self.changed = true;
                     for msg in std::mem::take(&mut self.held) {
-                        self.data(msg);
+                        self.data(msg, now);
                     }
                     self.held_bytes = 0;
                 }
@@ -796,10 +870,16 @@ impl Core {
                     };
                     if let Some(r) = &mut self.resender {
                         for msg in r.forget_peer(id) {
-                            self.out.push(Output::Undeliverable(msg, failure.clone()));
+                            if !self.replica_owns(&msg) {
+                                self.out.push(Output::Undeliverable(msg, failure.clone()));
+                            }
                         }
                     }
-                    self.out.push(Output::PeerDead(id, failure));
+                    // Replicated key ranges: a dead server's ranges failed
+                    // over; its requests went to the new primaries.
+                    if !self.replica_covers(id) {
+                        self.out.push(Output::PeerDead(id, failure));
+                    }
                     self.changed = true;
                 }
                 MemberAction::Failed(f) => {
@@ -814,7 +894,7 @@ impl Core {
                     self.out.push(Output::RoundBegan { round, workers });
                     for msg in std::mem::take(&mut self.held_newcomers) {
                         if self.member.is_member(msg.meta.sender) {
-                            self.data(msg);
+                            self.data(msg, now);
                         } else {
                             self.reject(&msg, "its sender is not in the node table");
                         }
@@ -830,7 +910,7 @@ impl Core {
     fn peer_replaced(&mut self, id: NodeId, now: Instant) {
         self.store_forget(id, "was replaced by a restarted process");
         let Some(r) = &mut self.resender else {
-            if self.scheduler.is_none() {
+            if self.scheduler.is_none() && !self.replica_covers(id) {
                 self.out
                     .push(Output::PeerDead(id, Failure::PeerRestarted { id }));
             }
@@ -851,7 +931,7 @@ impl Core {
 
     /// A data message: delivered if its sender may send it, held back until
     /// this node joins (within the byte budget), else dropped.
-    fn data(&mut self, msg: Message) {
+    fn data(&mut self, msg: Message, now: Instant) {
         let sender = msg.meta.sender;
         if sender == K_EMPTY {
             self.reject(&msg, "its sender has no ps<id> identity");
@@ -878,6 +958,10 @@ impl Core {
                 return;
             }
             self.reject(&msg, "its sender is not in the node table");
+            return;
+        }
+        if msg.meta.replica.is_some() {
+            self.replica_data(msg, now);
             return;
         }
         if let Some(why) = self.forbidden(&msg) {

@@ -54,6 +54,7 @@ mod error;
 mod harness;
 mod member;
 pub mod rendezvous;
+pub mod replica;
 pub mod resender;
 pub mod resolve;
 pub mod scheduler;

@@ -28,11 +28,20 @@ const MAX_BACKOFF: u32 = 8;
 /// sign-extended C `int`s shifted into a `uint64_t`).
 pub fn signature(meta: &Meta) -> u64 {
     let widen = |v: i32| v as i64 as u64;
-    (widen(meta.app_id) << 48)
+    let sig = (widen(meta.app_id) << 48)
         | (widen(meta.sender) << 40)
         | (widen(meta.recver) << 32)
         | (widen(meta.timestamp) << 1)
-        | u64::from(meta.request)
+        | u64::from(meta.request);
+    // pslite-only, replicated key ranges: one worker request reaches a
+    // server once per range it holds, all with one timestamp; the range
+    // tells them apart (its answer carries the same range).
+    match &meta.replica {
+        Some(r) if meta.control.is_empty() => {
+            sig ^ ((u64::from(r.range) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) & !1)
+        }
+        _ => sig,
+    }
 }
 
 /// Whether a message takes part in acknowledgement: everything but ACK and
@@ -190,6 +199,7 @@ impl Resender {
             recver: response.sender,
             timestamp: response.timestamp,
             request: true,
+            replica: response.replica.clone(),
             ..Meta::default()
         };
         let key = (response.sender, signature(&request));

@@ -163,6 +163,9 @@ pub struct Scheduler {
     heartbeating: HashSet<NodeId>,
     /// Elastic mode: the worker rounds, and the registrations they need.
     elastic: Option<Elastic>,
+    /// Replicated key ranges: dead servers whose ranges moved to others;
+    /// barriers do not wait for them (see [`Scheduler::set_gone`]).
+    gone: BTreeSet<NodeId>,
 }
 
 /// The scheduler's elastic-mode state.
@@ -205,6 +208,7 @@ impl Scheduler {
             counters: HashMap::new(),
             dead_since: HashMap::new(),
             heartbeating: HashSet::new(),
+            gone: BTreeSet::new(),
             elastic: cfg.elastic.map(|rc| Elastic {
                 rdzv: Rendezvous::new(rc, now),
                 next_server: 0,
@@ -284,6 +288,7 @@ impl Scheduler {
         let recovery = self
             .dead_since
             .iter()
+            .filter(|&(&id, _)| !self.gone.contains(&id))
             .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
             .map(|(_, &since)| since + self.cfg.recovery_timeout)
             .min();
@@ -320,7 +325,9 @@ impl Scheduler {
         self.dead_since
             .iter()
             .filter(|&(&id, &since)| {
-                ids::group_contains(group, id) && now >= since + self.cfg.recovery_timeout
+                ids::group_contains(group, id)
+                    && now >= since + self.cfg.recovery_timeout
+                    && !self.gone.contains(&id)
             })
             .map(|(&id, _)| id)
             .min()
@@ -684,13 +691,27 @@ impl Scheduler {
             round.customer_id = msg.meta.customer_id;
             return self.settle_barriers(now);
         }
-        let expected = self.group_size(group);
         let round = self.barriers.entry(group).or_default();
         round.arrived.insert((sender, msg.meta.customer_id));
         round.app_id = msg.meta.app_id;
         round.customer_id = msg.meta.customer_id;
-        let arrived = round.arrived.len() as i32;
-        debug!("scheduler: barrier {group}: {arrived}/{expected} arrived (node {sender})");
+        self.try_release(group)
+    }
+
+    /// Releases the barrier over `group` if every member arrived (servers
+    /// that failed over excepted).
+    fn try_release(&mut self, group: i32) -> Vec<Action> {
+        let gone = self.gone.iter().filter(|&&id| ids::group_contains(group, id));
+        let expected = self.group_size(group) - gone.count() as i32;
+        let Some(round) = self.barriers.get(&group) else {
+            return Vec::new();
+        };
+        let arrived = round
+            .arrived
+            .iter()
+            .filter(|(id, _)| !self.gone.contains(id))
+            .count() as i32;
+        debug!("scheduler: barrier {group}: {arrived}/{expected} arrived");
         if arrived < expected {
             return Vec::new();
         }
@@ -698,13 +719,34 @@ impl Scheduler {
         let mut members: BTreeSet<NodeId> = self
             .process_nodes()
             .into_iter()
-            .filter(|n| ids::group_contains(group, n.id))
+            .filter(|n| ids::group_contains(group, n.id) && !self.gone.contains(&n.id))
             .map(|n| n.id)
             .collect();
         if group & ids::SCHEDULER_GROUP != 0 {
             members.insert(SCHEDULER);
         }
         round.release(group, members)
+    }
+
+    /// Replicated key ranges: server `id` failed over (`gone`: its ranges
+    /// moved to the others, so barriers stop waiting for it) or a
+    /// replacement took its id (it counts again). Returns the barriers
+    /// this completes.
+    pub fn set_gone(&mut self, id: NodeId, gone: bool) -> Vec<Action> {
+        let changed = if gone {
+            self.gone.insert(id)
+        } else {
+            self.gone.remove(&id)
+        };
+        if !changed || self.elastic.is_some() {
+            return Vec::new();
+        }
+        let mut groups: Vec<i32> = self.barriers.keys().copied().collect();
+        groups.sort_unstable();
+        groups
+            .into_iter()
+            .flat_map(|g| self.try_release(g))
+            .collect()
     }
 
     fn heartbeat(&mut self, msg: &Message, now: Instant) -> Vec<Action> {

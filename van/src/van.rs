@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use log::{debug, error, info, trace, warn};
 use pslite_proto::ids::{NodeId, SCHEDULER};
+use pslite_proto::replica::RangeMap;
 use pslite_proto::{lock, wait, wait_timeout, Command, Message, Meta, Node, K_EMPTY};
 
 use crate::config::VanConfig;
@@ -56,6 +57,33 @@ pub trait Dispatch: Send + Sync + 'static {
     /// this node joined it.
     fn membership(&self, round: u64, workers: &[NodeId]) {
         let _ = (round, workers);
+    }
+
+    /// Replicated key ranges, on a server: app `app` should copy its state
+    /// of keys `[begin, end)` as it is after every request delivered before
+    /// this call (so: in its request order), and hand it to
+    /// [`Van::snapshot_taken`] with `token`. The default copies nothing, so
+    /// a joining server never catches up (and says so).
+    fn snapshot(&self, app: i32, token: u64, begin: u64, end: u64) {
+        let _ = (token, begin, end);
+        error!(
+            "app {app} cannot copy its state to a joining server (its node has no snapshot \
+             support); the range stays with fewer replicas"
+        );
+    }
+
+    /// Replicated key ranges, on a server: app `app` should replace its
+    /// state of keys `[begin, end)` by `data` (a copy its peer made with
+    /// [`Dispatch::snapshot`]), in its request order, then call
+    /// [`Van::restored`] with `token`.
+    fn restore(&self, app: i32, token: u64, begin: u64, end: u64, data: Bytes) {
+        let _ = (token, begin, end, data);
+        error!("app {app} cannot restore a copy of its state (no snapshot support)");
+    }
+
+    /// Replicated key ranges: a new range map.
+    fn range_map(&self, map: &RangeMap) {
+        let _ = map;
     }
 }
 
@@ -299,6 +327,34 @@ impl Van {
     /// Sends a message to `msg.meta.recver`; returns the bytes sent.
     pub fn send(&self, msg: Message) -> Result<usize, VanError> {
         self.shared.send(msg)
+    }
+
+    /// Replicated key ranges: the range map this node knows, if the cluster
+    /// replicates.
+    pub fn range_map(&self) -> Option<RangeMap> {
+        lock(&self.shared.locked).core.range_map().cloned()
+    }
+
+    /// Replicated key ranges, on a server: the apps whose state is copied
+    /// to joining servers (app 0 unless set).
+    pub fn set_replicated_apps(&self, apps: std::collections::BTreeSet<i32>) {
+        let _ = self
+            .shared
+            .with_core(|core, _| core.set_replicated_apps(apps));
+    }
+
+    /// App `app`'s answer to [`Dispatch::snapshot`] request `token`.
+    pub fn snapshot_taken(&self, token: u64, app: i32, data: Bytes) {
+        let _ = self
+            .shared
+            .with_core(|core, now| core.snapshot_taken(token, app, data, now));
+    }
+
+    /// App `app` finished [`Dispatch::restore`] request `token`.
+    pub fn restored(&self, token: u64, app: i32) {
+        let _ = self
+            .shared
+            .with_core(|core, now| core.restored(token, app, now));
     }
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
@@ -713,6 +769,30 @@ impl Shared {
                 Output::Undeliverable(msg, failure) => self.dispatch.undeliverable(msg, failure),
                 Output::PeerDead(id, failure) => self.dispatch.peer_dead(id, &failure),
                 Output::RoundBegan { round, workers } => self.dispatch.membership(round, &workers),
+                Output::Snapshot {
+                    token,
+                    begin,
+                    end,
+                    apps,
+                    ..
+                } => {
+                    for app in apps {
+                        self.dispatch.snapshot(app, token, begin, end);
+                    }
+                }
+                Output::Restore {
+                    token,
+                    begin,
+                    end,
+                    apps,
+                    data,
+                    ..
+                } => {
+                    for (app, data) in apps.into_iter().zip(data) {
+                        self.dispatch.restore(app, token, begin, end, data);
+                    }
+                }
+                Output::RangeMap(map) => self.dispatch.range_map(&map),
                 Output::Failed(failure) => {
                     if failure != Failure::Stopped {
                         error!("{failure}");
@@ -861,7 +941,9 @@ impl Shared {
     }
 
     fn send(&self, msg: Message) -> Result<usize, VanError> {
-        let msg = self.with_core(|core, now| core.send(msg, now))??;
+        let Some(msg) = self.with_core(|core, now| core.send(msg, now))?? else {
+            return Ok(0); // held (replicated key ranges), or sent by the core
+        };
         let sent = self.transmit(&msg);
         if sent.is_err() {
             let _ = self.with_core(|core, _| core.send_failed(&msg));
