@@ -160,6 +160,8 @@ pub struct Core {
     replica_dead: BTreeSet<NodeId>,
     /// On a server: the apps whose state is copied to joining servers.
     replicated_apps: BTreeSet<i32>,
+    /// The timestamp of this node's next replication message.
+    replica_ts: i32,
 }
 
 mod replication;
@@ -270,7 +272,9 @@ impl Core {
             },
             replica_dead: BTreeSet::new(),
             replicated_apps: BTreeSet::from([0]),
+            replica_ts: 0,
         };
+        core.replica_ts = core.rng.random::<i32>() & i32::MAX;
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
         let identity = core.member.me().id;

@@ -306,6 +306,17 @@ impl Network {
             if outputs.is_empty() {
                 return;
             }
+            // Connections at once, as the Van opens them under the core's
+            // lock: a send carried out meanwhile (an app's answer) finds them.
+            for out in &outputs {
+                if let Output::Connect { node, identity } = out {
+                    let target = self
+                        .nodes
+                        .iter()
+                        .position(|n| n.host == node.hostname && n.port == node.port);
+                    self.nodes[i].conns.insert(node.id, (target, *identity));
+                }
+            }
             self.carry_out(i, outputs);
         }
     }
@@ -322,7 +333,11 @@ impl Network {
                     let answer = app.apply(&msg);
                     node.delivered.push(msg);
                     match node.core.send(answer, now) {
-                        Ok(Some(msg)) => self.transmit(i, msg),
+                        Ok(Some(msg)) => {
+                            // Its connection first, as the Van opens it.
+                            self.flush(i);
+                            self.transmit(i, msg)
+                        }
                         Ok(None) => {}
                         Err(e) => panic!("the core refused an answer: {e}"),
                     }
@@ -359,13 +374,7 @@ impl Network {
                     }
                 }
                 Output::RangeMap(map) => self.nodes[i].maps.push(map),
-                Output::Connect { node, identity } => {
-                    let target = self
-                        .nodes
-                        .iter()
-                        .position(|n| n.host == node.hostname && n.port == node.port);
-                    self.nodes[i].conns.insert(node.id, (target, identity));
-                }
+                Output::Connect { .. } => {} // opened by flush
                 Output::Send(msg) => self.transmit(i, msg),
                 Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
                 Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),

@@ -55,6 +55,14 @@ impl Core {
         }
     }
 
+    /// On a server: its ranges' replication state, described for logs.
+    pub fn describe_replicas(&self) -> String {
+        match &self.replication {
+            Replication::Server(s) => s.describe(),
+            _ => String::new(),
+        }
+    }
+
     /// On a server: whether it is the serving primary of range `r`.
     pub fn serves_range(&self, r: u32) -> bool {
         matches!(&self.replication, Replication::Server(s) if s.serves(r))
@@ -230,7 +238,17 @@ impl Core {
         };
         for out in s.take_output() {
             match out {
-                ServerOut::Send(msg) => self.emit(msg, now),
+                ServerOut::Send(mut msg) => {
+                    if msg.is_control() {
+                        // From a counter that starts at random: a process
+                        // that replaces a server must not repeat its
+                        // predecessor's signatures (PS_RESEND drops those
+                        // as duplicates).
+                        msg.meta.timestamp = self.replica_ts;
+                        self.replica_ts = self.replica_ts.wrapping_add(1) & i32::MAX;
+                    }
+                    self.emit(msg, now)
+                }
                 ServerOut::Deliver(msg) => self.out.push(Output::Deliver(msg)),
                 ServerOut::Snapshot {
                     token,

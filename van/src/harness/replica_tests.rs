@@ -436,7 +436,7 @@ fn may_kill(net: &Network, id: NodeId) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 
     /// Random pushes, pulls, server deaths (never the last live replica of
     /// a range) and replacements: every request is answered, the final pull
@@ -508,3 +508,32 @@ proptest! {
         prop_assert_eq!(pulled, job.acked.clone());
     }
 }
+
+#[test]
+fn debug_two_kills() {
+    let _ = env_logger_init();
+    let mut net = cluster(3, 2, 3, false, 0);
+    let w = net.index_of(9).unwrap();
+    net.kill(1);
+    net.run_for(MS * 98);
+    net.kill(3);
+    let mut job = Job::default();
+    let ranges = crate::replica::key_ranges(3);
+    job.push(&mut net, w, &[ranges[0].0 + 3]);
+    job.push(&mut net, w, &[ranges[1].0 + 1]);
+    job.collect(&net);
+    let w1 = net.index_of(11).unwrap();
+    let all: Vec<u64> = (0..12u64).map(|b| ranges[b as usize % 3].0 + b).collect::<BTreeSet<_>>().into_iter().collect();
+    job.request(&mut net, w1, &all, false);
+    job.collect(&net);
+    net.run_for(SECOND * 3);
+    job.collect(&net);
+    eprintln!("map {:?}", map(&net));
+    eprintln!("open {:?}", job.open);
+    eprintln!("w delivered {:?}", net.nodes[w].delivered.iter().map(|m| (m.meta.sender, m.meta.timestamp, m.meta.request)).collect::<Vec<_>>());
+    eprintln!("w undeliverable {:?}", net.nodes[w].undeliverable.len());
+    eprintln!("w rejected {:?}", net.nodes[w].core.rejected());
+    for i in 1..4 { eprintln!("node {} alive {}:\n{}", net.id(i), net.nodes[i].alive, net.nodes[i].core.describe_replicas()); }
+}
+
+fn env_logger_init() {}

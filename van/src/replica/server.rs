@@ -337,6 +337,34 @@ impl ReplicaServer {
         std::mem::take(&mut self.out)
     }
 
+    /// Each range's state, described (for logs and test failures).
+    pub fn describe(&self) -> String {
+        let mut ranges: Vec<_> = self.ranges.iter().collect();
+        ranges.sort_by_key(|(r, _)| **r);
+        ranges
+            .into_iter()
+            .map(|(r, s)| {
+                format!(
+                    "range {r}: {:?} v{} primary {:?} delivered {} answered {} pending {:?} \
+                     gating {:?} acked {:?} sync {:?} waiting {} buffered {:?} catch-up {:?}",
+                    s.role,
+                    s.version,
+                    s.primary,
+                    s.delivered,
+                    s.answered,
+                    s.pending.keys().collect::<Vec<_>>(),
+                    s.gating,
+                    s.acked,
+                    s.sync,
+                    s.waiting.len(),
+                    s.buffered.keys().collect::<Vec<_>>(),
+                    s.catch_up
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Whether this node is the serving primary of range `r` (tests).
     pub fn serves(&self, r: u32) -> bool {
         self.ranges
