@@ -792,7 +792,7 @@ impl Core {
         if actions.is_empty() {
             return;
         }
-        self.replica_before(&actions);
+        self.replica_before(&actions, now);
         let recoveries: Vec<Action> = actions
             .iter()
             .filter(|a| matches!(a, Action::Connect(n) if n.is_recovery))
@@ -913,6 +913,10 @@ impl Core {
     /// resender they cannot, and fail instead of waiting forever.
     fn peer_replaced(&mut self, id: NodeId, now: Instant) {
         self.store_forget(id, "was replaced by a restarted process");
+        if let Some(r) = &mut self.resender {
+            // The new process's timestamps start over.
+            r.forget_seen(id);
+        }
         let Some(r) = &mut self.resender else {
             if self.scheduler.is_none() && !self.replica_covers(id) {
                 self.out

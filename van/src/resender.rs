@@ -34,11 +34,14 @@ pub fn signature(meta: &Meta) -> u64 {
         | (widen(meta.timestamp) << 1)
         | u64::from(meta.request);
     // pslite-only, replicated key ranges: one worker request reaches a
-    // server once per range it holds, all with one timestamp; the range
-    // tells them apart (its answer carries the same range).
+    // server once per range it holds, all with one timestamp, and again
+    // after a map change (which may bring it back to a server it left); the
+    // range and the map version tell them apart (its answer carries both).
     match &meta.replica {
         Some(r) if meta.control.is_empty() => {
-            sig ^ ((u64::from(r.range) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) & !1)
+            let salt = (u64::from(r.range) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ r.version.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+            sig ^ (salt & !1)
         }
         _ => sig,
     }
@@ -348,6 +351,14 @@ impl Resender {
             self.earliest = Some(self.earliest.map_or(next, |e| e.min(next)));
         }
         again
+    }
+
+    /// Node `id` was replaced by a new process, whose timestamps start over:
+    /// forgets what its predecessor sent, so that the newcomer's messages
+    /// are not taken for duplicates of them.
+    pub fn forget_seen(&mut self, id: NodeId) {
+        self.seen.retain(|&(sender, ..)| sender != id);
+        self.seen_order.retain(|&(_, (sender, ..))| sender != id);
     }
 
     /// Signatures remembered for de-duplication.

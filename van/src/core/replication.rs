@@ -322,7 +322,7 @@ impl Core {
     /// On the scheduler, before carrying out `actions`: forms the map when
     /// the cluster forms, and takes recovered servers in, so that the node
     /// tables sent carry the current map.
-    pub(super) fn replica_before(&mut self, actions: &[Action]) {
+    pub(super) fn replica_before(&mut self, actions: &[Action], now: Instant) {
         let Replication::Master(m) = &mut self.replication else {
             return;
         };
@@ -350,15 +350,29 @@ impl Core {
             });
         }
         for action in actions {
-            if let Action::Connect(node) = action {
-                if node.is_recovery && node.role == Role::Server {
-                    // A new process holds nothing of what the id held.
-                    m.server_dead(node.id);
-                    m.server_live(node.id);
-                    self.replica_dead.remove(&node.id);
-                    info!("scheduler: node {} replaces a server: copies of its ranges start", node.id);
-                }
+            let Action::Connect(node) = action else {
+                continue;
+            };
+            if !node.is_recovery || node.role != Role::Server {
+                continue;
             }
+            let Replication::Master(m) = &mut self.replication else {
+                return;
+            };
+            // A new process holds nothing of what the id held: the map
+            // without it goes out first, so that primaries drop what they
+            // were sending its predecessor, then the map with it joining.
+            if m.server_dead(node.id) {
+                self.broadcast_map(now);
+            }
+            if let Replication::Master(m) = &mut self.replication {
+                m.server_live(node.id);
+            }
+            self.replica_dead.remove(&node.id);
+            info!(
+                "scheduler: node {} replaces a server: copies of its ranges start",
+                node.id
+            );
         }
     }
 

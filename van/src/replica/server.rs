@@ -268,6 +268,9 @@ enum Local {
         worker: NodeId,
         ts: i32,
         request_id: u64,
+        /// The map version the request was sent under (its answer echoes
+        /// it: the worker's resender pairs them by it).
+        version: u64,
     },
     /// A log entry applied here as a replica (or by a syncing primary).
     Entry { range: u32, seq: u64 },
@@ -596,6 +599,7 @@ impl ReplicaServer {
                     answer.meta.recver = worker;
                     let mut out = ReplicaMsg::new(ReplicaOp::Response, r);
                     out.request_id = rep.request_id;
+                    out.version = rep.version;
                     answer.meta.replica = Some(Box::new(out));
                     state.pending.entry(seq).or_default().push(answer);
                     self.release(r);
@@ -609,6 +613,7 @@ impl ReplicaServer {
                         worker,
                         ts,
                         request_id: rep.request_id,
+                        version: rep.version,
                     },
                 );
             } else {
@@ -644,6 +649,7 @@ impl ReplicaServer {
                         worker,
                         ts,
                         request_id: rep.request_id,
+                        version: rep.version,
                     },
                 );
             }
@@ -656,6 +662,7 @@ impl ReplicaServer {
                     worker,
                     ts,
                     request_id: rep.request_id,
+                    version: rep.version,
                 },
             );
         }
@@ -1143,11 +1150,13 @@ impl ReplicaServer {
                 worker,
                 ts,
                 request_id,
+                version,
             } => {
                 msg.meta.timestamp = ts;
                 msg.meta.recver = worker;
                 let mut rep = ReplicaMsg::new(ReplicaOp::Response, range);
                 rep.request_id = request_id;
+                rep.version = version;
                 msg.meta.replica = Some(Box::new(rep));
                 let Some(seq) = seq else {
                     return Some(msg);
