@@ -567,6 +567,8 @@ pub struct SumApp {
     pub store: std::collections::BTreeMap<u64, Vec<i64>>,
     /// Values applied a second time.
     pub doubles: Vec<(u64, i64)>,
+    /// What it did, for test failures.
+    pub trace: Vec<String>,
 }
 
 fn u64s(b: &[u8]) -> Vec<u64> {
@@ -587,6 +589,10 @@ impl SumApp {
         let keys = msg.data.first().map(|b| u64s(b)).unwrap_or_default();
         if msg.meta.push {
             let vals = msg.data.get(1).map(|b| i64s(b)).unwrap_or_default();
+            self.trace.push(format!(
+                "apply from {} ts {} keys {keys:?} vals {vals:?}",
+                msg.meta.sender, msg.meta.timestamp
+            ));
             for (k, v) in keys.iter().zip(vals) {
                 let slot = self.store.entry(*k).or_default();
                 if slot.contains(&v) {
@@ -645,6 +651,7 @@ impl SumApp {
     }
 
     fn restore(&mut self, begin: u64, end: u64, data: &[u8]) {
+        self.trace.push(format!("restore {begin}..{end}: {} bytes", data.len()));
         self.store
             .retain(|&k, _| !(k >= begin && (k < end || end == u64::MAX)));
         let words = u64s(data);

@@ -58,7 +58,7 @@ impl Core {
     /// On a server: its ranges' replication state, described for logs.
     pub fn describe_replicas(&self) -> String {
         match &self.replication {
-            Replication::Server(s) => s.describe(),
+            Replication::Server(s) => format!("{}\n{}", s.trace.join("\n"), s.describe()),
             _ => String::new(),
         }
     }
@@ -138,7 +138,21 @@ impl Core {
                 if !msg.meta.request
                     && ids::role_of_id(msg.meta.sender) == Some(Role::Server) =>
             {
+                let range = msg.meta.replica.as_ref().map_or(0, |r| r.range);
                 if let Some(msg) = c.on_response(msg) {
+                    // Answered: copies still resent to earlier primaries
+                    // (dead ones, or a process that replaced one) stop.
+                    if let Some(r) = &mut self.resender {
+                        let (app, customer, ts) =
+                            (msg.meta.app_id, msg.meta.customer_id, msg.meta.timestamp);
+                        r.settle(|m| {
+                            m.meta.request
+                                && m.meta.app_id == app
+                                && m.meta.customer_id == customer
+                                && m.meta.timestamp == ts
+                                && m.meta.replica.as_ref().is_some_and(|x| x.range == range)
+                        });
+                    }
                     self.out.push(Output::Deliver(msg));
                 }
             }

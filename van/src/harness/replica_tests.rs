@@ -192,10 +192,25 @@ impl Job {
 fn settle(net: &mut Network, job: &mut Job, limit: Duration) {
     let end = net.now + limit;
     while !job.all_answered(net) {
-        assert!(
-            net.now < end && net.step(),
-            "requests never answered: {:?}",
-            job.open.keys().collect::<Vec<_>>()
+        if net.now < end && net.step() {
+            continue;
+        }
+        let servers: Vec<String> = (1..net.nodes.len())
+            .filter(|&i| net.nodes[i].app.is_some())
+            .map(|i| {
+                format!(
+                    "node {} (alive {}):\n{}",
+                    net.id(i),
+                    net.nodes[i].alive,
+                    net.nodes[i].core.describe_replicas()
+                )
+            })
+            .collect();
+        panic!(
+            "requests never answered: {:?}\nmap {:?}\n{}",
+            job.open.keys().collect::<Vec<_>>(),
+            map(net),
+            servers.join("\n")
         );
     }
 }
@@ -208,7 +223,13 @@ fn check_replicas(net: &Network, job: &Job) {
         for &s in &range.replicas {
             let Some(i) = net.index_of(s) else { continue };
             let app = net.nodes[i].app.as_ref().expect("servers have apps");
-            assert!(app.doubles.is_empty(), "node {s} applied twice: {:?}", app.doubles);
+            assert!(
+                app.doubles.is_empty(),
+                "node {s} applied twice: {:?}\n{}\n{}",
+                app.doubles,
+                app.trace.join("\n"),
+                net.nodes[i].core.describe_replicas()
+            );
             let held: BTreeMap<u64, i64> = app
                 .copy(range.begin, range.end)
                 .into_iter()
@@ -451,100 +472,93 @@ proptest! {
         resend in any::<bool>(),
         steps in prop::collection::vec(step(), 1..40),
     ) {
-        let k = k.min(servers as u32);
-        let mut net = cluster(servers, 2, k, resend, seed);
-        if resend {
-            // Lost, doubled and reordered packets, which PS_RESEND repairs.
-            net.faults = Faults {
-                drop: 0.05,
-                duplicate: 0.05,
-                max_delay: MS * 5,
-            };
-        }
-        let workers = [net.index_of(9).unwrap(), net.index_of(11).unwrap()];
-        let n = servers as usize;
-        let ranges = crate::replica::key_ranges(n);
-        let key = |b: u8| {
-            let (begin, _) = ranges[b as usize % n];
-            begin + u64::from(b)
-        };
-        let mut job = Job::default();
-        for s in steps {
-            match s {
-                Step::Push { worker, keys } => {
-                    let mut keys: Vec<u64> = keys.into_iter().map(key).collect();
-                    keys.sort_unstable();
-                    keys.dedup();
-                    job.push(&mut net, workers[worker], &keys);
-                }
-                Step::Pull { worker } => {
-                    let all: Vec<u64> = (0..12).map(key).collect::<BTreeSet<_>>().into_iter().collect();
-                    job.request(&mut net, workers[worker], &all, false);
-                }
-                Step::Kill { server } => {
-                    let i = 1 + server % n;
-                    let id = ids::server_rank_to_id((i - 1) as i32);
-                    if net.nodes[i].alive && may_kill(&net, id) {
-                        net.kill(i);
-                    }
-                }
-                Step::Replace { server } => {
-                    let i = 1 + server % n;
-                    if !net.nodes[i].alive {
-                        net.restart(i);
-                        net.register(i);
-                        // Until the scheduler took it in, the map still
-                        // counts the empty process as its predecessor.
-                        prop_assert!(net.run_until(SECOND * 5, |n| n.nodes[i].core.is_joined()));
-                    }
-                }
-                Step::Wait { ms } => net.run_for(MS * u32::from(ms)),
-            }
-            job.collect(&net);
-        }
-        settle(&mut net, &mut job, SECOND * 20);
-        // Copies in progress end; then every replica is exact.
-        let settled = net.run_until(SECOND * 20, |n| {
-            map(n).ranges.iter().all(|r| r.joining.is_empty()) && serving(n)
-        });
-        prop_assert!(settled, "copies never ended: map {:?}", map(&net));
-        check_replicas(&net, &job);
-        let all: Vec<u64> = (0..12).map(key).collect::<BTreeSet<_>>().into_iter().collect();
-        let ts = job.request(&mut net, workers[0], &all, false);
-        settle(&mut net, &mut job, SECOND * 5);
-        let pulled: BTreeMap<u64, i64> = job.pulled[&(workers[0], ts)]
-            .iter()
-            .copied()
-            .filter(|&(_, v)| v != 0)
-            .collect();
-        prop_assert_eq!(pulled, job.acked.clone());
+        run_schedule(seed, servers, k, resend, steps)?;
     }
+}
+
+/// One schedule of the property test (see below).
+fn run_schedule(
+    seed: u64,
+    servers: i32,
+    k: u32,
+    resend: bool,
+    steps: Vec<Step>,
+) -> Result<(), TestCaseError> {
+        let k = k.min(servers as u32);
+    let mut net = cluster(servers, 2, k, resend, seed);
+    if resend {
+        // Lost, doubled and reordered packets, which PS_RESEND repairs.
+        net.faults = Faults {
+            drop: 0.05,
+            duplicate: 0.05,
+            max_delay: MS * 5,
+        };
+    }
+    let workers = [net.index_of(9).unwrap(), net.index_of(11).unwrap()];
+    let n = servers as usize;
+    let ranges = crate::replica::key_ranges(n);
+    let key = |b: u8| {
+        let (begin, _) = ranges[b as usize % n];
+        begin + u64::from(b)
+    };
+    let mut job = Job::default();
+    for s in steps {
+        match s {
+            Step::Push { worker, keys } => {
+                let mut keys: Vec<u64> = keys.into_iter().map(key).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                job.push(&mut net, workers[worker], &keys);
+            }
+            Step::Pull { worker } => {
+                let all: Vec<u64> = (0..12).map(key).collect::<BTreeSet<_>>().into_iter().collect();
+                job.request(&mut net, workers[worker], &all, false);
+            }
+            Step::Kill { server } => {
+                let i = 1 + server % n;
+                let id = ids::server_rank_to_id((i - 1) as i32);
+                if net.nodes[i].alive && may_kill(&net, id) {
+                    net.kill(i);
+                }
+            }
+            Step::Replace { server } => {
+                let i = 1 + server % n;
+                if !net.nodes[i].alive {
+                    net.restart(i);
+                    net.register(i);
+                    // Until the scheduler took it in, the map still
+                    // counts the empty process as its predecessor.
+                    prop_assert!(net.run_until(SECOND * 5, |n| n.nodes[i].core.is_joined()));
+                }
+            }
+            Step::Wait { ms } => net.run_for(MS * u32::from(ms)),
+        }
+        job.collect(&net);
+    }
+    settle(&mut net, &mut job, SECOND * 20);
+    // Copies in progress end; then every replica is exact.
+    let settled = net.run_until(SECOND * 20, |n| {
+        map(n).ranges.iter().all(|r| r.joining.is_empty()) && serving(n)
+    });
+    prop_assert!(settled, "copies never ended: map {:?}", map(&net));
+    check_replicas(&net, &job);
+    let all: Vec<u64> = (0..12).map(key).collect::<BTreeSet<_>>().into_iter().collect();
+    let ts = job.request(&mut net, workers[0], &all, false);
+    settle(&mut net, &mut job, SECOND * 5);
+    let pulled: BTreeMap<u64, i64> = job.pulled[&(workers[0], ts)]
+        .iter()
+        .copied()
+        .filter(|&(_, v)| v != 0)
+        .collect();
+    prop_assert_eq!(pulled, job.acked.clone());
+    Ok(())
 }
 
 #[test]
-fn debug_two_kills() {
-    let mut net = cluster(3, 2, 3, true, 0);
-    net.kill(2);
-    net.kill(1);
-    for i in [2, 1] {
-        net.restart(i);
-        net.register(i);
-        assert!(net.run_until(SECOND * 5, |n| n.nodes[i].core.is_joined()));
+fn debug_case() {
+    use Step::*;
+    let steps = vec![Kill{server:2,},Push{worker:0,keys:vec![4,0,3,1,2,],},Wait{ms:208,},Push{worker:1,keys:vec![11,11,0,3,],},Push{worker:1,keys:vec![5,6,4,7,10,],},Wait{ms:81,},Push{worker:1,keys:vec![3,10,],},Wait{ms:124,},Wait{ms:291,},Push{worker:0,keys:vec![11,6,],},Push{worker:0,keys:vec![4,5,],},Push{worker:1,keys:vec![9,8,8,10,1,],},Push{worker:0,keys:vec![5,],},Push{worker:1,keys:vec![4,1,2,],},Replace{server:3,},Push{worker:0,keys:vec![5,3,],},Push{worker:1,keys:vec![10,9,7,],},Push{worker:1,keys:vec![0,],},Push{worker:0,keys:vec![6,1,5,7,3,],},Push{worker:1,keys:vec![3,8,7,],},Push{worker:0,keys:vec![7,2,],},Replace{server:0,},Kill{server:1,},Push{worker:1,keys:vec![6,7,5,],},Wait{ms:87,},Pull{worker:0,},Replace{server:2,},];
+    for _ in 0..300 {
+        run_schedule(8701718666153506647, 3, 2, true, steps.clone()).unwrap();
     }
-    eprintln!("map {:?}", map(&net));
-    net.kill(1);
-    net.run_for(MS * 98);
-    eprintln!("map {:?}", map(&net));
-    net.kill(2);
-    let mut job = Job::default();
-    let w = net.index_of(9).unwrap();
-    job.push(&mut net, w, &[0]);
-    net.run_for(SECOND * 5);
-    job.collect(&net);
-    eprintln!("map {:?}", map(&net));
-    eprintln!("open {:?}", job.open);
-    eprintln!("worker counters {:?} rejected {} undeliverable {:?}", net.nodes[w].core.counters().snapshot(), net.nodes[w].core.rejected(), net.nodes[w].undeliverable);
-    for i in 1..4 { eprintln!("node {} alive {}:\n{}", net.id(i), net.nodes[i].alive, net.nodes[i].core.describe_replicas()); }
 }
-
-fn env_logger_init() {}

@@ -126,6 +126,8 @@ struct Sync {
 #[derive(Debug, Default, Clone)]
 struct Client {
     incarnation: u64,
+    /// The worker said every request below this id is answered.
+    done_below: u64,
     ids: BTreeMap<u64, u64>,
 }
 
@@ -216,17 +218,36 @@ impl RangeState {
             // A new process took the worker's id: the old one's requests
             // will never come again.
             c.incarnation = id >> 32;
+            c.done_below = 0;
             c.ids.clear();
         }
         c.ids.insert(id, seq);
-        if done_below >> 32 == c.incarnation {
+        if done_below >> 32 == c.incarnation && done_below > c.done_below {
+            c.done_below = done_below;
             c.ids = c.ids.split_off(&done_below);
         }
     }
 
+    /// Whether request `id` of `worker` was answered already (its id is
+    /// below what the worker said is done): a stale copy, never applied.
+    fn answered_before(&self, worker: NodeId, id: u64) -> bool {
+        self.applied
+            .get(&worker)
+            .is_some_and(|c| c.incarnation == id >> 32 && id < c.done_below)
+    }
+
+    /// The applied table up to `upto`, and each worker's `done_below` as an
+    /// entry with seq 0 (real seqs start at 1).
     fn applied_table(&self, upto: u64) -> Vec<Applied> {
         let mut out = Vec::new();
         for (&worker, c) in &self.applied {
+            if c.done_below > 0 {
+                out.push(Applied {
+                    worker,
+                    request_id: c.done_below,
+                    seq: 0,
+                });
+            }
             for (&request_id, &seq) in &c.ids {
                 if seq <= upto {
                     out.push(Applied {
@@ -297,6 +318,8 @@ pub struct ReplicaServer {
     parts: HashMap<u64, Vec<(i32, Bytes)>>,
     /// Restore answers still missing: token -> apps left.
     restores_left: HashMap<u64, HashSet<i32>>,
+    /// What happened lately, for test failures.
+    pub trace: Vec<String>,
 }
 
 /// The most messages of a newer map held back.
@@ -319,6 +342,7 @@ impl ReplicaServer {
             apps: BTreeSet::from([0]),
             parts: HashMap::new(),
             restores_left: HashMap::new(),
+            trace: Vec::new(),
         }
     }
 
@@ -404,6 +428,9 @@ impl ReplicaServer {
     pub fn on_map(&mut self, map: RangeMap) {
         if map.version <= self.map.version {
             return;
+        }
+        if cfg!(test) {
+            self.trace.push(format!("map {map:?}"));
         }
         self.map = map;
         let version = self.map.version;
@@ -577,6 +604,14 @@ impl ReplicaServer {
             state.waiting.push(msg);
             return;
         }
+        if msg.meta.push && state.answered_before(worker, rep.request_id) {
+            debug!(
+                "dropping request {} of node {worker} for range {r}: answered before (a stale \
+                 copy)",
+                rep.request_id
+            );
+            return;
+        }
         let ts = msg.meta.timestamp;
         let mut deliver = msg;
         let local = self.next_local;
@@ -669,6 +704,13 @@ impl ReplicaServer {
         self.next_local_ts();
         deliver.meta.timestamp = local;
         deliver.meta.replica = None;
+        if cfg!(test) {
+            self.trace.push(format!(
+                "local {local}: request r{r} id {} from {worker} ts {ts} {:?}",
+                rep.request_id,
+                self.local.get(&local)
+            ));
+        }
         self.out.push(ServerOut::Deliver(deliver));
     }
 
@@ -771,6 +813,12 @@ impl ReplicaServer {
             self.local.insert(local, Local::Entry { range: r, seq: next });
             let mut msg = entry.msg;
             msg.meta.timestamp = local;
+            if cfg!(test) {
+                self.trace.push(format!(
+                    "local {local}: entry r{r} seq {next} id {} from {}",
+                    entry.request_id, entry.origin
+                ));
+            }
             self.out.push(ServerOut::Deliver(msg));
         }
     }
@@ -889,6 +937,12 @@ impl ReplicaServer {
         if state.primary != Some(sender) || state.role == Role::Primary {
             debug!("dropping SYNC of range {r} from node {sender}: not its primary here");
             return;
+        }
+        if cfg!(test) {
+            self.trace.push(format!(
+                "sync r{r} from {sender} at {}: I have {}",
+                rep.seq, state.delivered
+            ));
         }
         state.buffered.clear();
         let entries = log_between(&state.log, rep.seq, state.delivered);
@@ -1125,7 +1179,11 @@ impl ReplicaServer {
         for a in applied {
             let c = state.applied.entry(a.worker).or_default();
             c.incarnation = a.request_id >> 32;
-            c.ids.insert(a.request_id, a.seq);
+            if a.seq == 0 {
+                c.done_below = a.request_id;
+            } else {
+                c.ids.insert(a.request_id, a.seq);
+            }
         }
         state.buffered = state.buffered.split_off(&(s0 + 1));
         self.ack(r);
