@@ -177,7 +177,7 @@ impl Core {
         }
         match (&mut self.replication, rep.op) {
             (Replication::Master(m), ReplicaOp::Ready) => {
-                if m.ready(sender, rep.range, rep.node) {
+                if m.ready(sender, rep.range, rep.node, rep.version) {
                     self.broadcast_map(now);
                 }
             }

@@ -21,7 +21,7 @@
 //!
 //! Every change increments the version; the core broadcasts the map.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use log::{error, info};
 use pslite_proto::ids::{self, NodeId};
@@ -32,6 +32,9 @@ pub struct RangeMaster {
     k: usize,
     map: RangeMap,
     live: BTreeSet<NodeId>,
+    /// (range, joiner) -> the map version that added it: a READY for a copy
+    /// started before is about an earlier process with its id.
+    joined_at: BTreeMap<(u32, NodeId), u64>,
 }
 
 impl RangeMaster {
@@ -54,6 +57,7 @@ impl RangeMaster {
                 ranges,
             },
             live: BTreeSet::new(),
+            joined_at: BTreeMap::new(),
         }
     }
 
@@ -131,14 +135,19 @@ impl RangeMaster {
         true
     }
 
-    /// The primary `from` of range `r` says joiner `node` caught up: it
-    /// becomes a replica, and once the range holds its whole target, the
-    /// replicas become the target. Returns whether the map changed.
-    pub fn ready(&mut self, from: NodeId, r: u32, node: NodeId) -> bool {
+    /// The primary `from` of range `r` says joiner `node`, whose copy it
+    /// started at map version `since`, caught up: it becomes a replica, and
+    /// once the range holds its whole target, the replicas become the
+    /// target. Returns whether the map changed.
+    pub fn ready(&mut self, from: NodeId, r: u32, node: NodeId, since: u64) -> bool {
         let Some(range) = self.map.ranges.get(r as usize) else {
             return false;
         };
         if range.primary() != Some(from) || !range.joining.contains(&node) {
+            return false;
+        }
+        if self.joined_at.get(&(r, node)).is_some_and(|&at| since < at) {
+            info!("range {r}: ignoring a READY for node {node} about a copy to its predecessor");
             return false;
         }
         let target = self.target(r as usize);
@@ -170,6 +179,7 @@ impl RangeMaster {
             for s in target {
                 if !range.replicas.contains(&s) && !range.joining.contains(&s) {
                     range.joining.push(s);
+                    self.joined_at.insert((r as u32, s), self.map.version + 1);
                 }
             }
             // Every target server is a replica already (a survivor took the
@@ -214,15 +224,16 @@ mod tests {
         // Range 0's backup is promoted; ranges 0 and 2 copy to a survivor.
         assert_eq!(replicas(&m), vec![vec![10], vec![10, 12], vec![12]]);
         assert_eq!(joining(&m), vec![vec![12], vec![], vec![10]]);
-        assert!(m.ready(10, 0, 12));
-        assert!(!m.ready(10, 2, 10), "only the primary reports a joiner");
-        assert!(m.ready(12, 2, 10));
+        assert!(m.ready(10, 0, 12, 2));
+        assert!(!m.ready(10, 2, 10, 2), "only the primary reports a joiner");
+        assert!(m.ready(12, 2, 10, 2));
         assert_eq!(replicas(&m), vec![vec![10, 12], vec![10, 12], vec![12, 10]]);
         // The replacement takes its ranges back.
         assert!(m.server_live(8));
         assert_eq!(joining(&m), vec![vec![8], vec![], vec![8]]);
-        assert!(m.ready(10, 0, 8));
-        assert!(m.ready(12, 2, 8));
+        assert!(!m.ready(10, 0, 8, 4), "a copy to an earlier process");
+        assert!(m.ready(10, 0, 8, 5));
+        assert!(m.ready(12, 2, 8, 5));
         assert_eq!(replicas(&m), vec![vec![8, 10], vec![10, 12], vec![12, 8]]);
         assert!(joining(&m).iter().all(Vec::is_empty));
     }

@@ -101,6 +101,8 @@ enum Role {
 /// The primary's view of a joiner catching up.
 #[derive(Debug, Default)]
 struct CatchUp {
+    /// The map version it started at (READY carries it).
+    since: u64,
     /// The seq of its snapshot.
     s0: u64,
     /// The snapshot request to the apps, until answered.
@@ -908,18 +910,17 @@ impl ReplicaServer {
             let acked = state.acked.get(&j).copied().unwrap_or(0);
             if c.gating && !c.ready_sent && acked >= c.ungated_upto.max(c.s0) {
                 c.ready_sent = true;
-                ready_joiners.push(j);
+                ready_joiners.push((j, c.since));
             }
         }
-        let version = state.version;
         for msg in sends {
             let to = msg.meta.recver;
             self.send(msg, to);
         }
-        for j in ready_joiners {
+        for (j, since) in ready_joiners {
             info!("range {r}: node {j} caught up; telling the scheduler");
             let mut rep = ReplicaMsg::new(ReplicaOp::Ready, r);
-            rep.version = version;
+            rep.version = since;
             rep.node = j;
             self.send_control(rep, SCHEDULER, Vec::new());
         }
@@ -1050,6 +1051,7 @@ impl ReplicaServer {
             state.catch_up.insert(
                 j,
                 CatchUp {
+                    since: self.map.version,
                     s0: state.delivered,
                     token: Some(token),
                     ..CatchUp::default()
