@@ -60,12 +60,39 @@ pub struct RangeEntry {
     pub replicas: Vec<NodeId>,
     /// Servers receiving a copy of the range, not serving it yet.
     pub joining: Vec<NodeId>,
+    /// The map version that added each joiner (a copy started before went
+    /// to an earlier process with its id).
+    pub joined_at: Vec<u64>,
 }
 
 impl RangeEntry {
     /// The primary, if any replica is left.
     pub fn primary(&self) -> Option<NodeId> {
         self.replicas.first().copied()
+    }
+
+    /// The map version that added joiner `id` (0 if unknown).
+    pub fn joined_at(&self, id: NodeId) -> u64 {
+        self.joining
+            .iter()
+            .position(|&j| j == id)
+            .and_then(|i| self.joined_at.get(i).copied())
+            .unwrap_or(0)
+    }
+
+    /// Removes the joiners for which `drop` holds.
+    pub fn drop_joiners(&mut self, drop: impl Fn(NodeId) -> bool) {
+        let mut i = 0;
+        while i < self.joining.len() {
+            if drop(self.joining[i]) {
+                self.joining.remove(i);
+                if i < self.joined_at.len() {
+                    self.joined_at.remove(i);
+                }
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// Whether `key` falls in the range.
@@ -206,6 +233,7 @@ impl RangeMap {
                     end: Some(r.end),
                     replica: r.replicas.clone(),
                     joining: r.joining.clone(),
+                    joined_at: r.joined_at.clone(),
                 })
                 .collect(),
         }
@@ -224,6 +252,7 @@ impl RangeMap {
                     end: r.end.unwrap_or(0),
                     replicas: r.replica,
                     joining: r.joining,
+                    joined_at: r.joined_at,
                 })
                 .collect(),
         }

@@ -21,7 +21,7 @@
 //!
 //! Every change increments the version; the core broadcasts the map.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use log::{error, info};
 use pslite_proto::ids::{self, NodeId};
@@ -32,9 +32,6 @@ pub struct RangeMaster {
     k: usize,
     map: RangeMap,
     live: BTreeSet<NodeId>,
-    /// (range, joiner) -> the map version that added it: a READY for a copy
-    /// started before is about an earlier process with its id.
-    joined_at: BTreeMap<(u32, NodeId), u64>,
 }
 
 impl RangeMaster {
@@ -57,7 +54,6 @@ impl RangeMaster {
                 ranges,
             },
             live: BTreeSet::new(),
-            joined_at: BTreeMap::new(),
         }
     }
 
@@ -73,7 +69,7 @@ impl RangeMaster {
             let target = self.target(r);
             let range = &mut self.map.ranges[r];
             range.replicas = target;
-            range.joining.clear();
+            range.drop_joiners(|_| true);
         }
         self.map.version += 1;
         &self.map
@@ -100,7 +96,7 @@ impl RangeMaster {
         for (r, range) in self.map.ranges.iter_mut().enumerate() {
             let held = range.replicas.contains(&id);
             range.replicas.retain(|&s| s != id);
-            range.joining.retain(|&s| s != id);
+            range.drop_joiners(|s| s == id);
             if held && range.replicas.is_empty() {
                 error!(
                     "range {r} lost its last replica (node {id}): its keys are gone, requests \
@@ -128,7 +124,7 @@ impl RangeMaster {
         // A replacement holds nothing of what its id held.
         for range in &mut self.map.ranges {
             range.replicas.retain(|&s| s != id);
-            range.joining.retain(|&s| s != id);
+            range.drop_joiners(|s| s == id);
         }
         self.plan();
         self.map.version += 1;
@@ -146,13 +142,13 @@ impl RangeMaster {
         if range.primary() != Some(from) || !range.joining.contains(&node) {
             return false;
         }
-        if self.joined_at.get(&(r, node)).is_some_and(|&at| since < at) {
+        if since < range.joined_at(node) {
             info!("range {r}: ignoring a READY for node {node} about a copy to its predecessor");
             return false;
         }
         let target = self.target(r as usize);
         let range = &mut self.map.ranges[r as usize];
-        range.joining.retain(|&s| s != node);
+        range.drop_joiners(|s| s == node);
         range.replicas.push(node);
         if target.iter().all(|s| range.replicas.contains(s)) {
             range.replicas = target;
@@ -172,14 +168,14 @@ impl RangeMaster {
             let target = self.target(r);
             let range = &mut self.map.ranges[r];
             if range.replicas.is_empty() {
-                range.joining.clear();
+                range.drop_joiners(|_| true);
                 continue;
             }
-            range.joining.retain(|s| target.contains(s));
+            range.drop_joiners(|s| !target.contains(&s));
             for s in target {
                 if !range.replicas.contains(&s) && !range.joining.contains(&s) {
                     range.joining.push(s);
-                    self.joined_at.insert((r as u32, s), self.map.version + 1);
+                    range.joined_at.push(self.map.version + 1);
                 }
             }
             // Every target server is a replica already (a survivor took the

@@ -469,9 +469,12 @@ impl ReplicaServer {
                 (Role::Primary, Role::Primary) => {
                     state.role = Role::Primary;
                     state.gating = entry.replicas.iter().copied().filter(|&s| s != me).collect();
-                    state
-                        .catch_up
-                        .retain(|j, _| entry.joining.contains(j) || entry.replicas.contains(j));
+                    // A copy to a joiner the map added again since (a new
+                    // process with its id) starts over.
+                    state.catch_up.retain(|j, c| {
+                        entry.replicas.contains(j)
+                            || (entry.joining.contains(j) && c.since >= entry.joined_at(*j))
+                    });
                     // A joiner that became a replica gates as one now.
                     let joined: Vec<NodeId> = state
                         .catch_up
@@ -485,8 +488,9 @@ impl ReplicaServer {
                     if let Some(sync) = &mut state.sync {
                         sync.waiting.retain(|s| entry.replicas.contains(s));
                     }
+                    let catch_up = &state.catch_up;
                     state.acked.retain(|s, _| {
-                        entry.replicas.contains(s) || entry.joining.contains(s)
+                        entry.replicas.contains(s) || catch_up.contains_key(s)
                     });
                 }
                 (_, Role::Primary) => {
