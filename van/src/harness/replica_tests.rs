@@ -457,7 +457,7 @@ fn may_kill(net: &Network, id: NodeId) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Random pushes, pulls, server deaths (never the last live replica of
     /// a range) and replacements, with lost, doubled and reordered packets
@@ -554,11 +554,3 @@ fn run_schedule(
     Ok(())
 }
 
-#[test]
-fn debug_case() {
-    use Step::*;
-    let steps = vec![Kill{server:2,},Push{worker:0,keys:vec![4,0,3,1,2,],},Wait{ms:208,},Push{worker:1,keys:vec![11,11,0,3,],},Push{worker:1,keys:vec![5,6,4,7,10,],},Wait{ms:81,},Push{worker:1,keys:vec![3,10,],},Wait{ms:124,},Wait{ms:291,},Push{worker:0,keys:vec![11,6,],},Push{worker:0,keys:vec![4,5,],},Push{worker:1,keys:vec![9,8,8,10,1,],},Push{worker:0,keys:vec![5,],},Push{worker:1,keys:vec![4,1,2,],},Replace{server:3,},Push{worker:0,keys:vec![5,3,],},Push{worker:1,keys:vec![10,9,7,],},Push{worker:1,keys:vec![0,],},Push{worker:0,keys:vec![6,1,5,7,3,],},Push{worker:1,keys:vec![3,8,7,],},Push{worker:0,keys:vec![7,2,],},Replace{server:0,},Kill{server:1,},Push{worker:1,keys:vec![6,7,5,],},Wait{ms:87,},Pull{worker:0,},Replace{server:2,},];
-    for _ in 0..300 {
-        run_schedule(8701718666153506647, 3, 2, true, steps.clone()).unwrap();
-    }
-}

@@ -112,6 +112,8 @@ struct CatchUp {
     /// The highest seq answered without it.
     ungated_upto: u64,
     ready_sent: bool,
+    /// A replica the log could not bring up to date (no READY for it).
+    backup: bool,
 }
 
 /// A new primary's sync with the other replicas.
@@ -796,7 +798,7 @@ impl ReplicaServer {
             let Some(state) = self.ranges.get_mut(&r) else {
                 return;
             };
-            if state.role == Role::Joining && !state.restored {
+            if (state.role == Role::Joining && !state.restored) || state.restoring.is_some() {
                 return;
             }
             let next = state.delivered + 1;
@@ -912,7 +914,7 @@ impl ReplicaServer {
         let mut ready_joiners = Vec::new();
         for (&j, c) in state.catch_up.iter_mut() {
             let acked = state.acked.get(&j).copied().unwrap_or(0);
-            if c.gating && !c.ready_sent && acked >= c.ungated_upto.max(c.s0) {
+            if !c.backup && c.gating && !c.ready_sent && acked >= c.ungated_upto.max(c.s0) {
                 c.ready_sent = true;
                 ready_joiners.push((j, c.since));
             }
@@ -949,7 +951,6 @@ impl ReplicaServer {
                 rep.seq, state.delivered
             ));
         }
-        state.buffered.clear();
         let entries = log_between(&state.log, rep.seq, state.delivered);
         if entries.len() as u64 != state.delivered.saturating_sub(rep.seq) {
             warn!(
@@ -1007,12 +1008,18 @@ impl ReplicaServer {
             return;
         };
         let mut sends = Vec::new();
+        let mut copies = Vec::new();
         for (&s, &had) in &sync.replies {
             if !state.gating.contains(&s) {
                 continue;
             }
-            for (seq, entry) in log_between(&state.log, had, state.delivered) {
-                sends.push((seq, entry, s));
+            let missing = log_between(&state.log, had, state.delivered);
+            if missing.len() as u64 == state.delivered.saturating_sub(had) {
+                sends.extend(missing.into_iter().map(|(seq, e)| (seq, e, s)));
+            } else {
+                // Behind what this primary's log holds (it restored a copy
+                // since): a copy brings it up to date.
+                copies.push(s);
             }
         }
         let (version, stable) = (state.version, state.stable);
@@ -1023,6 +1030,9 @@ impl ReplicaServer {
         let waiting = std::mem::take(&mut state.waiting);
         for (seq, entry, to) in sends {
             self.send_entry(r, seq, &entry, version, stable, to);
+        }
+        for s in copies {
+            self.copy_to(r, s, true);
         }
         for msg in waiting {
             self.on_request(msg);
@@ -1042,7 +1052,6 @@ impl ReplicaServer {
         let Some(entry) = self.map.range(r) else {
             return;
         };
-        let (begin, end) = (entry.begin, entry.end);
         let new: Vec<NodeId> = entry
             .joining
             .iter()
@@ -1050,30 +1059,44 @@ impl ReplicaServer {
             .filter(|j| !state.catch_up.contains_key(j))
             .collect();
         for j in new {
-            let token = self.next_token;
-            self.next_token += 1;
-            state.catch_up.insert(
-                j,
-                CatchUp {
-                    since: self.map.version,
-                    s0: state.delivered,
-                    token: Some(token),
-                    ..CatchUp::default()
-                },
-            );
-            state.acked.insert(j, 0);
-            self.snapshots.insert(token, (r, j));
-            info!(
-                "range {r}: copying it to node {j} (snapshot at seq {})",
-                state.delivered
-            );
-            self.out.push(ServerOut::Snapshot {
-                token,
-                range: r,
-                begin,
-                end,
-            });
+            self.copy_to(r, j, false);
         }
+    }
+
+    /// Sends node `j` a snapshot of range `r` and the entries after it: a
+    /// joiner, or a `backup` the log can no longer bring up to date.
+    fn copy_to(&mut self, r: u32, j: NodeId, backup: bool) {
+        let Some(state) = self.ranges.get_mut(&r) else {
+            return;
+        };
+        let Some(entry) = self.map.range(r) else {
+            return;
+        };
+        let (begin, end) = (entry.begin, entry.end);
+        let token = self.next_token;
+        self.next_token += 1;
+        state.catch_up.insert(
+            j,
+            CatchUp {
+                since: self.map.version,
+                s0: state.delivered,
+                token: Some(token),
+                backup,
+                ..CatchUp::default()
+            },
+        );
+        state.acked.insert(j, 0);
+        self.snapshots.insert(token, (r, j));
+        info!(
+            "range {r}: copying it to node {j} (snapshot at seq {})",
+            state.delivered
+        );
+        self.out.push(ServerOut::Snapshot {
+            token,
+            range: r,
+            begin,
+            end,
+        });
     }
 
     /// The apps' copy for snapshot `token` (app `app`'s part).
@@ -1116,7 +1139,9 @@ impl ReplicaServer {
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
-        if state.role != Role::Joining || state.primary != Some(sender) || state.restored {
+        let joiner = state.role == Role::Joining && !state.restored;
+        let lagging = state.role == Role::Backup && rep.seq > state.delivered;
+        if state.primary != Some(sender) || !(joiner || lagging) || state.restoring.is_some() {
             debug!("dropping a snapshot of range {r} from node {sender}: not expected");
             return;
         }
