@@ -13,9 +13,9 @@ use prost::Message as _;
 
 use crate::ids::K_EMPTY;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
+use crate::replica::ReplicaMsg;
 use crate::shm::ShmFrame;
 use crate::stats::{NodeCounters, NodeStatus};
-use crate::replica::ReplicaMsg;
 use crate::store::StoreMsg;
 use crate::{Command, Control, DataType, Meta, Node, Role};
 

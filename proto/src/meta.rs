@@ -3,8 +3,8 @@
 use bytes::Bytes;
 
 use crate::ids::{NodeId, K_EMPTY};
-use crate::stats::{NodeCounters, NodeStatus};
 use crate::replica::ReplicaMsg;
+use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
 use crate::Node;
 

@@ -268,3 +268,46 @@ impl RangeMap {
         self.range(r).and_then(RangeEntry::primary)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Command, Message, Meta};
+
+    #[test]
+    fn replication_parts_round_trip_and_stay_off_plain_messages() {
+        let mut msg = Message::control(Command::Replica, 8);
+        let mut rep = ReplicaMsg::new(ReplicaOp::Snapshot, 2);
+        rep.version = 7;
+        rep.seq = 41;
+        rep.applied = vec![Applied {
+            worker: 9,
+            request_id: 5 << 32 | 3,
+            seq: 40,
+        }];
+        rep.apps = vec![0];
+        rep.map = Some(RangeMap {
+            version: 7,
+            replicas: 2,
+            ranges: vec![RangeEntry {
+                begin: 0,
+                end: u64::MAX,
+                replicas: vec![8, 10],
+                joining: vec![12],
+                joined_at: vec![6],
+            }],
+        });
+        msg.meta.replica = Some(Box::new(rep));
+        let back = Meta::decode(&msg.meta.encode()).unwrap();
+        assert_eq!(back.replica, msg.meta.replica);
+        assert_eq!(back.control.cmd, Command::Replica);
+        // Without it, a meta is exactly what it was (ps-lite's bytes).
+        let plain = Meta::default();
+        assert_eq!(Meta::decode(&plain.encode()).unwrap().replica, None);
+        let mut bad = msg.meta.to_pb();
+        if let Some(r) = bad.replica.as_mut() {
+            r.op = Some(99);
+        }
+        assert!(Meta::from_pb(bad).is_err(), "an unknown op is refused");
+    }
+}

@@ -391,8 +391,24 @@ impl Network {
 
     /// Puts a message from node `i` on the network, through its faults.
     fn transmit(&mut self, i: usize, msg: Message) {
-        if std::env::var("DBG").is_ok() && (msg.meta.replica.is_some() || msg.meta.control.cmd == pslite_proto::Command::Ack) && (self.nodes[i].core.me().id % 2 == 1 || msg.meta.recver % 2 == 1 ) {
-            eprintln!("DBG t={:?} {} -> {} {:?} ts {} req {} rep {:?} alive {}", self.now.elapsed(), self.nodes[i].core.me().id, msg.meta.recver, msg.meta.control.cmd, msg.meta.timestamp, msg.meta.request, msg.meta.replica.as_ref().map(|r| (r.op, r.range, r.version, r.request_id)), self.nodes[i].alive);
+        if std::env::var("DBG").is_ok()
+            && (msg.meta.replica.is_some() || msg.meta.control.cmd == pslite_proto::Command::Ack)
+            && (self.nodes[i].core.me().id % 2 == 1 || msg.meta.recver % 2 == 1)
+        {
+            eprintln!(
+                "DBG t={:?} {} -> {} {:?} ts {} req {} rep {:?} alive {}",
+                self.now.elapsed(),
+                self.nodes[i].core.me().id,
+                msg.meta.recver,
+                msg.meta.control.cmd,
+                msg.meta.timestamp,
+                msg.meta.request,
+                msg.meta
+                    .replica
+                    .as_ref()
+                    .map(|r| (r.op, r.range, r.version, r.request_id)),
+                self.nodes[i].alive
+            );
         }
         if !self.nodes[i].alive {
             return;
@@ -651,14 +667,18 @@ impl SumApp {
     }
 
     fn restore(&mut self, begin: u64, end: u64, data: &[u8]) {
-        self.trace.push(format!("restore {begin}..{end}: {} bytes", data.len()));
+        self.trace
+            .push(format!("restore {begin}..{end}: {} bytes", data.len()));
         self.store
             .retain(|&k, _| !(k >= begin && (k < end || end == u64::MAX)));
         let words = u64s(data);
         let mut at = 0;
         while at + 2 <= words.len() {
             let (k, n) = (words[at], words[at + 1] as usize);
-            let vals = words[at + 2..at + 2 + n].iter().map(|&w| w as i64).collect();
+            let vals = words[at + 2..at + 2 + n]
+                .iter()
+                .map(|&w| w as i64)
+                .collect();
             self.store.insert(k, vals);
             at += 2 + n;
         }

@@ -701,7 +701,10 @@ impl Scheduler {
     /// Releases the barrier over `group` if every member arrived (servers
     /// that failed over excepted).
     fn try_release(&mut self, group: i32) -> Vec<Action> {
-        let gone = self.gone.iter().filter(|&&id| ids::group_contains(group, id));
+        let gone = self
+            .gone
+            .iter()
+            .filter(|&&id| ids::group_contains(group, id));
         let expected = self.group_size(group) - gone.count() as i32;
         let Some(round) = self.barriers.get(&group) else {
             return Vec::new();

@@ -37,7 +37,10 @@ impl Replication {
     /// The scheduler's state for `cfg`: on with `PS_REPLICAS >= 2`.
     pub(crate) fn for_scheduler(num_servers: i32, replicas: u32) -> Replication {
         if replicas >= 2 {
-            Replication::Master(RangeMaster::new(num_servers.max(1) as usize, replicas as usize))
+            Replication::Master(RangeMaster::new(
+                num_servers.max(1) as usize,
+                replicas as usize,
+            ))
         } else {
             Replication::Off
         }
@@ -129,14 +132,12 @@ impl Core {
         let op = msg.meta.replica.as_ref().map(|r| r.op);
         match (&mut self.replication, op) {
             (Replication::Server(s), Some(ReplicaOp::Request))
-                if msg.meta.request
-                    && ids::role_of_id(msg.meta.sender) == Some(Role::Worker) =>
+                if msg.meta.request && ids::role_of_id(msg.meta.sender) == Some(Role::Worker) =>
             {
                 s.handle(msg);
             }
             (Replication::Client(c), Some(ReplicaOp::Response))
-                if !msg.meta.request
-                    && ids::role_of_id(msg.meta.sender) == Some(Role::Server) =>
+                if !msg.meta.request && ids::role_of_id(msg.meta.sender) == Some(Role::Server) =>
             {
                 let range = msg.meta.replica.as_ref().map_or(0, |r| r.range);
                 if let Some(msg) = c.on_response(msg) {
@@ -157,7 +158,10 @@ impl Core {
                 }
             }
             _ => {
-                self.reject(&msg, "its replication part does not fit its sender or this node");
+                self.reject(
+                    &msg,
+                    "its replication part does not fit its sender or this node",
+                );
                 return;
             }
         }
@@ -186,9 +190,7 @@ impl Core {
                     self.on_range_map(map, now);
                 }
             }
-            (Replication::Server(s), _)
-                if ids::role_of_id(sender) == Some(Role::Server) =>
-            {
+            (Replication::Server(s), _) if ids::role_of_id(sender) == Some(Role::Server) => {
                 s.handle(msg);
                 self.flush_replica(now);
             }
@@ -355,13 +357,17 @@ impl Core {
             servers.sort_unstable();
             servers.dedup();
             m.formed(&servers);
-            info!("scheduler: key ranges replicated {} times: {:?}", self.cfg.replicas, {
-                m.map()
-                    .ranges
-                    .iter()
-                    .map(|r| r.replicas.clone())
-                    .collect::<Vec<_>>()
-            });
+            info!(
+                "scheduler: key ranges replicated {} times: {:?}",
+                self.cfg.replicas,
+                {
+                    m.map()
+                        .ranges
+                        .iter()
+                        .map(|r| r.replicas.clone())
+                        .collect::<Vec<_>>()
+                }
+            );
         }
         for action in actions {
             let Action::Connect(node) = action else {
@@ -430,8 +436,7 @@ impl Core {
     /// On the scheduler, at each tick: servers newly declared dead leave
     /// the map (their ranges fail over) and barriers stop waiting for them.
     pub(super) fn replica_tick(&mut self, now: Instant) {
-        let (Replication::Master(m), Some(s)) = (&mut self.replication, &mut self.scheduler)
-        else {
+        let (Replication::Master(m), Some(s)) = (&mut self.replication, &mut self.scheduler) else {
             return;
         };
         let dead: BTreeSet<NodeId> = s

@@ -470,7 +470,12 @@ impl ReplicaServer {
             match (was, role) {
                 (Role::Primary, Role::Primary) => {
                     state.role = Role::Primary;
-                    state.gating = entry.replicas.iter().copied().filter(|&s| s != me).collect();
+                    state.gating = entry
+                        .replicas
+                        .iter()
+                        .copied()
+                        .filter(|&s| s != me)
+                        .collect();
                     // A copy to a joiner the map added again since (a new
                     // process with its id) starts over.
                     state.catch_up.retain(|j, c| {
@@ -491,9 +496,9 @@ impl ReplicaServer {
                         sync.waiting.retain(|s| entry.replicas.contains(s));
                     }
                     let catch_up = &state.catch_up;
-                    state.acked.retain(|s, _| {
-                        entry.replicas.contains(s) || catch_up.contains_key(s)
-                    });
+                    state
+                        .acked
+                        .retain(|s, _| entry.replicas.contains(s) || catch_up.contains_key(s));
                 }
                 (_, Role::Primary) => {
                     // Promoted (or the primary moved here): sync first.
@@ -502,7 +507,12 @@ impl ReplicaServer {
                     state.buffered.clear();
                     state.catch_up.clear();
                     state.acked.clear();
-                    state.gating = entry.replicas.iter().copied().filter(|&s| s != me).collect();
+                    state.gating = entry
+                        .replicas
+                        .iter()
+                        .copied()
+                        .filter(|&s| s != me)
+                        .collect();
                     let others: BTreeSet<NodeId> = state.gating.clone();
                     info!(
                         "range {r}: this server is its primary now (map {version}); syncing with \
@@ -722,7 +732,15 @@ impl ReplicaServer {
         self.out.push(ServerOut::Deliver(deliver));
     }
 
-    fn send_entry(&mut self, r: u32, seq: u64, entry: &Entry, version: u64, stable: u64, to: NodeId) {
+    fn send_entry(
+        &mut self,
+        r: u32,
+        seq: u64,
+        entry: &Entry,
+        version: u64,
+        stable: u64,
+        to: NodeId,
+    ) {
         let mut msg = Message::control(Command::Replica, to);
         msg.meta.app_id = entry.msg.meta.app_id;
         msg.meta.customer_id = entry.msg.meta.customer_id;
@@ -818,7 +836,13 @@ impl ReplicaServer {
                 continue;
             }
             let local = self.next_local_ts();
-            self.local.insert(local, Local::Entry { range: r, seq: next });
+            self.local.insert(
+                local,
+                Local::Entry {
+                    range: r,
+                    seq: next,
+                },
+            );
             let mut msg = entry.msg;
             msg.meta.timestamp = local;
             if cfg!(test) {
@@ -959,8 +983,12 @@ impl ReplicaServer {
                 state.delivered
             );
         }
-        let (delivered, answered, version, stable) =
-            (state.delivered, state.answered, self.map.version, state.stable);
+        let (delivered, answered, version, stable) = (
+            state.delivered,
+            state.answered,
+            self.map.version,
+            state.stable,
+        );
         for (seq, entry) in entries {
             self.send_entry(r, seq, &entry, version, stable, sender);
         }
