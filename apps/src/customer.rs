@@ -36,6 +36,21 @@ pub trait Handler: Send + Sync + 'static {
     /// `failure`); runs before `wait(ts)` returns.
     fn on_complete(&self, ts: i32, failure: Option<Failure>);
 
+    /// Replicated key ranges: copy the app's state of keys `[begin, end)`
+    /// for a joining server and hand it to the node (`Van::snapshot_taken`
+    /// with `token`). Default: the app cannot (logged; the copy waits).
+    fn on_snapshot(&self, token: u64, begin: u64, end: u64) {
+        let _ = (token, begin, end);
+        error!("this app cannot copy its state to a joining server");
+    }
+
+    /// Replicated key ranges: replace the app's state of keys `[begin, end)`
+    /// by a peer's copy, then tell the node (`Van::restored` with `token`).
+    fn on_restore(&self, token: u64, begin: u64, end: u64, data: bytes::Bytes) {
+        let _ = (token, begin, end, data);
+        error!("this app cannot restore a copy of its state");
+    }
+
     /// Whether `msg` may be handled on the receive thread, skipping the
     /// customer's thread: for cheap work that never blocks (responses a
     /// worker only counts, or requests whose app asked for it). Default: no.
@@ -306,6 +321,15 @@ impl Customer {
                             }
                         }
                         Delivery::NodeFailed(failure) => tracker.fail(failure),
+                        Delivery::Snapshot { token, begin, end } => {
+                            handler.on_snapshot(token, begin, end)
+                        }
+                        Delivery::Restore {
+                            token,
+                            begin,
+                            end,
+                            data,
+                        } => handler.on_restore(token, begin, end, data),
                     }
                 }
             });

@@ -68,7 +68,7 @@ use std::process::ExitCode;
 pub use customer::{Customer, Handler, Tracker};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
-pub use kv_server::{DefaultHandle, KVServer};
+pub use kv_server::{DefaultHandle, KVServer, ReplicatedHandle};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
 pub use logging::init_logging;
 pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};

@@ -46,6 +46,29 @@ pub enum Delivery {
     },
     /// The node cannot go on; every wait should fail with this failure.
     NodeFailed(Failure),
+    /// Replicated key ranges: copy the app's state of keys `[begin, end)`
+    /// (after every request before this in the queue) and hand it to
+    /// `Van::snapshot_taken` with `token`.
+    Snapshot {
+        /// Pairs the copy with the request.
+        token: u64,
+        /// First key.
+        begin: u64,
+        /// One past the last key (`u64::MAX`: every key from `begin` on).
+        end: u64,
+    },
+    /// Replicated key ranges: replace the app's state of keys `[begin, end)`
+    /// by `data` (a copy a peer made), then call `Van::restored`.
+    Restore {
+        /// Pairs the answer with the request.
+        token: u64,
+        /// First key.
+        begin: u64,
+        /// One past the last key.
+        end: u64,
+        /// The copy.
+        data: pslite_proto::store::Bytes,
+    },
 }
 
 /// Handles a message on the receive thread itself, or gives it back to be
@@ -179,6 +202,27 @@ impl CustomerRouter {
     }
 }
 
+impl CustomerRouter {
+    /// Queues `what` for server app `app` (customer `app`, as ps-lite keys
+    /// server apps), in order with its requests.
+    fn to_app(&self, app: i32, what: Delivery) {
+        let queue = self
+            .routes()
+            .customers
+            .get(&(app, app))
+            .map(|r| r.queue.clone());
+        match queue {
+            Some(queue) => {
+                let _ = queue.send(what);
+            }
+            None => warn!(
+                "app {app} has no server here to copy or restore a key range: the range stays \
+                 with fewer replicas until it registers"
+            ),
+        }
+    }
+}
+
 impl Dispatch for CustomerRouter {
     fn deliver(&self, msg: Message) {
         if msg.meta.app_id == K_EMPTY {
@@ -250,6 +294,29 @@ impl Dispatch for CustomerRouter {
             }
             None => debug!("{failure} (its customer has gone)"),
         }
+    }
+
+    fn snapshot(&self, app: i32, token: u64, begin: u64, end: u64) {
+        self.to_app(app, Delivery::Snapshot { token, begin, end });
+    }
+
+    fn restore(
+        &self,
+        app: i32,
+        token: u64,
+        begin: u64,
+        end: u64,
+        data: pslite_proto::store::Bytes,
+    ) {
+        self.to_app(
+            app,
+            Delivery::Restore {
+                token,
+                begin,
+                end,
+                data,
+            },
+        );
     }
 
     fn membership(&self, round: u64, workers: &[NodeId]) {
