@@ -11,8 +11,10 @@
 //!   again: it is answered once every replica has its entry (a push-pull
 //!   then reads the values as they are).
 //! - **Backup.** Entries from the primary are delivered in `seq` order (gaps
-//!   wait) and acknowledged once the apps answered them; their answers go
-//!   nowhere else. A backup keeps the entries above `stable` (on every
+//!   wait) and acknowledged once delivered: they are in the apps' queue, in
+//!   order, so each is applied before anything delivered later (a pull or
+//!   push this server takes as a new primary included); the apps' answers
+//!   go nowhere else. A backup keeps the entries above `stable` (on every
 //!   replica) for a new primary.
 //! - **New primary** (promoted, or the primary moved): before serving it asks
 //!   the other replicas (SYNC) what they applied; each sends the entries it
@@ -810,8 +812,23 @@ impl ReplicaServer {
         self.sync_progress(r);
     }
 
-    /// Applies the buffered entries that are next in order.
+    /// Applies the buffered entries that are next in order, then tells the
+    /// primary how far this replica got.
     fn apply_buffered(&mut self, r: u32) {
+        let Some(before) = self.ranges.get(&r).map(|s| s.delivered) else {
+            return;
+        };
+        self.deliver_buffered(r);
+        if self
+            .ranges
+            .get(&r)
+            .is_some_and(|s| s.delivered > before && s.role != Role::Primary)
+        {
+            self.ack(r);
+        }
+    }
+
+    fn deliver_buffered(&mut self, r: u32) {
         loop {
             let Some(state) = self.ranges.get_mut(&r) else {
                 return;
@@ -832,7 +849,6 @@ impl ReplicaServer {
                 // Applied before under another seq: keep the order, skip
                 // the effect.
                 state.mark_answered(next);
-                self.ack(r);
                 continue;
             }
             let local = self.next_local_ts();
@@ -855,7 +871,9 @@ impl ReplicaServer {
         }
     }
 
-    /// Tells the primary how far this replica's apps are.
+    /// Tells the primary how far this replica got: every entry up to
+    /// `delivered` is in its apps' queue, in order (each is applied before
+    /// anything delivered later, a new primary's requests included).
     fn ack(&mut self, r: u32) {
         let Some(state) = self.ranges.get(&r) else {
             return;
@@ -865,7 +883,7 @@ impl ReplicaServer {
         };
         let mut rep = ReplicaMsg::new(ReplicaOp::Applied, r);
         rep.version = self.map.version;
-        rep.seq = state.answered;
+        rep.seq = state.delivered;
         self.send_control(rep, primary, Vec::new());
     }
 
@@ -983,19 +1001,14 @@ impl ReplicaServer {
                 state.delivered
             );
         }
-        let (delivered, answered, version, stable) = (
-            state.delivered,
-            state.answered,
-            self.map.version,
-            state.stable,
-        );
+        let (delivered, version, stable) = (state.delivered, self.map.version, state.stable);
         for (seq, entry) in entries {
             self.send_entry(r, seq, &entry, version, stable, sender);
         }
         let mut reply = ReplicaMsg::new(ReplicaOp::SyncReply, r);
         reply.version = version;
         reply.seq = delivered;
-        reply.stable = answered;
+        reply.stable = delivered;
         self.send_control(reply, sender, Vec::new());
     }
 
@@ -1289,12 +1302,9 @@ impl ReplicaServer {
             }
             Local::Entry { range, seq } => {
                 let state = self.ranges.get_mut(&range)?;
-                let before = state.answered;
                 state.mark_answered(seq);
                 if state.role == Role::Primary {
                     self.release(range);
-                } else if state.answered != before {
-                    self.ack(range);
                 }
                 None
             }
