@@ -266,33 +266,7 @@ impl Core {
                     self.emit(msg, now)
                 }
                 ServerOut::Deliver(msg) => self.out.push(Output::Deliver(msg)),
-                ServerOut::Snapshot {
-                    token,
-                    range,
-                    begin,
-                    end,
-                } => self.out.push(Output::Snapshot {
-                    token,
-                    range,
-                    begin,
-                    end,
-                    apps: self.replicated_apps.iter().copied().collect(),
-                }),
-                ServerOut::Restore {
-                    token,
-                    range,
-                    begin,
-                    end,
-                    apps,
-                    data,
-                } => self.out.push(Output::Restore {
-                    token,
-                    range,
-                    begin,
-                    end,
-                    apps,
-                    data,
-                }),
+                ServerOut::Apps(out) => self.out.push(out),
             }
         }
     }

@@ -45,6 +45,8 @@ use pslite_proto::ids::{NodeId, SCHEDULER};
 use pslite_proto::replica::{Applied, RangeMap, ReplicaMsg, ReplicaOp};
 use pslite_proto::{Command, Message, K_EMPTY};
 
+use crate::core::Output;
+
 /// What the server side asks the core to do.
 #[derive(Debug)]
 pub enum ServerOut {
@@ -52,35 +54,10 @@ pub enum ServerOut {
     Send(Message),
     /// Hand this request to the apps.
     Deliver(Message),
-    /// Ask the apps for a copy of range `range` (`[begin, end)`); answer
-    /// with [`ReplicaServer::snapshot_taken`].
-    Snapshot {
-        /// Pairs the answer with the request.
-        token: u64,
-        /// The range.
-        range: u32,
-        /// Its first key.
-        begin: u64,
-        /// One past its last key.
-        end: u64,
-    },
-    /// Replace the apps' state of range `range` by this copy (one frame per
-    /// app, `apps[i]` the app of frame `i`); answer with
-    /// [`ReplicaServer::restored`].
-    Restore {
-        /// Pairs the answer with the request.
-        token: u64,
-        /// The range.
-        range: u32,
-        /// Its first key.
-        begin: u64,
-        /// One past its last key.
-        end: u64,
-        /// The app of each frame.
-        apps: Vec<i32>,
-        /// The copy.
-        data: Vec<Bytes>,
-    },
+    /// Ask the apps for a copy of a range ([`Output::Snapshot`], answered
+    /// with [`ReplicaServer::snapshot_taken`]) or to restore one
+    /// ([`Output::Restore`], answered with [`ReplicaServer::restored`]).
+    Apps(Output),
 }
 
 /// One logged request of a range.
@@ -273,6 +250,12 @@ impl RangeState {
             self.log = self.log.split_off(&(stable + 1));
         }
     }
+}
+
+/// The replication part of `msg`, its range and the sender.
+fn part(msg: &Message) -> Option<(&ReplicaMsg, u32, NodeId)> {
+    let rep = msg.meta.replica.as_deref()?;
+    Some((rep, rep.range, msg.meta.sender))
 }
 
 /// The entries of `log` after `from` up to `to` (none if `from >= to`).
@@ -635,92 +618,70 @@ impl ReplicaServer {
         let ts = msg.meta.timestamp;
         let mut deliver = msg;
         let local = self.next_local;
-        let state = self.ranges.get_mut(&r).expect("checked above");
-        if deliver.meta.push {
-            if let Some(seq) = state.applied_as(worker, rep.request_id) {
-                // Sent again after a failover or a lost answer: applied
-                // already. Answer once every replica has it.
-                if deliver.meta.pull {
-                    deliver.meta.push = false;
-                    deliver.data.truncate(1);
-                    deliver.meta.data_type.truncate(1);
-                } else {
-                    let mut answer = Message::default();
-                    answer.meta.app_id = deliver.meta.app_id;
-                    answer.meta.customer_id = deliver.meta.customer_id;
-                    answer.meta.push = true;
-                    answer.meta.head = deliver.meta.head;
-                    answer.meta.timestamp = ts;
-                    answer.meta.recver = worker;
-                    let mut out = ReplicaMsg::new(ReplicaOp::Response, r);
-                    out.request_id = rep.request_id;
-                    out.version = rep.version;
-                    answer.meta.replica = Some(Box::new(out));
-                    state.pending.entry(seq).or_default().push(answer);
-                    self.release(r);
-                    return;
-                }
-                self.local.insert(
-                    local,
-                    Local::Request {
-                        range: r,
-                        seq: Some(seq),
-                        worker,
-                        ts,
-                        request_id: rep.request_id,
-                        version: rep.version,
-                    },
-                );
-            } else {
-                let seq = state.delivered + 1;
-                state.delivered = seq;
-                state.record(worker, rep.request_id, seq, rep.done_below);
-                let mut entry_msg = deliver.clone();
-                entry_msg.meta.pull = false;
-                entry_msg.meta.replica = None;
-                let entry = Entry {
-                    msg: entry_msg,
-                    request_id: rep.request_id,
-                    origin: worker,
-                    done_below: rep.done_below,
-                };
-                state.log.insert(seq, entry.clone());
-                let to: Vec<NodeId> = state
-                    .gating
-                    .iter()
-                    .chain(state.catch_up.keys())
-                    .copied()
-                    .collect();
-                let stable = state.stable;
-                let version = state.version;
-                for s in to {
-                    self.send_entry(r, seq, &entry, version, stable, s);
-                }
-                self.local.insert(
-                    local,
-                    Local::Request {
-                        range: r,
-                        seq: Some(seq),
-                        worker,
-                        ts,
-                        request_id: rep.request_id,
-                        version: rep.version,
-                    },
-                );
+        let seq = if !deliver.meta.push {
+            None
+        } else if let Some(seq) = state.applied_as(worker, rep.request_id) {
+            // Sent again after a failover or a lost answer: applied
+            // already. Answer once every replica has it.
+            if !deliver.meta.pull {
+                let mut answer = Message::default();
+                answer.meta.app_id = deliver.meta.app_id;
+                answer.meta.customer_id = deliver.meta.customer_id;
+                answer.meta.push = true;
+                answer.meta.head = deliver.meta.head;
+                answer.meta.timestamp = ts;
+                answer.meta.recver = worker;
+                let mut out = ReplicaMsg::new(ReplicaOp::Response, r);
+                out.request_id = rep.request_id;
+                out.version = rep.version;
+                answer.meta.replica = Some(Box::new(out));
+                state.pending.entry(seq).or_default().push(answer);
+                self.release(r);
+                return;
             }
+            // A push-pull: read the values as they are.
+            deliver.meta.push = false;
+            deliver.data.truncate(1);
+            deliver.data.push(Bytes::new());
+            deliver.meta.data_type.truncate(2);
+            Some(seq)
         } else {
-            self.local.insert(
-                local,
-                Local::Request {
-                    range: r,
-                    seq: None,
-                    worker,
-                    ts,
-                    request_id: rep.request_id,
-                    version: rep.version,
-                },
-            );
-        }
+            let seq = state.delivered + 1;
+            state.delivered = seq;
+            state.record(worker, rep.request_id, seq, rep.done_below);
+            let mut entry_msg = deliver.clone();
+            entry_msg.meta.pull = false;
+            entry_msg.meta.replica = None;
+            let entry = Entry {
+                msg: entry_msg,
+                request_id: rep.request_id,
+                origin: worker,
+                done_below: rep.done_below,
+            };
+            state.log.insert(seq, entry.clone());
+            let to: Vec<NodeId> = state
+                .gating
+                .iter()
+                .chain(state.catch_up.keys())
+                .copied()
+                .collect();
+            let (stable, version) = (state.stable, state.version);
+            for s in to {
+                self.send_entry(r, seq, &entry, version, stable, s);
+            }
+            Some(seq)
+        };
+        self.local.insert(
+            local,
+            Local::Request {
+                range: r,
+                seq,
+                worker,
+                ts,
+                request_id: rep.request_id,
+                version: rep.version,
+            },
+        );
         self.next_local_ts();
         deliver.meta.timestamp = local;
         deliver.meta.replica = None;
@@ -888,11 +849,9 @@ impl ReplicaServer {
     }
 
     fn on_applied(&mut self, msg: &Message) {
-        let Some(rep) = msg.meta.replica.as_deref() else {
+        let Some((rep, r, sender)) = part(msg) else {
             return;
         };
-        let r = rep.range;
-        let sender = msg.meta.sender;
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
@@ -975,11 +934,9 @@ impl ReplicaServer {
     }
 
     fn on_sync(&mut self, msg: &Message) {
-        let Some(rep) = msg.meta.replica.as_deref() else {
+        let Some((rep, r, sender)) = part(msg) else {
             return;
         };
-        let r = rep.range;
-        let sender = msg.meta.sender;
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
@@ -1013,11 +970,9 @@ impl ReplicaServer {
     }
 
     fn on_sync_reply(&mut self, msg: &Message) {
-        let Some(rep) = msg.meta.replica.as_deref() else {
+        let Some((rep, r, sender)) = part(msg) else {
             return;
         };
-        let r = rep.range;
-        let sender = msg.meta.sender;
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
@@ -1132,12 +1087,13 @@ impl ReplicaServer {
             "range {r}: copying it to node {j} (snapshot at seq {})",
             state.delivered
         );
-        self.out.push(ServerOut::Snapshot {
+        self.out.push(ServerOut::Apps(Output::Snapshot {
             token,
             range: r,
             begin,
             end,
-        });
+            apps: self.apps.iter().copied().collect(),
+        }));
     }
 
     /// The apps' copy for snapshot `token` (app `app`'s part).
@@ -1205,14 +1161,14 @@ impl ReplicaServer {
             self.finish_restore(token);
             return;
         }
-        self.out.push(ServerOut::Restore {
+        self.out.push(ServerOut::Apps(Output::Restore {
             token,
             range: r,
             begin,
             end,
             apps: rep.apps,
             data: msg.data,
-        });
+        }));
     }
 
     /// App `app` restored its part of restore `token`.
