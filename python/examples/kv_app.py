@@ -1,6 +1,9 @@
+#!/usr/bin/env python3
 """ps-lite's test_kv_app in Python: exact sums through pslite's Python API.
 
-Servers run the default sum store (`pslite.DefaultHandle`, in Rust). Each
+Servers run the default sum store (`pslite.DefaultHandle`, in Rust; with
+KV_APP_HANDLE=python the same store written in NumPy as a Python request
+handle). Each
 worker pushes the values of its own keys REPEAT times (10 requests in
 flight), pulls them and checks they are exactly REPEAT times the pushed
 values, then runs REPEAT serialized push-pulls and checks each returns
@@ -11,7 +14,10 @@ exactly.
 
     pslite launch -s 2 -w 2 -- python python/examples/kv_app.py
 
-Environment: KV_APP_KEYS (default 10000), KV_APP_REPEAT (default 50).
+Environment: KV_APP_KEYS (default 10000), KV_APP_REPEAT (default 50),
+KV_APP_HANDLE (rust or python). Its nodes mix with Rust kv_app's (the same
+workload): `pslite launch -s 2 -w 2 --worker-program
+python/examples/kv_app.py -- target/release/examples/kv_app`.
 Exits 0 only if every sum is exact.
 """
 
@@ -39,6 +45,37 @@ def check(what, got, pushed, times):
         raise SystemExit(
             f"{what}: {wrong.size} of {got.size} values wrong; first at key index {i}: "
             f"{got[i]} != {pushed[i]} x {times}")
+
+
+class SumStore:
+    """ps-lite's default handle in NumPy: pushes add into the store, pulls
+    read it (one value per key; a key never pushed reads as zero)."""
+
+    def __init__(self):
+        self.keys = np.zeros(0, dtype=np.uint64)
+        self.vals = np.zeros(0, dtype=np.float32)
+
+    def __call__(self, meta, pairs, server):
+        keys = pairs.keys
+        at = np.searchsorted(self.keys, keys)
+        if self.keys.size:
+            known = (at < self.keys.size) & (self.keys[np.minimum(at, self.keys.size - 1)] == keys)
+        else:
+            known = np.zeros(keys.size, dtype=bool)
+        if meta.push:
+            new = ~known
+            if new.any():
+                self.keys = np.insert(self.keys, at[new], keys[new])
+                self.vals = np.insert(self.vals, at[new], 0)
+                at = np.searchsorted(self.keys, keys)
+                known = np.ones(keys.size, dtype=bool)
+            self.vals[at] += pairs.vals
+        if meta.pull:
+            out = np.zeros(keys.size, dtype=np.float32)
+            out[known] = self.vals[at[known]]
+            server.response(meta, pslite.KVPairs(keys, out))
+        else:
+            server.response(meta)
 
 
 def run_worker(po, num, repeat):
@@ -69,7 +106,8 @@ def main():
     server = None
     if po.is_server:
         server = pslite.KVServer(po)
-        server.set_request_handle(pslite.DefaultHandle())
+        python_handle = os.environ.get("KV_APP_HANDLE", "rust") == "python"
+        server.set_request_handle(SumStore() if python_handle else pslite.DefaultHandle())
     elif po.is_worker:
         run_worker(po, max(num, 1), repeat)
     po.finalize()

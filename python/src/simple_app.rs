@@ -84,7 +84,9 @@ pub fn wait_request(
 
 /// Request/response messages with an integer `head` and a byte `body`, as
 /// ps-lite's SimpleApp: a request goes to one node or a whole group, and
-/// completes when every receiver has answered.
+/// completes when every receiver has answered. As in ps-lite, requests are
+/// delivered to the customer whose id is the app id: the app that serves
+/// requests is `SimpleApp(po, app_id=A, customer_id=A)`.
 #[pyclass(module = "pslite", name = "SimpleApp")]
 pub struct PySimpleApp {
     app: Option<SimpleApp>,
