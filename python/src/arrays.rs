@@ -7,7 +7,7 @@
 //! change the array until the request completes (as with ps-lite's
 //! `ZPush`). Anything else (a list, another dtype, a strided view) is
 //! converted once with `numpy.ascontiguousarray`. Arrays pslite handed out
-//! (pulled values, a request's data, [`frozen`](crate) copies) are read-only
+//! (pulled values, a request's data, `pslite.frozen` copies) are read-only
 //! views of an `SArray`: sent again, they are that `SArray` (or a slice of
 //! it) again, so the shared-memory path may send them without a copy and a
 //! key array is checked for order once.

@@ -142,6 +142,7 @@ impl PyKVWorker {
     /// `callback`, calls `callback(result)` when the request completes
     /// (`result` is an empty `KVPairs`, or the `pslite.Error`).
     #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
+    #[allow(clippy::too_many_arguments)] // ps-lite's Push arguments, as Python keywords
     fn push(
         &self,
         py: Python<'_>,
@@ -190,7 +191,7 @@ impl PyKVWorker {
 
     /// Pushes and pulls in one request: the pulled values include this push.
     #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // ps-lite's PushPull arguments, as Python keywords
     fn push_pull(
         &self,
         py: Python<'_>,

@@ -6,10 +6,10 @@
 //! `KVServer` (with `DefaultHandle`, ps-lite's sum store, run in Rust),
 //! `SimpleApp`, `Store` (with `torch.distributed.Store`'s method names) and
 //! the group constants. Values travel as NumPy arrays without copies on
-//! either side ([`arrays`]); every call that waits releases the GIL and
-//! answers Ctrl-C ([`wait`]); handles and callbacks written in Python run on
-//! the apps' threads with the GIL ([`calls`]); errors are raised as the
-//! exception named after their kind ([`errors`]).
+//! either side (`arrays.rs`); every call that waits releases the GIL and
+//! answers Ctrl-C (`wait.rs`); handles and callbacks written in Python run on
+//! the apps' threads with the GIL (`calls.rs`); errors are raised as the
+//! exception named after their kind (`errors.rs`).
 //!
 //! Lock order, so that no thread waits for the GIL while holding a lock
 //! another thread needs to give the GIL back: a thread holding the GIL never

@@ -275,6 +275,6 @@ impl PyStore {
     #[getter]
     fn timeout(&self) -> Option<f64> {
         let t = self.store.timeout();
-        (!t.is_zero()).then(|| t.as_secs_f64())
+        (!t.is_zero()).then_some(t.as_secs_f64())
     }
 }
