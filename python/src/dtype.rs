@@ -61,7 +61,6 @@ impl Dtype {
 
 /// Declares `$name` as an enum with one variant per [`Dtype`], each holding
 /// `$app<value type>`; [`dispatch!`] runs code on whichever it holds.
-#[macro_export]
 macro_rules! per_dtype {
     ($(#[$doc:meta])* $name:ident, $app:ident) => {
         $(#[$doc])*
@@ -97,7 +96,6 @@ macro_rules! per_dtype {
 
 /// `dispatch!(Enum, value, x => body)`: runs `body` with `x` bound to the
 /// app inside whichever variant of a [`per_dtype!`] enum `value` is.
-#[macro_export]
 macro_rules! dispatch {
     ($name:ident, $value:expr, $x:ident => $body:expr) => {
         match $value {
@@ -112,7 +110,6 @@ macro_rules! dispatch {
 
 /// `make!(Enum, dtype, T => expression of type App<T>)`: the variant of
 /// `dtype`, built by the expression with `T` the value type.
-#[macro_export]
 macro_rules! make {
     ($name:ident, $dtype:expr, $t:ident => $body:expr) => {{
         use $crate::dtype::Dtype;
@@ -140,3 +137,5 @@ macro_rules! make {
         }
     }};
 }
+
+pub(crate) use {dispatch, make, per_dtype};

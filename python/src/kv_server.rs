@@ -5,12 +5,11 @@ use pyo3::prelude::*;
 
 use crate::arrays::Elem;
 use crate::calls::{call_python, drop_detached};
-use crate::dtype::Dtype;
+use crate::dtype::{dispatch, make, per_dtype, Dtype};
 use crate::errors::{invalid, IntoPy};
 use crate::pairs::{PyKVMeta, PyKVPairs};
 use crate::postoffice::PyPostoffice;
 use crate::simple_app::PySimpleData;
-use crate::{dispatch, make, per_dtype};
 
 per_dtype!(
     /// A server app of any value type.

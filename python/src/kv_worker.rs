@@ -5,12 +5,11 @@ use pyo3::prelude::*;
 
 use crate::arrays::{from_numpy, Elem};
 use crate::calls::{call_python, drop_detached};
-use crate::dtype::Dtype;
+use crate::dtype::{dispatch, make, per_dtype, Dtype};
 use crate::errors::{to_py, IntoPy};
 use crate::pairs::PyKVPairs;
 use crate::postoffice::{PyMembership, PyPostoffice};
 use crate::simple_app::wait_request;
-use crate::{dispatch, make, per_dtype};
 
 per_dtype!(
     /// A worker app of any value type.
