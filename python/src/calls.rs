@@ -28,3 +28,40 @@ pub fn call_python(f: impl FnOnce(Python<'_>) -> PyResult<()>) {
 pub fn drop_detached<T: Send>(value: T) {
     Python::attach(|py| py.detach(move || drop(value)));
 }
+
+/// An app a Python object owns: closed by `close()` or when the object
+/// goes, and then dropped without the GIL ([`drop_detached`]).
+pub struct Closable<T: Send> {
+    app: Option<T>,
+    what: &'static str,
+}
+
+impl<T: Send> Closable<T> {
+    /// Owns `app` (`what` names it in errors).
+    pub fn new(app: T, what: &'static str) -> Self {
+        Closable {
+            app: Some(app),
+            what,
+        }
+    }
+
+    /// The app, unless closed.
+    pub fn get(&self) -> PyResult<&T> {
+        self.app.as_ref().ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!("the {} is closed", self.what))
+        })
+    }
+
+    /// Drops the app now.
+    pub fn close(&mut self) {
+        if let Some(app) = self.app.take() {
+            drop_detached(app);
+        }
+    }
+}
+
+impl<T: Send> Drop for Closable<T> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -4,7 +4,7 @@ use pslite::{DefaultHandle, KVMeta, KVPairs, KVServer, SimpleData, Val};
 use pyo3::prelude::*;
 
 use crate::arrays::Elem;
-use crate::calls::{call_python, drop_detached};
+use crate::calls::{call_python, Closable};
 use crate::dtype::{dispatch, make, per_dtype, Dtype};
 use crate::errors::{invalid, IntoPy};
 use crate::pairs::{PyKVMeta, PyKVPairs};
@@ -48,7 +48,7 @@ where
             let meta = PyKVMeta { meta: meta.clone() };
             let pairs = PyKVPairs::from_rust(pairs);
             let server = PyKVServer {
-                server: Some(Server::from(server.clone())),
+                server: Closable::new(Server::from(server.clone()), "KVServer"),
             };
             handle.call1(py, (meta, pairs, server))?;
             Ok(())
@@ -67,7 +67,7 @@ where
         call_python(|py| {
             let data = PySimpleData { data: data.clone() };
             let server = PyKVServer {
-                server: Some(Server::from(server.clone())),
+                server: Closable::new(Server::from(server.clone()), "KVServer"),
             };
             handle.call1(py, (data, server))?;
             Ok(())
@@ -146,23 +146,7 @@ fn respond<V: Val + Elem>(
 /// for it.
 #[pyclass(module = "pslite", name = "KVServer")]
 pub struct PyKVServer {
-    server: Option<Server>,
-}
-
-impl Drop for PyKVServer {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            drop_detached(s);
-        }
-    }
-}
-
-impl PyKVServer {
-    fn server(&self) -> PyResult<&Server> {
-        self.server
-            .as_ref()
-            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("the KVServer is closed"))
-    }
+    server: Closable<Server>,
 }
 
 #[pymethods]
@@ -183,14 +167,14 @@ impl PyKVServer {
             Ok(make!(Server, dtype, T => KVServer::<T>::new(&po, app_id)?))
         });
         Ok(PyKVServer {
-            server: Some(server.py()?),
+            server: Closable::new(server.py()?, "KVServer"),
         })
     }
 
     /// The value type: "float32", "float64", "int32", "int64" or "raw".
     #[getter]
     fn dtype(&self) -> PyResult<&'static str> {
-        Ok(self.server()?.dtype().name())
+        Ok(self.server.get()?.dtype().name())
     }
 
     /// Sets the request handle: `handle(meta, pairs, server)`, or
@@ -203,13 +187,13 @@ impl PyKVServer {
         handle: &Bound<'_, PyAny>,
         inline: bool,
     ) -> PyResult<()> {
-        dispatch!(Server, self.server()?, s => set_handle(py, s, handle, inline))
+        dispatch!(Server, self.server.get()?, s => set_handle(py, s, handle, inline))
     }
 
     /// Sets the handle of SimpleApp commands sent to this app:
     /// `handle(req, server)`, answering with `server.simple_response(req, body)`.
     fn set_simple_request_handle(&self, py: Python<'_>, handle: Py<PyAny>) -> PyResult<()> {
-        let server = self.server()?;
+        let server = self.server.get()?;
         py.detach(|| {
             dispatch!(Server, server, s => s.set_simple_request_handle(python_simple_handle(handle)))
         });
@@ -220,33 +204,31 @@ impl PyKVServer {
     /// `KVPairs`; None for a push).
     #[pyo3(signature = (meta, pairs = None))]
     fn response(&self, py: Python<'_>, meta: &PyKVMeta, pairs: Option<&PyKVPairs>) -> PyResult<()> {
-        dispatch!(Server, self.server()?, s => respond(py, s, meta, pairs))
+        dispatch!(Server, self.server.get()?, s => respond(py, s, meta, pairs))
     }
 
     /// Answers SimpleApp command `req` with `body`.
     #[pyo3(signature = (req, body = b"".as_slice()))]
     fn simple_response(&self, py: Python<'_>, req: &PySimpleData, body: &[u8]) -> PyResult<()> {
-        let server = self.server()?;
+        let server = self.server.get()?;
         py.detach(|| dispatch!(Server, server, s => s.simple_response(&req.data, body)))
             .py()
     }
 
     /// How many requests wait for a handle.
     fn queued_requests(&self, py: Python<'_>) -> PyResult<usize> {
-        let server = self.server()?;
+        let server = self.server.get()?;
         Ok(py.detach(|| dispatch!(Server, server, s => s.queued_requests())))
     }
 
     /// The app id.
     #[getter]
     fn app_id(&self) -> PyResult<i32> {
-        Ok(dispatch!(Server, self.server()?, s => s.app_id()))
+        Ok(dispatch!(Server, self.server.get()?, s => s.app_id()))
     }
 
     /// Closes the app now (otherwise when it is garbage-collected).
     fn close(&mut self) {
-        if let Some(s) = self.server.take() {
-            drop_detached(s);
-        }
+        self.server.close();
     }
 }

@@ -4,7 +4,7 @@ use pslite::{Error, KVOptions, KVWorker, Val};
 use pyo3::prelude::*;
 
 use crate::arrays::{from_numpy, Elem};
-use crate::calls::{call_python, drop_detached};
+use crate::calls::{call_python, Closable};
 use crate::dtype::{dispatch, make, per_dtype, Dtype};
 use crate::errors::{to_py, IntoPy};
 use crate::pairs::PyKVPairs;
@@ -26,6 +26,29 @@ struct Request<'a, 'py> {
     priority: i32,
     callback: Option<Py<PyAny>>,
     pull: bool,
+}
+
+impl<'a, 'py> Request<'a, 'py> {
+    /// A push (or push-pull) request.
+    fn with_vals(
+        keys: &'a Bound<'py, PyAny>,
+        vals: &'a Bound<'py, PyAny>,
+        lens: Option<&'a Bound<'py, PyAny>>,
+        cmd: i32,
+        priority: i32,
+        callback: Option<Py<PyAny>>,
+        pull: bool,
+    ) -> Self {
+        Request {
+            keys,
+            vals: Some(vals),
+            lens,
+            cmd,
+            priority,
+            callback,
+            pull,
+        }
+    }
 }
 
 /// Builds and sends a request (GIL released while sending).
@@ -88,23 +111,7 @@ fn take_pull<V: Val + Elem>(
 /// received buffers.
 #[pyclass(module = "pslite", name = "KVWorker")]
 pub struct PyKVWorker {
-    worker: Option<Worker>,
-}
-
-impl Drop for PyKVWorker {
-    fn drop(&mut self) {
-        if let Some(w) = self.worker.take() {
-            drop_detached(w);
-        }
-    }
-}
-
-impl PyKVWorker {
-    fn worker(&self) -> PyResult<&Worker> {
-        self.worker
-            .as_ref()
-            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("the KVWorker is closed"))
-    }
+    worker: Closable<Worker>,
 }
 
 #[pymethods]
@@ -127,14 +134,14 @@ impl PyKVWorker {
             Ok(make!(Worker, dtype, T => KVWorker::<T>::new(&po, app_id, customer_id)?))
         });
         Ok(PyKVWorker {
-            worker: Some(worker.py()?),
+            worker: Closable::new(worker.py()?, "KVWorker"),
         })
     }
 
     /// The value type: "float32", "float64", "int32", "int64" or "raw".
     #[getter]
     fn dtype(&self) -> PyResult<&'static str> {
-        Ok(self.worker()?.dtype().name())
+        Ok(self.worker.get()?.dtype().name())
     }
 
     /// Pushes `vals` for `keys`; returns the timestamp to `wait` on. With
@@ -152,16 +159,8 @@ impl PyKVWorker {
         priority: i32,
         callback: Option<Py<PyAny>>,
     ) -> PyResult<i32> {
-        let req = Request {
-            keys,
-            vals: Some(vals),
-            lens,
-            cmd,
-            priority,
-            callback,
-            pull: false,
-        };
-        dispatch!(Worker, self.worker()?, kv => send(py, kv, req))
+        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, false);
+        dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
     /// Pulls the values of `keys`; returns the timestamp for `take_pull`.
@@ -185,7 +184,7 @@ impl PyKVWorker {
             callback,
             pull: true,
         };
-        dispatch!(Worker, self.worker()?, kv => send(py, kv, req))
+        dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
     /// Pushes and pulls in one request: the pulled values include this push.
@@ -201,30 +200,22 @@ impl PyKVWorker {
         priority: i32,
         callback: Option<Py<PyAny>>,
     ) -> PyResult<i32> {
-        let req = Request {
-            keys,
-            vals: Some(vals),
-            lens,
-            cmd,
-            priority,
-            callback,
-            pull: true,
-        };
-        dispatch!(Worker, self.worker()?, kv => send(py, kv, req))
+        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, true);
+        dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
     /// Waits until request `ts` has completed; raises the failure's
     /// exception if it failed, `Timeout` after `timeout` seconds.
     #[pyo3(signature = (ts, timeout = None))]
     fn wait(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<()> {
-        dispatch!(Worker, self.worker()?, kv => wait(py, kv, ts, timeout))
+        dispatch!(Worker, self.worker.get()?, kv => wait(py, kv, ts, timeout))
     }
 
     /// Waits for pull (or push-pull) `ts` and returns its `KVPairs`, in key
     /// order (each pull's values can be taken once).
     #[pyo3(signature = (ts, timeout = None))]
     fn take_pull(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<PyKVPairs> {
-        dispatch!(Worker, self.worker()?, kv => take_pull(py, kv, ts, timeout))
+        dispatch!(Worker, self.worker.get()?, kv => take_pull(py, kv, ts, timeout))
     }
 
     /// Sends a SimpleApp command (`head`, `body`) on this worker's customer
@@ -232,20 +223,18 @@ impl PyKVWorker {
     /// returns the timestamp to `wait` on.
     #[pyo3(signature = (head, body = b"".as_slice(), recv = pslite::SERVER_GROUP))]
     fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<i32> {
-        let worker = self.worker()?;
+        let worker = self.worker.get()?;
         py.detach(|| dispatch!(Worker, worker, kv => kv.request(head, body, recv)))
             .py()
     }
 
     /// The current round of workers.
     fn membership(&self) -> PyResult<PyMembership> {
-        Ok(dispatch!(Worker, self.worker()?, kv => kv.membership()).into())
+        Ok(dispatch!(Worker, self.worker.get()?, kv => kv.membership()).into())
     }
 
     /// Closes the app now (otherwise when it is garbage-collected).
     fn close(&mut self) {
-        if let Some(w) = self.worker.take() {
-            drop_detached(w);
-        }
+        self.worker.close();
     }
 }

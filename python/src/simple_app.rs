@@ -5,7 +5,7 @@ use pslite::{Error, SimpleApp, SimpleData};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::calls::{call_python, drop_detached};
+use crate::calls::{call_python, Closable};
 use crate::errors::{to_py, IntoPy};
 use crate::postoffice::PyPostoffice;
 use crate::wait::{seconds, sliced, Slice};
@@ -89,23 +89,7 @@ pub fn wait_request(
 /// requests is `SimpleApp(po, app_id=A, customer_id=A)`.
 #[pyclass(module = "pslite", name = "SimpleApp")]
 pub struct PySimpleApp {
-    app: Option<SimpleApp>,
-}
-
-impl Drop for PySimpleApp {
-    fn drop(&mut self) {
-        if let Some(app) = self.app.take() {
-            drop_detached(app);
-        }
-    }
-}
-
-impl PySimpleApp {
-    fn app(&self) -> PyResult<&SimpleApp> {
-        self.app
-            .as_ref()
-            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("the SimpleApp is closed"))
-    }
+    app: Closable<SimpleApp>,
 }
 
 /// A Python handle as a SimpleApp handle.
@@ -114,7 +98,7 @@ fn simple_handle(handle: Py<PyAny>) -> impl FnMut(&SimpleData, &SimpleApp) + Sen
         call_python(|py| {
             let data = PySimpleData { data: data.clone() };
             let app = PySimpleApp {
-                app: Some(app.clone()),
+                app: Closable::new(app.clone(), "SimpleApp"),
             };
             handle.call1(py, (data, app))?;
             Ok(())
@@ -132,28 +116,30 @@ impl PySimpleApp {
         let app = py
             .detach(|| SimpleApp::new(&po, app_id, customer_id))
             .py()?;
-        Ok(PySimpleApp { app: Some(app) })
+        Ok(PySimpleApp {
+            app: Closable::new(app, "SimpleApp"),
+        })
     }
 
     /// Sends request `head`/`body` to node or group `recv`; returns the
     /// timestamp to `wait` on.
     #[pyo3(signature = (head, body = b"".as_slice(), recv = pslite::SERVER_GROUP))]
     fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<i32> {
-        let app = self.app()?;
+        let app = self.app.get()?;
         py.detach(|| app.request(head, body, recv)).py()
     }
 
     /// Answers request `req` with `body`.
     #[pyo3(signature = (req, body = b"".as_slice()))]
     fn response(&self, py: Python<'_>, req: &PySimpleData, body: &[u8]) -> PyResult<()> {
-        let app = self.app()?;
+        let app = self.app.get()?;
         py.detach(|| app.response(&req.data, body)).py()
     }
 
     /// Waits until every receiver of request `ts` has answered.
     #[pyo3(signature = (ts, timeout = None))]
     fn wait(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<()> {
-        let app = self.app()?;
+        let app = self.app.get()?;
         wait_request(py, ts, timeout, |slice| app.wait_timeout(ts, slice))
     }
 
@@ -161,14 +147,14 @@ impl PySimpleApp {
     /// `app.response(req, body)`, now or later); requests that came before
     /// are handled now, in order.
     fn set_request_handle(&self, py: Python<'_>, handle: Py<PyAny>) -> PyResult<()> {
-        let app = self.app()?;
+        let app = self.app.get()?;
         py.detach(|| app.set_request_handle(simple_handle(handle)));
         Ok(())
     }
 
     /// Calls `handle(resp, app)` for each response.
     fn set_response_handle(&self, py: Python<'_>, handle: Py<PyAny>) -> PyResult<()> {
-        let app = self.app()?;
+        let app = self.app.get()?;
         py.detach(|| app.set_response_handle(simple_handle(handle)));
         Ok(())
     }
@@ -176,19 +162,17 @@ impl PySimpleApp {
     /// The app id.
     #[getter]
     fn app_id(&self) -> PyResult<i32> {
-        Ok(self.app()?.app_id())
+        Ok(self.app.get()?.app_id())
     }
 
     /// The customer id.
     #[getter]
     fn customer_id(&self) -> PyResult<i32> {
-        Ok(self.app()?.customer_id())
+        Ok(self.app.get()?.customer_id())
     }
 
     /// Closes the app now (otherwise when it is garbage-collected).
     fn close(&mut self) {
-        if let Some(app) = self.app.take() {
-            drop_detached(app);
-        }
+        self.app.close();
     }
 }
