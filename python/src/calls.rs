@@ -6,10 +6,48 @@
 //! panicking Rust handle does: the panic carries the exception's text and
 //! skips the panic hook's report (the traceback said it already).
 
+use std::cell::Cell;
+
+use pyo3::ffi;
 use pyo3::prelude::*;
+
+thread_local! {
+    /// Whether this thread keeps a Python thread state (see [`keep_thread_state`]).
+    static KEPT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Gives this thread a Python thread state that outlives each call: without
+/// it, every call from a pslite thread would create and destroy one (a
+/// quarter of a small request's round trip). The state is made once, with
+/// the GIL released at once, and kept until the process ends.
+fn keep_thread_state() {
+    KEPT.with(|kept| {
+        if kept.get() {
+            return;
+        }
+        kept.set(true);
+        // Only pslite's own threads (apps' customer threads and the like),
+        // which never hold the GIL outside `call_python`.
+        let ours = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("pslite-"));
+        if !ours {
+            return;
+        }
+        // SAFETY: Python loaded this module, so the interpreter runs; this
+        // thread does not hold the GIL (above), so Ensure takes it (making
+        // the thread state) and SaveThread gives it back, leaving the state
+        // registered and the GIL free.
+        unsafe {
+            let _ = ffi::PyGILState_Ensure();
+            let _ = ffi::PyEval_SaveThread();
+        }
+    });
+}
 
 /// Runs `f` with the GIL; an exception it raises becomes a panic.
 pub fn call_python(f: impl FnOnce(Python<'_>) -> PyResult<()>) {
+    keep_thread_state();
     let failed = Python::attach(|py| match f(py) {
         Ok(()) => None,
         Err(e) => {
