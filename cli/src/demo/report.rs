@@ -1,0 +1,390 @@
+//! What the nodes tell the launching process: one text line per [`Report`]
+//! over a loopback TCP connection (`--report ADDR`), and the same reports as
+//! lines for people.
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+
+use crossbeam_channel::Sender;
+use log::warn;
+use pslite::Error;
+
+/// What a node reports, one text line each on the wire.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Report {
+    /// Worker 0 is `done` minibatches into epoch `epoch` of `total`.
+    Progress {
+        /// The epoch, from 1.
+        epoch: usize,
+        /// Minibatches done.
+        done: usize,
+        /// Minibatches in the epoch.
+        total: usize,
+    },
+    /// Worker 0's evaluation on the held-out split after an epoch (epoch 0:
+    /// before training).
+    Epoch {
+        /// The epoch, from 1; 0 before training.
+        epoch: usize,
+        /// Mean log loss on the held-out split.
+        loss: f64,
+        /// Accuracy on the held-out split.
+        accuracy: f64,
+        /// Seconds the epoch took, training and evaluation.
+        secs: f64,
+    },
+    /// A worker's traffic, when it is done.
+    Worker {
+        /// Its rank.
+        rank: usize,
+        /// Training samples in its shard.
+        samples: usize,
+        /// Push and pull calls it made.
+        requests: u64,
+        /// Bytes of keys and values it pushed.
+        pushed: u64,
+        /// Bytes of keys it sent in pulls and of keys and values it got back.
+        pulled: u64,
+    },
+    /// The rank 0 of a new elastic round saw it begin (the launching
+    /// process prints each round once).
+    Round {
+        /// The round number.
+        round: u64,
+        /// Epochs done when it began (trained, maybe not yet evaluated).
+        after_epoch: usize,
+        /// Its workers' node ids, in rank order.
+        workers: Vec<i32>,
+    },
+    /// A server's state, when it is done.
+    Server {
+        /// Its rank.
+        rank: usize,
+        /// Keys it holds a weight for.
+        keys: usize,
+        /// Pushes it applied.
+        pushes: u64,
+        /// Pulls it answered.
+        pulls: u64,
+    },
+}
+
+impl fmt::Display for Report {
+    /// The wire form: a word and numbers, separated by spaces.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Report::Epoch {
+                epoch,
+                loss,
+                accuracy,
+                secs,
+            } => write!(f, "epoch {epoch} {loss} {accuracy} {secs}"),
+            Report::Progress { epoch, done, total } => {
+                write!(f, "progress {epoch} {done} {total}")
+            }
+            Report::Worker {
+                rank,
+                samples,
+                requests,
+                pushed,
+                pulled,
+            } => write!(f, "worker {rank} {samples} {requests} {pushed} {pulled}"),
+            Report::Server {
+                rank,
+                keys,
+                pushes,
+                pulls,
+            } => write!(f, "server {rank} {keys} {pushes} {pulls}"),
+            Report::Round {
+                round,
+                after_epoch,
+                workers,
+            } => {
+                write!(f, "round {round} {after_epoch}")?;
+                for w in workers {
+                    write!(f, " {w}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Report {
+    /// Reads the wire form; `None` if it is not a report.
+    pub fn parse(line: &str) -> Option<Report> {
+        let mut words = line.split_whitespace();
+        let kind = words.next()?;
+        let nums: Vec<&str> = words.collect();
+        let int = |i: usize| nums.get(i).and_then(|s| s.parse::<u64>().ok());
+        let float = |i: usize| nums.get(i).and_then(|s| s.parse::<f64>().ok());
+        if kind == "round" && nums.len() >= 3 {
+            let workers: Option<Vec<i32>> = nums[2..].iter().map(|w| w.parse().ok()).collect();
+            return Some(Report::Round {
+                round: int(0)?,
+                after_epoch: int(1)? as usize,
+                workers: workers?,
+            });
+        }
+        let report = match (kind, nums.len()) {
+            ("epoch", 4) => Report::Epoch {
+                epoch: int(0)? as usize,
+                loss: float(1)?,
+                accuracy: float(2)?,
+                secs: float(3)?,
+            },
+            ("progress", 3) => Report::Progress {
+                epoch: int(0)? as usize,
+                done: int(1)? as usize,
+                total: int(2)? as usize,
+            },
+            ("worker", 5) => Report::Worker {
+                rank: int(0)? as usize,
+                samples: int(1)? as usize,
+                requests: int(2)?,
+                pushed: int(3)?,
+                pulled: int(4)?,
+            },
+            ("server", 4) => Report::Server {
+                rank: int(0)? as usize,
+                keys: int(1)? as usize,
+                pushes: int(2)?,
+                pulls: int(3)?,
+            },
+            _ => return None,
+        };
+        Some(report)
+    }
+
+    /// The report as a line for people; `epochs` is the number of epochs.
+    pub fn human(&self, epochs: usize) -> String {
+        match self {
+            // On a terminal the demo draws a bar instead (see super::progress).
+            Report::Progress { epoch, done, total } => format!(
+                "epoch {epoch:>w$}/{epochs}  {done}/{total} minibatches",
+                w = digits(epochs)
+            ),
+            Report::Epoch {
+                epoch: 0,
+                loss,
+                accuracy,
+                ..
+            } => format!(
+                "epoch {:>w$}/{epochs}  test loss {loss:.4}  accuracy {accuracy:.4}  (before training)",
+                0,
+                w = digits(epochs)
+            ),
+            Report::Epoch {
+                epoch,
+                loss,
+                accuracy,
+                secs,
+            } => format!(
+                "epoch {epoch:>w$}/{epochs}  test loss {loss:.4}  accuracy {accuracy:.4}  {secs:5.2} s",
+                w = digits(epochs)
+            ),
+            Report::Worker {
+                rank,
+                samples,
+                requests,
+                pushed,
+                pulled,
+            } => format!(
+                "worker {rank}: {} samples, {} requests, pushed {}, pulled {}",
+                group(*samples as u64),
+                group(*requests),
+                megabytes(*pushed),
+                megabytes(*pulled)
+            ),
+            Report::Round {
+                round,
+                after_epoch,
+                workers,
+            } => {
+                let ids: Vec<String> = workers.iter().map(i32::to_string).collect();
+                let ranks = match workers.len() {
+                    0 => "no ranks".to_string(),
+                    1 => "rank 0".to_string(),
+                    n => format!("ranks 0-{}", n - 1),
+                };
+                let when = match after_epoch {
+                    0 => "before training".to_string(),
+                    e => format!("after epoch {e}"),
+                };
+                format!(
+                    "round {round} began with worker{} {} ({ranks}), {when}",
+                    plural(workers.len()),
+                    ids.join(", ")
+                )
+            }
+            Report::Server {
+                rank,
+                keys,
+                pushes,
+                pulls,
+            } => format!(
+                "server {rank}: {} keys, {} pushes applied, {} pulls answered",
+                group(*keys as u64),
+                group(*pushes),
+                group(*pulls)
+            ),
+        }
+    }
+}
+
+pub fn digits(n: usize) -> usize {
+    n.to_string().len()
+}
+
+/// `1234567` as `1 234 567`.
+pub fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+/// Where a node sends its reports.
+pub enum Reporter {
+    /// To the launching process, as wire lines.
+    Launcher(TcpStream),
+    /// To stdout, for people.
+    Print {
+        /// Epochs in the run.
+        epochs: usize,
+    },
+    /// Into a list (tests).
+    #[cfg(test)]
+    Collect(Vec<Report>),
+}
+
+impl Reporter {
+    pub fn send(&mut self, report: Report) -> Result<(), Error> {
+        match self {
+            Reporter::Launcher(stream) => writeln!(stream, "{report}")
+                .and_then(|()| stream.flush())
+                .map_err(|e| Error::App(format!("cannot report to `pslite demo`: {e}"))),
+            Reporter::Print { epochs } => {
+                if !matches!(report, Report::Progress { .. }) {
+                    println!("{}", report.human(*epochs));
+                }
+                Ok(())
+            }
+            #[cfg(test)]
+            Reporter::Collect(reports) => {
+                reports.push(report);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Accepts the nodes' report connections on `listener` and sends their
+/// reports to `tx`, from a thread per connection; a line that is no report
+/// is logged and skipped. Returns when `listener` fails.
+pub fn collect<T: From<Report> + Send + 'static>(listener: TcpListener, tx: Sender<T>) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                match Report::parse(&line) {
+                    Some(report) => {
+                        if tx.send(T::from(report)).is_err() {
+                            break;
+                        }
+                    }
+                    None => warn!("pslite demo: ignoring report line {line:?}"),
+                }
+            }
+        });
+    }
+}
+
+/// `s` for plural counts.
+pub fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip_through_their_wire_form() {
+        let reports = [
+            Report::Progress {
+                epoch: 2,
+                done: 7,
+                total: 90,
+            },
+            Report::Epoch {
+                epoch: 3,
+                loss: 0.123_456_789,
+                accuracy: 0.9,
+                secs: 1.5,
+            },
+            Report::Worker {
+                rank: 1,
+                samples: 90_000,
+                requests: 905,
+                pushed: 76_000_000,
+                pulled: 140_000_000,
+            },
+            Report::Server {
+                rank: 0,
+                keys: 301_913,
+                pushes: 900,
+                pulls: 906,
+            },
+        ];
+        for r in reports {
+            assert_eq!(Report::parse(&r.to_string()), Some(r));
+        }
+        for junk in [
+            "",
+            "epoch",
+            "epoch 1 2 3",
+            "epoch x 1 2 3",
+            "server 1 2 3 4 5",
+            "hello",
+        ] {
+            assert_eq!(Report::parse(junk), None, "{junk:?}");
+        }
+        let line = Report::Epoch {
+            epoch: 2,
+            loss: 0.34921,
+            accuracy: 0.89504,
+            secs: 0.5,
+        }
+        .human(5);
+        assert_eq!(
+            line,
+            "epoch 2/5  test loss 0.3492  accuracy 0.8950   0.50 s"
+        );
+    }
+
+    #[test]
+    fn numbers_are_grouped_by_thousands() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1_000), "1 000");
+        assert_eq!(group(1_234_567), "1 234 567");
+        assert_eq!(megabytes(426_400_000), "426.4 MB");
+    }
+}
