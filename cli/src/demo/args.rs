@@ -66,8 +66,8 @@ pub struct DemoArgs {
     pub plot: Option<std::path::PathBuf>,
     /// Elastic workers: DMLC_NUM_WORKER=W:W+2 for --workers W. Training
     /// starts with W workers; the demo adds one after epoch --join-after and
-    /// kills worker --kill-worker with SIGKILL after epoch --kill-after (once
-    /// the added worker trains). Workers re-shard the data at every new
+    /// kills the worker of rank --kill-worker with SIGKILL after epoch
+    /// --kill-after (once the added worker trains). Workers re-shard the data at every new
     /// round, and the output says when each round began and with whom.
     #[arg(long)]
     pub elastic: bool,
@@ -77,9 +77,9 @@ pub struct DemoArgs {
     /// With --elastic: kill a worker after this epoch (0: none is killed).
     #[arg(long, default_value_t = 2, value_name = "EPOCH")]
     pub kill_after: usize,
-    /// With --elastic: which worker to kill (its launch index, as in its
-    /// output prefix).
-    #[arg(long, default_value_t = 1, value_name = "INDEX")]
+    /// With --elastic: which worker to kill, by its rank in the round
+    /// running then (the round lines show each rank's node id).
+    #[arg(long, default_value_t = 1, value_name = "RANK")]
     pub kill_worker: usize,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
@@ -168,7 +168,7 @@ impl DemoArgs {
         }
         if self.elastic && self.kill_after > 0 && self.kill_worker >= self.workers {
             return Err(Error::InvalidInput(format!(
-                "--kill-worker {} is not one of the {} workers started (0 to {})",
+                "--kill-worker {} is not a rank of the {} workers started (0 to {})",
                 self.kill_worker,
                 self.workers,
                 self.workers - 1

@@ -13,7 +13,9 @@ use super::args::DemoArgs;
 use super::plot;
 use super::progress::Progress;
 use super::report::{self, group, megabytes, plural, Report};
-use crate::launcher::{launch_with, Control, LaunchError, LaunchOptions, Outcome};
+use crate::launcher::{
+    launch_with, status_command, Control, LaunchError, LaunchOptions, Outcome, PortReservation,
+};
 
 /// What the launching process hears while the cluster runs.
 enum Event {
@@ -43,6 +45,8 @@ struct Elastic {
     killed: bool,
     /// The last round printed.
     round: Option<u64>,
+    /// Its workers' node ids, in rank order.
+    members: Vec<i32>,
     /// Every round printed, for the chart.
     rounds: Vec<plot::RoundMark>,
     pending: Vec<Control>,
@@ -61,6 +65,7 @@ impl Elastic {
             grown: false,
             killed: false,
             round: None,
+            members: Vec::new(),
             rounds: Vec::new(),
             pending: Vec::new(),
         }
@@ -74,11 +79,13 @@ impl Elastic {
 
     /// Round `round` began with `workers` workers after `after_epoch`
     /// epochs; whether it is new.
-    fn round_began(&mut self, round: u64, after_epoch: usize, workers: usize) -> bool {
+    fn round_began(&mut self, round: u64, after_epoch: usize, members: &[i32]) -> bool {
         if self.round.is_some_and(|r| r >= round) {
             return false;
         }
+        let workers = members.len();
         self.round = Some(round);
+        self.members = members.to_vec();
         self.rounds.push(plot::RoundMark {
             round,
             after_epoch,
@@ -100,10 +107,15 @@ impl Elastic {
         // Kill only once the added worker is in a round, so that the
         // kill ends a round of its own.
         let ready = self.grown || self.join_after == 0;
-        if self.kill_after > 0 && !self.killed && self.epoch >= self.kill_after && ready {
+        // The rank is the current round's: the launcher knows nodes by id.
+        let victim = self.members.get(self.kill_worker).copied();
+        if let (true, Some(id)) = (
+            self.kill_after > 0 && !self.killed && self.epoch >= self.kill_after && ready,
+            victim,
+        ) {
             self.killed = true;
-            self.pending.push(Control::SignalWorker {
-                worker: self.kill_worker,
+            self.pending.push(Control::SignalNode {
+                id,
                 signal: libc::SIGKILL,
             });
         }
@@ -143,6 +155,20 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
             }
         }
     }
+    // The scheduler's port, held until the job ends (see PortReservation),
+    // so that the address is known before anything starts.
+    let (port, reservation) = match args.port {
+        Some(port) => (port, None),
+        None => {
+            let held = PortReservation::new(host)
+                .map_err(|e| Error::App(format!("cannot find a free port on {host}: {e}")))?;
+            (held.port(), Some(held))
+        }
+    };
+    println!(
+        "scheduler at {host}:{port}; see the job with: {}",
+        status_command(host, port, &env)
+    );
     let opts = LaunchOptions {
         servers: args.servers,
         workers: args.workers,
@@ -150,10 +176,11 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         env,
         worker_procs: None,
         host: host.into(),
-        port: args.port,
+        port: Some(port),
         timeout: Some(Duration::from_secs_f64(args.timeout)),
         program: program.into_os_string(),
         args: args.node_args(&addr.to_string()),
+        announce: false,
         ..LaunchOptions::default()
     };
     print_header(args);
@@ -204,7 +231,7 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                         after_epoch,
                         workers,
                     } => {
-                        if elastic.round_began(*round, *after_epoch, workers.len()) {
+                        if elastic.round_began(*round, *after_epoch, workers) {
                             progress.println(report.human(args.epochs));
                         }
                     }
@@ -221,12 +248,15 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                 }
                 for request in elastic.requests() {
                     match request {
-                        Control::AddWorker => progress.println(format!(
-                            "adding worker {} (it waits for the next round)",
-                            args.workers
-                        )),
-                        Control::SignalWorker { worker, .. } => {
-                            progress.println(format!("killing worker {worker} with SIGKILL"))
+                        Control::AddWorker => {
+                            progress.println("adding a worker (it joins at the next round)")
+                        }
+                        Control::SignalNode { id, .. } => {
+                            let rank = elastic.members.iter().position(|&m| m == id);
+                            progress.println(format!(
+                                "killing worker {} (node {id}) with SIGKILL",
+                                rank.map_or_else(|| "?".into(), |r| r.to_string())
+                            ))
                         }
                     }
                     let _ = control.send(request);
@@ -251,6 +281,7 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
             }
         }
     }
+    drop(reservation);
     let Some((result, wall)) = outcome else {
         return Err(Error::App("the launcher stopped without a result".into()));
     };

@@ -202,21 +202,16 @@ impl Report {
                 after_epoch,
                 workers,
             } => {
-                let ids: Vec<String> = workers.iter().map(i32::to_string).collect();
-                let ranks = match workers.len() {
-                    0 => "no ranks".to_string(),
-                    1 => "rank 0".to_string(),
-                    n => format!("ranks 0-{}", n - 1),
-                };
                 let when = match after_epoch {
                     0 => "before training".to_string(),
                     e => format!("after epoch {e}"),
                 };
-                format!(
-                    "round {round} began with worker{} {} ({ranks}), {when}",
-                    plural(workers.len()),
-                    ids.join(", ")
-                )
+                let members: Vec<String> = workers
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, id)| format!("worker {rank} (node {id})"))
+                    .collect();
+                format!("round {round} began {when}: {}", members.join(", "))
             }
             Report::Server {
                 rank,

@@ -14,7 +14,13 @@
 //! - [`ports`]: the ports held for the scheduler and the nodes until they
 //!   bind them;
 //! - [`naming`]: which node id each process got, from the scheduler's table;
-//! - [`signals`]: SIGINT, SIGTERM and SIGHUP to the launcher.
+//! - [`signals`]: SIGINT, SIGTERM and SIGHUP to the launcher;
+//! - [`watchdog`]: the nodes die with the launcher, even killed with SIGKILL.
+//!
+//! Before any node starts, the launcher prints where the scheduler listens
+//! and the `pslite status` command that shows the job. When the job fails,
+//! it prints what failed, a table of the nodes that failed (rank, exit, time,
+//! first error line) and what the scheduler said.
 //!
 //! With elastic workers (`--workers MIN:MAX`) every node gets
 //! `DMLC_NUM_WORKER=MIN:MAX`, and the launcher records the cluster's shape in
@@ -29,14 +35,16 @@ pub mod plan;
 pub mod ports;
 pub mod process;
 pub mod signals;
+pub mod watchdog;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, unbounded, Receiver};
 use pslite_proto::Role;
 
-use crate::supervisor::{Action, Policy, Supervisor};
+use crate::supervisor::{Action, FailureRow, Policy, Supervisor};
 pub use crate::supervisor::{Ended, Outcome};
 use plan::{connections_logged, plan};
 pub use ports::PortReservation;
@@ -103,6 +111,13 @@ pub struct LaunchOptions {
     /// `host`:`port` (`pslite launch --add-worker`): no scheduler, no
     /// servers; `servers` and `elastic` describe the cluster.
     pub join: bool,
+    /// Write each node's output to a file of its own in this directory too
+    /// (`--log-dir`): `scheduler.log`, `server-0.log`, `worker-1.log`
+    /// (elastic workers `worker-node-13.log`).
+    pub log_dir: Option<PathBuf>,
+    /// Print the scheduler's address and the status command before the
+    /// nodes start (the demo says it in its own words).
+    pub announce: bool,
 }
 
 impl Default for LaunchOptions {
@@ -128,6 +143,8 @@ impl Default for LaunchOptions {
             max_restarts: 3,
             elastic: None,
             join: false,
+            log_dir: None,
+            announce: true,
         }
     }
 }
@@ -170,10 +187,10 @@ pub fn parse_bounds(s: &str) -> Option<(usize, usize)> {
 pub enum Control {
     /// Start one more worker (same program and environment as the others).
     AddWorker,
-    /// Send `signal` to worker `worker` (by launch index, as in its prefix).
-    SignalWorker {
-        /// The worker's launch index.
-        worker: usize,
+    /// Send `signal` to the process of node `id` (and its group).
+    SignalNode {
+        /// The node id.
+        id: pslite_proto::NodeId,
         /// The signal.
         signal: i32,
     },
@@ -243,22 +260,45 @@ pub fn launch_with(
     };
     let specs = plan(opts, port)?;
     let worker_template = specs.iter().find(|n| n.role == Role::Worker).cloned();
+    if let Some(dir) = &opts.log_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| LaunchError::Invalid(format!("--log-dir {}: {e}", dir.display())))?;
+    }
+    if opts.announce && !opts.join {
+        eprintln!(
+            "pslite launch: scheduler at {}:{port}; see the job with: {}",
+            opts.host,
+            status_command(&opts.host, port, &opts.env)
+        );
+        if let Some(dir) = &opts.log_dir {
+            eprintln!(
+                "pslite launch: each node's output also goes to {}/NODE.log",
+                dir.display()
+            );
+        }
+    }
     let (exits, exited) = unbounded();
     // `found` lives as long as the loop, so `named` never disconnects.
     let (found, named) = unbounded();
-    // Elastic clusters are pslite-only, so their scheduler answers the
-    // admin requests that find node ids (a C++ scheduler may not).
-    let namer = opts.elastic.map(|_| {
+    let namer = {
         let (tx, rx) = unbounded();
         let host = opts.host.clone();
         let env = opts.env.clone();
         let found = found.clone();
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("node names".into())
-            .spawn(move || naming::name_nodes(&host, port, &env, &rx, &found));
-        tx
-    });
-    let mut cluster = Cluster::new(specs, &opts.host, namer, exits);
+            .spawn(move || naming::name_nodes(&host, port, &env, &rx, &found))
+            .ok()
+            .map(|_| tx)
+    };
+    let mut cluster = Cluster::new(
+        specs,
+        &opts.host,
+        namer,
+        exits,
+        opts.elastic.is_some(),
+        opts.log_dir.clone(),
+    )?;
     cluster.reserve_ports()?;
     let signals = StopSignals::catch().map_err(|e| {
         LaunchError::Invalid(format!("cannot catch SIGINT, SIGTERM and SIGHUP: {e}"))
@@ -297,7 +337,7 @@ pub fn launch_with(
         cluster
             .nodes
             .iter()
-            .map(|n| (n.spec.name.clone(), n.spec.role))
+            .map(|n| (n.name.clone(), n.spec.role))
             .collect(),
         Instant::now(),
     );
@@ -310,9 +350,12 @@ pub fn launch_with(
         if let Some(outcome) = supervisor.outcome() {
             break outcome;
         }
-        let timer = supervisor
-            .deadline()
-            .map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+        let held = cluster.release_held(Instant::now());
+        let timer = match (supervisor.deadline(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+        .map_or_else(crossbeam_channel::never, crossbeam_channel::at);
         let mut actions = select! {
             recv(exited) -> exit => match exit {
                 Ok((index, ended)) => {
@@ -322,8 +365,8 @@ pub fn launch_with(
                 Err(_) => Vec::new(),
             },
             recv(named) -> found => {
-                if let Ok(found) = found {
-                    cluster.named(found);
+                if let Some((index, name)) = found.ok().and_then(|f| cluster.named(f)) {
+                    supervisor.rename(index, name);
                 }
                 Vec::new()
             },
@@ -347,14 +390,10 @@ pub fn launch_with(
                         None => Vec::new(),
                     }
                 }
-                (Ok(Control::SignalWorker { worker, signal }), _) => {
-                    let name = format!("worker {worker}");
-                    if let Some(index) = cluster.nodes.iter().position(|n| n.spec.name == name) {
-                        vec![Action::Signal { nodes: vec![index], signal }]
-                    } else {
-                        vec![Action::Say(format!("no {name} to signal"))]
-                    }
-                }
+                (Ok(Control::SignalNode { id, signal }), _) => match cluster.index_of(id) {
+                    Some(index) => vec![Action::Signal { nodes: vec![index], signal }],
+                    None => vec![Action::Say(format!("no process known as node {id} to signal"))],
+                },
                 _ => Vec::new(),
             },
             recv(timer) -> _ => supervisor.on_tick(Instant::now()),
@@ -371,11 +410,16 @@ pub fn launch_with(
                     }
                     Action::Restart(index) => {
                         match cluster.spawn(index).map(|()| cluster.watch()) {
-                            Ok(()) if verbose => eprintln!(
-                                "pslite launch: started {} (pid {})",
-                                cluster.nodes[index].spec.name, cluster.nodes[index].pid
-                            ),
-                            Ok(()) => {}
+                            Ok(()) => {
+                                let node = &cluster.nodes[index];
+                                supervisor.rename(index, node.name.clone());
+                                if verbose {
+                                    eprintln!(
+                                        "pslite launch: started {} (pid {})",
+                                        node.name, node.pid
+                                    );
+                                }
+                            }
                             Err(e) => {
                                 eprintln!("pslite launch: {e}");
                                 more.extend(supervisor.on_exit(
@@ -397,6 +441,7 @@ pub fn launch_with(
         node,
         others,
         scheduler_said,
+        failures,
         ..
     } = &mut outcome
     {
@@ -405,6 +450,20 @@ pub fn launch_with(
         if scheduler_failed {
             *scheduler_said = cluster.last_stderr(Role::Scheduler);
         }
+        *failures = supervisor
+            .failures()
+            .into_iter()
+            .map(|end| {
+                let proc = &cluster.nodes[end.index];
+                FailureRow {
+                    node: end.name.clone(),
+                    rank: proc.rank.clone(),
+                    exit: end.ended.short(),
+                    time: format!("{:.1} s", end.after.as_secs_f64()),
+                    first_error: proc.output.first_error(),
+                }
+            })
+            .collect();
     }
     Ok(outcome)
 }
@@ -438,6 +497,64 @@ fn publish_launch_record(host: &str, port: u16, record: String, env: &[(String, 
                 );
             }
         });
+}
+
+/// The command that shows the job whose scheduler is at `host`:`port`, as
+/// it can be pasted into the shell the launcher runs in: `pslite` if that is
+/// this program on the PATH, else this program's path (relative to the
+/// working directory when under it, `target/release/pslite`), with
+/// `DMLC_LOCAL=1` for a local cluster and `--host` unless it is 127.0.0.1.
+pub fn status_command(host: &str, port: u16, env: &[(String, String)]) -> String {
+    let (local, _) = admin_settings(env);
+    let mut command = String::new();
+    if local {
+        command += "DMLC_LOCAL=1 ";
+    }
+    command += &shell_word(&self_command());
+    command += &format!(" status --port {port}");
+    if host != "127.0.0.1" {
+        command += &format!(" --host {}", shell_word(host));
+    }
+    command
+}
+
+/// How to run this program from the current directory's shell.
+fn self_command() -> String {
+    let Ok(me) = std::env::current_exe().and_then(|p| p.canonicalize()) else {
+        return "pslite".into();
+    };
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            dir.join("pslite")
+                .canonicalize()
+                .is_ok_and(|found| found == me)
+        })
+    });
+    if on_path {
+        return "pslite".into();
+    }
+    let relative = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| cwd.canonicalize().ok())
+        .and_then(|cwd| me.strip_prefix(cwd).ok().map(std::path::Path::to_path_buf));
+    match relative {
+        // A word with a slash is run from there, not looked up on the PATH.
+        Some(rel) if rel.components().count() > 1 => rel.display().to_string(),
+        Some(rel) => format!("./{}", rel.display()),
+        None => me.display().to_string(),
+    }
+}
+
+/// `word`, quoted for a POSIX shell if it needs it.
+fn shell_word(word: &str) -> String {
+    let plain = word
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-=+:@%,".contains(c));
+    if plain && !word.is_empty() {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// What an admin client of this job's scheduler needs from the nodes'

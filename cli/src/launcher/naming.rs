@@ -24,10 +24,11 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use pslite_proto::stats::NodeStatus;
 use pslite_proto::{NodeId, Role, K_EMPTY};
 
+use super::plan::NodeSpec;
 use super::{admin_client, admin_settings};
 
 /// How often the namer asks the scheduler while processes are unnamed.
-const PERIOD: Duration = Duration::from_millis(200);
+const PERIOD: Duration = Duration::from_millis(100);
 
 /// How long the namer asks a scheduler that has never answered.
 pub const GIVE_UP: Duration = Duration::from_secs(30);
@@ -97,6 +98,52 @@ fn rank(row: &NodeStatus) -> Option<u32> {
     }
     row.round_rank
         .or_else(|| u32::try_from(pslite_proto::ids::id_to_rank(row.node.id)).ok())
+}
+
+/// What a person reads for process `pid` of `spec`, and the stem of its log
+/// file: by role and rank with the node id in parentheses once `named`
+/// (`worker 1 (node 11)`, `worker-1`), else by launch order, which is the
+/// rank a ps-lite scheduler gives nodes whose ports increase in that order
+/// (`worker 1`). Elastic workers change rank with every round, so they go by
+/// node id alone (`worker (node 13)`); elastic nodes get ids in the order
+/// they register, so until then they go by process id (`worker (pid 4242)`).
+pub fn names(spec: &NodeSpec, pid: u32, named: Option<&Named>, elastic: bool) -> (String, String) {
+    let role = spec.role.as_str();
+    if spec.role == Role::Scheduler {
+        return (role.into(), role.into());
+    }
+    let stem = |name: &str| name.replace([' ', ','], "-").replace("--", "-");
+    let Some(named) = named.filter(|n| !n.ids.is_empty()) else {
+        if elastic {
+            let name = format!("{role} (pid {pid})");
+            return (name, format!("{role}-pid-{pid}"));
+        }
+        return (spec.name.clone(), stem(&spec.name));
+    };
+    let ids: Vec<String> = named.ids.iter().map(NodeId::to_string).collect();
+    let ranks: Option<Vec<String>> = named
+        .ranks
+        .iter()
+        .map(|r| r.map(|r| r.to_string()))
+        .collect();
+    match (ids.as_slice(), ranks) {
+        ([id], _) if elastic && spec.role == Role::Worker => {
+            (format!("{role} (node {id})"), format!("{role}-node-{id}"))
+        }
+        ([id], Some(ranks)) => (
+            format!("{role} {} (node {id})", ranks[0]),
+            format!("{role}-{}", ranks[0]),
+        ),
+        ([id], None) => (format!("{role} (node {id})"), format!("{role}-node-{id}")),
+        (ids, Some(ranks)) => (
+            format!("{role}s {} (nodes {})", ranks.join(", "), ids.join(", ")),
+            format!("{role}s-{}", ranks.join("-")),
+        ),
+        (ids, None) => (
+            format!("{role}s (nodes {})", ids.join(", ")),
+            format!("{role}s-node-{}", ids.join("-")),
+        ),
+    }
 }
 
 /// The process group of process `pid`, if it exists.
@@ -238,6 +285,70 @@ mod tests {
         assert_eq!(ranks(9004), Some(vec![Some(0)]));
         assert_eq!(ranks(9005), Some(vec![None]));
         assert_eq!(ranks(9006), None);
+    }
+
+    #[test]
+    fn names_go_by_role_and_rank_with_the_node_id() {
+        let spec = |name: &str, role| NodeSpec {
+            name: name.into(),
+            role,
+            program: "true".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            own_port: true,
+            expected_rank: None,
+        };
+        let named = |ids: Vec<NodeId>, ranks: Vec<Option<u32>>| Named {
+            index: 1,
+            pid: 40,
+            ids,
+            ranks,
+        };
+        let worker = spec("worker 1", Role::Worker);
+        let names_of = |spec: &NodeSpec, found: Option<Named>, elastic| {
+            names(spec, 40, found.as_ref(), elastic)
+        };
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            names_of(&spec("scheduler", Role::Scheduler), None, false),
+            pair("scheduler", "scheduler")
+        );
+        assert_eq!(names_of(&worker, None, false), pair("worker 1", "worker-1"));
+        assert_eq!(
+            names_of(&worker, Some(named(vec![11], vec![Some(1)])), false),
+            pair("worker 1 (node 11)", "worker-1")
+        );
+        // Elastic: by process until registered, then by node id.
+        assert_eq!(
+            names_of(&worker, None, true),
+            pair("worker (pid 40)", "worker-pid-40")
+        );
+        assert_eq!(
+            names_of(&worker, Some(named(vec![13], vec![Some(0)])), true),
+            pair("worker (node 13)", "worker-node-13")
+        );
+        assert_eq!(
+            names_of(
+                &spec("server 0", Role::Server),
+                Some(named(vec![10], vec![Some(1)])),
+                true
+            ),
+            pair("server 1 (node 10)", "server-1")
+        );
+        // A process of several workers.
+        let procs = spec("worker process 0", Role::Worker);
+        assert_eq!(
+            names_of(&procs, None, false),
+            pair("worker process 0", "worker-process-0")
+        );
+        assert_eq!(
+            names_of(
+                &procs,
+                Some(named(vec![9, 13], vec![Some(0), Some(2)])),
+                false
+            ),
+            pair("workers 0, 2 (nodes 9, 13)", "workers-0-2")
+        );
     }
 
     #[test]

@@ -29,6 +29,12 @@ pub struct NodeSpec {
     /// the node advertises that port, which is how the launcher finds its
     /// node id in the scheduler's table.
     pub own_port: bool,
+    /// The rank a ps-lite scheduler gives it, as far as the launcher can
+    /// tell before the scheduler says: its launch index among the nodes of
+    /// its role, for a process of one node in a job of fixed size (its
+    /// port increases with that index, and the scheduler assigns ranks in
+    /// port order).
+    pub expected_rank: Option<usize>,
 }
 
 impl NodeSpec {
@@ -162,7 +168,7 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
         _ => (opts.program.clone(), opts.args.clone()),
     };
     let mut nodes = Vec::new();
-    let mut add = |name: String, role: Role, own: &Option<Vec<OsString>>| {
+    let mut add = |name: String, role: Role, own: &Option<Vec<OsString>>, rank: Option<usize>| {
         let (program, args) = command(own);
         if program.is_empty() {
             return Err(LaunchError::Invalid(format!(
@@ -183,19 +189,40 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
             args,
             env: common(role),
             own_port,
+            expected_rank: rank.filter(|_| own_port && opts.elastic.is_none()),
         });
         Ok(())
     };
     if opts.join {
-        add(ADDED_WORKER.into(), Role::Worker, &opts.worker_program)?;
+        add(
+            ADDED_WORKER.into(),
+            Role::Worker,
+            &opts.worker_program,
+            None,
+        )?;
         return Ok(nodes);
     }
-    add("scheduler".into(), Role::Scheduler, &opts.scheduler_program)?;
+    add(
+        "scheduler".into(),
+        Role::Scheduler,
+        &opts.scheduler_program,
+        None,
+    )?;
     for i in 0..opts.servers {
-        add(format!("server {i}"), Role::Server, &opts.server_program)?;
+        add(
+            format!("server {i}"),
+            Role::Server,
+            &opts.server_program,
+            Some(i),
+        )?;
     }
     for i in 0..worker_procs {
-        add(format!("worker {i}"), Role::Worker, &opts.worker_program)?;
+        let name = if opts.workers / worker_procs == 1 {
+            format!("worker {i}")
+        } else {
+            format!("worker process {i}")
+        };
+        add(name, Role::Worker, &opts.worker_program, Some(i))?;
     }
     Ok(nodes)
 }
