@@ -445,12 +445,14 @@ fn to_json(scheduler: &str, rows: &[NodeStatus], stale: Duration) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use pslite::proto::stats::{NodeCounters, PeerCounters};
     use pslite::proto::Node;
 
-    fn row(role: Role, id: i32, port: i32) -> NodeStatus {
+    /// A status row of a live node of `role` with `id` on 127.0.0.1:`port`,
+    /// heard from 250 ms ago.
+    pub(crate) fn row(role: Role, id: i32, port: i32) -> NodeStatus {
         let mut node = Node::new(role, "127.0.0.1", port);
         node.id = id;
         NodeStatus {

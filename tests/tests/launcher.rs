@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use pslite_tests::{
     example, node_prefix, process_gone, pslite_bin, pslite_command, run, spawn, within, workspace,
+    Launch,
 };
 
 /// The launcher running `sh -c script` on every node (with a clean ps-lite
@@ -542,21 +543,19 @@ fn the_schedulers_address_comes_first_with_a_status_command_that_works() {
 fn prefixes_name_nodes_by_rank_with_their_node_id_and_log_dir_keeps_a_file_each() {
     let dir = std::env::temp_dir().join(format!("pslite-log-dir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut cmd = pslite_command("launch");
-    cmd.args([
-        "--servers",
-        "2",
-        "--workers",
-        "2",
-        "--timeout",
-        "120",
-        "--log-dir",
-    ])
-    .arg(&dir)
-    .arg("--")
-    .arg(pslite_bin())
-    .args(["demo", "--node", "--samples", "100000", "--epochs", "3"]);
-    let run = run(cmd, Duration::from_secs(150));
+    let launch = Launch {
+        servers: 2,
+        workers: 2,
+        launcher_args: vec!["--log-dir".into(), dir.display().to_string()],
+        program: [&pslite_bin().display().to_string(), "demo", "--node"]
+            .into_iter()
+            .chain(["--samples", "100000", "--epochs", "3"])
+            .map(String::from)
+            .collect(),
+        env: Default::default(),
+        timeout: Duration::from_secs(120),
+    };
+    let run = launch.run();
     run.assert_ok();
     // Each node's report names its rank (`worker 1: ...`, `server 0: ...`);
     // the prefix says the same rank, and the id that goes with it.

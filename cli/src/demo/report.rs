@@ -1,8 +1,7 @@
-//! What the nodes tell the launching process: one text line per [`Report`]
-//! over a loopback TCP connection (`--report ADDR`), and the same reports as
-//! lines for people.
+//! What the nodes tell the launching process: one line of JSON per
+//! [`Report`] (serde) over a loopback TCP connection (`--report ADDR`), and
+//! the same reports as lines for people.
 
-use std::fmt;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 
@@ -10,8 +9,9 @@ use crossbeam_channel::Sender;
 use log::warn;
 use pslite::Error;
 
-/// What a node reports, one text line each on the wire.
-#[derive(Clone, Debug, PartialEq)]
+/// What a node reports, one line of JSON each on the wire.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "report", rename_all = "snake_case")]
 pub enum Report {
     /// Worker 0 is `done` minibatches into epoch `epoch` of `total`.
     Progress {
@@ -70,91 +70,16 @@ pub enum Report {
     },
 }
 
-impl fmt::Display for Report {
-    /// The wire form: a word and numbers, separated by spaces.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Report::Epoch {
-                epoch,
-                loss,
-                accuracy,
-                secs,
-            } => write!(f, "epoch {epoch} {loss} {accuracy} {secs}"),
-            Report::Progress { epoch, done, total } => {
-                write!(f, "progress {epoch} {done} {total}")
-            }
-            Report::Worker {
-                rank,
-                samples,
-                requests,
-                pushed,
-                pulled,
-            } => write!(f, "worker {rank} {samples} {requests} {pushed} {pulled}"),
-            Report::Server {
-                rank,
-                keys,
-                pushes,
-                pulls,
-            } => write!(f, "server {rank} {keys} {pushes} {pulls}"),
-            Report::Round {
-                round,
-                after_epoch,
-                workers,
-            } => {
-                write!(f, "round {round} {after_epoch}")?;
-                for w in workers {
-                    write!(f, " {w}")?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
 impl Report {
-    /// Reads the wire form; `None` if it is not a report.
-    pub fn parse(line: &str) -> Option<Report> {
-        let mut words = line.split_whitespace();
-        let kind = words.next()?;
-        let nums: Vec<&str> = words.collect();
-        let int = |i: usize| nums.get(i).and_then(|s| s.parse::<u64>().ok());
-        let float = |i: usize| nums.get(i).and_then(|s| s.parse::<f64>().ok());
-        if kind == "round" && nums.len() >= 3 {
-            let workers: Option<Vec<i32>> = nums[2..].iter().map(|w| w.parse().ok()).collect();
-            return Some(Report::Round {
-                round: int(0)?,
-                after_epoch: int(1)? as usize,
-                workers: workers?,
-            });
-        }
-        let report = match (kind, nums.len()) {
-            ("epoch", 4) => Report::Epoch {
-                epoch: int(0)? as usize,
-                loss: float(1)?,
-                accuracy: float(2)?,
-                secs: float(3)?,
-            },
-            ("progress", 3) => Report::Progress {
-                epoch: int(0)? as usize,
-                done: int(1)? as usize,
-                total: int(2)? as usize,
-            },
-            ("worker", 5) => Report::Worker {
-                rank: int(0)? as usize,
-                samples: int(1)? as usize,
-                requests: int(2)?,
-                pushed: int(3)?,
-                pulled: int(4)?,
-            },
-            ("server", 4) => Report::Server {
-                rank: int(0)? as usize,
-                keys: int(1)? as usize,
-                pushes: int(2)?,
-                pulls: int(3)?,
-            },
-            _ => return None,
-        };
-        Some(report)
+    /// The wire form: one line of JSON, `{"report":"epoch","epoch":1,...}`.
+    pub fn to_line(&self) -> String {
+        // A report is numbers and a tag: it serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads the wire form; `None` if the line is not a report.
+    pub fn from_line(line: &str) -> Option<Report> {
+        serde_json::from_str(line).ok()
     }
 
     /// The report as a line for people; `epochs` is the number of epochs.
@@ -266,7 +191,7 @@ pub enum Reporter {
 impl Reporter {
     pub fn send(&mut self, report: Report) -> Result<(), Error> {
         match self {
-            Reporter::Launcher(stream) => writeln!(stream, "{report}")
+            Reporter::Launcher(stream) => writeln!(stream, "{}", report.to_line())
                 .and_then(|()| stream.flush())
                 .map_err(|e| Error::App(format!("cannot report to `pslite demo`: {e}"))),
             Reporter::Print { epochs } => {
@@ -294,7 +219,7 @@ pub fn collect<T: From<Report> + Send + 'static>(listener: TcpListener, tx: Send
         std::thread::spawn(move || {
             for line in BufReader::new(stream).lines() {
                 let Ok(line) = line else { break };
-                match Report::parse(&line) {
+                match Report::from_line(&line) {
                     Some(report) => {
                         if tx.send(T::from(report)).is_err() {
                             break;
@@ -349,17 +274,26 @@ mod tests {
             },
         ];
         for r in reports {
-            assert_eq!(Report::parse(&r.to_string()), Some(r));
+            assert_eq!(Report::from_line(&r.to_line()), Some(r));
         }
+        assert_eq!(
+            Report::Round {
+                round: 2,
+                after_epoch: 3,
+                workers: vec![9, 13]
+            }
+            .to_line(),
+            r#"{"report":"round","round":2,"after_epoch":3,"workers":[9,13]}"#
+        );
         for junk in [
             "",
-            "epoch",
-            "epoch 1 2 3",
-            "epoch x 1 2 3",
-            "server 1 2 3 4 5",
+            "epoch 1 2 3 4",
+            r#"{"report":"epoch","epoch":1}"#,
+            r#"{"report":"epoch","epoch":"x","loss":1,"accuracy":1,"secs":1}"#,
+            r#"{"report":"hello"}"#,
             "hello",
         ] {
-            assert_eq!(Report::parse(junk), None, "{junk:?}");
+            assert_eq!(Report::from_line(junk), None, "{junk:?}");
         }
         let line = Report::Epoch {
             epoch: 2,

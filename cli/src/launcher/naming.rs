@@ -213,21 +213,11 @@ pub fn name_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pslite_proto::Node;
 
     fn row(role: Role, id: NodeId, port: i32, pid: u32) -> NodeStatus {
-        let mut node = Node::new(role, "127.0.0.1", port);
-        node.id = id;
-        node.pid = pid;
-        NodeStatus {
-            node,
-            last_seen: None,
-            dead: false,
-            counters: None,
-            counters_age: None,
-            waiting: false,
-            round_rank: None,
-        }
+        let mut row = crate::status::tests::row(role, id, port);
+        row.node.pid = pid;
+        row
     }
 
     #[test]
