@@ -23,7 +23,7 @@
 //!   at once, in its request handle: asynchronous data-parallel SGD, as in
 //!   ps-lite's linear models. Every request is answered.
 //! - **Progress**: nodes report to the launching process over a loopback
-//!   TCP connection (`--report`, one text line per [`Report`](report::Report)); it prints
+//!   TCP connection (`--report`, one JSON line per [`Report`](report::Report)); it prints
 //!   one line per epoch, then the final accuracy, the wall time and the
 //!   bytes moved, and exits 1 if the accuracy is below `--threshold`.
 //!
