@@ -30,6 +30,7 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
         Failure::RendezvousFailed { .. } => "RendezvousFailed",
         Failure::LeftRound { .. } => "LeftRound",
         Failure::AppDropped => "AppDropped",
+        Failure::RangeLost { .. } => "RangeLost",
     }
 }
 
