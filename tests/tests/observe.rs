@@ -138,9 +138,7 @@ fn status_watch_stops_once_the_scheduler_is_gone_for_stale() {
 #[test]
 fn status_names_a_missing_or_wrong_token() {
     const TOKEN: &str = "status secret";
-    let cluster = LocalCluster::start_with(1, 1, |cfg| {
-        cfg.van.auth_token = pslite::admin::AuthToken::new(TOKEN);
-    });
+    let cluster = LocalCluster::start_with_token(1, 1, TOKEN);
     let port = cluster.scheduler.config().van.scheduler_port as u16;
     for (token, expected) in [
         (None, "requires a PS_AUTH_TOKEN"),

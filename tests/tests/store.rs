@@ -238,9 +238,7 @@ fn pslite_store_without_a_scheduler_fails_at_the_timeout_it_names() {
 #[test]
 fn pslite_store_watch_prints_every_change_in_order_with_a_token() {
     const TOKEN: &str = "store watch secret";
-    let c = LocalCluster::start_with(1, 1, |cfg| {
-        cfg.van.auth_token = pslite::admin::AuthToken::new(TOKEN);
-    });
+    let c = LocalCluster::start_with_token(1, 1, TOKEN);
     let port = c.scheduler.config().van.scheduler_port as u16;
     let w = store(&c.workers[0]);
     w.set("epoch", "0").unwrap();
