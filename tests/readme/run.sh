@@ -97,6 +97,10 @@ why_skip() {
 
 PASSED=0 FAILED=0 SKIPPED=0
 plan=$(commands) || exit 2
+# Stopped (Ctrl-C, SIGTERM): the running command goes too (`timeout` leads
+# a process group of its own).
+CHILD=
+trap '[ -n "$CHILD" ] && kill -TERM -- "-$CHILD" 2> /dev/null; exit 130' INT TERM
 while IFS=$'\t' read -r at limit skip command; do
     [ "$skip" = - ] && skip=$(why_skip "$command")
     if [ -z "$skip" ] && [ -n "$EXCEPT" ] && [[ $command =~ $EXCEPT ]]; then
@@ -114,7 +118,10 @@ while IFS=$'\t' read -r at limit skip command; do
     echo "==== README line $at (up to $limit s): $command"
     started=$(date +%s)
     rc=0
-    timeout -k 10 "$limit" bash -c "$command" < /dev/null || rc=$?
+    timeout -k 10 "$limit" bash -c "$command" < /dev/null &
+    CHILD=$!
+    wait "$CHILD" || rc=$?
+    CHILD=
     took=$(($(date +%s) - started))
     if [ "$rc" -eq 0 ]; then
         echo "PASS README line $at (${took} s): $command"
