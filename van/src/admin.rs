@@ -61,7 +61,8 @@ pub enum AdminError {
         scheduler: String,
         /// Where the answer was expected.
         reply_to: String,
-        /// How long we waited.
+        /// How long we waited (the timeout asked for, and the grace of a
+        /// request waiting on the scheduler if it was given).
         timeout: Duration,
         /// What became of the connection to the scheduler.
         connection: Connection,
@@ -313,7 +314,7 @@ impl AdminClient {
                 return Err(AdminError::NoAnswer {
                     scheduler: self.scheduler.clone(),
                     reply_to: self.reply_address(),
-                    timeout: start.elapsed(),
+                    timeout: deadline - start,
                     connection: self.connection,
                 });
             };
