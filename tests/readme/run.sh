@@ -3,8 +3,9 @@
 # on a fresh clone: every command of its ```sh blocks (lines joined at a
 # trailing backslash; comment lines left out) and every "$ " line of its
 # ```text blocks (transcripts), each in a fresh bash from the repository's
-# root, each bounded in time (600 s, or the block's
-# "<!-- readme-check: timeout SECS -->").
+# root (so a command that only changes its shell, cd or export or activate,
+# fails the check: the next command would not get it), each bounded in time
+# (600 s, or the block's "<!-- readme-check: timeout SECS -->").
 #
 # Skipped, with the reason printed: blocks marked
 # "<!-- readme-check: skip: REASON -->" (a second shell's session, your own
@@ -80,6 +81,16 @@ commands() {
     ' "$README"
 }
 
+# Each command runs in a fresh shell, as it does when pasted into a new
+# terminal: one that only changes its shell's state (cd, export, source,
+# activate) would leave the next command without it. Says why, or "".
+shell_state() {
+    case " $1" in
+        " cd "* | " export "* | " . "* | " source "* | *"&& . "* | *"; . "* | *activate*)
+            echo "changes only its shell's state (cd, export, source, activate), which the next command does not get: give each command what it needs (full paths, VAR=value before it)" ;;
+    esac
+}
+
 # Why a command cannot run here ("" if it can).
 why_skip() {
     local command=$1 words program
@@ -111,6 +122,12 @@ while IFS=$'\t' read -r at limit skip command; do
         SKIPPED=$((SKIPPED + 1))
         continue
     fi
+    state=$(shell_state "$command")
+    if [ -n "$state" ]; then
+        echo "FAIL README line $at: $command: $state"
+        FAILED=$((FAILED + 1))
+        continue
+    fi
     if [ "$LIST" -eq 1 ]; then
         echo "RUN  README line $at (up to $limit s): $command"
         continue
@@ -135,7 +152,7 @@ while IFS=$'\t' read -r at limit skip command; do
     fi
 done <<< "$plan"
 
-[ "$LIST" -eq 1 ] && exit 0
+[ "$LIST" -eq 1 ] && [ "$FAILED" -eq 0 ] && exit 0
 line="$PASSED passed, $FAILED failed"
 [ "$SKIPPED" -gt 0 ] && line+=", $SKIPPED skipped"
 echo "$line"
