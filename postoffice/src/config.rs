@@ -601,8 +601,7 @@ fn replicas(env: &Env, num_servers: i32) -> Result<u32, ConfigError> {
         return Err(ConfigError::Invalid {
             var: "PS_REPLICAS",
             value: k.to_string(),
-            expected: "at most DMLC_NUM_SERVER (each copy of a range lives on another server)"
-                .into(),
+            expected: "at most DMLC_NUM_SERVER (each copy of a range lives on another server)",
         });
     }
     Ok(k as u32)
