@@ -73,10 +73,17 @@ pub struct Config {
     /// HTTP on this port (the next free one if another node of this machine
     /// has it; 0 = any free port); `None` (the default) is off.
     pub metrics_port: Option<u16>,
+    /// `PS_REQUEST_WARN`: a request that has had no answer for this long
+    /// is logged as a warning naming the nodes that owe one, and again each
+    /// time its wait doubles.
+    pub request_warn: Duration,
 }
 
 /// The default `PS_QUEUE_LIMIT`.
 pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
+
+/// The default `PS_REQUEST_WARN`, in seconds.
+pub const DEFAULT_REQUEST_WARN_SECS: u64 = 30;
 
 /// Default `PS_RDZV_LAST_CALL`: how long the first elastic round waits for
 /// more workers once it has MIN, in seconds.
@@ -112,6 +119,7 @@ impl Config {
             verbose: 0,
             queue_limit: DEFAULT_QUEUE_LIMIT,
             metrics_port: None,
+            request_warn: Duration::from_secs(DEFAULT_REQUEST_WARN_SECS),
         }
     }
 
@@ -269,6 +277,12 @@ impl Config {
             1..=u64::from(u32::MAX),
             "a positive number of messages",
         )? as usize;
+        let request_warn = Duration::from_secs(env.number(
+            "PS_REQUEST_WARN",
+            DEFAULT_REQUEST_WARN_SECS,
+            1..=86_400 * 7,
+            "a number of seconds from 1 to 604800",
+        )?);
         Ok(Config {
             van: VanConfig {
                 role,
@@ -335,6 +349,7 @@ impl Config {
                 })
                 .transpose()?
                 .map(|p| p as u16),
+            request_warn,
         })
     }
 }
@@ -573,6 +588,7 @@ mod tests {
         assert_eq!(v.transport, Transport::Tcp);
         assert_eq!(v.port, None);
         assert_eq!(c.queue_limit, DEFAULT_QUEUE_LIMIT);
+        assert_eq!(c.request_warn, Duration::from_secs(30));
         // The defaults are the Van's, written once.
         let d = VanConfig::default();
         assert_eq!(v.recovery_timeout, d.recovery_timeout);
@@ -601,6 +617,7 @@ mod tests {
             ("PS_MAX_MESSAGE_SIZE", "1000000"),
             ("PS_HOLD_LIMIT", "5000"),
             ("PS_QUEUE_LIMIT", "17"),
+            ("PS_REQUEST_WARN", "2"),
             ("PS_AUTH_TOKEN", "s3cret"),
             ("PS_METRICS_PORT", "9900"),
             ("PS_SHM", "0"),
@@ -620,6 +637,7 @@ mod tests {
         assert_eq!(c.role(), Role::Scheduler);
         assert_eq!(c.verbose, 2);
         assert_eq!(c.queue_limit, 17);
+        assert_eq!(c.request_warn, Duration::from_secs(2));
         let c = c.van;
         assert_eq!(c.auth_token, pslite_van::AuthToken::new("s3cret"));
         assert_eq!(c.host, "localhost");
@@ -759,6 +777,14 @@ mod tests {
         assert!(message(&[("PS_METRICS_PORT", "70000")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_METRICS_PORT", "x")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_RESEND", "maybe")]).starts_with("PS_RESEND must be 0 or 1"));
+        for bad in ["0", "-1", "1.5", "soon", "604801"] {
+            assert_eq!(
+                message(&[("PS_REQUEST_WARN", bad)]),
+                format!(
+                    "PS_REQUEST_WARN must be a number of seconds from 1 to 604800, got {bad:?}"
+                )
+            );
+        }
         assert!(message(&[("PS_START_TIMEOUT", "0")])
             .starts_with("PS_START_TIMEOUT must be a positive"));
         assert!(message(&[("PS_HEARTBEAT_INTERVAL", "1.5")])
