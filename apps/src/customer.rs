@@ -388,7 +388,8 @@ impl<H: Handler> Customer<H> {
         match delivery {
             Delivery::Message(msg) if msg.meta.request => self.on_request(msg),
             Delivery::Message(msg) => {
-                let _taken = self.on_response(msg, false);
+                // Off the receive thread, every response is taken.
+                let _ = self.on_response(msg, false);
             }
             Delivery::Undeliverable { msg, failure } => {
                 if msg.meta.request {
