@@ -15,7 +15,7 @@
 //! answer (`PS_REQUEST_WARN`), naming the nodes that owe it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ use pslite_postoffice::{Counters, Delivery, Inline, Postoffice};
 use pslite_proto::{ids, lock, Message, NodeId, K_EMPTY};
 use pslite_van::Failure;
 
-use crate::request::{Answer, Collect, Completion, Overdue, RequestTable};
+use crate::request::{Answer, Completion, Outcome, Overdue, RequestTable};
 use crate::Error;
 
 /// What an app does with the messages its customer receives, and what it
@@ -102,8 +102,13 @@ impl<P> Shared<P> {
     }
 
     /// Waits (at most `timeout`) until request `ts` is over and collects
-    /// it as `how` says.
-    fn wait(&self, ts: i32, timeout: Option<Duration>, how: Collect) -> Result<Option<P>, Error> {
+    /// it (see [`RequestTable::collect`]).
+    fn collect(
+        &self,
+        ts: i32,
+        timeout: Option<Duration>,
+        take: bool,
+    ) -> Result<Option<Outcome<P>>, Error> {
         let table = self.table();
         let pending = |t: &mut RequestTable<P>| !t.is_settled(ts);
         let mut table = match timeout {
@@ -119,7 +124,7 @@ impl<P> Shared<P> {
             }
         };
         table
-            .collect(ts, how, self.holds_result)
+            .collect(ts, take, self.holds_result)
             .unwrap_or_else(|| {
                 Err(Error::Timeout {
                     ts,
@@ -127,20 +132,49 @@ impl<P> Shared<P> {
                 })
             })
     }
+
+    /// Waits for request `ts`: its failure is the error.
+    fn wait(&self, ts: i32, timeout: Option<Duration>) -> Result<(), Error> {
+        let outcome = self.collect(ts, timeout, false)?;
+        match outcome.and_then(|o| o.failure) {
+            Some(cause) => Err(Error::RequestFailed { ts, cause }),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for request `ts` and hands over its payload (`None`:
+    /// collected before); its failure is the error.
+    fn take(&self, ts: i32, timeout: Option<Duration>) -> Result<Option<P>, Error> {
+        match self.collect(ts, timeout, true)? {
+            Some(Outcome {
+                failure: Some(cause),
+                ..
+            }) => Err(Error::RequestFailed { ts, cause }),
+            outcome => Ok(outcome.and_then(|o| o.payload)),
+        }
+    }
+}
+
+/// What a handle keeps of its request once a wait collected the record.
+struct Collected {
+    failure: Option<Failure>,
+    responses: usize,
 }
 
 /// A request a customer sent: its timestamp, and the means to wait for it.
 ///
-/// The handle keeps the request's record: wait on it as often as needed.
-/// Dropping it lets the record go (once the request completes; a failure
-/// nobody waited for is logged), and a later wait by its timestamp
-/// returns at once. To wait by timestamp, as in ps-lite,
-/// turn the handle into it ([`Request::into_ts`], or pass the handle where
-/// a timestamp goes: `app.wait(app.request(..)?)`).
+/// Wait on it as often as needed. Dropping it gives up on the request: its
+/// record goes once the request completes (a failure nobody waited for is
+/// logged), and a later wait by its timestamp returns at once. To wait by
+/// timestamp, as in ps-lite, turn the handle into it
+/// ([`Request::into_ts`], or pass the handle where a timestamp goes:
+/// `app.wait(app.request(..)?)`).
 #[must_use = "a request handle that is dropped gives up on its request: wait() on it, or keep into_ts()"]
 pub struct Request<P = ()> {
     ts: i32,
     shared: Arc<Shared<P>>,
+    /// The outcome, once a wait collected the record (the record is gone).
+    collected: OnceLock<Collected>,
     /// Whether dropping the handle gives up on the request.
     detach: bool,
 }
@@ -150,6 +184,7 @@ impl<P> Request<P> {
         Request {
             ts,
             shared,
+            collected: OnceLock::new(),
             detach: true,
         }
     }
@@ -162,20 +197,46 @@ impl<P> Request<P> {
 
     /// Waits until the request has completed.
     pub fn wait(&self) -> Result<(), Error> {
-        self.shared.wait(self.ts, None, Collect::Look).map(drop)
+        self.wait_until(None)
     }
 
     /// [`Request::wait`] with a deadline: [`Error::Timeout`] when it
     /// passes, and the request goes on (wait again).
     pub fn wait_timeout(&self, timeout: Duration) -> Result<(), Error> {
-        self.shared
-            .wait(self.ts, Some(timeout), Collect::Look)
-            .map(drop)
+        self.wait_until(Some(timeout))
+    }
+
+    fn wait_until(&self, timeout: Option<Duration>) -> Result<(), Error> {
+        if self.collected.get().is_none() {
+            match self.shared.collect(self.ts, timeout, false)? {
+                // The record went: keep what a later wait returns.
+                Some(Outcome {
+                    failure,
+                    responses,
+                    payload: Some(_),
+                }) => {
+                    let _ = self.collected.set(Collected { failure, responses });
+                }
+                Some(Outcome { failure, .. }) => {
+                    return failure.map_or(Ok(()), |cause| {
+                        Err(Error::RequestFailed { ts: self.ts, cause })
+                    })
+                }
+                None => return Ok(()), // collected by timestamp before
+            }
+        }
+        match self.collected.get().and_then(|c| c.failure.clone()) {
+            Some(cause) => Err(Error::RequestFailed { ts: self.ts, cause }),
+            None => Ok(()),
+        }
     }
 
     /// How many responses the request has received.
     pub fn num_responses(&self) -> usize {
-        self.shared.table().num_responses(self.ts)
+        match self.collected.get() {
+            Some(c) => c.responses,
+            None => self.shared.table().num_responses(self.ts),
+        }
     }
 
     /// The request's timestamp, giving up the handle: the request stays
@@ -188,7 +249,16 @@ impl<P> Request<P> {
     /// Waits and hands over the request's payload (`None`: collected
     /// before).
     pub(crate) fn take_payload(&self, timeout: Option<Duration>) -> Result<Option<P>, Error> {
-        self.shared.wait(self.ts, timeout, Collect::Take)
+        if let Some(c) = self.collected.get() {
+            return match &c.failure {
+                Some(cause) => Err(Error::RequestFailed {
+                    ts: self.ts,
+                    cause: cause.clone(),
+                }),
+                None => Ok(None),
+            };
+        }
+        self.shared.take(self.ts, timeout)
     }
 }
 
@@ -200,7 +270,7 @@ impl<P> From<Request<P>> for i32 {
 
 impl<P> Drop for Request<P> {
     fn drop(&mut self) {
-        if self.detach {
+        if self.detach && self.collected.get().is_none() {
             self.shared.table().detach(self.ts);
         }
     }
@@ -346,18 +416,18 @@ impl<H: Handler> Customer<H> {
 
     /// Waits until request `ts` has all its responses.
     pub fn wait(&self, ts: i32) -> Result<(), Error> {
-        self.shared.wait(ts, None, Collect::Wait).map(drop)
+        self.shared.wait(ts, None)
     }
 
     /// Waits until request `ts` has all its responses, at most `timeout`.
     pub fn wait_timeout(&self, ts: i32, timeout: Duration) -> Result<(), Error> {
-        self.shared.wait(ts, Some(timeout), Collect::Wait).map(drop)
+        self.shared.wait(ts, Some(timeout))
     }
 
     /// Waits (at most `timeout`, if given) until request `ts` is over and
     /// hands over its payload; `None` if it was collected before.
     pub fn take(&self, ts: i32, timeout: Option<Duration>) -> Result<Option<H::Payload>, Error> {
-        self.shared.wait(ts, timeout, Collect::Take)
+        self.shared.take(ts, timeout)
     }
 
     /// Fails every open and future wait.
@@ -425,22 +495,25 @@ impl<H: Handler> Customer<H> {
     /// Handles one response: checks that it belongs to its request, lets
     /// the app record it, and completes the request with its last response.
     /// With `inline`, only if the app takes it on the receive thread (else
-    /// it is given back). A panic in the app fails the request.
+    /// it is given back; a stray is dropped there and then). A panic in the
+    /// app fails the request.
     fn on_response(self: &Arc<Self>, msg: Message, inline: bool) -> Option<Message> {
         let ts = msg.meta.timestamp;
         let sender = msg.meta.sender;
         let answer = {
             let mut table = self.shared.table();
-            if inline && !self.handler.handles_inline(&msg, table.payload(ts)) {
-                return Some(msg);
-            }
             let recorded = catch_unwind(AssertUnwindSafe(|| {
-                table.respond(ts, sender, |payload| match &msg.meta.handler_panic {
-                    Some(message) => Err(Failure::HandlerPanicked {
-                        node: sender,
-                        message: message.to_string(),
-                    }),
-                    None => Ok(self.handler.on_response(&msg, payload)),
+                table.respond(ts, sender, |payload| {
+                    if inline && !self.handler.handles_inline(&msg, Some(payload)) {
+                        return None;
+                    }
+                    Some(match &msg.meta.handler_panic {
+                        Some(message) => Err(Failure::HandlerPanicked {
+                            node: sender,
+                            message: message.to_string(),
+                        }),
+                        None => Ok(self.handler.on_response(&msg, payload)),
+                    })
                 })
             }));
             match recorded {
@@ -462,6 +535,7 @@ impl<H: Handler> Customer<H> {
                 );
                 return None;
             }
+            Answer::Deferred => return Some(msg),
             Answer::Declined => return None,
             Answer::Counted => None,
             Answer::Completed(completion) if completion.failure.is_some() => {

@@ -37,6 +37,7 @@
 //! under virtual time.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use pslite_proto::NodeId;
@@ -95,6 +96,8 @@ pub struct Completion<P> {
 pub enum Answer<P> {
     /// Not owed: dropped.
     Stray,
+    /// Left alone (the caller will offer it again elsewhere).
+    Deferred,
     /// The app declined it: not counted.
     Declined,
     /// Counted; more are due.
@@ -117,16 +120,16 @@ pub struct Overdue {
     pub waited: Duration,
 }
 
-/// What collecting a done request does with its record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Collect {
-    /// A wait by timestamp: the record goes, unless its payload holds a
-    /// result still to be taken.
-    Wait,
-    /// A wait on a handle: the record stays until the handle goes.
-    Look,
-    /// Take the payload: the record goes.
-    Take,
+/// A done request's outcome, collected.
+#[derive(Debug)]
+pub struct Outcome<P> {
+    /// Why it failed, if it did.
+    pub failure: Option<Failure>,
+    /// The responses it counted.
+    pub responses: usize,
+    /// Its payload if the record went (`None`: kept, holding a result still
+    /// to be taken).
+    pub payload: Option<P>,
 }
 
 /// What [`RequestTable::finish`] found worth telling.
@@ -145,10 +148,39 @@ pub struct Finished {
 /// Done requests nobody collected, between two warnings about them.
 pub const UNCLAIMED_WARN_EVERY: usize = 10_000;
 
+/// Hashes a timestamp with one multiplication. Timestamps are chosen by
+/// this customer (consecutive integers), never by a peer (a response only
+/// looks one up), so SipHash's defence against chosen keys buys nothing
+/// here and would cost on every response.
+#[derive(Default)]
+struct TsHasher(u64);
+
+impl Hasher for TsHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0.rotate_left(8) ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: spreads consecutive numbers over the high bits
+        // the table probes with.
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_i32(&mut self, ts: i32) {
+        self.write_u64(u64::from(ts as u32));
+    }
+}
+
 /// The requests of one customer.
 pub struct RequestTable<P> {
     next_ts: i32,
-    records: HashMap<i32, Record<P>>,
+    records: HashMap<i32, Record<P>, BuildHasherDefault<TsHasher>>,
     /// Done records (waiting to be collected).
     unclaimed: usize,
     /// The node failed: every wait fails with this.
@@ -164,7 +196,7 @@ impl<P> RequestTable<P> {
     pub fn new(warn_after: Duration) -> Self {
         RequestTable {
             next_ts: 0,
-            records: HashMap::new(),
+            records: HashMap::default(),
             unclaimed: 0,
             node_failure: None,
             warn_after,
@@ -213,23 +245,15 @@ impl<P> RequestTable<P> {
         (ts, completion)
     }
 
-    /// The app's part of open request `ts`.
-    pub fn payload(&self, ts: i32) -> Option<&P> {
-        self.records
-            .get(&ts)
-            .filter(|r| r.stage == Stage::Open)
-            .and_then(|r| r.payload.as_ref())
-    }
-
     /// A response from `sender` to request `ts`. If `sender` owes one,
     /// `record` sees the payload first and says whether the response counts
-    /// (`Ok(false)`: declined, the node still owes one) or fails the
-    /// request (`Err`).
+    /// (`Ok(false)`: declined, the node still owes one), fails the request
+    /// (`Err`), or is left alone (`None`: deferred).
     pub fn respond(
         &mut self,
         ts: i32,
         sender: NodeId,
-        record: impl FnOnce(&mut P) -> Result<bool, Failure>,
+        record: impl FnOnce(&mut P) -> Option<Result<bool, Failure>>,
     ) -> Answer<P> {
         let Some(r) = self.records.get_mut(&ts) else {
             return Answer::Stray;
@@ -247,7 +271,10 @@ impl<P> RequestTable<P> {
         let Some(payload) = r.payload.as_mut() else {
             return Answer::Stray;
         };
-        match record(payload) {
+        let Some(recorded) = record(payload) else {
+            return Answer::Deferred;
+        };
+        match recorded {
             Ok(false) => Answer::Declined,
             Ok(true) => {
                 if let (Some(owing), Some(i)) = (r.owing.as_mut(), owed_at) {
@@ -352,17 +379,17 @@ impl<P> RequestTable<P> {
         self.node_failure.is_some() || self.records.get(&ts).is_none_or(|r| r.stage == Stage::Done)
     }
 
-    /// The outcome of request `ts` once it is done (`None`: not yet), and
-    /// what becomes of its record (see [`Collect`]). `holds_result` says
-    /// whether a payload holds a result still to be taken. With
-    /// [`Collect::Take`], hands over the payload (`Ok(None)`: collected
-    /// before).
+    /// The outcome of request `ts` once it is done (`None`: not yet). The
+    /// record goes with it, unless `take` is false and `holds_result` says
+    /// its payload holds a result still to be taken. `Ok(None)`: collected
+    /// before; an error if the timestamp was never handed out or the node
+    /// failed first.
     pub fn collect(
         &mut self,
         ts: i32,
-        how: Collect,
+        take: bool,
         holds_result: impl FnOnce(&P) -> bool,
-    ) -> Option<Result<Option<P>, Error>> {
+    ) -> Option<Result<Option<Outcome<P>>, Error>> {
         let Some(r) = self.records.get(&ts) else {
             return Some(if self.issued(ts) {
                 Ok(None)
@@ -376,22 +403,16 @@ impl<P> RequestTable<P> {
                 .clone()
                 .map(|cause| Err(Error::RequestFailed { ts, cause }));
         }
-        let failure = r.failure.clone();
-        let remove = match how {
-            Collect::Look => false,
-            Collect::Wait => !r.payload.as_ref().is_some_and(holds_result),
-            Collect::Take => true,
+        let mut outcome = Outcome {
+            failure: r.failure.clone(),
+            responses: r.received,
+            payload: None,
         };
-        let payload = if remove {
+        if take || !r.payload.as_ref().is_some_and(holds_result) {
             self.unclaimed -= 1;
-            self.records.remove(&ts).and_then(|r| r.payload)
-        } else {
-            None
-        };
-        Some(match failure {
-            Some(cause) => Err(Error::RequestFailed { ts, cause }),
-            None => Ok(payload),
-        })
+            outcome.payload = self.records.remove(&ts).and_then(|r| r.payload);
+        }
+        Some(Ok(Some(outcome)))
     }
 
     /// Nothing will collect request `ts` (its handle was dropped): it goes
@@ -459,7 +480,7 @@ mod tests {
     fn answer(t: &mut RequestTable<u32>, ts: i32, sender: NodeId) -> Answer<u32> {
         t.respond(ts, sender, |hits| {
             *hits += 1;
-            Ok(true)
+            Some(Ok(true))
         })
     }
 
@@ -467,6 +488,15 @@ mod tests {
     fn finish_with(t: &mut RequestTable<u32>, ts: i32, sender: NodeId) -> Finished {
         let c = completed(answer(t, ts, sender));
         t.finish(c)
+    }
+
+    /// A wait by timestamp: `None` while it would block.
+    fn wait(t: &mut RequestTable<u32>, ts: i32) -> Option<Result<(), Error>> {
+        t.collect(ts, false, |_| false)
+            .map(|r| match r?.and_then(|o| o.failure) {
+                Some(cause) => Err(Error::RequestFailed { ts, cause }),
+                None => Ok(()),
+            })
     }
 
     fn completed(a: Answer<u32>) -> Completion<u32> {
@@ -492,29 +522,24 @@ mod tests {
             "12 was never asked"
         );
         assert_eq!(t.num_responses(ts), 1);
-        assert!(
-            t.collect(ts, Collect::Wait, |_| false).is_none(),
-            "still open"
-        );
+        assert!(wait(&mut t, ts).is_none(), "still open");
         let c = completed(answer(&mut t, ts, 10));
         assert_eq!((c.ts, c.payload, c.failure.clone()), (ts, 2, None));
         assert!(
-            t.collect(ts, Collect::Wait, |_| false).is_none(),
+            wait(&mut t, ts).is_none(),
             "not done before its completion ran"
         );
         assert!(matches!(answer(&mut t, ts, 10), Answer::Stray));
         assert!(t.finish(c).was_in_flight);
-        assert!(matches!(
-            t.collect(ts, Collect::Wait, |_| false),
-            Some(Ok(_))
-        ));
+        let outcome = t.collect(ts, false, |_| false);
+        let Some(Ok(Some(o))) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert_eq!((o.failure, o.responses, o.payload), (None, 2, Some(2)));
         // Collected: a second wait returns at once; a stranger's is unknown.
+        assert!(matches!(t.collect(ts, false, |_| false), Some(Ok(None))));
         assert!(matches!(
-            t.collect(ts, Collect::Wait, |_| false),
-            Some(Ok(None))
-        ));
-        assert!(matches!(
-            t.collect(99, Collect::Wait, |_| false),
+            wait(&mut t, 99),
             Some(Err(Error::UnknownTimestamp(99)))
         ));
     }
@@ -526,17 +551,25 @@ mod tests {
         let f = t.finish(c.expect("nothing to wait for"));
         assert!(!f.was_in_flight);
         assert!(t.poll_timeout().is_none(), "nothing can be overdue");
+        let taken = t.collect(ts, true, |_| false);
         assert!(matches!(
-            t.collect(ts, Collect::Take, |_| false),
-            Some(Ok(Some(7)))
+            taken,
+            Some(Ok(Some(Outcome {
+                payload: Some(7),
+                ..
+            })))
         ));
     }
 
     #[test]
-    fn a_declined_response_leaves_its_sender_owing() {
+    fn a_declined_or_deferred_response_leaves_its_sender_owing() {
         let mut t = RequestTable::new(W);
         let (ts, _) = t.open(Some(&[8]), 0, 0u32, Instant::now());
-        assert!(matches!(t.respond(ts, 8, |_| Ok(false)), Answer::Declined));
+        assert!(matches!(
+            t.respond(ts, 8, |_| Some(Ok(false))),
+            Answer::Declined
+        ));
+        assert!(matches!(t.respond(ts, 8, |_| None), Answer::Deferred));
         assert_eq!(t.waiting_on(8), vec![ts]);
         let _ = completed(answer(&mut t, ts, 8));
     }
@@ -557,7 +590,7 @@ mod tests {
         assert!(t.fail(b, dead.clone()).is_none(), "completing already");
         t.finish(done);
         assert!(matches!(
-            t.collect(b, Collect::Wait, |_| false),
+            wait(&mut t, b),
             Some(Err(Error::RequestFailed {
                 cause: Failure::PeerDead { id: 10, .. },
                 ..
@@ -568,7 +601,7 @@ mod tests {
             node: 8,
             message: "boom".into(),
         };
-        let done = completed(t.respond(a, 8, |_| Err(panicked.clone())));
+        let done = completed(t.respond(a, 8, |_| Some(Err(panicked.clone()))));
         assert_eq!(done.failure, Some(panicked));
         t.finish(done);
         // Responses from any node count for a request to no named node.
@@ -582,20 +615,17 @@ mod tests {
         let mut t = RequestTable::new(W);
         let (open, _) = t.open(Some(&[8]), 0, 0u32, t0);
         let (done, _) = t.open(Some(&[8]), 0, 0u32, t0);
-        let c = completed(answer(&mut t, done, 8));
-        t.finish(c);
+        finish_with(&mut t, done, 8);
         t.fail_node(Failure::Stopped);
+        assert!(t.is_settled(open));
         assert!(matches!(
-            t.collect(open, Collect::Wait, |_| false),
+            wait(&mut t, open),
             Some(Err(Error::RequestFailed {
                 cause: Failure::Stopped,
                 ..
             }))
         ));
-        assert!(matches!(
-            t.collect(done, Collect::Wait, |_| false),
-            Some(Ok(_))
-        ));
+        assert!(matches!(wait(&mut t, done), Some(Ok(()))));
         assert!(t.tick(t0 + W * 10).is_empty(), "nothing overdue after it");
         assert!(t.poll_timeout().is_none());
     }
@@ -607,34 +637,23 @@ mod tests {
         let (kept, _) = t.open(Some(&[8]), 0, 0u32, t0);
         finish_with(&mut t, kept, 8);
         // Waiting keeps a payload that holds a result...
-        assert!(matches!(
-            t.collect(kept, Collect::Wait, |_| true),
-            Some(Ok(None))
-        ));
-        assert!(matches!(
-            t.collect(kept, Collect::Wait, |_| true),
-            Some(Ok(None))
-        ));
+        for _ in 0..2 {
+            let waited = t.collect(kept, false, |_| true);
+            assert!(matches!(
+                waited,
+                Some(Ok(Some(Outcome { payload: None, .. })))
+            ));
+        }
         // ... until it is taken.
+        let taken = t.collect(kept, true, |_| true);
         assert!(matches!(
-            t.collect(kept, Collect::Take, |_| true),
-            Some(Ok(Some(1)))
+            taken,
+            Some(Ok(Some(Outcome {
+                payload: Some(1),
+                ..
+            })))
         ));
-        assert!(matches!(
-            t.collect(kept, Collect::Take, |_| true),
-            Some(Ok(None))
-        ));
-
-        // A handle's wait leaves the record to the handle.
-        let (looked, _) = t.open(Some(&[8]), 0, 0u32, t0);
-        finish_with(&mut t, looked, 8);
-        assert!(matches!(
-            t.collect(looked, Collect::Look, |_| false),
-            Some(Ok(None))
-        ));
-        assert_eq!(t.num_responses(looked), 1, "still there");
-        t.detach(looked);
-        assert_eq!(t.num_responses(looked), 0, "gone with its handle");
+        assert!(matches!(t.collect(kept, true, |_| true), Some(Ok(None))));
 
         // Detached while open: gone when done, its failure handed back
         // for the log.
