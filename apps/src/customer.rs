@@ -62,7 +62,9 @@ pub trait Handler: Send + Sync + Sized + 'static {
     /// Whether `msg` may be handled on the receive thread, skipping the
     /// customer's thread: for cheap work that never blocks (responses a
     /// worker only counts, or requests whose app asked for it). `payload`
-    /// is the open request a response belongs to. Default: no.
+    /// is the open request a response belongs to (`None` for a request);
+    /// for a response it runs under the request table's lock, as
+    /// [`Handler::on_response`] does. Default: no.
     fn handles_inline(&self, msg: &Message, payload: Option<&Self::Payload>) -> bool {
         let _ = (msg, payload);
         false

@@ -689,6 +689,14 @@ mod tests {
     }
 
     #[test]
+    fn handles_can_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<KVRequest<f32>>();
+        send_sync::<KVWorker<f32>>();
+        send_sync::<crate::Request>();
+    }
+
+    #[test]
     fn assemble_orders_by_key() {
         let a = KVPairs::new(vec![10u64, 11], vec![1.0f32, 2.0]);
         let b = KVPairs::new(vec![1u64], vec![0.5f32]);
