@@ -87,7 +87,7 @@ pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
 /// Talking to a running cluster's scheduler from outside it (`pslite status`).
 pub use pslite_van::admin;
-pub use sarray::{misaligned_copies, SArray};
+pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 
 /// Reads environment variable `var` as a `T`, or `default` when it is unset
