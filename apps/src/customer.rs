@@ -589,11 +589,16 @@ impl<H: Handler> Customer<H> {
             let panicked = self.handler_panicked(ts, &*payload);
             completion.failure.get_or_insert(panicked);
         }
-        let finished = self.shared.table().finish(completion);
+        let finished = {
+            let mut table = self.shared.table();
+            let finished = table.finish(completion);
+            // Counted before any waiter can see the request done.
+            if finished.was_in_flight {
+                self.counters.request_done();
+            }
+            finished
+        };
         self.shared.changed.notify_all();
-        if finished.was_in_flight {
-            self.counters.request_done();
-        }
         if let Some(failure) = finished.unwatched_failure {
             warn!(
                 "app {} customer {}: request {ts} failed, and nothing waits for it (its handle \
