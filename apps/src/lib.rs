@@ -78,6 +78,9 @@ pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer};
 pub use logging::init_logging;
+/// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric
+/// variable follows: `config::parse_numeric`).
+pub use pslite_postoffice::config;
 pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membership, Postoffice};
 /// The wire format crate: protobuf structs, codec, golden frames.

@@ -4,14 +4,17 @@
 //! Nodes send their counters with their heartbeats, so the counters are as
 //! fresh as `PS_HEARTBEAT_INTERVAL`; a node whose last report is older than
 //! `--stale` seconds is shown as not answering. The request itself has a
-//! deadline (`--timeout`): a scheduler that is gone never blocks the command.
+//! deadline (`--timeout`): a scheduler that is gone never blocks the command,
+//! and `--watch` stops (exit 1) once the scheduler has not answered for
+//! `--stale` seconds (the job ended). A scheduler that refuses the client's
+//! `PS_AUTH_TOKEN` (or its lack of one) is named at once.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use pslite::admin::AdminClient;
+use pslite::admin::{AdminClient, AdminError};
 use pslite::proto::K_EMPTY;
 use pslite::{ids, NodeStatus, Role};
 
@@ -32,13 +35,15 @@ pub struct StatusArgs {
     /// scheduler is reached over ipc:///tmp/PORT.)
     #[arg(long, default_value_t = 2.0, value_parser = seconds)]
     pub timeout: f64,
-    /// Counters older than this many seconds mark a node as not answering.
+    /// Counters older than this many seconds mark a node as not answering;
+    /// with --watch, a scheduler silent this long ends the command (exit 1).
     #[arg(long, default_value_t = 10.0, value_parser = seconds)]
     pub stale: f64,
     /// Print JSON (one object) instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Refresh every SECS seconds until interrupted.
+    /// Refresh every SECS seconds until interrupted, or until the scheduler
+    /// has not answered for --stale seconds (exit 1).
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = seconds)]
     pub watch: Option<f64>,
 }
@@ -66,12 +71,12 @@ pub fn connect(
         .unwrap_or_else(|| "127.0.0.1".into());
     let port = match port {
         Some(p) => p,
-        None => match std::env::var("DMLC_PS_ROOT_PORT").map(|v| v.trim().parse::<u16>()) {
-            Ok(Ok(p)) if p > 0 => p,
-            Ok(_) => {
-                eprintln!(
-                    "pslite {command}: DMLC_PS_ROOT_PORT must be a port number; or pass --port"
-                );
+        None => match std::env::var("DMLC_PS_ROOT_PORT")
+            .map(|v| pslite::config::parse_numeric("DMLC_PS_ROOT_PORT", &v))
+        {
+            Ok(Ok(p)) => p as u16,
+            Ok(Err(e)) => {
+                eprintln!("pslite {command}: {e}; or pass --port");
                 return Err(ExitCode::from(2));
             }
             Err(_) => {
@@ -125,9 +130,30 @@ pub fn main(args: &StatusArgs) -> ExitCode {
         };
     };
     let clear = std::io::stdout().is_terminal() && !args.json;
+    // When the scheduler last answered (or the watch began).
+    let mut last_answer = Instant::now();
     loop {
-        let text = match client.status(timeout) {
-            Ok(rows) => render(&scheduler, &rows, stale, args.json),
+        // Never wait past the moment the scheduler counts as gone.
+        let left = stale.saturating_sub(last_answer.elapsed());
+        let text = match client.status(timeout.min(left).max(MIN_ASK)) {
+            Ok(rows) => {
+                last_answer = Instant::now();
+                render(&scheduler, &rows, stale, args.json)
+            }
+            Err(e @ AdminError::Refused { .. }) => {
+                eprintln!("pslite status: {e}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) if last_answer.elapsed() >= stale => {
+                eprintln!(
+                    "pslite status: {e}\npslite status: the scheduler at {scheduler} has not \
+                     answered for {:.1} s (--stale {}): the job has ended or the scheduler is \
+                     gone; stopping",
+                    last_answer.elapsed().as_secs_f64(),
+                    args.stale
+                );
+                return ExitCode::FAILURE;
+            }
             Err(e) => format!("pslite status: {e}\n"),
         };
         let mut out = std::io::stdout().lock();
@@ -138,9 +164,14 @@ pub fn main(args: &StatusArgs) -> ExitCode {
         let _ = out.flush();
         drop(out);
         // A refresh period, not synchronisation.
-        std::thread::sleep(Duration::from_secs_f64(interval));
+        let left = stale.saturating_sub(last_answer.elapsed());
+        std::thread::sleep(Duration::from_secs_f64(interval).min(left));
     }
 }
+
+/// The shortest wait for an answer in `--watch` (the last one before
+/// `--stale` runs out still asks).
+const MIN_ASK: Duration = Duration::from_millis(100);
 
 /// The status as tables for people, or as JSON.
 pub fn render(scheduler: &str, rows: &[NodeStatus], stale: Duration, json: bool) -> String {

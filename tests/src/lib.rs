@@ -544,6 +544,14 @@ impl LocalCluster {
         }
     }
 
+    /// Like [`LocalCluster::start`], every node with `PS_AUTH_TOKEN` set
+    /// to `token`.
+    pub fn start_with_token(servers: usize, workers: usize, token: &str) -> LocalCluster {
+        LocalCluster::start_with(servers, workers, |cfg| {
+            cfg.van.auth_token = pslite::admin::AuthToken::new(token);
+        })
+    }
+
     /// Every node finalizes with a barrier (in parallel).
     pub fn finalize(self) {
         let all: Vec<_> = std::iter::once(self.scheduler)

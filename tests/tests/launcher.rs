@@ -301,7 +301,8 @@ fn a_bad_setting_is_reported_once_before_any_node_starts() {
     assert_eq!(run.code(), Some(2), "{}", run.output());
     assert_eq!(
         run.stderr.trim_end(),
-        "pslite launch: PS_VERBOSE must be a level from 0 (quiet) to 2 (everything), got \"loud\"",
+        "pslite launch: PS_VERBOSE must be a whole number from 0 to 3 (0 warnings, 1 \
+         connections, 2 every message; 3, which ps-lite scripts set, is 2), got \"loud\"",
         "{}",
         run.output()
     );

@@ -62,7 +62,7 @@ pub mod store;
 pub mod transport;
 mod van;
 
-pub use crate::core::{Core, Output};
+pub use crate::core::{Core, Output, WaitingFor};
 pub use auth::AuthToken;
 pub use config::VanConfig;
 pub use counters::Counters;

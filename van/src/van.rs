@@ -719,16 +719,11 @@ impl Shared {
                     }
                     self.dispatch.failed(&failure);
                 }
-                Output::Waiting { waited, limit } => {
-                    let scheduler = format!(
-                        "{}:{}",
-                        self.config.scheduler_host, self.config.scheduler_port
-                    );
-                    let what = if self.config.role == pslite_proto::Role::Scheduler {
-                        "waiting for the servers and workers to register".to_string()
-                    } else {
-                        format!("waiting for the scheduler at {scheduler}")
-                    };
+                Output::Waiting {
+                    waited,
+                    limit,
+                    what,
+                } => {
                     if waited.is_zero() {
                         info!("{what} (up to {} s, PS_START_TIMEOUT)", limit.as_secs());
                     } else {
