@@ -89,7 +89,14 @@ struct Routes {
     held_count: usize,
     held_bytes: usize,
     held_by: HashMap<NodeId, usize>,
+    /// Replicated key ranges: copy and restore requests for server apps
+    /// that have not registered yet (a server that replaces a dead one gets
+    /// its copies as soon as it joins, before its `KVServer` exists).
+    held_copies: HashMap<CustomerKey, Vec<Delivery>>,
 }
+
+/// Copy and restore requests held per app at most (a copy is one per range).
+const MAX_HELD_COPIES: usize = 1024;
 
 /// The [`Dispatch`] of a Postoffice: delivers each data message to its
 /// customer's queue.
@@ -182,6 +189,9 @@ impl CustomerRouter {
             let _ = tx.send(Delivery::Message(msg));
         }
         routes.held_by.retain(|_, bytes| *bytes > 0);
+        for copy in routes.held_copies.remove(&key).unwrap_or_default() {
+            let _ = tx.send(copy);
+        }
         routes.customers.insert(key, Route { queue: tx, inline });
         Some(rx)
     }
@@ -206,20 +216,20 @@ impl CustomerRouter {
     /// Queues `what` for server app `app` (customer `app`, as ps-lite keys
     /// server apps), in order with its requests.
     fn to_app(&self, app: i32, what: Delivery) {
-        let queue = self
-            .routes()
-            .customers
-            .get(&(app, app))
-            .map(|r| r.queue.clone());
-        match queue {
-            Some(queue) => {
-                let _ = queue.send(what);
+        let mut routes = self.routes();
+        let Some(queue) = routes.customers.get(&(app, app)).map(|r| r.queue.clone()) else {
+            let held = routes.held_copies.entry((app, app)).or_default();
+            if held.len() < MAX_HELD_COPIES {
+                debug!("holding a key-range copy request until app {app} registers");
+                held.push(what);
+            } else {
+                warn!("dropping a key-range copy request: app {app} never registered");
             }
-            None => warn!(
-                "app {app} has no server here to copy or restore a key range: the range stays \
-                 with fewer replicas until it registers"
-            ),
-        }
+            return;
+        };
+        // Not under the lock: a full queue makes the receive thread wait.
+        drop(routes);
+        let _ = queue.send(what);
     }
 }
 
