@@ -11,6 +11,7 @@
 
 use prost::Message as _;
 
+use crate::checkpoint::CheckpointMsg;
 use crate::ids::K_EMPTY;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
 use crate::replica::ReplicaMsg;
@@ -28,8 +29,11 @@ pub enum DecodeError {
     /// `PBNode.role` is not 0, 1 or 2.
     #[error("meta frame names unknown role {0} (expected 0 server, 1 worker, 2 scheduler)")]
     UnknownRole(i32),
-    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100..=102, 110).
-    #[error("meta frame names unknown control command {0} (expected 0..=5, 100..=102 or 110)")]
+    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100..=102,
+    /// 110, 111).
+    #[error(
+        "meta frame names unknown control command {0} (expected 0..=5, 100..=102, 110 or 111)"
+    )]
     UnknownCommand(i32),
     /// A `data_type` entry is not 0..=11.
     #[error("meta frame names unknown data type {0} (expected 0..=11)")]
@@ -40,6 +44,9 @@ pub enum DecodeError {
     /// A pslite-only replication message names an unknown op.
     #[error("meta frame carries a replication message with an unknown op")]
     UnknownReplicaOp,
+    /// A pslite-only checkpoint message names an unknown op.
+    #[error("meta frame carries a checkpoint message with an unknown op")]
+    UnknownCheckpointOp,
 }
 
 impl Meta {
@@ -109,6 +116,7 @@ impl Meta {
             store: self.store.as_deref().map(StoreMsg::to_pb),
             shm: None,
             replica: self.replica.as_deref().map(ReplicaMsg::to_pb),
+            checkpoint: self.checkpoint.as_deref().map(CheckpointMsg::to_pb),
         }
     }
 
@@ -152,6 +160,12 @@ impl Meta {
             replica: match pb.replica {
                 Some(r) => Some(Box::new(
                     ReplicaMsg::from_pb(r).ok_or(DecodeError::UnknownReplicaOp)?,
+                )),
+                None => None,
+            },
+            checkpoint: match pb.checkpoint {
+                Some(c) => Some(Box::new(
+                    CheckpointMsg::from_pb(c).ok_or(DecodeError::UnknownCheckpointOp)?,
                 )),
                 None => None,
             },

@@ -23,6 +23,7 @@
 //! assert_eq!(Meta::decode(&bytes).unwrap().control.cmd, Command::Terminate);
 //! ```
 
+pub mod checkpoint;
 mod codec;
 pub mod golden;
 pub mod ids;

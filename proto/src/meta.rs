@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 
+use crate::checkpoint::CheckpointMsg;
 use crate::ids::{NodeId, K_EMPTY};
 use crate::replica::ReplicaMsg;
 use crate::stats::{NodeCounters, NodeStatus};
@@ -38,6 +39,9 @@ pub enum Command {
     /// pslite-only, replicated key ranges only: the control messages of
     /// replication (the range map, sync, state copies; [`Meta::replica`]).
     Replica = 110,
+    /// pslite-only, checkpointing clusters only: checkpoint requests,
+    /// orders, reports and answers ([`Meta::checkpoint`]).
+    Checkpoint = 111,
 }
 
 impl Command {
@@ -54,6 +58,7 @@ impl Command {
             101 => Command::Store,
             102 => Command::Leave,
             110 => Command::Replica,
+            111 => Command::Checkpoint,
             _ => return None,
         })
     }
@@ -204,6 +209,10 @@ pub struct Meta {
     /// pslite-only (field 110): replicated key ranges (the map, a request's
     /// range and id, messages between replicas).
     pub replica: Option<Box<ReplicaMsg>>,
+    /// pslite-only (field 111): checkpoints (a request and its answers, an
+    /// order to write one, a report, the restore plan, a worker's requests
+    /// in flight on its BARRIER).
+    pub checkpoint: Option<Box<CheckpointMsg>>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -230,6 +239,7 @@ impl Default for Meta {
             handler_panic: None,
             store: None,
             replica: None,
+            checkpoint: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
         }

@@ -101,6 +101,11 @@ class RangeLost(Failure):
     key range died."""
 
 
+class CheckpointFailed(Failure):
+    """Checkpoints (PS_CHECKPOINT_DIR): a checkpoint was refused or failed,
+    or a server could not restore one (the message names the file)."""
+
+
 class StoreError(Error):
     """A store call failed."""
 

@@ -31,6 +31,7 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
         Failure::LeftRound { .. } => "LeftRound",
         Failure::AppDropped => "AppDropped",
         Failure::RangeLost { .. } => "RangeLost",
+        Failure::Checkpoint { .. } => "CheckpointFailed",
     }
 }
 

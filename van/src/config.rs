@@ -93,6 +93,11 @@ pub struct VanConfig {
     /// ps-lite's one copy, nothing replicated and the wire unchanged). Read
     /// by the scheduler, which hands the range map to the others.
     pub replicas: u32,
+    /// Checkpoints (`PS_CHECKPOINT_DIR` and its companions; `None`: this
+    /// node has no directory). On the scheduler it turns checkpoints on for
+    /// the cluster; a server writes to its own directory if it has one,
+    /// else to the scheduler's.
+    pub checkpoint: Option<crate::checkpoint::CheckpointConfig>,
 }
 
 impl Default for VanConfig {
@@ -127,6 +132,7 @@ impl Default for VanConfig {
             shm_identity: None,
             ipc: true,
             replicas: 1,
+            checkpoint: None,
         }
     }
 }

@@ -103,6 +103,15 @@ pub enum Output {
     },
     /// Replicated key ranges: a new range map (for observers).
     RangeMap(pslite_proto::replica::RangeMap),
+    /// Checkpoints: carry out this file operation
+    /// ([`crate::checkpoint::disk::perform`]) and answer with
+    /// [`Core::checkpoint_io_done`] and `token`.
+    Checkpoint {
+        /// Pairs the result with the request.
+        token: u64,
+        /// What to do.
+        io: crate::checkpoint::disk::Io,
+    },
     /// This node is still waiting to join (a log line for the operator).
     Waiting {
         /// How long it has waited.
@@ -237,8 +246,11 @@ pub struct Core {
     replicated_apps: BTreeSet<i32>,
     /// The timestamp of this node's next replication message.
     replica_ts: i32,
+    /// Checkpoints (`crate::checkpoint`).
+    checkpoints: checkpoint::Checkpoints,
 }
 
+mod checkpoint;
 mod replication;
 
 /// Why a data message with inconsistent frames is dropped.
@@ -348,6 +360,7 @@ impl Core {
             replica_dead: BTreeSet::new(),
             replicated_apps: BTreeSet::from([0]),
             replica_ts: 0,
+            checkpoints: checkpoint::Checkpoints::for_config(cfg),
         };
         core.replica_ts = core.rng.random::<i32>() & i32::MAX;
         // The scheduler talks to itself through its own ROUTER; a node makes
@@ -428,7 +441,8 @@ impl Core {
 
     /// What the driver must do now, in order.
     pub fn take_output(&mut self) -> Vec<Output> {
-        std::mem::take(&mut self.out)
+        let out = std::mem::take(&mut self.out);
+        self.checkpoint_filter(out)
     }
 
     /// Whether something a waiter looks at changed since the last call
@@ -569,7 +583,10 @@ impl Core {
         if !self.member.is_joined() {
             return Err(VanError::NotReady);
         }
-        let (token, request) = self.member.barrier(customer_id, group);
+        let (token, mut request) = self.member.barrier(customer_id, group);
+        if let MemberAction::Send(msg) = &mut request {
+            self.checkpoint_barrier(msg);
+        }
         self.apply_member(vec![request], now);
         Ok(token)
     }
@@ -647,6 +664,7 @@ impl Core {
             self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
             self.resender.as_ref().and_then(Resender::poll_timeout),
             self.store_host.as_ref().and_then(StoreHost::poll_timeout),
+            self.checkpoint_poll(),
         ]
         .into_iter()
         .flatten()
@@ -666,6 +684,7 @@ impl Core {
                 self.apply_scheduler(actions, now);
             }
             self.replica_tick(now);
+            self.checkpoint_tick(now);
             self.store_forget_dead(now);
         }
         if let Some(host) = &mut self.store_host {
@@ -796,7 +815,11 @@ impl Core {
                 self.run_scheduler(&msg, now)
             }
             Command::Replica => self.replica_control(msg, now),
-            Command::Barrier if is_scheduler && msg.meta.request => self.run_scheduler(&msg, now),
+            Command::Checkpoint => self.checkpoint_control(msg, now),
+            Command::Barrier if is_scheduler && msg.meta.request => {
+                self.checkpoint_arrival(&msg);
+                self.run_scheduler(&msg, now)
+            }
             Command::Leave if is_scheduler => self.run_scheduler(&msg, now),
             Command::Leave if self.cfg.elastic.is_some() => {
                 let actions = self.member.on_leave(&msg);
@@ -806,6 +829,7 @@ impl Core {
                 self.drop_logged(msg.meta.sender, "LEAVE", "this is not an elastic job")
             }
             Command::AddNode => {
+                self.checkpoint_table(&msg, now);
                 let actions = self.member.on_node_table(&msg, now);
                 self.apply_member(actions, now);
                 if msg.meta.sender == SCHEDULER {
@@ -893,6 +917,8 @@ impl Core {
             return;
         }
         self.replica_before(&actions, now);
+        let actions = self.checkpoint_releases(actions, now);
+        let formed = actions.iter().any(|a| matches!(a, Action::Ready));
         let recoveries: Vec<Action> = actions
             .iter()
             .filter(|a| matches!(a, Action::Connect(n) if n.is_recovery))
@@ -909,6 +935,7 @@ impl Core {
                 }
                 Action::Send(mut msg) => {
                     self.replica_attach(&mut msg);
+                    self.checkpoint_attach(&mut msg);
                     self.emit(msg, now)
                 }
                 Action::Answer { to, mut msg } => {
@@ -941,6 +968,9 @@ impl Core {
             self.member.formed(table);
         }
         self.replica_after(&recoveries, now);
+        if formed {
+            self.checkpoint_formed(now);
+        }
     }
 
     /// Carries out what the node side asked for.

@@ -134,6 +134,14 @@ pub enum Failure {
         /// The range (its server rank).
         range: u32,
     },
+    /// Checkpoints (`PS_CHECKPOINT_DIR`): a checkpoint request was refused
+    /// or failed, or a server could not restore one (the message names the
+    /// file and what is wrong with it).
+    #[error("{detail}")]
+    Checkpoint {
+        /// What failed and why.
+        detail: String,
+    },
 }
 
 /// The cluster did not form before the start deadline (`PS_START_TIMEOUT`).

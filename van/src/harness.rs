@@ -90,6 +90,8 @@ pub struct Network {
     seq: u64,
     /// Steps taken without the clock moving (a busy-loop detector).
     stalled_steps: u32,
+    /// The files checkpoints wrote (one file system shared by every node).
+    pub disk: std::collections::BTreeMap<std::path::PathBuf, bytes::Bytes>,
 }
 
 /// Steps at one virtual instant after which the harness calls it a busy
@@ -117,6 +119,7 @@ impl Network {
             rng: StdRng::seed_from_u64(seed),
             seq: 0,
             stalled_steps: 0,
+            disk: std::collections::BTreeMap::new(),
         }
     }
 
@@ -377,6 +380,10 @@ impl Network {
                     }
                 }
                 Output::RangeMap(map) => self.nodes[i].maps.push(map),
+                Output::Checkpoint { token, io } => {
+                    let result = self.perform(&io);
+                    self.nodes[i].core.checkpoint_io_done(token, result, now);
+                }
                 Output::Connect { .. } => {} // opened by flush
                 Output::Send(msg) => self.transmit(i, msg),
                 Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
@@ -393,6 +400,81 @@ impl Network {
                 }
             }
         }
+    }
+
+    /// Carries out a checkpoint's file operation on [`Network::disk`].
+    fn perform(&mut self, io: &crate::checkpoint::disk::Io) -> crate::checkpoint::disk::IoResult {
+        use crate::checkpoint::disk::{Io, IoResult};
+        match io {
+            Io::Write { path, bytes } => {
+                self.disk.insert(path.clone(), bytes.clone());
+                IoResult::Done
+            }
+            Io::Read { paths } => {
+                let mut out = Vec::new();
+                for candidates in paths {
+                    match candidates
+                        .iter()
+                        .find_map(|p| self.disk.get(p).map(|b| (p.clone(), b.clone())))
+                    {
+                        Some(found) => out.push(found),
+                        None => {
+                            return IoResult::Failed(format!(
+                                "checkpoint file {candidates:?} is missing"
+                            ))
+                        }
+                    }
+                }
+                IoResult::Read(out)
+            }
+            Io::Prune { dir, below } => {
+                self.disk.retain(|path, _| {
+                    path.strip_prefix(dir)
+                        .ok()
+                        .and_then(|p| p.components().next())
+                        .and_then(|c| {
+                            c.as_os_str()
+                                .to_str()?
+                                .strip_prefix("checkpoint-")?
+                                .parse::<u64>()
+                                .ok()
+                        })
+                        .is_none_or(|id| id >= *below)
+                });
+                IoResult::Done
+            }
+        }
+    }
+
+    /// The checkpoints on [`Network::disk`] under `dir`, as
+    /// [`crate::checkpoint::disk::scan`] finds them on a real one.
+    pub fn scan_checkpoints(&self, dir: &std::path::Path) -> Vec<crate::checkpoint::disk::Found> {
+        use crate::checkpoint::disk::{checkpoint_dir, Found, MANIFEST};
+        let mut ids: Vec<u64> = self
+            .disk
+            .keys()
+            .filter_map(|p| p.strip_prefix(dir).ok())
+            .filter_map(|p| p.components().next())
+            .filter_map(|c| {
+                c.as_os_str()
+                    .to_str()?
+                    .strip_prefix("checkpoint-")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| {
+                let manifest_path = checkpoint_dir(dir, id).join(MANIFEST);
+                Found {
+                    id,
+                    manifest: self.disk.get(&manifest_path).cloned().map(Ok),
+                    manifest_path,
+                }
+            })
+            .collect()
     }
 
     /// Puts a message from node `i` on the network, through its faults.

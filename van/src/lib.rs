@@ -46,6 +46,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod checkpoint;
 mod config;
 mod core;
 pub mod counters;

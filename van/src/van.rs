@@ -268,8 +268,17 @@ impl Van {
             _ => None,
         };
         let seed = rand::random();
-        let core =
+        let mut core =
             Core::new(&config, port, Instant::now(), seed).with_counters(Arc::clone(&counters));
+        if let (Some(ck), true) = (&config.checkpoint, is_scheduler) {
+            // What to restore is decided before anyone can register.
+            let found = crate::checkpoint::disk::scan(&ck.dir)
+                .map_err(|detail| VanError::Failed(Failure::Checkpoint { detail }))?;
+            let ranges = crate::replica::key_ranges(config.num_servers.max(1) as usize);
+            let catalog = crate::checkpoint::catalog(&found, &ranges)
+                .map_err(|detail| VanError::Failed(Failure::Checkpoint { detail }))?;
+            core.set_checkpoint_catalog(catalog);
+        }
         info!("{} listening on {}", core.me().role, core.me().address());
         let shared = Arc::new(Shared {
             config,
@@ -355,6 +364,103 @@ impl Van {
         let _ = self
             .shared
             .with_core(|core, now| core.restored(token, app, now));
+    }
+
+    /// App `app` cannot answer [`Dispatch::snapshot`] request `token` (its
+    /// state cannot be copied): a checkpoint fails saying `why`.
+    pub fn snapshot_failed(&self, token: u64, app: i32, why: &str) {
+        let _ = self
+            .shared
+            .with_core(|core, now| core.snapshot_failed(token, app, why, now));
+    }
+
+    /// App `app` refused [`Dispatch::restore`] request `token` (nothing
+    /// changed): a server restoring a checkpoint fails saying `why`.
+    pub fn restore_failed(&self, token: u64, app: i32, why: &str) {
+        let _ = self
+            .shared
+            .with_core(|core, now| core.restore_failed(token, app, why, now));
+    }
+
+    /// Whether this node's cluster takes checkpoints (its scheduler has
+    /// `PS_CHECKPOINT_DIR`; known once joined).
+    pub fn checkpointing(&self) -> bool {
+        lock(&self.shared.locked).core.checkpointing()
+    }
+
+    /// Asks the scheduler for a checkpoint, labelled `label`, taken at the
+    /// workers' next barrier where none has a request in flight (see
+    /// `crate::checkpoint`), and waits up to `timeout` for the scheduler
+    /// to accept it. Returns the ticket to wait on with
+    /// [`Van::checkpoint_result`] and the checkpoint's id.
+    pub fn checkpoint(&self, label: &str, timeout: Duration) -> Result<(u64, u64), VanError> {
+        let ticket = self
+            .shared
+            .with_core(|core, now| core.checkpoint_request(label, now))??;
+        let accepted = self.checkpoint_wait(ticket, timeout, false)?;
+        if !accepted.error.is_empty() {
+            lock(&self.shared.locked).core.end_checkpoint(ticket);
+            return Err(Failure::Checkpoint {
+                detail: format!("checkpoint refused: {}", accepted.error),
+            }
+            .into());
+        }
+        Ok((ticket, accepted.id))
+    }
+
+    /// Waits up to `timeout` for the checkpoint of `ticket` (from
+    /// [`Van::checkpoint`]) to complete: every server's file (the answer's
+    /// `files`, in `dir`), or why it failed.
+    pub fn checkpoint_result(
+        &self,
+        ticket: u64,
+        timeout: Duration,
+    ) -> Result<pslite_proto::checkpoint::CheckpointMsg, VanError> {
+        let result = self.checkpoint_wait(ticket, timeout, true);
+        lock(&self.shared.locked).core.end_checkpoint(ticket);
+        let result = result?;
+        if !result.error.is_empty() {
+            return Err(Failure::Checkpoint {
+                detail: format!("checkpoint {} failed: {}", result.id, result.error),
+            }
+            .into());
+        }
+        Ok(result)
+    }
+
+    fn checkpoint_wait(
+        &self,
+        ticket: u64,
+        timeout: Duration,
+        result: bool,
+    ) -> Result<pslite_proto::checkpoint::CheckpointMsg, VanError> {
+        let shared = &self.shared;
+        let deadline = Instant::now() + timeout;
+        let mut locked = lock(&shared.locked);
+        loop {
+            let (accepted, done) = locked.core.checkpoint_answer(ticket)?;
+            if let Some(answer) = if result { done } else { accepted } {
+                return Ok(answer);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Failure::Checkpoint {
+                    detail: format!(
+                        "no {} from the scheduler within {:.1} s{}",
+                        if result { "result" } else { "answer" },
+                        timeout.as_secs_f64(),
+                        if result {
+                            " (a checkpoint is taken at the workers' next barrier where \
+                             none has a request in flight)"
+                        } else {
+                            ""
+                        }
+                    ),
+                }
+                .into());
+            }
+            locked = wait_timeout(&shared.changed, locked, deadline - now);
+        }
     }
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
@@ -793,6 +899,10 @@ impl Shared {
                     }
                 }
                 Output::RangeMap(map) => self.dispatch.range_map(&map),
+                Output::Checkpoint { token, io } => {
+                    let result = crate::checkpoint::disk::perform(&io);
+                    let _ = self.with_core(|core, now| core.checkpoint_io_done(token, result, now));
+                }
                 Output::Failed(failure) => {
                     if failure != Failure::Stopped {
                         error!("{failure}");

@@ -81,6 +81,7 @@ impl Core {
     /// answers [`Output::Snapshot`] and [`Output::Restore`]); app 0 unless
     /// set.
     pub fn set_replicated_apps(&mut self, apps: BTreeSet<i32>) {
+        self.set_checkpoint_apps(apps.clone());
         self.replicated_apps = apps.clone();
         if let Replication::Server(s) = &mut self.replication {
             s.set_apps(apps);
@@ -89,6 +90,9 @@ impl Core {
 
     /// App `app` answered snapshot request `token` with `data`.
     pub fn snapshot_taken(&mut self, token: u64, app: i32, data: Bytes, now: Instant) {
+        if self.checkpoint_snapshot(token, app, Ok(data.clone()), now) {
+            return;
+        }
         if let Replication::Server(s) = &mut self.replication {
             s.snapshot_taken(token, app, data);
         }
@@ -97,6 +101,9 @@ impl Core {
 
     /// App `app` finished restore request `token`.
     pub fn restored(&mut self, token: u64, app: i32, now: Instant) {
+        if self.checkpoint_restored(token, app, Ok(()), now) {
+            return;
+        }
         if let Replication::Server(s) = &mut self.replication {
             s.restored(token, app);
         }
