@@ -58,21 +58,6 @@ impl<T> Clone for SArray<T> {
     }
 }
 
-/// An array's elements. `_tracked` (declared first: dropped before the
-/// elements are freed) tells the shared-memory path's cache when a large
-/// array dies, so the cache can send it again without a copy while it lives
-/// and needs no clone of it (see `pslite_van::shm::track`).
-struct VecOwner<T> {
-    _tracked: Option<pslite_van::shm::Tracked>,
-    values: Vec<T>,
-}
-
-impl<T: Pod> AsRef<[u8]> for VecOwner<T> {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.values)
-    }
-}
-
 impl<T: Pod + Send + Sync> SArray<T> {
     /// An empty array.
     pub fn new() -> Self {
@@ -88,12 +73,11 @@ impl<T: Pod + Send + Sync> SArray<T> {
         if values.is_empty() {
             return SArray::new();
         }
-        let owner = VecOwner {
-            _tracked: pslite_van::shm::track(bytemuck::cast_slice(&values)),
-            values,
-        };
+        // A large array tells the shared-memory path's cache when it dies,
+        // so the cache can send it again without a copy while it lives and
+        // needs no clone of it.
         SArray {
-            bytes: Bytes::from_owner(owner),
+            bytes: Bytes::from_owner(pslite_van::shm::TrackedVec::new(values)),
             ascending: Some(Arc::new(AtomicBool::new(false))),
             _elem: PhantomData,
         }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use crate::config::VanConfig;
 use crate::counters::{Counters, DropReason};
 use crate::error::{Failure, StartTimeout, VanError};
+use crate::log_once::LogOnce;
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
@@ -107,7 +108,8 @@ pub struct Core {
     early_ids: BTreeSet<NodeId>,
     /// Data messages dropped because their sender may not send them.
     rejected: u64,
-    warned: HashSet<(NodeId, &'static str)>,
+    /// Drops already warned about, by sender and cause.
+    dropped: LogOnce<(NodeId, &'static str)>,
     stopped: bool,
     /// Stopping: only resends go on (no more deaths or losses declared).
     finishing: bool,
@@ -213,7 +215,7 @@ impl Core {
             held_newcomers: Vec::new(),
             early_ids: BTreeSet::new(),
             rejected: 0,
-            warned: HashSet::new(),
+            dropped: LogOnce::new(log::Level::Warn),
             stopped: false,
             finishing: false,
             changed: false,
@@ -950,14 +952,9 @@ impl Core {
     /// for `why`, at debug level after that, so a hostile or confused peer
     /// cannot flood the log.
     fn drop_logged(&mut self, sender: NodeId, what: &str, why: &'static str) {
-        if self.warned.len() < 1024 && self.warned.insert((sender, why)) {
-            warn!(
-                "dropping {what} from node {sender}: {why} (further ones are logged at debug \
-                 level)"
-            );
-        } else {
-            debug!("dropping {what} from node {sender}: {why}");
-        }
+        self.dropped.log((sender, why), || {
+            format!("dropping {what} from node {sender}: {why}")
+        });
     }
 }
 

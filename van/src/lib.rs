@@ -52,6 +52,7 @@ pub mod counters;
 mod error;
 #[cfg(test)]
 mod harness;
+mod log_once;
 mod member;
 pub mod rendezvous;
 pub mod resender;
@@ -67,6 +68,7 @@ pub use auth::AuthToken;
 pub use config::VanConfig;
 pub use counters::Counters;
 pub use error::{Failure, StartTimeout, VanError};
+pub use log_once::LogOnce;
 pub use member::{BarrierOutcome, Member, MemberAction, MemberConfig, WAIT_LOG_INTERVAL};
 pub use resender::Resender;
 pub use scheduler::{Action, Scheduler, SchedulerConfig};

@@ -22,6 +22,7 @@ use crate::config::VanConfig;
 use crate::core::{Core, Output};
 use crate::counters::{Counters, DropReason};
 use crate::error::{Failure, VanError};
+use crate::log_once::LogOnce;
 use crate::shm::{self, ShmStats};
 use crate::transport::{self, RawMessage, Transport};
 
@@ -123,15 +124,6 @@ struct ShmSide {
     /// Same-host peers, by id: their pid (from their node-table entries,
     /// recorded when connecting to them).
     peers: Mutex<HashMap<NodeId, u32>>,
-}
-
-/// A message's data frames as put on the wire: large ones to a same-host
-/// peer moved into shared memory.
-struct Staged {
-    frames: Vec<pslite_proto::shm::ShmFrame>,
-    data: Vec<Bytes>,
-    leases: Vec<shm::Lease>,
-    bytes: usize,
 }
 
 fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> VanError {
@@ -483,21 +475,8 @@ impl Van {
         lock(&shared.senders).clear();
         lock(&shared.admin_dealers).clear();
         if let Some(side) = &shared.shm {
-            let s = &side.pool.stats;
-            let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            if n(&s.frames_sent) + n(&s.frames_received) + n(&s.fallbacks) + n(&s.rejected) > 0 {
-                info!(
-                    "shared memory: sent {} frames ({} bytes), received {}, {} sent over \
-                     ZeroMQ for want of a free segment, {} descriptors rejected; {} bytes of \
-                     segments, {} frames sent again without a copy",
-                    n(&s.frames_sent),
-                    n(&s.bytes_sent),
-                    n(&s.frames_received),
-                    n(&s.fallbacks),
-                    n(&s.rejected),
-                    side.pool.bytes(),
-                    n(&s.cache_hits)
-                );
+            if let Some(line) = side.pool.stats().summary(side.pool.bytes()) {
+                info!("{line}");
             }
         }
     }
@@ -629,6 +608,14 @@ pub fn describe(msg: &Message) -> String {
         );
     }
     s
+}
+
+/// What the receive thread keeps between messages.
+struct Receiving {
+    /// Peers' shared-memory segments mapped.
+    shm: shm::Receiver,
+    /// Senders of rejected descriptors already warned about.
+    shm_rejections: LogOnce<NodeId>,
 }
 
 /// Ends every wait if the receive thread ends without being asked to.
@@ -892,7 +879,7 @@ impl Shared {
                 // Descriptors that did not leave give their segments back;
                 // one that did is taken back when never claimed.
                 if let Some(st) = staged {
-                    st.leases.into_iter().for_each(shm::Lease::abandon);
+                    st.abandon();
                 }
                 return Err(zmq_err(format!("sending to node {recver}"))(e));
             }
@@ -904,46 +891,13 @@ impl Shared {
 
     /// Moves the large frames of a message to `recver` into shared memory
     /// when it is a same-host peer; `None` sends the frames as they are.
-    fn stage(&self, recver: NodeId, data: &[Bytes]) -> Option<Staged> {
+    fn stage(&self, recver: NodeId, data: &[Bytes]) -> Option<shm::Staged> {
         let side = self.shm.as_ref()?;
         if !data.iter().any(|f| f.len() >= shm::MIN_FRAME) {
             return None;
         }
         let pid = *lock(&side.peers).get(&recver)?;
-        let mut staged = Staged {
-            frames: Vec::new(),
-            data: data.to_vec(),
-            leases: Vec::new(),
-            bytes: 0,
-        };
-        let mut hits = 0;
-        for (i, frame) in data.iter().enumerate() {
-            if frame.len() < shm::MIN_FRAME {
-                continue;
-            }
-            let Some(sent) = side.pool.send(frame, pid, i as u32) else {
-                continue;
-            };
-            hits += u64::from(!sent.copied);
-            staged.frames.push(sent.frame);
-            staged.leases.push(sent.lease);
-            staged.data[i] = Bytes::new();
-            staged.bytes += frame.len();
-        }
-        if hits > 0 {
-            trace!("shared memory: {hits} frames to node {recver} sent again without a copy");
-        }
-        if staged.frames.is_empty() {
-            return None;
-        }
-        let stats = &side.pool.stats;
-        stats
-            .frames_sent
-            .fetch_add(staged.frames.len() as u64, Ordering::Relaxed);
-        stats
-            .bytes_sent
-            .fetch_add(staged.bytes as u64, Ordering::Relaxed);
-        Some(staged)
+        side.pool.stage(data, pid)
     }
 
     /// Sends `msg` to an admin client at `to` (not a cluster member) on the
@@ -999,8 +953,11 @@ impl Shared {
 
     fn receive_thread(&self, router: zmq::Socket) {
         let _guard = ReceiveThreadGuard(self);
-        let mut shm_rx = shm::Receiver::new();
-        self.receive_loop(&router, &mut shm_rx);
+        let mut rx = Receiving {
+            shm: shm::Receiver::new(),
+            shm_rejections: LogOnce::new(log::Level::Warn),
+        };
+        self.receive_loop(&router, &mut rx);
         debug!("receive loop stopped");
     }
 
@@ -1009,7 +966,7 @@ impl Shared {
     /// when that deadline passes. A blocking receive costs ZeroMQ one wait;
     /// a poll followed by non-blocking receives costs several syscalls more
     /// per message (each empty look checks the socket's mailbox).
-    fn receive_loop(&self, router: &zmq::Socket, shm_rx: &mut shm::Receiver) {
+    fn receive_loop(&self, router: &zmq::Socket, rx: &mut Receiving) {
         // The ROUTER's receive timeout as last set (ZeroMQ's default: none).
         let mut timeout_set: i32 = -1;
         loop {
@@ -1039,7 +996,7 @@ impl Shared {
                     if self.stopping.load(Ordering::SeqCst) {
                         return;
                     }
-                    self.on_raw(raw, shm_rx);
+                    self.on_raw(raw, rx);
                 }
                 Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => {}
                 Err(zmq::Error::ETERM) => return,
@@ -1054,14 +1011,14 @@ impl Shared {
             if next.is_some_and(|at| Instant::now() >= at) {
                 let _ = self.with_core(|core, now| core.tick(now));
             }
-            if shm_rx.mapped() > 0 {
-                shm_rx.prune(Instant::now());
+            if rx.shm.mapped() > 0 {
+                rx.shm.prune(Instant::now());
             }
         }
     }
 
     /// One message from the ROUTER: decoded and handed to the core.
-    fn on_raw(&self, mut raw: RawMessage, shm_rx: &mut shm::Receiver) {
+    fn on_raw(&self, mut raw: RawMessage, rx: &mut Receiving) {
         if raw.identity == WAKE_IDENTITY {
             return;
         }
@@ -1086,7 +1043,7 @@ impl Shared {
         };
         let mut shm_bytes = 0;
         if !descs.is_empty() {
-            match self.resolve_shm(raw.sender, &descs, &mut raw.data, shm_rx) {
+            match self.resolve_shm(raw.sender, &descs, &mut raw.data, &mut rx.shm) {
                 Ok(bytes) => shm_bytes = bytes,
                 Err(e) => {
                     self.counters.received(raw.sender, size);
@@ -1098,11 +1055,7 @@ impl Shared {
                         "dropping a message from {} with a bad shared-memory descriptor: {e}",
                         peer_name(&raw.identity)
                     );
-                    if shm_rx.first_rejection(raw.sender) {
-                        warn!("{what} (warned once per sender)");
-                    } else {
-                        debug!("{what}");
-                    }
+                    rx.shm_rejections.log(raw.sender, || what);
                     return;
                 }
             }
