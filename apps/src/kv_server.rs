@@ -8,13 +8,15 @@
 //! `KVServerDefaultHandle`: a store that sums pushes and answers pulls, here
 //! also for several (and variable numbers of) values per key.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use log::warn;
 use pslite_postoffice::Postoffice;
-use pslite_proto::{lock, Message};
+use pslite_proto::{lock, Message, NodeId};
+use pslite_van::hold::message_bytes;
+use pslite_van::{HoldQueue, LogOnce};
 
 use crate::customer::{Customer, Handler};
 use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
@@ -35,7 +37,38 @@ enum Queued<V: Val> {
 struct Handles<V: Val> {
     kv: Option<Handle<V>>,
     simple: Option<SimpleHandle<V>>,
-    queued: VecDeque<Queued<V>>,
+    /// Requests waiting for their handle (within `PS_HOLD_LIMIT`).
+    queued: HoldQueue<Queued<V>>,
+    /// Senders whose requests were dropped for want of room, warned about.
+    dropped: LogOnce<NodeId>,
+}
+
+impl<V: Val> Handles<V> {
+    /// Whether `req` can be handled now.
+    fn ready_for(&self, req: &Queued<V>) -> bool {
+        match req {
+            Queued::Kv(..) => self.kv.is_some(),
+            // Without a simple handle, the KV handle's presence means
+            // "answer empty" (ps-lite's default).
+            Queued::Simple(_) => self.simple.is_some() || self.kv.is_some(),
+        }
+    }
+
+    /// Queues `req` from `sender` (`bytes` of payload) until its handle is
+    /// set; drops it with a warning if too much waits already.
+    fn queue(&mut self, sender: NodeId, bytes: usize, req: Queued<V>) {
+        if let Err(refused) = self.queued.push(sender, bytes, req) {
+            let waiting = self.queued.len();
+            let limit = self.queued.limit();
+            drop(refused);
+            self.dropped.log(sender, || {
+                format!(
+                    "dropping a request from node {sender}: {waiting} requests already wait \
+                     for this server's request handle (PS_HOLD_LIMIT is {limit} bytes)"
+                )
+            });
+        }
+    }
 }
 
 struct Inner<V: Val> {
@@ -76,7 +109,8 @@ impl<V: Val> KVServer<V> {
             handles: Mutex::new(Handles {
                 kv: None,
                 simple: None,
-                queued: VecDeque::new(),
+                queued: HoldQueue::new(po.config().van.hold_limit),
+                dropped: LogOnce::new(log::Level::Warn),
             }),
             inline: AtomicBool::new(false),
             me: me.clone(),
@@ -137,42 +171,39 @@ impl<V: Val> KVServer<V> {
 
     /// Handles queued requests while their handles exist, in order.
     fn drain(&self, handles: &mut Handles<V>) {
-        while let Some(next) = handles.queued.pop_front() {
-            if let Some(next) = self.dispatch(handles, next) {
-                handles.queued.push_front(next);
-                break;
+        while handles.queued.front().is_some_and(|r| handles.ready_for(r)) {
+            if let Some(next) = handles.queued.pop_front() {
+                self.dispatch(handles, next);
             }
         }
     }
 
-    /// Runs one request's handle, or gives the request back if there is no
-    /// handle for it yet.
-    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) -> Option<Queued<V>> {
+    /// Runs one request's handle (see [`Handles::ready_for`]).
+    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) {
         let po = &self.inner.po;
         match req {
-            Queued::Kv(meta, kvs) => match handles.kv.as_mut() {
+            Queued::Kv(meta, kvs) => {
+                if let Some(handle) = handles.kv.as_mut() {
+                    crate::simple_app::contain_panic(
+                        po,
+                        || self.response_message(&meta, KVPairs::default()),
+                        || handle(&meta, kvs, self),
+                    );
+                }
+            }
+            Queued::Simple(data) => match handles.simple.as_mut() {
                 Some(handle) => crate::simple_app::contain_panic(
-                    po,
-                    || self.response_message(&meta, KVPairs::default()),
-                    || handle(&meta, kvs, self),
-                ),
-                None => return Some(Queued::Kv(meta, kvs)),
-            },
-            Queued::Simple(data) => match (handles.simple.as_mut(), handles.kv.is_some()) {
-                (Some(handle), _) => crate::simple_app::contain_panic(
                     po,
                     || crate::simple_app::response_message(self.inner.app_id, &data, b""),
                     || handle(&data, self),
                 ),
-                (None, true) => {
+                None => {
                     if let Err(e) = self.simple_response(&data, b"") {
                         warn!("cannot answer node {}: {e}", data.sender);
                     }
                 }
-                (None, false) => return Some(Queued::Simple(data)),
             },
         }
-        None
     }
 
     /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
@@ -209,6 +240,7 @@ impl<V: Val> KVServer<V> {
 
 impl<V: Val> Handler for Inner<V> {
     fn on_request(&self, msg: Message) {
+        let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));
         let req = if msg.meta.simple_app {
             Queued::Simple(SimpleData::of(&msg))
         } else {
@@ -232,12 +264,10 @@ impl<V: Val> Handler for Inner<V> {
         };
         let server = KVServer { inner: me };
         let mut handles = lock(&self.handles);
-        if !handles.queued.is_empty() {
-            handles.queued.push_back(req);
-            return;
-        }
-        if let Some(req) = server.dispatch(&mut handles, req) {
-            handles.queued.push_back(req);
+        if handles.queued.is_empty() && handles.ready_for(&req) {
+            server.dispatch(&mut handles, req);
+        } else {
+            handles.queue(sender, bytes, req);
         }
     }
 

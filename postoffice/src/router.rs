@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use log::{debug, warn};
 use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
-use pslite_van::{Dispatch, Failure};
+use pslite_van::{Dispatch, Failure, HoldQueue};
 
 /// (app id, customer id).
 pub type CustomerKey = (i32, i32);
@@ -58,14 +58,11 @@ struct Route {
     inline: Option<Inline>,
 }
 
-#[derive(Default)]
 struct Routes {
     customers: HashMap<CustomerKey, Route>,
     failure: Option<Failure>,
-    held: HashMap<CustomerKey, Vec<Message>>,
-    held_count: usize,
-    held_bytes: usize,
-    held_by: HashMap<NodeId, usize>,
+    /// Messages for customers that have not registered (`PS_HOLD_LIMIT`).
+    held: HoldQueue<Message>,
 }
 
 /// The [`Dispatch`] of a Postoffice: delivers each data message to its
@@ -73,15 +70,20 @@ struct Routes {
 pub struct CustomerRouter {
     role: Role,
     queue_limit: usize,
-    hold_limit: usize,
     routes: Mutex<Routes>,
     /// Elastic mode: called when a round begins.
     membership_callbacks: Mutex<Vec<crate::postoffice::MembershipCallback>>,
 }
 
-/// The bytes a held message pins.
-fn held_size(msg: &Message) -> usize {
-    msg.data_size() + msg.meta.body.len() + 64
+/// The customer a message is for, on a node of `role`.
+fn key_of(role: Role, msg: &Message) -> CustomerKey {
+    let app_id = msg.meta.app_id;
+    let customer_id = if role == Role::Worker {
+        msg.meta.customer_id
+    } else {
+        app_id
+    };
+    (app_id, customer_id)
 }
 
 impl CustomerRouter {
@@ -92,8 +94,11 @@ impl CustomerRouter {
         CustomerRouter {
             role,
             queue_limit: queue_limit.max(1),
-            hold_limit,
-            routes: Mutex::new(Routes::default()),
+            routes: Mutex::new(Routes {
+                customers: HashMap::new(),
+                failure: None,
+                held: HoldQueue::new(hold_limit),
+            }),
             membership_callbacks: Mutex::new(Vec::new()),
         }
     }
@@ -105,13 +110,7 @@ impl CustomerRouter {
 
     /// The customer a message is for.
     pub fn key_of(&self, msg: &Message) -> CustomerKey {
-        let app_id = msg.meta.app_id;
-        let customer_id = if self.role == Role::Worker {
-            msg.meta.customer_id
-        } else {
-            app_id
-        };
-        (app_id, customer_id)
+        key_of(self.role, msg)
     }
 
     fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
@@ -135,7 +134,8 @@ impl CustomerRouter {
         if routes.customers.contains_key(&key) {
             return None;
         }
-        let held = routes.held.remove(&key).unwrap_or_default();
+        let role = self.role;
+        let held = routes.held.take_if(|m| key_of(role, m) == key);
         // Room for what was held and the failure, whatever the limit.
         let (tx, rx) = bounded(self.queue_limit.max(held.len() + 1));
         if let Some(failure) = &routes.failure {
@@ -150,27 +150,20 @@ impl CustomerRouter {
             );
         }
         for msg in held {
-            let size = held_size(&msg);
-            routes.held_count -= 1;
-            routes.held_bytes -= size;
-            if let Some(by) = routes.held_by.get_mut(&msg.meta.sender) {
-                *by = by.saturating_sub(size);
-            }
             let _ = tx.send(Delivery::Message(msg));
         }
-        routes.held_by.retain(|_, bytes| *bytes > 0);
         routes.customers.insert(key, Route { queue: tx, inline });
         Some(rx)
     }
 
     /// How many messages wait for customers that have not registered.
     pub fn held(&self) -> usize {
-        self.routes().held_count
+        self.routes().held.len()
     }
 
     /// Bytes held for customers that have not registered.
     pub fn held_bytes(&self) -> usize {
-        self.routes().held_bytes
+        self.routes().held.bytes()
     }
 
     /// Removes a customer; later messages for it are held again.
@@ -220,24 +213,19 @@ impl Dispatch for CustomerRouter {
             return;
         }
         let sender = msg.meta.sender;
-        let size = held_size(&msg);
-        let by_sender = routes.held_by.get(&sender).copied().unwrap_or(0);
-        if routes.held_bytes + size > self.hold_limit || by_sender + size > self.hold_limit / 4 {
-            warn!(
+        match routes.held.push_message(msg) {
+            Ok(()) => debug!(
+                "holding a message for app {} customer {} until it registers",
+                key.0, key.1
+            ),
+            Err(_) => warn!(
                 "dropping a message from node {sender} for app {} customer {}: too much data \
                  waits for customers that never registered (PS_HOLD_LIMIT is {} bytes)",
-                key.0, key.1, self.hold_limit
-            );
-            return;
+                key.0,
+                key.1,
+                routes.held.limit()
+            ),
         }
-        debug!(
-            "holding a message for app {} customer {} until it registers",
-            key.0, key.1
-        );
-        routes.held_count += 1;
-        routes.held_bytes += size;
-        *routes.held_by.entry(sender).or_default() += size;
-        routes.held.entry(key).or_default().push(msg);
     }
 
     fn undeliverable(&self, msg: Message, failure: Failure) {

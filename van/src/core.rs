@@ -25,6 +25,7 @@ use std::sync::Arc;
 use crate::config::VanConfig;
 use crate::counters::{Counters, DropReason};
 use crate::error::{Failure, StartTimeout, VanError};
+use crate::hold::HoldQueue;
 use crate::log_once::LogOnce;
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
 use crate::resender::{Received, Resender};
@@ -97,13 +98,12 @@ pub struct Core {
     /// Peers that acknowledged at least once (the others may never: a C++
     /// node without `PS_RESEND`).
     acked_by: HashSet<NodeId>,
-    /// Data that arrived before this node joined, and its size per sender.
-    held: Vec<Message>,
-    held_bytes: usize,
+    /// Data that arrived before this node joined (`PS_HOLD_LIMIT`).
+    held: HoldQueue<Message>,
     /// Elastic mode, on a server: data from a worker id not in the table
     /// yet (a newcomer whose push beat the scheduler's table here); looked
     /// at again when the next table arrives.
-    held_newcomers: Vec<Message>,
+    held_newcomers: HoldQueue<Message>,
     /// Identities that sent something before they could have been assigned.
     early_ids: BTreeSet<NodeId>,
     /// Data messages dropped because their sender may not send them.
@@ -137,11 +137,6 @@ fn is_leaving_unwatch(msg: &Message) -> bool {
             .store
             .as_ref()
             .is_some_and(|s| s.op == StoreOp::Unwatch && s.keys.is_empty())
-}
-
-/// Bytes of a message's data frames and body.
-fn size_of(msg: &Message) -> usize {
-    msg.data_size() + msg.meta.body.len()
 }
 
 impl Core {
@@ -210,9 +205,8 @@ impl Core {
             connected: HashSet::new(),
             heard: HashSet::new(),
             acked_by: HashSet::new(),
-            held: Vec::new(),
-            held_bytes: 0,
-            held_newcomers: Vec::new(),
+            held: HoldQueue::new(cfg.hold_limit),
+            held_newcomers: HoldQueue::new(cfg.hold_limit),
             early_ids: BTreeSet::new(),
             rejected: 0,
             dropped: LogOnce::new(log::Level::Warn),
@@ -785,10 +779,9 @@ impl Core {
                 }
                 MemberAction::Joined => {
                     self.changed = true;
-                    for msg in std::mem::take(&mut self.held) {
+                    for msg in self.held.drain() {
                         self.data(msg);
                     }
-                    self.held_bytes = 0;
                 }
                 MemberAction::PeerReplaced(id) => self.peer_replaced(id, now),
                 MemberAction::PeerDead(id) => {
@@ -814,7 +807,7 @@ impl Core {
                 MemberAction::RoundBegan { round, workers } => {
                     self.changed = true;
                     self.out.push(Output::RoundBegan { round, workers });
-                    for msg in std::mem::take(&mut self.held_newcomers) {
+                    for msg in self.held_newcomers.drain() {
                         if self.member.is_member(msg.meta.sender) {
                             self.data(msg);
                         } else {
@@ -870,16 +863,19 @@ impl Core {
         if !self.member.is_member(sender) {
             let newcomer = self.cfg.elastic.is_some()
                 && self.cfg.role == Role::Server
-                && ids::role_of_id(sender) == Some(Role::Worker)
-                && self.held_newcomers.len() < 1024
-                && self.held_newcomers.iter().map(size_of).sum::<usize>() + size_of(&msg)
-                    <= self.cfg.hold_limit;
-            if newcomer {
-                debug!("holding data from node {sender} until the next table names it");
-                self.held_newcomers.push(msg);
+                && ids::role_of_id(sender) == Some(Role::Worker);
+            if !newcomer {
+                self.reject(&msg, "its sender is not in the node table");
                 return;
             }
-            self.reject(&msg, "its sender is not in the node table");
+            match self.held_newcomers.push_message(msg) {
+                Ok(()) => debug!("holding data from node {sender} until the next table names it"),
+                Err(refused) => self.reject(
+                    &refused.item,
+                    "its sender is not in the node table (and too much data from newcomers \
+                     waits: PS_HOLD_LIMIT)",
+                ),
+            }
             return;
         }
         if let Some(why) = self.forbidden(&msg) {
@@ -918,24 +914,12 @@ impl Core {
             self.reject(&msg, "its sender's id cannot be a member of this cluster");
             return;
         }
-        let size = size_of(&msg);
-        let from_sender: usize = self
-            .held
-            .iter()
-            .filter(|m| m.meta.sender == sender)
-            .map(size_of)
-            .sum();
-        if self.held_bytes + size > self.cfg.hold_limit
-            || from_sender + size > self.cfg.hold_limit / 4
-        {
+        if let Err(refused) = self.held.push_message(msg) {
             self.reject(
-                &msg,
+                &refused.item,
                 "too much data arrived before this node joined (PS_HOLD_LIMIT)",
             );
-            return;
         }
-        self.held_bytes += size;
-        self.held.push(msg);
     }
 
     fn reject(&mut self, msg: &Message, why: &'static str) {

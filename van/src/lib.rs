@@ -52,6 +52,7 @@ pub mod counters;
 mod error;
 #[cfg(test)]
 mod harness;
+pub mod hold;
 mod log_once;
 mod member;
 pub mod rendezvous;
@@ -68,6 +69,7 @@ pub use auth::AuthToken;
 pub use config::VanConfig;
 pub use counters::Counters;
 pub use error::{Failure, StartTimeout, VanError};
+pub use hold::HoldQueue;
 pub use log_once::LogOnce;
 pub use member::{BarrierOutcome, Member, MemberAction, MemberConfig, WAIT_LOG_INTERVAL};
 pub use resender::Resender;
