@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::{JoinHandle, ThreadId};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use log::{error, warn};
 use pslite_postoffice::{Counters, Delivery, Inline, Postoffice};
-use pslite_proto::{lock, wait, wait_timeout, Message, NodeId, K_EMPTY};
+use pslite_proto::{lock, wait_timeout_while, wait_while, Message, NodeId, K_EMPTY};
 use pslite_van::Failure;
 
 use crate::Error;
@@ -391,43 +391,39 @@ impl Customer {
 
     /// Waits until request `ts` has all its responses, at most `timeout`.
     pub fn wait_timeout(&self, ts: i32, timeout: Duration) -> Result<(), Error> {
-        self.wait_until(ts, Some((Instant::now() + timeout, timeout)))
+        self.wait_until(ts, Some(timeout))
     }
 
-    fn wait_until(&self, ts: i32, deadline: Option<(Instant, Duration)>) -> Result<(), Error> {
-        let mut r = self.tracker.lock();
-        loop {
-            match r.open.get(&ts) {
-                None if ts >= 0 && ts < r.next_ts => return Ok(()), // waited before
-                None => return Err(Error::UnknownTimestamp(ts)),
-                Some(req) if req.done => {
-                    let failed = r.open.remove(&ts).and_then(|req| req.failed);
-                    return match failed {
-                        Some(cause) => Err(Error::RequestFailed { ts, cause }),
-                        None => Ok(()),
-                    };
+    fn wait_until(&self, ts: i32, timeout: Option<Duration>) -> Result<(), Error> {
+        // Waiting ends once the request is over (or unknown) or the node failed.
+        let waiting =
+            |r: &mut Requests| r.failure.is_none() && r.open.get(&ts).is_some_and(|req| !req.done);
+        let changed = &self.tracker.changed;
+        let mut r = match timeout {
+            None => wait_while(changed, self.tracker.lock(), waiting),
+            Some(timeout) => {
+                let (r, timed_out) =
+                    wait_timeout_while(changed, self.tracker.lock(), timeout, waiting);
+                if timed_out {
+                    return Err(Error::Timeout {
+                        ts,
+                        secs: timeout.as_secs_f64(),
+                    });
                 }
-                Some(_) => {}
+                r
             }
-            if let Some(cause) = &r.failure {
-                return Err(Error::RequestFailed {
-                    ts,
-                    cause: cause.clone(),
-                });
-            }
-            r = match deadline {
-                None => wait(&self.tracker.changed, r),
-                Some((deadline, timeout)) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(Error::Timeout {
-                            ts,
-                            secs: timeout.as_secs_f64(),
-                        });
-                    }
-                    wait_timeout(&self.tracker.changed, r, deadline - now)
-                }
-            };
+        };
+        match r.open.get(&ts) {
+            None if ts >= 0 && ts < r.next_ts => Ok(()), // waited before
+            None => Err(Error::UnknownTimestamp(ts)),
+            Some(req) if req.done => match r.open.remove(&ts).and_then(|req| req.failed) {
+                Some(cause) => Err(Error::RequestFailed { ts, cause }),
+                None => Ok(()),
+            },
+            Some(_) => Err(Error::RequestFailed {
+                ts,
+                cause: r.failure.clone().unwrap_or(Failure::Stopped),
+            }),
         }
     }
 

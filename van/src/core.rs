@@ -30,7 +30,7 @@ use crate::log_once::LogOnce;
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
-use crate::store::{Requester, StoreClient, StoreHost, StoreReply};
+use crate::store::{ClientInput, Requester, StoreClient, StoreHost, StoreReply};
 use pslite_proto::store::{StoreMsg, StoreOp};
 
 /// Something the driver must do, in order.
@@ -70,6 +70,15 @@ pub enum Output {
         round: u64,
         /// Its workers in rank order.
         workers: Vec<NodeId>,
+    },
+    /// An event of a watched store key, for these watchers of this process
+    /// (see [`Core::store_watch`]); a watcher that is gone is reported back
+    /// with [`Core::store_watcher_gone`].
+    StoreEvent {
+        /// The watchers of the key.
+        watchers: Vec<u64>,
+        /// The event.
+        event: StoreMsg,
     },
     /// This node is still waiting to join (a log line for the operator).
     Waiting {
@@ -111,8 +120,9 @@ pub struct Core {
     /// Drops already warned about, by sender and cause.
     dropped: LogOnce<(NodeId, &'static str)>,
     stopped: bool,
-    /// Stopping: only resends go on (no more deaths or losses declared).
-    finishing: bool,
+    /// Stopping (finalized): only resends go on (no more deaths or losses
+    /// declared) until the exit drain ends.
+    drain: Option<Drain>,
     changed: bool,
     out: Vec<Output>,
     /// On the scheduler: the key-value store it hosts.
@@ -122,6 +132,37 @@ pub struct Core {
     /// On the scheduler: the nodes dead at the last tick, whose waits and
     /// watches the store has dropped.
     store_dead: BTreeSet<NodeId>,
+}
+
+/// The exit drain: a stopping node gives what it sent time to be
+/// acknowledged (the scheduler's last barrier release, say), up to 15 resend
+/// timeouts and at most [`MAX_DRAIN`].
+struct Drain {
+    started: Instant,
+    deadline: Instant,
+    outcome: Option<DrainOutcome>,
+}
+
+/// The longest exit drain.
+pub const MAX_DRAIN: Duration = Duration::from_secs(30);
+/// Resend timeouts an exit drain lasts at most.
+pub const DRAIN_RESEND_TIMEOUTS: u32 = 15;
+
+/// How a stopping node's exit drain ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Nothing worth waiting for is unacknowledged.
+    Flushed,
+    /// The drain's deadline passed with these messages unacknowledged
+    /// (described for logs).
+    GaveUp {
+        /// How long it waited.
+        waited: Duration,
+        /// What it waited for.
+        left: Vec<String>,
+    },
+    /// The node failed meanwhile: nothing is worth waiting for.
+    Failed,
 }
 
 /// Why a data message with inconsistent frames is dropped.
@@ -165,7 +206,7 @@ impl Core {
         scheduler_node.id = SCHEDULER;
         let scheduler = is_scheduler.then(|| {
             me.id = SCHEDULER;
-            Scheduler::starting_at(
+            Scheduler::new(
                 SchedulerConfig {
                     num_servers: cfg.num_servers,
                     num_workers: cfg.num_workers,
@@ -211,7 +252,7 @@ impl Core {
             rejected: 0,
             dropped: LogOnce::new(log::Level::Warn),
             stopped: false,
-            finishing: false,
+            drain: None,
             changed: false,
             out: Vec::new(),
             store_host: is_scheduler.then(|| StoreHost::new(cfg.store_limits)),
@@ -399,7 +440,15 @@ impl Core {
 
     /// Starts waiting on a barrier over `group` as `customer_id`; ask
     /// [`Core::barrier_outcome`] with the token.
-    pub fn barrier(&mut self, customer_id: i32, group: i32, now: Instant) -> Result<u64, VanError> {
+    /// [`Core::tick`] ends it with [`Failure::BarrierTimeout`] once `timeout`
+    /// has passed.
+    pub fn barrier(
+        &mut self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<u64, VanError> {
         let role = self.cfg.role;
         if !ids::is_role_group(group) || group & ids::role_group(role) == 0 {
             return Err(VanError::InvalidGroup(group));
@@ -407,7 +456,7 @@ impl Core {
         if !self.member.is_joined() {
             return Err(VanError::NotReady);
         }
-        let (token, request) = self.member.barrier(customer_id, group);
+        let (token, request) = self.member.barrier(customer_id, group, timeout, now);
         self.apply_member(vec![request], now);
         Ok(token)
     }
@@ -423,17 +472,82 @@ impl Core {
     }
 
     /// The node is about to stop (finalized): from now on the clock only
-    /// drives resends; peers that exit first are neither declared dead nor
-    /// taken for a lost scheduler.
-    pub fn finish(&mut self) {
-        self.finishing = true;
+    /// drives resends and the exit drain ([`Core::drain_outcome`]); peers
+    /// that exit first are neither declared dead nor taken for a lost
+    /// scheduler.
+    pub fn finish(&mut self, now: Instant) {
+        if self.drain.is_some() {
+            return;
+        }
+        let limit = self.cfg.resend_timeout.map_or(Duration::ZERO, |t| {
+            t.saturating_mul(DRAIN_RESEND_TIMEOUTS).min(MAX_DRAIN)
+        });
+        self.drain = Some(Drain {
+            started: now,
+            deadline: now + limit,
+            outcome: None,
+        });
+        let left = self.unacknowledged_at_exit();
+        if !left.is_empty() {
+            debug!(
+                "stopping once these are acknowledged (up to {:.1} s): {}",
+                limit.as_secs_f64(),
+                left.join("; ")
+            );
+        }
+        self.check_drain(now);
+    }
+
+    /// How the exit drain ended; `None` while it goes on (or before
+    /// [`Core::finish`]).
+    pub fn drain_outcome(&self) -> Option<&DrainOutcome> {
+        self.drain.as_ref().and_then(|d| d.outcome.as_ref())
+    }
+
+    /// Ends the exit drain if nothing is left to wait for, or at its
+    /// deadline (saying what it waited for).
+    fn check_drain(&mut self, now: Instant) {
+        let failed = self.member.failure().is_some();
+        let flushed = !failed && !self.has_unacknowledged_at_exit();
+        let left = if !failed && !flushed && self.drain.as_ref().is_some_and(|d| now >= d.deadline)
+        {
+            self.unacknowledged_at_exit()
+        } else {
+            Vec::new()
+        };
+        let Some(drain) = &mut self.drain else {
+            return;
+        };
+        if drain.outcome.is_some() {
+            return;
+        }
+        let outcome = if failed {
+            DrainOutcome::Failed
+        } else if flushed {
+            DrainOutcome::Flushed
+        } else if now >= drain.deadline {
+            let waited = now.saturating_duration_since(drain.started);
+            warn!(
+                "stopping after {:.1} s with {} messages unacknowledged (at most {} resend \
+                 timeouts and {} s, PS_RESEND_TIMEOUT): {}",
+                waited.as_secs_f64(),
+                left.len(),
+                DRAIN_RESEND_TIMEOUTS,
+                MAX_DRAIN.as_secs(),
+                left.join("; ")
+            );
+            DrainOutcome::GaveUp { waited, left }
+        } else {
+            return;
+        };
+        drain.outcome = Some(outcome);
+        self.changed = true;
     }
 
     /// Stops the node: every wait ends with [`Failure::Stopped`].
-    pub fn stop(&mut self) {
+    pub fn stop(&mut self, now: Instant) {
         self.stopped = true;
         if let Some(action) = self.member.fail(Failure::Stopped) {
-            let now = Instant::now();
             self.apply_member(vec![action], now);
         }
         self.changed = true;
@@ -444,20 +558,26 @@ impl Core {
         if let Some(action) = self.member.fail(failure) {
             self.apply_member(vec![action], now);
         }
+        self.check_drain(now);
     }
 
     /// Messages still unacknowledged that are worth waiting for at exit,
     /// described for logs: heartbeats are not, nor messages to a peer that
     /// never acknowledged anything (a C++ node without `PS_RESEND`).
     pub fn unacknowledged_at_exit(&self) -> Vec<String> {
-        let Some(r) = &self.resender else {
-            return Vec::new();
-        };
-        r.unacknowledged_to(|id| self.acked_by.contains(&id))
-            .into_iter()
+        self.waited_for_at_exit().map(crate::describe).collect()
+    }
+
+    /// Whether [`Core::unacknowledged_at_exit`] is not empty.
+    fn has_unacknowledged_at_exit(&self) -> bool {
+        self.waited_for_at_exit().next().is_some()
+    }
+
+    fn waited_for_at_exit(&self) -> impl Iterator<Item = &Message> {
+        self.resender
+            .iter()
+            .flat_map(|r| r.unacknowledged_to(|id| self.acked_by.contains(&id)))
             .filter(|m| m.meta.control.cmd != Command::Heartbeat && !is_leaving_unwatch(m))
-            .map(crate::describe)
-            .collect()
     }
 
     /// Ids of nodes silent for longer than `timeout` (ps-lite's
@@ -477,14 +597,17 @@ impl Core {
 
     /// When [`Core::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.finishing {
-            return self.resender.as_ref().and_then(Resender::poll_timeout);
+        let resends = self.resender.as_ref().and_then(Resender::poll_timeout);
+        if let Some(drain) = &self.drain {
+            let deadline = drain.outcome.is_none().then_some(drain.deadline);
+            return resends.into_iter().chain(deadline).min();
         }
         [
             self.member.poll_timeout(),
             self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
-            self.resender.as_ref().and_then(Resender::poll_timeout),
+            resends,
             self.store_host.as_ref().and_then(StoreHost::poll_timeout),
+            self.store_client.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -493,7 +616,7 @@ impl Core {
 
     /// Clock-driven work at `now`: deadlines, heartbeats, resends.
     pub fn tick(&mut self, now: Instant) {
-        if !self.finishing {
+        if self.drain.is_none() {
             let actions = self.member.tick(now);
             if self.member.timed_out().is_some() && !self.member.is_joined() {
                 self.changed = true;
@@ -504,11 +627,18 @@ impl Core {
                 self.apply_scheduler(actions, now);
             }
             self.store_forget_dead(now);
+            self.changed |= self.store_client.tick(now);
         }
         if let Some(host) = &mut self.store_host {
             let replies = host.tick(now);
             self.send_store_replies(replies, now);
         }
+        self.resend(now);
+        self.check_drain(now);
+    }
+
+    /// Resends what is due, and gives up on what was resent too often.
+    fn resend(&mut self, now: Instant) {
         let Some(r) = &mut self.resender else {
             return;
         };
@@ -544,7 +674,14 @@ impl Core {
 
     /// Handles one message that arrived, with `meta.sender` set from the
     /// sender's identity ([`K_EMPTY`] if it had none).
-    pub fn handle(&mut self, mut msg: Message, now: Instant) {
+    pub fn handle(&mut self, msg: Message, now: Instant) {
+        self.receive(msg, now);
+        if self.drain.is_some() {
+            self.check_drain(now);
+        }
+    }
+
+    fn receive(&mut self, mut msg: Message, now: Instant) {
         if self.stopped {
             return;
         }
@@ -801,6 +938,7 @@ impl Core {
                     self.changed = true;
                     self.out.push(Output::Failed(f));
                 }
+                MemberAction::BarrierEnded => self.changed = true,
                 MemberAction::Waiting { waited, limit } => {
                     self.out.push(Output::Waiting { waited, limit });
                 }
@@ -946,9 +1084,16 @@ impl Core {
 /// node's ([`StoreClient`]).
 impl Core {
     /// Sends store request `req` to the scheduler; ask
-    /// [`Core::store_answer`] with the id it returns. Fails if this node has
-    /// not joined or the scheduler is not pslite (C++ ps-lite has no store).
-    pub fn store_request(&mut self, mut req: StoreMsg, now: Instant) -> Result<u64, VanError> {
+    /// [`Core::store_answer`] with the id it returns (it fails with
+    /// [`Failure::StoreNoAnswer`] once `limit` has passed). Fails if this
+    /// node has not joined or the scheduler is not pslite (C++ ps-lite has
+    /// no store).
+    pub fn store_request(
+        &mut self,
+        mut req: StoreMsg,
+        limit: Duration,
+        now: Instant,
+    ) -> Result<u64, VanError> {
         if let Some(f) = self.member.failure() {
             return Err(f.clone().into());
         }
@@ -960,7 +1105,7 @@ impl Core {
         if !pslite {
             return Err(VanError::StoreUnsupported);
         }
-        let id = self.store_client.start(&mut req);
+        let id = self.store_client.start(&mut req, limit, now);
         self.send_store(req, now);
         Ok(id)
     }
@@ -968,10 +1113,11 @@ impl Core {
     /// The answer to store request `id`, once here; the node's failure if
     /// it failed (the scheduler was lost, say).
     pub fn store_answer(&self, id: u64) -> Option<Result<StoreMsg, Failure>> {
-        if let Some(answer) = self.store_client.answer(id) {
-            return Some(Ok(answer.clone()));
+        match self.store_client.answer(id) {
+            Some(Ok(answer)) => Some(Ok(answer.clone())),
+            Some(Err(waited)) => Some(Err(Failure::StoreNoAnswer { waited })),
+            None => self.member.failure().map(|f| Err(f.clone())),
         }
-        self.member.failure().map(|f| Err(f.clone()))
     }
 
     /// On the scheduler: how many store requests wait for keys (0 elsewhere).
@@ -997,8 +1143,7 @@ impl Core {
             return;
         }
         let mut req = StoreMsg::request(StoreOp::Unwatch, Vec::new());
-        let id = self.store_client.start(&mut req);
-        self.store_client.end(id);
+        self.store_client.fresh_id(&mut req);
         self.send_store(req, now);
     }
 
@@ -1037,10 +1182,25 @@ impl Core {
         self.store_client.end(id);
     }
 
-    /// Sends every later change of `key` to `events` (call before the WATCH
-    /// request, so no change slips between them).
-    pub fn store_watch(&mut self, key: &str, events: std::sync::mpsc::Sender<StoreMsg>) {
-        self.store_client.watch(key, events);
+    /// A new watcher of `key` in this process: every later change of it
+    /// comes as [`Output::StoreEvent`] for the returned watcher (call before
+    /// the WATCH request, so no change slips between them).
+    pub fn store_watch(&mut self, key: &str) -> u64 {
+        self.store_client.watch(key)
+    }
+
+    /// Watcher `watcher` is gone (its receiver was dropped): if nobody in
+    /// this process watches its key any more, tells the scheduler.
+    pub fn store_watcher_gone(&mut self, watcher: u64, now: Instant) {
+        if let Some(key) = self.store_client.unwatch(watcher) {
+            self.send_unwatch(key, now);
+        }
+    }
+
+    fn send_unwatch(&mut self, key: String, now: Instant) {
+        let mut req = StoreMsg::request(StoreOp::Unwatch, vec![key]);
+        self.store_client.fresh_id(&mut req);
+        self.send_store(req, now);
     }
 
     fn send_store(&mut self, req: StoreMsg, now: Instant) {
@@ -1112,13 +1272,13 @@ impl Core {
             self.drop_logged(sender, "a STORE answer", "it has no store part");
             return;
         };
-        let (changed, unwatched) = self.store_client.on_message(*store);
-        self.changed |= changed;
-        for key in unwatched {
-            let mut req = StoreMsg::request(StoreOp::Unwatch, vec![key]);
-            let id = self.store_client.start(&mut req);
-            self.store_client.end(id);
-            self.send_store(req, now);
+        match self.store_client.on_message(*store) {
+            ClientInput::Answer => self.changed = true,
+            ClientInput::Event { watchers, event } => {
+                self.out.push(Output::StoreEvent { watchers, event })
+            }
+            ClientInput::Unwatched(key) => self.send_unwatch(key, now),
+            ClientInput::Nothing => {}
         }
     }
 }

@@ -65,6 +65,8 @@ pub struct SimNode {
     pub answers: Vec<(Node, Message)>,
     /// Elastic rounds reported: (round, workers in rank order).
     pub rounds: Vec<(u64, Vec<NodeId>)>,
+    /// Store events handed to this process's watchers: (watcher, event).
+    pub store_events: Vec<(u64, pslite_proto::store::StoreMsg)>,
     /// Connections: peer id -> (node index or none, identity used).
     conns: HashMap<NodeId, (Option<usize>, NodeId)>,
 }
@@ -158,6 +160,7 @@ impl Network {
             waiting: Vec::new(),
             answers: Vec::new(),
             rounds: Vec::new(),
+            store_events: Vec::new(),
             conns: HashMap::new(),
         });
         let i = self.nodes.len() - 1;
@@ -216,10 +219,16 @@ impl Network {
 
     /// Node `i` starts waiting on a barrier over `group`.
     pub fn barrier(&mut self, i: usize, group: i32) -> u64 {
+        self.barrier_within(i, group, None)
+    }
+
+    /// Node `i` starts waiting on a barrier over `group`, for at most
+    /// `timeout`.
+    pub fn barrier_within(&mut self, i: usize, group: i32, timeout: Option<Duration>) -> u64 {
         let now = self.now;
         let token = self.nodes[i]
             .core
-            .barrier(0, group, now)
+            .barrier(0, group, timeout, now)
             .expect("barrier request refused");
         self.flush(i);
         token
@@ -249,35 +258,46 @@ impl Network {
         self.transmit(i, msg);
     }
 
-    /// Node `i` sends store request `req`; ask its core for the answer
-    /// with the id returned.
+    /// Node `i` sends store request `req` (its caller waits up to an
+    /// hour); ask its core for the answer with the id returned.
     pub fn store(&mut self, i: usize, req: pslite_proto::store::StoreMsg) -> u64 {
+        self.store_within(i, req, Duration::from_secs(3600))
+    }
+
+    /// Node `i` sends store request `req`, its caller waiting up to `limit`.
+    pub fn store_within(
+        &mut self,
+        i: usize,
+        req: pslite_proto::store::StoreMsg,
+        limit: Duration,
+    ) -> u64 {
         let now = self.now;
         let id = self.nodes[i]
             .core
-            .store_request(req, now)
+            .store_request(req, limit, now)
             .expect("store request refused");
         self.flush(i);
         id
     }
 
-    /// Node `i` watches store key `key`: its events go to the receiver;
-    /// ask the core for the WATCH answer with the id returned.
-    pub fn store_watch(
-        &mut self,
-        i: usize,
-        key: &str,
-    ) -> (
-        u64,
-        std::sync::mpsc::Receiver<pslite_proto::store::StoreMsg>,
-    ) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.nodes[i].core.store_watch(key, tx);
+    /// Node `i` watches store key `key`: its events are recorded in
+    /// [`SimNode::store_events`] under the watcher returned second; ask the
+    /// core for the WATCH answer with the id returned first.
+    pub fn store_watch(&mut self, i: usize, key: &str) -> (u64, u64) {
+        let watcher = self.nodes[i].core.store_watch(key);
         let req = pslite_proto::store::StoreMsg::request(
             pslite_proto::store::StoreOp::Watch,
             vec![key.to_string()],
         );
-        (self.store(i, req), rx)
+        (self.store(i, req), watcher)
+    }
+
+    /// Node `i` stops (finalized): its exit drain begins (see
+    /// [`Core::drain_outcome`]).
+    pub fn finish(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].core.finish(now);
+        self.flush(i);
     }
 
     /// Node `i` leaves the store (as at finalize): its watches end.
@@ -308,6 +328,11 @@ impl Network {
                 Output::Answer { to, msg } => self.nodes[i].answers.push((to, msg)),
                 Output::RoundBegan { round, workers } => {
                     self.nodes[i].rounds.push((round, workers))
+                }
+                Output::StoreEvent { watchers, event } => {
+                    for w in watchers {
+                        self.nodes[i].store_events.push((w, event.clone()));
+                    }
                 }
             }
         }
@@ -478,6 +503,8 @@ impl Network {
     }
 }
 
+#[cfg(test)]
+mod deadline_tests;
 #[cfg(test)]
 mod elastic_tests;
 #[cfg(test)]

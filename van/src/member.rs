@@ -81,6 +81,8 @@ pub enum MemberAction {
         /// Its workers in rank order.
         workers: Vec<NodeId>,
     },
+    /// A barrier waiter's deadline passed: its outcome is set.
+    BarrierEnded,
     /// Still waiting to join (a log line for the operator).
     Waiting {
         /// How long this node has waited.
@@ -97,6 +99,8 @@ struct BarrierWaiter {
     token: u64,
     group: i32,
     outcome: Option<BarrierOutcome>,
+    /// When the waiter gives up, and after how long (its timeout).
+    deadline: Option<(Instant, Duration)>,
 }
 
 struct Joining {
@@ -488,9 +492,16 @@ impl Member {
         }
     }
 
-    /// Starts waiting on a barrier over `group`: the token to ask about it
-    /// and the BARRIER request to send.
-    pub fn barrier(&mut self, customer_id: i32, group: i32) -> (u64, MemberAction) {
+    /// Starts waiting on a barrier over `group`, giving up after `timeout`
+    /// ([`Failure::BarrierTimeout`] at the tick past it): the token to ask
+    /// about it and the BARRIER request to send.
+    pub fn barrier(
+        &mut self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> (u64, MemberAction) {
         let token = self.next_token;
         self.next_token += 1;
         let mut outcome = None;
@@ -501,6 +512,7 @@ impl Member {
             token,
             group,
             outcome,
+            deadline: timeout.map(|t| (now + t, t)),
         });
         let mut msg = Message::control(Command::Barrier, SCHEDULER);
         msg.meta.request = true;
@@ -578,10 +590,23 @@ impl Member {
         Some(MemberAction::Failed(failure))
     }
 
-    /// Clock-driven work: the start deadline and its log lines, heartbeats,
-    /// a silent scheduler, dead nodes that stay unreplaced.
+    /// Clock-driven work: the start deadline and its log lines, barrier
+    /// deadlines, heartbeats, a silent scheduler, dead nodes that stay
+    /// unreplaced.
     pub fn tick(&mut self, now: Instant) -> Vec<MemberAction> {
         let mut actions = Vec::new();
+        for w in &mut self.barriers {
+            match w.deadline {
+                Some((at, timeout)) if w.outcome.is_none() && now >= at => {
+                    w.outcome = Some(Err(Failure::BarrierTimeout {
+                        group: w.group,
+                        secs: timeout.as_secs(),
+                    }));
+                    actions.push(MemberAction::BarrierEnded);
+                }
+                _ => {}
+            }
+        }
         if let Some(j) = &mut self.joining {
             if now >= j.deadline {
                 let waited = now - j.since;
@@ -639,6 +664,11 @@ impl Member {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        for w in &self.barriers {
+            if let (None, Some((at, _))) = (&w.outcome, w.deadline) {
+                consider(at);
+            }
+        }
         if let Some(j) = &self.joining {
             consider(j.deadline.min(j.next_log));
         }

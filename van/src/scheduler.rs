@@ -187,14 +187,9 @@ struct Elastic {
 }
 
 impl Scheduler {
-    /// A scheduler waiting for its first registration (an elastic job's
-    /// first round starts forming now).
-    pub fn new(cfg: SchedulerConfig) -> Scheduler {
-        Scheduler::starting_at(cfg, Instant::now())
-    }
-
-    /// A scheduler waiting for its first registration since `now`.
-    pub fn starting_at(cfg: SchedulerConfig, now: Instant) -> Scheduler {
+    /// A scheduler waiting for its first registration since `now` (an
+    /// elastic job's first round starts forming then).
+    pub fn new(cfg: SchedulerConfig, now: Instant) -> Scheduler {
         Scheduler {
             nodes: Vec::new(),
             ready: false,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use log::{debug, error, info, trace, warn};
 use pslite_proto::ids::{NodeId, SCHEDULER};
-use pslite_proto::{lock, wait, wait_timeout, Command, Message, Meta, Node, K_EMPTY};
+use pslite_proto::{lock, wait_while, Command, Message, Meta, Node, K_EMPTY};
 
 use crate::config::VanConfig;
 use crate::core::{Core, Output};
@@ -97,6 +97,8 @@ struct Shared {
     changed: Condvar,
     /// DEALERs by peer id; dropped before `ctx`.
     senders: Mutex<HashMap<NodeId, Sender>>,
+    /// Where the store events of this process's watchers go, by watcher.
+    watchers: Mutex<HashMap<u64, std::sync::mpsc::Sender<pslite_proto::store::StoreMsg>>>,
     /// On the scheduler: DEALERs to admin clients, by endpoint, most
     /// recently used last (at most [`ADMIN_DEALERS`]). One per client keeps
     /// its answers and store events in order, and a client's ROUTER takes
@@ -243,6 +245,7 @@ impl Van {
             }),
             changed: Condvar::new(),
             senders: Mutex::new(HashMap::new()),
+            watchers: Mutex::new(HashMap::new()),
             admin_dealers: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             dispatch,
@@ -279,13 +282,9 @@ impl Van {
     pub fn register(&self, customer_id: i32) -> Result<(), VanError> {
         let shared = &self.shared;
         shared.with_core(|core, now| core.register(customer_id, now))?;
-        let mut locked = lock(&shared.locked);
-        loop {
-            if let Some(status) = locked.core.join_status() {
-                return status;
-            }
-            locked = wait(&shared.changed, locked);
-        }
+        let locked = lock(&shared.locked);
+        let locked = wait_while(&shared.changed, locked, |l| l.core.join_status().is_none());
+        locked.core.join_status().unwrap_or(Err(VanError::NotReady))
     }
 
     /// Sends a message to `msg.meta.recver`; returns the bytes sent.
@@ -304,30 +303,22 @@ impl Van {
         timeout: Option<Duration>,
     ) -> Result<(), VanError> {
         let shared = &self.shared;
-        let token = shared.with_core(|core, now| core.barrier(customer_id, group, now))??;
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut locked = lock(&shared.locked);
-        let result = loop {
-            if let Some(outcome) = locked.core.barrier_outcome(token) {
-                break outcome.map_err(VanError::from);
-            }
-            locked = match deadline {
-                None => wait(&shared.changed, locked),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        break Err(VanError::BarrierTimeout {
-                            group,
-                            secs: timeout.unwrap_or_default().as_secs(),
-                            identity_conflicts: locked.core.identity_conflicts(),
-                        });
-                    }
-                    wait_timeout(&shared.changed, locked, deadline - now)
-                }
-            };
-        };
+        let token =
+            shared.with_core(|core, now| core.barrier(customer_id, group, timeout, now))??;
+        let locked = lock(&shared.locked);
+        let mut locked = wait_while(&shared.changed, locked, |l| {
+            l.core.barrier_outcome(token).is_none()
+        });
+        let outcome = locked.core.barrier_outcome(token).unwrap_or(Ok(()));
         locked.core.end_barrier(token);
-        result
+        outcome.map_err(|failure| match VanError::from(failure) {
+            VanError::BarrierTimeout { group, secs, .. } => VanError::BarrierTimeout {
+                group,
+                secs,
+                identity_conflicts: locked.core.identity_conflicts(),
+            },
+            e => e,
+        })
     }
 
     /// Sends store request `req` to the scheduler and waits up to `limit`
@@ -339,23 +330,16 @@ impl Van {
         limit: Duration,
     ) -> Result<pslite_proto::store::StoreMsg, VanError> {
         let shared = &self.shared;
-        let id = shared.with_core(|core, now| core.store_request(req, now))??;
-        let deadline = Instant::now() + limit;
-        let mut locked = lock(&shared.locked);
-        let result = loop {
-            if let Some(answer) = locked.core.store_answer(id) {
-                break answer.map_err(VanError::from);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break Err(VanError::StoreNoAnswer {
-                    secs: limit.as_secs_f64(),
-                });
-            }
-            locked = wait_timeout(&shared.changed, locked, deadline - now);
-        };
+        let id = shared.with_core(|core, now| core.store_request(req, limit, now))??;
+        let locked = lock(&shared.locked);
+        let mut locked = wait_while(&shared.changed, locked, |l| {
+            l.core.store_answer(id).is_none()
+        });
+        let answer = locked.core.store_answer(id);
         locked.core.end_store(id);
-        result
+        answer
+            .unwrap_or(Err(Failure::Stopped))
+            .map_err(VanError::from)
     }
 
     /// On the scheduler: how many store requests (GET, WAIT) wait for keys
@@ -385,12 +369,18 @@ impl Van {
         limit: Duration,
     ) -> Result<pslite_proto::store::StoreMsg, VanError> {
         use pslite_proto::store::{StoreMsg, StoreOp};
-        self.shared
-            .with_core(|core, _| core.store_watch(key, events))?;
-        self.store_call(
+        let shared = &self.shared;
+        let watcher = shared.with_core(|core, _| core.store_watch(key))?;
+        lock(&shared.watchers).insert(watcher, events);
+        let answer = self.store_call(
             StoreMsg::request(StoreOp::Watch, vec![key.to_string()]),
             limit,
-        )
+        );
+        if answer.is_err() {
+            lock(&shared.watchers).remove(&watcher);
+            let _ = shared.with_core(|core, now| core.store_watcher_gone(watcher, now));
+        }
+        answer
     }
 
     /// What the shared-memory path did (`None` when it is off).
@@ -463,15 +453,18 @@ impl Van {
         let shared = &self.shared;
         let _ = shared.with_core(|core, now| {
             core.store_leave(now);
-            core.finish()
+            core.finish(now);
         });
-        shared.flush_resends();
+        // The exit drain: the core ends it (see `Core::finish`).
+        drop(wait_while(&shared.changed, lock(&shared.locked), |l| {
+            l.core.drain_outcome().is_none()
+        }));
         shared.stopping.store(true, Ordering::SeqCst);
         shared.wake();
         if thread.join().is_err() {
             error!("the receive thread panicked");
         }
-        let _ = shared.with_core(|core, _| core.stop());
+        let _ = shared.with_core(|core, now| core.stop(now));
         lock(&shared.senders).clear();
         lock(&shared.admin_dealers).clear();
         if let Some(side) = &shared.shm {
@@ -700,6 +693,26 @@ impl Shared {
                 Output::Undeliverable(msg, failure) => self.dispatch.undeliverable(msg, failure),
                 Output::PeerDead(id, failure) => self.dispatch.peer_dead(id, &failure),
                 Output::RoundBegan { round, workers } => self.dispatch.membership(round, &workers),
+                Output::StoreEvent { watchers, event } => {
+                    let gone: Vec<u64> = {
+                        let mut senders = lock(&self.watchers);
+                        watchers
+                            .into_iter()
+                            .filter(|w| {
+                                let sent = senders
+                                    .get(w)
+                                    .is_some_and(|tx| tx.send(event.clone()).is_ok());
+                                if !sent {
+                                    senders.remove(w);
+                                }
+                                !sent
+                            })
+                            .collect()
+                    };
+                    for watcher in gone {
+                        let _ = self.with_core(|core, now| core.store_watcher_gone(watcher, now));
+                    }
+                }
                 Output::Failed(failure) => {
                     if failure != Failure::Stopped {
                         error!("{failure}");
@@ -734,35 +747,6 @@ impl Shared {
     fn wake(&self) {
         // Never block: the loop may have seen `stopping` and gone.
         let _ = lock(&self.waker).send(&b"wake"[..], zmq::DONTWAIT);
-    }
-
-    /// Before stopping, gives unacknowledged messages (the scheduler's last
-    /// barrier release, say) time to be resent and acknowledged, up to 15
-    /// resend timeouts and at most 30 s. Peers that never acknowledged
-    /// anything are not waited for.
-    fn flush_resends(&self) {
-        let Some(timeout) = self.config.resend_timeout else {
-            return;
-        };
-        let deadline = Instant::now() + (timeout * 15).min(Duration::from_secs(30));
-        let mut locked = lock(&self.locked);
-        let mut logged = false;
-        while locked.core.failure().is_none() {
-            let left = locked.core.unacknowledged_at_exit();
-            if left.is_empty() {
-                return;
-            }
-            if !logged {
-                debug!("stopping once these are acknowledged: {}", left.join("; "));
-                logged = true;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                debug!("stopping with {} messages unacknowledged", left.len());
-                return;
-            }
-            locked = wait_timeout(&self.changed, locked, deadline - now);
-        }
     }
 
     /// Opens (or replaces) the DEALER to `node`, identified as `ps<identity>`
