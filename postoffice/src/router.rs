@@ -8,17 +8,20 @@
 //! What is held is bounded in bytes, in total and per sender
 //! (`PS_HOLD_LIMIT`), so strangers cannot pin memory.
 //!
-//! Each customer's queue holds at most `PS_QUEUE_LIMIT` messages: when a
-//! handler falls behind, the receive thread waits for it (back-pressure)
-//! instead of memory growing.
+//! Each customer's queue holds at most `PS_QUEUE_LIMIT` data messages
+//! ([`CustomerQueue`]): when a handler falls behind, the next message is
+//! refused ([`Delivered::Full`]) and the Van keeps it and stops reading
+//! until the queue is half empty (back-pressure on the senders), without
+//! the receive thread ever waiting: heartbeats go on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
 use log::{debug, warn};
 use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
-use pslite_van::{Dispatch, Failure, HoldQueue};
+use pslite_van::{Delivered, Dispatch, Failure, HoldQueue, Room};
+
+use crate::queue::{customer_queue, CustomerQueue, QueueSender, Refused};
 
 /// (app id, customer id).
 pub type CustomerKey = (i32, i32);
@@ -54,7 +57,7 @@ pub enum Delivery {
 pub type Inline = Arc<dyn Fn(Message) -> Option<Message> + Send + Sync>;
 
 struct Route {
-    queue: Sender<Delivery>,
+    queue: Arc<QueueSender>,
     inline: Option<Inline>,
 }
 
@@ -119,7 +122,7 @@ impl CustomerRouter {
 
     /// Registers a customer; its queue starts with whatever was held for it.
     /// `None` if the customer is already registered.
-    pub fn register(&self, key: CustomerKey) -> Option<Receiver<Delivery>> {
+    pub fn register(&self, key: CustomerKey) -> Option<CustomerQueue> {
         self.register_inline(key, None)
     }
 
@@ -129,17 +132,16 @@ impl CustomerRouter {
         &self,
         key: CustomerKey,
         inline: Option<Inline>,
-    ) -> Option<Receiver<Delivery>> {
+    ) -> Option<CustomerQueue> {
         let mut routes = self.routes();
         if routes.customers.contains_key(&key) {
             return None;
         }
         let role = self.role;
         let held = routes.held.take_if(|m| key_of(role, m) == key);
-        // Room for what was held and the failure, whatever the limit.
-        let (tx, rx) = bounded(self.queue_limit.max(held.len() + 1));
+        let (tx, rx) = customer_queue(self.queue_limit);
         if let Some(failure) = &routes.failure {
-            let _ = tx.send(Delivery::NodeFailed(failure.clone()));
+            tx.push(Delivery::NodeFailed(failure.clone()));
         }
         if !held.is_empty() {
             debug!(
@@ -149,10 +151,12 @@ impl CustomerRouter {
                 held.len()
             );
         }
+        // What was held goes in whatever the limit.
         for msg in held {
-            let _ = tx.send(Delivery::Message(msg));
+            tx.push(Delivery::Message(msg));
         }
-        routes.customers.insert(key, Route { queue: tx, inline });
+        let queue = Arc::new(tx);
+        routes.customers.insert(key, Route { queue, inline });
         Some(rx)
     }
 
@@ -173,13 +177,24 @@ impl CustomerRouter {
 }
 
 impl Dispatch for CustomerRouter {
+    /// [`Dispatch::offer`], queueing the message even when the queue is full.
     fn deliver(&self, msg: Message) {
+        let room = Room::new(|| {});
+        if let Delivered::Full(msg) = self.offer(msg, &room) {
+            let key = self.key_of(&msg);
+            if let Some(route) = self.routes().customers.get(&key) {
+                route.queue.push(Delivery::Message(msg));
+            }
+        }
+    }
+
+    fn offer(&self, msg: Message, room: &Room) -> Delivered {
         if msg.meta.app_id == K_EMPTY {
             warn!(
                 "dropping a data message from node {} without an app id",
                 msg.meta.sender
             );
-            return;
+            return Delivered::Taken;
         }
         let key = self.key_of(&msg);
         let inline = self
@@ -191,26 +206,30 @@ impl Dispatch for CustomerRouter {
             // Not under the lock: the handler may take its time.
             Some(inline) => match inline(msg) {
                 Some(msg) => msg,
-                None => return,
+                None => return Delivered::Taken,
             },
             None => msg,
         };
         let mut routes = self.routes();
         if let Some(route) = routes.customers.get(&key) {
-            let queue = route.queue.clone();
-            // Not under the lock: a full queue makes the receive thread wait
-            // for the handler (back-pressure), which may itself register or
-            // send meanwhile.
-            drop(routes);
-            if queue.send(Delivery::Message(msg)).is_ok() {
-                return;
+            match route.queue.offer(msg, room) {
+                Ok(()) => return Delivered::Taken,
+                Err(Refused::Full(msg)) => {
+                    debug!(
+                        "app {} customer {}: its queue is full, waiting for room",
+                        key.0, key.1
+                    );
+                    return Delivered::Full(msg);
+                }
+                Err(Refused::Gone) => {
+                    routes.customers.remove(&key);
+                    warn!(
+                        "app {} customer {} has gone: dropping a message for it",
+                        key.0, key.1
+                    );
+                    return Delivered::Taken;
+                }
             }
-            self.routes().customers.remove(&key);
-            warn!(
-                "app {} customer {} has gone: dropping a message for it",
-                key.0, key.1
-            );
-            return;
         }
         let sender = msg.meta.sender;
         match routes.held.push_message(msg) {
@@ -226,17 +245,25 @@ impl Dispatch for CustomerRouter {
                 routes.held.limit()
             ),
         }
+        Delivered::Taken
     }
 
     fn undeliverable(&self, msg: Message, failure: Failure) {
         // The customer that sent it.
         let key = self.key_of(&msg);
-        let queue = self.routes().customers.get(&key).map(|r| r.queue.clone());
-        match queue {
-            Some(queue) => {
-                let _ = queue.send(Delivery::Undeliverable { msg, failure });
-            }
-            None => debug!("{failure} (its customer has gone)"),
+        let queue = self
+            .routes()
+            .customers
+            .get(&key)
+            .map(|r| Arc::clone(&r.queue));
+        let queued = queue.is_some_and(|q| {
+            q.push(Delivery::Undeliverable {
+                msg,
+                failure: failure.clone(),
+            })
+        });
+        if !queued {
+            debug!("{failure} (its customer has gone)");
         }
     }
 
@@ -259,10 +286,10 @@ impl Dispatch for CustomerRouter {
             .routes()
             .customers
             .values()
-            .map(|r| r.queue.clone())
+            .map(|r| Arc::clone(&r.queue))
             .collect();
         for queue in queues {
-            let _ = queue.send(Delivery::PeerDead {
+            queue.push(Delivery::PeerDead {
                 id,
                 failure: failure.clone(),
             });
@@ -273,11 +300,14 @@ impl Dispatch for CustomerRouter {
         let queues: Vec<_> = {
             let mut routes = self.routes();
             routes.failure.get_or_insert(failure.clone());
-            routes.customers.values().map(|r| r.queue.clone()).collect()
+            routes
+                .customers
+                .values()
+                .map(|r| Arc::clone(&r.queue))
+                .collect()
         };
         for queue in queues {
-            // Never wait here: a full queue already has work to wake it.
-            let _ = queue.try_send(Delivery::NodeFailed(failure.clone()));
+            queue.push(Delivery::NodeFailed(failure.clone()));
         }
     }
 }
@@ -308,10 +338,10 @@ mod tests {
         r.failed(&Failure::Stopped);
         assert!(matches!(
             rx.try_recv(),
-            Ok(Delivery::NodeFailed(Failure::Stopped))
+            Some(Delivery::NodeFailed(Failure::Stopped))
         ));
         let later = r.register((0, 1)).unwrap();
-        assert!(matches!(later.try_recv(), Ok(Delivery::NodeFailed(_))));
+        assert!(matches!(later.try_recv(), Some(Delivery::NodeFailed(_))));
     }
 
     #[test]
@@ -336,7 +366,7 @@ mod tests {
         r.deliver(msg(3, 7, 1));
         assert_eq!(ts(&rx.try_recv().unwrap()), 1);
         r.deliver(msg(K_EMPTY, 0, 2));
-        assert!(rx.try_recv().is_err());
+        assert!(rx.try_recv().is_none());
     }
 
     #[test]
@@ -366,28 +396,39 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_makes_the_sender_wait() {
-        let r = Arc::new(CustomerRouter::new(Role::Worker, 2, 1 << 20));
+    fn a_full_queue_refuses_and_signals_room_once_half_empty() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let r = CustomerRouter::new(Role::Worker, 4, 1 << 20);
         let rx = r.register((0, 0)).unwrap();
-        r.deliver(msg(0, 0, 1));
-        r.deliver(msg(0, 0, 2));
-        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        let r2 = Arc::clone(&r);
-        let t = std::thread::spawn(move || {
-            r2.deliver(msg(0, 0, 3));
-            let _ = done_tx.send(());
+        let rooms = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&rooms);
+        let room = Room::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
         });
-        assert!(done_rx
-            .recv_timeout(std::time::Duration::from_millis(100))
-            .is_err());
+        for t in 0..4 {
+            assert!(matches!(r.offer(msg(0, 0, t), &room), Delivered::Taken));
+        }
+        let Delivered::Full(refused) = r.offer(msg(0, 0, 4), &room) else {
+            panic!("a full queue takes no more");
+        };
+        assert_eq!(refused.meta.timestamp, 4, "the message comes back");
+        // Notices always go in, and never count against the limit.
+        r.peer_dead(9, &Failure::Stopped);
+        assert_eq!(ts(&rx.recv().unwrap()), 0);
+        assert_eq!(rooms.load(Ordering::SeqCst), 0, "3 of 4 left");
         assert_eq!(ts(&rx.recv().unwrap()), 1);
-        assert!(done_rx
-            .recv_timeout(std::time::Duration::from_secs(10))
-            .is_ok());
-        t.join().unwrap();
-        assert_eq!(
-            rx.try_iter().map(|d| ts(&d)).collect::<Vec<_>>(),
-            vec![2, 3]
-        );
+        assert_eq!(rooms.load(Ordering::SeqCst), 1, "half empty: room");
+        assert!(matches!(r.offer(refused, &room), Delivered::Taken));
+        let rest: Vec<_> = rx.try_iter().collect();
+        assert_eq!(rest.len(), 4);
+        assert!(matches!(rest[2], Delivery::PeerDead { id: 9, .. }));
+        // A customer that has gone lets the parked messages through (dropped).
+        let Delivered::Full(_) = (0..5).fold(Delivered::Taken, |_, t| r.offer(msg(0, 0, t), &room))
+        else {
+            panic!("full again");
+        };
+        drop(rx);
+        assert_eq!(rooms.load(Ordering::SeqCst), 2);
+        assert!(matches!(r.offer(msg(0, 0, 9), &room), Delivered::Taken));
     }
 }

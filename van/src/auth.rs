@@ -152,6 +152,21 @@ pub fn secure_dealer(dealer: &zmq::Socket, token: Option<&AuthToken>) -> Result<
         .map_err(zmq_err("setting the PLAIN password"))
 }
 
+/// On a node with `PS_AUTH_TOKEN`: watches `dealer`, its connection to the
+/// scheduler `config` names, and calls `fail` once if the scheduler refuses
+/// the token (so the node fails at once, not at the start timeout).
+pub(crate) fn watch_scheduler(
+    ctx: &zmq::Context,
+    config: &crate::VanConfig,
+    dealer: &zmq::Socket,
+    fail: impl FnOnce(Failure) + Send + 'static,
+) -> Result<(), VanError> {
+    let endpoint = config
+        .transport
+        .connect_endpoint(&config.scheduler_host, config.scheduler_port);
+    watch_refusal(ctx, dealer, &endpoint, fail)
+}
+
 /// Watches `dealer` (connected to the scheduler at `endpoint`) and calls
 /// `on_refused` once if the scheduler refuses our token or speaks no
 /// authentication at all; the watch ends with the context.

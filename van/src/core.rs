@@ -11,7 +11,7 @@
 //! of cores can be tested in an in-memory network with virtual time
 //! (see `harness.rs`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
@@ -31,18 +31,22 @@ use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
 use crate::store::{ClientInput, Requester, StoreClient, StoreHost, StoreReply};
+use crate::transport::Transport;
 use pslite_proto::store::{StoreMsg, StoreOp};
 
 /// Something the driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
     /// Open (or replace) the connection to `node`, identified as `identity`
-    /// ([`K_EMPTY`]: anonymous, before this node has an id).
+    /// ([`K_EMPTY`]: anonymous, before this node has an id), the way
+    /// `route` says.
     Connect {
         /// The peer.
         node: Node,
         /// This node's identity on that connection.
         identity: NodeId,
+        /// How to reach it.
+        route: Route,
     },
     /// Put this message on the connection to `meta.recver`.
     Send(Message),
@@ -89,6 +93,22 @@ pub enum Output {
     },
 }
 
+/// How to reach a peer, as the core chose it from the peer's node-table
+/// entry and this node's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The address the peer advertises (always works).
+    pub endpoint: String,
+    /// A same-host pslite peer's abstract Unix socket (`PS_IPC`), to use
+    /// instead when something listens on it (a peer with `PS_IPC=0` binds
+    /// none: the driver checks before connecting).
+    pub local: Option<String>,
+    /// The peer's process, when large frames to it go through shared memory
+    /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
+    /// that process's descriptors).
+    pub shm_pid: Option<u32>,
+}
+
 /// One node's control plane.
 pub struct Core {
     cfg: VanConfig,
@@ -113,6 +133,14 @@ pub struct Core {
     /// yet (a newcomer whose push beat the scheduler's table here); looked
     /// at again when the next table arrives.
     held_newcomers: HoldQueue<Message>,
+    /// Data messages the apps could not take yet (a customer's queue is
+    /// full), in order: while any waits, the driver reads nothing more.
+    parked: VecDeque<Message>,
+    /// The driver cannot read for a reason of its own (short of file
+    /// descriptors for a shared-memory frame, say).
+    stalled: bool,
+    /// Since when this node reads nothing (see [`Core::is_listening`]).
+    deaf_since: Option<Instant>,
     /// Identities that sent something before they could have been assigned.
     early_ids: BTreeSet<NodeId>,
     /// Data messages dropped because their sender may not send them.
@@ -248,6 +276,9 @@ impl Core {
             acked_by: HashSet::new(),
             held: HoldQueue::new(cfg.hold_limit),
             held_newcomers: HoldQueue::new(cfg.hold_limit),
+            parked: VecDeque::new(),
+            stalled: false,
+            deaf_since: None,
             early_ids: BTreeSet::new(),
             rejected: 0,
             dropped: LogOnce::new(log::Level::Warn),
@@ -422,7 +453,55 @@ impl Core {
 
     fn connect(&mut self, node: Node, identity: NodeId) {
         self.connected.insert(node.id);
-        self.out.push(Output::Connect { node, identity });
+        let route = self.route(&node);
+        self.out.push(Output::Connect {
+            node,
+            identity,
+            route,
+        });
+    }
+
+    /// How to reach `node`: over its abstract Unix socket when it is a
+    /// pslite node of this host and both listen on one (`PS_IPC`), else at
+    /// the address it advertises (C++ nodes and other hosts: always); large
+    /// frames through shared memory when it is a same-host shared-memory
+    /// peer.
+    fn route(&self, node: &Node) -> Route {
+        let endpoint = self
+            .cfg
+            .transport
+            .connect_endpoint(&node.hostname, node.port);
+        let local = match (&self.cfg.shm_identity, self.cfg.transport) {
+            (Some((host, _)), Transport::Tcp) if self.cfg.ipc && self.same_host(node) => {
+                Some(crate::transport::local_endpoint(host, node.pid, node.port))
+            }
+            _ => None,
+        };
+        Route {
+            endpoint,
+            local,
+            shm_pid: self.shm_peer_node(node),
+        }
+    }
+
+    /// Whether `node` is a pslite node of this host (same host identity)
+    /// that uses shared memory.
+    fn same_host(&self, node: &Node) -> bool {
+        self.cfg.shm_identity.as_ref().is_some_and(|(host, _)| {
+            node.pslite && node.pid != 0 && !node.host.is_empty() && node.host == *host
+        })
+    }
+
+    fn shm_peer_node(&self, node: &Node) -> Option<u32> {
+        self.same_host(node).then_some(node.pid)
+    }
+
+    /// Node `id`'s process, if its frames may come through shared memory:
+    /// a same-host pslite peer in the node table (never from the message).
+    pub fn shm_peer(&self, id: NodeId) -> Option<u32> {
+        self.member
+            .node(id)
+            .and_then(|node| self.shm_peer_node(node))
     }
 
     /// Sends a control message of the core's own (stamped with a timestamp
@@ -561,6 +640,77 @@ impl Core {
         self.check_drain(now);
     }
 
+    /// The apps could not take these data messages (from
+    /// [`Output::Deliver`], in order): a customer's queue is full. They wait
+    /// here, and the driver reads nothing more (ZeroMQ's high-water marks
+    /// then hold the senders back) until [`Core::room`]; timers go on.
+    pub fn park(&mut self, msgs: Vec<Message>, now: Instant) {
+        self.parked.extend(msgs);
+        self.update_listening(now);
+    }
+
+    /// A customer's queue has room again: the parked messages are handed
+    /// over again ([`Output::Deliver`]); those the apps refuse again come
+    /// back through [`Core::park`].
+    pub fn room(&mut self, now: Instant) {
+        let parked = std::mem::take(&mut self.parked);
+        self.out.extend(parked.into_iter().map(Output::Deliver));
+        self.update_listening(now);
+    }
+
+    /// Data messages parked (see [`Core::park`]).
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// The driver cannot read for a reason of its own (`stalled`), or can
+    /// again.
+    pub fn set_stalled(&mut self, stalled: bool, now: Instant) {
+        self.stalled = stalled;
+        self.update_listening(now);
+    }
+
+    /// Whether the driver reads what arrives: not while messages are parked
+    /// or the driver is stalled. Meanwhile the node still sends (heartbeats
+    /// go on), but nobody's silence counts: it cannot hear them.
+    pub fn is_listening(&self) -> bool {
+        self.parked.is_empty() && !self.stalled
+    }
+
+    /// Tells the state machines when the node stops or starts listening:
+    /// the time spent deaf counts as nobody's silence, and resends and
+    /// give-ups wait (their acknowledgements may be waiting unread).
+    fn update_listening(&mut self, now: Instant) {
+        let listening = self.is_listening();
+        match (listening, self.deaf_since) {
+            (false, None) => {
+                if self.stalled {
+                    debug!("not reading for now: short of file descriptors");
+                } else {
+                    debug!("not reading for now: an app's queue is full");
+                }
+                self.deaf_since = Some(now);
+                self.member.set_deaf(true, now);
+                if let Some(s) = &mut self.scheduler {
+                    s.set_deaf(true, now);
+                }
+            }
+            (true, Some(since)) => {
+                let deaf = now.saturating_duration_since(since);
+                debug!("reading again after {:.3} s", deaf.as_secs_f64());
+                self.deaf_since = None;
+                self.member.set_deaf(false, now);
+                if let Some(s) = &mut self.scheduler {
+                    s.set_deaf(false, now);
+                }
+                if let Some(r) = &mut self.resender {
+                    r.postpone(deaf);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Messages still unacknowledged that are worth waiting for at exit,
     /// described for logs: heartbeats are not, nor messages to a peer that
     /// never acknowledged anything (a C++ node without `PS_RESEND`).
@@ -597,7 +747,11 @@ impl Core {
 
     /// When [`Core::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let resends = self.resender.as_ref().and_then(Resender::poll_timeout);
+        let resends = self
+            .resender
+            .as_ref()
+            .filter(|_| self.deaf_since.is_none())
+            .and_then(Resender::poll_timeout);
         if let Some(drain) = &self.drain {
             let deadline = drain.outcome.is_none().then_some(drain.deadline);
             return resends.into_iter().chain(deadline).min();
@@ -626,14 +780,18 @@ impl Core {
                 let actions = s.tick(now);
                 self.apply_scheduler(actions, now);
             }
-            self.store_forget_dead(now);
+            if self.deaf_since.is_none() {
+                self.store_forget_dead(now);
+            }
             self.changed |= self.store_client.tick(now);
         }
         if let Some(host) = &mut self.store_host {
             let replies = host.tick(now);
             self.send_store_replies(replies, now);
         }
-        self.resend(now);
+        if self.deaf_since.is_none() {
+            self.resend(now);
+        }
         self.check_drain(now);
     }
 
@@ -1020,7 +1178,12 @@ impl Core {
             self.reject(&msg, why);
             return;
         }
-        self.out.push(Output::Deliver(msg));
+        if self.parked.is_empty() {
+            self.out.push(Output::Deliver(msg));
+        } else {
+            // Behind the ones waiting, in order.
+            self.parked.push_back(msg);
+        }
     }
 
     /// Why a member may not send `msg` to this node, given both roles.

@@ -53,6 +53,9 @@ pub struct SimNode {
     pub alive: bool,
     /// Data messages delivered to its apps.
     pub delivered: Vec<Message>,
+    /// How many deliveries its apps take in all (`None`: any number): past
+    /// it the apps' queues are full and refuse (see [`Network::give_room`]).
+    pub app_capacity: Option<usize>,
     /// Failures reported (node failed).
     pub failures: Vec<Failure>,
     /// Messages it gave up on.
@@ -154,6 +157,7 @@ impl Network {
             port,
             alive: true,
             delivered: Vec::new(),
+            app_capacity: None,
             failures: Vec::new(),
             undeliverable: Vec::new(),
             peer_dead: Vec::new(),
@@ -307,12 +311,33 @@ impl Network {
         self.flush(i);
     }
 
+    /// Node `i`'s apps drain their queues and take any number again: what
+    /// they refused is handed over.
+    pub fn give_room(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].app_capacity = None;
+        self.nodes[i].core.room(now);
+        self.flush(i);
+    }
+
     /// Carries out node `i`'s outputs.
     fn flush(&mut self, i: usize) {
         let outputs = self.nodes[i].core.take_output();
+        let mut refused = Vec::new();
         for out in outputs {
             match out {
-                Output::Connect { node, identity } => {
+                Output::Deliver(msg) => {
+                    let node = &mut self.nodes[i];
+                    let full = node
+                        .app_capacity
+                        .is_some_and(|cap| node.delivered.len() >= cap);
+                    if full || !refused.is_empty() {
+                        refused.push(msg);
+                    } else {
+                        node.delivered.push(msg);
+                    }
+                }
+                Output::Connect { node, identity, .. } => {
                     let target = self
                         .nodes
                         .iter()
@@ -320,7 +345,6 @@ impl Network {
                     self.nodes[i].conns.insert(node.id, (target, identity));
                 }
                 Output::Send(msg) => self.transmit(i, msg),
-                Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
                 Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),
                 Output::PeerDead(id, _) => self.nodes[i].peer_dead.push(id),
                 Output::Failed(f) => self.nodes[i].failures.push(f),
@@ -336,6 +360,16 @@ impl Network {
                 }
             }
         }
+        if !refused.is_empty() {
+            let now = self.now;
+            self.nodes[i].core.park(refused, now);
+        }
+    }
+
+    /// Whether node `i` reads what arrives (a node that does not leaves
+    /// its packets in flight, as a socket keeps them).
+    fn reads(&self, i: usize) -> bool {
+        self.nodes[i].alive && self.nodes[i].core.is_listening()
     }
 
     /// Puts a message from node `i` on the network, through its faults.
@@ -377,7 +411,12 @@ impl Network {
     /// The next time something happens: a packet arrives or a core's
     /// deadline passes.
     fn next_event(&self) -> Option<Instant> {
-        let packets = self.packets.iter().map(|p| p.at).min();
+        let packets = self
+            .packets
+            .iter()
+            .filter(|p| self.reads(p.to) || !self.nodes[p.to].alive)
+            .map(|p| p.at)
+            .min();
         let timers = self
             .nodes
             .iter()
@@ -409,7 +448,8 @@ impl Network {
         let mut due: Vec<Packet> = Vec::new();
         let mut i = 0;
         while i < self.packets.len() {
-            if self.packets[i].at <= now {
+            let p = &self.packets[i];
+            if p.at <= now && (self.reads(p.to) || !self.nodes[p.to].alive) {
                 due.push(self.packets.swap_remove(i));
             } else {
                 i += 1;
@@ -418,6 +458,11 @@ impl Network {
         due.sort_by_key(|p| (p.at, p.seq));
         for p in due {
             if !self.nodes[p.to].alive {
+                continue;
+            }
+            if !self.reads(p.to) {
+                // It stopped reading meanwhile: the packet waits.
+                self.packets.push(p);
                 continue;
             }
             // Through the codec, as on the wire; the sender comes from the
@@ -503,6 +548,8 @@ impl Network {
     }
 }
 
+#[cfg(test)]
+mod backpressure_tests;
 #[cfg(test)]
 mod deadline_tests;
 #[cfg(test)]

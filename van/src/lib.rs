@@ -45,14 +45,18 @@
 //! ```
 
 pub mod admin;
+mod admin_dealers;
 pub mod auth;
+mod bind;
 mod config;
 mod core;
 pub mod counters;
+mod dispatch;
 mod error;
 #[cfg(test)]
 mod harness;
 pub mod hold;
+mod links;
 mod log_once;
 mod member;
 pub mod rendezvous;
@@ -64,10 +68,11 @@ pub mod store;
 pub mod transport;
 mod van;
 
-pub use crate::core::{Core, Output};
+pub use crate::core::{Core, DrainOutcome, Output, Route};
 pub use auth::AuthToken;
 pub use config::VanConfig;
 pub use counters::Counters;
+pub use dispatch::{describe, Delivered, Dispatch, Room};
 pub use error::{Failure, StartTimeout, VanError};
 pub use hold::HoldQueue;
 pub use log_once::LogOnce;
@@ -75,4 +80,4 @@ pub use member::{BarrierOutcome, Member, MemberAction, MemberConfig, WAIT_LOG_IN
 pub use resender::Resender;
 pub use scheduler::{Action, Scheduler, SchedulerConfig};
 pub use transport::Transport;
-pub use van::{describe, Dispatch, Van};
+pub use van::Van;

@@ -134,6 +134,9 @@ pub struct Member {
     /// the round this node joined in.
     round: Option<(u64, Vec<NodeId>)>,
     joined_round: Option<u64>,
+    /// Since when this node reads nothing (an app's queue is full): silence
+    /// proves nothing meanwhile.
+    deaf_since: Option<Instant>,
 }
 
 impl Member {
@@ -157,6 +160,26 @@ impl Member {
             ignored_tables: 0,
             round: None,
             joined_round: None,
+            deaf_since: None,
+        }
+    }
+
+    /// This node stops reading what arrives (`deaf`), or reads again: the
+    /// time it spent deaf does not count as anyone's silence (the scheduler
+    /// is not taken for lost, nodes declared dead get that long more to be
+    /// replaced).
+    pub fn set_deaf(&mut self, deaf: bool, now: Instant) {
+        match (deaf, self.deaf_since) {
+            (true, None) => self.deaf_since = Some(now),
+            (false, Some(since)) => {
+                self.deaf_since = None;
+                let d = now.saturating_duration_since(since);
+                self.last_scheduler_contact += d;
+                for since in self.dead.values_mut() {
+                    *since += d;
+                }
+            }
+            _ => {}
         }
     }
 
@@ -635,7 +658,10 @@ impl Member {
                     actions.push(MemberAction::Send(msg));
                 }
             }
-            if let Some(timeout) = self.scheduler_timeout() {
+            if let Some(timeout) = self
+                .scheduler_timeout()
+                .filter(|_| self.deaf_since.is_none())
+            {
                 let silent = now.saturating_duration_since(self.last_scheduler_contact);
                 if silent > timeout {
                     actions.extend(self.fail(Failure::SchedulerLost {
@@ -647,8 +673,9 @@ impl Member {
                 }
             }
         }
+        let listening = self.deaf_since.is_none();
         for (&id, &since) in &self.dead {
-            if now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
+            if listening && now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
                 warn!(
                     "node {id} was declared dead {} s ago and nothing replaced it: what waits \
                      on it fails",
@@ -676,12 +703,16 @@ impl Member {
             if let Some(t) = self.next_heartbeat {
                 consider(t);
             }
-            if let Some(timeout) = self.scheduler_timeout() {
+            if let Some(timeout) = self
+                .scheduler_timeout()
+                .filter(|_| self.deaf_since.is_none())
+            {
                 consider(self.last_scheduler_contact + timeout + Duration::from_millis(1));
             }
         }
-        // As in tick: a failed node gives up on nobody (it gave up).
-        if self.joined && self.failure.is_none() {
+        // As in tick: a failed node gives up on nobody (it gave up), nor
+        // does a deaf one.
+        if self.joined && self.failure.is_none() && self.deaf_since.is_none() {
             for (id, &since) in &self.dead {
                 if !self.given_up.contains(id) {
                     consider(since + self.cfg.recovery_timeout);
