@@ -29,7 +29,7 @@ pub struct LogOnce<K> {
 }
 
 impl<K: Hash + Eq> LogOnce<K> {
-    /// Logs at `level` once per key, for up to [`DEFAULT_KEYS`] keys.
+    /// Logs at `level` once per key, for up to 1024 keys.
     pub fn new(level: Level) -> LogOnce<K> {
         LogOnce::with_max_keys(level, DEFAULT_KEYS)
     }

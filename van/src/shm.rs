@@ -62,7 +62,7 @@
 //! it, checks the header's magic, token and size, and keeps the mapping
 //! (the descriptor it opened is closed at once). Each descriptor is then
 //! checked (bounds, slot, generation) and claimed; the frame becomes a
-//! [`Bytes`] over the mapping (zero copies: the app's `SArray` reads the
+//! [`bytes::Bytes`] over the mapping (zero copies: the app's `SArray` reads the
 //! segment in place). A descriptor that fails any check is a [`ShmError`]:
 //! the van drops the message with a log line and counts it; nothing is read
 //! out of bounds. A receiver short of descriptors or memory
