@@ -5,19 +5,10 @@
 
 use std::collections::HashMap;
 
+use super::tests::heartbeats;
 use super::*;
 
 const SECOND: Duration = Duration::from_secs(1);
-
-fn heartbeats() -> VanConfig {
-    VanConfig {
-        heartbeat_interval: Some(SECOND),
-        heartbeat_timeout: Some(SECOND * 3),
-        watch_all: true,
-        recovery_timeout: SECOND * 5,
-        ..VanConfig::default()
-    }
-}
 
 /// Each worker sends `n` requests to the server (timestamps 0..n).
 fn flood(net: &mut Network, server: usize, workers: &[usize], n: i32) {

@@ -6,17 +6,35 @@
 use pslite_proto::ids::{ALL_GROUP, WORKER_GROUP};
 use pslite_proto::store::{StoreMsg, StoreOp};
 
+use super::tests::resend;
 use super::*;
 use crate::core::{DrainOutcome, DRAIN_RESEND_TIMEOUTS, MAX_DRAIN};
 
 const SECOND: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
 
-fn resend(timeout: Duration) -> VanConfig {
-    VanConfig {
-        resend_timeout: Some(timeout),
-        ..VanConfig::default()
-    }
+/// A 1 + 1 cluster with `PS_RESEND` (`timeout_ms`) whose worker stops with
+/// a request to a server that acknowledged before and then died: returns
+/// the network and the worker, its exit drain just begun.
+fn stopping_with_a_lost_request(timeout_ms: u64, seed: u64) -> (Network, usize) {
+    let mut net = Network::cluster(1, 1, resend(timeout_ms), seed);
+    assert!(net.form(SECOND * 5));
+    let (server, worker) = (net.index_of(8).unwrap(), net.index_of(9).unwrap());
+    let first = net.request(worker, server, 1);
+    net.send(worker, first);
+    net.run_for(SECOND);
+    net.kill(server);
+    let lost = net.request(worker, server, 2);
+    net.send(worker, lost);
+    net.finish(worker);
+    (net, worker)
+}
+
+/// Runs until node `i`'s exit drain ends (within `limit`); how long it took.
+fn drain_time(net: &mut Network, i: usize, limit: Duration) -> Duration {
+    let started = net.now;
+    assert!(net.run_until(limit, |n| n.nodes[i].core.drain_outcome().is_some()));
+    net.now - started
 }
 
 #[test]
@@ -93,7 +111,7 @@ fn a_store_call_without_an_answer_ends_at_its_limit() {
 
 #[test]
 fn the_exit_drain_ends_as_soon_as_everything_is_acknowledged() {
-    let mut net = Network::cluster(1, 1, resend(Duration::from_millis(100)), 42);
+    let mut net = Network::cluster(1, 1, resend(100), 42);
     assert!(net.form(SECOND * 5));
     let (server, worker) = (net.index_of(8).unwrap(), net.index_of(9).unwrap());
     // The server has acknowledged before: what goes to it is waited for.
@@ -114,23 +132,11 @@ fn the_exit_drain_ends_as_soon_as_everything_is_acknowledged() {
 #[test]
 fn the_exit_drain_gives_up_after_15_resend_timeouts_saying_what_it_waited_for() {
     let timeout = Duration::from_millis(100);
-    let mut net = Network::cluster(1, 1, resend(timeout), 43);
-    assert!(net.form(SECOND * 5));
-    let (server, worker) = (net.index_of(8).unwrap(), net.index_of(9).unwrap());
-    // The server acknowledged once (so it is worth waiting for), then dies.
-    let first = net.request(worker, server, 1);
-    net.send(worker, first);
-    net.run_for(SECOND);
-    net.kill(server);
-    let lost = net.request(worker, server, 2);
-    net.send(worker, lost);
-    net.finish(worker);
-    let started = net.now;
-    assert!(net.run_until(SECOND * 60, |n| n.nodes[worker]
-        .core
-        .drain_outcome()
-        .is_some()));
-    assert_eq!(net.now - started, timeout * DRAIN_RESEND_TIMEOUTS);
+    let (mut net, worker) = stopping_with_a_lost_request(100, 43);
+    assert_eq!(
+        drain_time(&mut net, worker, SECOND * 60),
+        timeout * DRAIN_RESEND_TIMEOUTS
+    );
     match net.nodes[worker].core.drain_outcome() {
         Some(DrainOutcome::GaveUp { waited, left }) => {
             assert_eq!(*waited, timeout * DRAIN_RESEND_TIMEOUTS);
@@ -146,22 +152,8 @@ fn the_exit_drain_gives_up_after_15_resend_timeouts_saying_what_it_waited_for() 
 
 #[test]
 fn the_exit_drain_lasts_at_most_30_seconds_however_long_the_resend_timeout() {
-    let mut net = Network::cluster(1, 1, resend(SECOND * 10), 44);
-    assert!(net.form(SECOND * 5));
-    let (server, worker) = (net.index_of(8).unwrap(), net.index_of(9).unwrap());
-    let first = net.request(worker, server, 1);
-    net.send(worker, first);
-    net.run_for(SECOND);
-    net.kill(server);
-    let lost = net.request(worker, server, 2);
-    net.send(worker, lost);
-    net.finish(worker);
-    let started = net.now;
-    assert!(net.run_until(SECOND * 120, |n| n.nodes[worker]
-        .core
-        .drain_outcome()
-        .is_some()));
-    assert_eq!(net.now - started, MAX_DRAIN);
+    let (mut net, worker) = stopping_with_a_lost_request(10_000, 44);
+    assert_eq!(drain_time(&mut net, worker, SECOND * 120), MAX_DRAIN);
     assert!(matches!(
         net.nodes[worker].core.drain_outcome(),
         Some(DrainOutcome::GaveUp { .. })
@@ -178,16 +170,7 @@ fn without_resend_or_with_a_failed_node_there_is_nothing_to_drain() {
         Some(&DrainOutcome::Flushed)
     );
 
-    let mut net = Network::cluster(1, 1, resend(SECOND), 46);
-    assert!(net.form(SECOND * 5));
-    let (server, worker) = (net.index_of(8).unwrap(), net.index_of(9).unwrap());
-    let first = net.request(worker, server, 1);
-    net.send(worker, first);
-    net.run_for(SECOND);
-    net.kill(server);
-    let lost = net.request(worker, server, 2);
-    net.send(worker, lost);
-    net.finish(worker);
+    let (mut net, worker) = stopping_with_a_lost_request(1000, 46);
     assert_eq!(net.nodes[worker].core.drain_outcome(), None);
     let now = net.now;
     net.nodes[worker].core.fail(Failure::Stopped, now);
