@@ -5,63 +5,74 @@
 //! with, which it gives once the customer has taken the queue down to half
 //! its limit. Notices (a failed request, a dead peer, the node's failure)
 //! are never refused: they are few, and a customer must not miss one.
+//!
+//! The deliveries travel on an unbounded crossbeam channel; a counter of
+//! the data messages in it is the gate.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use pslite_proto::{lock, Message};
 use pslite_van::Room;
 
 use crate::router::Delivery;
 
-struct State {
-    items: VecDeque<Delivery>,
-    /// Data messages among `items`.
-    messages: usize,
-    /// The router dropped its end: no more will come.
-    closed: bool,
+/// The count of data messages queued, and who to tell once there is room.
+struct Gate {
+    messages: AtomicUsize,
+    limit: usize,
+    /// Whether `room` holds a signal (read without the lock).
+    waiting: AtomicBool,
+    room: Mutex<Option<Room>>,
     /// The customer dropped its end: nothing more is taken.
-    gone: bool,
-    /// Who to tell once there is room (a message was refused).
-    room: Option<Room>,
+    gone: AtomicBool,
 }
 
-struct Shared {
-    state: Mutex<State>,
-    ready: Condvar,
-    limit: usize,
+impl Gate {
+    /// Gives the room signal, if one waits.
+    fn open(&self) {
+        if !self.waiting.load(Ordering::SeqCst) {
+            return;
+        }
+        let room = lock(&self.room).take();
+        self.waiting.store(false, Ordering::SeqCst);
+        if let Some(room) = room {
+            room.notify();
+        }
+    }
 }
 
 /// The customer's end of its queue. Iterating it waits for each delivery
 /// and ends once the customer is unregistered and the queue is empty.
 pub struct CustomerQueue {
-    shared: Arc<Shared>,
+    rx: Receiver<Delivery>,
+    gate: Arc<Gate>,
 }
 
 /// The router's end of a customer's queue.
 pub(crate) struct QueueSender {
-    shared: Arc<Shared>,
+    tx: Sender<Delivery>,
+    gate: Arc<Gate>,
 }
 
 /// A queue holding at most `limit` data messages (at least 1).
 pub(crate) fn customer_queue(limit: usize) -> (QueueSender, CustomerQueue) {
-    let shared = Arc::new(Shared {
-        state: Mutex::new(State {
-            items: VecDeque::new(),
-            messages: 0,
-            closed: false,
-            gone: false,
-            room: None,
-        }),
-        ready: Condvar::new(),
+    let (tx, rx) = unbounded();
+    let gate = Arc::new(Gate {
+        messages: AtomicUsize::new(0),
         limit: limit.max(1),
+        waiting: AtomicBool::new(false),
+        room: Mutex::new(None),
+        gone: AtomicBool::new(false),
     });
     (
         QueueSender {
-            shared: Arc::clone(&shared),
+            tx,
+            gate: Arc::clone(&gate),
         },
-        CustomerQueue { shared },
+        CustomerQueue { rx, gate },
     )
 }
 
@@ -81,69 +92,59 @@ impl QueueSender {
     /// kept and notified once it is half empty).
     #[allow(clippy::result_large_err)]
     pub(crate) fn offer(&self, msg: Message, room: &Room) -> Result<(), Refused> {
-        let mut state = lock(&self.shared.state);
-        if state.gone {
+        let gate = &self.gate;
+        let full = || {
+            gate.messages.load(Ordering::SeqCst) >= gate.limit && !gate.gone.load(Ordering::SeqCst)
+        };
+        if full() {
+            *lock(&gate.room) = Some(room.clone());
+            gate.waiting.store(true, Ordering::SeqCst);
+            // The customer may have drained (or gone) meanwhile, before it
+            // could see the signal: then the message goes on after all.
+            if full() {
+                return Err(Refused::Full(msg));
+            }
+            lock(&gate.room).take();
+            gate.waiting.store(false, Ordering::SeqCst);
+        }
+        gate.messages.fetch_add(1, Ordering::SeqCst);
+        if self.tx.send(Delivery::Message(msg)).is_err() {
+            gate.messages.fetch_sub(1, Ordering::SeqCst);
             return Err(Refused::Gone);
         }
-        if state.messages >= self.shared.limit {
-            state.room = Some(room.clone());
-            return Err(Refused::Full(msg));
-        }
-        state.messages += 1;
-        state.items.push_back(Delivery::Message(msg));
-        drop(state);
-        self.shared.ready.notify_one();
         Ok(())
     }
 
     /// Queues `delivery` whatever the limit (a notice, or what was held for
     /// the customer before it registered); false if the customer has gone.
     pub(crate) fn push(&self, delivery: Delivery) -> bool {
-        let mut state = lock(&self.shared.state);
-        if state.gone {
-            return false;
+        let message = matches!(delivery, Delivery::Message(_));
+        if message {
+            self.gate.messages.fetch_add(1, Ordering::SeqCst);
         }
-        if matches!(delivery, Delivery::Message(_)) {
-            state.messages += 1;
+        let sent = self.tx.send(delivery).is_ok();
+        if !sent && message {
+            self.gate.messages.fetch_sub(1, Ordering::SeqCst);
         }
-        state.items.push_back(delivery);
-        drop(state);
-        self.shared.ready.notify_one();
-        true
-    }
-}
-
-impl Drop for QueueSender {
-    fn drop(&mut self) {
-        lock(&self.shared.state).closed = true;
-        self.shared.ready.notify_all();
+        sent
     }
 }
 
 impl CustomerQueue {
-    /// The next delivery, waiting for one; `None` once the queue is closed
-    /// and empty.
+    /// The next delivery, waiting for one; `None` once the customer is
+    /// unregistered and the queue is empty.
     pub fn recv(&self) -> Option<Delivery> {
-        let state = lock(&self.shared.state);
-        let state = pslite_proto::wait_while(&self.shared.ready, state, |s| {
-            s.items.is_empty() && !s.closed
-        });
-        self.pop(state)
+        self.taken(self.rx.recv().ok())
     }
 
     /// The next delivery, waiting up to `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
-        let state = lock(&self.shared.state);
-        let (state, _) =
-            pslite_proto::wait_timeout_while(&self.shared.ready, state, timeout, |s| {
-                s.items.is_empty() && !s.closed
-            });
-        self.pop(state)
+        self.taken(self.rx.recv_timeout(timeout).ok())
     }
 
     /// The next delivery if one is here.
     pub fn try_recv(&self) -> Option<Delivery> {
-        self.pop(lock(&self.shared.state))
+        self.taken(self.rx.try_recv().ok())
     }
 
     /// Every delivery here now, without waiting.
@@ -153,44 +154,33 @@ impl CustomerQueue {
 
     /// Deliveries waiting.
     pub fn len(&self) -> usize {
-        lock(&self.shared.state).items.len()
+        self.rx.len()
     }
 
     /// Whether no delivery waits.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.rx.is_empty()
     }
 
-    fn pop(&self, mut state: std::sync::MutexGuard<'_, State>) -> Option<Delivery> {
-        let item = state.items.pop_front()?;
-        if matches!(item, Delivery::Message(_)) {
-            state.messages -= 1;
+    /// Counts a data message out, and gives the room signal once the queue
+    /// is half empty.
+    fn taken(&self, delivery: Option<Delivery>) -> Option<Delivery> {
+        if let Some(Delivery::Message(_)) = &delivery {
+            let left = self.gate.messages.fetch_sub(1, Ordering::SeqCst) - 1;
+            if left <= self.gate.limit / 2 {
+                self.gate.open();
+            }
         }
-        let room = if state.messages <= self.shared.limit / 2 {
-            state.room.take()
-        } else {
-            None
-        };
-        drop(state);
-        if let Some(room) = room {
-            room.notify();
-        }
-        Some(item)
+        delivery
     }
 }
 
 impl Drop for CustomerQueue {
     fn drop(&mut self) {
-        let mut state = lock(&self.shared.state);
-        state.gone = true;
-        state.items.clear();
-        let room = state.room.take();
-        drop(state);
         // Whatever the Van parked for this customer can be offered (and
         // dropped) now.
-        if let Some(room) = room {
-            room.notify();
-        }
+        self.gate.gone.store(true, Ordering::SeqCst);
+        self.gate.open();
     }
 }
 

@@ -98,6 +98,20 @@ impl<T> HoldQueue<T> {
         Err(Refused { item, why })
     }
 
+    /// Puts back at the front an item just taken with
+    /// [`HoldQueue::pop_front`] (of `payload` bytes, from `sender`), whatever
+    /// the budget: it was held already.
+    pub fn push_front(&mut self, sender: NodeId, payload: usize, item: T) {
+        let bytes = payload.saturating_add(Self::OVERHEAD);
+        self.bytes += bytes;
+        *self.by_sender.entry(sender).or_default() += bytes;
+        self.items.push_front(Held {
+            sender,
+            bytes,
+            item,
+        });
+    }
+
     /// The oldest item.
     pub fn front(&self) -> Option<&T> {
         self.items.front().map(|h| &h.item)

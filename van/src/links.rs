@@ -17,8 +17,9 @@
 //! message prepared for the new peer finds it and waits there until the
 //! thread that carries out the connection has opened the socket.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
 use bytes::Bytes;
@@ -56,13 +57,25 @@ pub(crate) enum Mode {
     NoWait,
 }
 
-/// A message encoded for the wire.
-struct Outgoing {
+/// A message encoded for the wire (its data frames borrowed until it has
+/// to wait).
+struct Outgoing<'a> {
     recver: NodeId,
     meta: Vec<u8>,
-    data: Vec<Bytes>,
+    data: Cow<'a, [Bytes]>,
     /// Its frames moved into shared memory, given back if it never leaves.
     staged: Option<shm::Staged>,
+}
+
+impl Outgoing<'_> {
+    fn into_owned(self) -> Outgoing<'static> {
+        Outgoing {
+            recver: self.recver,
+            meta: self.meta,
+            data: Cow::Owned(self.data.into_owned()),
+            staged: self.staged,
+        }
+    }
 }
 
 /// One peer's connection.
@@ -71,9 +84,10 @@ struct Link {
     /// opened it.
     socket: Mutex<Option<zmq::Socket>>,
     /// Messages not written yet, in order.
-    waiting: Mutex<HoldQueue<Outgoing>>,
-    /// The peer's process, when large frames go through shared memory.
-    shm_pid: Mutex<Option<u32>>,
+    waiting: Mutex<HoldQueue<Outgoing<'static>>>,
+    /// The peer's process, when large frames go through shared memory (0:
+    /// they do not).
+    shm_pid: AtomicU32,
 }
 
 /// This node's DEALERs, by peer id.
@@ -156,7 +170,7 @@ impl Links {
         let link = Arc::new(Link {
             socket: Mutex::new(None),
             waiting: Mutex::new(HoldQueue::new(self.config.hold_limit)),
-            shm_pid: Mutex::new(None),
+            shm_pid: AtomicU32::new(0),
         });
         if let Some(old) = lock(&self.links).insert(id, link) {
             let lost = lock(&old.waiting).drain();
@@ -200,7 +214,7 @@ impl Links {
                 node.id
             );
         }
-        *lock(&link.shm_pid) = shm_pid;
+        link.shm_pid.store(shm_pid.unwrap_or(0), Ordering::Relaxed);
         let mut slot = lock(&link.socket);
         *slot = Some(socket);
         if let Some(socket) = slot.as_mut() {
@@ -241,22 +255,22 @@ impl Links {
     pub(crate) fn send(&self, msg: &Message, mode: Mode) -> Result<usize, VanError> {
         let recver = msg.meta.recver;
         let link = self.link(recver).ok_or(VanError::UnknownPeer(recver))?;
-        let shm_pid = *lock(&link.shm_pid);
-        let staged = match (&self.pool, shm_pid) {
-            (Some(pool), Some(pid)) => pool.stage(&msg.data, pid),
+        let shm_pid = link.shm_pid.load(Ordering::Relaxed);
+        let staged = match &self.pool {
+            Some(pool) if shm_pid != 0 => pool.stage(&msg.data, shm_pid),
             _ => None,
         };
         let out = match staged {
             Some(mut st) => Outgoing {
                 recver,
                 meta: msg.meta.encode_with_shm(&st.frames),
-                data: std::mem::take(&mut st.data),
+                data: Cow::Owned(std::mem::take(&mut st.data)),
                 staged: Some(st),
             },
             None => Outgoing {
                 recver,
                 meta: msg.meta.encode(),
-                data: msg.data.clone(),
+                data: Cow::Borrowed(&msg.data),
                 staged: None,
             },
         };
@@ -265,7 +279,7 @@ impl Links {
 
     /// Writes `out` on `link`: behind what waits there, and into the wait
     /// if it cannot go now without blocking (`NoWait`).
-    fn write(&self, link: &Link, out: Outgoing, mode: Mode) -> Result<usize, VanError> {
+    fn write(&self, link: &Link, out: Outgoing<'_>, mode: Mode) -> Result<usize, VanError> {
         let mut guard = match mode {
             Mode::Wait => lock(&link.socket),
             Mode::NoWait => match link.socket.try_lock() {
@@ -297,40 +311,48 @@ impl Links {
         }
     }
 
-    /// Writes what waits on `link` (in order); whether nothing is left.
+    /// Writes what waits on `link` (in order); whether nothing is left. The
+    /// caller holds the link's socket; the wait itself is locked only
+    /// between writes, never across a write that may block.
     fn write_waiting(&self, link: &Link, socket: &mut zmq::Socket, mode: Mode) -> bool {
-        let mut waiting = lock(&link.waiting);
+        if !self.any_waiting() {
+            return true;
+        }
         let flags = match mode {
             Mode::Wait => 0,
             Mode::NoWait => zmq::DONTWAIT,
         };
-        while let Some(out) = waiting.front() {
+        loop {
+            let Some(out) = lock(&link.waiting).pop_front() else {
+                return true;
+            };
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
             match transport::send_message_with(socket, &out.meta, &out.data, flags) {
                 Ok(sent) => {
-                    if let Some(out) = waiting.pop_front() {
-                        self.waiting.fetch_sub(1, Ordering::Relaxed);
-                        self.sent(&out, sent);
-                    }
+                    self.sent(&out, sent);
                 }
-                Err(zmq::Error::EAGAIN) if mode == Mode::NoWait => return false,
+                Err(zmq::Error::EAGAIN) if mode == Mode::NoWait => {
+                    // Back at the front: nothing can have overtaken it, as
+                    // the caller holds the socket.
+                    self.waiting.fetch_add(1, Ordering::Relaxed);
+                    let bytes = out.meta.len() + out.data.iter().map(Bytes::len).sum::<usize>();
+                    lock(&link.waiting).push_front(out.recver, bytes, out);
+                    return false;
+                }
                 Err(e) => {
-                    if let Some(out) = waiting.pop_front() {
-                        self.waiting.fetch_sub(1, Ordering::Relaxed);
-                        debug!("cannot send to node {}: {e}", out.recver);
-                        self.discard(vec![out]);
-                    }
+                    debug!("cannot send to node {}: {e}", out.recver);
+                    self.discard(vec![out]);
                 }
             }
         }
-        true
     }
 
     /// Keeps `out` in `link`'s wait (or drops it, warning once per peer,
     /// when the wait holds its budget); returns the bytes it carries.
-    fn hold(&self, link: &Link, out: Outgoing) -> usize {
+    fn hold(&self, link: &Link, out: Outgoing<'_>) -> usize {
         let bytes = out.meta.len() + out.data.iter().map(Bytes::len).sum::<usize>();
         let recver = out.recver;
-        match lock(&link.waiting).push(recver, bytes, out) {
+        match lock(&link.waiting).push(recver, bytes, out.into_owned()) {
             Ok(()) => {
                 self.waiting.fetch_add(1, Ordering::Relaxed);
                 trace!("node {recver} cannot take more now: a message waits");
@@ -348,13 +370,13 @@ impl Links {
         bytes
     }
 
-    fn sent(&self, out: &Outgoing, sent: usize) -> usize {
+    fn sent(&self, out: &Outgoing<'_>, sent: usize) -> usize {
         let bytes = sent + out.staged.as_ref().map_or(0, |st| st.bytes);
         self.counters.sent(out.recver, bytes);
         bytes
     }
 
-    fn discard(&self, outs: Vec<Outgoing>) {
+    fn discard(&self, outs: Vec<Outgoing<'_>>) {
         for out in outs {
             if let Some(st) = out.staged {
                 st.abandon();
@@ -397,5 +419,66 @@ impl Links {
             self.waiting.fetch_sub(lost.len(), Ordering::Relaxed);
             self.discard(lost);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use pslite_proto::{Meta, Role};
+
+    use super::*;
+
+    #[test]
+    fn writes_that_would_block_wait_in_order_and_go_once_the_peer_reads() {
+        let ctx = zmq::Context::new();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        router.set_rcvhwm(10).unwrap();
+        router.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = router.get_last_endpoint().unwrap().unwrap();
+        let config = VanConfig {
+            water_mark: Some(10),
+            ..VanConfig::default()
+        };
+        let links = Links::new(ctx.clone(), config, Arc::new(Counters::new()), None);
+        let mut peer = Node::new(Role::Server, "127.0.0.1", 1);
+        peer.id = 8;
+        let route = Route {
+            endpoint,
+            local: None,
+            shm_pid: None,
+        };
+        links.reserve(8);
+        links.open(&peer, 9, &route, Mode::NoWait).unwrap();
+        // The peer reads nothing: far more than both high-water marks go,
+        // and none of the writes blocks.
+        let started = Instant::now();
+        for ts in 0..2000 {
+            let mut msg = Message::default();
+            msg.meta.recver = 8;
+            msg.meta.timestamp = ts;
+            msg.data = vec![Bytes::from(vec![7u8; 1000])];
+            links.send(&msg, Mode::NoWait).unwrap();
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(links.any_waiting(), "the peer's queue is full: writes wait");
+        // The peer reads: everything arrives once, in order.
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got.len() < 2000 && Instant::now() < deadline {
+            links.flush_waiting();
+            match router.poll(zmq::POLLIN, 10) {
+                Ok(n) if n > 0 => {}
+                _ => continue,
+            }
+            while let Ok(frames) = router.recv_multipart(zmq::DONTWAIT) {
+                let meta = Meta::decode(&frames[1]).unwrap();
+                got.push(meta.timestamp);
+            }
+        }
+        assert_eq!(got, (0..2000).collect::<Vec<_>>());
+        assert!(!links.any_waiting());
+        links.clear();
     }
 }

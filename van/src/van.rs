@@ -22,8 +22,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
-use std::thread::{JoinHandle, ThreadId};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
@@ -77,7 +77,6 @@ struct Shared {
     counters: Arc<Counters>,
     /// The segments this node sends from (shared memory on, `PS_SHM`).
     pool: Option<Arc<shm::Pool>>,
-    receive_thread: OnceLock<ThreadId>,
     /// Dropped last: every socket above belongs to it.
     ctx: zmq::Context,
 }
@@ -179,7 +178,6 @@ impl Van {
                 waker,
                 counters,
                 pool,
-                receive_thread: OnceLock::new(),
                 ctx,
             }
         });
@@ -231,10 +229,10 @@ impl Van {
     /// (an inline handler) it never waits: the message waits in its link.
     pub fn send(&self, msg: Message) -> Result<usize, VanError> {
         let shared = &self.shared;
-        let here = std::thread::current().id();
-        let mode = match shared.receive_thread.get() {
-            Some(&id) if id == here => Mode::NoWait,
-            _ => Mode::Wait,
+        let mode = if receive::on_receive_thread() {
+            Mode::NoWait
+        } else {
+            Mode::Wait
         };
         let msg = shared.with_core(mode, |core, now| core.send(msg, now))?;
         let sent = shared.links.send(&msg, mode);

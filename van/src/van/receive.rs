@@ -42,6 +42,17 @@ impl Drop for ReceiveThreadGuard<'_> {
     }
 }
 
+thread_local! {
+    /// Whether this thread is a Van's receive thread (an inline handler's
+    /// send from it must never wait).
+    static ON_RECEIVE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is a Van's receive thread.
+pub(super) fn on_receive_thread() -> bool {
+    ON_RECEIVE_THREAD.get()
+}
+
 /// The first retry of writes that wait in a link, then twice as long each
 /// time nothing went, up to [`FLUSH_MAX`].
 const FLUSH_FIRST: Duration = Duration::from_millis(1);
@@ -81,7 +92,7 @@ struct Receiving {
 
 impl Shared {
     pub(super) fn receive_thread(&self, router: zmq::Socket, side: zmq::Socket) {
-        let _ = self.receive_thread.set(std::thread::current().id());
+        ON_RECEIVE_THREAD.set(true);
         let _guard = ReceiveThreadGuard(self);
         let mut rx = Receiving {
             shm: shm::Receiver::new(),
