@@ -586,7 +586,7 @@ fn driver(args: &Args) -> Result<(), Error> {
                 RawLayout::Threads => "as threads of this process",
             }
         );
-        println!("| cluster | push ms | pull ms | push GB/s | raw push ms | raw pull ms | raw / ours, push | raw / ours, pull | misaligned frames copied |");
+        println!("| cluster | push ms | pull ms | push GB/s | raw push ms | raw pull ms | ours / raw, push | ours / raw, pull | misaligned frames copied |");
         println!("|---|---|---|---|---|---|---|---|---|");
         for (s, w) in [(1, 1), (2, 2)] {
             let run = launch(s, w, "cxx", args)?;
@@ -612,8 +612,8 @@ fn driver(args: &Args) -> Result<(), Error> {
                 println!(
                     "| 1+{s}+{w}{label} | {p:.1} | {q:.1} | {:.2} | {raw_push:.1} | {raw_pull:.1} | {:.2} | {:.2} | {misaligned} |",
                     (args.keys * 12) as f64 / (p / 1e3) / 1e9,
-                    raw_push / p,
-                    raw_pull / q,
+                    p / raw_push,
+                    q / raw_pull,
                 );
                 results.push(format!(
                     "RESULT {name} {s}+{w} push_ms={p:.1} pull_ms={q:.1} raw_push_ms={raw_push:.1} \
@@ -627,7 +627,7 @@ fn driver(args: &Args) -> Result<(), Error> {
         for (s, w) in [(1, 1), (2, 2)] {
             println!("## Sweep at 1+{s}+{w} (per worker, medians)\n");
             println!(
-                "| keys | push µs | pull µs | push GB/s | raw push µs | raw / ours, push | pushes/s, {} in flight |",
+                "| keys | push µs | pull µs | push GB/s | raw push µs | ours / raw, push | pushes/s, {} in flight |",
                 args.window
             );
             println!("|---|---|---|---|---|---|---|");
@@ -651,7 +651,7 @@ fn driver(args: &Args) -> Result<(), Error> {
                 println!(
                     "| {n} | {p:.1} | {q:.1} | {:.3} | {raw_us:.1} | {:.2} | {} |",
                     (n * 12) as f64 / (p / 1e6) / 1e9,
-                    raw_us / p,
+                    p / raw_us,
                     if rps > 0.0 {
                         format!("{rps:.0}")
                     } else {
@@ -677,7 +677,7 @@ fn driver(args: &Args) -> Result<(), Error> {
             }
         );
         println!(
-            "| cluster | pslite, runs | raw TCP, runs | raw ipc, runs | pslite median | raw TCP median | raw ipc median | raw TCP / ours | raw ipc / ours | Rust allocations per round trip, worker / server |"
+            "| cluster | pslite, runs | raw TCP, runs | raw ipc, runs | pslite median | raw TCP median | raw ipc median | ours / raw TCP | ours / raw ipc | Rust allocations per round trip, worker / server |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
         for (s, w) in [(1, 1), (2, 2)] {
@@ -715,8 +715,8 @@ fn driver(args: &Args) -> Result<(), Error> {
             println!(
                 "| 1+{s}+{w} | {o_runs} | {r_runs} | {i_runs} | {o:.1} | {r:.1} | {i:.1} | {:.2} | \
                  {:.2} | {allocs} |",
-                r / o,
-                i / o
+                o / r,
+                o / i
             );
             results.push(format!("RESULT rtt {s}+{w} ours_us={o:.1} raw_us={r:.1}"));
         }

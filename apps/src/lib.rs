@@ -71,6 +71,9 @@ pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
 pub use logging::init_logging;
+/// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric
+/// variable follows: `config::parse_numeric`).
+pub use pslite_postoffice::config;
 pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membership, Postoffice};
 /// The wire format crate: protobuf structs, codec, golden frames.
@@ -80,7 +83,7 @@ pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
 /// Talking to a running cluster's scheduler from outside it (`pslite status`).
 pub use pslite_van::admin;
-pub use sarray::{misaligned_copies, SArray};
+pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 
 /// Reads environment variable `var` as a `T`, or `default` when it is unset

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use bytes::Bytes;
+use pslite_van::shm::Tracked;
 
 #[cfg(target_endian = "big")]
 compile_error!("pslite's wire format is little-endian; big-endian hosts are not supported");
@@ -58,6 +59,15 @@ impl<T> Clone for SArray<T> {
     }
 }
 
+/// A vector's elements as bytes.
+struct VecBytes<T>(Vec<T>);
+
+impl<T: Pod> AsRef<[u8]> for VecBytes<T> {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
 impl<T: Pod + Send + Sync> SArray<T> {
     /// An empty array.
     pub fn new() -> Self {
@@ -77,10 +87,31 @@ impl<T: Pod + Send + Sync> SArray<T> {
         // so the cache can send it again without a copy while it lives and
         // needs no clone of it.
         SArray {
-            bytes: Bytes::from_owner(pslite_van::shm::TrackedVec::new(values)),
+            bytes: Bytes::from_owner(Tracked::new(VecBytes(values))),
             ascending: Some(Arc::new(AtomicBool::new(false))),
             _elem: PhantomData,
         }
+    }
+
+    /// An array over the bytes of `owner`, without copying them (unless
+    /// they are misaligned for `T`, see [`SArray::from_bytes`]): for memory
+    /// another runtime owns, such as a NumPy array, held until the array and
+    /// every clone and slice of it are dropped.
+    ///
+    /// The owner promises what `Bytes` promise: its bytes do not move when
+    /// it moves, and they do not change while the array lives. (A buffer
+    /// changed after the array is dropped is fine: the shared-memory path
+    /// sends only arrays it knows alive again without a copy.)
+    pub fn from_owner<O>(owner: O) -> Result<Self, FrameLengthError>
+    where
+        O: AsRef<[u8]> + Send + 'static,
+    {
+        let bytes = Bytes::from_owner(Tracked::new(owner));
+        let mut array = SArray::from_bytes(bytes)?;
+        if array.ascending.is_none() && !array.is_empty() {
+            array.ascending = Some(Arc::new(AtomicBool::new(false)));
+        }
+        Ok(array)
     }
 
     /// Copies `values`.
@@ -240,6 +271,22 @@ mod tests {
         assert!(misaligned_copies() > before);
         assert!(SArray::<u64>::from_bytes(Bytes::from(vec![0u8; 12])).is_err());
         assert!(SArray::<u64>::from_bytes(Bytes::new()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn from_owner_shares_foreign_bytes() {
+        struct Foreign(Box<[u8]>);
+        impl AsRef<[u8]> for Foreign {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        let raw: Box<[u8]> = bytemuck::cast_slice(&[1.5f32, 2.5, 3.5]).into();
+        let ptr = raw.as_ptr() as usize;
+        let a = SArray::<f32>::from_owner(Foreign(raw)).unwrap();
+        assert_eq!(a.as_ptr() as usize, ptr);
+        assert_eq!(&a[..], &[1.5, 2.5, 3.5]);
+        assert!(SArray::<f32>::from_owner(Foreign(vec![0u8; 6].into())).is_err());
     }
 
     #[test]

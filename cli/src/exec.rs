@@ -13,12 +13,15 @@
 //! |---|---|---|
 //! | Open MPI | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE` | 127.0.0.1 when every rank is on one host, else `DMLC_PS_ROOT_URI` |
 //! | MPICH / Intel MPI (PMI) | `PMI_RANK`, `PMI_SIZE` | the same (`MPI_LOCALNRANKS`) |
-//! | Slurm | `SLURM_PROCID`, `SLURM_NTASKS` | first host of `SLURM_STEP_NODELIST` / `SLURM_JOB_NODELIST` |
+//! | Slurm | `SLURM_PROCID`, `SLURM_NTASKS` | first host of `SLURM_STEP_NODELIST` / `SLURM_JOB_NODELIST`; port [`slurm_port`] |
 //! | Kubernetes | `JOB_COMPLETION_INDEX` or the pod's StatefulSet ordinal; `PSLITE_WORLD_SIZE` | `<set>-0.<PSLITE_SERVICE>` (the headless Service) |
 
 use std::ffi::OsString;
 use std::fmt;
 use std::time::{Duration, Instant};
+
+use pslite::config::{parse_num_workers, parse_numeric, NumWorkers, Numeric, Unit};
+use pslite::ConfigError;
 
 /// The scheduler port when neither `--port`, `DMLC_PS_ROOT_PORT` nor a
 /// Slurm job id says otherwise.
@@ -51,6 +54,23 @@ impl fmt::Display for Engine {
 /// Why no node could be derived from the environment.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {
+    /// A `DMLC_*`/`PS_*` variable (or a launcher's number) is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A cluster size set by hand disagrees with the job: the cluster
+    /// would never form.
+    #[error(
+        "{var}={value} disagrees with the job: {detail}; unset {var} (pslite exec derives \
+         it from the job), or change the job"
+    )]
+    Disagrees {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What the job has instead.
+        detail: String,
+    },
     /// No launcher variables and no `DMLC_ROLE`.
     #[error(
         "no launcher found: run under mpirun (Open MPI or PMI), srun (Slurm) or in a \
@@ -171,18 +191,19 @@ pub fn detect(lookup: &dyn Fn(&str) -> Option<String>) -> Option<Engine> {
     }
 }
 
-fn number(lookup: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<u32>, ExecError> {
-    let Some(value) = lookup(var).map(|v| v.trim().to_string()) else {
+/// A launcher's rank, size or job id: numbers pslite does not define,
+/// read by the same rule as its own (a whole number in range).
+const LAUNCHER_NUMBER: Numeric = Numeric::new(Unit::Count, 0, u32::MAX as u64);
+
+/// Launcher variable `var` as a number, if set (and not blank).
+fn number(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<u32>, ExecError> {
+    let Some(value) = lookup(var).filter(|v| !v.trim().is_empty()) else {
         return Ok(None);
     };
-    if value.is_empty() {
-        return Ok(None);
-    }
-    value.parse().map(Some).map_err(|_| ExecError::Invalid {
-        var: var.into(),
-        value,
-        expected: "a whole number",
-    })
+    Ok(Some(LAUNCHER_NUMBER.parse(var, &value)? as u32))
 }
 
 fn required(
@@ -191,6 +212,84 @@ fn required(
     hint: &'static str,
 ) -> Result<u32, ExecError> {
     number(lookup, var)?.ok_or(ExecError::Missing { var, hint })
+}
+
+/// The Slurm job's scheduler port: 10000 + job id mod 20000, so jobs
+/// sharing a host get different ports, all below Linux's ephemeral range
+/// (32768-60999), where a port may be taken by any outgoing connection.
+pub fn slurm_port(job_id: u32) -> u16 {
+    10_000 + (job_id % 20_000) as u16
+}
+
+/// Checks every `DMLC_*`/`PS_*` number already set by the rule every node
+/// applies ([`pslite::config::NUMERIC_VARIABLES`]), so a bad value fails
+/// here, once, instead of in the program (or in a dry run's plan).
+fn check_numbers(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(), ExecError> {
+    for &(var, _) in pslite::config::NUMERIC_VARIABLES {
+        let Some(value) = lookup(var).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        if var == "DMLC_NUM_WORKER" {
+            parse_num_workers(&value)?;
+        } else {
+            parse_numeric(var, &value)?;
+        }
+    }
+    if let Some(role) = lookup("DMLC_ROLE").filter(|v| !v.trim().is_empty()) {
+        if role.trim().parse::<pslite::Role>().is_err() {
+            return Err(ConfigError::Invalid {
+                var: "DMLC_ROLE",
+                value: role,
+                expected: "scheduler, server or worker",
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Refuses cluster sizes set by hand that disagree with a job of `size`
+/// processes with `servers` servers (from `--servers`, or else from
+/// `DMLC_NUM_SERVER`): the cluster would wait for nodes that never come.
+fn check_sizes(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    engine: Engine,
+    size: u32,
+    servers: u32,
+) -> Result<(), ExecError> {
+    let job = |workers: u32| {
+        format!(
+            "the {engine} job has {size} processes: 1 scheduler, {servers} server{} and \
+             {workers} worker{}",
+            if servers == 1 { "" } else { "s" },
+            if workers == 1 { "" } else { "s" }
+        )
+    };
+    let workers = size - 1 - servers;
+    if let Some(value) = lookup("DMLC_NUM_SERVER").filter(|v| !v.trim().is_empty()) {
+        if parse_numeric("DMLC_NUM_SERVER", &value)? != u64::from(servers) {
+            return Err(ExecError::Disagrees {
+                var: "DMLC_NUM_SERVER",
+                value: value.trim().to_string(),
+                detail: format!("--servers {servers}"),
+            });
+        }
+    }
+    if let Some(value) = lookup("DMLC_NUM_WORKER").filter(|v| !v.trim().is_empty()) {
+        let fits = match parse_num_workers(&value)? {
+            NumWorkers::Fixed(n) => n == u64::from(workers),
+            // Elastic: more may join later, no more than MAX may start.
+            NumWorkers::Elastic { max, .. } => u64::from(workers) <= max,
+        };
+        if !fits {
+            return Err(ExecError::Disagrees {
+                var: "DMLC_NUM_WORKER",
+                value: value.trim().to_string(),
+                detail: job(workers),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The first host of a Slurm host list: `node[03-05,9],gpu1` gives
@@ -227,7 +326,7 @@ fn locate(
     engine: Engine,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(u32, u32, Option<String>), ExecError> {
-    let local_host = |local_var: &str, size: u32| -> Result<Option<String>, ExecError> {
+    let local_host = |local_var: &'static str, size: u32| -> Result<Option<String>, ExecError> {
         Ok((number(lookup, local_var)? == Some(size)).then(|| "127.0.0.1".to_string()))
     };
     match engine {
@@ -308,6 +407,7 @@ pub fn plan(
             env.push((var.to_string(), value));
         }
     };
+    check_numbers(lookup)?;
     let Some(engine) = detect(lookup) else {
         if set("DMLC_ROLE") {
             return Ok(Plan {
@@ -326,13 +426,15 @@ pub fn plan(
             expected: "below the job size",
         });
     }
-    let servers = match opts.servers {
-        Some(s) => s,
-        None => number(lookup, "DMLC_NUM_SERVER")?.unwrap_or(1),
+    let servers = match (opts.servers, lookup("DMLC_NUM_SERVER")) {
+        (Some(s), _) => s,
+        (None, Some(v)) if !v.trim().is_empty() => parse_numeric("DMLC_NUM_SERVER", &v)? as u32,
+        (None, _) => 1,
     };
     if servers == 0 || size < servers + 2 {
         return Err(ExecError::TooSmall { size, servers });
     }
+    check_sizes(lookup, engine, size, servers)?;
     give("DMLC_ROLE", role_of(rank, servers).into());
     give("DMLC_NUM_SERVER", servers.to_string());
     give("DMLC_NUM_WORKER", (size - 1 - servers).to_string());
@@ -362,7 +464,7 @@ pub fn plan(
         (Some(port), _) => port,
         // Jobs sharing a host get different ports.
         (None, Engine::Slurm) => match number(lookup, "SLURM_JOB_ID")? {
-            Some(id) => 20_000 + (id % 20_000) as u16,
+            Some(id) => slurm_port(id),
             None => DEFAULT_PORT,
         },
         (None, _) => DEFAULT_PORT,
@@ -419,14 +521,17 @@ pub fn run(opts: &ExecOptions, dry_run: bool, program: &[OsString]) -> std::proc
         }
         return std::process::ExitCode::SUCCESS;
     }
-    let verbose = lookup("PS_VERBOSE").is_some_and(|v| v.trim() != "0" && !v.trim().is_empty());
+    // plan() checked the numbers.
+    let verbose = lookup("PS_VERBOSE")
+        .and_then(|v| parse_numeric("PS_VERBOSE", &v).ok())
+        .is_some_and(|v| v >= 1);
     if verbose {
         eprintln!("pslite exec: {}", plan.summary(&lookup));
     }
     if plan.engine == Some(Engine::Kubernetes) {
         if let Some(host) = plan.get("DMLC_PS_ROOT_URI") {
             let secs = lookup("PS_START_TIMEOUT")
-                .and_then(|v| v.trim().parse().ok())
+                .and_then(|v| parse_numeric("PS_START_TIMEOUT", &v).ok())
                 .unwrap_or(300);
             if !wait_resolvable(host, Duration::from_secs(secs)) {
                 eprintln!(
@@ -532,7 +637,96 @@ mod tests {
         assert_eq!(p.get("DMLC_NUM_SERVER"), Some("1"));
         assert_eq!(p.get("DMLC_NUM_WORKER"), Some("3"));
         assert_eq!(p.get("DMLC_PS_ROOT_URI"), Some("gpu07"));
-        assert_eq!(p.get("DMLC_PS_ROOT_PORT"), Some("23456"));
+        assert_eq!(p.get("DMLC_PS_ROOT_PORT"), Some("13456"));
+    }
+
+    #[test]
+    fn slurm_ports_stay_below_the_ephemeral_range() {
+        for id in [0, 1, 19_999, 20_000, 123_456, u32::MAX] {
+            let port = slurm_port(id);
+            assert!((10_000..32_768).contains(&port), "job {id}: port {port}");
+        }
+        assert_ne!(slurm_port(7), slurm_port(8), "jobs side by side differ");
+    }
+
+    #[test]
+    fn sizes_set_by_hand_must_match_the_job() {
+        let job = [
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "6"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "6"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)], servers| {
+            let mut vars = job.to_vec();
+            vars.extend_from_slice(extra);
+            plan_of(&vars, servers)
+        };
+        let e = with(&[("DMLC_NUM_WORKER", "4")], Some(2))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "DMLC_NUM_WORKER=4 disagrees with the job: the Open MPI job has 6 processes: 1 \
+             scheduler, 2 servers and 3 workers; unset DMLC_NUM_WORKER (pslite exec derives it \
+             from the job), or change the job"
+        );
+        // Agreeing values are fine, and kept.
+        let p = with(&[("DMLC_NUM_WORKER", "3")], Some(2)).unwrap();
+        assert_eq!(p.get("DMLC_NUM_WORKER"), None);
+        // DMLC_NUM_SERVER alone decides the servers; against --servers it
+        // must agree.
+        let p = with(&[("DMLC_NUM_SERVER", "2")], None).unwrap();
+        assert_eq!(p.get("DMLC_ROLE"), Some("worker"));
+        let e = with(&[("DMLC_NUM_SERVER", "1")], Some(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("DMLC_NUM_SERVER=1 disagrees with the job: --servers 2"),
+            "{e}"
+        );
+        // Elastic workers: no more than MAX may start.
+        assert!(with(&[("DMLC_NUM_WORKER", "2:4")], Some(2)).is_ok());
+        assert!(with(&[("DMLC_NUM_WORKER", "1:2")], Some(2)).is_err());
+    }
+
+    #[test]
+    fn numbers_are_checked_by_the_nodes_rule() {
+        let job = [
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "6"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "6"),
+        ];
+        for (var, value, expected) in [
+            (
+                "DMLC_NUM_WORKER",
+                "abc",
+                "DMLC_NUM_WORKER must be a whole number from 1 to 1000000 (or MIN:MAX for \
+                 elastic workers, MIN <= MAX), got \"abc\"",
+            ),
+            (
+                "DMLC_NUM_SERVER",
+                "two",
+                "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"two\"",
+            ),
+            (
+                "PS_VERBOSE",
+                "9",
+                "PS_VERBOSE must be a whole number from 0 to 3 (0 warnings, 1 connections, 2 \
+                 every message; 3, which ps-lite scripts set, is 2), got \"9\"",
+            ),
+            (
+                "DMLC_ROLE",
+                "chef",
+                "DMLC_ROLE must be scheduler, server or worker, got \"chef\"",
+            ),
+        ] {
+            let mut vars = job.to_vec();
+            vars.push((var, value));
+            assert_eq!(plan_of(&vars, None).unwrap_err().to_string(), expected);
+            // Without a launcher too (DMLC_ROLE by hand).
+            let by_hand = [("DMLC_ROLE", "worker"), (var, value)];
+            assert_eq!(plan_of(&by_hand, None).unwrap_err().to_string(), expected);
+        }
     }
 
     #[test]
@@ -604,7 +798,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert_eq!(e, "OMPI_COMM_WORLD_RANK must be a whole number, got \"x\"");
+        assert_eq!(
+            e,
+            "OMPI_COMM_WORLD_RANK must be a whole number from 0 to 4294967295, got \"x\""
+        );
         let small = [
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "3"),

@@ -37,20 +37,31 @@ enum Commands {
     /// GLIBC_TUNABLES is set, GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (huge
     /// pages for large buffers: big pushes and pulls run faster); other variables
     /// (PS_VERBOSE, DMLC_LOCAL, ...) pass through, checked once before any node
-    /// starts. DMLC_INTERFACE is refused (use --host). Output lines are prefixed
-    /// with the node ([scheduler], [server 0], [worker 1]; numbered in
-    /// launch order, not by rank; with --workers MIN:MAX the node id is added
-    /// once the scheduler lists it: [worker 1 (node 9)]).
+    /// starts. DMLC_INTERFACE and PORT are refused (use --host; each server
+    /// and worker gets a PORT of its own, by which the launcher finds its
+    /// node id in the scheduler's table).
+    ///
+    /// First it prints the scheduler's address and the `pslite status`
+    /// command that shows the job. Output lines are prefixed with the node
+    /// by role and rank, its node id in parentheses once the scheduler
+    /// assigned it: [scheduler], [server 0 (node 8)], [worker 1 (node 11)]
+    /// (elastic workers change rank every round and go by node id:
+    /// [worker (node 13)]). A node's lines are held for up to 3 s until
+    /// its id is known.
     ///
     /// Exits 0 only if every node exits 0 (with --workers MIN:MAX, a worker
     /// that fails or is killed is only named: the job goes on and the
     /// others' exits decide). When a node fails, the launcher
     /// waits up to 2 s for the scheduler to end on its own (its error says who
     /// never registered, and is printed last), stops the others and exits with
-    /// the failed node's code (128 + signal if killed). A node that exits 0
+    /// the failed node's code (128 + signal if killed), after a table of the
+    /// nodes that failed (node, rank, exit, time, first error line). A node
+    /// that exits 0
     /// while others keep running is named after 3 s and fails the job after
     /// --exit-grace. Exits 124 on --timeout and 128 + signal on SIGINT, SIGTERM
-    /// or SIGHUP (saying so; a second one kills the nodes at once).
+    /// or SIGHUP (saying so; a second one kills the nodes at once). The
+    /// nodes, and whatever they started, die with the launcher even when it
+    /// is killed with SIGKILL.
     Launch {
         /// Number of servers [default: 1; with --add-worker, what the cluster
         /// recorded].
@@ -93,6 +104,11 @@ enum Commands {
         /// Stop every node after this many seconds.
         #[arg(long)]
         timeout: Option<f64>,
+        /// Also write each node's output (stdout and stderr, unprefixed) to
+        /// a file of its own in DIR: scheduler.log, server-0.log,
+        /// worker-1.log, ... (elastic workers: worker-node-13.log).
+        #[arg(long, value_name = "DIR")]
+        log_dir: Option<std::path::PathBuf>,
         /// After a node exits 0, stop the job as failed if the others still
         /// run this many seconds later (a server that forgot to finalize).
         #[arg(long, default_value_t = 30.0, value_name = "SECS")]
@@ -192,6 +208,7 @@ fn main() -> ExitCode {
             host,
             port,
             timeout,
+            log_dir,
             exit_grace,
             restart_on_failure,
             max_restarts,
@@ -248,6 +265,7 @@ fn main() -> ExitCode {
                     RestartRole::Worker => Role::Worker,
                 }),
                 max_restarts,
+                log_dir,
                 ..LaunchOptions::default()
             };
             if add_worker {

@@ -124,8 +124,10 @@ pub fn main(args: &StoreArgs) -> ExitCode {
         StoreCommand::Delete { key } => one(StoreOp::Delete, key),
         StoreCommand::Watch { .. } => return ExitCode::FAILURE,
     };
-    // The scheduler answers a waiting request at its timeout: leave room.
-    let answer = match client.store(req, timeout + Duration::from_secs(2)) {
+    // A waiting request is answered at its timeout: the client allows for
+    // that once the scheduler accepted the connection (a dead port fails at
+    // the timeout).
+    let answer = match client.store(req, timeout) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("pslite store: {e}");

@@ -59,6 +59,16 @@ impl Ended {
         }
     }
 
+    /// What happened in a few words, for a table: `exit code 3`,
+    /// `signal 11 (SIGSEGV)`.
+    pub fn short(&self) -> String {
+        match self {
+            Ended::Code(code) => format!("exit code {code}"),
+            Ended::Signal(sig) => format!("signal {sig} ({})", signal_name(*sig)),
+            Ended::Unknown(why) => format!("unknown ({why})"),
+        }
+    }
+
     /// The launcher's exit code for it: the node's code, or 128 + the signal.
     pub fn exit_code(&self) -> i32 {
         match self {
@@ -113,6 +123,9 @@ pub enum Outcome {
         /// cluster does not form, its reason names who never registered.
         /// Filled in by the launcher, which sees the output.
         scheduler_said: Option<String>,
+        /// The failure summary's rows (see [`failure_table`]); filled in
+        /// by the launcher, which knows ranks and error lines.
+        failures: Vec<FailureRow>,
     },
     /// The time limit passed.
     TimedOut {
@@ -153,16 +166,23 @@ impl Outcome {
         code.clamp(0, 255) as u8
     }
 
-    /// What to tell the user, the best diagnosis last: the summary, then
-    /// what the scheduler said when it failed.
+    /// What to tell the user, the best diagnosis last: the summary, the
+    /// failure table, then what the scheduler said when it failed.
     pub fn lines(&self) -> Vec<String> {
         let mut lines = vec![self.summary()];
         if let Outcome::Failed {
-            scheduler_said: Some(said),
+            scheduler_said,
+            failures,
             ..
         } = self
         {
-            lines.push(format!("the scheduler said: {said}"));
+            if !failures.is_empty() {
+                lines.push("failed nodes:".into());
+                lines.extend(failure_table(failures));
+            }
+            if let Some(said) = scheduler_said {
+                lines.push(format!("the scheduler said: {said}"));
+            }
         }
         lines
     }
@@ -278,6 +298,89 @@ struct NodeState {
     running: bool,
 }
 
+/// A node process that ended, for the failure summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct End {
+    /// The node's index.
+    pub index: usize,
+    /// Its name when it ended.
+    pub name: String,
+    /// How it ended.
+    pub ended: Ended,
+    /// When, counted from the start of the job.
+    pub after: Duration,
+    /// The supervisor had told it to stop (a consequence, not a cause).
+    pub stopped: bool,
+}
+
+/// One row of the failure summary: a node that failed on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailureRow {
+    /// The node's name, `worker 1 (node 11)`.
+    pub node: String,
+    /// Its rank, if known.
+    pub rank: Option<String>,
+    /// How it ended, `exit code 3`.
+    pub exit: String,
+    /// When, `1.2 s` after the start.
+    pub time: String,
+    /// The first error line it wrote on stderr, if any.
+    pub first_error: Option<String>,
+}
+
+/// The failure summary, a table like torchrun's: one row per node that
+/// failed on its own, in the order they ended; no lines when none did.
+pub fn failure_table(rows: &[FailureRow]) -> Vec<String> {
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    let header = ["node", "rank", "exit", "time", "first error line"];
+    let cells: Vec<[String; 5]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.node.clone(),
+                r.rank.clone().unwrap_or_else(|| "-".into()),
+                r.exit.clone(),
+                r.time.clone(),
+                r.first_error.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    let width = |col: usize| {
+        cells
+            .iter()
+            .map(|c| c[col].chars().count())
+            .chain([header[col].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..4).map(width).collect();
+    let line = |c: [&str; 5]| {
+        format!(
+            "  {:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {}",
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        )
+        .trim_end()
+        .to_string()
+    };
+    let mut lines = vec![line(header)];
+    lines.extend(
+        cells
+            .iter()
+            .map(|c| line([&c[0], &c[1], &c[2], &c[3], &c[4]])),
+    );
+    lines
+}
+
 enum State {
     Running,
     /// A node failed; waiting until `stop_at` for the scheduler.
@@ -307,6 +410,8 @@ pub struct Supervisor {
     state: State,
     early_exit: Option<EarlyExit>,
     restarts: u32,
+    /// Every node end, in order.
+    ends: Vec<End>,
 }
 
 impl Supervisor {
@@ -326,7 +431,25 @@ impl Supervisor {
             state: State::Running,
             early_exit: None,
             restarts: 0,
+            ends: Vec::new(),
         }
+    }
+
+    /// Node `index` is called `name` from now on (the launcher learned its
+    /// rank or node id).
+    pub fn rename(&mut self, index: usize, name: String) {
+        if let Some(node) = self.nodes.get_mut(index) {
+            node.name = name;
+        }
+    }
+
+    /// The nodes that failed on their own (not stopped by the supervisor),
+    /// in the order they ended: the rows of the failure summary.
+    pub fn failures(&self) -> Vec<&End> {
+        self.ends
+            .iter()
+            .filter(|e| !e.ended.success() && !e.stopped)
+            .collect()
     }
 
     fn running(&self) -> Vec<usize> {
@@ -400,6 +523,13 @@ impl Supervisor {
         node.running = false;
         let name = node.name.clone();
         let role = node.role;
+        self.ends.push(End {
+            index,
+            name: name.clone(),
+            ended: ended.clone(),
+            after: now.saturating_duration_since(self.started),
+            stopped: matches!(self.state, State::Stopping { .. }),
+        });
         match &mut self.state {
             State::Stopping { .. } => Vec::new(),
             State::Settling { outcome, .. } => {
@@ -460,6 +590,7 @@ impl Supervisor {
                     others: Vec::new(),
                     stopped: Vec::new(),
                     scheduler_said: None,
+                    failures: Vec::new(),
                 };
                 if self.is_scheduler(index) || !self.scheduler_running() {
                     let outcome = self.with_stopped(outcome);
@@ -1001,6 +1132,83 @@ mod tests {
             s.add_node("worker 2".into(), Role::Worker, secs(t0, 1.1)),
             None
         );
+    }
+
+    #[test]
+    fn renamed_nodes_are_named_so_in_lines_and_summaries() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        s.rename(2, "worker 0 (node 9)".into());
+        s.rename(1, "server 0 (node 8)".into());
+        s.on_exit(2, Ended::Code(3), secs(t0, 1.0));
+        assert_eq!(s.on_tick(secs(t0, 3.0)), [sigterm(&[0, 1, 3])]);
+        for i in [0, 1, 3] {
+            s.on_exit(i, Ended::Signal(libc::SIGTERM), secs(t0, 3.1));
+        }
+        assert_eq!(
+            s.outcome().unwrap().summary(),
+            "worker 0 (node 9) failed with exit code 3; stopped scheduler, server 0 (node 8), \
+             worker 1"
+        );
+    }
+
+    #[test]
+    fn failures_are_the_nodes_that_ended_badly_on_their_own_in_order() {
+        let t0 = Instant::now();
+        let mut s = cluster(policy(), t0);
+        s.on_exit(3, Ended::Code(2), secs(t0, 1.5));
+        // Within the settle window the scheduler fails too: a failure of its own.
+        s.on_exit(0, Ended::Code(1), secs(t0, 2.0));
+        // The others are stopped: not failures, whatever their exit.
+        s.on_exit(1, Ended::Signal(libc::SIGTERM), secs(t0, 2.1));
+        s.on_exit(2, Ended::Code(0), secs(t0, 2.2));
+        let failures: Vec<(usize, Ended, Duration)> = s
+            .failures()
+            .into_iter()
+            .map(|e| (e.index, e.ended.clone(), e.after))
+            .collect();
+        assert_eq!(
+            failures,
+            [
+                (3, Ended::Code(2), Duration::from_millis(1500)),
+                (0, Ended::Code(1), Duration::from_secs(2))
+            ]
+        );
+        // A clean job has none.
+        let mut s = cluster(policy(), t0);
+        for i in 0..4 {
+            s.on_exit(i, Ended::Code(0), secs(t0, 1.0));
+        }
+        assert!(s.failures().is_empty());
+    }
+
+    #[test]
+    fn the_failure_table_lines_up_its_columns() {
+        let rows = [
+            FailureRow {
+                node: "worker 1 (node 11)".into(),
+                rank: Some("1".into()),
+                exit: Ended::Code(3).short(),
+                time: "0.4 s".into(),
+                first_error: Some("error: oops".into()),
+            },
+            FailureRow {
+                node: "scheduler".into(),
+                rank: None,
+                exit: Ended::Signal(libc::SIGSEGV).short(),
+                time: "12.0 s".into(),
+                first_error: None,
+            },
+        ];
+        assert_eq!(
+            failure_table(&rows),
+            [
+                "  node                rank  exit                   time  first error line",
+                "  worker 1 (node 11)  1     exit code 3           0.4 s  error: oops",
+                "  scheduler           -     signal 11 (SIGSEGV)  12.0 s  -",
+            ]
+        );
+        assert!(failure_table(&[]).is_empty());
     }
 
     #[test]

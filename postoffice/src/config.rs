@@ -1,5 +1,7 @@
 //! Node configuration: the `DMLC_*` / `PS_*` environment variables ps-lite
 //! users already set, parsed with errors that name the variable and the fix.
+//! Every numeric variable follows one rule ([`NUMERIC_VARIABLES`],
+//! [`parse_numeric`]): a whole number in its range.
 
 use std::time::Duration;
 
@@ -28,6 +30,17 @@ pub enum ConfigError {
         value: String,
         /// What it must be.
         expected: &'static str,
+    },
+    /// A numeric variable is not a whole number within its range (the one
+    /// rule every numeric variable follows, see [`NUMERIC_VARIABLES`]).
+    #[error("{var} must be {range}, got {value:?}")]
+    OutOfRange {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// The values it may take.
+        range: Numeric,
     },
     /// A host name that does not resolve.
     #[error(
@@ -63,8 +76,8 @@ pub struct Config {
     /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_SHM`, `PS_IPC`, `PS_STORE_MAX_KEY`/
     /// `_VALUE`/`_BYTES`/`_KEYS`/`_WAITS`/`_WATCHES`.
     pub van: VanConfig,
-    /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 (or more, as ps-lite reads
-    /// 3) every message; stored clamped to 2.
+    /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 every message (3, which
+    /// ps-lite scripts set, is stored as 2; more is refused).
     pub verbose: u8,
     /// `PS_QUEUE_LIMIT`: data messages a customer's queue holds; when it is
     /// full the node stops reading until the customer has taken half
@@ -89,6 +102,289 @@ pub const DEFAULT_RDZV_TIMEOUT_SECS: u64 = 120;
 
 /// The default `PS_RESEND_TIMEOUT`, in milliseconds.
 const DEFAULT_RESEND_TIMEOUT_MS: u64 = 1000;
+
+/// What a number counts, for parsing (bytes take K, M or G) and messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// A plain count (nodes, messages, keys, a level).
+    Count,
+    /// Seconds.
+    Seconds,
+    /// Milliseconds.
+    Milliseconds,
+    /// Bytes, optionally with a K, M or G suffix (KiB, MiB, GiB).
+    Bytes,
+    /// A percentage.
+    Percent,
+    /// A TCP port.
+    Port,
+}
+
+/// The values a numeric variable may take: whole numbers from `min` to
+/// `max` (inclusive) of a [`Unit`], with a note on what special values
+/// mean. Every numeric `DMLC_*`/`PS_*` variable is read with
+/// [`Numeric::parse`], so all of them follow one rule and fail with one
+/// kind of message: `PS_VERBOSE must be a level from 0 to 3 (...), got "9"`.
+///
+/// ```
+/// use pslite_postoffice::config::{Numeric, Unit};
+///
+/// const WARN_AFTER: Numeric = Numeric::new(Unit::Seconds, 0, 86_400).note("0 = never");
+/// assert_eq!(WARN_AFTER.parse("MY_WARN", " 30 "), Ok(30));
+/// assert_eq!(
+///     WARN_AFTER.parse("MY_WARN", "99999").unwrap_err().to_string(),
+///     "MY_WARN must be a whole number of seconds from 0 to 86400 (0 = never), got \"99999\""
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Numeric {
+    /// What the number counts.
+    pub unit: Unit,
+    /// The smallest value allowed.
+    pub min: u64,
+    /// The largest value allowed.
+    pub max: u64,
+    /// What special values mean (`"0 = off"`), or `""`.
+    pub note: &'static str,
+}
+
+impl Numeric {
+    /// Whole numbers of `unit` from `min` to `max`.
+    pub const fn new(unit: Unit, min: u64, max: u64) -> Numeric {
+        Numeric {
+            unit,
+            min,
+            max,
+            note: "",
+        }
+    }
+
+    /// The same range, with a note on what special values mean.
+    pub const fn note(self, note: &'static str) -> Numeric {
+        Numeric { note, ..self }
+    }
+
+    /// `value` (surrounding blanks ignored) as a number in this range, or
+    /// an error naming `var`, the range and the value.
+    pub fn parse(&self, var: &'static str, value: &str) -> Result<u64, ConfigError> {
+        let number = match self.unit {
+            Unit::Bytes => parse_bytes(value),
+            _ => value.trim().parse::<u64>().ok(),
+        };
+        number
+            .filter(|n| (self.min..=self.max).contains(n))
+            .ok_or_else(|| ConfigError::OutOfRange {
+                var,
+                value: value.to_string(),
+                range: *self,
+            })
+    }
+}
+
+impl std::fmt::Display for Numeric {
+    /// `a whole number of seconds from 0 to 604800 (0 = off)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, min, max) = match self.unit {
+            Unit::Count => ("a whole number".to_string(), self.min, self.max),
+            Unit::Seconds => ("a whole number of seconds".to_string(), self.min, self.max),
+            Unit::Milliseconds => (
+                "a whole number of milliseconds".to_string(),
+                self.min,
+                self.max,
+            ),
+            Unit::Percent => ("a percentage".to_string(), self.min, self.max),
+            Unit::Port => ("a port number".to_string(), self.min, self.max),
+            Unit::Bytes => {
+                return write!(
+                    f,
+                    "a number of bytes from {} to {}, optionally with K, M or G (KiB, MiB, \
+                     GiB){}",
+                    bytes_text(self.min),
+                    bytes_text(self.max),
+                    if self.note.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", self.note)
+                    }
+                );
+            }
+        };
+        write!(f, "{what} from {min} to {max}")?;
+        if !self.note.is_empty() {
+            write!(f, " ({})", self.note)?;
+        }
+        Ok(())
+    }
+}
+
+/// `n` bytes with the largest suffix that divides it (`64M`, `1024G`).
+fn bytes_text(n: u64) -> String {
+    match n {
+        0 => "0".into(),
+        n if n % (1 << 30) == 0 => format!("{}G", n >> 30),
+        n if n % (1 << 20) == 0 => format!("{}M", n >> 20),
+        n if n % (1 << 10) == 0 => format!("{}K", n >> 10),
+        n => n.to_string(),
+    }
+}
+
+/// The most servers, or workers, a cluster may have (node ids are 32-bit:
+/// this is far below where they run out).
+pub const MAX_NODES_PER_ROLE: u64 = 1_000_000;
+/// The longest time any `*_TIMEOUT`/`*_INTERVAL` variable takes: a week.
+const MAX_SECONDS: u64 = 7 * 86_400;
+/// The most any count of messages, keys or requests takes.
+const MAX_COUNT: u64 = 1_000_000_000;
+/// The largest size any byte variable takes: 1 TiB.
+const MAX_BYTES: u64 = 1 << 40;
+
+/// Every numeric variable [`Config`] reads and the values it may take. One
+/// rule for all: a whole number in the range (bytes with an optional K, M
+/// or G), anything else fails naming the variable and the range.
+/// `DMLC_NUM_WORKER` also takes `MIN:MAX` (elastic mode), each in its range.
+pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
+    (
+        "DMLC_NUM_SERVER",
+        Numeric::new(Unit::Count, 1, MAX_NODES_PER_ROLE),
+    ),
+    (
+        "DMLC_NUM_WORKER",
+        Numeric::new(Unit::Count, 1, MAX_NODES_PER_ROLE)
+            .note("or MIN:MAX for elastic workers, MIN <= MAX"),
+    ),
+    ("DMLC_PS_ROOT_PORT", Numeric::new(Unit::Port, 1, 65_535)),
+    ("PORT", Numeric::new(Unit::Port, 1, 65_535)),
+    (
+        "PS_METRICS_PORT",
+        Numeric::new(Unit::Port, 0, 65_535).note("0 = any free port"),
+    ),
+    (
+        "PS_VERBOSE",
+        Numeric::new(Unit::Count, 0, 3)
+            .note("0 warnings, 1 connections, 2 every message; 3, which ps-lite scripts set, is 2"),
+    ),
+    (
+        "PS_START_TIMEOUT",
+        Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
+    ),
+    (
+        "PS_HEARTBEAT_INTERVAL",
+        Numeric::new(Unit::Seconds, 0, MAX_SECONDS).note("0 = no heartbeats"),
+    ),
+    (
+        "PS_HEARTBEAT_TIMEOUT",
+        Numeric::new(Unit::Seconds, 0, MAX_SECONDS).note("0 = nobody is declared dead"),
+    ),
+    (
+        "PS_RECOVERY_TIMEOUT",
+        Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
+    ),
+    (
+        "PS_RDZV_LAST_CALL",
+        Numeric::new(Unit::Seconds, 0, MAX_SECONDS),
+    ),
+    (
+        "PS_RDZV_TIMEOUT",
+        Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
+    ),
+    (
+        "PS_RESEND_TIMEOUT",
+        Numeric::new(Unit::Milliseconds, 1, 3_600_000),
+    ),
+    ("PS_DROP_MSG", Numeric::new(Unit::Percent, 0, 100)),
+    (
+        "DMLC_PS_WATER_MARK",
+        Numeric::new(Unit::Count, 1, MAX_COUNT),
+    ),
+    ("PS_QUEUE_LIMIT", Numeric::new(Unit::Count, 1, MAX_COUNT)),
+    (
+        "PS_MAX_MESSAGE_SIZE",
+        Numeric::new(Unit::Bytes, 1, MAX_BYTES),
+    ),
+    ("PS_HOLD_LIMIT", Numeric::new(Unit::Bytes, 1, MAX_BYTES)),
+    ("PS_STORE_MAX_KEY", Numeric::new(Unit::Bytes, 1, 1 << 20)),
+    (
+        "PS_STORE_MAX_VALUE",
+        // A value travels in one message: ps-lite's sizes are C ints.
+        Numeric::new(Unit::Bytes, 1, i32::MAX as u64),
+    ),
+    (
+        "PS_STORE_MAX_BYTES",
+        Numeric::new(Unit::Bytes, 1, MAX_BYTES),
+    ),
+    ("PS_STORE_MAX_KEYS", Numeric::new(Unit::Count, 1, MAX_COUNT)),
+    (
+        "PS_STORE_MAX_WAITS",
+        Numeric::new(Unit::Count, 1, MAX_COUNT),
+    ),
+    (
+        "PS_STORE_MAX_WATCHES",
+        Numeric::new(Unit::Count, 1, MAX_COUNT),
+    ),
+];
+
+/// `DMLC_NUM_WORKER`: a fixed number, or `MIN:MAX` (elastic workers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumWorkers {
+    /// ps-lite's fixed number of workers.
+    Fixed(u64),
+    /// Elastic rounds of MIN to MAX workers.
+    Elastic {
+        /// Fewest workers a round runs with.
+        min: u64,
+        /// Most workers at once.
+        max: u64,
+    },
+}
+
+impl NumWorkers {
+    /// The most workers at once.
+    pub fn max(self) -> u64 {
+        match self {
+            NumWorkers::Fixed(n) => n,
+            NumWorkers::Elastic { max, .. } => max,
+        }
+    }
+}
+
+/// Reads a `DMLC_NUM_WORKER` value: a number in its range, or `MIN:MAX`
+/// with both in it and `MIN <= MAX`.
+pub fn parse_num_workers(value: &str) -> Result<NumWorkers, ConfigError> {
+    const VAR: &str = "DMLC_NUM_WORKER";
+    let bad = || ConfigError::OutOfRange {
+        var: VAR,
+        value: value.to_string(),
+        range: numeric(VAR).unwrap_or(Numeric::new(Unit::Count, 1, MAX_NODES_PER_ROLE)),
+    };
+    let Some((min, max)) = value.split_once(':') else {
+        return Ok(NumWorkers::Fixed(
+            parse_numeric(VAR, value).map_err(|_| bad())?,
+        ));
+    };
+    let min = parse_numeric(VAR, min).map_err(|_| bad())?;
+    let max = parse_numeric(VAR, max).map_err(|_| bad())?;
+    if min > max {
+        return Err(bad());
+    }
+    Ok(NumWorkers::Elastic { min, max })
+}
+
+/// The range of numeric variable `var` (see [`NUMERIC_VARIABLES`]).
+pub fn numeric(var: &str) -> Option<Numeric> {
+    NUMERIC_VARIABLES
+        .iter()
+        .find(|(name, _)| *name == var)
+        .map(|(_, range)| *range)
+}
+
+/// Reads `value` of numeric variable `var` by the rule of
+/// [`NUMERIC_VARIABLES`] (a variable not listed there takes any whole
+/// number).
+pub fn parse_numeric(var: &'static str, value: &str) -> Result<u64, ConfigError> {
+    numeric(var)
+        .unwrap_or(Numeric::new(Unit::Count, 0, u64::MAX))
+        .parse(var, value)
+}
 
 impl Config {
     /// A configuration with ps-lite's defaults for a cluster of
@@ -136,20 +432,11 @@ impl Config {
             value: role_value.clone(),
             expected: "scheduler, server or worker",
         })?;
-        let num_servers = env.positive("DMLC_NUM_SERVER")?;
+        let num_servers =
+            env.required_number("DMLC_NUM_SERVER", "set it to a positive integer")? as i32;
         let (num_workers, elastic) = env.workers(
-            Duration::from_secs(env.number(
-                "PS_RDZV_LAST_CALL",
-                DEFAULT_RDZV_LAST_CALL_SECS,
-                0..=86_400,
-                "a number of seconds from 0 to 86400",
-            )?),
-            Duration::from_secs(env.number(
-                "PS_RDZV_TIMEOUT",
-                DEFAULT_RDZV_TIMEOUT_SECS,
-                1..=86_400 * 7,
-                "a number of seconds from 1 to 604800",
-            )?),
+            Duration::from_secs(env.number("PS_RDZV_LAST_CALL", DEFAULT_RDZV_LAST_CALL_SECS)?),
+            Duration::from_secs(env.number("PS_RDZV_TIMEOUT", DEFAULT_RDZV_TIMEOUT_SECS)?),
         )?;
         let scheduler_host = env.required(
             "DMLC_PS_ROOT_URI",
@@ -161,8 +448,8 @@ impl Config {
                 value: scheduler_host,
             });
         }
-        let port_value = env.required("DMLC_PS_ROOT_PORT", "set it to the scheduler's port")?;
-        let scheduler_port = parse_port("DMLC_PS_ROOT_PORT", &port_value)?;
+        let scheduler_port =
+            env.required_number("DMLC_PS_ROOT_PORT", "set it to the scheduler's port")? as i32;
         let host = match (env.get("DMLC_NODE_HOST"), env.get("DMLC_INTERFACE")) {
             (Some(host), _) => {
                 if !resolve::resolves(&host) {
@@ -187,35 +474,15 @@ impl Config {
                 });
             }
         }
-        let port = env
-            .get("PORT")
-            .map(|v| parse_port("PORT", &v))
-            .transpose()?;
-        // ps-lite treats any level above 2 as "everything" (scripts set 3).
-        let verbose = env
-            .number(
-                "PS_VERBOSE",
-                0,
-                0..=u64::from(u8::MAX),
-                "a level from 0 (quiet) to 2 (everything)",
-            )?
-            .min(2);
+        let port = env.optional_number("PORT")?.map(|p| p as i32);
+        // ps-lite scripts set 3: it means what 2 means, everything.
+        let verbose = env.number("PS_VERBOSE", 0)?.min(2);
         let seconds = |var, default| -> Result<Option<Duration>, ConfigError> {
-            let secs = env.number(
-                var,
-                default,
-                0..=u32::MAX as u64,
-                "a whole number of seconds",
-            )?;
+            let secs = env.number(var, default)?;
             Ok((secs > 0).then(|| Duration::from_secs(secs)))
         };
-        let start_timeout = seconds("PS_START_TIMEOUT", defaults.start_timeout.as_secs())?.ok_or(
-            ConfigError::Invalid {
-                var: "PS_START_TIMEOUT",
-                value: "0".into(),
-                expected: "a positive number of seconds",
-            },
-        )?;
+        let start_timeout =
+            Duration::from_secs(env.number("PS_START_TIMEOUT", defaults.start_timeout.as_secs())?);
         let secs_of = |d: Option<Duration>| d.map_or(0, |d| d.as_secs());
         let heartbeat_interval = seconds(
             "PS_HEARTBEAT_INTERVAL",
@@ -236,40 +503,17 @@ impl Config {
                 });
             }
         }
-        let recovery_timeout = seconds("PS_RECOVERY_TIMEOUT", defaults.recovery_timeout.as_secs())?
-            .unwrap_or(defaults.recovery_timeout);
-        let resend_timeout = Duration::from_millis(env.number(
-            "PS_RESEND_TIMEOUT",
-            DEFAULT_RESEND_TIMEOUT_MS,
-            1..=3_600_000,
-            "a positive number of milliseconds",
-        )?);
+        let recovery_timeout = Duration::from_secs(
+            env.number("PS_RECOVERY_TIMEOUT", defaults.recovery_timeout.as_secs())?,
+        );
+        let resend_timeout =
+            Duration::from_millis(env.number("PS_RESEND_TIMEOUT", DEFAULT_RESEND_TIMEOUT_MS)?);
         let max_message_size = env
-            .get("PS_MAX_MESSAGE_SIZE")
-            .map(|v| {
-                v.parse::<i64>()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or(ConfigError::Invalid {
-                        var: "PS_MAX_MESSAGE_SIZE",
-                        value: v,
-                        expected: "a positive number of bytes",
-                    })
-            })
-            .transpose()?
+            .optional_number("PS_MAX_MESSAGE_SIZE")?
+            .map(|n| n as i64)
             .or(defaults.max_message_size);
-        let hold_limit = env.number(
-            "PS_HOLD_LIMIT",
-            defaults.hold_limit as u64,
-            1..=u64::from(u32::MAX) * 16,
-            "a positive number of bytes",
-        )? as usize;
-        let queue_limit = env.number(
-            "PS_QUEUE_LIMIT",
-            DEFAULT_QUEUE_LIMIT as u64,
-            1..=u64::from(u32::MAX),
-            "a positive number of messages",
-        )? as usize;
+        let hold_limit = env.number("PS_HOLD_LIMIT", defaults.hold_limit as u64)? as usize;
+        let queue_limit = env.number("PS_QUEUE_LIMIT", DEFAULT_QUEUE_LIMIT as u64)? as usize;
         Ok(Config {
             van: VanConfig {
                 role,
@@ -286,10 +530,7 @@ impl Config {
                 } else {
                     Transport::Tcp
                 },
-                water_mark: env
-                    .get("DMLC_PS_WATER_MARK")
-                    .map(|v| parse_positive("DMLC_PS_WATER_MARK", &v))
-                    .transpose()?,
+                water_mark: env.optional_number("DMLC_PS_WATER_MARK")?.map(|n| n as i32),
                 start_timeout,
                 heartbeat_interval,
                 heartbeat_timeout,
@@ -297,8 +538,7 @@ impl Config {
                 recovery_timeout,
                 resend_timeout: env.flag("PS_RESEND")?.then_some(resend_timeout),
                 max_resends: defaults.max_resends,
-                drop_percent: env.number("PS_DROP_MSG", 0, 0..=100, "a percentage from 0 to 100")?
-                    as u32,
+                drop_percent: env.number("PS_DROP_MSG", 0)? as u32,
                 max_message_size,
                 hold_limit,
                 store_limits: store_limits(&env, defaults.store_limits)?,
@@ -324,18 +564,7 @@ impl Config {
             },
             verbose: verbose as u8,
             queue_limit,
-            metrics_port: env
-                .get("PS_METRICS_PORT")
-                .map(|_| {
-                    env.number(
-                        "PS_METRICS_PORT",
-                        0,
-                        0..=65535,
-                        "a port number (0 = any free port)",
-                    )
-                })
-                .transpose()?
-                .map(|p| p as u16),
+            metrics_port: env.optional_number("PS_METRICS_PORT")?.map(|p| p as u16),
         })
     }
 }
@@ -344,37 +573,16 @@ impl Config {
 /// with an optional K, M or G suffix: KiB, MiB, GiB), `_KEYS`, `_WAITS`
 /// and `_WATCHES` (counts; the last two per node).
 fn store_limits(env: &Env, defaults: StoreLimits) -> Result<StoreLimits, ConfigError> {
-    const BYTES: &str = "a positive number of bytes, optionally with K, M or G (KiB, MiB, GiB)";
-    let bytes = |var: &'static str, default: usize, max: u64| -> Result<usize, ConfigError> {
-        let Some(value) = env.get(var) else {
-            return Ok(default);
-        };
-        parse_bytes(&value)
-            .filter(|v| (1..=max).contains(v))
-            .map(|v| v as usize)
-            .ok_or(ConfigError::Invalid {
-                var,
-                value,
-                expected: BYTES,
-            })
-    };
-    let count = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
-        env.number(
-            var,
-            default as u64,
-            1..=u64::from(u32::MAX),
-            "a positive integer",
-        )
-        .map(|v| v as usize)
+    let read = |var: &'static str, default: usize| -> Result<usize, ConfigError> {
+        env.number(var, default as u64).map(|v| v as usize)
     };
     Ok(StoreLimits {
-        max_key: bytes("PS_STORE_MAX_KEY", defaults.max_key, 1 << 20)?,
-        // A value travels in one message: ps-lite's sizes are C ints.
-        max_value: bytes("PS_STORE_MAX_VALUE", defaults.max_value, i32::MAX as u64)?,
-        max_total: bytes("PS_STORE_MAX_BYTES", defaults.max_total, usize::MAX as u64)?,
-        max_keys: count("PS_STORE_MAX_KEYS", defaults.max_keys)?,
-        max_waits_per_node: count("PS_STORE_MAX_WAITS", defaults.max_waits_per_node)?,
-        max_watches_per_node: count("PS_STORE_MAX_WATCHES", defaults.max_watches_per_node)?,
+        max_key: read("PS_STORE_MAX_KEY", defaults.max_key)?,
+        max_value: read("PS_STORE_MAX_VALUE", defaults.max_value)?,
+        max_total: read("PS_STORE_MAX_BYTES", defaults.max_total)?,
+        max_keys: read("PS_STORE_MAX_KEYS", defaults.max_keys)?,
+        max_waits_per_node: read("PS_STORE_MAX_WAITS", defaults.max_waits_per_node)?,
+        max_watches_per_node: read("PS_STORE_MAX_WATCHES", defaults.max_watches_per_node)?,
         ..defaults
     })
 }
@@ -432,23 +640,11 @@ impl Env<'_> {
         last_call: Duration,
         timeout: Duration,
     ) -> Result<(i32, Option<RendezvousConfig>), ConfigError> {
-        const VAR: &str = "DMLC_NUM_WORKER";
-        let value = self.required(VAR, "set it to a positive integer or MIN:MAX")?;
-        let bad = || ConfigError::Invalid {
-            var: VAR,
-            value: value.clone(),
-            expected: "a positive integer or MIN:MAX with 1 <= MIN <= MAX",
+        let value = self.required("DMLC_NUM_WORKER", "set it to a positive integer or MIN:MAX")?;
+        let (min, max) = match parse_num_workers(&value)? {
+            NumWorkers::Fixed(n) => return Ok((n as i32, None)),
+            NumWorkers::Elastic { min, max } => (min as i32, max as i32),
         };
-        let Some((min, max)) = value.split_once(':') else {
-            return Ok((parse_positive(VAR, &value).map_err(|_| bad())?, None));
-        };
-        let parse = |s: &str| s.trim().parse::<i32>().ok().filter(|&n| n >= 1);
-        let (Some(min), Some(max)) = (parse(min), parse(max)) else {
-            return Err(bad());
-        };
-        if min > max {
-            return Err(bad());
-        }
         Ok((
             max,
             Some(RendezvousConfig {
@@ -460,30 +656,22 @@ impl Env<'_> {
         ))
     }
 
-    fn positive(&self, var: &'static str) -> Result<i32, ConfigError> {
-        let value = self.required(var, "set it to a positive integer")?;
-        parse_positive(var, &value)
+    /// Numeric variable `var` by the rule of [`NUMERIC_VARIABLES`], or
+    /// `default` when it is unset.
+    fn number(&self, var: &'static str, default: u64) -> Result<u64, ConfigError> {
+        Ok(self.optional_number(var)?.unwrap_or(default))
     }
 
-    fn number(
-        &self,
-        var: &'static str,
-        default: u64,
-        range: std::ops::RangeInclusive<u64>,
-        expected: &'static str,
-    ) -> Result<u64, ConfigError> {
-        let Some(value) = self.get(var) else {
-            return Ok(default);
-        };
-        value
-            .parse::<u64>()
-            .ok()
-            .filter(|v| range.contains(v))
-            .ok_or(ConfigError::Invalid {
-                var,
-                value,
-                expected,
-            })
+    /// Numeric variable `var`, if set.
+    fn optional_number(&self, var: &'static str) -> Result<Option<u64>, ConfigError> {
+        self.get(var)
+            .map(|value| parse_numeric(var, &value))
+            .transpose()
+    }
+
+    /// Numeric variable `var`, which must be set (`hint` says to what).
+    fn required_number(&self, var: &'static str, hint: &'static str) -> Result<u64, ConfigError> {
+        parse_numeric(var, &self.required(var, hint)?)
     }
 
     fn flag(&self, var: &'static str) -> Result<bool, ConfigError> {
@@ -502,30 +690,6 @@ impl Env<'_> {
             }),
         }
     }
-}
-
-fn parse_positive(var: &'static str, value: &str) -> Result<i32, ConfigError> {
-    value
-        .parse::<i32>()
-        .ok()
-        .filter(|&v| v > 0)
-        .ok_or(ConfigError::Invalid {
-            var,
-            value: value.to_string(),
-            expected: "a positive integer",
-        })
-}
-
-fn parse_port(var: &'static str, value: &str) -> Result<i32, ConfigError> {
-    value
-        .parse::<i32>()
-        .ok()
-        .filter(|p| (1..=65535).contains(p))
-        .ok_or(ConfigError::Invalid {
-            var,
-            value: value.to_string(),
-            expected: "a port number from 1 to 65535",
-        })
 }
 
 #[cfg(test)]
@@ -663,15 +827,24 @@ mod tests {
         assert_eq!(parse_bytes("12 MB"), Some(12 << 20));
         assert_eq!(
             message(&[("PS_STORE_MAX_VALUE", "lots")]),
-            "PS_STORE_MAX_VALUE must be a positive number of bytes, optionally with K, M or G \
-             (KiB, MiB, GiB), got \"lots\""
+            "PS_STORE_MAX_VALUE must be a number of bytes from 1 to 2147483647, optionally with \
+             K, M or G (KiB, MiB, GiB), got \"lots\""
+        );
+        assert_eq!(
+            message(&[("PS_HOLD_LIMIT", "2048G")]),
+            "PS_HOLD_LIMIT must be a number of bytes from 1 to 1024G, optionally with K, M or G \
+             (KiB, MiB, GiB), got \"2048G\""
+        );
+        assert_eq!(
+            parse(&[("PS_HOLD_LIMIT", "1M")]).unwrap().van.hold_limit,
+            1 << 20
         );
         // One value travels in one message: over 2 GiB - 1 cannot work.
         assert!(message(&[("PS_STORE_MAX_VALUE", "4G")]).starts_with("PS_STORE_MAX_VALUE must"));
         assert!(message(&[("PS_STORE_MAX_KEY", "0")]).starts_with("PS_STORE_MAX_KEY must"));
         assert_eq!(
             message(&[("PS_STORE_MAX_WATCHES", "-1")]),
-            "PS_STORE_MAX_WATCHES must be a positive integer, got \"-1\""
+            "PS_STORE_MAX_WATCHES must be a whole number from 1 to 1000000000, got \"-1\""
         );
     }
 
@@ -712,18 +885,28 @@ mod tests {
         let c = parse(&[("DMLC_NUM_WORKER", "3:3"), ("PS_RDZV_TIMEOUT", "9")]).unwrap();
         let e = c.van.elastic.unwrap();
         assert_eq!((e.min, e.max, e.timeout), (3, 3, Duration::from_secs(9)));
-        for bad in ["4:2", "0:3", "a:b", "2:", ":2", "1:2:3", "x", "-1"] {
+        for bad in [
+            "4:2",
+            "0:3",
+            "a:b",
+            "2:",
+            ":2",
+            "1:2:3",
+            "x",
+            "-1",
+            "1:2000000",
+        ] {
             assert_eq!(
                 message(&[("DMLC_NUM_WORKER", bad)]),
                 format!(
-                    "DMLC_NUM_WORKER must be a positive integer or MIN:MAX with 1 <= MIN <= MAX, \
-                     got {bad:?}"
+                    "DMLC_NUM_WORKER must be a whole number from 1 to 1000000 (or MIN:MAX for \
+                     elastic workers, MIN <= MAX), got {bad:?}"
                 )
             );
         }
         assert_eq!(
             message(&[("DMLC_NUM_WORKER", "2:4"), ("PS_RDZV_TIMEOUT", "0")]),
-            "PS_RDZV_TIMEOUT must be a number of seconds from 1 to 604800, got \"0\""
+            "PS_RDZV_TIMEOUT must be a whole number of seconds from 1 to 604800, got \"0\""
         );
     }
 
@@ -731,11 +914,11 @@ mod tests {
     fn errors_name_the_variable_and_the_fix() {
         assert_eq!(
             message(&[("DMLC_NUM_SERVER", "x")]),
-            "DMLC_NUM_SERVER must be a positive integer, got \"x\""
+            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"x\""
         );
         assert_eq!(
             message(&[("DMLC_NUM_SERVER", "0")]),
-            "DMLC_NUM_SERVER must be a positive integer, got \"0\""
+            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"0\""
         );
         assert_eq!(
             message(&[("DMLC_NUM_WORKER", "")]),
@@ -755,13 +938,24 @@ mod tests {
         );
         assert!(message(&[("PORT", "-1")]).starts_with("PORT must be"));
         assert_eq!(parse(&[("PS_VERBOSE", "3")]).unwrap().verbose, 2);
-        assert!(message(&[("PS_VERBOSE", "x")]).starts_with("PS_VERBOSE must be a level from 0"));
+        for bad in ["x", "9", "-1"] {
+            assert_eq!(
+                message(&[("PS_VERBOSE", bad)]),
+                format!(
+                    "PS_VERBOSE must be a whole number from 0 to 3 (0 warnings, 1 connections, \
+                     2 every message; 3, which ps-lite scripts set, is 2), got {bad:?}"
+                )
+            );
+        }
         assert!(message(&[("PS_DROP_MSG", "101")]).starts_with("PS_DROP_MSG must be"));
         assert!(message(&[("PS_METRICS_PORT", "70000")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_METRICS_PORT", "x")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_RESEND", "maybe")]).starts_with("PS_RESEND must be 0 or 1"));
-        assert!(message(&[("PS_START_TIMEOUT", "0")])
-            .starts_with("PS_START_TIMEOUT must be a positive"));
+        assert_eq!(
+            message(&[("PS_START_TIMEOUT", "0")]),
+            "PS_START_TIMEOUT must be a whole number of seconds from 1 to 604800, got \"0\""
+        );
+        assert!(message(&[("PS_RECOVERY_TIMEOUT", "0")]).starts_with("PS_RECOVERY_TIMEOUT must"));
         assert!(message(&[("PS_HEARTBEAT_INTERVAL", "1.5")])
             .starts_with("PS_HEARTBEAT_INTERVAL must be"));
         assert!(message(&[
@@ -787,5 +981,51 @@ mod tests {
             ("PS_HEARTBEAT_INTERVAL", "5")
         ])
         .starts_with("PS_HEARTBEAT_TIMEOUT must be larger"));
+    }
+
+    /// One rule for every numeric variable: a whole number in its range,
+    /// else an error naming the variable, the range and the value.
+    #[test]
+    fn every_numeric_variable_follows_one_rule() {
+        for &(var, range) in NUMERIC_VARIABLES {
+            let mut bad = vec!["abc".to_string(), "1.5".into(), "-1".into()];
+            if range.max < u64::MAX {
+                bad.push((range.max + 1).to_string());
+            }
+            if range.min > 0 {
+                bad.push((range.min - 1).to_string());
+            }
+            for value in bad {
+                let expected = ConfigError::OutOfRange {
+                    var,
+                    value: value.clone(),
+                    range,
+                };
+                assert_eq!(parse_numeric(var, &value), Err(expected.clone()));
+                // Read by Config the same way, whatever else it checks.
+                assert_eq!(message(&[(var, &value)]), expected.to_string(), "{var}");
+                let text = expected.to_string();
+                assert!(
+                    text.starts_with(&format!("{var} must be "))
+                        && text.contains(&format!("from {}", bytes_or_number(range, range.min)))
+                        && text.contains(&format!("to {}", bytes_or_number(range, range.max))),
+                    "{text}"
+                );
+            }
+            for ok in [range.min, range.max] {
+                assert_eq!(parse_numeric(var, &format!(" {ok} ")), Ok(ok), "{var}");
+            }
+        }
+        // Sizes take suffixes; other units do not.
+        assert_eq!(parse_numeric("PS_HOLD_LIMIT", "64K"), Ok(64 << 10));
+        assert!(parse_numeric("PS_QUEUE_LIMIT", "64K").is_err());
+    }
+
+    fn bytes_or_number(range: Numeric, n: u64) -> String {
+        if range.unit == Unit::Bytes {
+            bytes_text(n)
+        } else {
+            n.to_string()
+        }
     }
 }

@@ -14,7 +14,7 @@
 //! # Ok::<(), pslite_postoffice::Error>(())
 //! ```
 
-mod config;
+pub mod config;
 pub mod metrics;
 mod postoffice;
 mod queue;

@@ -136,6 +136,11 @@ impl StoreEvent {
     }
 }
 
+/// A [`Watch`] whose node stopped: no more changes will come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the watch ended: the node stopped")]
+pub struct WatchEnded;
+
 /// The changes of one watched key, in the order they happened. Dropping it
 /// ends the watch.
 pub struct Watch {
@@ -152,6 +157,16 @@ impl Watch {
             .recv_timeout(timeout)
             .ok()
             .map(StoreEvent::from_msg)
+    }
+
+    /// The next change, waiting up to `timeout`: `Ok(None)` if none came in
+    /// time, [`WatchEnded`] once the node stopped (none will come).
+    pub fn next_within(&self, timeout: Duration) -> Result<Option<StoreEvent>, WatchEnded> {
+        match self.events.recv_timeout(timeout) {
+            Ok(msg) => Ok(Some(StoreEvent::from_msg(msg))),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(WatchEnded),
+        }
     }
 
     /// The next change if one is here.

@@ -544,6 +544,14 @@ impl LocalCluster {
         }
     }
 
+    /// Like [`LocalCluster::start`], every node with `PS_AUTH_TOKEN` set
+    /// to `token`.
+    pub fn start_with_token(servers: usize, workers: usize, token: &str) -> LocalCluster {
+        LocalCluster::start_with(servers, workers, |cfg| {
+            cfg.van.auth_token = pslite::admin::AuthToken::new(token);
+        })
+    }
+
     /// Every node finalizes with a barrier (in parallel).
     pub fn finalize(self) {
         let all: Vec<_> = std::iter::once(self.scheduler)
@@ -559,5 +567,48 @@ impl LocalCluster {
                 .expect("finalize panicked")
                 .expect("a node failed to finalize");
         }
+    }
+}
+
+/// A launcher output prefix, `[worker 1 (node 11)]`: role, rank, node id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePrefix {
+    /// `scheduler`, `server` or `worker`.
+    pub role: String,
+    /// The rank, when the name has one.
+    pub rank: Option<u32>,
+    /// The node id, once the launcher knew it.
+    pub id: Option<i32>,
+}
+
+/// The node prefix `line` starts with, if any: `[scheduler]`, `[server 0]`,
+/// `[worker 1 (node 11)]`, `[worker (node 13)]`.
+pub fn node_prefix(line: &str) -> Option<NodePrefix> {
+    let inner = line.strip_prefix('[')?.split_once(']')?.0;
+    let (name, id) = match inner.split_once(" (node ") {
+        Some((name, id)) => (name, Some(id.strip_suffix(')')?.parse().ok()?)),
+        None => (inner, None),
+    };
+    let mut words = name.split(' ');
+    let role = words.next()?.to_string();
+    let rank = match words.next() {
+        Some(rank) => Some(rank.parse().ok()?),
+        None => None,
+    };
+    matches!(role.as_str(), "scheduler" | "server" | "worker").then_some(NodePrefix {
+        role,
+        rank,
+        id,
+    })
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+pub fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
     }
 }

@@ -239,7 +239,12 @@ fn strangers_are_refused_and_the_job_stays_exact() {
     );
     let without = status(None);
     assert!(!without.ok(), "status without the token got an answer");
-    assert!(without.stderr.contains("no answer"), "{}", without.output());
+    // Named at once: the scheduler refuses the handshake.
+    assert!(
+        without.stderr.contains("PS_AUTH_TOKEN"),
+        "{}",
+        without.output()
+    );
 
     for w in &mut workers {
         w.write_stdin("go\n");

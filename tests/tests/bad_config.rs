@@ -49,8 +49,8 @@ fn unusable_store_bound() {
     let run = node("scheduler", &[("PS_STORE_MAX_VALUE", "64 megs")]);
     assert_config_error(
         &run,
-        "PS_STORE_MAX_VALUE must be a positive number of bytes, optionally with K, M or G \
-         (KiB, MiB, GiB), got \"64 megs\"",
+        "PS_STORE_MAX_VALUE must be a number of bytes from 1 to 2147483647, optionally with \
+         K, M or G (KiB, MiB, GiB), got \"64 megs\"",
     );
 }
 
@@ -59,7 +59,7 @@ fn non_numeric_num_server() {
     let run = node("server", &[("DMLC_NUM_SERVER", "two")]);
     assert_config_error(
         &run,
-        "DMLC_NUM_SERVER must be a positive integer, got \"two\"",
+        "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"two\"",
     );
 }
 
@@ -68,8 +68,38 @@ fn zero_num_server() {
     let run = node("scheduler", &[("DMLC_NUM_SERVER", "0")]);
     assert_config_error(
         &run,
-        "DMLC_NUM_SERVER must be a positive integer, got \"0\"",
+        "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"0\"",
     );
+}
+
+/// Every numeric variable is range-checked by one rule: a level above
+/// ps-lite's is refused like a word is, naming the range.
+#[test]
+fn out_of_range_numbers_are_refused_like_words() {
+    for (var, value, range) in [
+        (
+            "PS_VERBOSE",
+            "9",
+            "a whole number from 0 to 3 (0 warnings, 1 connections, 2 every message; 3, which \
+             ps-lite scripts set, is 2)",
+        ),
+        (
+            "PS_VERBOSE",
+            "abc",
+            "a whole number from 0 to 3 (0 warnings, 1 connections, 2 every message; 3, which \
+             ps-lite scripts set, is 2)",
+        ),
+        ("PS_DROP_MSG", "101", "a percentage from 0 to 100"),
+        (
+            "PS_HEARTBEAT_INTERVAL",
+            "999999999",
+            "a whole number of seconds from 0 to 604800 (0 = no heartbeats)",
+        ),
+        ("PORT", "70000", "a port number from 1 to 65535"),
+    ] {
+        let run = node("worker", &[(var, value)]);
+        assert_config_error(&run, &format!("{var} must be {range}, got {value:?}"));
+    }
 }
 
 #[test]
@@ -122,6 +152,8 @@ fn missing_node_fails_at_the_start_deadline() {
     let with_timeout = |role| {
         let mut env = node_env(role, 1, 1, port);
         env.push(("PS_START_TIMEOUT".into(), "2".into()));
+        // Shows the first "waiting for" line of each node.
+        env.push(("PS_VERBOSE".into(), "1".into()));
         spawn(node_command("connection", &env))
     };
     let scheduler = with_timeout("scheduler");
@@ -139,6 +171,29 @@ fn missing_node_fails_at_the_start_deadline() {
     assert_eq!(server.code(), Some(1), "{}", server.output());
     assert!(
         server.stderr.contains("no node table from the scheduler"),
+        "{}",
+        server.output()
+    );
+    // Each names what it waits for: the scheduler the registrations, the
+    // server the node table (the scheduler is up: "waiting for the
+    // scheduler" would send the user the wrong way).
+    assert!(
+        scheduler
+            .stderr
+            .contains("waiting for 1 server and 1 worker to register"),
+        "{}",
+        scheduler.output()
+    );
+    assert!(
+        server.stderr.contains(&format!(
+            "waiting for the node table from the scheduler at 127.0.0.1:{port} (sent once 1 \
+             server and 1 worker have registered)"
+        )),
+        "{}",
+        server.output()
+    );
+    assert!(
+        !server.stderr.contains("waiting for the scheduler"),
         "{}",
         server.output()
     );

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pslite_tests::Launch;
+use pslite_tests::{node_prefix, Launch};
 
 fn count(haystack: &str, needle: &str) -> usize {
     haystack.matches(needle).count()
@@ -14,12 +14,13 @@ fn connection_2_servers_2_workers() {
     let run = Launch::example("connection", 2, 2).run();
     run.assert_ok();
     assert_eq!(count(&run.stdout, "finalized"), 5, "{}", run.output());
+    // `[server 0]`, or `[server 0 (node 8)]` once the launcher knew the id.
     for node in [
         "[scheduler]",
-        "[server 0]",
-        "[server 1]",
-        "[worker 0]",
-        "[worker 1]",
+        "[server 0",
+        "[server 1",
+        "[worker 0",
+        "[worker 1",
     ] {
         assert!(
             run.stdout.contains(node),
@@ -31,6 +32,30 @@ fn connection_2_servers_2_workers() {
     for id in ["(node 8)", "(node 9)", "(node 10)", "(node 11)", "(node 1)"] {
         assert!(run.stdout.contains(id), "{id} missing:\n{}", run.output());
     }
+    // The prefix's rank is the node's own (`worker rank 1 (node 11)`), and
+    // so is the id when the prefix has it.
+    let mut said = 0;
+    for line in run.stdout.lines() {
+        let (Some(prefix), Some(rest)) = (node_prefix(line), line.split_once("] ")) else {
+            continue;
+        };
+        let words: Vec<&str> = rest.1.split_whitespace().collect();
+        if let [role, "rank", rank, "(node", id, ..] = words[..] {
+            said += 1;
+            assert_eq!(prefix.role, role, "{line}");
+            if role != "scheduler" {
+                assert_eq!(
+                    prefix.rank.map(|r| r.to_string()).as_deref(),
+                    Some(rank),
+                    "{line}"
+                );
+            }
+            if let Some(prefix_id) = prefix.id {
+                assert_eq!(format!("{prefix_id})"), id, "{line}");
+            }
+        }
+    }
+    assert_eq!(said, 5, "{}", run.output());
 }
 
 #[test]
@@ -52,11 +77,15 @@ fn connection_24_servers_24_workers_connects_on_demand() {
         .run();
     run.assert_ok();
     assert_eq!(count(&run.stdout, "finalized"), 49, "{}", run.output());
-    for node in ["[server 3]", "[worker 17]"] {
+    for (role, rank) in [("server", 3), ("worker", 17)] {
+        let node = format!("{role} {rank}");
         let connects = run
             .stderr
             .lines()
-            .filter(|l| l.starts_with(node) && l.contains("connecting to node"))
+            .filter(|l| {
+                node_prefix(l).is_some_and(|p| p.role == role && p.rank == Some(rank))
+                    && l.contains("connecting to node")
+            })
             .count();
         // The scheduler (first contact, then as ps<id>) and itself.
         assert_eq!(connects, 3, "{node} connected to:\n{}", run.output());

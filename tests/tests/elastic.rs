@@ -191,8 +191,8 @@ fn bad_min_max_values_are_refused_with_the_fix() {
         assert_eq!(run.code(), Some(2), "{}", run.output());
         assert!(
             run.stderr.contains(&format!(
-                "DMLC_NUM_WORKER must be a positive integer or MIN:MAX with 1 <= MIN <= MAX, \
-                 got {bad:?}"
+                "DMLC_NUM_WORKER must be a whole number from 1 to 1000000 (or MIN:MAX for \
+                 elastic workers, MIN <= MAX), got {bad:?}"
             )),
             "{}",
             run.output()

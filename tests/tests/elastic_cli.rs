@@ -151,54 +151,67 @@ fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
     );
     run.assert_ok();
     let out = &run.stdout;
+    // The scheduler's address first.
+    assert!(
+        out.starts_with("scheduler at 127.0.0.1:")
+            && out.lines().next().unwrap().contains(" status --port "),
+        "{}",
+        run.output()
+    );
     // Round 0 with the 2 workers started, round 1 with the added one,
-    // round 2 without the killed one; in that order.
-    let rounds = lines_with(out, " began with workers ");
+    // round 2 without the killed one; in that order. Workers are named by
+    // rank in the round with their node id, never by launch order.
+    let rounds = lines_with(out, " began ");
     assert_eq!(rounds.len(), 3, "{}", run.output());
-    assert!(
-        rounds[0].starts_with("round 0 began with workers 9, 11 (ranks 0-1), before training"),
-        "{}",
-        run.output()
-    );
-    assert!(
-        rounds[1].starts_with("round 1 began with workers ") && rounds[1].contains("(ranks 0-2)"),
-        "{}",
-        run.output()
-    );
-    assert!(
-        rounds[2].starts_with("round 2 began with workers ") && rounds[2].contains("(ranks 0-1)"),
-        "{}",
-        run.output()
-    );
-    // The killed worker's id is in round 1 and not in round 2; the added
-    // one (13) is in both.
-    let ids = |line: &str| -> Vec<i32> {
-        let list = line
-            .split("workers ")
-            .nth(1)
-            .and_then(|rest| rest.split(" (").next())
-            .unwrap_or_default();
-        list.split(", ").filter_map(|id| id.parse().ok()).collect()
-    };
-    let (one, two) = (ids(rounds[1]), ids(rounds[2]));
-    assert!(one.contains(&13) && two.contains(&13), "{}", run.output());
     assert_eq!(
-        one.iter().filter(|id| !two.contains(id)).count(),
-        1,
+        rounds[0],
+        "round 0 began before training: worker 0 (node 9), worker 1 (node 11)",
         "{}",
         run.output()
     );
+    assert!(
+        rounds[1].starts_with("round 1 began after epoch "),
+        "{}",
+        run.output()
+    );
+    assert!(
+        rounds[2].starts_with("round 2 began after epoch "),
+        "{}",
+        run.output()
+    );
+    // `worker R (node ID)` for each rank R of a round line.
+    let members = |line: &str| -> Vec<i32> {
+        let list = line.split(": ").nth(1).unwrap_or_default();
+        list.split(", ")
+            .enumerate()
+            .map(|(rank, member)| {
+                let rest = member
+                    .strip_prefix(&format!("worker {rank} (node "))
+                    .unwrap_or_else(|| panic!("{member:?} in {line:?}"));
+                rest.trim_end_matches(')').parse().unwrap()
+            })
+            .collect()
+    };
+    let (one, two) = (members(rounds[1]), members(rounds[2]));
+    assert_eq!(one.len(), 3, "{}", run.output());
+    assert_eq!(two.len(), 2, "{}", run.output());
+    // The killed worker (rank 1 of round 1) is in round 1 and not in
+    // round 2; the added one (13) is in both.
+    assert!(one.contains(&13) && two.contains(&13), "{}", run.output());
+    let killed = one[1];
+    assert!(!two.contains(&killed), "{}", run.output());
     let pos = |needle: &str| {
         out.find(needle)
             .unwrap_or_else(|| panic!("{needle:?} missing:\n{}", run.output()))
     };
-    assert!(pos("adding worker 2") < pos("round 1 began"));
-    assert!(pos("round 1 began") < pos("killing worker 1 with SIGKILL"));
-    assert!(pos("killing worker 1 with SIGKILL") < pos("round 2 began"));
+    let kill_line = format!("killing worker 1 (node {killed}) with SIGKILL");
+    assert!(pos("adding a worker") < pos("round 1 began"));
+    assert!(pos("round 1 began") < pos(&kill_line));
+    assert!(pos(&kill_line) < pos("round 2 began"));
     assert!(
-        run.stderr.contains(
-            "pslite launch: worker 1 was killed by signal 9 (SIGKILL); the job goes on without it"
-        ),
+        run.stderr.contains(&format!(
+            "pslite launch: worker (node {killed}) was killed by signal 9 (SIGKILL); the job goes on without it"
+        )),
         "{}",
         run.output()
     );
@@ -213,12 +226,15 @@ fn the_elastic_demo_says_when_each_round_began_and_reaches_its_threshold() {
     assert!(out.contains("(threshold 0.8): ok"), "{}", run.output());
 }
 
-/// Waits for an elastic launch's round 0 of workers 9 and 11 and returns
+/// Waits for an elastic launch's round 0 of nodes 9 and 11 and returns
 /// the scheduler port its workers were given.
 fn first_round_port(launcher: &Spawned) -> String {
     assert!(
         launcher
-            .wait_for_line("round 0 began with workers 9, 11", Duration::from_secs(60))
+            .wait_for_line(
+                "round 0 began before training: worker 0 (node 9), worker 1 (node 11)",
+                Duration::from_secs(60)
+            )
             .is_some(),
         "the first round never began"
     );
@@ -298,19 +314,22 @@ fn a_launch_with_elastic_workers_takes_an_added_worker_and_survives_a_killed_one
     heartbeats(&mut add);
     let added = spawn(add);
     let round = launcher
-        .wait_for_line("round 1 began with workers", Duration::from_secs(60))
+        .wait_for_line("round 1 began after epoch", Duration::from_secs(60))
         .expect("the added worker never joined a round");
-    assert!(round.contains("9, 11, 13 (ranks 0-2)"), "{round}");
+    assert!(
+        round.ends_with(": worker 0 (node 9), worker 1 (node 11), worker 2 (node 13)"),
+        "{round}"
+    );
     let (victim, _) = child_with_env(launcher.pid(), "DMLC_ROLE", "worker").expect("no worker");
     // SAFETY: kill(2) on a worker process the launcher started.
     unsafe {
         libc::kill(victim as libc::pid_t, libc::SIGKILL);
     }
     let round = launcher
-        .wait_for_line("round 2 began with workers", Duration::from_secs(60))
+        .wait_for_line("round 2 began after epoch", Duration::from_secs(60))
         .expect("no round after the kill");
     assert!(
-        round.contains("(ranks 0-1)") && round.contains("13"),
+        !round.contains("worker 2 (") && round.contains("(node 13)"),
         "{round}"
     );
     let run = launcher.wait(Duration::from_secs(150));
@@ -333,7 +352,7 @@ fn a_launch_with_elastic_workers_takes_an_added_worker_and_survives_a_killed_one
         run.output()
     );
     assert!(
-        added.stdout.contains("[added worker (node 13)] worker "),
+        added.stdout.contains("[worker (node 13)] worker "),
         "{}",
         added.output()
     );
@@ -440,7 +459,7 @@ fn elastic_example_under_the_launcher_keeps_exact_sums_through_a_join_and_a_kill
     );
     assert!(
         added.stdout.contains("] worker 13 starts at epoch ")
-            && added.stdout.contains("[added worker (node 13)] "),
+            && added.stdout.contains("[worker (node 13)] "),
         "{}",
         added.output()
     );

@@ -99,3 +99,43 @@ fn without_a_launcher_it_says_what_to_do() {
         out.output()
     );
 }
+
+#[test]
+fn bad_or_disagreeing_sizes_fail_before_the_program_runs() {
+    let job = |extra: (&'static str, &str)| {
+        vec![
+            ("OMPI_COMM_WORLD_RANK", "1".to_string()),
+            ("OMPI_COMM_WORLD_SIZE", "4".into()),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4".into()),
+            (extra.0, extra.1.into()),
+        ]
+    };
+    for (extra, args, expected) in [
+        (
+            ("DMLC_NUM_WORKER", "abc"),
+            &["--dry-run"][..],
+            "pslite exec: DMLC_NUM_WORKER must be a whole number from 1 to 1000000",
+        ),
+        (
+            ("DMLC_NUM_WORKER", "5"),
+            &["--dry-run"][..],
+            "pslite exec: DMLC_NUM_WORKER=5 disagrees with the job: the Open MPI job has 4 \
+             processes: 1 scheduler, 1 server and 2 workers",
+        ),
+        (
+            ("DMLC_NUM_SERVER", "1"),
+            &["--servers", "2", "--", "echo", "ran"][..],
+            "pslite exec: DMLC_NUM_SERVER=1 disagrees with the job: --servers 2",
+        ),
+    ] {
+        let out = run(exec(&job(extra), args), Duration::from_secs(30));
+        assert_eq!(out.code(), Some(2), "{}", out.output());
+        assert_eq!(out.stderr.lines().count(), 1, "{}", out.output());
+        assert!(out.stderr.starts_with(expected), "{}", out.output());
+        assert!(
+            out.stdout.is_empty(),
+            "nothing planned or run:\n{}",
+            out.output()
+        );
+    }
+}

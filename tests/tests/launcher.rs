@@ -1,11 +1,15 @@
-//! `pslite launch` itself: environment, output prefixes, failures, early
-//! exits, start timeouts, signals, restarts and per-role programs, with real
-//! processes.
+//! `pslite launch` itself: environment, the scheduler's address, output
+//! prefixes by rank, log files, failures and their summary, early exits,
+//! start timeouts, signals, restarts, per-role programs, and nodes dying
+//! with a launcher killed with SIGKILL, with real processes.
 
 use std::process::Command;
 use std::time::Duration;
 
-use pslite_tests::{example, pslite_bin, pslite_command, run, spawn};
+use pslite_tests::{
+    example, node_prefix, process_gone, pslite_bin, pslite_command, run, spawn, within, workspace,
+    Launch,
+};
 
 /// The launcher running `sh -c script` on every node (with a clean ps-lite
 /// environment).
@@ -19,11 +23,15 @@ fn launch(args: &[&str], script: &str, limit: u64) -> pslite_tests::Run {
     run(launch_command(args, script), Duration::from_secs(limit))
 }
 
-/// The launcher's own lines (`pslite launch: ...`) on stderr.
+/// The launcher's own lines (`pslite launch: ...`) on stderr, after the
+/// first one (the scheduler's address, see
+/// `the_schedulers_address_comes_first_with_a_status_command_that_works`).
 fn launcher_lines(run: &pslite_tests::Run) -> Vec<&str> {
     run.stderr
         .lines()
-        .filter(|l| l.starts_with("pslite launch: "))
+        .filter(|l| {
+            l.starts_with("pslite launch: ") && !l.starts_with("pslite launch: scheduler at ")
+        })
         .collect()
 }
 
@@ -66,7 +74,7 @@ fn a_failing_node_stops_the_others_and_is_named() {
     assert!(run.stderr.contains("[worker "), "{}", run.output());
     // Both workers fail at once; the scheduler and the server are stopped.
     let lines = launcher_lines(&run);
-    assert_eq!(lines.len(), 1, "{}", run.output());
+    assert_eq!(lines.len(), 5, "{}", run.output());
     assert!(
         lines[0].starts_with("pslite launch: worker ")
             && lines[0].contains(" failed with exit code 3")
@@ -74,6 +82,35 @@ fn a_failing_node_stops_the_others_and_is_named() {
         "{}",
         run.output()
     );
+    // Then the table of failed nodes: both workers, by rank, with the
+    // time and the line they wrote.
+    assert_eq!(lines[1], "pslite launch: failed nodes:", "{}", run.output());
+    let columns = |line: &str| -> Vec<String> {
+        line.trim_start_matches("pslite launch:")
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(
+        columns(lines[2]),
+        ["node", "rank", "exit", "time", "first error line"],
+        "{}",
+        run.output()
+    );
+    let mut ranks = Vec::new();
+    for row in &lines[3..] {
+        let cells = columns(row);
+        assert_eq!(cells.len(), 5, "{row}");
+        assert_eq!(cells[0], format!("worker {}", cells[1]), "{row}");
+        assert_eq!(cells[2], "exit code 3", "{row}");
+        assert!(cells[3].ends_with(" s"), "{row}");
+        assert_eq!(cells[4], "oops", "{row}");
+        ranks.push(cells[1].clone());
+    }
+    ranks.sort();
+    assert_eq!(ranks, ["0", "1"], "{}", run.output());
     assert!(
         run.elapsed < Duration::from_secs(20),
         "took {:?}",
@@ -117,12 +154,18 @@ fn worker_procs_host_several_workers() {
         30,
     );
     run.assert_ok();
+    // A process of several workers is named as one until the scheduler
+    // says which ranks it hosts.
     assert!(
-        run.stdout.contains("[worker 1] worker 2"),
+        run.stdout.contains("[worker process 1] worker 2"),
         "{}",
         run.output()
     );
-    assert!(!run.stdout.contains("[worker 2]"), "{}", run.output());
+    assert!(
+        !run.stdout.contains("[worker process 2]"),
+        "{}",
+        run.output()
+    );
     assert!(
         run.stdout.contains("[server 0] server none"),
         "{}",
@@ -138,9 +181,16 @@ fn a_node_killed_by_a_signal_is_named_with_the_signal() {
         30,
     );
     assert_eq!(run.code(), Some(128 + 11), "{}", run.output());
+    let lines = launcher_lines(&run);
     assert_eq!(
-        launcher_lines(&run),
-        ["pslite launch: worker 0 was killed by signal 11 (SIGSEGV); stopped scheduler, server 0"],
+        lines[0],
+        "pslite launch: worker 0 was killed by signal 11 (SIGSEGV); stopped scheduler, server 0",
+        "{}",
+        run.output()
+    );
+    assert_eq!(lines.len(), 4, "{}", run.output());
+    assert!(
+        lines[3].starts_with("pslite launch:   worker 0  0     signal 11 (SIGSEGV)  "),
         "{}",
         run.output()
     );
@@ -251,7 +301,8 @@ fn a_bad_setting_is_reported_once_before_any_node_starts() {
     assert_eq!(run.code(), Some(2), "{}", run.output());
     assert_eq!(
         run.stderr.trim_end(),
-        "pslite launch: PS_VERBOSE must be a level from 0 (quiet) to 2 (everything), got \"loud\"",
+        "pslite launch: PS_VERBOSE must be a whole number from 0 to 3 (0 warnings, 1 \
+         connections, 2 every message; 3, which ps-lite scripts set, is 2), got \"loud\"",
         "{}",
         run.output()
     );
@@ -309,12 +360,20 @@ fn mxnet_programs_run_with_the_pslite_scheduler() {
             run.output()
         );
     }
-    assert!(
-        run.stderr.contains(
-            "[server 0] mxnet_server: finalized; 5 keys stored, 0 pushes left unmerged, 0 errors"
-        ),
-        "{}",
-        run.output()
+    let finalized = run
+        .stderr
+        .lines()
+        .find(|l| {
+            l.ends_with(
+                "] mxnet_server: finalized; 5 keys stored, 0 pushes left unmerged, 0 errors",
+            )
+        })
+        .unwrap_or_else(|| panic!("the server did not finalize:\n{}", run.output()));
+    let server = node_prefix(finalized).expect("no node prefix");
+    assert_eq!(
+        (server.role.as_str(), server.rank),
+        ("server", Some(0)),
+        "{finalized}"
     );
 }
 
@@ -413,4 +472,170 @@ fn with_ps_verbose_the_launcher_says_which_process_is_which_node() {
             run.output()
         );
     }
+}
+
+#[test]
+fn the_schedulers_address_comes_first_with_a_status_command_that_works() {
+    // A real pslite scheduler; the nodes never register (it only has to answer).
+    let mut cmd = launch_command(
+        &[
+            "--servers",
+            "1",
+            "--workers",
+            "1",
+            "--scheduler-program",
+            "pslite",
+        ],
+        "echo port=$DMLC_PS_ROOT_PORT; exec sleep 60",
+    );
+    // From the workspace, where `cargo run` leaves the binary: the command
+    // names it by its path from there.
+    cmd.current_dir(workspace());
+    let launcher = spawn(cmd);
+    let first = launcher
+        .wait_for_line("pslite launch: ", Duration::from_secs(30))
+        .expect("the launcher said nothing");
+    let port = launcher
+        .wait_for_line("port=", Duration::from_secs(30))
+        .and_then(|l| l.rsplit("port=").next().map(str::to_string))
+        .expect("no node printed its port");
+    let bin = pslite_bin().canonicalize().unwrap();
+    let bin = bin
+        .strip_prefix(workspace().canonicalize().unwrap())
+        .unwrap_or(&bin)
+        .display()
+        .to_string();
+    assert_eq!(
+        first,
+        format!(
+            "pslite launch: scheduler at 127.0.0.1:{port}; see the job with: {bin} status --port {port}"
+        )
+    );
+    // Pasted into a shell in the same directory, the command answers.
+    let command = first
+        .split("see the job with: ")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let mut shell = Command::new("sh");
+    shell.args(["-c", &command]).current_dir(workspace());
+    let status = run(shell, Duration::from_secs(30));
+    status.assert_ok();
+    assert!(
+        status
+            .stdout
+            .starts_with(&format!("cluster at 127.0.0.1:{port}: ")),
+        "{}",
+        status.output()
+    );
+    launcher.signal(libc::SIGTERM);
+    let run = launcher.wait(Duration::from_secs(30));
+    assert!(!run.timed_out, "{}", run.output());
+    // The address is the launcher's first line.
+    assert!(
+        run.stderr
+            .starts_with("pslite launch: scheduler at 127.0.0.1:"),
+        "{}",
+        run.output()
+    );
+}
+
+#[test]
+fn prefixes_name_nodes_by_rank_with_their_node_id_and_log_dir_keeps_a_file_each() {
+    let dir = std::env::temp_dir().join(format!("pslite-log-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let launch = Launch {
+        servers: 2,
+        workers: 2,
+        launcher_args: vec!["--log-dir".into(), dir.display().to_string()],
+        program: [&pslite_bin().display().to_string(), "demo", "--node"]
+            .into_iter()
+            .chain(["--samples", "100000", "--epochs", "3"])
+            .map(String::from)
+            .collect(),
+        env: Default::default(),
+        timeout: Duration::from_secs(120),
+    };
+    let run = launch.run();
+    run.assert_ok();
+    // Each node's report names its rank (`worker 1: ...`, `server 0: ...`);
+    // the prefix says the same rank, and the id that goes with it.
+    let mut reports = 0;
+    for line in run.stdout.lines() {
+        let Some(prefix) = node_prefix(line) else {
+            continue;
+        };
+        let Some(text) = line.split_once("] ").map(|(_, t)| t) else {
+            continue;
+        };
+        let rank = prefix
+            .rank
+            .expect("a server or worker prefix without a rank");
+        for (role, base) in [("server", 8), ("worker", 9)] {
+            if text.starts_with(&format!("{role} ")) && text.contains(": ") {
+                reports += 1;
+                assert_eq!(prefix.role, role, "{line}");
+                assert!(text.starts_with(&format!("{role} {rank}: ")), "{line}");
+                assert_eq!(prefix.id, Some(base + 2 * rank as i32), "{line}");
+            }
+        }
+    }
+    assert_eq!(reports, 4, "{}", run.output());
+    // One file per node, its lines without prefixes.
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "scheduler.log",
+            "server-0.log",
+            "server-1.log",
+            "worker-0.log",
+            "worker-1.log"
+        ]
+    );
+    let worker1 = std::fs::read_to_string(dir.join("worker-1.log")).unwrap();
+    assert!(worker1.starts_with("worker 1: 45 000 samples"), "{worker1}");
+    let worker0 = std::fs::read_to_string(dir.join("worker-0.log")).unwrap();
+    assert!(worker0.starts_with("epoch 0/3  test loss"), "{worker0}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_launcher_killed_with_sigkill_leaves_no_node_or_child_behind() {
+    // Every node starts a child of its own and prints both pids.
+    let launcher = spawn(launch_command(
+        &["--servers", "1", "--workers", "2"],
+        "sleep 300 & echo pids $$ $!; wait",
+    ));
+    let mut pids = Vec::new();
+    for _ in 0..4 {
+        let line = launcher
+            .wait_for_line(" pids ", Duration::from_secs(30))
+            .expect("a node never started");
+        pids.extend(
+            line.rsplit(" pids ")
+                .next()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|p| p.parse::<u32>().unwrap()),
+        );
+    }
+    assert_eq!(pids.len(), 8);
+    assert!(pids.iter().all(|&p| !process_gone(p)), "{pids:?}");
+    launcher.signal(libc::SIGKILL);
+    let run = launcher.wait(Duration::from_secs(30));
+    assert!(!run.timed_out, "{}", run.output());
+    assert!(
+        within(Duration::from_secs(10), || pids
+            .iter()
+            .all(|&p| process_gone(p))),
+        "still running: {:?}",
+        pids.iter()
+            .filter(|&&p| !process_gone(p))
+            .collect::<Vec<_>>()
+    );
 }

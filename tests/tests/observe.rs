@@ -88,8 +88,87 @@ fn status_without_a_scheduler_fails_within_its_deadline() {
     let started = Instant::now();
     let (ok, _, err) = status(port, &["--timeout", "0.5"]);
     assert!(!ok);
-    assert!(err.contains("no answer from the scheduler"), "{err}");
+    assert!(
+        err.contains("no answer from the scheduler") && err.contains("within 0.5 s"),
+        "{err}"
+    );
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn status_watch_stops_once_the_scheduler_is_gone_for_stale() {
+    let cluster = LocalCluster::start(1, 1);
+    let port = cluster.scheduler.config().van.scheduler_port as u16;
+    let mut cmd = Command::new(pslite_bin());
+    cmd.args(["status", "--port", &port.to_string()]).args([
+        "--watch",
+        "0.2",
+        "--stale",
+        "2",
+        "--timeout",
+        "1",
+    ]);
+    let watch = spawn(cmd);
+    assert!(
+        watch
+            .wait_for_line("1 server, 1 worker", Duration::from_secs(20))
+            .is_some(),
+        "the watch never showed the cluster"
+    );
+    cluster.finalize();
+    let gone = Instant::now();
+    let r = watch.wait(Duration::from_secs(30));
+    assert!(!r.timed_out, "--watch kept going:\n{}", r.output());
+    assert_eq!(r.code(), Some(1), "{}", r.output());
+    assert!(
+        r.stderr.contains(&format!(
+            "the scheduler at 127.0.0.1:{port} has not answered for"
+        )) && r.stderr.contains("(--stale 2): the job has ended"),
+        "{}",
+        r.output()
+    );
+    // Gone for --stale, not much more (the last ask is cut to what is left).
+    assert!(
+        gone.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        gone.elapsed()
+    );
+}
+
+#[test]
+fn status_names_a_missing_or_wrong_token() {
+    const TOKEN: &str = "status secret";
+    let cluster = LocalCluster::start_with_token(1, 1, TOKEN);
+    let port = cluster.scheduler.config().van.scheduler_port as u16;
+    for (token, expected) in [
+        (None, "requires a PS_AUTH_TOKEN"),
+        (Some("wrong"), "refused this client's PS_AUTH_TOKEN"),
+        (Some(TOKEN), ""),
+    ] {
+        let mut cmd = Command::new(pslite_bin());
+        cmd.args(["status", "--port", &port.to_string(), "--timeout", "20"])
+            .env_remove("PS_AUTH_TOKEN");
+        if let Some(token) = token {
+            cmd.env("PS_AUTH_TOKEN", token);
+        }
+        let r = run(cmd, Duration::from_secs(30));
+        if expected.is_empty() {
+            assert!(r.ok(), "{}", r.output());
+            assert!(r.stdout.contains("1 server, 1 worker"), "{}", r.output());
+            continue;
+        }
+        assert_eq!(r.code(), Some(1), "{}", r.output());
+        // Without a token the scheduler may only hang up: that names the
+        // token too.
+        assert!(
+            r.stderr.contains(expected)
+                || (token.is_none() && r.stderr.contains("it requires a PS_AUTH_TOKEN")),
+            "{token:?}: {}",
+            r.output()
+        );
+        assert!(r.elapsed < Duration::from_secs(10), "took {:?}", r.elapsed);
+    }
+    cluster.finalize();
 }
 
 fn scrape(addr: SocketAddr) -> String {

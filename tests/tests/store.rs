@@ -210,21 +210,35 @@ fn pslite_store_subcommands_talk_to_a_running_scheduler() {
 }
 
 #[test]
-fn pslite_store_without_a_scheduler_fails_within_its_deadline() {
+fn pslite_store_without_a_scheduler_fails_at_the_timeout_it_names() {
     let port = pslite_tests::free_port();
-    let t0 = Instant::now();
-    let (ok, _, err) = cli(port, &["--timeout", "0.5", "get", "x"]);
-    assert!(!ok);
-    assert!(err.contains("no answer from the scheduler"), "{err}");
-    assert!(t0.elapsed() < Duration::from_secs(10));
+    pslite_tests::pslite_bin(); // built before the clock starts
+    for (args, timeout) in [
+        (&["--timeout", "0.5", "get", "x"][..], "0.5"),
+        (&["--timeout", "1", "keys"][..], "1.0"),
+        // A request that does not wait on the scheduler waited 2 s more.
+        (&["--timeout", "3", "set", "a", "b"][..], "3.0"),
+    ] {
+        let t0 = Instant::now();
+        let (ok, _, err) = cli(port, args);
+        let took = t0.elapsed();
+        assert!(!ok);
+        assert!(
+            err.contains(&format!("no answer from the scheduler at tcp://127.0.0.1:{port} within {timeout} s: nothing accepted the connection")),
+            "{err}"
+        );
+        let asked: f64 = timeout.parse().unwrap_or_default();
+        assert!(
+            took >= Duration::from_secs_f64(asked) && took < Duration::from_secs_f64(asked + 1.5),
+            "{args:?} took {took:?}"
+        );
+    }
 }
 
 #[test]
 fn pslite_store_watch_prints_every_change_in_order_with_a_token() {
     const TOKEN: &str = "store watch secret";
-    let c = LocalCluster::start_with(1, 1, |cfg| {
-        cfg.van.auth_token = pslite::admin::AuthToken::new(TOKEN);
-    });
+    let c = LocalCluster::start_with_token(1, 1, TOKEN);
     let port = c.scheduler.config().van.scheduler_port as u16;
     let w = store(&c.workers[0]);
     w.set("epoch", "0").unwrap();
@@ -258,9 +272,26 @@ fn pslite_store_watch_prints_every_change_in_order_with_a_token() {
         po.van().map_or(usize::MAX, |v| v.store_watches())
     });
 
-    // Without the token the scheduler never answers.
-    let (ok, _, err) = cli(port, &["--timeout", "1", "watch", "epoch"]);
-    assert!(!ok && err.contains("no answer"), "{err}");
+    // Without the token, or with a wrong one, the scheduler refuses the
+    // handshake: the error says so at once, naming the variable.
+    for token in [None, Some("wrong")] {
+        for args in [&["watch", "epoch"][..], &["keys"], &["set", "k", "v"]] {
+            let mut cmd = cli_command(port, &[&["--timeout", "30"][..], args].concat());
+            cmd.env_remove("PS_AUTH_TOKEN");
+            if let Some(token) = token {
+                cmd.env("PS_AUTH_TOKEN", token);
+            }
+            let r = run(cmd, Duration::from_secs(40));
+            assert!(!r.ok(), "{}", r.output());
+            assert!(
+                r.stderr.contains("PS_AUTH_TOKEN"),
+                "{token:?}: {}",
+                r.output()
+            );
+            assert!(!r.stderr.contains("no answer"), "{}", r.output());
+            assert!(r.elapsed < Duration::from_secs(20), "took {:?}", r.elapsed);
+        }
+    }
 
     // A count not reached by the timeout fails, saying so.
     let mut cmd = cli_command(

@@ -7,7 +7,10 @@
 //! sends store events, see [`AdminClient::store_event`]) from a DEALER of its
 //! own to that address, one per client. Every wait has a deadline,
 //! so a scheduler that is gone (or is C++ ps-lite, which does not know these
-//! requests) gives a clear error instead of a hang.
+//! requests) gives a clear error instead of a hang. A monitor on the DEALER
+//! tells the errors apart: nothing accepting the connection, a scheduler
+//! that accepted it and did not answer, and a handshake refused over
+//! `PS_AUTH_TOKEN` (reported at once, as nodes report it).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -52,21 +55,83 @@ pub enum AdminError {
     #[error("cannot listen for the scheduler's answer: host {0:?} does not resolve; pass an IP address of this machine that the scheduler can reach")]
     Resolve(String),
     /// No answer came back in time.
-    #[error(
-        "no answer from the scheduler at {scheduler} within {:.1} s: is a pslite scheduler \
-         running there (check DMLC_PS_ROOT_URI / DMLC_PS_ROOT_PORT), and can it reach this \
-         machine at {reply_to}?",
-        timeout.as_secs_f64()
-    )]
+    #[error("{}", no_answer(scheduler, reply_to, *timeout, *connection))]
     NoAnswer {
         /// The scheduler's address.
         scheduler: String,
         /// Where the answer was expected.
         reply_to: String,
-        /// How long we waited.
+        /// How long we waited (the timeout asked for, and the grace of a
+        /// request waiting on the scheduler if it was given).
         timeout: Duration,
+        /// What became of the connection to the scheduler.
+        connection: Connection,
+    },
+    /// The scheduler refused this client's ZeroMQ handshake: a wrong or
+    /// missing `PS_AUTH_TOKEN`, or one it does not expect.
+    #[error("{detail}")]
+    Refused {
+        /// What was refused and what to set.
+        detail: String,
     },
 }
+
+/// What an admin client saw of its connection to the scheduler (from its
+/// DEALER's socket monitor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connection {
+    /// No connection attempt has finished (a host that does not answer).
+    Pending,
+    /// Connecting failed this many times (nothing listens there).
+    Failing(u32),
+    /// Connections were made but the peer hung up during the ZeroMQ
+    /// handshake, this many times in a row (a scheduler that wants a
+    /// `PS_AUTH_TOKEN` does that to a client without one, or not a ZeroMQ
+    /// socket at all).
+    Dropped(u32),
+    /// A ZeroMQ socket there accepted the connection and the handshake.
+    Accepted,
+}
+
+/// The message of [`AdminError::NoAnswer`]: why there may have been none.
+fn no_answer(scheduler: &str, reply_to: &str, timeout: Duration, connection: Connection) -> String {
+    let head = format!(
+        "no answer from the scheduler at {scheduler} within {:.1} s",
+        timeout.as_secs_f64()
+    );
+    match connection {
+        Connection::Accepted => format!(
+            "{head}, although it accepted the connection: is it a pslite scheduler (C++ \
+             ps-lite does not answer these requests), and can it reach this machine at \
+             {reply_to}?"
+        ),
+        Connection::Failing(attempts) => format!(
+            "{head}: nothing accepted the connection ({attempts} attempt{}): is a pslite \
+             scheduler running there? (check DMLC_PS_ROOT_URI / DMLC_PS_ROOT_PORT, or \
+             --host/--port)",
+            if attempts == 1 { "" } else { "s" }
+        ),
+        Connection::Dropped(times) => format!(
+            "{head}: it closed the connection during the ZeroMQ handshake ({times} time{}): \
+             does it require a PS_AUTH_TOKEN (set the cluster's), and is it a pslite scheduler?",
+            if times == 1 { "" } else { "s" }
+        ),
+        Connection::Pending => format!(
+            "{head}: the connection was not made in that time: is the host reachable and a \
+             pslite scheduler running there? (check DMLC_PS_ROOT_URI / DMLC_PS_ROOT_PORT, or \
+             --host/--port)"
+        ),
+    }
+}
+
+/// Handshakes dropped in a row after which a client without a token takes
+/// it that the scheduler wants one (ZeroMQ retries every 100 ms).
+const DROPS_MEAN_A_TOKEN: u32 = 5;
+
+/// How much longer than its deadline a request that waits on the scheduler
+/// (a GET or WAIT with a timeout) may wait for its answer, once the
+/// scheduler is known to be there: the answer leaves it at that deadline.
+pub const ANSWER_GRACE: Duration = Duration::from_secs(2);
 
 fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> AdminError {
     let context = context.into();
@@ -76,6 +141,13 @@ fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> AdminError 
 /// A connection to a scheduler for admin requests. See the module docs.
 pub struct AdminClient {
     router: zmq::Socket,
+    /// The DEALER's socket monitor (connections, handshakes).
+    monitor: zmq::Socket,
+    connection: Connection,
+    /// Why the scheduler refused the handshake, once it has.
+    refused: Option<String>,
+    /// Whether this client presents a `PS_AUTH_TOKEN`.
+    has_token: bool,
     /// Store events that arrived while waiting for an answer.
     events: VecDeque<StoreMsg>,
     dealer: zmq::Socket,
@@ -150,12 +222,34 @@ impl AdminClient {
             .map_err(zmq_err("creating a DEALER"))?;
         dealer.set_linger(0).map_err(zmq_err("setting LINGER"))?;
         crate::auth::secure_dealer(&dealer, token)?;
+        let monitor_endpoint = crate::auth::monitor_endpoint("admin");
+        dealer
+            .monitor(
+                &monitor_endpoint,
+                (zmq::SocketEvent::CONNECT_RETRIED as u16
+                    | zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16
+                    | zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL as u16
+                    | zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL as u16
+                    | zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16) as i32,
+            )
+            .map_err(zmq_err("monitoring the DEALER"))?;
+        let monitor = ctx
+            .socket(zmq::PAIR)
+            .map_err(zmq_err("creating the monitor socket"))?;
+        monitor.set_linger(0).map_err(zmq_err("setting LINGER"))?;
+        monitor
+            .connect(&monitor_endpoint)
+            .map_err(zmq_err("connecting the DEALER monitor"))?;
         let scheduler = transport.connect_endpoint(scheduler_host, scheduler_port);
         dealer
             .connect(&scheduler)
             .map_err(zmq_err(format!("connecting to {scheduler}")))?;
         Ok(AdminClient {
             router,
+            monitor,
+            connection: Connection::Pending,
+            refused: None,
+            has_token: token.is_some(),
             events: VecDeque::new(),
             dealer,
             me: Node::new(Role::Worker, reply_host, port),
@@ -169,9 +263,31 @@ impl AdminClient {
         self.me.address()
     }
 
+    /// What this client has seen of its connection to the scheduler.
+    pub fn connection(&self) -> Connection {
+        self.connection
+    }
+
     /// Sends the scheduler a `cmd` request (the caller fills in anything
-    /// else in `msg`) and waits up to `timeout` for its answer.
-    pub fn request(&mut self, mut msg: Message, timeout: Duration) -> Result<Message, AdminError> {
+    /// else in `msg`) and waits up to `timeout` for its answer. A refused
+    /// handshake fails at once.
+    pub fn request(&mut self, msg: Message, timeout: Duration) -> Result<Message, AdminError> {
+        self.exchange(msg, timeout, Duration::ZERO)
+    }
+
+    /// [`AdminClient::request`], waiting up to `grace` longer if the
+    /// scheduler accepted the connection by the deadline.
+    fn exchange(
+        &mut self,
+        mut msg: Message,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Result<Message, AdminError> {
+        if let Some(detail) = &self.refused {
+            return Err(AdminError::Refused {
+                detail: detail.clone(),
+            });
+        }
         let cmd = msg.meta.control.cmd;
         msg.meta.request = true;
         msg.meta.recver = SCHEDULER;
@@ -185,17 +301,86 @@ impl AdminClient {
         msg.meta.control.node = vec![self.me.clone()];
         transport::send_message(&mut self.dealer, &msg.meta.encode(), &msg.data)
             .map_err(zmq_err(format!("sending to {}", self.scheduler)))?;
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let mut deadline = start + timeout;
+        let mut extended = grace.is_zero();
         loop {
             let Some(answer) = self.receive(deadline)? else {
+                if !extended && self.connection == Connection::Accepted {
+                    extended = true;
+                    deadline += grace;
+                    continue;
+                }
                 return Err(AdminError::NoAnswer {
                     scheduler: self.scheduler.clone(),
                     reply_to: self.reply_address(),
-                    timeout,
+                    timeout: deadline - start,
+                    connection: self.connection,
                 });
             };
             if answer.meta.control.cmd == cmd && answer.meta.timestamp == msg.meta.timestamp {
                 return Ok(answer);
+            }
+        }
+    }
+
+    /// Takes in the DEALER monitor's events; a refused handshake is an error.
+    fn read_monitor(&mut self) -> Result<(), AdminError> {
+        use zmq::SocketEvent as E;
+        loop {
+            let waiting = self
+                .monitor
+                .poll(zmq::POLLIN, 0)
+                .map_err(zmq_err("polling the DEALER monitor"))?;
+            if waiting == 0 {
+                return Ok(());
+            }
+            let event = match crate::auth::read_event(&self.monitor) {
+                Ok(Some(event)) => event,
+                Ok(None) | Err(zmq::Error::EINTR) => continue,
+                Err(e) => return Err(zmq_err("reading the DEALER monitor")(e)),
+            };
+            match (event.event, self.connection) {
+                (e, _) if e == E::HANDSHAKE_SUCCEEDED as u16 => {
+                    self.connection = Connection::Accepted
+                }
+                // Retries follow every failure; they count only connections
+                // nothing accepted.
+                (e, Connection::Pending) if e == E::CONNECT_RETRIED as u16 => {
+                    self.connection = Connection::Failing(1)
+                }
+                (e, Connection::Failing(n)) if e == E::CONNECT_RETRIED as u16 => {
+                    self.connection = Connection::Failing(n + 1)
+                }
+                (e, c) if e == E::HANDSHAKE_FAILED_NO_DETAIL as u16 => {
+                    let times = match c {
+                        Connection::Dropped(n) => n + 1,
+                        _ => 1,
+                    };
+                    self.connection = Connection::Dropped(times);
+                    // A scheduler with a token hangs up on a client without
+                    // one (or sends a greeting it refuses: the next branch).
+                    if times >= DROPS_MEAN_A_TOKEN && !self.has_token {
+                        let detail = format!(
+                            "the scheduler at {} closed the connection during the ZeroMQ \
+                             handshake {times} times in a row: it requires a PS_AUTH_TOKEN and \
+                             this client presented none (set PS_AUTH_TOKEN to the cluster's \
+                             token), or it is not a pslite scheduler",
+                            self.scheduler
+                        );
+                        self.refused = Some(detail.clone());
+                        return Err(AdminError::Refused { detail });
+                    }
+                }
+                (e, _)
+                    if e == E::HANDSHAKE_FAILED_AUTH as u16
+                        || e == E::HANDSHAKE_FAILED_PROTOCOL as u16 =>
+                {
+                    let detail = refusal(&event, &self.scheduler, self.has_token);
+                    self.refused = Some(detail.clone());
+                    return Err(AdminError::Refused { detail });
+                }
+                _ => {}
             }
         }
     }
@@ -209,9 +394,25 @@ impl AdminClient {
             if left.is_zero() {
                 return Ok(None);
             }
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i64;
+            let mut items = [
+                self.router.as_poll_item(zmq::POLLIN),
+                self.monitor.as_poll_item(zmq::POLLIN),
+            ];
+            match zmq::poll(&mut items, ms) {
+                Ok(_) | Err(zmq::Error::EINTR) => {}
+                Err(e) => return Err(zmq_err("waiting for the answer")(e)),
+            }
+            let (answer_ready, monitor_ready) = (items[0].is_readable(), items[1].is_readable());
+            if monitor_ready {
+                self.read_monitor()?;
+            }
+            if !answer_ready {
+                continue;
+            }
+            // Ready: this receive does not wait (the timeout is a bound).
             self.router
-                .set_rcvtimeo(ms)
+                .set_rcvtimeo(ms.min(i64::from(i32::MAX)) as i32)
                 .map_err(zmq_err("setting the receive timeout"))?;
             let raw = match transport::recv_message(&self.router) {
                 Ok(raw) => raw,
@@ -249,20 +450,27 @@ impl AdminClient {
 
 impl AdminClient {
     /// Sends the scheduler store request `req` and waits up to `timeout`
-    /// for its answer (a GET or WAIT waits on the scheduler for
-    /// `req.timeout`: give `timeout` more than that).
+    /// for its answer. A request that waits on the scheduler (GET, WAIT or
+    /// MULTI_GET with `req.timeout`) is answered when that wait ends: once
+    /// the scheduler is known to be there, the answer may take
+    /// [`ANSWER_GRACE`] longer than `timeout` (give `timeout` at least
+    /// `req.timeout`).
     pub fn store(
         &mut self,
         req: pslite_proto::store::StoreMsg,
         timeout: Duration,
     ) -> Result<pslite_proto::store::StoreMsg, AdminError> {
+        let waits = req.timeout.is_some()
+            && matches!(req.op, StoreOp::Get | StoreOp::Wait | StoreOp::MultiGet);
+        let grace = if waits { ANSWER_GRACE } else { Duration::ZERO };
         let mut msg = Message::control(Command::Store, SCHEDULER);
         msg.meta.store = Some(Box::new(req));
-        let answer = self.request(msg, timeout)?;
+        let answer = self.exchange(msg, timeout, grace)?;
         answer.meta.store.map(|s| *s).ok_or(AdminError::NoAnswer {
             scheduler: self.scheduler.clone(),
             reply_to: self.reply_address(),
             timeout,
+            connection: self.connection,
         })
     }
 
@@ -279,6 +487,34 @@ impl AdminClient {
             }
         }
         Ok(self.events.pop_front())
+    }
+}
+
+/// Why the scheduler refused this client's handshake, naming the variable
+/// to fix (`offered`: whether the client presented a token).
+fn refusal(event: &crate::auth::MonitorEvent, scheduler: &str, offered: bool) -> String {
+    if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16 {
+        format!(
+            "the scheduler at {scheduler} refused this client's PS_AUTH_TOKEN (status {}): set \
+             PS_AUTH_TOKEN to the cluster's token",
+            event.value
+        )
+    } else if event.value == crate::auth::ZMTP_MECHANISM_MISMATCH && offered {
+        format!(
+            "the scheduler at {scheduler} does not authenticate (its cluster has no \
+             PS_AUTH_TOKEN) but this client presents one: unset PS_AUTH_TOKEN"
+        )
+    } else if event.value == crate::auth::ZMTP_MECHANISM_MISMATCH {
+        format!(
+            "the scheduler at {scheduler} requires a PS_AUTH_TOKEN and this client presented \
+             none: set PS_AUTH_TOKEN to the cluster's token"
+        )
+    } else {
+        format!(
+            "the ZeroMQ handshake with the scheduler at {scheduler} failed (protocol error \
+             {:#x}): check PS_AUTH_TOKEN",
+            event.value
+        )
     }
 }
 

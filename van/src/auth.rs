@@ -36,7 +36,7 @@ const USERNAME: &str = "pslite";
 /// every 100 ms must not flood the log).
 const MAX_LOGGED_PEERS: usize = 256;
 /// libzmq's protocol error for a peer speaking another security mechanism.
-const ZMTP_MECHANISM_MISMATCH: u32 = 0x1100_0002;
+pub(crate) const ZMTP_MECHANISM_MISMATCH: u32 = 0x1100_0002;
 
 /// The shared secret of a cluster (`PS_AUTH_TOKEN`). Its `Debug` output
 /// hides the value, so configurations can be logged.
@@ -79,7 +79,7 @@ fn zmq_err(context: &'static str) -> impl FnOnce(zmq::Error) -> VanError {
 }
 
 /// A fresh in-process endpoint for a socket monitor.
-fn monitor_endpoint(what: &str) -> String {
+pub(crate) fn monitor_endpoint(what: &str) -> String {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     format!(
         "inproc://pslite-auth-{what}-{}",
@@ -233,11 +233,12 @@ fn refusal_message(event: &MonitorEvent, endpoint: &str) -> String {
 }
 
 /// One event from a ZeroMQ socket monitor.
-struct MonitorEvent {
+pub(crate) struct MonitorEvent {
     /// The raw event id (compared with `zmq::SocketEvent::X as u16`;
     /// `SocketEvent::from_raw` panics on ids it does not know).
-    event: u16,
-    value: u32,
+    pub(crate) event: u16,
+    /// The event's value (an error code for failed handshakes).
+    pub(crate) value: u32,
     address: String,
 }
 
@@ -253,7 +254,8 @@ fn next_event(monitor: &zmq::Socket) -> Option<MonitorEvent> {
     }
 }
 
-fn read_event(monitor: &zmq::Socket) -> zmq::Result<Option<MonitorEvent>> {
+/// Reads one monitor event (`None`: a malformed one, skipped).
+pub(crate) fn read_event(monitor: &zmq::Socket) -> zmq::Result<Option<MonitorEvent>> {
     let head = monitor.recv_msg(0)?;
     let address = if head.get_more() {
         let address = monitor.recv_msg(0)?;

@@ -90,6 +90,8 @@ pub enum Output {
         waited: Duration,
         /// The start timeout.
         limit: Duration,
+        /// What it waits for (its `Display` is the log line's wording).
+        what: WaitingFor,
     },
 }
 
@@ -107,6 +109,79 @@ pub struct Route {
     /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
     /// that process's descriptors).
     pub shm_pid: Option<u32>,
+}
+
+/// What a node that has not joined yet waits for, worded for its log line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WaitingFor {
+    /// The scheduler: servers and workers that have not registered yet.
+    Registrations {
+        /// Servers still to register, and `DMLC_NUM_SERVER`.
+        servers: (i32, i32),
+        /// Workers still to register, and `DMLC_NUM_WORKER`; `None` in
+        /// elastic mode (the first round's workers decide).
+        workers: Option<(i32, i32)>,
+    },
+    /// A server or worker: the node table, which the scheduler sends once
+    /// every node has registered (not only once the scheduler is up).
+    NodeTable {
+        /// The scheduler's address.
+        scheduler: String,
+        /// `DMLC_NUM_SERVER`.
+        servers: i32,
+        /// `DMLC_NUM_WORKER` (`MIN:MAX` in elastic mode).
+        workers: String,
+    },
+}
+
+impl std::fmt::Display for WaitingFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plural = |n: i32, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        // "2 servers" when none registered yet, else "1 of 2 servers".
+        let of = |missing: i32, all: i32, what: &str| {
+            if missing == all {
+                plural(all, what)
+            } else {
+                format!("{missing} of {}", plural(all, what))
+            }
+        };
+        match self {
+            WaitingFor::Registrations {
+                servers: (missing_servers, servers),
+                workers,
+            } => {
+                let mut missing = Vec::new();
+                if *missing_servers > 0 {
+                    missing.push(of(*missing_servers, *servers, "server"));
+                }
+                match workers {
+                    Some((0, _)) => {}
+                    Some((missing_workers, workers)) => {
+                        missing.push(of(*missing_workers, *workers, "worker"))
+                    }
+                    None => {
+                        missing.push("the first round's workers (DMLC_NUM_WORKER=MIN:MAX)".into())
+                    }
+                }
+                if missing.is_empty() {
+                    f.write_str("waiting for the last registrations to be processed")
+                } else {
+                    write!(f, "waiting for {} to register", missing.join(" and "))
+                }
+            }
+            WaitingFor::NodeTable {
+                scheduler,
+                servers,
+                workers,
+            } => write!(
+                f,
+                "waiting for the node table from the scheduler at {scheduler} (sent once \
+                 {} and {workers} worker{} have registered)",
+                plural(*servers, "server"),
+                if workers == "1" { "" } else { "s" },
+            ),
+        }
+    }
 }
 
 /// One node's control plane.
@@ -388,6 +463,31 @@ impl Core {
     pub fn register(&mut self, customer_id: i32, now: Instant) {
         let actions = self.member.register(customer_id, now);
         self.apply_member(actions, now);
+    }
+
+    /// What this node waits for while it joins.
+    fn waiting_for(&self) -> WaitingFor {
+        match &self.scheduler {
+            Some(s) => {
+                let missing = s.missing();
+                WaitingFor::Registrations {
+                    servers: (missing.servers, self.cfg.num_servers),
+                    workers: self
+                        .cfg
+                        .elastic
+                        .is_none()
+                        .then_some((missing.workers, self.cfg.num_workers)),
+                }
+            }
+            None => WaitingFor::NodeTable {
+                scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
+                servers: self.cfg.num_servers,
+                workers: match &self.cfg.elastic {
+                    Some(e) => format!("{}:{}", e.min, e.max),
+                    None => self.cfg.num_workers.to_string(),
+                },
+            },
+        }
     }
 
     /// `None` while joining; then joined, or why not.
@@ -1098,7 +1198,12 @@ impl Core {
                 }
                 MemberAction::BarrierEnded => self.changed = true,
                 MemberAction::Waiting { waited, limit } => {
-                    self.out.push(Output::Waiting { waited, limit });
+                    let what = self.waiting_for();
+                    self.out.push(Output::Waiting {
+                        waited,
+                        limit,
+                        what,
+                    });
                 }
                 MemberAction::RoundBegan { round, workers } => {
                     self.changed = true;

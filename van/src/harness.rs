@@ -64,6 +64,8 @@ pub struct SimNode {
     pub peer_dead: Vec<NodeId>,
     /// "Still waiting to join" reports.
     pub waiting: Vec<Duration>,
+    /// What each of those reports says it waits for.
+    pub waiting_for: Vec<crate::core::WaitingFor>,
     /// Answers to admin clients (`pslite status`), with where they went.
     pub answers: Vec<(Node, Message)>,
     /// Elastic rounds reported: (round, workers in rank order).
@@ -162,6 +164,7 @@ impl Network {
             undeliverable: Vec::new(),
             peer_dead: Vec::new(),
             waiting: Vec::new(),
+            waiting_for: Vec::new(),
             answers: Vec::new(),
             rounds: Vec::new(),
             store_events: Vec::new(),
@@ -348,7 +351,10 @@ impl Network {
                 Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),
                 Output::PeerDead(id, _) => self.nodes[i].peer_dead.push(id),
                 Output::Failed(f) => self.nodes[i].failures.push(f),
-                Output::Waiting { waited, .. } => self.nodes[i].waiting.push(waited),
+                Output::Waiting { waited, what, .. } => {
+                    self.nodes[i].waiting.push(waited);
+                    self.nodes[i].waiting_for.push(what);
+                }
                 Output::Answer { to, msg } => self.nodes[i].answers.push((to, msg)),
                 Output::RoundBegan { round, workers } => {
                     self.nodes[i].rounds.push((round, workers))

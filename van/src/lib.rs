@@ -76,7 +76,7 @@ pub mod store;
 pub mod transport;
 mod van;
 
-pub use crate::core::{Core, DrainOutcome, Output, Route};
+pub use crate::core::{Core, DrainOutcome, Output, Route, WaitingFor};
 pub use auth::AuthToken;
 pub use config::VanConfig;
 pub use counters::Counters;

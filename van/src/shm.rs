@@ -19,7 +19,7 @@
 //! - `receiver.rs`: a receiver's mappings of its peers' segments
 //!   ([`Receiver`]) and the descriptor checks.
 //! - `track.rs`: the process-wide registries of live buffers
-//!   ([`TrackedVec`]) and of mapped peer segments.
+//!   ([`Tracked`]) and of mapped peer segments.
 //!
 //! **Segments.** A sender keeps a [`Pool`] of segments, each an anonymous
 //! `memfd` (named `pslite-shm-<pid>-<n>`, nothing in `/dev/shm`) holding a
@@ -40,7 +40,7 @@
 //! pool remembers which segment holds a copy of which frame and sends such
 //! a frame again, to any same-host peer, as a descriptor only (ps-lite
 //! programs push the same key arrays every step). It knows the buffer lives
-//! when the buffer is a [`TrackedVec`] (every large `SArray` is one: it
+//! when the buffer is a [`Tracked`] (every large `SArray` is one: it
 //! registers itself when made and unregisters before its memory is freed),
 //! or else by holding a clone of the frame (let go when it is the last one,
 //! after [`HELD_IDLE`] unused, or when the pool needs room). A segment's
@@ -96,7 +96,7 @@ pub use host::{can_reach, host_identity};
 pub use pool::{Pool, Sent, ShmStats, Staged};
 pub use receiver::Receiver;
 pub use slot::Lease;
-pub use track::TrackedVec;
+pub use track::Tracked;
 
 /// The name prefix of every segment's memfd.
 pub const NAME_PREFIX: &str = "pslite-shm-";

@@ -512,7 +512,11 @@ impl Shared {
                     }
                     self.dispatch.failed(&failure);
                 }
-                Output::Waiting { waited, limit } => self.log_waiting(waited, limit),
+                Output::Waiting {
+                    waited,
+                    limit,
+                    what,
+                } => log_waiting(&what, waited, limit),
             }
         }
         if !refused.is_empty() {
@@ -542,22 +546,14 @@ impl Shared {
             self.with_core(mode, |core, now| core.store_watcher_gone(watcher, now));
         }
     }
+}
 
-    fn log_waiting(&self, waited: Duration, limit: Duration) {
-        let what = if self.config.role == Role::Scheduler {
-            "waiting for the servers and workers to register".to_string()
-        } else {
-            let c = &self.config;
-            format!(
-                "waiting for the scheduler at {}:{}",
-                c.scheduler_host, c.scheduler_port
-            )
-        };
-        if waited.is_zero() {
-            info!("{what} (up to {} s, PS_START_TIMEOUT)", limit.as_secs());
-        } else {
-            let (waited, limit) = (waited.as_secs(), limit.as_secs());
-            warn!("{what}: {waited} s of {limit} (PS_START_TIMEOUT)");
-        }
+/// Logs a node's "still waiting to join" line.
+fn log_waiting(what: &crate::WaitingFor, waited: Duration, limit: Duration) {
+    let (secs, limit) = (waited.as_secs(), limit.as_secs());
+    if waited.is_zero() {
+        info!("{what} (up to {limit} s, PS_START_TIMEOUT)");
+    } else {
+        warn!("{what}: {secs} s of {limit} (PS_START_TIMEOUT)");
     }
 }

@@ -86,6 +86,48 @@ fn a_node_waiting_to_join_says_so_every_ten_seconds_then_times_out() {
 }
 
 #[test]
+fn waiting_lines_name_what_they_wait_for() {
+    use crate::core::WaitingFor;
+    // The scheduler and the server are up; the worker is late.
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 3);
+    net.kill(2);
+    net.register_all();
+    net.run_for(SECOND * 11);
+    let scheduler = net.nodes[0].waiting_for.last().cloned().unwrap();
+    assert_eq!(
+        scheduler,
+        WaitingFor::Registrations {
+            servers: (0, 1),
+            workers: Some((1, 1))
+        }
+    );
+    assert_eq!(scheduler.to_string(), "waiting for 1 worker to register");
+    let server = net.nodes[1].waiting_for.last().unwrap().to_string();
+    assert_eq!(
+        server,
+        "waiting for the node table from the scheduler at 127.0.0.1:9000 (sent once 1 server \
+         and 1 worker have registered)"
+    );
+    // Before anyone registered, the scheduler names both roles.
+    let none = WaitingFor::Registrations {
+        servers: (2, 2),
+        workers: Some((1, 3)),
+    };
+    assert_eq!(
+        none.to_string(),
+        "waiting for 2 servers and 1 of 3 workers to register"
+    );
+    let elastic = WaitingFor::Registrations {
+        servers: (0, 1),
+        workers: None,
+    };
+    assert_eq!(
+        elastic.to_string(),
+        "waiting for the first round's workers (DMLC_NUM_WORKER=MIN:MAX) to register"
+    );
+}
+
+#[test]
 fn a_start_timeout_names_identities_heard_before_they_were_assigned() {
     let cfg = VanConfig {
         start_timeout: SECOND * 5,

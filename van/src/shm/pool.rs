@@ -41,7 +41,7 @@ enum Content {
 
 /// How the pool knows a cached frame's bytes are still the same.
 enum Life {
-    /// The app's buffer registered itself ([`super::TrackedVec`]): the flag
+    /// The app's buffer registered itself ([`super::Tracked`]): the flag
     /// turns false before its memory is freed.
     Tracked(Arc<AtomicBool>),
     /// A clone the pool holds keeps the buffer alive (and so unchanged:
@@ -502,7 +502,7 @@ impl Pool {
     /// knows those bytes are unchanged) is not copied again: the descriptor
     /// names the segment that holds it, whichever peer it went to. The pool
     /// knows the bytes are unchanged while the buffer lives: a
-    /// [`super::TrackedVec`] (every large `SArray`) says when it dies; of any
+    /// [`super::Tracked`] (every large `SArray`) says when it dies; of any
     /// other frame the pool keeps a clone (see [`HELD_IDLE`]).
     pub fn send(&self, frame: &Bytes, to_pid: u32, index: u32) -> Option<Sent> {
         let len = frame.len();

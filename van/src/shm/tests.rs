@@ -149,10 +149,10 @@ fn a_frame_sent_again_is_not_copied_and_several_receivers_share_it() {
     );
 }
 
-/// A [`TrackedVec`], as an `SArray` holds one; `dropped` turns true when
+/// A [`Tracked`], as an `SArray` holds one; `dropped` turns true when
 /// its memory is freed.
 struct Owned {
-    values: TrackedVec<u8>,
+    values: Tracked<Vec<u8>>,
     dropped: Arc<AtomicBool>,
 }
 
@@ -171,7 +171,7 @@ impl Drop for Owned {
 fn owned(values: Vec<u8>) -> (Bytes, Arc<AtomicBool>) {
     let dropped = Arc::new(AtomicBool::new(false));
     let owner = Owned {
-        values: TrackedVec::new(values),
+        values: Tracked::new(values),
         dropped: Arc::clone(&dropped),
     };
     (Bytes::from_owner(owner), dropped)
@@ -182,10 +182,10 @@ fn a_tracked_frame_is_cached_without_keeping_it_alive() {
     let pool = Pool::new(DEFAULT_POOL_BYTES);
     let mut rx = Receiver::new();
     assert!(
-        !TrackedVec::new(vec![0u8; 100]).is_tracked(),
+        !Tracked::new(vec![0u8; 100]).is_tracked(),
         "small buffers are not tracked"
     );
-    assert!(TrackedVec::new(vec![0u8; MIN_FRAME]).is_tracked());
+    assert!(Tracked::new(vec![0u8; MIN_FRAME]).is_tracked());
     let len = MIN_FRAME * 4;
     let (frame, dropped) = owned(pattern(len));
     let first = pool.send(&frame, std::process::id(), 0).unwrap();

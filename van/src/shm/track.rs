@@ -1,6 +1,6 @@
 //! What the pool knows about a frame from its address alone (a `Bytes`
 //! says nothing of its owner): whether it lies in a live buffer that
-//! registered itself ([`TrackedVec`]), or in a peer's segment this process
+//! registered itself ([`Tracked`]), or in a peer's segment this process
 //! maps and whether that peer is gone.
 //!
 //! Both registries hold [`Registration`]s: made when the range appears,
@@ -10,12 +10,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use bytemuck::Pod;
-
 use super::ranges::Ranges;
 use super::MIN_FRAME;
 
-/// Buffers that said they live ([`TrackedVec`]).
+/// Buffers that said they live ([`Tracked`]).
 static TRACKED: Ranges = Ranges::new();
 
 /// Peers' segments this process maps (flag false once their sender is
@@ -77,62 +75,64 @@ pub(super) fn foreign_gone(ptr: usize) -> bool {
         .is_some_and(|valid| !valid.load(Ordering::Acquire))
 }
 
-/// A vector of plain values that the shared-memory pool may send again
-/// without a copy while it lives: made at least [`MIN_FRAME`] bytes long,
-/// it registers its buffer, and it unregisters it when dropped, before the
-/// memory is freed. A pool then needs no clone of it to know its bytes are
-/// unchanged, so it never keeps an app's dropped array alive. Its values
-/// cannot change: it gives out shared references only.
+/// An owner of immutable bytes (a vector, or memory another runtime owns)
+/// that the shared-memory pool may send again without a copy while it
+/// lives: made with at least [`MIN_FRAME`] bytes, it registers them, and it
+/// unregisters them when dropped, before the owner frees them. A pool then
+/// needs no clone of it to know its bytes are unchanged, so it never keeps
+/// an app's dropped array alive.
 ///
-/// `SArray` makes one for every array it takes over:
+/// The owner promises what [`bytes::Bytes::from_owner`] needs: its bytes do
+/// not move when it moves (a `Vec`'s heap buffer does not), and they do not
+/// change while it lives. `SArray` makes one for every array it takes over:
 ///
 /// ```
 /// use bytes::Bytes;
-/// use pslite_van::shm::TrackedVec;
+/// use pslite_van::shm::Tracked;
 ///
-/// let values = Bytes::from_owner(TrackedVec::new(vec![1.5f32; 100_000]));
-/// assert_eq!(values.len(), 400_000);
+/// let values = Bytes::from_owner(Tracked::new(vec![7u8; 100_000]));
+/// assert_eq!(values.len(), 100_000);
 /// ```
-pub struct TrackedVec<T> {
+pub struct Tracked<O: AsRef<[u8]>> {
     registration: Option<Registration>,
-    values: Vec<T>,
+    owner: O,
 }
 
-impl<T: Pod> TrackedVec<T> {
-    /// Takes `values` over, registering them if they are large enough to
-    /// travel through shared memory.
-    pub fn new(values: Vec<T>) -> TrackedVec<T> {
-        let bytes: &[u8] = bytemuck::cast_slice(&values);
+impl<O: AsRef<[u8]>> Tracked<O> {
+    /// Takes `owner` over, registering its bytes if they are large enough
+    /// to travel through shared memory.
+    pub fn new(owner: O) -> Tracked<O> {
+        let bytes = owner.as_ref();
         let registration = (bytes.len() >= MIN_FRAME).then(|| {
             let start = bytes.as_ptr() as usize;
             Registration::new(&TRACKED, start, start + bytes.len())
         });
-        TrackedVec {
+        Tracked {
             registration,
-            values,
+            owner,
         }
     }
 
-    /// The values.
-    pub fn values(&self) -> &[T] {
-        &self.values
+    /// The owner.
+    pub fn owner(&self) -> &O {
+        &self.owner
     }
 
-    /// Whether the buffer is registered (it is large enough).
+    /// Whether the bytes are registered (they are large enough).
     pub fn is_tracked(&self) -> bool {
         self.registration.is_some()
     }
 }
 
-impl<T: Pod> AsRef<[u8]> for TrackedVec<T> {
+impl<O: AsRef<[u8]>> AsRef<[u8]> for Tracked<O> {
     fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.values)
+        self.owner.as_ref()
     }
 }
 
-impl<T> Drop for TrackedVec<T> {
+impl<O: AsRef<[u8]>> Drop for Tracked<O> {
     fn drop(&mut self) {
-        // Unregistered before `values` (dropped after this) frees the memory.
+        // Unregistered before `owner` (dropped after this) frees the bytes.
         self.registration.take();
     }
 }

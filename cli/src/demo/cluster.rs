@@ -1,0 +1,419 @@
+//! The launching process of `pslite demo`: starts the cluster with the
+//! [launcher](crate::launcher), prints its progress from the nodes'
+//! reports, adds and kills workers for `--elastic`, and sums up.
+
+use std::net::TcpListener;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, RecvTimeoutError};
+use pslite::Error;
+
+use super::args::DemoArgs;
+use super::plot;
+use super::progress::Progress;
+use super::report::{self, group, megabytes, plural, Report};
+use crate::launcher::{
+    launch_with, status_command, Control, LaunchError, LaunchOptions, Outcome, PortReservation,
+};
+
+/// What the launching process hears while the cluster runs.
+enum Event {
+    Report(Report),
+    Done(Result<Outcome, LaunchError>),
+}
+
+impl From<Report> for Event {
+    fn from(report: Report) -> Event {
+        Event::Report(report)
+    }
+}
+
+/// The launching process's part in `--elastic`: when to add a worker and
+/// when to kill one, and the rounds seen.
+struct Elastic {
+    on: bool,
+    started: usize,
+    join_after: usize,
+    kill_after: usize,
+    kill_worker: usize,
+    /// The last epoch evaluated.
+    epoch: usize,
+    joined: bool,
+    /// A round had more workers than were started (the added one trains).
+    grown: bool,
+    killed: bool,
+    /// The last round printed.
+    round: Option<u64>,
+    /// Its workers' node ids, in rank order.
+    members: Vec<i32>,
+    /// Every round printed, for the chart.
+    rounds: Vec<plot::RoundMark>,
+    pending: Vec<Control>,
+}
+
+impl Elastic {
+    fn new(args: &DemoArgs) -> Elastic {
+        Elastic {
+            on: args.elastic,
+            started: args.workers,
+            join_after: args.join_after,
+            kill_after: args.kill_after,
+            kill_worker: args.kill_worker,
+            epoch: 0,
+            joined: false,
+            grown: false,
+            killed: false,
+            round: None,
+            members: Vec::new(),
+            rounds: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Epoch `epoch` was evaluated.
+    fn epoch_done(&mut self, epoch: usize) {
+        self.epoch = epoch;
+        self.decide();
+    }
+
+    /// Round `round` began with `workers` workers after `after_epoch`
+    /// epochs; whether it is new.
+    fn round_began(&mut self, round: u64, after_epoch: usize, members: &[i32]) -> bool {
+        if self.round.is_some_and(|r| r >= round) {
+            return false;
+        }
+        let workers = members.len();
+        self.round = Some(round);
+        self.members = members.to_vec();
+        self.rounds.push(plot::RoundMark {
+            round,
+            after_epoch,
+            workers,
+        });
+        self.grown |= workers > self.started;
+        self.decide();
+        true
+    }
+
+    fn decide(&mut self) {
+        if !self.on {
+            return;
+        }
+        if self.join_after > 0 && !self.joined && self.epoch >= self.join_after {
+            self.joined = true;
+            self.pending.push(Control::AddWorker);
+        }
+        // Kill only once the added worker is in a round, so that the
+        // kill ends a round of its own.
+        let ready = self.grown || self.join_after == 0;
+        // The rank is the current round's: the launcher knows nodes by id.
+        let victim = self.members.get(self.kill_worker).copied();
+        if let (true, Some(id)) = (
+            self.kill_after > 0 && !self.killed && self.epoch >= self.kill_after && ready,
+            victim,
+        ) {
+            self.killed = true;
+            self.pending.push(Control::SignalNode {
+                id,
+                signal: libc::SIGKILL,
+            });
+        }
+    }
+
+    /// What to ask of the launcher now.
+    fn requests(&mut self) -> Vec<Control> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Workers that should report at the end.
+    fn workers_expected(&self) -> usize {
+        self.started + usize::from(self.joined) - usize::from(self.killed)
+    }
+}
+
+/// Runs the cluster, prints its progress and summary; the exit code says
+/// whether training reached the threshold.
+pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
+    let program = std::env::current_exe()
+        .map_err(|e| Error::App(format!("cannot find this program to launch it: {e}")))?;
+    let host = "127.0.0.1";
+    let listener = TcpListener::bind((host, 0))
+        .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
+    let mut env = Vec::new();
+    if args.elastic {
+        // A killed worker is noticed by its missing heartbeats: soon.
+        for (var, value) in [
+            ("PS_HEARTBEAT_INTERVAL", "1"),
+            ("PS_HEARTBEAT_TIMEOUT", "3"),
+        ] {
+            if std::env::var_os(var).is_none() {
+                env.push((var.to_string(), value.to_string()));
+            }
+        }
+    }
+    // The scheduler's port, held until the job ends (see PortReservation),
+    // so that the address is known before anything starts.
+    let (port, reservation) = match args.port {
+        Some(port) => (port, None),
+        None => {
+            let held = PortReservation::new(host)
+                .map_err(|e| Error::App(format!("cannot find a free port on {host}: {e}")))?;
+            (held.port(), Some(held))
+        }
+    };
+    println!(
+        "scheduler at {host}:{port}; see the job with: {}",
+        status_command(host, port, &env)
+    );
+    let opts = LaunchOptions {
+        servers: args.servers,
+        workers: args.workers,
+        elastic: args.elastic.then_some((args.workers, args.workers + 2)),
+        env,
+        worker_procs: None,
+        host: host.into(),
+        port: Some(port),
+        timeout: Some(Duration::from_secs_f64(args.timeout)),
+        program: program.into_os_string(),
+        args: args.node_args(&addr.to_string()),
+        announce: false,
+        ..LaunchOptions::default()
+    };
+    print_header(args);
+
+    let (tx, rx) = unbounded();
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || report::collect(listener, tx));
+    }
+    let started = Instant::now();
+    let (control, requests) = unbounded();
+    std::thread::spawn(move || {
+        let _ = tx.send(Event::Done(launch_with(&opts, &requests)));
+    });
+    let mut elastic = Elastic::new(args);
+
+    let mut epochs: Vec<(usize, f64, f64, f64)> = Vec::new();
+    let mut progress = Progress::new(args.epochs);
+    let mut workers: Vec<(u64, u64, u64)> = Vec::new();
+    let mut servers: Vec<(usize, usize)> = Vec::new();
+    let mut outcome = None;
+    let mut linger = None;
+    loop {
+        // After the cluster is done, wait briefly for the last reports.
+        let event = match linger {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(deadline) => rx.recv_deadline(deadline),
+        };
+        let event = match event {
+            Ok(event) => event,
+            Err(_) => break,
+        };
+        match event {
+            Event::Report(report) => {
+                match &report {
+                    Report::Epoch {
+                        epoch,
+                        loss,
+                        accuracy,
+                        secs,
+                    } => {
+                        progress.println(report.human(args.epochs));
+                        epochs.push((*epoch, *loss, *accuracy, *secs));
+                        elastic.epoch_done(*epoch);
+                    }
+                    Report::Round {
+                        round,
+                        after_epoch,
+                        workers,
+                    } => {
+                        if elastic.round_began(*round, *after_epoch, workers) {
+                            progress.println(report.human(args.epochs));
+                        }
+                    }
+                    Report::Progress { epoch, done, total } => {
+                        progress.update(*epoch, *done, *total);
+                    }
+                    Report::Worker {
+                        requests,
+                        pushed,
+                        pulled,
+                        ..
+                    } => workers.push((*requests, *pushed, *pulled)),
+                    Report::Server { rank, keys, .. } => servers.push((*rank, *keys)),
+                }
+                for request in elastic.requests() {
+                    match request {
+                        Control::AddWorker => {
+                            progress.println("adding a worker (it joins at the next round)")
+                        }
+                        Control::SignalNode { id, .. } => {
+                            let rank = elastic.members.iter().position(|&m| m == id);
+                            progress.println(format!(
+                                "killing worker {} (node {id}) with SIGKILL",
+                                rank.map_or_else(|| "?".into(), |r| r.to_string())
+                            ))
+                        }
+                    }
+                    let _ = control.send(request);
+                }
+                if linger.is_some()
+                    && workers.len() == elastic.workers_expected()
+                    && servers.len() == args.servers
+                {
+                    break;
+                }
+            }
+            Event::Done(result) => {
+                let wall = started.elapsed();
+                let complete =
+                    workers.len() == elastic.workers_expected() && servers.len() == args.servers;
+                let failed = !matches!(result, Ok(Outcome::Success));
+                outcome = Some((result, wall));
+                if complete || failed {
+                    break;
+                }
+                linger = Some(Instant::now() + Duration::from_secs(2));
+            }
+        }
+    }
+    drop(reservation);
+    let Some((result, wall)) = outcome else {
+        return Err(Error::App("the launcher stopped without a result".into()));
+    };
+    match result {
+        Ok(Outcome::Success) => {}
+        Ok(outcome) => {
+            for line in outcome.lines() {
+                eprintln!("pslite demo: {line}");
+            }
+            return Ok(ExitCode::from(outcome.exit_code()));
+        }
+        Err(e) => {
+            eprintln!("pslite demo: {e}");
+            return Ok(ExitCode::from(pslite::EXIT_CONFIG));
+        }
+    }
+
+    progress.finish();
+    if let Some(path) = &args.plot {
+        let points: Vec<plot::Point> = epochs
+            .iter()
+            .map(|&(epoch, loss, accuracy, _)| plot::Point {
+                epoch,
+                loss,
+                accuracy,
+            })
+            .collect();
+        let title = format!(
+            "pslite demo: {} servers, {} workers{}, {} (learning rate {})",
+            args.servers,
+            args.workers,
+            if args.elastic { " (elastic)" } else { "" },
+            args.optimizer.title(),
+            args.learning_rate()
+        );
+        match plot::write_chart(path, &title, &points, &elastic.rounds) {
+            Ok(()) => println!("chart of loss and accuracy per epoch: {}", path.display()),
+            Err(e) => {
+                eprintln!("pslite demo: {e}");
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    servers.sort_unstable();
+    let keys: Vec<String> = servers.iter().map(|&(_, k)| group(k as u64)).collect();
+    let (requests, pushed, pulled) = workers.iter().fold((0, 0, 0), |(r, a, b), &(r2, a2, b2)| {
+        (r + r2, a + a2, b + b2)
+    });
+    let training: f64 = epochs.iter().map(|e| e.3).sum();
+    println!(
+        "model: {} keys with a weight, held by {} server{} ({})",
+        group(servers.iter().map(|&(_, k)| k as u64).sum()),
+        args.servers,
+        plural(args.servers),
+        keys.join(" + ")
+    );
+    println!(
+        "moved {} of keys and values: pushes {}, pulls {} ({} requests from {} worker{}{})",
+        megabytes(pushed + pulled),
+        megabytes(pushed),
+        megabytes(pulled),
+        group(requests),
+        workers.len(),
+        plural(workers.len()),
+        if elastic.killed {
+            ", not counting the killed one"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "wall time {:.1} s (training and evaluation {training:.1} s)",
+        wall.as_secs_f64()
+    );
+    let Some(&(epoch, _, final_accuracy, _)) = epochs.last() else {
+        eprintln!("pslite demo: worker 0 reported no accuracy");
+        return Ok(ExitCode::FAILURE);
+    };
+    if epoch != args.epochs {
+        eprintln!(
+            "pslite demo: worker 0 reported epoch {epoch} last, not {}",
+            args.epochs
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    if final_accuracy < args.threshold {
+        println!(
+            "FAILED: final test accuracy {final_accuracy:.4} is below the threshold {} (random guessing gets about 0.5)",
+            args.threshold
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    println!(
+        "final test accuracy {final_accuracy:.4} (threshold {}): ok",
+        args.threshold
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_header(args: &DemoArgs) {
+    let spec = args.data_spec();
+    let train = spec.train_len();
+    println!(
+        "pslite demo: sparse logistic regression by data-parallel {} (learning rate {})",
+        args.optimizer.title(),
+        args.learning_rate()
+    );
+    println!(
+        "data: {} samples ({} to train, {} held out), {} features, {} non-zeros each, \
+         {}% of labels flipped, seed {}",
+        group(spec.samples as u64),
+        group(train as u64),
+        group((spec.samples - train) as u64),
+        group(spec.features),
+        spec.nnz,
+        spec.label_noise * 100.0,
+        spec.seed
+    );
+    let elastic = if args.elastic {
+        format!(" (elastic, {}:{})", args.workers, args.workers + 2)
+    } else {
+        String::new()
+    };
+    println!(
+        "cluster: 1 scheduler, {} server{}, {} worker{}{elastic} on this machine; \
+         minibatches of {} samples per worker, {} epoch{}",
+        args.servers,
+        plural(args.servers),
+        args.workers,
+        plural(args.workers),
+        group(args.batch as u64),
+        args.epochs,
+        plural(args.epochs)
+    );
+}

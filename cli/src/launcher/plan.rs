@@ -1,0 +1,298 @@
+//! Which processes a launch starts, with their programs and environments.
+//!
+//! [`plan`] is a function of the options and the launcher's environment: it
+//! checks them once (so a bad value is one line, not one per node) and
+//! returns one [`NodeSpec`] per process, in launch order: the scheduler, the
+//! servers, the workers.
+
+use std::ffi::OsString;
+
+use pslite_proto::Role;
+
+use super::{LaunchError, LaunchOptions, MALLOC_TUNABLES};
+
+/// One process to run: a node, or (with `--worker-procs`) several workers.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    /// Its name in launch order: `scheduler`, `server 0`, `worker 1`.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+    /// The program.
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// The variables it gets, on top of the launcher's environment.
+    pub env: Vec<(String, String)>,
+    /// Whether it hosts one server or worker, so the launcher gives it a
+    /// port of its own (`PORT`, held by a reservation until it binds it):
+    /// the node advertises that port, which is how the launcher finds its
+    /// node id in the scheduler's table.
+    pub own_port: bool,
+    /// The rank a ps-lite scheduler gives it, as far as the launcher can
+    /// tell before the scheduler says: its launch index among the nodes of
+    /// its role, for a process of one node in a job of fixed size (its
+    /// port increases with that index, and the scheduler assigns ranks in
+    /// port order).
+    pub expected_rank: Option<usize>,
+}
+
+impl NodeSpec {
+    /// Sets `PORT`, replacing an earlier one.
+    pub fn set_port(&mut self, port: u16) {
+        self.env.retain(|(k, _)| k != "PORT");
+        self.env.push(("PORT".into(), port.to_string()));
+    }
+
+    /// The `PORT` it was given.
+    pub fn port(&self) -> Option<u16> {
+        self.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PORT")
+            .and_then(|(_, v)| v.parse().ok())
+    }
+}
+
+/// The name (and output prefix) of the worker `--add-worker` starts.
+pub const ADDED_WORKER: &str = "added worker";
+
+/// Which nodes to start, with their programs and environments.
+pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchError> {
+    if opts.servers == 0 || opts.workers == 0 {
+        return Err(LaunchError::Invalid(
+            "--servers and --workers must be at least 1".into(),
+        ));
+    }
+    if let Some((min, max)) = opts.elastic {
+        if min == 0 || min > max {
+            return Err(LaunchError::Invalid(format!(
+                "--workers {min}:{max}: MIN:MAX needs 1 <= MIN <= MAX"
+            )));
+        }
+        if opts.workers > max {
+            return Err(LaunchError::Invalid(format!(
+                "--start-workers {} is more than MAX in --workers {min}:{max}",
+                opts.workers
+            )));
+        }
+        if opts.worker_procs.is_some() {
+            return Err(LaunchError::Invalid(
+                "--worker-procs does not go with elastic workers (--workers MIN:MAX): \
+                 each elastic worker is a process of its own"
+                    .into(),
+            ));
+        }
+    } else if opts.join {
+        return Err(LaunchError::Invalid(
+            "--add-worker needs the cluster's elastic bounds (--workers MIN:MAX)".into(),
+        ));
+    }
+    let worker_procs = opts.worker_procs.unwrap_or(opts.workers);
+    if worker_procs == 0 || opts.workers % worker_procs != 0 {
+        return Err(LaunchError::Invalid(format!(
+            "--worker-procs {worker_procs} must divide --workers {}",
+            opts.workers
+        )));
+    }
+    let advertised = opts.node_host.as_deref().unwrap_or(&opts.host);
+    // The launcher sets DMLC_NODE_HOST, which a node prefers to
+    // DMLC_INTERFACE: refuse rather than silently override.
+    if let Some(interface) = std::env::var_os("DMLC_INTERFACE").filter(|v| !v.is_empty()) {
+        return Err(LaunchError::Invalid(format!(
+            "DMLC_INTERFACE is set ({}), but pslite launch gives every node DMLC_NODE_HOST={} \
+             (--host), which takes precedence: unset DMLC_INTERFACE, or pass that \
+             interface's address as --host",
+            interface.to_string_lossy(),
+            advertised
+        )));
+    }
+    if let Ok(node_host) = std::env::var("DMLC_NODE_HOST") {
+        if !node_host.is_empty() && node_host != advertised {
+            return Err(LaunchError::Invalid(format!(
+                "DMLC_NODE_HOST is set ({node_host}), but pslite launch gives every node \
+                 DMLC_NODE_HOST={advertised} (--host): unset it, or pass --host {node_host}"
+            )));
+        }
+    }
+    if let Some(port) = std::env::var_os("PORT").filter(|v| !v.is_empty()) {
+        return Err(LaunchError::Invalid(format!(
+            "PORT is set ({}), but pslite launch gives every server and worker a port of its \
+             own (PORT): unset it",
+            port.to_string_lossy()
+        )));
+    }
+    // Nodes can measure their start-up from this instant.
+    let launched_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let num_worker = match opts.elastic {
+        Some((min, max)) => format!("{min}:{max}"),
+        None => opts.workers.to_string(),
+    };
+    let common = |role: Role| {
+        let mut env = vec![
+            ("DMLC_ROLE".to_string(), role.as_str().to_string()),
+            ("DMLC_NUM_SERVER".into(), opts.servers.to_string()),
+            ("DMLC_NUM_WORKER".into(), num_worker.clone()),
+            ("DMLC_PS_ROOT_URI".into(), opts.host.clone()),
+            ("DMLC_PS_ROOT_PORT".into(), port.to_string()),
+            ("DMLC_NODE_HOST".into(), advertised.to_string()),
+            ("PSLITE_LAUNCH_UNIX_NS".into(), launched_ns.to_string()),
+        ];
+        env.extend(opts.env.iter().cloned());
+        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+            env.push(("GLIBC_TUNABLES".into(), MALLOC_TUNABLES.into()));
+        }
+        if role == Role::Worker && opts.worker_procs.is_some() {
+            env.push((
+                "PSLITE_WORKERS_PER_PROCESS".into(),
+                (opts.workers / worker_procs).to_string(),
+            ));
+        }
+        env
+    };
+    // Check once what every node would check, so a bad value is one line,
+    // not one per node.
+    let env = common(Role::Worker);
+    pslite::Config::from_lookup(|name| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    })?;
+    let command = |own: &Option<Vec<OsString>>| match own.as_deref() {
+        Some([program, args @ ..]) => (program.clone(), args.to_vec()),
+        _ => (opts.program.clone(), opts.args.clone()),
+    };
+    let mut nodes = Vec::new();
+    let mut add = |name: String, role: Role, own: &Option<Vec<OsString>>, rank: Option<usize>| {
+        let (program, args) = command(own);
+        if program.is_empty() {
+            return Err(LaunchError::Invalid(format!(
+                "no program for the {name}: give PROGRAM after --, or --{}-program",
+                role.as_str()
+            )));
+        }
+        // A process of one node gets a PORT of its own (see NodeSpec::own_port).
+        let own_port = match role {
+            Role::Scheduler => false,
+            Role::Server => true,
+            Role::Worker => opts.workers / worker_procs == 1,
+        };
+        nodes.push(NodeSpec {
+            name,
+            role,
+            program,
+            args,
+            env: common(role),
+            own_port,
+            expected_rank: rank.filter(|_| own_port && opts.elastic.is_none()),
+        });
+        Ok(())
+    };
+    if opts.join {
+        add(
+            ADDED_WORKER.into(),
+            Role::Worker,
+            &opts.worker_program,
+            None,
+        )?;
+        return Ok(nodes);
+    }
+    add(
+        "scheduler".into(),
+        Role::Scheduler,
+        &opts.scheduler_program,
+        None,
+    )?;
+    for i in 0..opts.servers {
+        add(
+            format!("server {i}"),
+            Role::Server,
+            &opts.server_program,
+            Some(i),
+        )?;
+    }
+    for i in 0..worker_procs {
+        let name = if opts.workers / worker_procs == 1 {
+            format!("worker {i}")
+        } else {
+            format!("worker process {i}")
+        };
+        add(name, Role::Worker, &opts.worker_program, Some(i))?;
+    }
+    Ok(nodes)
+}
+
+/// Whether the nodes log connections (`PS_VERBOSE` 1 or more, in the
+/// launcher's environment or `opts.env`): then the launcher says which
+/// process is which node, too.
+pub fn connections_logged(opts: &LaunchOptions) -> bool {
+    let verbose = opts
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PS_VERBOSE")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PS_VERBOSE").ok());
+    verbose.is_some_and(|v| v.trim().parse::<u32>().is_ok_and(|v| v >= 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> LaunchOptions {
+        LaunchOptions {
+            program: "true".into(),
+            ..LaunchOptions::default()
+        }
+    }
+
+    #[test]
+    fn elastic_plans_give_every_node_min_max_and_start_the_asked_workers() {
+        let plan_of = |o: &LaunchOptions| {
+            plan(o, 9000).map(|nodes| {
+                nodes
+                    .iter()
+                    .map(|n| {
+                        let w = n.env.iter().find(|(k, _)| k == "DMLC_NUM_WORKER");
+                        (
+                            n.name.clone(),
+                            w.map(|(_, v)| v.clone()).unwrap_or_default(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let mut o = opts();
+        o.elastic = Some((2, 4));
+        o.workers = 3;
+        let nodes = plan_of(&o).unwrap();
+        assert_eq!(
+            nodes.iter().map(|n| n.0.as_str()).collect::<Vec<_>>(),
+            ["scheduler", "server 0", "worker 0", "worker 1", "worker 2"]
+        );
+        assert!(nodes.iter().all(|n| n.1 == "2:4"), "{nodes:?}");
+        // One worker only, for a running cluster.
+        o.join = true;
+        o.workers = 1;
+        let nodes = plan_of(&o).unwrap();
+        assert_eq!(nodes, [(ADDED_WORKER.to_string(), "2:4".to_string())]);
+        // More than MAX, or per-process workers: refused.
+        let mut o = opts();
+        o.elastic = Some((2, 4));
+        o.workers = 5;
+        assert!(plan_of(&o).is_err());
+        o.workers = 2;
+        o.worker_procs = Some(1);
+        assert!(plan_of(&o).is_err());
+        // Plain mode is unchanged.
+        let mut o = opts();
+        o.workers = 3;
+        assert!(plan_of(&o).unwrap().iter().all(|n| n.1 == "3"));
+    }
+}

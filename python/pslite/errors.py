@@ -1,0 +1,117 @@
+"""pslite's exceptions: every failure raised by pslite is a `pslite.Error`.
+
+The class says what happened, the message (the Rust error's, unchanged) says
+what to do. A remote failure (a request, a barrier or the node itself) is
+raised as the class named after its kind, a subclass of `Failure`:
+`PeerDead`, `SchedulerLost`, `HandlerPanicked`, ... Exceptions that name a
+node carry it in `node`, request failures their timestamp in `timestamp`
+(both None otherwise).
+"""
+
+
+class Error(Exception):
+    """Any error of pslite."""
+
+    node = None
+    timestamp = None
+
+
+class ConfigError(Error, ValueError):
+    """The DMLC_* / PS_* environment does not describe a usable node (the
+    message names the variable to fix)."""
+
+
+class InvalidInput(Error, ValueError):
+    """An argument pslite cannot use: unsorted or repeated keys, values that
+    do not fit the keys or lens, an unknown timestamp, an invalid group."""
+
+
+class Timeout(Error, TimeoutError):
+    """A wait passed its deadline: a request, a barrier, the cluster's start
+    (PS_START_TIMEOUT), a store call."""
+
+
+class NotStarted(Error, RuntimeError):
+    """Used before Postoffice.start() (or before the node joined)."""
+
+
+class Failure(Error):
+    """A remote failure: a request, a barrier or the node failed."""
+
+
+class SchedulerLost(Failure):
+    """Nothing was heard from the scheduler for longer than the heartbeat
+    timeout."""
+
+
+class NotAcknowledged(Failure):
+    """A message was never acknowledged, even after every resend (PS_RESEND)."""
+
+
+class PeerDead(Failure):
+    """A node died and no replacement took its id in time (PS_RECOVERY_TIMEOUT)."""
+
+
+class PeerRestarted(Failure):
+    """A node restarted before answering; without PS_RESEND its unanswered
+    requests are lost."""
+
+
+class Stopped(Failure):
+    """This node was stopped (finalized)."""
+
+
+class HandlerPanicked(Failure):
+    """A request handle or callback failed (a Rust panic or a Python
+    exception); the request failed, the node goes on."""
+
+
+class ReceiveThreadDied(Failure):
+    """The thread that receives messages ended."""
+
+
+class SendFailed(Failure):
+    """A message could not be put on the wire."""
+
+
+class BadResponse(Failure):
+    """A response could not be used (e.g. keys that do not match the request)."""
+
+
+class AuthRefused(Failure):
+    """The scheduler refused this node's PS_AUTH_TOKEN (or the token setup
+    does not match)."""
+
+
+class RendezvousFailed(Failure):
+    """Elastic mode: the workers stayed fewer than the minimum for longer
+    than PS_RDZV_TIMEOUT."""
+
+
+class LeftRound(Failure):
+    """Elastic mode: the scheduler started a round without this worker."""
+
+
+class AppDropped(Failure):
+    """The app that sent the request was closed before it completed."""
+
+
+class StoreError(Error):
+    """A store call failed."""
+
+
+class TooLarge(StoreError):
+    """A store request went over a bound of the store; the message names the
+    scheduler's variable that raises it (PS_STORE_MAX_VALUE, ...)."""
+
+
+class Refused(StoreError):
+    """The scheduler refused a store request."""
+
+
+class StoreUnsupported(StoreError):
+    """The scheduler is C++ ps-lite, which hosts no key-value store."""
+
+
+__all__ = [name for name, value in list(globals().items())
+           if isinstance(value, type) and issubclass(value, Error)]

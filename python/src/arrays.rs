@@ -1,0 +1,337 @@
+//! NumPy arrays to and from [`SArray`]s, without copies.
+//!
+//! **Sending.** A C-contiguous NumPy array of the right dtype becomes an
+//! `SArray` over the array's own memory ([`SArray::from_owner`]): the
+//! `SArray` holds a reference to the array until the last frame made of it
+//! is sent, and nothing is copied on the caller's side. The caller must not
+//! change the array until the request completes (as with ps-lite's
+//! `ZPush`). Anything else (a list, another dtype, a strided view) is
+//! converted once with `numpy.ascontiguousarray`. Arrays pslite handed out
+//! (pulled values, a request's data, `pslite.frozen` copies) are read-only
+//! views of an `SArray`: sent again, they are that `SArray` (or a slice of
+//! it) again, so the shared-memory path may send them without a copy and a
+//! key array is checked for order once.
+//!
+//! **Receiving.** Received data is handed out as read-only NumPy arrays over
+//! the received buffer (a ZeroMQ frame or a shared-memory segment): the
+//! array's `base` is an [`ArrayView`] that holds the `SArray`, and NumPy
+//! reads the memory in place through `__array_interface__` (the stable ABI
+//! of Python 3.9 has no buffer protocol).
+//!
+//! Python references are dropped by whichever thread drops the last frame,
+//! usually without the GIL: PyO3 then defers the decrement to the next
+//! thread that holds the GIL, so no pslite thread ever waits for the GIL to
+//! free memory.
+
+use std::ops::AddAssign;
+
+use bytemuck::{Pod, Zeroable};
+use pslite::{DataType, SArray, Val};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::invalid;
+
+/// One byte of raw data, typed OTHER on the wire as C++ ps-lite's
+/// `KVWorker<char>` types its values (MXNet's KVStore sends such frames).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Zeroable, Pod)]
+pub struct RawByte(pub u8);
+
+impl AddAssign for RawByte {
+    fn add_assign(&mut self, other: RawByte) {
+        self.0 = self.0.wrapping_add(other.0);
+    }
+}
+
+impl Val for RawByte {
+    const DATA_TYPE: DataType = DataType::Other;
+}
+
+/// An element type that crosses between NumPy and pslite.
+pub trait Elem: Pod + Send + Sync + 'static {
+    /// NumPy's `typestr` of the element (little-endian).
+    const TYPESTR: &'static str;
+    /// The NumPy dtype name, for messages and conversions.
+    const DTYPE: &'static str;
+    /// The array as an [`AnyArray`].
+    fn wrap(array: SArray<Self>) -> AnyArray;
+    /// The array of this element type inside `any`, if it is one.
+    fn unwrap(any: &AnyArray) -> Option<&SArray<Self>>;
+}
+
+macro_rules! elems {
+    ($($t:ty => $variant:ident, $typestr:literal, $dtype:literal;)*) => {
+        /// An `SArray` of any element type that crosses to Python.
+        #[derive(Clone)]
+        pub enum AnyArray {
+            $(
+                #[doc = concat!("Elements of NumPy dtype ", $dtype, ".")]
+                $variant(SArray<$t>),
+            )*
+        }
+
+        impl AnyArray {
+            /// Address of the first element.
+            pub fn address(&self) -> usize {
+                match self {
+                    $(AnyArray::$variant(a) => a.bytes().as_ptr() as usize,)*
+                }
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                match self {
+                    $(AnyArray::$variant(a) => a.len(),)*
+                }
+            }
+
+            /// NumPy's `typestr`.
+            pub fn typestr(&self) -> &'static str {
+                match self {
+                    $(AnyArray::$variant(_) => <$t as Elem>::TYPESTR,)*
+                }
+            }
+        }
+
+        $(impl Elem for $t {
+            const TYPESTR: &'static str = $typestr;
+            const DTYPE: &'static str = $dtype;
+            fn wrap(array: SArray<Self>) -> AnyArray {
+                AnyArray::$variant(array)
+            }
+            fn unwrap(any: &AnyArray) -> Option<&SArray<Self>> {
+                match any {
+                    AnyArray::$variant(a) => Some(a),
+                    #[allow(unreachable_patterns)]
+                    _ => None,
+                }
+            }
+        })*
+    };
+}
+
+elems! {
+    u64 => U64, "<u8", "uint64";
+    i32 => I32, "<i4", "int32";
+    i64 => I64, "<i8", "int64";
+    f32 => F32, "<f4", "float32";
+    f64 => F64, "<f8", "float64";
+    RawByte => Raw, "|u1", "uint8";
+}
+
+/// A read-only view of an `SArray` that NumPy reads in place: the `base`
+/// of every array pslite hands out.
+#[pyclass(module = "pslite", frozen, name = "ArrayView")]
+pub struct ArrayView {
+    array: AnyArray,
+}
+
+#[pymethods]
+impl ArrayView {
+    /// NumPy's array interface (version 3): the memory, read-only.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("version", 3)?;
+        d.set_item("shape", (self.array.len(),))?;
+        d.set_item("typestr", self.array.typestr())?;
+        d.set_item("data", (self.array.address(), true))?;
+        Ok(d)
+    }
+
+    /// Address of the first element (for checking that no copy was made).
+    #[getter]
+    fn address(&self) -> usize {
+        self.array.address()
+    }
+
+    /// Number of elements.
+    fn __len__(&self) -> usize {
+        self.array.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<pslite.ArrayView of {} elements ({}) at {:#x}>",
+            self.array.len(),
+            self.array.typestr(),
+            self.array.address()
+        )
+    }
+}
+
+static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The `numpy` module.
+pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(NUMPY
+        .get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?
+        .bind(py))
+}
+
+/// A read-only NumPy array over `array`'s memory (no copy).
+pub fn to_numpy<T: Elem>(py: Python<'_>, array: SArray<T>) -> PyResult<Py<PyAny>> {
+    any_to_numpy(py, T::wrap(array))
+}
+
+/// [`to_numpy`] of an [`AnyArray`].
+pub fn any_to_numpy(py: Python<'_>, array: AnyArray) -> PyResult<Py<PyAny>> {
+    let view = Bound::new(py, ArrayView { array })?;
+    Ok(numpy(py)?.call_method1("asarray", (view,))?.unbind())
+}
+
+/// A NumPy array's memory, held while an `SArray` made of it lives.
+struct Held {
+    /// Keeps the array (and so its memory) alive; dropped without the GIL,
+    /// PyO3 defers the decrement.
+    _array: Py<PyAny>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the memory is owned by the NumPy array `_array` keeps alive, and
+// only read (`as_ref`) from any thread; `Py` itself is Send.
+unsafe impl Send for Held {}
+// SAFETY: as above; shared reads only.
+unsafe impl Sync for Held {}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr..ptr+len` is the array's data, alive while `_array`
+        // is held (the caller may not resize it: NumPy refuses to resize an
+        // array that others reference).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// What `__array_interface__` says of a contiguous array.
+struct Interface {
+    ptr: usize,
+    elems: usize,
+    typestr: String,
+    contiguous: bool,
+}
+
+fn interface(obj: &Bound<'_, PyAny>) -> PyResult<Option<Interface>> {
+    let Ok(iface) = obj.getattr("__array_interface__") else {
+        return Ok(None);
+    };
+    let Ok(iface) = iface.cast_into::<PyDict>() else {
+        return Ok(None);
+    };
+    let get = |key: &str| iface.get_item(key).ok().flatten();
+    let Some(data) = get("data").filter(|d| !d.is_none()) else {
+        return Ok(None); // exports a buffer instead of a pointer
+    };
+    let data = data.cast_into::<PyTuple>()?;
+    let ptr: usize = data.get_item(0)?.extract()?;
+    let typestr: String = match get("typestr") {
+        Some(t) => t.extract()?,
+        None => return Ok(None),
+    };
+    let shape: Vec<usize> = match get("shape") {
+        Some(s) => s.extract()?,
+        None => return Ok(None),
+    };
+    let elems = shape.iter().product();
+    // C-contiguous: no strides given, or strides equal to the C ones.
+    let contiguous = match get("strides").filter(|s| !s.is_none()) {
+        None => true,
+        Some(strides) => {
+            let strides: Vec<isize> = strides.extract()?;
+            let itemsize = typestr
+                .get(2..)
+                .and_then(|n| n.parse::<isize>().ok())
+                .unwrap_or(0);
+            let mut want = itemsize;
+            let mut ok = true;
+            for (dim, stride) in shape.iter().zip(&strides).rev() {
+                if *dim > 1 && *stride != want {
+                    ok = false;
+                }
+                want *= *dim as isize;
+            }
+            ok
+        }
+    };
+    Ok(Some(Interface {
+        ptr,
+        elems,
+        typestr,
+        contiguous,
+    }))
+}
+
+/// The `SArray` inside a view pslite handed out, sliced to the part `obj`
+/// shows, if `obj` is such an array (its `base` an [`ArrayView`] of `T`).
+fn handed_out<T: Elem + Pod>(obj: &Bound<'_, PyAny>, iface: &Interface) -> Option<SArray<T>> {
+    let base = obj.getattr("base").ok()?;
+    let view = base.cast::<ArrayView>().ok()?;
+    let array = T::unwrap(&view.get().array)?;
+    let start = array.bytes().as_ptr() as usize;
+    let size = std::mem::size_of::<T>();
+    let offset = iface.ptr.checked_sub(start)?;
+    if offset % size != 0 {
+        return None;
+    }
+    let first = offset / size;
+    let end = first.checked_add(iface.elems)?;
+    (end <= array.len()).then(|| {
+        if first == 0 && end == array.len() {
+            array.clone()
+        } else {
+            array.slice(first..end)
+        }
+    })
+}
+
+/// `obj` (a NumPy array, or anything `numpy.ascontiguousarray` takes) as
+/// an `SArray<T>`: without a copy when it is a C-contiguous array of dtype
+/// `T`; `what` names the argument in errors.
+pub fn from_numpy<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SArray<T>> {
+    let py = obj.py();
+    if let Some(iface) = interface(obj)? {
+        if iface.typestr == T::TYPESTR && iface.contiguous {
+            if let Some(array) = handed_out::<T>(obj, &iface) {
+                return Ok(array);
+            }
+            let held = Held {
+                _array: obj.clone().unbind(),
+                ptr: iface.ptr as *const u8,
+                len: iface.elems * std::mem::size_of::<T>(),
+            };
+            return SArray::from_owner(held).map_err(|e| invalid(format!("{what}: {e}")));
+        }
+    }
+    // One copy into a fresh contiguous array of the right dtype.
+    let converted = numpy(py)?
+        .call_method1("ascontiguousarray", (obj, T::DTYPE))
+        .map_err(|e| {
+            invalid(format!(
+                "{what} must be an array of {} (or convertible to one): {e}",
+                T::DTYPE
+            ))
+        })?;
+    let iface = interface(&converted)?
+        .filter(|i| i.typestr == T::TYPESTR && i.contiguous)
+        .ok_or_else(|| invalid(format!("{what}: numpy gave no contiguous {}", T::DTYPE)))?;
+    let flat = converted.call_method1("reshape", (-1,))?;
+    let held = Held {
+        _array: flat.unbind(),
+        ptr: iface.ptr as *const u8,
+        len: iface.elems * std::mem::size_of::<T>(),
+    };
+    SArray::from_owner(held).map_err(|e| invalid(format!("{what}: {e}")))
+}
+
+/// A read-only copy of `array` that pslite owns (see `pslite.frozen`).
+pub fn frozen<T: Elem>(obj: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let source = from_numpy::<T>(obj, "array")?;
+    let copy = SArray::from_vec(source.to_vec());
+    to_numpy(obj.py(), copy)
+}

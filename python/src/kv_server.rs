@@ -1,0 +1,234 @@
+//! `KVServer`: answers the workers' pushes and pulls (see `pslite::KVServer`).
+
+use pslite::{DefaultHandle, KVMeta, KVPairs, KVServer, SimpleData, Val};
+use pyo3::prelude::*;
+
+use crate::arrays::Elem;
+use crate::calls::{call_python, Closable};
+use crate::dtype::{dispatch, make, per_dtype, Dtype};
+use crate::errors::{invalid, IntoPy};
+use crate::pairs::{PyKVMeta, PyKVPairs};
+use crate::postoffice::PyPostoffice;
+use crate::simple_app::PySimpleData;
+
+per_dtype!(
+    /// A server app of any value type.
+    Server,
+    KVServer
+);
+
+/// ps-lite's default server handle: pushes add into a store, pulls read it
+/// (a key never pushed reads as one zero). It runs in Rust, on the app's
+/// thread, without taking the GIL: `server.set_request_handle(DefaultHandle())`.
+#[pyclass(module = "pslite", frozen, name = "DefaultHandle")]
+pub struct PyDefaultHandle;
+
+#[pymethods]
+impl PyDefaultHandle {
+    #[new]
+    fn new() -> Self {
+        PyDefaultHandle
+    }
+
+    fn __repr__(&self) -> &'static str {
+        "DefaultHandle()"
+    }
+}
+
+/// A Python request handle: `handle(meta, pairs, server)` on the app's
+/// thread, with the GIL.
+fn python_handle<V: Val + Elem>(
+    handle: Py<PyAny>,
+) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static
+where
+    Server: From<KVServer<V>>,
+{
+    move |meta, pairs, server| {
+        call_python(|py| {
+            let meta = PyKVMeta { meta: meta.clone() };
+            let pairs = PyKVPairs::from_rust(pairs);
+            let server = PyKVServer {
+                server: Closable::new(Server::from(server.clone()), "KVServer"),
+            };
+            handle.call1(py, (meta, pairs, server))?;
+            Ok(())
+        })
+    }
+}
+
+/// A Python handle of SimpleApp commands sent to a KV server.
+fn python_simple_handle<V: Val + Elem>(
+    handle: Py<PyAny>,
+) -> impl FnMut(&SimpleData, &KVServer<V>) + Send + 'static
+where
+    Server: From<KVServer<V>>,
+{
+    move |data, server| {
+        call_python(|py| {
+            let data = PySimpleData { data: data.clone() };
+            let server = PyKVServer {
+                server: Closable::new(Server::from(server.clone()), "KVServer"),
+            };
+            handle.call1(py, (data, server))?;
+            Ok(())
+        })
+    }
+}
+
+macro_rules! server_from {
+    ($($t:ty => $v:ident),*) => {
+        $(impl From<KVServer<$t>> for Server {
+            fn from(s: KVServer<$t>) -> Server {
+                Server::$v(s)
+            }
+        })*
+    };
+}
+
+server_from!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, crate::arrays::RawByte => Raw);
+
+fn set_handle<V: Val + Elem>(
+    py: Python<'_>,
+    server: &KVServer<V>,
+    handle: &Bound<'_, PyAny>,
+    inline: bool,
+) -> PyResult<()>
+where
+    Server: From<KVServer<V>>,
+{
+    if handle.cast::<PyDefaultHandle>().is_ok() {
+        let rust = DefaultHandle::<V>::new().into_handle();
+        py.detach(|| {
+            if inline {
+                server.set_request_handle_inline(rust)
+            } else {
+                server.set_request_handle(rust)
+            }
+        });
+        return Ok(());
+    }
+    if !handle.is_callable() {
+        return Err(invalid(
+            "the request handle must be callable as handle(meta, pairs, server), or DefaultHandle()",
+        ));
+    }
+    if inline {
+        return Err(invalid(
+            "inline=True is for DefaultHandle() only: a Python handle needs the GIL, which the \
+             node's receive thread must never wait for",
+        ));
+    }
+    let handle = python_handle::<V>(handle.clone().unbind());
+    py.detach(|| server.set_request_handle(handle));
+    Ok(())
+}
+
+fn respond<V: Val + Elem>(
+    py: Python<'_>,
+    server: &KVServer<V>,
+    meta: &PyKVMeta,
+    pairs: Option<&PyKVPairs>,
+) -> PyResult<()> {
+    let res = match pairs {
+        Some(p) => p.to_rust::<V>(py)?,
+        None => KVPairs::default(),
+    };
+    py.detach(|| server.response(&meta.meta, res)).py()
+}
+
+/// A server's key-value app: answers the workers' pushes and pulls.
+///
+/// `set_request_handle(handle)` with `handle(meta, pairs, server)` (a
+/// Python callable, run on the app's thread with the GIL) answers each
+/// request with `server.response(meta, KVPairs(keys, vals))`, at once or
+/// later, from any thread; `DefaultHandle()` is ps-lite's sum store, run in
+/// Rust without the GIL. Requests that arrive before a handle is set wait
+/// for it.
+#[pyclass(module = "pslite", name = "KVServer")]
+pub struct PyKVServer {
+    server: Closable<Server>,
+}
+
+#[pymethods]
+impl PyKVServer {
+    /// A server app `app_id` of `po` carrying values of `dtype` (as the
+    /// workers' `KVWorker`).
+    #[new]
+    #[pyo3(signature = (po, app_id = 0, dtype = None))]
+    fn new(
+        py: Python<'_>,
+        po: &PyPostoffice,
+        app_id: i32,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let dtype = Dtype::parse(dtype)?;
+        let po = po.po.clone();
+        let server = py.detach(|| -> Result<Server, pslite::Error> {
+            Ok(make!(Server, dtype, T => KVServer::<T>::new(&po, app_id)?))
+        });
+        Ok(PyKVServer {
+            server: Closable::new(server.py()?, "KVServer"),
+        })
+    }
+
+    /// The value type: "float32", "float64", "int32", "int64" or "raw".
+    #[getter]
+    fn dtype(&self) -> PyResult<&'static str> {
+        Ok(self.server.get()?.dtype().name())
+    }
+
+    /// Sets the request handle: `handle(meta, pairs, server)`, or
+    /// `DefaultHandle()`. With `inline=True` (`DefaultHandle` only) it runs
+    /// on the node's receive thread: one thread hand-off less per request.
+    #[pyo3(signature = (handle, inline = false))]
+    fn set_request_handle(
+        &self,
+        py: Python<'_>,
+        handle: &Bound<'_, PyAny>,
+        inline: bool,
+    ) -> PyResult<()> {
+        dispatch!(Server, self.server.get()?, s => set_handle(py, s, handle, inline))
+    }
+
+    /// Sets the handle of SimpleApp commands sent to this app:
+    /// `handle(req, server)`, answering with `server.simple_response(req, body)`.
+    fn set_simple_request_handle(&self, py: Python<'_>, handle: Py<PyAny>) -> PyResult<()> {
+        let server = self.server.get()?;
+        py.detach(|| {
+            dispatch!(Server, server, s => s.set_simple_request_handle(python_simple_handle(handle)))
+        });
+        Ok(())
+    }
+
+    /// Answers request `meta`: `pairs` holds the pulled keys and values (a
+    /// `KVPairs`; None for a push).
+    #[pyo3(signature = (meta, pairs = None))]
+    fn response(&self, py: Python<'_>, meta: &PyKVMeta, pairs: Option<&PyKVPairs>) -> PyResult<()> {
+        dispatch!(Server, self.server.get()?, s => respond(py, s, meta, pairs))
+    }
+
+    /// Answers SimpleApp command `req` with `body`.
+    #[pyo3(signature = (req, body = b"".as_slice()))]
+    fn simple_response(&self, py: Python<'_>, req: &PySimpleData, body: &[u8]) -> PyResult<()> {
+        let server = self.server.get()?;
+        py.detach(|| dispatch!(Server, server, s => s.simple_response(&req.data, body)))
+            .py()
+    }
+
+    /// How many requests wait for a handle.
+    fn queued_requests(&self, py: Python<'_>) -> PyResult<usize> {
+        let server = self.server.get()?;
+        Ok(py.detach(|| dispatch!(Server, server, s => s.queued_requests())))
+    }
+
+    /// The app id.
+    #[getter]
+    fn app_id(&self) -> PyResult<i32> {
+        Ok(dispatch!(Server, self.server.get()?, s => s.app_id()))
+    }
+
+    /// Closes the app now (otherwise when it is garbage-collected).
+    fn close(&mut self) {
+        self.server.close();
+    }
+}

@@ -1,0 +1,240 @@
+//! `KVWorker`: pushes to and pulls from the servers (see `pslite::KVWorker`).
+
+use pslite::{Error, KVOptions, KVWorker, Val};
+use pyo3::prelude::*;
+
+use crate::arrays::{from_numpy, Elem};
+use crate::calls::{call_python, Closable};
+use crate::dtype::{dispatch, make, per_dtype, Dtype};
+use crate::errors::{to_py, IntoPy};
+use crate::pairs::PyKVPairs;
+use crate::postoffice::{PyMembership, PyPostoffice};
+use crate::simple_app::wait_request;
+
+per_dtype!(
+    /// A worker app of any value type.
+    Worker,
+    KVWorker
+);
+
+/// What a request sends.
+struct Request<'a, 'py> {
+    keys: &'a Bound<'py, PyAny>,
+    vals: Option<&'a Bound<'py, PyAny>>,
+    lens: Option<&'a Bound<'py, PyAny>>,
+    cmd: i32,
+    priority: i32,
+    callback: Option<Py<PyAny>>,
+    pull: bool,
+}
+
+impl<'a, 'py> Request<'a, 'py> {
+    /// A push (or push-pull) request.
+    fn with_vals(
+        keys: &'a Bound<'py, PyAny>,
+        vals: &'a Bound<'py, PyAny>,
+        lens: Option<&'a Bound<'py, PyAny>>,
+        cmd: i32,
+        priority: i32,
+        callback: Option<Py<PyAny>>,
+        pull: bool,
+    ) -> Self {
+        Request {
+            keys,
+            vals: Some(vals),
+            lens,
+            cmd,
+            priority,
+            callback,
+            pull,
+        }
+    }
+}
+
+/// Builds and sends a request (GIL released while sending).
+fn send<V: Val + Elem>(py: Python<'_>, kv: &KVWorker<V>, req: Request<'_, '_>) -> PyResult<i32> {
+    let keys = from_numpy::<u64>(req.keys, "keys")?;
+    let vals = match req.vals {
+        Some(v) => Some(from_numpy::<V>(v, "vals")?),
+        None => None,
+    };
+    let mut opts = KVOptions::<V>::new().cmd(req.cmd).priority(req.priority);
+    if let Some(lens) = req.lens.filter(|l| !l.is_none()) {
+        opts = opts.zlens(from_numpy::<i32>(lens, "lens")?);
+    }
+    if let Some(callback) = req.callback {
+        opts = opts.callback(move |result| {
+            call_python(|py| {
+                let arg: Py<PyAny> = match result {
+                    Ok(pairs) => Py::new(py, PyKVPairs::from_rust(pairs))?.into_any(),
+                    Err(e) => to_py(e).into_value(py).into_any(),
+                };
+                callback.call1(py, (arg,))?;
+                Ok(())
+            })
+        });
+    }
+    let pull = req.pull;
+    py.detach(move || match (vals, pull) {
+        (Some(vals), false) => kv.zpush(keys, vals, opts),
+        (Some(vals), true) => kv.zpush_pull(keys, vals, opts),
+        (None, _) => kv.zpull(keys, opts),
+    })
+    .py()
+}
+
+/// Waits for request `ts` in slices (Ctrl-C raises `KeyboardInterrupt`).
+fn wait<V: Val>(py: Python<'_>, kv: &KVWorker<V>, ts: i32, timeout: Option<f64>) -> PyResult<()> {
+    wait_request(py, ts, timeout, |slice| kv.wait_timeout(ts, slice))
+}
+
+fn take_pull<V: Val + Elem>(
+    py: Python<'_>,
+    kv: &KVWorker<V>,
+    ts: i32,
+    timeout: Option<f64>,
+) -> PyResult<PyKVPairs> {
+    wait(py, kv, ts, timeout)?;
+    let pairs = kv.take_pull(ts).py()?;
+    Ok(PyKVPairs::from_rust(pairs))
+}
+
+/// A worker's key-value app: pushes values to and pulls values from the
+/// servers.
+///
+/// Keys are a `numpy.uint64` array, sorted ascending and unique; values a
+/// NumPy array of the worker's `dtype`, `len(keys) * k` of them (k values
+/// per key) or as many as `lens` adds up to. Every call returns a timestamp
+/// to `wait` on; `take_pull` waits and returns the pulled `KVPairs`.
+/// Arrays of the right dtype are sent without a copy: do not change them
+/// until the request completes. Pulled values are read-only views of the
+/// received buffers.
+#[pyclass(module = "pslite", name = "KVWorker")]
+pub struct PyKVWorker {
+    worker: Closable<Worker>,
+}
+
+#[pymethods]
+impl PyKVWorker {
+    /// A worker app `app_id`, customer `customer_id` of `po`, carrying
+    /// values of `dtype` (float32, float64, int32, int64, or "raw" bytes
+    /// typed as C++ `KVWorker<char>` types them).
+    #[new]
+    #[pyo3(signature = (po, app_id = 0, customer_id = 0, dtype = None))]
+    fn new(
+        py: Python<'_>,
+        po: &PyPostoffice,
+        app_id: i32,
+        customer_id: i32,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyKVWorker> {
+        let dtype = Dtype::parse(dtype)?;
+        let po = po.po.clone();
+        let worker = py.detach(|| -> Result<Worker, Error> {
+            Ok(make!(Worker, dtype, T => KVWorker::<T>::new(&po, app_id, customer_id)?))
+        });
+        Ok(PyKVWorker {
+            worker: Closable::new(worker.py()?, "KVWorker"),
+        })
+    }
+
+    /// The value type: "float32", "float64", "int32", "int64" or "raw".
+    #[getter]
+    fn dtype(&self) -> PyResult<&'static str> {
+        Ok(self.worker.get()?.dtype().name())
+    }
+
+    /// Pushes `vals` for `keys`; returns the timestamp to `wait` on. With
+    /// `callback`, calls `callback(result)` when the request completes
+    /// (`result` is an empty `KVPairs`, or the `pslite.Error`).
+    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
+    #[allow(clippy::too_many_arguments)] // ps-lite's Push arguments, as Python keywords
+    fn push(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        vals: &Bound<'_, PyAny>,
+        lens: Option<&Bound<'_, PyAny>>,
+        cmd: i32,
+        priority: i32,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<i32> {
+        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, false);
+        dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
+    }
+
+    /// Pulls the values of `keys`; returns the timestamp for `take_pull`.
+    /// With `callback`, `callback(result)` gets the `KVPairs` (or the
+    /// error) instead.
+    #[pyo3(signature = (keys, cmd = 0, priority = 0, callback = None))]
+    fn pull(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        cmd: i32,
+        priority: i32,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<i32> {
+        let req = Request {
+            keys,
+            vals: None,
+            lens: None,
+            cmd,
+            priority,
+            callback,
+            pull: true,
+        };
+        dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
+    }
+
+    /// Pushes and pulls in one request: the pulled values include this push.
+    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
+    #[allow(clippy::too_many_arguments)] // ps-lite's PushPull arguments, as Python keywords
+    fn push_pull(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        vals: &Bound<'_, PyAny>,
+        lens: Option<&Bound<'_, PyAny>>,
+        cmd: i32,
+        priority: i32,
+        callback: Option<Py<PyAny>>,
+    ) -> PyResult<i32> {
+        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, true);
+        dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
+    }
+
+    /// Waits until request `ts` has completed; raises the failure's
+    /// exception if it failed, `Timeout` after `timeout` seconds.
+    #[pyo3(signature = (ts, timeout = None))]
+    fn wait(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<()> {
+        dispatch!(Worker, self.worker.get()?, kv => wait(py, kv, ts, timeout))
+    }
+
+    /// Waits for pull (or push-pull) `ts` and returns its `KVPairs`, in key
+    /// order (each pull's values can be taken once).
+    #[pyo3(signature = (ts, timeout = None))]
+    fn take_pull(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<PyKVPairs> {
+        dispatch!(Worker, self.worker.get()?, kv => take_pull(py, kv, ts, timeout))
+    }
+
+    /// Sends a SimpleApp command (`head`, `body`) on this worker's customer
+    /// to node or group `recv` (MXNet's server commands go this way);
+    /// returns the timestamp to `wait` on.
+    #[pyo3(signature = (head, body = b"".as_slice(), recv = pslite::SERVER_GROUP))]
+    fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<i32> {
+        let worker = self.worker.get()?;
+        py.detach(|| dispatch!(Worker, worker, kv => kv.request(head, body, recv)))
+            .py()
+    }
+
+    /// The current round of workers.
+    fn membership(&self) -> PyResult<PyMembership> {
+        Ok(dispatch!(Worker, self.worker.get()?, kv => kv.membership()).into())
+    }
+
+    /// Closes the app now (otherwise when it is garbage-collected).
+    fn close(&mut self) {
+        self.worker.close();
+    }
+}
