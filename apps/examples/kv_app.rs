@@ -8,7 +8,9 @@
 //! `KV_APP_WAIT_STDIN=1` a worker prints "ready" and waits for a line on
 //! standard input before it starts; with `KV_APP_SAME_KEYS=1` a worker
 //! pushes one key array with fresh values each time instead
-//! (`kv_workload::run_same_keys`).
+//! (`kv_workload::run_same_keys`); with `KV_APP_SERVER_SLEEP_MS` the
+//! servers' request handle sleeps that long on its first request (a slow
+//! handler, for back-pressure tests).
 
 use std::process::ExitCode;
 

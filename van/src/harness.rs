@@ -2,8 +2,10 @@
 //! only; raft-rs's `harness/network` is the model): whole clusters exchange
 //! messages with no sockets, no threads and no sleeps. Packets can be
 //! dropped, duplicated and delayed (which reorders them); nodes can be
-//! killed and restarted. Every meta frame goes through the codec, as on the
-//! wire.
+//! killed and restarted, and a node's apps can stop taking messages
+//! ([`SimNode::app_capacity`]: the node then reads nothing and its packets
+//! wait in flight, as in a socket). Every meta frame goes through the
+//! codec, as on the wire.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

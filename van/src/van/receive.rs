@@ -74,6 +74,14 @@ struct Incoming {
     data: Vec<bytes::Bytes>,
 }
 
+/// A message waiting for descriptors to map its frames.
+struct Stalled {
+    incoming: Incoming,
+    /// When to try again, and the interval after that.
+    retry_at: Instant,
+    every: Duration,
+}
+
 /// What the receive thread keeps between messages.
 struct Receiving {
     /// Peers' shared-memory segments mapped.
@@ -83,8 +91,8 @@ struct Receiving {
     shm_rejections: LogOnce<NodeId>,
     malformed: LogOnce<Vec<u8>>,
     /// A message whose shared-memory frames this process could not map yet
-    /// (short of descriptors), when to try again, and the next interval.
-    stalled: Option<(Incoming, Instant, Duration)>,
+    /// (short of descriptors).
+    stalled: Option<Stalled>,
     /// When to write what waits in links again, and the interval.
     flush_at: Option<Instant>,
     flush_every: Duration,
@@ -126,7 +134,7 @@ impl Shared {
             } else if rx.flush_at.is_none() {
                 rx.flush_at = Some(Instant::now() + rx.flush_every);
             }
-            let stall_at = rx.stalled.as_ref().map(|s| s.1);
+            let stall_at = rx.stalled.as_ref().map(|s| s.retry_at);
             let wake_at = [next, rx.flush_at, stall_at].into_iter().flatten().min();
             let timeout_ms = match wake_at {
                 None => -1,
@@ -185,11 +193,8 @@ impl Shared {
             self.with_core(Mode::NoWait, |core, now| core.room(now));
         }
         let now = Instant::now();
-        if rx.stalled.as_ref().is_some_and(|s| now >= s.1) {
-            if let Some((incoming, _, every)) = rx.stalled.take() {
-                rx.stalled = Some((incoming, now, every));
-                self.take_stalled(rx);
-            }
+        if rx.stalled.as_ref().is_some_and(|s| now >= s.retry_at) {
+            self.take_stalled(rx);
         }
         if rx.flush_at.is_some_and(|at| now >= at) {
             let progress = self.links.flush_waiting();
@@ -252,7 +257,11 @@ impl Shared {
                      it can",
                     peer_name(&incoming.identity)
                 );
-                rx.stalled = Some((incoming, Instant::now() + STALL_FIRST, STALL_FIRST));
+                rx.stalled = Some(Stalled {
+                    incoming,
+                    retry_at: Instant::now() + STALL_FIRST,
+                    every: STALL_FIRST,
+                });
                 self.with_core(Mode::NoWait, |core, now| core.set_stalled(true, now));
             }
             Err(e) => self.reject(incoming, &e, rx),
@@ -261,13 +270,22 @@ impl Shared {
 
     /// Tries the stalled message again (see [`Shared::take`]).
     fn take_stalled(&self, rx: &mut Receiving) {
-        let Some((mut incoming, _, every)) = rx.stalled.take() else {
+        let Some(Stalled {
+            mut incoming,
+            every,
+            ..
+        }) = rx.stalled.take()
+        else {
             return;
         };
         let result = self.resolve_shm(&mut incoming, rx);
         if matches!(&result, Err(e) if e.is_local_shortage()) {
             let every = (every * 2).min(STALL_MAX);
-            rx.stalled = Some((incoming, Instant::now() + every, every));
+            rx.stalled = Some(Stalled {
+                incoming,
+                retry_at: Instant::now() + every,
+                every,
+            });
             return;
         }
         debug!("reading again: the shared-memory frame could be mapped");
