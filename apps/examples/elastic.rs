@@ -94,7 +94,7 @@ fn worker(po: &Postoffice) -> Result<(), Error> {
     let mut acked = 0;
     while epoch < epochs {
         let round = po.membership().round;
-        kv.wait(kv.push(&[round], &[1.0], KVOptions::new())?)?;
+        kv.push(&[round], &[1.0], KVOptions::new())?.wait()?;
         acked += 1;
         println!("worker {me} acked round {round} epoch {epoch}");
         if acked == park_after {
@@ -113,7 +113,7 @@ fn worker(po: &Postoffice) -> Result<(), Error> {
     let m = po.membership();
     if m.workers.first() == Some(&me) {
         let keys: Vec<u64> = (0..=m.round).collect();
-        let totals = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
+        let totals = kv.pull(&keys, KVOptions::new())?.take()?;
         for (key, total) in totals.keys.iter().zip(totals.vals.iter()) {
             println!("round {key} total {total}");
         }

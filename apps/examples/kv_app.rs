@@ -8,13 +8,16 @@
 //! `KV_APP_WAIT_STDIN=1` a worker prints "ready" and waits for a line on
 //! standard input before it starts; with `KV_APP_SAME_KEYS=1` a worker
 //! pushes one key array with fresh values each time instead
-//! (`kv_workload::run_same_keys`); with `KV_APP_SERVER_SLEEP_MS` the
+//! (`kv_workload::run_same_keys`). With `KV_APP_UNANSWERED=N` a server
+//! never answers the Nth request it gets: the worker waits for it, and
+//! logs which server owes the answer after `PS_REQUEST_WARN` seconds (the
+//! test of that warning uses it). With `KV_APP_SERVER_SLEEP_MS` the
 //! servers' request handle sleeps that long on its first request (a slow
 //! handler, for back-pressure tests).
 
 use std::process::ExitCode;
 
-use pslite::{env_or, Error, KVWorker, Postoffice};
+use pslite::{env_or, DefaultHandle, Error, KVServer, KVWorker, Postoffice};
 
 #[path = "shared/kv_workload.rs"]
 mod kv_workload;
@@ -29,7 +32,12 @@ fn run() -> Result<(), Error> {
     let repeat = env_or("KV_APP_REPEAT", 50usize, "a whole number")?;
     let po = Postoffice::from_env()?;
     po.start(0, true)?;
-    let _server = kv_workload::serve_if_server(&po)?;
+    let unanswered = env_or("KV_APP_UNANSWERED", 0usize, "a whole number")?;
+    let _server = if po.is_server() && unanswered > 0 {
+        Some(serve_leaving_unanswered(&po, unanswered)?)
+    } else {
+        kv_workload::serve_if_server(&po)?
+    };
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
         let rank = po.my_rank()?;
@@ -51,4 +59,27 @@ fn run() -> Result<(), Error> {
     }
     po.finalize(0, true)?;
     Ok(())
+}
+
+/// The default store, except that request number `unanswered` (from 1)
+/// gets no answer at all.
+fn serve_leaving_unanswered(po: &Postoffice, unanswered: usize) -> Result<KVServer<f32>, Error> {
+    let server = KVServer::<f32>::new(po, 0)?;
+    let mut store = DefaultHandle::new();
+    let mut seen = 0;
+    server.set_request_handle(move |meta, req, server| {
+        seen += 1;
+        if seen == unanswered {
+            println!(
+                "server: leaving request {} of node {} unanswered",
+                meta.timestamp, meta.sender
+            );
+            return;
+        }
+        let res = store.apply(meta, &req);
+        if let Err(e) = server.response(meta, res) {
+            eprintln!("cannot answer node {}: {e}", meta.sender);
+        }
+    });
+    Ok(server)
 }

@@ -59,7 +59,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use pslite::{Error, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
+use pslite::{Error, KVOptions, KVPairs, KVRequest, KVServer, KVWorker, Postoffice, SArray};
 
 #[derive(Parser, Clone, Debug)]
 #[command(about = "pslite benchmarks (see the module docs)")]
@@ -330,7 +330,7 @@ fn cxx_workload(po: &Postoffice, kv: &KVWorker<f32>, args: &Args) -> Result<(), 
         let pull_cmd = if fresh {
             // Every server makes its fresh answers now, outside the timer.
             let prepare = KVOptions::new().cmd(CMD_PREPARE_FRESH);
-            kv.wait(kv.zpush(keys.clone(), vals.clone(), prepare)?)?;
+            kv.zpush(keys.clone(), vals.clone(), prepare)?.wait()?;
             po.barrier(0, pslite::WORKER_GROUP)?;
             CMD_FRESH
         } else {
@@ -343,10 +343,12 @@ fn cxx_workload(po: &Postoffice, kv: &KVWorker<f32>, args: &Args) -> Result<(), 
                 vals.clone()
             };
             let t = Instant::now();
-            kv.wait(kv.zpush(keys.clone(), vals, KVOptions::new())?)?;
+            kv.zpush(keys.clone(), vals, KVOptions::new())?.wait()?;
             push.push(millis(t.elapsed()));
             let t = Instant::now();
-            let got = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new().cmd(pull_cmd))?)?;
+            let got = kv
+                .zpull(keys.clone(), KVOptions::new().cmd(pull_cmd))?
+                .take()?;
             pull.push(millis(t.elapsed()));
             if got.vals.len() != args.keys {
                 return Err(Error::App(format!("pulled {} values", got.vals.len())));
@@ -411,8 +413,9 @@ fn sweep_size(po: &Postoffice, kv: &KVWorker<f32>, n: usize, args: &Args) -> Res
     together()?;
     // Warm up connections and buffers.
     for _ in 0..iters.min(20) {
-        kv.wait(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?)?;
-        kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+        kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?
+            .wait()?;
+        kv.zpull(keys.clone(), KVOptions::new())?.take()?;
     }
     let mut push = Vec::with_capacity(iters);
     let mut pull = Vec::with_capacity(iters);
@@ -426,14 +429,14 @@ fn sweep_size(po: &Postoffice, kv: &KVWorker<f32>, n: usize, args: &Args) -> Res
     let before = allocations();
     while let Some(vals) = fresh.pop() {
         let t = Instant::now();
-        kv.wait(kv.zpush(keys.clone(), vals, KVOptions::new())?)?;
+        kv.zpush(keys.clone(), vals, KVOptions::new())?.wait()?;
         push.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let push_allocs = (allocations() - before) as f64 / iters as f64;
     together()?;
     for _ in 0..iters {
         let t = Instant::now();
-        kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+        kv.zpull(keys.clone(), KVOptions::new())?.take()?;
         pull.push(t.elapsed().as_secs_f64() * 1e6);
     }
     // Pipelined: `window` pushes in flight.
@@ -442,17 +445,17 @@ fn sweep_size(po: &Postoffice, kv: &KVWorker<f32>, n: usize, args: &Args) -> Res
         together()?;
         let total = (iters * 5).max(args.window * 4);
         let t = Instant::now();
-        let mut inflight = std::collections::VecDeque::new();
+        let mut inflight: std::collections::VecDeque<KVRequest<f32>> = Default::default();
         for _ in 0..total {
             if inflight.len() >= args.window {
-                if let Some(ts) = inflight.pop_front() {
-                    kv.wait(ts)?;
+                if let Some(push) = inflight.pop_front() {
+                    push.wait()?;
                 }
             }
             inflight.push_back(kv.zpush(keys.clone(), vals.clone(), KVOptions::new())?);
         }
-        for ts in inflight {
-            kv.wait(ts)?;
+        for push in inflight {
+            push.wait()?;
         }
         rps = total as f64 / t.elapsed().as_secs_f64();
     }

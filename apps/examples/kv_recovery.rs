@@ -70,8 +70,8 @@ fn worker(po: &Postoffice, after: u64, max_rounds: u64) -> Result<(), Error> {
             .map(|r| r.begin + round * workers + rank)
             .collect();
         let ones = vec![1.0f32; keys.len()];
-        kv.wait(kv.push(&keys, &ones, KVOptions::new())?)?;
-        let pulled = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
+        kv.push(&keys, &ones, KVOptions::new())?.wait()?;
+        let pulled = kv.pull(&keys, KVOptions::new())?.take()?;
         let exact = pulled.vals[..] == ones[..];
         if !exact {
             lost += 1;

@@ -44,7 +44,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pslite::{env_or, Error, KVOptions, KVWorker, Key, KeyRange, Postoffice};
+use pslite::{env_or, Error, KVOptions, KVRequest, KVWorker, Key, KeyRange, Postoffice};
 use pslite::{SERVER_GROUP, WORKER_GROUP};
 
 /// How long any single request may take.
@@ -170,7 +170,7 @@ impl Store<'_> {
     }
 
     /// Starts a push (or push-pull) of `vals` for MXNet key `key`.
-    fn push(&self, spec: &Spec, vals: &[f32], pull: bool) -> Result<i32, Error> {
+    fn push(&self, spec: &Spec, vals: &[f32], pull: bool) -> Result<KVRequest<MxByte>, Error> {
         let p = self.pskv(spec.key);
         let bytes = spec.dtype.encode(vals);
         let opts = KVOptions::new().cmd(spec.dtype.head()).lens(&p.lens);
@@ -182,17 +182,17 @@ impl Store<'_> {
     }
 
     /// Starts a pull of MXNet key `key`.
-    fn pull(&self, spec: &Spec) -> Result<i32, Error> {
+    fn pull(&self, spec: &Spec) -> Result<KVRequest<MxByte>, Error> {
         let p = self.pskv(spec.key);
         self.kv
             .pull(&p.keys, KVOptions::new().cmd(spec.dtype.head()))
     }
 
-    /// Waits for pull (or push-pull) `ts` of `spec` and decodes the values,
-    /// checking keys and byte lens as MXNet's worker does.
-    fn take(&self, spec: &Spec, ts: i32) -> Result<Vec<f32>, Error> {
+    /// Waits for pull (or push-pull) `request` of `spec` and decodes the
+    /// values, checking keys and byte lens as MXNet's worker does.
+    fn take(&self, spec: &Spec, request: KVRequest<MxByte>) -> Result<Vec<f32>, Error> {
         let p = self.pskv(spec.key);
-        let got = self.kv.take_pull_timeout(ts, REQUEST_TIMEOUT)?;
+        let got = request.take_timeout(REQUEST_TIMEOUT)?;
         if got.keys.as_slice() != p.keys.as_slice() {
             return Err(Error::App(format!(
                 "key {}: answered ps keys {:?}, requested {:?}",
@@ -269,8 +269,8 @@ fn run() -> Result<(), Error> {
         po.num_servers()
     );
     let send_command = |head: i32| -> Result<(), Error> {
-        let ts = kv.request(head, b"", SERVER_GROUP)?;
-        kv.wait_timeout(ts, REQUEST_TIMEOUT)
+        kv.request(head, b"", SERVER_GROUP)?
+            .wait_timeout(REQUEST_TIMEOUT)
     };
 
     check_store(&po, &who)?;
@@ -354,7 +354,7 @@ fn run() -> Result<(), Error> {
             .map(|s| store.push(s, &s.init_val(), false))
             .collect::<Result<Vec<_>, _>>()?;
         for t in ts {
-            kv.wait_timeout(t, REQUEST_TIMEOUT)?;
+            t.wait_timeout(REQUEST_TIMEOUT)?;
         }
     }
     po.barrier(0, WORKER_GROUP)?;
@@ -382,7 +382,7 @@ fn run() -> Result<(), Error> {
             .map(|s| store.push(s, &s.push_val(rank, t), false))
             .collect::<Result<Vec<_>, _>>()?;
         for p in pushes {
-            kv.wait_timeout(p, REQUEST_TIMEOUT)?;
+            p.wait_timeout(REQUEST_TIMEOUT)?;
         }
         let pulls = rk
             .iter()
@@ -402,8 +402,8 @@ fn run() -> Result<(), Error> {
     if let Some(k) = pp_key {
         let s = specs.iter().find(|s| s.key == k).expect("pushpull key");
         for t in 1..=rounds {
-            let ts = store.push(s, &s.push_val(rank, t), true)?;
-            let got = store.take(s, ts)?;
+            let request = store.push(s, &s.push_val(rank, t), true)?;
+            let got = store.take(s, request)?;
             checker.check(
                 &format!("round {t} pushpull key {k}"),
                 &got,

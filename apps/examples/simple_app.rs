@@ -33,11 +33,11 @@ fn run() -> Result<(), Error> {
         }
     });
     if po.is_scheduler() {
-        let ts = (0..REQUESTS)
+        let requests = (0..REQUESTS)
             .map(|_| app.request(1, b"test", ALL_GROUP))
             .collect::<Result<Vec<_>, _>>()?;
-        for t in ts {
-            app.wait(t)?;
+        for request in requests {
+            request.wait()?;
         }
     }
     po.finalize(0, true)?;

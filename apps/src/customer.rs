@@ -1,46 +1,80 @@
-//! A customer: one app instance's mailbox and request tracker.
+//! A customer: one app instance's mailbox, thread and requests.
 //!
 //! Each customer (app id, customer id) registers with the Postoffice and
 //! gets a queue of the data messages addressed to it, served by a thread of
-//! its own that calls the app's [`Handler`]. Requests the app sends are
-//! tracked by timestamp: how many responses are expected and how many have
-//! arrived, so [`Customer::wait`] returns when the last one is in (after the
-//! app has handled it), or fails on its deadline or when the node fails.
+//! its own that calls the app's [`Handler`]. The requests the app sends are
+//! records of its [`RequestTable`](crate::request): one per request, holding
+//! the app's own part of it (the handler's [`Handler::Payload`]). Sending
+//! one returns a [`Request`] handle to wait on; [`Customer::wait`] by
+//! timestamp does the same, as in ps-lite. A wait returns when the last
+//! response is in (after the app has handled it), or fails on its deadline
+//! or when the node fails.
+//!
+//! The customer's thread is also the table's clock: it wakes at the table's
+//! next deadline and logs the requests that have waited too long for an
+//! answer (`PS_REQUEST_WARN`), naming the nodes that owe it.
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crossbeam_channel::RecvTimeoutError;
 use log::{error, warn};
-use pslite_postoffice::{Counters, Delivery, Inline, Postoffice};
-use pslite_proto::{lock, wait_timeout_while, wait_while, Message, NodeId, K_EMPTY};
+use pslite_postoffice::{Counters, CustomerQueue, Delivery, Inline, Postoffice};
+use pslite_proto::{ids, lock, Message, NodeId, K_EMPTY};
 use pslite_van::Failure;
 
+use crate::request::{Answer, Completion, Outcome, Overdue, RequestTable};
 use crate::Error;
 
-/// What an app does with the messages its customer receives. Runs on the
-/// customer's thread, one message at a time.
+/// What an app does with the messages its customer receives, and what it
+/// keeps per request it sends. Runs on the customer's thread, one message
+/// at a time (or on the receive thread, for messages it takes inline).
 ///
 /// A panic in any of these fails the request concerned with
 /// [`Failure::HandlerPanicked`]; the customer goes on.
-pub trait Handler: Send + Sync + 'static {
+pub trait Handler: Send + Sync + Sized + 'static {
+    /// What the app keeps in each request's record: e.g. the parts each
+    /// server answered, a callback and the pulled values.
+    type Payload: Send + 'static;
+
     /// A request from another node.
-    fn on_request(&self, msg: Message);
-    /// A response to one of this customer's requests, from a node it was
-    /// sent to, before it is counted. Returns false to drop it uncounted
-    /// (it does not belong to the request).
-    fn on_response(&self, msg: Message) -> bool;
+    fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message);
+
+    /// A response to one of this customer's requests, from a node that owes
+    /// one, before it is counted: records what it carries in the request's
+    /// `payload`. Returns false to leave it uncounted (it does not belong
+    /// to the request). Runs under the request table's lock: quick work
+    /// only, no user code, never a call back into the customer.
+    fn on_response(&self, msg: &Message, payload: &mut Self::Payload) -> bool;
+
+    /// A counted response, outside the lock, before the request completes:
+    /// where user code that sees responses runs. Default: nothing.
+    fn after_response(&self, customer: &Arc<Customer<Self>>, msg: Message) {
+        let _ = (customer, msg);
+    }
+
     /// Every response of request `ts` has arrived (or it failed with
-    /// `failure`); runs before `wait(ts)` returns.
-    fn on_complete(&self, ts: i32, failure: Option<Failure>);
+    /// `failure`); runs once per request, before waits for it return.
+    fn on_complete(&self, ts: i32, payload: &mut Self::Payload, failure: Option<Failure>);
 
     /// Whether `msg` may be handled on the receive thread, skipping the
     /// customer's thread: for cheap work that never blocks (responses a
-    /// worker only counts, or requests whose app asked for it). Default: no.
-    fn handles_inline(&self, msg: &Message) -> bool {
-        let _ = msg;
+    /// worker only counts, or requests whose app asked for it). `payload`
+    /// is the open request a response belongs to (`None` for a request);
+    /// for a response it runs under the request table's lock, as
+    /// [`Handler::on_response`] does. Default: no.
+    fn handles_inline(&self, msg: &Message, payload: Option<&Self::Payload>) -> bool {
+        let _ = (msg, payload);
+        false
+    }
+
+    /// Whether a completed request's payload holds a result still to be
+    /// taken (pulled values): waiting for it then keeps its record for
+    /// [`Customer::take`]. Default: no.
+    fn holds_result(payload: &Self::Payload) -> bool {
+        let _ = payload;
         false
     }
 }
@@ -56,273 +90,261 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-struct Request {
-    expected: usize,
-    received: usize,
-    done: bool,
-    failed: Option<Failure>,
-    /// The nodes that still owe a response (`None`: not tracked).
-    waiting_on: Option<Vec<NodeId>>,
-}
-
-#[derive(Default)]
-struct Requests {
-    next_ts: i32,
-    open: HashMap<i32, Request>,
-    failure: Option<Failure>,
-}
-
-/// The request tracker, shared by the customer's thread and its users.
-pub struct Tracker {
-    requests: Mutex<Requests>,
+/// The request table and what waits on it, shared by a customer, its
+/// thread and the handles of its requests.
+struct Shared<P> {
+    table: Mutex<RequestTable<P>>,
     changed: Condvar,
-    /// The node's counters: requests in flight.
-    counters: Arc<Counters>,
+    holds_result: fn(&P) -> bool,
 }
 
-impl Tracker {
-    fn lock(&self) -> MutexGuard<'_, Requests> {
-        lock(&self.requests)
+impl<P> Shared<P> {
+    fn table(&self) -> MutexGuard<'_, RequestTable<P>> {
+        lock(&self.table)
     }
 
-    /// Whether a response from `sender` belongs to open request `ts` (sent
-    /// to that node and not answered by it yet); records it if so.
-    fn accept_response(&self, ts: i32, sender: NodeId) -> bool {
-        let mut r = self.lock();
-        let Some(req) = r.open.get_mut(&ts) else {
-            return false;
+    /// Waits (at most `timeout`) until request `ts` is over and collects
+    /// it (see [`RequestTable::collect`]).
+    fn collect(
+        &self,
+        ts: i32,
+        timeout: Option<Duration>,
+        take: bool,
+    ) -> Result<Option<Outcome<P>>, Error> {
+        let table = self.table();
+        let pending = |t: &mut RequestTable<P>| !t.is_settled(ts);
+        let mut table = match timeout {
+            None => self
+                .changed
+                .wait_while(table, pending)
+                .unwrap_or_else(PoisonError::into_inner),
+            Some(timeout) => {
+                self.changed
+                    .wait_timeout_while(table, timeout, pending)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            }
         };
-        if req.done || req.failed.is_some() {
-            return false;
+        table
+            .collect(ts, take, self.holds_result)
+            .unwrap_or_else(|| {
+                Err(Error::Timeout {
+                    ts,
+                    secs: timeout.unwrap_or_default().as_secs_f64(),
+                })
+            })
+    }
+
+    /// Waits for request `ts`: its failure is the error.
+    fn wait(&self, ts: i32, timeout: Option<Duration>) -> Result<(), Error> {
+        let outcome = self.collect(ts, timeout, false)?;
+        match outcome.and_then(|o| o.failure) {
+            Some(cause) => Err(Error::RequestFailed { ts, cause }),
+            None => Ok(()),
         }
-        match &mut req.waiting_on {
-            None => true,
-            Some(owing) => match owing.iter().position(|&id| id == sender) {
-                Some(i) => {
-                    owing.swap_remove(i);
-                    true
+    }
+
+    /// Waits for request `ts` and hands over its payload (`None`:
+    /// collected before); its failure is the error.
+    fn take(&self, ts: i32, timeout: Option<Duration>) -> Result<Option<P>, Error> {
+        match self.collect(ts, timeout, true)? {
+            Some(Outcome {
+                failure: Some(cause),
+                ..
+            }) => Err(Error::RequestFailed { ts, cause }),
+            outcome => Ok(outcome.and_then(|o| o.payload)),
+        }
+    }
+}
+
+/// What a handle keeps of its request once a wait collected the record.
+struct Collected {
+    failure: Option<Failure>,
+    responses: usize,
+}
+
+/// A request a customer sent: its timestamp, and the means to wait for it.
+///
+/// Wait on it as often as needed. Dropping it gives up on the request: its
+/// record goes once the request completes (a failure nobody waited for is
+/// logged), and a later wait by its timestamp returns at once. To wait by
+/// timestamp, as in ps-lite, turn the handle into it
+/// ([`Request::into_ts`], or pass the handle where a timestamp goes:
+/// `app.wait(app.request(..)?)`).
+#[must_use = "a request handle that is dropped gives up on its request: wait() on it, or keep into_ts()"]
+pub struct Request<P = ()> {
+    ts: i32,
+    shared: Arc<Shared<P>>,
+    /// The outcome, once a wait collected the record (the record is gone).
+    collected: OnceLock<Collected>,
+    /// Whether dropping the handle gives up on the request.
+    detach: bool,
+}
+
+impl<P> Request<P> {
+    fn new(ts: i32, shared: Arc<Shared<P>>) -> Self {
+        Request {
+            ts,
+            shared,
+            collected: OnceLock::new(),
+            detach: true,
+        }
+    }
+
+    /// The request's timestamp (for logs; see [`Request::into_ts`] to
+    /// wait by it).
+    pub fn ts(&self) -> i32 {
+        self.ts
+    }
+
+    /// Waits until the request has completed.
+    pub fn wait(&self) -> Result<(), Error> {
+        self.wait_until(None)
+    }
+
+    /// [`Request::wait`] with a deadline: [`Error::Timeout`] when it
+    /// passes, and the request goes on (wait again).
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<(), Error> {
+        self.wait_until(Some(timeout))
+    }
+
+    fn wait_until(&self, timeout: Option<Duration>) -> Result<(), Error> {
+        if self.collected.get().is_none() {
+            match self.shared.collect(self.ts, timeout, false)? {
+                // The record went: keep what a later wait returns.
+                Some(Outcome {
+                    failure,
+                    responses,
+                    payload: Some(_),
+                }) => {
+                    let _ = self.collected.set(Collected { failure, responses });
                 }
-                None => false,
-            },
-        }
-    }
-
-    /// Counts one response to `ts`; true if that completed it.
-    fn add_response(&self, ts: i32) -> bool {
-        let mut r = self.lock();
-        match r.open.get_mut(&ts) {
-            Some(req) if !req.done && req.failed.is_none() => {
-                req.received += 1;
-                req.received >= req.expected
+                Some(Outcome { failure, .. }) => {
+                    return failure.map_or(Ok(()), |cause| {
+                        Err(Error::RequestFailed { ts: self.ts, cause })
+                    })
+                }
+                None => return Ok(()), // collected by timestamp before
             }
-            _ => false,
+        }
+        match self.collected.get().and_then(|c| c.failure.clone()) {
+            Some(cause) => Err(Error::RequestFailed { ts: self.ts, cause }),
+            None => Ok(()),
         }
     }
 
-    /// Ends request `ts` early because it failed; true if it was open.
-    fn force_complete(&self, ts: i32, failure: &Failure) -> bool {
-        match self.lock().open.get_mut(&ts) {
-            Some(req) if !req.done && req.failed.is_none() => {
-                req.expected = req.received;
-                req.failed = Some(failure.clone());
-                true
-            }
-            _ => false,
+    /// How many responses the request has received.
+    pub fn num_responses(&self) -> usize {
+        match self.collected.get() {
+            Some(c) => c.responses,
+            None => self.shared.table().num_responses(self.ts),
         }
     }
 
-    /// Open requests that still wait for node `id`.
-    fn waiting_on(&self, id: NodeId) -> Vec<i32> {
-        self.lock()
-            .open
-            .iter()
-            .filter(|(_, req)| !req.done && req.failed.is_none())
-            .filter(|(_, req)| req.waiting_on.as_ref().is_some_and(|o| o.contains(&id)))
-            .map(|(&ts, _)| ts)
-            .collect()
+    /// The request's timestamp, giving up the handle: the request stays
+    /// until waited for by timestamp (ps-lite's way).
+    pub fn into_ts(mut self) -> i32 {
+        self.detach = false;
+        self.ts
     }
 
-    fn finish(&self, ts: i32) {
-        if let Some(req) = self.lock().open.get_mut(&ts) {
-            if !req.done {
-                self.counters.request_done();
-            }
-            req.done = true;
+    /// Waits and hands over the request's payload (`None`: collected
+    /// before).
+    pub(crate) fn take_payload(&self, timeout: Option<Duration>) -> Result<Option<P>, Error> {
+        if let Some(c) = self.collected.get() {
+            return match &c.failure {
+                Some(cause) => Err(Error::RequestFailed {
+                    ts: self.ts,
+                    cause: cause.clone(),
+                }),
+                None => Ok(None),
+            };
         }
-        self.changed.notify_all();
-    }
-
-    /// Fails every open and future wait.
-    pub fn fail(&self, failure: Failure) {
-        self.lock().failure.get_or_insert(failure);
-        self.changed.notify_all();
+        self.shared.take(self.ts, timeout)
     }
 }
 
-/// Fails request `ts` with `failure` (if still open) and completes it.
-fn fail_request(tracker: &Tracker, handler: &dyn Handler, ts: i32, failure: Failure) {
-    if tracker.force_complete(ts, &failure) {
-        let complete = catch_unwind(AssertUnwindSafe(|| {
-            handler.on_complete(ts, Some(failure));
-        }));
-        if let Err(payload) = complete {
-            error!(
-                "the completion handler of request {ts} panicked: {}",
-                panic_message(&*payload)
-            );
-        }
-        tracker.finish(ts);
+impl<P> From<Request<P>> for i32 {
+    fn from(request: Request<P>) -> i32 {
+        request.into_ts()
     }
 }
 
-/// Handles one response: checks that it belongs to its request, lets the
-/// app see it and completes the request with its last response. A panic in
-/// the app fails the request.
-fn on_response(
-    tracker: &Tracker,
-    handler: &dyn Handler,
-    msg: Message,
-    me: impl FnOnce() -> NodeId,
-) {
-    let ts = msg.meta.timestamp;
-    let sender = msg.meta.sender;
-    if !tracker.accept_response(ts, sender) {
-        warn!("dropping a response from node {sender} to request {ts}, which was not sent to it or is over");
-        return;
-    }
-    if let Some(message) = msg.meta.handler_panic.clone() {
-        let failure = Failure::HandlerPanicked {
-            node: sender,
-            message: message.into(),
-        };
-        fail_request(tracker, handler, ts, failure);
-        return;
-    }
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        if handler.on_response(msg) && tracker.add_response(ts) {
-            handler.on_complete(ts, None);
-            tracker.finish(ts);
+impl<P> Drop for Request<P> {
+    fn drop(&mut self) {
+        if self.detach && self.collected.get().is_none() {
+            self.shared.table().detach(self.ts);
         }
-    }));
-    if let Err(payload) = outcome {
-        let message = panic_message(&*payload);
-        error!("a handler of request {ts} panicked: {message}");
-        let failure = Failure::HandlerPanicked {
-            node: me(),
-            message,
-        };
-        if !tracker.force_complete(ts, &failure) {
-            // It panicked completing: the request is over, and failed.
-            if let Some(req) = tracker.lock().open.get_mut(&ts) {
-                req.failed = Some(failure);
-            }
-        }
-        tracker.finish(ts);
     }
 }
 
-/// Handles one request; a panic is logged and the customer goes on (apps
-/// that answer requests report the panic to the requester themselves).
-fn on_request(handler: &dyn Handler, msg: Message) {
-    let sender = msg.meta.sender;
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| handler.on_request(msg))) {
-        error!(
-            "the handler of a request from node {sender} panicked: {}",
-            panic_message(&*payload)
-        );
+impl<P> std::fmt::Debug for Request<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("ts", &self.ts).finish()
     }
 }
 
-/// One app instance's mailbox, thread and request tracker.
-pub struct Customer {
+/// One app instance's mailbox, thread and requests; the app's [`Handler`]
+/// lives inside it.
+pub struct Customer<H: Handler> {
     app_id: i32,
     customer_id: i32,
     po: Postoffice,
-    tracker: Arc<Tracker>,
+    handler: H,
+    shared: Arc<Shared<H::Payload>>,
+    /// The node's counters: requests in flight.
+    counters: Arc<Counters>,
+    /// `PS_REQUEST_WARN`.
+    warn_after: Duration,
+    /// Set once the customer is registered and its thread runs.
     thread: Mutex<Option<(ThreadId, JoinHandle<()>)>>,
 }
 
-impl Customer {
-    /// Registers (app_id, customer_id) and starts its thread, which calls
-    /// `handler` for every message until the customer is dropped.
+impl<H: Handler> Customer<H> {
+    /// Registers (app_id, customer_id) with `po` and starts its thread,
+    /// which calls `handler` for every message until the customer is
+    /// dropped.
     pub fn new(
         po: &Postoffice,
         app_id: i32,
         customer_id: i32,
-        handler: Weak<dyn Handler>,
-    ) -> Result<Customer, Error> {
-        let tracker = Arc::new(Tracker {
-            requests: Mutex::default(),
-            changed: Condvar::new(),
+        handler: H,
+    ) -> Result<Arc<Customer<H>>, Error> {
+        let warn_after = po.config().request_warn;
+        let customer = Arc::new(Customer {
+            app_id,
+            customer_id,
+            po: po.clone(),
+            handler,
+            shared: Arc::new(Shared {
+                table: Mutex::new(RequestTable::new(warn_after)),
+                changed: Condvar::new(),
+                holds_result: H::holds_result,
+            }),
             counters: Arc::clone(po.counters_handle()),
+            warn_after,
+            thread: Mutex::new(None),
         });
-        let inline_tracker = Arc::clone(&tracker);
-        let inline_handler = handler.clone();
         // Responses the app can take on the receive thread save a thread
         // hop (and its wake-up latency) on every request.
-        let inline_po = po.clone();
-        let inline: Inline = Arc::new(move |msg: Message| {
-            let Some(handler) = inline_handler.upgrade() else {
-                return Some(msg);
-            };
-            if !handler.handles_inline(&msg) {
-                return Some(msg);
-            }
-            if msg.meta.request {
-                on_request(&*handler, msg);
-            } else {
-                let me = || inline_po.my_id().unwrap_or(K_EMPTY);
-                on_response(&inline_tracker, &*handler, msg, me);
-            }
-            None
+        let weak = Arc::downgrade(&customer);
+        let inline: Inline = Arc::new(move |msg: Message| match weak.upgrade() {
+            Some(customer) => customer.inline(msg),
+            None => Some(msg),
         });
         let queue = po.register_customer_inline(app_id, customer_id, inline)?;
-        let thread_tracker = Arc::clone(&tracker);
-        let thread_po = po.clone();
+        let weak = Arc::downgrade(&customer);
         let spawned = std::thread::Builder::new()
             .name(format!("pslite-app{app_id}-customer{customer_id}"))
-            .spawn(move || {
-                for delivery in queue {
-                    let Some(handler) = handler.upgrade() else {
-                        break;
-                    };
-                    let tracker = &*thread_tracker;
-                    match delivery {
-                        Delivery::Message(msg) if msg.meta.request => on_request(&*handler, msg),
-                        Delivery::Message(msg) => {
-                            let me = || thread_po.my_id().unwrap_or(K_EMPTY);
-                            on_response(tracker, &*handler, msg, me);
-                        }
-                        Delivery::Undeliverable { msg, failure } => {
-                            if msg.meta.request {
-                                fail_request(tracker, &*handler, msg.meta.timestamp, failure);
-                            } else {
-                                warn!("{failure}");
-                            }
-                        }
-                        Delivery::PeerDead { id, failure } => {
-                            for ts in tracker.waiting_on(id) {
-                                fail_request(tracker, &*handler, ts, failure.clone());
-                            }
-                        }
-                        Delivery::NodeFailed(failure) => tracker.fail(failure),
-                    }
-                }
-            });
-        let thread = match spawned {
-            Ok(t) => t,
+            .spawn(move || serve(weak, queue, warn_after));
+        match spawned {
+            Ok(thread) => *lock(&customer.thread) = Some((thread.thread().id(), thread)),
             Err(e) => {
                 po.unregister_customer(app_id, customer_id);
                 return Err(Error::App(format!("cannot start a customer thread: {e}")));
             }
-        };
-        Ok(Customer {
-            app_id,
-            customer_id,
-            po: po.clone(),
-            tracker,
-            thread: Mutex::new(Some((thread.thread().id(), thread))),
-        })
+        }
+        Ok(customer)
     }
 
     /// The app id.
@@ -340,110 +362,342 @@ impl Customer {
         &self.po
     }
 
-    /// Starts tracking a new request that expects `expected` responses, from
-    /// any node, and returns its timestamp. A request expecting none is
+    /// The app's handler.
+    pub fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// Starts a request that expects `expected` responses, from any node,
+    /// keeping `payload` in its record. A request expecting none is
     /// complete at once.
-    pub fn new_request(&self, expected: usize) -> i32 {
-        self.track(expected, None)
+    pub fn new_request(&self, expected: usize, payload: H::Payload) -> Request<H::Payload> {
+        self.open(None, expected, payload)
     }
 
-    /// Starts tracking a new request sent to `recvers`, one response each:
-    /// responses from other nodes are dropped, and the request fails if one
-    /// of them dies unreplaced. Returns its timestamp.
-    pub fn new_request_to(&self, recvers: &[NodeId]) -> i32 {
-        self.track(recvers.len(), Some(recvers.to_vec()))
+    /// Starts a request sent to `recvers`, one response each, keeping
+    /// `payload` in its record: responses from other nodes are dropped, and
+    /// the request fails if one of them dies unreplaced. Register it before
+    /// sending: responses can arrive at once.
+    pub fn new_request_to(&self, recvers: &[NodeId], payload: H::Payload) -> Request<H::Payload> {
+        self.open(Some(recvers), 0, payload)
     }
 
-    fn track(&self, expected: usize, waiting_on: Option<Vec<NodeId>>) -> i32 {
-        let mut r = self.tracker.lock();
-        let ts = r.next_ts;
-        r.next_ts = r.next_ts.wrapping_add(1) & i32::MAX;
-        if expected > 0 {
-            self.tracker.counters.request_started();
+    fn open(
+        &self,
+        recvers: Option<&[NodeId]>,
+        expected: usize,
+        payload: H::Payload,
+    ) -> Request<H::Payload> {
+        let in_flight = recvers.map_or(expected, <[NodeId]>::len) > 0;
+        if in_flight {
+            self.counters.request_started();
         }
-        r.open.insert(
-            ts,
-            Request {
-                expected,
-                received: 0,
-                done: expected == 0,
-                failed: None,
-                waiting_on,
-            },
-        );
-        ts
+        let (ts, completion) = self
+            .shared
+            .table()
+            .open(recvers, expected, payload, Instant::now());
+        if let Some(completion) = completion {
+            self.complete(completion);
+        }
+        Request::new(ts, Arc::clone(&self.shared))
     }
 
-    /// Marks request `ts` as failed: it completes now, with `failure`.
-    pub fn fail_request(&self, ts: i32, failure: Failure, handler: &dyn Handler) {
-        fail_request(&self.tracker, handler, ts, failure);
+    /// Fails request `ts` with `failure`, if it is still open: it completes
+    /// now.
+    pub fn fail_request(&self, ts: i32, failure: Failure) {
+        let completion = self.shared.table().fail(ts, failure);
+        if let Some(completion) = completion {
+            self.complete(completion);
+        }
     }
 
     /// How many responses request `ts` has received.
     pub fn num_responses(&self, ts: i32) -> usize {
-        self.tracker.lock().open.get(&ts).map_or(0, |r| r.received)
+        self.shared.table().num_responses(ts)
     }
 
     /// Waits until request `ts` has all its responses.
     pub fn wait(&self, ts: i32) -> Result<(), Error> {
-        self.wait_until(ts, None)
+        self.shared.wait(ts, None)
     }
 
     /// Waits until request `ts` has all its responses, at most `timeout`.
     pub fn wait_timeout(&self, ts: i32, timeout: Duration) -> Result<(), Error> {
-        self.wait_until(ts, Some(timeout))
+        self.shared.wait(ts, Some(timeout))
     }
 
-    fn wait_until(&self, ts: i32, timeout: Option<Duration>) -> Result<(), Error> {
-        // Waiting ends once the request is over (or unknown) or the node failed.
-        let waiting =
-            |r: &mut Requests| r.failure.is_none() && r.open.get(&ts).is_some_and(|req| !req.done);
-        let changed = &self.tracker.changed;
-        let mut r = match timeout {
-            None => wait_while(changed, self.tracker.lock(), waiting),
-            Some(timeout) => {
-                let (r, timed_out) =
-                    wait_timeout_while(changed, self.tracker.lock(), timeout, waiting);
-                if timed_out {
-                    return Err(Error::Timeout {
-                        ts,
-                        secs: timeout.as_secs_f64(),
-                    });
-                }
-                r
+    /// Waits (at most `timeout`, if given) until request `ts` is over and
+    /// hands over its payload; `None` if it was collected before.
+    pub fn take(&self, ts: i32, timeout: Option<Duration>) -> Result<Option<H::Payload>, Error> {
+        self.shared.take(ts, timeout)
+    }
+
+    /// Fails every open and future wait.
+    pub fn fail_all(&self, failure: Failure) {
+        self.shared.table().fail_node(failure);
+        self.shared.changed.notify_all();
+    }
+
+    fn my_id(&self) -> NodeId {
+        self.po.my_id().unwrap_or(K_EMPTY)
+    }
+
+    /// A message on the receive thread: handled here if the app takes it
+    /// inline, else given back to be queued.
+    fn inline(self: &Arc<Self>, msg: Message) -> Option<Message> {
+        if !msg.meta.request {
+            return self.on_response(msg, true);
+        }
+        if !self.handler.handles_inline(&msg, None) {
+            return Some(msg);
+        }
+        self.on_request(msg);
+        None
+    }
+
+    /// One delivery from the customer's queue.
+    fn deliver(self: &Arc<Self>, delivery: Delivery) {
+        match delivery {
+            Delivery::Message(msg) if msg.meta.request => self.on_request(msg),
+            Delivery::Message(msg) => {
+                // Off the receive thread, every response is taken.
+                let _ = self.on_response(msg, false);
             }
-        };
-        match r.open.get(&ts) {
-            None if ts >= 0 && ts < r.next_ts => Ok(()), // waited before
-            None => Err(Error::UnknownTimestamp(ts)),
-            Some(req) if req.done => match r.open.remove(&ts).and_then(|req| req.failed) {
-                Some(cause) => Err(Error::RequestFailed { ts, cause }),
-                None => Ok(()),
-            },
-            Some(_) => Err(Error::RequestFailed {
-                ts,
-                cause: r.failure.clone().unwrap_or(Failure::Stopped),
-            }),
+            Delivery::Undeliverable { msg, failure } => {
+                if msg.meta.request {
+                    self.fail_request(msg.meta.timestamp, failure);
+                } else {
+                    warn!("{failure}");
+                }
+            }
+            Delivery::PeerDead { id, failure } => {
+                let waiting = self.shared.table().waiting_on(id);
+                for ts in waiting {
+                    self.fail_request(ts, failure.clone());
+                }
+            }
+            Delivery::NodeFailed(failure) => self.fail_all(failure),
         }
     }
 
-    /// The tracker (to fail waits from elsewhere).
-    pub fn tracker(&self) -> &Arc<Tracker> {
-        &self.tracker
+    /// Handles one request; a panic is logged and the customer goes on
+    /// (apps that answer requests report the panic to the requester
+    /// themselves).
+    fn on_request(self: &Arc<Self>, msg: Message) {
+        let sender = msg.meta.sender;
+        let handled = catch_unwind(AssertUnwindSafe(|| self.handler.on_request(self, msg)));
+        if let Err(payload) = handled {
+            error!(
+                "the handler of a request from node {sender} panicked: {}",
+                panic_message(&*payload)
+            );
+        }
+    }
+
+    /// Handles one response: checks that it belongs to its request, lets
+    /// the app record it, and completes the request with its last response.
+    /// With `inline`, only if the app takes it on the receive thread (else
+    /// it is given back; a stray is dropped there and then). A panic in the
+    /// app fails the request.
+    fn on_response(self: &Arc<Self>, msg: Message, inline: bool) -> Option<Message> {
+        let ts = msg.meta.timestamp;
+        let sender = msg.meta.sender;
+        let answer = {
+            let mut table = self.shared.table();
+            let recorded = catch_unwind(AssertUnwindSafe(|| {
+                table.respond(ts, sender, |payload| {
+                    if inline && !self.handler.handles_inline(&msg, Some(payload)) {
+                        return None;
+                    }
+                    Some(match &msg.meta.handler_panic {
+                        Some(message) => Err(Failure::HandlerPanicked {
+                            node: sender,
+                            message: message.to_string(),
+                        }),
+                        None => Ok(self.handler.on_response(&msg, payload)),
+                    })
+                })
+            }));
+            match recorded {
+                Ok(answer) => answer,
+                Err(payload) => {
+                    let failure = self.handler_panicked(ts, &*payload);
+                    match table.fail(ts, failure) {
+                        Some(completion) => Answer::Completed(completion),
+                        None => Answer::Declined,
+                    }
+                }
+            }
+        };
+        let completion = match answer {
+            Answer::Stray => {
+                warn!(
+                    "dropping a response from node {sender} to request {ts}, which was not sent \
+                     to it or is over"
+                );
+                return None;
+            }
+            Answer::Deferred => return Some(msg),
+            Answer::Declined => return None,
+            Answer::Counted => None,
+            Answer::Completed(completion) if completion.failure.is_some() => {
+                // Failed (a remote handler panicked): the app sees no data.
+                self.complete(completion);
+                return None;
+            }
+            Answer::Completed(completion) => Some(completion),
+        };
+        let seen = catch_unwind(AssertUnwindSafe(|| self.handler.after_response(self, msg)));
+        let failure = seen
+            .err()
+            .map(|payload| self.handler_panicked(ts, &*payload));
+        let completion = match (completion, failure) {
+            (Some(mut completion), Some(failure)) => {
+                completion.failure.get_or_insert(failure);
+                Some(completion)
+            }
+            (None, Some(failure)) => self.shared.table().fail(ts, failure),
+            (completion, None) => completion,
+        };
+        if let Some(completion) = completion {
+            self.complete(completion);
+        }
+        None
+    }
+
+    /// Logs a panic of the app's handling of request `ts`; the failure it
+    /// fails the request with.
+    fn handler_panicked(&self, ts: i32, payload: &(dyn std::any::Any + Send)) -> Failure {
+        let message = panic_message(payload);
+        error!("a handler of request {ts} panicked: {message}");
+        Failure::HandlerPanicked {
+            node: self.my_id(),
+            message,
+        }
+    }
+
+    /// Runs a request's completion (the app's, outside the lock) and makes
+    /// it done: its waiters return.
+    fn complete(&self, mut completion: Completion<H::Payload>) {
+        let ts = completion.ts;
+        let failure = completion.failure.clone();
+        let payload = &mut completion.payload;
+        let ran = catch_unwind(AssertUnwindSafe(|| {
+            self.handler.on_complete(ts, payload, failure)
+        }));
+        if let Err(payload) = ran {
+            let panicked = self.handler_panicked(ts, &*payload);
+            completion.failure.get_or_insert(panicked);
+        }
+        let finished = {
+            let mut table = self.shared.table();
+            let finished = table.finish(completion);
+            // Counted before any waiter can see the request done.
+            if finished.was_in_flight {
+                self.counters.request_done();
+            }
+            finished
+        };
+        self.shared.changed.notify_all();
+        if let Some(failure) = finished.unwatched_failure {
+            warn!(
+                "app {} customer {}: request {ts} failed, and nothing waits for it (its handle \
+                 was dropped): {failure}",
+                self.app_id, self.customer_id
+            );
+        }
+        if let Some(n) = finished.unclaimed {
+            warn!(
+                "app {} customer {}: {n} completed requests are still kept: their records stay \
+                 in memory until they are waited for by timestamp (wait, take_pull) or their \
+                 handles are dropped",
+                self.app_id, self.customer_id
+            );
+        }
+    }
+
+    /// The table's clock: reports the requests overdue at `now`; returns
+    /// when to call it again.
+    fn tick(&self, now: Instant) -> Instant {
+        let (overdue, next) = {
+            let mut table = self.shared.table();
+            let overdue = table.tick(now);
+            (overdue, table.poll_timeout())
+        };
+        for o in &overdue {
+            warn!("{}", self.describe_overdue(o));
+        }
+        // A request opened from now on is due no earlier than now + W.
+        let latest = now + self.warn_after;
+        next.map_or(latest, |next| next.min(latest))
+    }
+
+    fn describe_overdue(&self, o: &Overdue) -> String {
+        let waited = o.waited.as_secs_f64();
+        let from = if o.owing.is_empty() {
+            format!("{} of its responses are missing", o.missing)
+        } else {
+            format!("no answer yet from {}", describe_nodes(&o.owing))
+        };
+        format!(
+            "app {} customer {}: request {} has waited {waited:.0} s: {from}; still waiting \
+             (PS_REQUEST_WARN={} s; logged again each time the wait doubles)",
+            self.app_id,
+            self.customer_id,
+            o.ts,
+            self.warn_after.as_secs_f64(),
+        )
     }
 }
 
-impl Drop for Customer {
-    fn drop(&mut self) {
-        self.po.unregister_customer(self.app_id, self.customer_id);
-        self.tracker.fail(Failure::AppDropped);
-        let thread = lock(&self.thread).take();
-        if let Some((id, handle)) = thread {
-            // Dropped from its own thread (the app's last handle went away
-            // inside a handler): the thread ends by itself.
-            if id != std::thread::current().id() && handle.join().is_err() {
-                warn!("customer thread of app {} panicked", self.app_id);
+/// `server 8, server 10`: nodes by role and id.
+fn describe_nodes(nodes: &[NodeId]) -> String {
+    let named: Vec<String> = nodes
+        .iter()
+        .map(|&id| match ids::role_of_id(id) {
+            Some(role) => format!("{role} {id}"),
+            None => format!("node {id}"),
+        })
+        .collect();
+    named.join(", ")
+}
+
+/// The customer's thread: delivers its queue to the app until the customer
+/// is dropped, and runs the request table's clock at its deadlines.
+fn serve<H: Handler>(customer: Weak<Customer<H>>, queue: CustomerQueue, warn_after: Duration) {
+    let mut next_tick = Instant::now() + warn_after;
+    loop {
+        // Checked first so a busy queue cannot starve the clock.
+        let delivery = if Instant::now() >= next_tick {
+            None
+        } else {
+            match queue.recv_deadline(next_tick) {
+                Ok(delivery) => Some(delivery),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
             }
+        };
+        let Some(customer) = customer.upgrade() else {
+            break;
+        };
+        match delivery {
+            Some(delivery) => customer.deliver(delivery),
+            None => next_tick = customer.tick(Instant::now()),
+        }
+    }
+}
+
+impl<H: Handler> Drop for Customer<H> {
+    fn drop(&mut self) {
+        let Some((id, handle)) = lock(&self.thread).take() else {
+            return; // never registered
+        };
+        self.po.unregister_customer(self.app_id, self.customer_id);
+        self.fail_all(Failure::AppDropped);
+        // Dropped from its own thread (the app's last handle went away
+        // inside a handler): the thread ends by itself.
+        if id != std::thread::current().id() && handle.join().is_err() {
+            warn!("customer thread of app {} panicked", self.app_id);
         }
     }
 }

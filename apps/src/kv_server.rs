@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 
 use log::warn;
 use pslite_postoffice::Postoffice;
@@ -71,26 +71,25 @@ impl<V: Val> Handles<V> {
     }
 }
 
+/// The server's state; its customer's [`Handler`].
 struct Inner<V: Val> {
     app_id: i32,
     po: Postoffice,
-    customer: OnceLock<Customer>,
     handles: Mutex<Handles<V>>,
     /// KV requests run on the Van's receive thread (see
     /// [`KVServer::set_request_handle_inline`]).
     inline: AtomicBool,
-    me: Weak<Inner<V>>,
 }
 
 /// A server's key-value app; cheap to clone (clones share the app).
 pub struct KVServer<V: Val> {
-    inner: Arc<Inner<V>>,
+    customer: Arc<Customer<Inner<V>>>,
 }
 
 impl<V: Val> Clone for KVServer<V> {
     fn clone(&self) -> Self {
         KVServer {
-            inner: Arc::clone(&self.inner),
+            customer: Arc::clone(&self.customer),
         }
     }
 }
@@ -102,10 +101,9 @@ impl<V: Val> KVServer<V> {
     /// through a [`KVWorker`](crate::KVWorker) of the same app id. Keys of a
     /// request arrive sorted ascending and unique.
     pub fn new(po: &Postoffice, app_id: i32) -> Result<Self, Error> {
-        let inner = Arc::new_cyclic(|me| Inner {
+        let inner = Inner {
             app_id,
             po: po.clone(),
-            customer: OnceLock::new(),
             handles: Mutex::new(Handles {
                 kv: None,
                 simple: None,
@@ -113,12 +111,14 @@ impl<V: Val> KVServer<V> {
                 dropped: LogOnce::new(log::Level::Warn),
             }),
             inline: AtomicBool::new(false),
-            me: me.clone(),
-        });
-        let handler: Weak<dyn Handler> = Arc::downgrade(&inner) as Weak<dyn Handler>;
-        let customer = Customer::new(po, app_id, app_id, handler)?;
-        let _ = inner.customer.set(customer);
-        Ok(KVServer { inner })
+        };
+        Ok(KVServer {
+            customer: Customer::new(po, app_id, app_id, inner)?,
+        })
+    }
+
+    fn inner(&self) -> &Inner<V> {
+        self.customer.handler()
     }
 
     /// Sets the request handle; requests that arrived before it are handled
@@ -127,7 +127,7 @@ impl<V: Val> KVServer<V> {
         &self,
         handle: impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static,
     ) {
-        let mut handles = lock(&self.inner.handles);
+        let mut handles = lock(&self.inner().handles);
         handles.kv = Some(Box::new(handle));
         self.drain(&mut handles);
     }
@@ -142,7 +142,7 @@ impl<V: Val> KVServer<V> {
         &self,
         handle: impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static,
     ) {
-        self.inner.inline.store(true, Ordering::SeqCst);
+        self.inner().inline.store(true, Ordering::SeqCst);
         self.set_request_handle(handle);
     }
 
@@ -154,19 +154,19 @@ impl<V: Val> KVServer<V> {
         &self,
         handle: impl FnMut(&SimpleData, &KVServer<V>) + Send + 'static,
     ) {
-        let mut handles = lock(&self.inner.handles);
+        let mut handles = lock(&self.inner().handles);
         handles.simple = Some(Box::new(handle));
         self.drain(&mut handles);
     }
 
     /// How many requests wait for a handle.
     pub fn queued_requests(&self) -> usize {
-        lock(&self.inner.handles).queued.len()
+        lock(&self.inner().handles).queued.len()
     }
 
     /// Answers SimpleApp command `req` with `body`.
     pub fn simple_response(&self, req: &SimpleData, body: &[u8]) -> Result<(), Error> {
-        crate::simple_app::send_response(&self.inner.po, self.inner.app_id, req, body)
+        crate::simple_app::send_response(&self.inner().po, self.inner().app_id, req, body)
     }
 
     /// Handles queued requests while their handles exist, in order.
@@ -180,7 +180,7 @@ impl<V: Val> KVServer<V> {
 
     /// Runs one request's handle (see [`Handles::ready_for`]).
     fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) {
-        let po = &self.inner.po;
+        let po = &self.inner().po;
         match req {
             Queued::Kv(meta, kvs) => {
                 if let Some(handle) = handles.kv.as_mut() {
@@ -194,7 +194,7 @@ impl<V: Val> KVServer<V> {
             Queued::Simple(data) => match handles.simple.as_mut() {
                 Some(handle) => crate::simple_app::contain_panic(
                     po,
-                    || crate::simple_app::response_message(self.inner.app_id, &data, b""),
+                    || crate::simple_app::response_message(self.inner().app_id, &data, b""),
                     || handle(&data, self),
                 ),
                 None => {
@@ -208,14 +208,14 @@ impl<V: Val> KVServer<V> {
 
     /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
     pub fn response(&self, req: &KVMeta, res: KVPairs<V>) -> Result<(), Error> {
-        self.inner.po.send(self.response_message(req, res))?;
+        self.inner().po.send(self.response_message(req, res))?;
         Ok(())
     }
 
     /// The response to `req` carrying `res`.
     fn response_message(&self, req: &KVMeta, res: KVPairs<V>) -> Message {
         let mut msg = Message::default();
-        msg.meta.app_id = self.inner.app_id;
+        msg.meta.app_id = self.inner().app_id;
         msg.meta.customer_id = req.customer_id;
         msg.meta.request = false;
         msg.meta.push = req.push;
@@ -234,12 +234,14 @@ impl<V: Val> KVServer<V> {
 
     /// The app id.
     pub fn app_id(&self) -> i32 {
-        self.inner.app_id
+        self.inner().app_id
     }
 }
 
 impl<V: Val> Handler for Inner<V> {
-    fn on_request(&self, msg: Message) {
+    type Payload = ();
+
+    fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message) {
         let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));
         let req = if msg.meta.simple_app {
             Queued::Simple(SimpleData::of(&msg))
@@ -259,10 +261,9 @@ impl<V: Val> Handler for Inner<V> {
                 }
             }
         };
-        let Some(me) = self.me.upgrade() else {
-            return;
+        let server = KVServer {
+            customer: Arc::clone(customer),
         };
-        let server = KVServer { inner: me };
         let mut handles = lock(&self.handles);
         if handles.queued.is_empty() && handles.ready_for(&req) {
             server.dispatch(&mut handles, req);
@@ -271,7 +272,7 @@ impl<V: Val> Handler for Inner<V> {
         }
     }
 
-    fn on_response(&self, msg: Message) -> bool {
+    fn on_response(&self, msg: &Message, _payload: &mut ()) -> bool {
         if msg.meta.simple_app {
             return true; // the answer to a command this server sent
         }
@@ -282,9 +283,9 @@ impl<V: Val> Handler for Inner<V> {
         false
     }
 
-    fn on_complete(&self, _ts: i32, _failure: Option<pslite_van::Failure>) {}
+    fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
 
-    fn handles_inline(&self, msg: &Message) -> bool {
+    fn handles_inline(&self, msg: &Message, _payload: Option<&()>) -> bool {
         msg.meta.request && !msg.meta.simple_app && self.inline.load(Ordering::Relaxed)
     }
 }

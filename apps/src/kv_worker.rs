@@ -3,9 +3,11 @@
 //! A request's keys are split over the servers by key range (or by a
 //! custom [`Slicer`]); each server that owns some of the keys gets one
 //! message, the others are not contacted and count as answered. Pulled
-//! values come back in key order. Every call returns a timestamp to
-//! [`KVWorker::wait`] on; [`KVWorker::take_pull`] waits and hands over the
-//! pulled values; an optional callback runs when the request completes.
+//! values come back in key order. Every call returns a [`KVRequest`]:
+//! [`KVRequest::wait`] for it, [`KVRequest::take`] a pull's values; an
+//! optional callback runs when the request completes. As in ps-lite, a
+//! request can also be waited for by its timestamp ([`KVWorker::wait`],
+//! [`KVWorker::take_pull`]), and the handle converts into it.
 //!
 //! The `z` variants take [`SArray`]s and send their buffers without copying
 //! them; the plain variants copy the caller's slices once.
@@ -26,16 +28,15 @@
 //! [`Postoffice::barrier`]: crate::Postoffice::barrier
 //! [`WORKER_GROUP`]: crate::WORKER_GROUP
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use log::warn;
 use pslite_postoffice::{KeyRange, Postoffice};
-use pslite_proto::{ids, lock, Message, NodeId};
+use pslite_proto::{ids, Message, NodeId};
 use pslite_van::Failure;
 
-use crate::customer::{Customer, Handler};
+use crate::customer::{Customer, Handler, Request};
 use crate::kv_pairs::{KVPairs, Key, Val};
 use crate::sarray::SArray;
 use crate::simple_app::SimpleData;
@@ -159,6 +160,7 @@ pub fn default_slicer<V: Val>(send: &KVPairs<V>, ranges: &[KeyRange]) -> Vec<Opt
     out
 }
 
+/// What a KV request keeps in its record (see [`crate::request`]).
 struct Pending<V: Val> {
     pull: bool,
     keys: SArray<Key>,
@@ -166,27 +168,132 @@ struct Pending<V: Val> {
     parts: Vec<(NodeId, KVPairs<V>)>,
     error: Option<Failure>,
     callback: Option<Callback<V>>,
+    /// A completed pull's values (or why it failed), until taken.
+    pulled: Option<Result<KVPairs<V>, Error>>,
 }
 
+impl<V: Val> Pending<V> {
+    /// A request that carries no pairs (a SimpleApp command).
+    fn command() -> Self {
+        Pending {
+            pull: false,
+            keys: SArray::new(),
+            parts: Vec::new(),
+            error: None,
+            callback: None,
+            pulled: None,
+        }
+    }
+}
+
+/// The worker's state; its customer's [`Handler`].
 struct Inner<V: Val> {
     app_id: i32,
     customer_id: i32,
     po: Postoffice,
-    customer: OnceLock<Customer>,
     slicer: RwLock<Slicer<V>>,
-    pending: Mutex<HashMap<i32, Pending<V>>>,
-    pulled: Mutex<HashMap<i32, Result<KVPairs<V>, Error>>>,
+}
+
+/// A push, pull or push-pull sent by a [`KVWorker`]: wait for it, and take
+/// a pull's values.
+///
+/// ```no_run
+/// # fn demo(kv: &pslite::KVWorker<f32>) -> Result<(), pslite::Error> {
+/// use pslite::KVOptions;
+/// let keys = [1, 3, 5];
+/// kv.push(&keys, &[1.0, 2.0, 3.0], KVOptions::new())?.wait()?;
+/// let pulled = kv.pull(&keys, KVOptions::new())?.take()?;
+/// // ps-lite's way, by timestamp: a handle converts into its timestamp.
+/// let ts: i32 = kv.pull(&keys, KVOptions::new())?.into();
+/// let again = kv.take_pull(ts)?;
+/// assert_eq!(pulled.vals[..], again.vals[..]);
+/// # Ok(()) }
+/// ```
+///
+/// Dropping it gives up on the request (see [`Request`]).
+#[must_use = "a request handle that is dropped gives up on its request: wait() on it, or keep into_ts()"]
+pub struct KVRequest<V: Val> {
+    request: Request<Pending<V>>,
+}
+
+impl<V: Val> KVRequest<V> {
+    /// The request's timestamp (for logs; [`KVRequest::into_ts`] to wait
+    /// by it).
+    pub fn ts(&self) -> i32 {
+        self.request.ts()
+    }
+
+    /// Waits until the request has completed.
+    pub fn wait(&self) -> Result<(), Error> {
+        self.request.wait()
+    }
+
+    /// [`KVRequest::wait`] with a deadline: [`Error::Timeout`] when it
+    /// passes, and the request goes on (wait again).
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<(), Error> {
+        self.request.wait_timeout(timeout)
+    }
+
+    /// Waits for a pull (or push-pull) and returns its pairs, in key order.
+    /// The values can be taken once (not if the request had a callback).
+    pub fn take(&self) -> Result<KVPairs<V>, Error> {
+        take_pulled(self.ts(), self.request.take_payload(None))
+    }
+
+    /// [`KVRequest::take`] with a deadline.
+    pub fn take_timeout(&self, timeout: Duration) -> Result<KVPairs<V>, Error> {
+        take_pulled(self.ts(), self.request.take_payload(Some(timeout)))
+    }
+
+    /// How many servers have answered.
+    pub fn num_responses(&self) -> usize {
+        self.request.num_responses()
+    }
+
+    /// The request's timestamp, giving up the handle: the request stays
+    /// until waited for by timestamp ([`KVWorker::wait`],
+    /// [`KVWorker::take_pull`]), as in ps-lite.
+    pub fn into_ts(self) -> i32 {
+        self.request.into_ts()
+    }
+}
+
+impl<V: Val> From<KVRequest<V>> for i32 {
+    fn from(request: KVRequest<V>) -> i32 {
+        request.into_ts()
+    }
+}
+
+impl<V: Val> std::fmt::Debug for KVRequest<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KVRequest").field("ts", &self.ts()).finish()
+    }
+}
+
+/// The values of collected pull `ts`.
+fn take_pulled<V: Val>(
+    ts: i32,
+    collected: Result<Option<Pending<V>>, Error>,
+) -> Result<KVPairs<V>, Error> {
+    collected?
+        .and_then(|mut pending| pending.pulled.take())
+        .unwrap_or_else(|| {
+            Err(Error::InvalidInput(format!(
+                "request {ts} has no pulled values to take (not a pull, taken already, or \
+                 given to a callback)"
+            )))
+        })
 }
 
 /// A worker's key-value app; cheap to clone (clones share the app).
 pub struct KVWorker<V: Val> {
-    inner: Arc<Inner<V>>,
+    customer: Arc<Customer<Inner<V>>>,
 }
 
 impl<V: Val> Clone for KVWorker<V> {
     fn clone(&self) -> Self {
         KVWorker {
-            inner: Arc::clone(&self.inner),
+            customer: Arc::clone(&self.customer),
         }
     }
 }
@@ -199,31 +306,24 @@ impl<V: Val> KVWorker<V> {
     /// request, so a [`KVServer`](crate::KVServer) with the same app id must
     /// exist.
     pub fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<Self, Error> {
-        let inner = Arc::new(Inner {
+        let inner = Inner {
             app_id,
             customer_id,
             po: po.clone(),
-            customer: OnceLock::new(),
             slicer: RwLock::new(Box::new(default_slicer::<V>)),
-            pending: Mutex::new(HashMap::new()),
-            pulled: Mutex::new(HashMap::new()),
-        });
-        let handler: Weak<dyn Handler> = Arc::downgrade(&inner) as Weak<dyn Handler>;
-        let customer = Customer::new(po, app_id, customer_id, handler)?;
-        let _ = inner.customer.set(customer);
-        Ok(KVWorker { inner })
+        };
+        Ok(KVWorker {
+            customer: Customer::new(po, app_id, customer_id, inner)?,
+        })
     }
 
-    fn customer(&self) -> Result<&Customer, Error> {
-        self.inner
-            .customer
-            .get()
-            .ok_or_else(|| Error::App("the app has no customer".into()))
+    fn inner(&self) -> &Inner<V> {
+        self.customer.handler()
     }
 
     /// The current round of workers (see [`Postoffice::membership`]).
     pub fn membership(&self) -> pslite_postoffice::Membership {
-        self.inner.po.membership()
+        self.inner().po.membership()
     }
 
     /// Replaces how requests are split over servers.
@@ -231,26 +331,40 @@ impl<V: Val> KVWorker<V> {
         &self,
         slicer: impl Fn(&KVPairs<V>, &[KeyRange]) -> Vec<Option<KVPairs<V>>> + Send + Sync + 'static,
     ) {
-        *self.inner.slicer.write().unwrap_or_else(|e| e.into_inner()) = Box::new(slicer);
+        *self
+            .inner()
+            .slicer
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Box::new(slicer);
     }
 
-    /// Pushes `vals` for `keys` (copied once). Returns the timestamp to
-    /// [`KVWorker::wait`] on. `keys` must be sorted ascending and unique.
-    /// The push is applied when it completes, but other workers' pushes may
-    /// not be: see the module docs for the barrier before pulling.
-    pub fn push(&self, keys: &[Key], vals: &[V], opts: KVOptions<V>) -> Result<i32, Error> {
+    /// Pushes `vals` for `keys` (copied once). Returns the request to wait
+    /// on. `keys` must be sorted ascending and unique. The push is applied
+    /// when it completes, but other workers' pushes may not be: see the
+    /// module docs for the barrier before pulling.
+    pub fn push(
+        &self,
+        keys: &[Key],
+        vals: &[V],
+        opts: KVOptions<V>,
+    ) -> Result<KVRequest<V>, Error> {
         self.zpush(SArray::from_slice(keys), SArray::from_slice(vals), opts)
     }
 
     /// Pulls the values of `keys` (sorted ascending and unique); get them
-    /// with [`KVWorker::take_pull`] or a callback.
-    pub fn pull(&self, keys: &[Key], opts: KVOptions<V>) -> Result<i32, Error> {
+    /// with [`KVRequest::take`], [`KVWorker::take_pull`] or a callback.
+    pub fn pull(&self, keys: &[Key], opts: KVOptions<V>) -> Result<KVRequest<V>, Error> {
         self.zpull(SArray::from_slice(keys), opts)
     }
 
     /// Pushes and pulls in one request: the pull sees this push applied.
     /// `keys` must be sorted ascending and unique.
-    pub fn push_pull(&self, keys: &[Key], vals: &[V], opts: KVOptions<V>) -> Result<i32, Error> {
+    pub fn push_pull(
+        &self,
+        keys: &[Key],
+        vals: &[V],
+        opts: KVOptions<V>,
+    ) -> Result<KVRequest<V>, Error> {
         self.zpush_pull(SArray::from_slice(keys), SArray::from_slice(vals), opts)
     }
 
@@ -260,12 +374,12 @@ impl<V: Val> KVWorker<V> {
         keys: SArray<Key>,
         vals: SArray<V>,
         opts: KVOptions<V>,
-    ) -> Result<i32, Error> {
+    ) -> Result<KVRequest<V>, Error> {
         self.send(true, false, keys, vals, opts)
     }
 
     /// [`KVWorker::pull`] without copying the keys.
-    pub fn zpull(&self, keys: SArray<Key>, opts: KVOptions<V>) -> Result<i32, Error> {
+    pub fn zpull(&self, keys: SArray<Key>, opts: KVOptions<V>) -> Result<KVRequest<V>, Error> {
         self.send(false, true, keys, SArray::new(), opts)
     }
 
@@ -275,45 +389,52 @@ impl<V: Val> KVWorker<V> {
         keys: SArray<Key>,
         vals: SArray<V>,
         opts: KVOptions<V>,
-    ) -> Result<i32, Error> {
+    ) -> Result<KVRequest<V>, Error> {
         self.send(true, true, keys, vals, opts)
     }
 
     /// Sends a SimpleApp command (`head`, `body`) on this worker's customer
     /// to node or group `recv`, as a C++ `KVWorker` (a SimpleApp) can; e.g.
     /// MXNet's sync-mode (head 3) and stop-server (head 2) commands to the
-    /// server group. Returns the timestamp to [`KVWorker::wait`] on.
-    pub fn request(&self, head: i32, body: &[u8], recv: i32) -> Result<i32, Error> {
-        let customer = self.customer()?;
-        crate::simple_app::send_request(&self.inner.po, customer, &*self.inner, head, body, recv)
+    /// server group. Returns the request to wait on.
+    pub fn request(&self, head: i32, body: &[u8], recv: i32) -> Result<KVRequest<V>, Error> {
+        let request =
+            crate::simple_app::send_request(&self.customer, Pending::command(), head, body, recv)?;
+        Ok(KVRequest { request })
     }
 
-    /// Waits until request `ts` has completed.
-    pub fn wait(&self, ts: i32) -> Result<(), Error> {
-        self.customer()?.wait(ts)
+    /// Waits until request `ts` (a timestamp, or a request handle) has
+    /// completed.
+    pub fn wait(&self, ts: impl Into<i32>) -> Result<(), Error> {
+        self.customer.wait(ts.into())
     }
 
     /// [`KVWorker::wait`] with a deadline.
-    pub fn wait_timeout(&self, ts: i32, timeout: Duration) -> Result<(), Error> {
-        self.customer()?.wait_timeout(ts, timeout)
+    pub fn wait_timeout(&self, ts: impl Into<i32>, timeout: Duration) -> Result<(), Error> {
+        self.customer.wait_timeout(ts.into(), timeout)
     }
 
-    /// Waits for pull (or push-pull) `ts` and returns its pairs, in key
-    /// order. Each pull's values can be taken once (not if it had a callback).
-    pub fn take_pull(&self, ts: i32) -> Result<KVPairs<V>, Error> {
-        self.wait(ts)?;
-        lock(&self.inner.pulled).remove(&ts).unwrap_or_else(|| {
-            Err(Error::InvalidInput(format!(
-                "request {ts} has no pulled values to take (not a pull, taken already, or \
-                 given to a callback)"
-            )))
-        })
+    /// Waits for pull (or push-pull) `ts` (a timestamp, or a request
+    /// handle) and returns its pairs, in key order. Each pull's values can
+    /// be taken once (not if it had a callback).
+    pub fn take_pull(&self, ts: impl Into<i32>) -> Result<KVPairs<V>, Error> {
+        let ts = ts.into();
+        take_pulled(ts, self.customer.take(ts, None))
     }
 
     /// [`KVWorker::take_pull`] with a deadline.
-    pub fn take_pull_timeout(&self, ts: i32, timeout: Duration) -> Result<KVPairs<V>, Error> {
-        self.wait_timeout(ts, timeout)?;
-        self.take_pull(ts)
+    pub fn take_pull_timeout(
+        &self,
+        ts: impl Into<i32>,
+        timeout: Duration,
+    ) -> Result<KVPairs<V>, Error> {
+        let ts = ts.into();
+        take_pulled(ts, self.customer.take(ts, Some(timeout)))
+    }
+
+    /// How many servers have answered request `ts`.
+    pub fn num_responses(&self, ts: i32) -> usize {
+        self.customer.num_responses(ts)
     }
 
     fn send(
@@ -323,17 +444,17 @@ impl<V: Val> KVWorker<V> {
         keys: SArray<Key>,
         vals: SArray<V>,
         opts: KVOptions<V>,
-    ) -> Result<i32, Error> {
-        let customer = self.customer()?;
+    ) -> Result<KVRequest<V>, Error> {
+        let inner = self.inner();
         let kvs = KVPairs {
             keys,
             vals,
             lens: opts.lens.unwrap_or_default(),
         };
         kvs.validate(push)?;
-        let ranges = self.inner.po.server_key_ranges();
+        let ranges = inner.po.server_key_ranges();
         let sliced = {
-            let slicer = self.inner.slicer.read().unwrap_or_else(|e| e.into_inner());
+            let slicer = inner.slicer.read().unwrap_or_else(|e| e.into_inner());
             slicer(&kvs, &ranges)
         };
         if sliced.len() != ranges.len() {
@@ -353,25 +474,20 @@ impl<V: Val> KVWorker<V> {
             .iter()
             .map(|(rank, _)| ids::server_rank_to_id(*rank as i32))
             .collect();
-        let ts = customer.new_request_to(&servers);
-        lock(&self.inner.pending).insert(
-            ts,
-            Pending {
-                pull,
-                keys: kvs.keys.clone(),
-                parts: Vec::new(),
-                error: None,
-                callback: opts.callback,
-            },
-        );
-        if targets.is_empty() {
-            self.inner.complete(ts, None);
-            return Ok(ts);
-        }
+        let pending = Pending {
+            pull,
+            keys: kvs.keys.clone(),
+            parts: Vec::new(),
+            error: None,
+            callback: opts.callback,
+            pulled: None,
+        };
+        let request = self.customer.new_request_to(&servers, pending);
+        let ts = request.ts();
         for (rank, slice) in targets {
             let mut msg = Message::default();
-            msg.meta.app_id = self.inner.app_id;
-            msg.meta.customer_id = self.inner.customer_id;
+            msg.meta.app_id = inner.app_id;
+            msg.meta.customer_id = inner.customer_id;
             msg.meta.request = true;
             msg.meta.push = push;
             msg.meta.pull = pull;
@@ -392,48 +508,34 @@ impl<V: Val> KVWorker<V> {
             msg.data = frames;
             msg.meta.data_type = types;
             let recver = msg.meta.recver;
-            if let Err(e) = self.inner.po.send(msg) {
+            if let Err(e) = inner.po.send(msg) {
                 let failure = Failure::SendFailed {
                     peer: recver,
                     reason: e.to_string(),
                 };
-                customer.fail_request(ts, failure, &*self.inner);
+                self.customer.fail_request(ts, failure);
                 return Err(e.into());
             }
         }
-        Ok(ts)
+        Ok(KVRequest { request })
     }
 }
 
 impl<V: Val> Inner<V> {
-    /// Assembles a finished request and hands it to its callback or to
-    /// `take_pull`.
-    fn complete(&self, ts: i32, failure: Option<Failure>) {
-        let Some(mut pending) = lock(&self.pending).remove(&ts) else {
-            return;
-        };
+    /// Assembles a finished request and hands it to its callback or keeps
+    /// it for `take`.
+    fn complete(&self, ts: i32, pending: &mut Pending<V>, failure: Option<Failure>) {
         let result = match failure.or(pending.error.take()) {
             Some(cause) => Err(Error::RequestFailed { ts, cause }),
             None if pending.pull => assemble(ts, &pending.keys, &mut pending.parts),
             None => Ok(KVPairs::default()),
         };
+        pending.parts = Vec::new();
         match pending.callback.take() {
             Some(callback) => callback(result),
-            None if pending.pull => {
-                let mut pulled = lock(&self.pulled);
-                pulled.insert(ts, result);
-                if pulled.len() % 10_000 == 0 {
-                    warn!(
-                        "{} pulls were never taken with take_pull; their values stay in memory",
-                        pulled.len()
-                    );
-                }
-            }
-            None => {
-                if let Err(e) = result {
-                    warn!("{e}");
-                }
-            }
+            None if pending.pull => pending.pulled = Some(result),
+            // A push's failure is its wait's error.
+            None => {}
         }
     }
 }
@@ -507,7 +609,9 @@ fn assemble<V: Val>(
 }
 
 impl<V: Val> Handler for Inner<V> {
-    fn on_request(&self, msg: Message) {
+    type Payload = Pending<V>;
+
+    fn on_request(&self, _customer: &Arc<Customer<Self>>, msg: Message) {
         if msg.meta.simple_app {
             // ps-lite's default SimpleApp handle: an empty answer.
             let req = SimpleData::of(&msg);
@@ -522,25 +626,16 @@ impl<V: Val> Handler for Inner<V> {
         );
     }
 
-    fn on_response(&self, msg: Message) -> bool {
-        if msg.meta.simple_app {
-            return true; // a command's answer: counted by the customer
+    fn on_response(&self, msg: &Message, pending: &mut Pending<V>) -> bool {
+        if msg.meta.simple_app || !pending.pull {
+            return true; // a command's or a push's answer: counted
         }
-        let ts = msg.meta.timestamp;
         let sender = msg.meta.sender;
-        let mut pending = lock(&self.pending);
-        let Some(p) = pending.get_mut(&ts) else {
-            warn!("dropping a response from node {sender} to unknown request {ts}");
-            return false;
-        };
-        if !p.pull {
-            return true;
-        }
-        match KVPairs::from_message(&msg) {
-            Ok(kvs) => p.parts.push((sender, kvs)),
+        match KVPairs::from_message(msg) {
+            Ok(kvs) => pending.parts.push((sender, kvs)),
             Err(e) => {
                 warn!("{e}");
-                p.error.get_or_insert(Failure::BadResponse {
+                pending.error.get_or_insert(Failure::BadResponse {
                     sender,
                     what: e.to_string(),
                 });
@@ -549,18 +644,18 @@ impl<V: Val> Handler for Inner<V> {
         true
     }
 
-    fn on_complete(&self, ts: i32, failure: Option<Failure>) {
-        self.complete(ts, failure);
+    fn on_complete(&self, ts: i32, pending: &mut Pending<V>, failure: Option<Failure>) {
+        self.complete(ts, pending, failure);
     }
 
-    fn handles_inline(&self, msg: &Message) -> bool {
+    fn handles_inline(&self, msg: &Message, pending: Option<&Pending<V>>) -> bool {
         // KV responses of requests without a callback: decoding and counting
         // them is cheap and runs no user code.
-        !msg.meta.request
-            && !msg.meta.simple_app
-            && lock(&self.pending)
-                .get(&msg.meta.timestamp)
-                .is_some_and(|p| p.callback.is_none())
+        !msg.meta.request && !msg.meta.simple_app && pending.is_some_and(|p| p.callback.is_none())
+    }
+
+    fn holds_result(pending: &Pending<V>) -> bool {
+        pending.pulled.is_some()
     }
 }
 
@@ -591,6 +686,14 @@ mod tests {
         assert_eq!(&s2.vals[..], &[3.0, 4.0, 4.0, 4.0]);
         // Slices share the request's buffers.
         assert_eq!(s2.vals.as_ptr(), kvs.vals[3..].as_ptr());
+    }
+
+    #[test]
+    fn handles_can_move_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<KVRequest<f32>>();
+        send_sync::<KVWorker<f32>>();
+        send_sync::<crate::Request>();
     }
 
     #[test]

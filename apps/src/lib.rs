@@ -22,8 +22,8 @@
 //!     } else if po.is_worker() {
 //!         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
 //!         let keys = [1, 3, 5];
-//!         kv.wait(kv.push(&keys, &[1.0, 2.0, 3.0], KVOptions::new())?)?;
-//!         let pulled = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
+//!         kv.push(&keys, &[1.0, 2.0, 3.0], KVOptions::new())?.wait()?;
+//!         let pulled = kv.pull(&keys, KVOptions::new())?.take()?;
 //!         println!("{:?}", &pulled.vals[..]);
 //!         po.finalize(0, true)?;
 //!     } else {
@@ -44,6 +44,12 @@
 //! and run the program under `pslite launch` (`cargo install --path cli` in
 //! a clone installs the `pslite` command).
 //!
+//! Each request returns a handle ([`KVRequest`], [`Request`]) to wait on
+//! and, for a pull, to take the values from; as in ps-lite, a request can
+//! also be waited for by its timestamp (the handle converts into it:
+//! `kv.wait(kv.push(..)?)`). A request with no answer after
+//! `PS_REQUEST_WARN` seconds is logged, naming the nodes that owe it.
+//!
 //! Use app 0, customer 0 unless you need several. Keys of a request are
 //! sorted ascending and unique. A push completes when the servers have it,
 //! not when every worker has pushed: to pull every worker's pushes, call
@@ -60,16 +66,17 @@ mod kv_pairs;
 mod kv_server;
 mod kv_worker;
 mod logging;
+mod request;
 mod sarray;
 mod simple_app;
 
 use std::process::ExitCode;
 
-pub use customer::{Customer, Handler, Tracker};
+pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer};
-pub use kv_worker::{default_slicer, Callback, KVOptions, KVWorker, Slicer};
+pub use kv_worker::{default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer};
 pub use logging::init_logging;
 /// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric
 /// variable follows: `config::parse_numeric`).

@@ -1,13 +1,15 @@
 //! `SimpleApp`: request/response messages with an integer head and a byte
 //! body, as in ps-lite. A request goes to one node or to every node of a
 //! group; each receiver's request handle answers with [`SimpleApp::response`].
+//! [`SimpleApp::request`] returns a [`Request`] to wait on (or its
+//! timestamp, for [`SimpleApp::wait`] as in ps-lite).
 //!
 //! Requests that arrive before a request handle is set wait for it (C++
 //! ps-lite answers them with an empty default reply instead, so a handle
 //! set a moment too late misses them).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,7 +18,7 @@ use pslite_postoffice::Postoffice;
 use pslite_proto::{lock, Message, NodeId};
 use pslite_van::{HoldQueue, LogOnce};
 
-use crate::customer::{panic_message, Customer, Handler};
+use crate::customer::{panic_message, Customer, Handler, Request};
 use crate::Error;
 
 /// A SimpleApp message as its handler sees it.
@@ -34,24 +36,24 @@ pub struct SimpleData {
     pub customer_id: i32,
 }
 
-/// Sends a SimpleApp request from `customer` to node or group `recv` and
-/// returns its timestamp (shared by SimpleApp, KVWorker and KVServer, which
-/// all speak SimpleApp as in ps-lite).
-pub(crate) fn send_request(
-    po: &Postoffice,
-    customer: &Customer,
-    handler: &dyn Handler,
+/// Sends a SimpleApp request from `customer` to node or group `recv`,
+/// keeping `payload` in its record (shared by SimpleApp, KVWorker and
+/// KVServer, which all speak SimpleApp as in ps-lite).
+pub(crate) fn send_request<H: Handler>(
+    customer: &Customer<H>,
+    payload: H::Payload,
     head: i32,
     body: &[u8],
     recv: i32,
-) -> Result<i32, Error> {
+) -> Result<Request<H::Payload>, Error> {
+    let po = customer.postoffice();
     let recvers = po.node_ids(recv);
     if recvers.is_empty() {
         return Err(Error::InvalidInput(format!(
             "{recv} names no node: use a node id or a group 1..7"
         )));
     }
-    let ts = customer.new_request_to(&recvers);
+    let request = customer.new_request_to(&recvers, payload);
     let body = Bytes::copy_from_slice(body);
     for id in recvers {
         let mut msg = Message::default();
@@ -61,18 +63,18 @@ pub(crate) fn send_request(
         msg.meta.request = true;
         msg.meta.head = head;
         msg.meta.body = body.clone();
-        msg.meta.timestamp = ts;
+        msg.meta.timestamp = request.ts();
         msg.meta.recver = id;
         if let Err(e) = po.send(msg) {
             let failure = pslite_van::Failure::SendFailed {
                 peer: id,
                 reason: e.to_string(),
             };
-            customer.fail_request(ts, failure, handler);
+            customer.fail_request(request.ts(), failure);
             return Err(e.into());
         }
     }
-    Ok(ts)
+    Ok(request)
 }
 
 /// Answers SimpleApp request `req` of app `app_id` with `body`.
@@ -142,23 +144,22 @@ impl SimpleData {
 
 type Handle = Box<dyn FnMut(&SimpleData, &SimpleApp) + Send>;
 
+/// The app's state; its customer's [`Handler`].
 struct Inner {
     app_id: i32,
     customer_id: i32,
     po: Postoffice,
-    customer: OnceLock<Customer>,
     request_handle: Mutex<Option<Handle>>,
     response_handle: Mutex<Option<Handle>>,
     /// Requests that arrived before the request handle (within
     /// `PS_HOLD_LIMIT`), and the senders of those dropped beyond it.
     queued: Mutex<(HoldQueue<SimpleData>, LogOnce<NodeId>)>,
-    me: Weak<Inner>,
 }
 
 /// A request/response app; cheap to clone (clones share the app).
 #[derive(Clone)]
 pub struct SimpleApp {
-    inner: Arc<Inner>,
+    customer: Arc<Customer<Inner>>,
 }
 
 impl SimpleApp {
@@ -167,62 +168,61 @@ impl SimpleApp {
     /// Use app 0, customer 0 unless you need several apps or several
     /// customers of one app in a process.
     pub fn new(po: &Postoffice, app_id: i32, customer_id: i32) -> Result<SimpleApp, Error> {
-        let inner = Arc::new_cyclic(|me| Inner {
+        let inner = Inner {
             app_id,
             customer_id,
             po: po.clone(),
-            customer: OnceLock::new(),
             request_handle: Mutex::new(None),
             response_handle: Mutex::new(None),
             queued: Mutex::new((
                 HoldQueue::new(po.config().van.hold_limit),
                 LogOnce::new(log::Level::Warn),
             )),
-            me: me.clone(),
-        });
-        let handler: Weak<dyn Handler> = Arc::downgrade(&inner) as Weak<dyn Handler>;
-        let customer = Customer::new(po, app_id, customer_id, handler)?;
-        let _ = inner.customer.set(customer);
-        Ok(SimpleApp { inner })
+        };
+        Ok(SimpleApp {
+            customer: Customer::new(po, app_id, customer_id, inner)?,
+        })
     }
 
-    fn customer(&self) -> Result<&Customer, Error> {
-        self.inner
-            .customer
-            .get()
-            .ok_or_else(|| Error::App("the app has no customer".into()))
+    fn inner(&self) -> &Inner {
+        self.customer.handler()
     }
 
-    /// Sends request `head`/`body` to node or group `recv` and returns its
-    /// timestamp; it completes when every receiver has answered.
-    pub fn request(&self, head: i32, body: &[u8], recv: i32) -> Result<i32, Error> {
-        let customer = self.customer()?;
-        send_request(&self.inner.po, customer, &*self.inner, head, body, recv)
+    /// Sends request `head`/`body` to node or group `recv`; it completes
+    /// when every receiver has answered. Returns the request to wait on.
+    pub fn request(&self, head: i32, body: &[u8], recv: i32) -> Result<Request, Error> {
+        send_request(&self.customer, (), head, body, recv)
     }
 
     /// Answers request `req` with `body`.
     pub fn response(&self, req: &SimpleData, body: &[u8]) -> Result<(), Error> {
-        send_response(&self.inner.po, self.inner.app_id, req, body)
+        send_response(&self.inner().po, self.inner().app_id, req, body)
     }
 
-    /// Waits until every receiver of request `ts` has answered.
-    pub fn wait(&self, ts: i32) -> Result<(), Error> {
-        self.customer()?.wait(ts)
+    /// Waits until every receiver of request `ts` (a timestamp, or a
+    /// request handle) has answered.
+    pub fn wait(&self, ts: impl Into<i32>) -> Result<(), Error> {
+        self.customer.wait(ts.into())
     }
 
     /// [`SimpleApp::wait`] with a deadline.
-    pub fn wait_timeout(&self, ts: i32, timeout: Duration) -> Result<(), Error> {
-        self.customer()?.wait_timeout(ts, timeout)
+    pub fn wait_timeout(&self, ts: impl Into<i32>, timeout: Duration) -> Result<(), Error> {
+        self.customer.wait_timeout(ts.into(), timeout)
+    }
+
+    /// How many receivers of request `ts` have answered.
+    pub fn num_responses(&self, ts: i32) -> usize {
+        self.customer.num_responses(ts)
     }
 
     /// Sets what to do with each request; requests that arrived before are
     /// handled now, in order.
     pub fn set_request_handle(&self, handle: impl FnMut(&SimpleData, &SimpleApp) + Send + 'static) {
-        let mut slot = lock(&self.inner.request_handle);
+        let mut slot = lock(&self.inner().request_handle);
         let mut handle: Handle = Box::new(handle);
-        let queued = lock(&self.inner.queued).0.drain();
+        let queued = lock(&self.inner().queued).0.drain();
         for req in queued {
-            self.inner.run(&mut handle, &req, self);
+            self.inner().run(&mut handle, &req, self);
         }
         *slot = Some(handle);
     }
@@ -232,7 +232,7 @@ impl SimpleApp {
         &self,
         handle: impl FnMut(&SimpleData, &SimpleApp) + Send + 'static,
     ) {
-        *lock(&self.inner.response_handle) = Some(Box::new(handle));
+        *lock(&self.inner().response_handle) = Some(Box::new(handle));
     }
 
     /// A request handle that answers every request with an empty body, as
@@ -248,12 +248,12 @@ impl SimpleApp {
 
     /// The app id.
     pub fn app_id(&self) -> i32 {
-        self.inner.app_id
+        self.inner().app_id
     }
 
     /// The customer id.
     pub fn customer_id(&self) -> i32 {
-        self.inner.customer_id
+        self.inner().customer_id
     }
 }
 
@@ -269,7 +269,9 @@ impl Inner {
 }
 
 impl Handler for Inner {
-    fn on_request(&self, msg: Message) {
+    type Payload = ();
+
+    fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message) {
         if !msg.meta.simple_app {
             warn!(
                 "SimpleApp {} dropping a non-SimpleApp request from node {}",
@@ -277,10 +279,9 @@ impl Handler for Inner {
             );
             return;
         }
-        let Some(me) = self.me.upgrade() else {
-            return;
+        let app = SimpleApp {
+            customer: Arc::clone(customer),
         };
-        let app = SimpleApp { inner: me };
         let req = SimpleData::of(&msg);
         let mut slot = lock(&self.request_handle);
         match slot.as_mut() {
@@ -303,16 +304,18 @@ impl Handler for Inner {
         }
     }
 
-    fn on_response(&self, msg: Message) -> bool {
-        let Some(me) = self.me.upgrade() else {
-            return true;
-        };
-        let app = SimpleApp { inner: me };
-        if let Some(handle) = lock(&self.response_handle).as_mut() {
-            handle(&SimpleData::of(&msg), &app);
-        }
+    fn on_response(&self, _msg: &Message, _payload: &mut ()) -> bool {
         true
     }
 
-    fn on_complete(&self, _ts: i32, _failure: Option<pslite_van::Failure>) {}
+    fn after_response(&self, customer: &Arc<Customer<Self>>, msg: Message) {
+        let app = SimpleApp {
+            customer: Arc::clone(customer),
+        };
+        if let Some(handle) = lock(&self.response_handle).as_mut() {
+            handle(&SimpleData::of(&msg), &app);
+        }
+    }
+
+    fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
 }

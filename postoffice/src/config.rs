@@ -87,10 +87,17 @@ pub struct Config {
     /// HTTP on this port (the next free one if another node of this machine
     /// has it; 0 = any free port); `None` (the default) is off.
     pub metrics_port: Option<u16>,
+    /// `PS_REQUEST_WARN`: a request that has had no answer for this long
+    /// is logged as a warning naming the nodes that owe one, and again each
+    /// time its wait doubles.
+    pub request_warn: Duration,
 }
 
 /// The default `PS_QUEUE_LIMIT`.
 pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
+
+/// The default `PS_REQUEST_WARN`, in seconds.
+pub const DEFAULT_REQUEST_WARN_SECS: u64 = 30;
 
 /// Default `PS_RDZV_LAST_CALL`: how long the first elastic round waits for
 /// more workers once it has MIN, in seconds.
@@ -298,6 +305,10 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
     ),
     ("PS_QUEUE_LIMIT", Numeric::new(Unit::Count, 1, MAX_COUNT)),
     (
+        "PS_REQUEST_WARN",
+        Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
+    ),
+    (
         "PS_MAX_MESSAGE_SIZE",
         Numeric::new(Unit::Bytes, 1, MAX_BYTES),
     ),
@@ -409,6 +420,7 @@ impl Config {
             verbose: 0,
             queue_limit: DEFAULT_QUEUE_LIMIT,
             metrics_port: None,
+            request_warn: Duration::from_secs(DEFAULT_REQUEST_WARN_SECS),
         }
     }
 
@@ -514,6 +526,8 @@ impl Config {
             .or(defaults.max_message_size);
         let hold_limit = env.number("PS_HOLD_LIMIT", defaults.hold_limit as u64)? as usize;
         let queue_limit = env.number("PS_QUEUE_LIMIT", DEFAULT_QUEUE_LIMIT as u64)? as usize;
+        let request_warn =
+            Duration::from_secs(env.number("PS_REQUEST_WARN", DEFAULT_REQUEST_WARN_SECS)?);
         Ok(Config {
             van: VanConfig {
                 role,
@@ -565,6 +579,7 @@ impl Config {
             verbose: verbose as u8,
             queue_limit,
             metrics_port: env.optional_number("PS_METRICS_PORT")?.map(|p| p as u16),
+            request_warn,
         })
     }
 }
@@ -738,6 +753,7 @@ mod tests {
         assert_eq!(v.transport, Transport::Tcp);
         assert_eq!(v.port, None);
         assert_eq!(c.queue_limit, DEFAULT_QUEUE_LIMIT);
+        assert_eq!(c.request_warn, Duration::from_secs(30));
         // The defaults are the Van's, written once.
         let d = VanConfig::default();
         assert_eq!(v.recovery_timeout, d.recovery_timeout);
@@ -766,6 +782,7 @@ mod tests {
             ("PS_MAX_MESSAGE_SIZE", "1000000"),
             ("PS_HOLD_LIMIT", "5000"),
             ("PS_QUEUE_LIMIT", "17"),
+            ("PS_REQUEST_WARN", "2"),
             ("PS_AUTH_TOKEN", "s3cret"),
             ("PS_METRICS_PORT", "9900"),
             ("PS_SHM", "0"),
@@ -785,6 +802,7 @@ mod tests {
         assert_eq!(c.role(), Role::Scheduler);
         assert_eq!(c.verbose, 2);
         assert_eq!(c.queue_limit, 17);
+        assert_eq!(c.request_warn, Duration::from_secs(2));
         let c = c.van;
         assert_eq!(c.auth_token, pslite_van::AuthToken::new("s3cret"));
         assert_eq!(c.host, "localhost");
@@ -951,6 +969,15 @@ mod tests {
         assert!(message(&[("PS_METRICS_PORT", "70000")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_METRICS_PORT", "x")]).starts_with("PS_METRICS_PORT must be"));
         assert!(message(&[("PS_RESEND", "maybe")]).starts_with("PS_RESEND must be 0 or 1"));
+        for bad in ["0", "-1", "1.5", "soon", "604801"] {
+            assert_eq!(
+                message(&[("PS_REQUEST_WARN", bad)]),
+                format!(
+                    "PS_REQUEST_WARN must be a whole number of seconds from 1 to 604800, got \
+                     {bad:?}"
+                )
+            );
+        }
         assert_eq!(
             message(&[("PS_START_TIMEOUT", "0")]),
             "PS_START_TIMEOUT must be a whole number of seconds from 1 to 604800, got \"0\""

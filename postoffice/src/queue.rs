@@ -11,9 +11,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{unbounded, Receiver, RecvError, RecvTimeoutError, Sender, TryRecvError};
 use pslite_proto::{lock, Message};
 use pslite_van::Room;
 
@@ -44,8 +44,9 @@ impl Gate {
     }
 }
 
-/// The customer's end of its queue. Iterating it waits for each delivery
-/// and ends once the customer is unregistered and the queue is empty.
+/// The customer's end of its queue (a crossbeam receiver's calls).
+/// Iterating it waits for each delivery and ends once the customer is
+/// unregistered and the queue is empty.
 pub struct CustomerQueue {
     rx: Receiver<Delivery>,
     gate: Arc<Gate>,
@@ -131,25 +132,30 @@ impl QueueSender {
 }
 
 impl CustomerQueue {
-    /// The next delivery, waiting for one; `None` once the customer is
+    /// The next delivery, waiting for one; an error once the customer is
     /// unregistered and the queue is empty.
-    pub fn recv(&self) -> Option<Delivery> {
-        self.taken(self.rx.recv().ok())
+    pub fn recv(&self) -> Result<Delivery, RecvError> {
+        self.taken(self.rx.recv())
     }
 
     /// The next delivery, waiting up to `timeout`.
-    pub fn recv_timeout(&self, timeout: Duration) -> Option<Delivery> {
-        self.taken(self.rx.recv_timeout(timeout).ok())
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery, RecvTimeoutError> {
+        self.taken(self.rx.recv_timeout(timeout))
+    }
+
+    /// The next delivery, waiting until `deadline`.
+    pub fn recv_deadline(&self, deadline: Instant) -> Result<Delivery, RecvTimeoutError> {
+        self.taken(self.rx.recv_deadline(deadline))
     }
 
     /// The next delivery if one is here.
-    pub fn try_recv(&self) -> Option<Delivery> {
-        self.taken(self.rx.try_recv().ok())
+    pub fn try_recv(&self) -> Result<Delivery, TryRecvError> {
+        self.taken(self.rx.try_recv())
     }
 
     /// Every delivery here now, without waiting.
     pub fn try_iter(&self) -> impl Iterator<Item = Delivery> + '_ {
-        std::iter::from_fn(|| self.try_recv())
+        std::iter::from_fn(|| self.try_recv().ok())
     }
 
     /// Deliveries waiting.
@@ -164,8 +170,8 @@ impl CustomerQueue {
 
     /// Counts a data message out, and gives the room signal once the queue
     /// is half empty.
-    fn taken(&self, delivery: Option<Delivery>) -> Option<Delivery> {
-        if let Some(Delivery::Message(_)) = &delivery {
+    fn taken<E>(&self, delivery: Result<Delivery, E>) -> Result<Delivery, E> {
+        if let Ok(Delivery::Message(_)) = &delivery {
             let left = self.gate.messages.fetch_sub(1, Ordering::SeqCst) - 1;
             if left <= self.gate.limit / 2 {
                 self.gate.open();
@@ -200,6 +206,6 @@ impl Iterator for Deliveries {
     type Item = Delivery;
 
     fn next(&mut self) -> Option<Delivery> {
-        self.0.recv()
+        self.0.recv().ok()
     }
 }

@@ -1,6 +1,6 @@
 //! `KVWorker`: pushes to and pulls from the servers (see `pslite::KVWorker`).
 
-use pslite::{Error, KVOptions, KVWorker, Val};
+use pslite::{Error, KVOptions, KVRequest, KVWorker, Val};
 use pyo3::prelude::*;
 
 use crate::arrays::{from_numpy, Elem};
@@ -75,10 +75,13 @@ fn send<V: Val + Elem>(py: Python<'_>, kv: &KVWorker<V>, req: Request<'_, '_>) -
         });
     }
     let pull = req.pull;
-    py.detach(move || match (vals, pull) {
-        (Some(vals), false) => kv.zpush(keys, vals, opts),
-        (Some(vals), true) => kv.zpush_pull(keys, vals, opts),
-        (None, _) => kv.zpull(keys, opts),
+    py.detach(move || {
+        let request = match (vals, pull) {
+            (Some(vals), false) => kv.zpush(keys, vals, opts),
+            (Some(vals), true) => kv.zpush_pull(keys, vals, opts),
+            (None, _) => kv.zpull(keys, opts),
+        };
+        request.map(KVRequest::into_ts)
     })
     .py()
 }
@@ -224,8 +227,10 @@ impl PyKVWorker {
     #[pyo3(signature = (head, body = b"".as_slice(), recv = pslite::SERVER_GROUP))]
     fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<i32> {
         let worker = self.worker.get()?;
-        py.detach(|| dispatch!(Worker, worker, kv => kv.request(head, body, recv)))
-            .py()
+        py.detach(
+            || dispatch!(Worker, worker, kv => kv.request(head, body, recv).map(|r| r.into_ts())),
+        )
+        .py()
     }
 
     /// The current round of workers.

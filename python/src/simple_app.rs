@@ -126,7 +126,8 @@ impl PySimpleApp {
     #[pyo3(signature = (head, body = b"".as_slice(), recv = pslite::SERVER_GROUP))]
     fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<i32> {
         let app = self.app.get()?;
-        py.detach(|| app.request(head, body, recv)).py()
+        py.detach(|| app.request(head, body, recv).map(pslite::Request::into_ts))
+            .py()
     }
 
     /// Answers request `req` with `body`.

@@ -52,11 +52,15 @@ fn push_then_pull_sums_over_two_servers_in_key_order() {
         .map(|po| KVWorker::<f32>::new(po, 0, 0).unwrap())
         .collect();
     for w in &workers {
-        w.wait_timeout(w.push(&keys, &vals, KVOptions::new()).unwrap(), T)
+        w.push(&keys, &vals, KVOptions::new())
+            .unwrap()
+            .wait_timeout(T)
             .unwrap();
     }
     let pulled = workers[0]
-        .take_pull_timeout(workers[0].pull(&keys, KVOptions::new()).unwrap(), T)
+        .pull(&keys, KVOptions::new())
+        .unwrap()
+        .take_timeout(T)
         .unwrap();
     assert_eq!(&pulled.keys[..], &keys[..]);
     let expected: Vec<f32> = vals.iter().map(|v| v * 2.0).collect();
@@ -73,13 +77,12 @@ fn variable_lens_round_trip() {
     let keys = spread(4);
     let lens = [1, 3, 0, 2];
     let vals = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
-    let ts = w.push(&keys, &vals, KVOptions::new().lens(&lens)).unwrap();
-    w.wait_timeout(ts, T).unwrap();
-    let ts = w.push(&keys, &vals, KVOptions::new().lens(&lens)).unwrap();
-    w.wait_timeout(ts, T).unwrap();
-    let pulled = w
-        .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
-        .unwrap();
+    for _ in 0..2 {
+        let push = w.push(&keys, &vals, KVOptions::new().lens(&lens)).unwrap();
+        push.wait_timeout(T).unwrap();
+    }
+    let pull = w.pull(&keys, KVOptions::new()).unwrap();
+    let pulled = pull.take_timeout(T).unwrap();
     assert_eq!(&pulled.vals[..], &[2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
     // The third key was pushed with no values: it holds none.
     assert_eq!(&pulled.lens[..], &[1, 3, 0, 2]);
@@ -95,7 +98,7 @@ fn callbacks_run_on_completion_with_pulled_values() {
     let keys = spread(10);
     let (tx, rx) = unbounded();
     let tx2 = tx.clone();
-    let ts = w
+    let push = w
         .push(
             &keys,
             &[7; 10],
@@ -105,11 +108,11 @@ fn callbacks_run_on_completion_with_pulled_values() {
         )
         .unwrap();
     // The callback has run by the time wait returns.
-    w.wait_timeout(ts, T).unwrap();
+    push.wait_timeout(T).unwrap();
     let (what, vals) = rx.try_recv().unwrap();
     assert_eq!(what, "push");
     assert_eq!(vals.unwrap(), Vec::<i64>::new());
-    let ts = w
+    let pull = w
         .pull(
             &keys,
             KVOptions::new().callback(move |r| {
@@ -117,12 +120,12 @@ fn callbacks_run_on_completion_with_pulled_values() {
             }),
         )
         .unwrap();
-    w.wait_timeout(ts, T).unwrap();
+    pull.wait_timeout(T).unwrap();
     let (what, vals) = rx.try_recv().unwrap();
     assert_eq!(what, "pull");
     assert_eq!(vals.unwrap(), vec![7; 10]);
     // Its values went to the callback, so there is nothing to take.
-    assert!(w.take_pull(ts).is_err());
+    assert!(matches!(pull.take(), Err(Error::InvalidInput(_))));
     drop(w);
     c.finalize();
 }
@@ -164,20 +167,16 @@ fn only_servers_owning_keys_are_contacted() {
         ranges[2].begin + 1,
         ranges[2].begin + 2,
     ];
-    w.wait_timeout(
-        w.push(&keys, &[1.0, 2.0, 3.0], KVOptions::new()).unwrap(),
-        T,
-    )
-    .unwrap();
-    let pulled = w
-        .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
-        .unwrap();
-    assert_eq!(&pulled.vals[..], &[1.0, 2.0, 3.0]);
+    let push = w.push(&keys, &[1.0, 2.0, 3.0], KVOptions::new()).unwrap();
+    push.wait_timeout(T).unwrap();
+    assert_eq!(push.num_responses(), 2, "two servers answered");
+    let pull = w.pull(&keys, KVOptions::new()).unwrap();
+    assert_eq!(&pull.take_timeout(T).unwrap().vals[..], &[1.0, 2.0, 3.0]);
     let counts: Vec<_> = requests.iter().map(|h| h.load(Ordering::SeqCst)).collect();
     assert_eq!(counts, vec![2, 0, 2]);
     // No keys at all: complete at once, nobody contacted.
-    let ts = w.push(&[], &[], KVOptions::new()).unwrap();
-    w.wait_timeout(ts, T).unwrap();
+    let empty = w.push(&[], &[], KVOptions::new()).unwrap();
+    empty.wait_timeout(T).unwrap();
     assert_eq!(
         requests
             .iter()
@@ -201,12 +200,12 @@ fn custom_slicer_replaces_the_key_ranges() {
         out
     });
     let keys = spread(10);
-    w.wait_timeout(w.push(&keys, &[1.0; 10], KVOptions::new()).unwrap(), T)
+    w.push(&keys, &[1.0; 10], KVOptions::new())
+        .unwrap()
+        .wait_timeout(T)
         .unwrap();
-    let pulled = w
-        .take_pull_timeout(w.pull(&keys, KVOptions::new()).unwrap(), T)
-        .unwrap();
-    assert_eq!(&pulled.vals[..], &[1.0; 10]);
+    let pull = w.pull(&keys, KVOptions::new()).unwrap();
+    assert_eq!(&pull.take_timeout(T).unwrap().vals[..], &[1.0; 10]);
     assert_eq!(keys_seen[0].load(Ordering::SeqCst), 0);
     assert_eq!(keys_seen[1].load(Ordering::SeqCst), 20);
     // A slicer returning the wrong number of slices is an error.
@@ -237,10 +236,10 @@ fn a_response_can_come_later_from_another_thread() {
         }
     });
     let w = KVWorker::<u32>::new(&c.workers[0], 0, 0).unwrap();
-    let t1 = w.pull(&[1, 2], KVOptions::new().cmd(5)).unwrap();
-    let t2 = w.pull(&[3], KVOptions::new().cmd(9)).unwrap();
-    assert_eq!(&w.take_pull_timeout(t2, T).unwrap().vals[..], &[9]);
-    assert_eq!(&w.take_pull_timeout(t1, T).unwrap().vals[..], &[5, 5]);
+    let first = w.pull(&[1, 2], KVOptions::new().cmd(5)).unwrap();
+    let second = w.pull(&[3], KVOptions::new().cmd(9)).unwrap();
+    assert_eq!(&second.take_timeout(T).unwrap().vals[..], &[9]);
+    assert_eq!(&first.take_timeout(T).unwrap().vals[..], &[5, 5]);
     responder.join().unwrap();
     drop((w, server));
     c.finalize();
@@ -254,7 +253,7 @@ fn requests_wait_for_a_handle_and_data_waits_for_its_app() {
     let t1 = w.push(&[1, 2], &[1.0, 2.0], KVOptions::new()).unwrap();
     wait_for("the push to be held", || c.servers[0].held_messages() == 1);
     assert!(matches!(
-        w.wait_timeout(t1, Duration::from_millis(50)),
+        t1.wait_timeout(Duration::from_millis(50)),
         Err(Error::Timeout { .. })
     ));
     // The app registers without a handle: the request is queued in the app.
@@ -263,12 +262,11 @@ fn requests_wait_for_a_handle_and_data_waits_for_its_app() {
     let t2 = w.push(&[1, 2], &[1.0, 2.0], KVOptions::new()).unwrap();
     wait_for("both pushes to queue", || server.queued_requests() == 2);
     server.set_request_handle(DefaultHandle::new().into_handle());
-    w.wait_timeout(t1, T).unwrap();
-    w.wait_timeout(t2, T).unwrap();
-    let pulled = w
-        .take_pull_timeout(w.pull(&[1, 2], KVOptions::new()).unwrap(), T)
-        .unwrap();
-    assert_eq!(&pulled.vals[..], &[2.0, 4.0]);
+    // The handle that timed out waits again.
+    t1.wait_timeout(T).unwrap();
+    t2.wait_timeout(T).unwrap();
+    let pull = w.pull(&[1, 2], KVOptions::new()).unwrap();
+    assert_eq!(&pull.take_timeout(T).unwrap().vals[..], &[2.0, 4.0]);
     drop((w, server));
     c.finalize();
 }
@@ -282,7 +280,11 @@ fn requests_waiting_for_a_handle_are_bounded_in_bytes() {
     // About 4 KiB per push (500 keys and values): a few fit, the rest go.
     let keys: Vec<u64> = (0..500).collect();
     let ts: Vec<i32> = (0..10)
-        .map(|_| w.push(&keys, &[1.0; 500], KVOptions::new()).unwrap())
+        .map(|_| {
+            w.push(&keys, &[1.0; 500], KVOptions::new())
+                .unwrap()
+                .into_ts()
+        })
         .collect();
     let last = *ts.last().unwrap();
     let worker = c.workers[0].my_id().unwrap();
@@ -348,8 +350,7 @@ fn bad_input_is_an_error_and_sends_nothing() {
     ));
     assert!(matches!(w.wait(12345), Err(Error::UnknownTimestamp(12345))));
     // A good request still works, and none of the bad ones reached the server.
-    w.wait_timeout(w.push(&[1], &[1.0], o()).unwrap(), T)
-        .unwrap();
+    w.push(&[1], &[1.0], o()).unwrap().wait_timeout(T).unwrap();
     assert_eq!(hits.load(Ordering::SeqCst), 1);
     drop((w, server));
     c.finalize();
@@ -368,10 +369,10 @@ fn zero_copy_push_shares_the_callers_buffers() {
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     let keys = SArray::from_vec((0..1000u64).collect());
     let vals = SArray::from_vec((0..1000).map(|i| i as f32).collect());
-    let ts = w
+    let push = w
         .zpush(keys.clone(), vals.clone(), KVOptions::new())
         .unwrap();
-    w.wait_timeout(ts, T).unwrap();
+    push.wait_timeout(T).unwrap();
     assert_eq!(&received.lock().unwrap()[..], &vals[..]);
     drop((w, server));
     c.finalize();
@@ -390,11 +391,15 @@ fn two_apps_and_two_worker_customers_in_one_process() {
     let other = KVWorker::<f32>::new(&c.workers[0], 1, 0).unwrap();
     assert!(KVWorker::<f32>::new(&c.workers[0], 0, 1).is_err());
     for (w, v) in [(&a, 1.0), (&b, 2.0), (&other, 10.0)] {
-        w.wait_timeout(w.push(&[7], &[v], KVOptions::new()).unwrap(), T)
+        w.push(&[7], &[v], KVOptions::new())
+            .unwrap()
+            .wait_timeout(T)
             .unwrap();
     }
     let pull = |w: &KVWorker<f32>| {
-        w.take_pull_timeout(w.pull(&[7], KVOptions::new()).unwrap(), T)
+        w.pull(&[7], KVOptions::new())
+            .unwrap()
+            .take_timeout(T)
             .unwrap()
             .vals[0]
     };
@@ -425,17 +430,18 @@ fn simple_app_commands_on_kv_apps() {
         })
         .collect();
     let w = KVWorker::<u8>::new(&c.workers[0], 0, 0).unwrap();
-    let ts = w.request(3, b"", pslite::SERVER_GROUP).unwrap();
-    w.wait_timeout(ts, T).unwrap();
+    let command = w.request(3, b"", pslite::SERVER_GROUP).unwrap();
+    command.wait_timeout(T).unwrap();
+    assert_eq!(command.num_responses(), 2);
     assert_eq!(seen.lock().unwrap().len(), 2);
     // Without a command handle, a server with a KV handle answers empty.
     let plain = KVServer::<u8>::new(&c.servers[0], 1).unwrap();
     plain.set_request_handle(DefaultHandle::new().into_handle());
     let w1 = KVWorker::<u8>::new(&c.workers[0], 1, 0).unwrap();
-    let ts = w1
-        .request(2, b"stop", c.servers[0].my_id().unwrap())
+    w1.request(2, b"stop", c.servers[0].my_id().unwrap())
+        .unwrap()
+        .wait_timeout(T)
         .unwrap();
-    w1.wait_timeout(ts, T).unwrap();
     drop((w, w1, servers, plain));
     c.finalize();
 }
@@ -456,12 +462,12 @@ fn an_inline_handle_runs_on_the_receive_thread() {
         server.response(meta, store.apply(meta, &req)).unwrap();
     });
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
-    w.wait_timeout(w.push(&[4, 5], &[1.0, 2.0], KVOptions::new()).unwrap(), T)
+    w.push(&[4, 5], &[1.0, 2.0], KVOptions::new())
+        .unwrap()
+        .wait_timeout(T)
         .unwrap();
-    let pulled = w
-        .take_pull_timeout(w.pull(&[4, 5], KVOptions::new()).unwrap(), T)
-        .unwrap();
-    assert_eq!(&pulled.vals[..], &[1.0, 2.0]);
+    let pull = w.pull(&[4, 5], KVOptions::new()).unwrap();
+    assert_eq!(&pull.take_timeout(T).unwrap().vals[..], &[1.0, 2.0]);
     let names = threads.lock().unwrap().clone();
     assert_eq!(names.len(), 2);
     assert!(
@@ -469,5 +475,49 @@ fn an_inline_handle_runs_on_the_receive_thread() {
         "{names:?}"
     );
     drop((w, server));
+    c.finalize();
+}
+
+#[test]
+fn requests_are_waited_for_by_handle_or_by_timestamp() {
+    let c = LocalCluster::start(2, 1);
+    let _servers = serve_default::<f32>(&c);
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    let keys = spread(6);
+    // ps-lite's way: timestamps, waited for on the worker; a handle passed
+    // where a timestamp goes is its timestamp.
+    let ts: i32 = w.push(&keys, &[1.0; 6], KVOptions::new()).unwrap().into();
+    w.wait_timeout(ts, T).unwrap();
+    assert_eq!(w.num_responses(ts), 0, "collected: the record is gone");
+    w.wait(ts).unwrap(); // waited before: returns at once
+    let pull = w.pull(&keys, KVOptions::new()).unwrap();
+    let pulled = w.take_pull_timeout(pull, T).unwrap();
+    assert_eq!(&pulled.vals[..], &[1.0; 6]);
+    // Waiting first keeps a pull's values for take; they are taken once.
+    let pull = w.pull(&keys, KVOptions::new()).unwrap();
+    pull.wait_timeout(T).unwrap();
+    assert_eq!(pull.num_responses(), 2);
+    assert_eq!(&pull.take().unwrap().vals[..], &[1.0; 6]);
+    assert!(matches!(pull.take(), Err(Error::InvalidInput(_))));
+    let ts = w.pull(&keys, KVOptions::new()).unwrap().into_ts();
+    w.wait_timeout(ts, T).unwrap();
+    assert_eq!(&w.take_pull(ts).unwrap().vals[..], &[1.0; 6]);
+    assert!(w.take_pull(ts).is_err());
+    // A dropped handle gives up its request; the push is still applied.
+    let (tx, rx) = unbounded();
+    drop(
+        w.push(
+            &keys,
+            &[2.0; 6],
+            KVOptions::new().callback(move |r| {
+                let _ = tx.send(r.is_ok());
+            }),
+        )
+        .unwrap(),
+    );
+    assert_eq!(rx.recv_timeout(T), Ok(true));
+    let pull = w.pull(&keys, KVOptions::new()).unwrap();
+    assert_eq!(&pull.take_timeout(T).unwrap().vals[..], &[3.0; 6]);
+    drop(w);
     c.finalize();
 }

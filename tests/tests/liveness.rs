@@ -15,17 +15,16 @@ fn a_request_nobody_acknowledges_fails_after_the_last_resend() {
     let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
     server.set_request_handle(DefaultHandle::new().into_handle());
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
-    w.wait_timeout(
-        w.push(&[1], &[1.0], KVOptions::new()).unwrap(),
-        Duration::from_secs(20),
-    )
-    .unwrap();
+    w.push(&[1], &[1.0], KVOptions::new())
+        .unwrap()
+        .wait_timeout(Duration::from_secs(20))
+        .unwrap();
     // The server goes away without a word.
     drop(server);
     c.servers[0].finalize(0, false).unwrap();
     let started = Instant::now();
-    let ts = w.push(&[1], &[1.0], KVOptions::new()).unwrap();
-    let err = w.wait_timeout(ts, Duration::from_secs(60)).unwrap_err();
+    let push = w.push(&[1], &[1.0], KVOptions::new()).unwrap();
+    let err = push.wait_timeout(Duration::from_secs(60)).unwrap_err();
     assert!(
         matches!(
             &err,

@@ -205,8 +205,10 @@ fn metrics_endpoint_counts_the_bytes_a_job_moves() {
             SArray::from_vec((0..KEYS).map(|k| k * 7).collect::<Vec<u64>>())
         };
         let vals = SArray::from_vec(vec![round as f32; KEYS as usize]);
-        let ts = kv.zpush(keys, vals, KVOptions::new()).unwrap();
-        kv.wait(ts).unwrap();
+        kv.zpush(keys, vals, KVOptions::new())
+            .unwrap()
+            .wait()
+            .unwrap();
     }
     let worker_page = scrape(c.workers[0].metrics_addr().expect("worker metrics"));
     let server_addr = c.servers[0].metrics_addr().expect("server metrics");

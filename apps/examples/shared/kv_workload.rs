@@ -9,6 +9,8 @@
 //! workers never share a key and the sums are exact for any cluster size;
 //! values are small integers, which `f32` adds exactly.
 
+use std::collections::VecDeque;
+
 use pslite::{DefaultHandle, Error, KVOptions, KVServer, KVWorker, Key, Postoffice, SArray};
 
 /// On a server, the default sum store (app 0); elsewhere nothing. Keep the
@@ -39,20 +41,22 @@ pub fn run(kv: &KVWorker<f32>, index: u64, num: usize, repeat: usize) -> Result<
         .map(|i| u64::MAX / num as u64 * i + index)
         .collect();
     let vals = values(index + 7, num);
-    let mut ts = Vec::new();
-    for i in 0..repeat {
-        ts.push(kv.push(&keys, &vals, KVOptions::new())?);
-        if i >= 10 {
-            kv.wait(ts[i - 10])?;
+    let mut in_flight = VecDeque::new();
+    for _ in 0..repeat {
+        in_flight.push_back(kv.push(&keys, &vals, KVOptions::new())?);
+        if in_flight.len() > 10 {
+            if let Some(oldest) = in_flight.pop_front() {
+                oldest.wait()?;
+            }
         }
     }
-    for t in ts {
-        kv.wait(t)?;
+    for push in in_flight {
+        push.wait()?;
     }
-    let pulled = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
+    let pulled = kv.pull(&keys, KVOptions::new())?.take()?;
     compare("pull", &pulled.vals, &vals, repeat as f32)?;
     for round in 1..=repeat {
-        let out = kv.take_pull(kv.push_pull(&keys, &vals, KVOptions::new())?)?;
+        let out = kv.push_pull(&keys, &vals, KVOptions::new())?.take()?;
         compare("push_pull", &out.vals, &vals, (repeat + round) as f32)?;
     }
     Ok(())
@@ -76,18 +80,20 @@ pub fn run_same_keys(
             .collect(),
     );
     let vals = values(index + 7, num);
-    let mut ts = Vec::new();
+    let mut in_flight = VecDeque::new();
     for round in 1..=repeat {
         let fresh = SArray::from_vec(vals.iter().map(|v| v * round as f32).collect());
-        ts.push(kv.zpush(keys.clone(), fresh, KVOptions::new())?);
-        if ts.len() > 10 {
-            kv.wait(ts.remove(0))?;
+        in_flight.push_back(kv.zpush(keys.clone(), fresh, KVOptions::new())?);
+        if in_flight.len() > 10 {
+            if let Some(oldest) = in_flight.pop_front() {
+                oldest.wait()?;
+            }
         }
     }
-    for t in ts {
-        kv.wait(t)?;
+    for push in in_flight {
+        push.wait()?;
     }
-    let pulled = kv.take_pull(kv.zpull(keys.clone(), KVOptions::new())?)?;
+    let pulled = kv.zpull(keys.clone(), KVOptions::new())?.take()?;
     let times = (repeat * (repeat + 1) / 2) as f32;
     compare("pull of fresh values", &pulled.vals, &vals, times)
 }
