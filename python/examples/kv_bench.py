@@ -270,7 +270,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--runs", type=int, default=5, help="rtt runs of each side")
     ap.add_argument("--cxx-runs", type=int, default=3, help="cxx clusters of each side")
     ap.add_argument("--only", choices=["cxx", "rtt"])
