@@ -237,7 +237,9 @@ impl PyKVWorker {
     fn wait(&self, py: Python<'_>, ts: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
         match Target::of(ts)? {
             Target::Request(r) => r.get().wait_for(py, timeout),
-            Target::Ts(ts) => dispatch!(Worker, self.worker.get()?, kv => wait(py, kv, ts, timeout)),
+            Target::Ts(ts) => {
+                dispatch!(Worker, self.worker.get()?, kv => wait(py, kv, ts, timeout))
+            }
         }
     }
 
