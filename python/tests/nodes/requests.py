@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 import pslite
+from checks import expect, raises
 
 HOLD = 1
 RELEASE = 2
@@ -58,19 +59,6 @@ def serve(po):
     echo = pslite.SimpleApp(po, app_id=ECHO_APP, customer_id=ECHO_APP)
     echo.set_request_handle(lambda req, app: app.response(req, req.body))
     return [server, echo]
-
-
-def expect(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-def raises(exc, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        return e
-    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc.__name__}")
 
 
 def work(po):
