@@ -107,7 +107,9 @@ class Request:
     Also its timestamp: int(req), req.ts and kv.wait(req) work as with
     ps-lite's int. Once the timestamp has been taken out (int(req), req.ts),
     the request is kept after the object goes, until waited for by that
-    timestamp; otherwise it is given up when the object goes.
+    timestamp; otherwise it is given up when the object goes. Wait through
+    the object or by the timestamp, not both (the first to collect the
+    request gets its failure).
     """
     def wait(self, timeout: Optional[float] = None) -> None: ...
     def take(self, timeout: Optional[float] = None) -> KVPairs: ...

@@ -95,6 +95,8 @@ fn take<V: Val + Elem>(
 /// a pull's values stay until `kv.take_pull(ts)`, as in ps-lite (so wait
 /// for every timestamp you take). Otherwise nothing can wait for it any
 /// more: it is given up (a failure is logged, pulled values are freed).
+/// Wait through the object or by the timestamp, not both: whichever
+/// collects the request first gets its failure, the other sees it done.
 #[pyclass(module = "pslite", frozen, name = "Request")]
 pub struct PyRequest {
     /// The Rust handle; taken out only by `drop`.
