@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 import pslite
-from checks import expect, raises
+from checks import expect, raises, run_node
 
 CMD_LATER = 7
 CMD_RAISE = 99
@@ -174,14 +174,7 @@ def work(po):
 
 
 def main():
-    po = pslite.Postoffice.from_env()
-    po.start()
-    apps = serve(po) if po.is_server else []
-    if po.is_worker:
-        work(po)
-    po.finalize()
-    for a in apps:
-        a.close()
+    run_node(serve, work)
     return 0
 
 

@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 import pslite
-from checks import expect, raises
+from checks import expect, raises, run_node
 
 HOLD = 1
 RELEASE = 2
@@ -155,14 +155,7 @@ def work(po):
 
 
 def main():
-    po = pslite.Postoffice.from_env()
-    po.start()
-    apps = serve(po) if po.is_server else []
-    if po.is_worker:
-        work(po)
-    po.finalize()
-    for a in apps:
-        a.close()
+    po = run_node(serve, work)
     print(f"PASS requests {po.role}", flush=True)
     return 0
 
