@@ -57,6 +57,7 @@ fn node() -> impl Strategy<Value = Node> {
                 pslite: false,
                 host: String::new(),
                 pid: 0,
+                key: 0,
             },
         )
 }
@@ -105,6 +106,8 @@ prop_compose! {
             store: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
+            sender_key: None,
+            route: None,
         }
     }
 }
