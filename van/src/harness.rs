@@ -536,7 +536,10 @@ impl Network {
             // A stopped node's packets wait in its socket, as do a full
             // node's (it reads nothing).
             let p = &self.packets[i];
-            if p.at <= now && !self.nodes[p.to].paused && (self.reads(p.to) || !self.nodes[p.to].alive) {
+            if p.at <= now
+                && !self.nodes[p.to].paused
+                && (self.reads(p.to) || !self.nodes[p.to].alive)
+            {
                 due.push(self.packets.swap_remove(i));
             } else {
                 i += 1;
