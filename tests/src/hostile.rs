@@ -182,18 +182,24 @@ impl ClusterSpec {
                 ))
             })
             .collect::<Vec<_>>();
-        for w in &workers_v {
-            w.wait_for_line("ready", Duration::from_secs(60))
-                .expect("the cluster did not form");
-        }
-        Cluster {
+        let formed = workers_v
+            .iter()
+            .all(|w| w.wait_for_line("ready", Duration::from_secs(60)).is_some());
+        let cluster = Cluster {
             scheduler,
             servers: vec![first, second],
             workers: workers_v,
             port,
             server_ports: servers,
             worker_ports: workers,
+        };
+        if !formed {
+            // Every node's output says why.
+            let runs = cluster.wait(Duration::ZERO);
+            let outputs: Vec<String> = runs.iter().map(Run::output).collect();
+            panic!("the cluster did not form:\n{}", outputs.join("\n"));
         }
+        cluster
     }
 }
 

@@ -120,9 +120,17 @@ fn an_elastic_worker_killed_while_waiting_for_the_first_round_is_noticed() {
     victim.signal(libc::SIGKILL);
     let killed = Instant::now();
     drop(victim.wait(Duration::from_secs(10)));
-    scheduler
+    if scheduler
         .wait_for_line("worker 11 is dead", Duration::from_secs(20))
-        .expect("the dead waiting worker was never noticed");
+        .is_none()
+    {
+        let runs = [scheduler, server, first].map(|p| p.wait(Duration::ZERO));
+        let outputs: Vec<String> = runs.iter().map(|r| r.output()).collect();
+        panic!(
+            "the dead waiting worker was never noticed:\n{}",
+            outputs.join("\n")
+        );
+    }
     let noticed = killed.elapsed();
     eprintln!("elastic worker 11 killed while waiting: noticed after {noticed:?}");
     assert!(noticed < Duration::from_secs(10), "took {noticed:?}");

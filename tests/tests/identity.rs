@@ -218,9 +218,15 @@ fn soak_a_stranger_sending_frames_with_member_identities() {
         .unwrap_or(40);
     let end = Instant::now() + Duration::from_secs(secs);
     let identities = ["ps1", "ps8", "ps9", "ps10", "ps11"];
-    let mut jobs = 0;
+    // The first job's fuzzing seed (`PSLITE_SOAK_FIRST`, default 0), to run
+    // a failed job's frames again.
+    let first: usize = std::env::var("PSLITE_SOAK_FIRST")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut jobs = first;
     let mut frames = 0;
-    while jobs == 0 || Instant::now() < end {
+    while jobs == first || Instant::now() < end {
         let mut stranger = None;
         let spec = ClusterSpec::new().env("KV_APP_REPEAT", "1000");
         let cluster = spec.start(|port, servers, workers| {
@@ -255,5 +261,6 @@ fn soak_a_stranger_sending_frames_with_member_identities() {
         assert_exact(&runs);
         jobs += 1;
     }
+    let jobs = jobs - first;
     eprintln!("{jobs} jobs exact in {secs} s with {frames} frames from member identities");
 }

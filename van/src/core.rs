@@ -159,6 +159,10 @@ pub enum LinkEvent {
     /// The connection closed (the peer's process is gone, or the network
     /// dropped it); ZeroMQ tries to connect again.
     Down,
+    /// An attempt to connect failed (refused, or not accepted in time) and
+    /// ZeroMQ will try again: nothing listens at the peer's address, say
+    /// its process died before this node's connection came up.
+    Unreachable,
     /// The peer refused the handshake (a wrong `PS_AUTH_TOKEN`, or a
     /// mechanism mismatch); with why, naming what to set.
     Refused(String),
@@ -731,7 +735,7 @@ impl Core {
                     self.end_check(peer);
                 }
                 // ZeroMQ tries again until the check's deadline.
-                LinkEvent::Down => {}
+                LinkEvent::Down | LinkEvent::Unreachable => {}
             }
             return;
         }
@@ -742,6 +746,17 @@ impl Core {
                     self.fail(Failure::AuthRefused { detail: why }, now);
                 } else {
                     debug!("the handshake with node {peer} failed: {why}");
+                }
+            }
+            // The scheduler connects to a process once it has registered,
+            // so it listens: a connection that cannot be made is as closed
+            // (a process killed before the scheduler's connection came up
+            // sends no DISCONNECTED). A node ignores it: it may reach the
+            // scheduler before the scheduler listens.
+            LinkEvent::Unreachable => {
+                if let Some(s) = &mut self.scheduler {
+                    debug!("cannot connect to node {peer} (ZeroMQ tries again)");
+                    s.link_down(peer, now);
                 }
             }
             LinkEvent::Up | LinkEvent::Down => {

@@ -23,6 +23,7 @@ use crate::VanError;
 /// Which events a watch asks libzmq for.
 const EVENTS: u16 = zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16
     | zmq::SocketEvent::DISCONNECTED as u16
+    | zmq::SocketEvent::CONNECT_RETRIED as u16
     | zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16
     | zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL as u16
     | zmq::SocketEvent::MONITOR_STOPPED as u16;
@@ -159,6 +160,8 @@ fn link_event(event: &MonitorEvent, endpoint: &str) -> Option<LinkEvent> {
         Some(LinkEvent::Up)
     } else if e == zmq::SocketEvent::DISCONNECTED as u16 {
         Some(LinkEvent::Down)
+    } else if e == zmq::SocketEvent::CONNECT_RETRIED as u16 {
+        Some(LinkEvent::Unreachable)
     } else if e == zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16
         || e == zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL as u16
     {

@@ -607,6 +607,20 @@ impl Scheduler {
         if self.ready {
             return self.late_add_node(node, sender, now);
         }
+        if sender != K_EMPTY {
+            // No process has an id before the cluster forms: a registration
+            // comes from a connection without one (and is checked first,
+            // see crate::registration). One that presents an id is a
+            // stranger using a member's identity.
+            self.dropped(
+                sender,
+                "ADD_NODE from node _ before the cluster formed",
+                format!(
+                    "scheduler: dropping ADD_NODE from node {sender}: no node has an id before                      the cluster forms (a stranger using a member's identity)"
+                ),
+            );
+            return Vec::new();
+        }
         if self
             .nodes
             .iter()

@@ -285,3 +285,30 @@ fn forged_registrations_before_the_nodes_start_are_refused_and_named() {
     );
     assert!(text.contains("1 of 1 servers"), "{text}");
 }
+
+#[test]
+fn registrations_presenting_a_members_identity_before_forming_take_no_place() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 10);
+    // A stranger that presents member identities (ps8, ps9: no process has
+    // an id yet) registers a server and a worker, at addresses where real
+    // nodes listen, before those nodes register.
+    for (sender, i) in [(8, 1), (9, 2)] {
+        let role = if sender == 8 {
+            Role::Server
+        } else {
+            Role::Worker
+        };
+        let mut reg = Message::control(Command::AddNode, SCHEDULER);
+        let node = Node::new(role, net.nodes[i].host.clone(), net.nodes[i].port + 1000);
+        reg.meta.control.node = vec![node];
+        inject(&mut net, 0, sender, None, reg);
+    }
+    net.run_for(SECOND);
+    assert!(net.form(SECOND * 10), "the real cluster did not form");
+    let ports: Vec<i32> = net.nodes[0].core.nodes().iter().map(|n| n.port).collect();
+    for i in [1, 2] {
+        assert!(ports.contains(&net.nodes[i].port), "{ports:?}");
+        assert!(!ports.contains(&(net.nodes[i].port + 1000)), "{ports:?}");
+    }
+    assert!(barrier_passes(&mut net));
+}
