@@ -244,6 +244,11 @@ impl Postoffice {
     /// Leaves the cluster: with `do_barrier`, first waits until every node
     /// is finalizing. Customer 0 then stops the node.
     pub fn finalize(&self, customer_id: i32, do_barrier: bool) -> Result<(), Error> {
+        if customer_id == 0 {
+            if let Some(van) = lock(&self.inner.van).as_ref() {
+                van.finalizing();
+            }
+        }
         let result = if do_barrier {
             self.barrier(customer_id, ids::ALL_GROUP)
         } else {

@@ -295,6 +295,9 @@ pub struct Core {
     /// Stopping (finalized): only resends go on (no more deaths or losses
     /// declared) until the exit drain ends.
     drain: Option<Drain>,
+    /// Finalizing (see [`Core::finalizing`]): closed connections are no
+    /// deaths.
+    finalizing: bool,
     changed: bool,
     out: Vec<Output>,
     /// On the scheduler: the key-value store it hosts.
@@ -446,6 +449,7 @@ impl Core {
             reply_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             stopped: false,
             drain: None,
+            finalizing: false,
             changed: false,
             out: Vec::new(),
             store_host: is_scheduler.then(|| StoreHost::new(cfg.store_limits)),
@@ -753,6 +757,9 @@ impl Core {
             // (a process killed before the scheduler's connection came up
             // sends no DISCONNECTED). A node ignores it: it may reach the
             // scheduler before the scheduler listens.
+            LinkEvent::Unreachable | LinkEvent::Down if self.finalizing => {
+                debug!("connection to node {peer} closed while finalizing");
+            }
             LinkEvent::Unreachable => {
                 if let Some(s) = &mut self.scheduler {
                     debug!("cannot connect to node {peer} (ZeroMQ tries again)");
@@ -776,6 +783,20 @@ impl Core {
                     self.member.scheduler_link(up, now);
                 }
             }
+        }
+    }
+
+    /// The app is finalizing this node (its last barrier, then stop): from
+    /// now on a peer's closed connection is no death and the scheduler's is
+    /// no loss (everyone leaves once that barrier is released; a node slow
+    /// to stop must not fail because the scheduler was quicker). Heartbeats
+    /// still notice a peer that hangs. The connections' state is forgotten
+    /// so nothing closed before counts either.
+    pub fn finalizing(&mut self, now: Instant) {
+        self.finalizing = true;
+        self.member.scheduler_link(true, now);
+        if let Some(s) = &mut self.scheduler {
+            s.forget_closed_links();
         }
     }
 

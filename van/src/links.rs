@@ -226,7 +226,9 @@ impl Links {
         };
         // A same-host peer with PS_IPC=0 binds no abstract socket.
         let endpoint = match &route.local {
-            Some(local) if transport::local_listening(local) => local,
+            Some(local) if transport::local_listening(local, self.config.auth_token.is_some()) => {
+                local
+            }
             _ => &route.endpoint,
         };
         let watch = |socket: &zmq::Socket| {

@@ -1101,6 +1101,12 @@ impl Scheduler {
         self.disconnected.entry(id).or_insert(now);
     }
 
+    /// Forgets every closed connection (the nodes are leaving: see
+    /// [`crate::Core::finalizing`]).
+    pub fn forget_closed_links(&mut self) {
+        self.disconnected.clear();
+    }
+
     /// The connection to process `id` is up (again).
     pub fn link_up(&mut self, id: NodeId) {
         self.disconnected.remove(&id);

@@ -120,31 +120,124 @@ pub fn local_endpoint(host: &str, pid: u32, port: i32) -> String {
 
 /// Whether something listens on abstract Unix socket `endpoint`
 /// (`ipc://@name`). A peer that runs with `PS_IPC=0` binds none, and is
-/// then reached over TCP. Read from the kernel's table of Unix sockets
-/// (`/proc/net/unix`, this network namespace's) rather than by connecting:
-/// a probe connection that closes at once would look like a port scan to
-/// a peer that authenticates (`PS_AUTH_TOKEN`).
-pub fn local_listening(endpoint: &str) -> bool {
+/// then reached over TCP. `quietly`: without a connection the peer would
+/// see, from the kernel's table of Unix sockets (`/proc/net/unix`, this
+/// network namespace's): a probe that closes at once looks like a port
+/// scan to a peer that authenticates (`PS_AUTH_TOKEN`). Otherwise a
+/// non-blocking connect, closed at once: far cheaper than reading the
+/// table, whose size grows with the sockets of the host (200 nodes on one
+/// host reading it for each peer took seconds of start-up).
+pub fn local_listening(endpoint: &str, quietly: bool) -> bool {
     let Some(name) = endpoint.strip_prefix("ipc://@") else {
         return false;
     };
     if name.is_empty() {
         return false;
     }
-    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+    if quietly {
+        LISTENING.with_names(|names| names.contains(name))
+    } else {
+        probe_listening(name)
+    }
+}
+
+/// Whether a connect to abstract name `name` goes through (or would, but
+/// for a full backlog).
+fn probe_listening(name: &str) -> bool {
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    // The leading NUL of `sun_path` makes the name abstract.
+    if name.is_empty() || name.len() + 1 > addr.sun_path.len() {
         return false;
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (slot, &b) in addr.sun_path[1..].iter_mut().zip(name.as_bytes()) {
+        *slot = b as libc::c_char;
+    }
+    // ZeroMQ's length: the name without a trailing NUL, as here.
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
+    // SAFETY: socket has no preconditions.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes and
+    // `fd` is the socket just opened.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    // EAGAIN: the listener's backlog is full, but it listens.
+    let listening = r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    listening
+}
+
+/// A look at `/proc/net/unix` older than this is taken again before a name
+/// counts as missing (a peer may have bound its socket since).
+const UNIX_TABLE_FRESH: std::time::Duration = std::time::Duration::from_millis(10);
+/// A name found in a look older than this is looked up again (its process
+/// may be gone).
+const UNIX_TABLE_TRUSTED: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The abstract names with a listening socket, as last read from
+/// `/proc/net/unix`: reading the table costs time in the number of Unix
+/// sockets of the namespace, so a scheduler that connects to 200 nodes at
+/// once reads it once, not 200 times. A name found in a look under
+/// [`UNIX_TABLE_TRUSTED`] old is taken; a missing one is looked up again if
+/// the look is over [`UNIX_TABLE_FRESH`] old.
+static LISTENING: UnixTable = UnixTable(std::sync::Mutex::new(None));
+
+struct UnixTable(std::sync::Mutex<Option<(std::time::Instant, std::collections::HashSet<String>)>>);
+
+impl UnixTable {
+    fn with_names(&self, found: impl Fn(&std::collections::HashSet<String>) -> bool) -> bool {
+        let mut table = pslite_proto::lock(&self.0);
+        if let Some((at, names)) = table.as_ref() {
+            let age = at.elapsed();
+            let hit = found(names);
+            if (hit && age < UNIX_TABLE_TRUSTED) || (!hit && age < UNIX_TABLE_FRESH) {
+                return hit;
+            }
+        }
+        let names = read_unix_table();
+        let hit = found(&names);
+        *table = Some((std::time::Instant::now(), names));
+        hit
+    }
+}
+
+/// The abstract names of listening Unix sockets in this network namespace.
+fn read_unix_table() -> std::collections::HashSet<String> {
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return Default::default();
     };
     // "Num RefCount Protocol Flags Type St Inode Path": a listening socket
     // has __SO_ACCEPTCON (0x10000) in its flags; an abstract name is
     // written with a leading '@'.
-    table.lines().skip(1).any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let listening = fields
-            .get(3)
-            .and_then(|f| u32::from_str_radix(f, 16).ok())
-            .is_some_and(|flags| flags & 0x10000 != 0);
-        listening && fields.get(7).and_then(|p| p.strip_prefix('@')) == Some(name)
-    })
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let listening = fields
+                .get(3)
+                .and_then(|f| u32::from_str_radix(f, 16).ok())
+                .is_some_and(|flags| flags & 0x10000 != 0);
+            let name = fields.get(7)?.strip_prefix('@')?;
+            listening.then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// Where a received frame's connection comes from, for log lines: the
@@ -358,6 +451,7 @@ pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn identities() {
@@ -392,28 +486,44 @@ mod tests {
         assert_eq!(Transport::Ipc.connect_endpoint("h", 5), "ipc:///tmp/5");
     }
 
+    /// Whether `cond` holds within 2 s (a quiet look may be up to
+    /// [`UNIX_TABLE_FRESH`] or [`UNIX_TABLE_TRUSTED`] old).
+    fn soon(cond: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if cond() {
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        cond()
+    }
+
     #[test]
     fn local_endpoint_probe() {
-        let endpoint = local_endpoint("0123456789abcdef", std::process::id(), 4242);
-        assert!(endpoint.starts_with("ipc://@pslite-0123456789abcdef-"));
-        assert!(!local_listening(&endpoint), "nothing bound yet");
-        assert!(!local_listening("tcp://127.0.0.1:1"));
-        assert!(!local_listening("ipc://@"));
-        let ctx = zmq::Context::new();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
-        router.bind(&endpoint).unwrap();
-        assert!(local_listening(&endpoint));
-        // A probe leaves the socket usable.
-        let mut dealer = ctx.socket(zmq::DEALER).unwrap();
-        dealer.set_identity(b"ps9").unwrap();
-        dealer.connect(&endpoint).unwrap();
-        send_message(&mut dealer, b"meta", &[]).unwrap();
-        let raw = recv_message(&router).unwrap();
-        assert_eq!(raw.sender, 9);
-        drop((dealer, router));
-        // Terminating the context closes the listener: the name is gone.
-        drop(ctx);
-        assert!(!local_listening(&endpoint));
+        for (n, quietly) in [false, true].into_iter().enumerate() {
+            let port = 4242 + n as i32;
+            let endpoint = local_endpoint("0123456789abcdef", std::process::id(), port);
+            assert!(endpoint.starts_with("ipc://@pslite-0123456789abcdef-"));
+            assert!(!local_listening(&endpoint, quietly), "nothing bound yet");
+            assert!(!local_listening("tcp://127.0.0.1:1", quietly));
+            assert!(!local_listening("ipc://@", quietly));
+            let ctx = zmq::Context::new();
+            let router = ctx.socket(zmq::ROUTER).unwrap();
+            router.bind(&endpoint).unwrap();
+            assert!(soon(|| local_listening(&endpoint, quietly)));
+            // A probe leaves the socket usable.
+            let mut dealer = ctx.socket(zmq::DEALER).unwrap();
+            dealer.set_identity(b"ps9").unwrap();
+            dealer.connect(&endpoint).unwrap();
+            send_message(&mut dealer, b"meta", &[]).unwrap();
+            let raw = recv_message(&router).unwrap();
+            assert_eq!(raw.sender, 9);
+            drop((dealer, router));
+            // Terminating the context closes the listener: the name is gone.
+            drop(ctx);
+            assert!(soon(|| !local_listening(&endpoint, quietly)));
+        }
     }
 
     #[test]

@@ -387,6 +387,15 @@ impl Van {
         Ok(())
     }
 
+    /// This node is finalizing: peers whose connections close from now on
+    /// are leaving too (the scheduler exits once the last barrier is
+    /// released), so a closed connection no longer means a death;
+    /// heartbeats still notice a peer that hangs.
+    pub fn finalizing(&self) {
+        self.shared
+            .with_core(Mode::Wait, |core, now| core.finalizing(now));
+    }
+
     /// Whether this node has joined the cluster.
     pub fn is_ready(&self) -> bool {
         self.read(Core::is_joined)
