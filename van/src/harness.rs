@@ -397,25 +397,6 @@ impl Network {
 
     /// Puts a message from node `i` on the network, through its faults.
     fn transmit(&mut self, i: usize, msg: Message) {
-        if std::env::var("DBG").is_ok()
-            && (msg.meta.replica.is_some() || msg.meta.control.cmd == pslite_proto::Command::Ack)
-            && (self.nodes[i].core.me().id % 2 == 1 || msg.meta.recver % 2 == 1)
-        {
-            eprintln!(
-                "DBG t={:?} {} -> {} {:?} ts {} req {} rep {:?} alive {}",
-                self.now.elapsed(),
-                self.nodes[i].core.me().id,
-                msg.meta.recver,
-                msg.meta.control.cmd,
-                msg.meta.timestamp,
-                msg.meta.request,
-                msg.meta
-                    .replica
-                    .as_ref()
-                    .map(|r| (r.op, r.range, r.version, r.request_id)),
-                self.nodes[i].alive
-            );
-        }
         if !self.nodes[i].alive {
             return;
         }

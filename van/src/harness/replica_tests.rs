@@ -201,24 +201,28 @@ fn settle(net: &mut Network, job: &mut Job, limit: Duration) {
         if net.now < end && net.step() {
             continue;
         }
-        let servers: Vec<String> = (1..net.nodes.len())
-            .filter(|&i| net.nodes[i].app.is_some())
-            .map(|i| {
-                format!(
-                    "node {} (alive {}):\n{}",
-                    net.id(i),
-                    net.nodes[i].alive,
-                    net.nodes[i].core.describe_replicas()
-                )
-            })
-            .collect();
         panic!(
-            "requests never answered: {:?}\nmap {:?}\n{}",
+            "requests never answered: {:?}\n{}",
             job.open.keys().collect::<Vec<_>>(),
-            map(net),
-            servers.join("\n")
+            describe(net)
         );
     }
+}
+
+/// The scheduler's map and every server's replication state (failures).
+fn describe(net: &Network) -> String {
+    let servers: Vec<String> = (1..net.nodes.len())
+        .filter(|&i| net.nodes[i].app.is_some())
+        .map(|i| {
+            format!(
+                "node {} (alive {}):\n{}",
+                net.id(i),
+                net.nodes[i].alive,
+                net.nodes[i].core.describe_replicas()
+            )
+        })
+        .collect();
+    format!("map {:?}\n{}", map(net), servers.join("\n"))
 }
 
 /// Every live replica of every range holds exactly the acknowledged sums,
@@ -457,6 +461,15 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// `PROPTEST_CASES` when set (a long run: `PROPTEST_CASES=20000`), else
+/// `default` (what CI runs).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Whether killing server `id` leaves every range a live replica in the
 /// scheduler's current map (at most k-1 replicas of a range fail).
 fn may_kill(net: &Network, id: NodeId) -> bool {
@@ -468,7 +481,7 @@ fn may_kill(net: &Network, id: NodeId) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
 
     /// Random pushes, pulls, server deaths (never the last live replica of
     /// a range) and replacements, with and without PS_RESEND: every request
@@ -487,11 +500,7 @@ proptest! {
     }
 
     /// The same with lost, doubled and reordered packets under PS_RESEND.
-    /// Not yet solid: rare schedules still leave a copy unfinished or an
-    /// answer waiting (a primary that moves twice while packets to a
-    /// joiner are lost); run with `--ignored` to work on it.
     #[test]
-    #[ignore]
     fn acknowledged_pushes_survive_deaths_and_packet_faults(
         seed in 0..u64::MAX,
         servers in 2..5i32,
@@ -571,7 +580,7 @@ fn run_schedule(
     let settled = net.run_until(SECOND * 20, |n| {
         map(n).ranges.iter().all(|r| r.joining.is_empty()) && serving(n)
     });
-    prop_assert!(settled, "copies never ended: map {:?}", map(&net));
+    prop_assert!(settled, "copies never ended: {}", describe(&net));
     check_replicas(&net, &job);
     let all: Vec<u64> = (0..12)
         .map(key)

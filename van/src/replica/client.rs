@@ -15,7 +15,7 @@
 //! - `done_below` is the lowest id still in flight: the servers forget the
 //!   ids below it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use log::{debug, info};
 use pslite_proto::ids::{self, NodeId};
@@ -45,7 +45,7 @@ pub struct Rerouted {
 pub struct RangeClient {
     map: RangeMap,
     next_id: u64,
-    in_flight: HashMap<Key, InFlight>,
+    in_flight: BTreeMap<Key, InFlight>,
 }
 
 impl RangeClient {
@@ -55,7 +55,7 @@ impl RangeClient {
         RangeClient {
             map,
             next_id: (u64::from(incarnation.max(1)) << 32) | 1,
-            in_flight: HashMap::new(),
+            in_flight: BTreeMap::new(),
         }
     }
 
