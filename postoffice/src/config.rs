@@ -79,8 +79,9 @@ pub struct Config {
     /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 every message (3, which
     /// ps-lite scripts set, is stored as 2; more is refused).
     pub verbose: u8,
-    /// `PS_QUEUE_LIMIT`: messages a customer's queue holds before the
-    /// receive thread waits for its handler (back-pressure).
+    /// `PS_QUEUE_LIMIT`: data messages a customer's queue holds; when it is
+    /// full the node stops reading until the customer has taken half
+    /// (back-pressure).
     pub queue_limit: usize,
     /// `PS_METRICS_PORT`: serve the counters in Prometheus' text format over
     /// HTTP on this port (the next free one if another node of this machine

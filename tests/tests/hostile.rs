@@ -201,13 +201,16 @@ fn garbage_frames_do_not_hurt_a_live_cluster() {
     for worker in &runs[3..] {
         assert!(worker.stdout.contains("sums exact"), "{}", worker.output());
     }
-    // The garbage was seen and dropped (and logged), not ignored silently.
+    // The garbage was seen and dropped, and logged (not ignored silently;
+    // undecodable frames once per sender identity).
     for run in &runs[..2] {
         let dropped = run.stderr.matches("dropping").count();
         eprintln!("dropped and logged: {dropped}");
+        assert!(dropped > 0, "no drop logged:\n{}", run.output());
         assert!(
-            dropped > FRAMES / 2,
-            "only {dropped} drops logged:\n{}",
+            run.stderr
+                .contains("(further ones are logged at debug level)"),
+            "{}",
             run.output()
         );
     }

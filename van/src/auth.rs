@@ -19,13 +19,12 @@
 //! to the context, so dropping the context (when the Van stops) makes them
 //! fail with `ETERM` and the thread closes them and ends.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use log::{debug, error, warn};
+use log::{debug, warn};
 
-use crate::{Failure, VanError};
+use crate::{Failure, LogOnce, VanError};
 
 /// The ZAP endpoint libzmq asks (RFC 27), one per context.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
@@ -153,6 +152,21 @@ pub fn secure_dealer(dealer: &zmq::Socket, token: Option<&AuthToken>) -> Result<
         .map_err(zmq_err("setting the PLAIN password"))
 }
 
+/// On a node with `PS_AUTH_TOKEN`: watches `dealer`, its connection to the
+/// scheduler `config` names, and calls `fail` once if the scheduler refuses
+/// the token (so the node fails at once, not at the start timeout).
+pub(crate) fn watch_scheduler(
+    ctx: &zmq::Context,
+    config: &crate::VanConfig,
+    dealer: &zmq::Socket,
+    fail: impl FnOnce(Failure) + Send + 'static,
+) -> Result<(), VanError> {
+    let endpoint = config
+        .transport
+        .connect_endpoint(&config.scheduler_host, config.scheduler_port);
+    watch_refusal(ctx, dealer, &endpoint, fail)
+}
+
 /// Watches `dealer` (connected to the scheduler at `endpoint`) and calls
 /// `on_refused` once if the scheduler refuses our token or speaks no
 /// authentication at all; the watch ends with the context.
@@ -264,7 +278,7 @@ pub(crate) fn read_event(monitor: &zmq::Socket) -> zmq::Result<Option<MonitorEve
 /// The auth thread: answers ZAP requests and logs refused peers until the
 /// context ends.
 fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
-    let mut logged = HashSet::new();
+    let mut logged = LogOnce::with_max_keys(log::Level::Error, MAX_LOGGED_PEERS);
     loop {
         let mut items = [
             zap.as_poll_item(zmq::POLLIN),
@@ -278,12 +292,14 @@ fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
         let (zap_ready, monitor_ready) = (items[0].is_readable(), items[1].is_readable());
         if zap_ready {
             match answer_zap(&zap, &token) {
-                Ok(Some(refused)) => log_refused(&mut logged, &refused, || {
-                    format!(
-                        "refused a node at {refused}: it presented a wrong PS_AUTH_TOKEN \
-                         (every node of the cluster must set the same one)"
-                    )
-                }),
+                Ok(Some(refused)) => {
+                    logged.log(refused.clone(), || {
+                        format!(
+                            "refused a node at {refused}: it presented a wrong PS_AUTH_TOKEN \
+                             (every node of the cluster must set the same one)"
+                        )
+                    });
+                }
                 Ok(None) => {}
                 Err(zmq::Error::EINTR) | Err(zmq::Error::EAGAIN) => {}
                 Err(_) => break,
@@ -294,7 +310,7 @@ fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
                 Ok(Some(event)) => {
                     if let Some(line) = refused_peer_line(&event) {
                         let key = format!("{} {}", event.event, event.address);
-                        log_refused(&mut logged, &key, || line);
+                        logged.log(key, || line);
                     }
                 }
                 Ok(None) | Err(zmq::Error::EINTR) | Err(zmq::Error::EAGAIN) => {}
@@ -326,14 +342,6 @@ fn refused_peer_line(event: &MonitorEvent) -> Option<String> {
         )
     };
     Some(format!("refused a connection on {}: {line}", event.address))
-}
-
-fn log_refused(logged: &mut HashSet<String>, key: &str, line: impl FnOnce() -> String) {
-    if logged.len() < MAX_LOGGED_PEERS && logged.insert(key.to_string()) {
-        error!("{}", line());
-    } else {
-        debug!("{}", line());
-    }
 }
 
 /// Answers one ZAP request (RFC 27): 200 for the token, 400 otherwise.

@@ -11,7 +11,7 @@
 //! of cores can be tested in an in-memory network with virtual time
 //! (see `harness.rs`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
@@ -25,22 +25,28 @@ use std::sync::Arc;
 use crate::config::VanConfig;
 use crate::counters::{Counters, DropReason};
 use crate::error::{Failure, StartTimeout, VanError};
+use crate::hold::HoldQueue;
+use crate::log_once::LogOnce;
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
-use crate::store::{Requester, StoreClient, StoreHost, StoreReply};
+use crate::store::{ClientInput, Requester, StoreClient, StoreHost, StoreReply};
+use crate::transport::Transport;
 use pslite_proto::store::{StoreMsg, StoreOp};
 
 /// Something the driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
     /// Open (or replace) the connection to `node`, identified as `identity`
-    /// ([`K_EMPTY`]: anonymous, before this node has an id).
+    /// ([`K_EMPTY`]: anonymous, before this node has an id), the way
+    /// `route` says.
     Connect {
         /// The peer.
         node: Node,
         /// This node's identity on that connection.
         identity: NodeId,
+        /// How to reach it.
+        route: Route,
     },
     /// Put this message on the connection to `meta.recver`.
     Send(Message),
@@ -103,6 +109,15 @@ pub enum Output {
     },
     /// Replicated key ranges: a new range map (for observers).
     RangeMap(pslite_proto::replica::RangeMap),
+    /// An event of a watched store key, for these watchers of this process
+    /// (see [`Core::store_watch`]); a watcher that is gone is reported back
+    /// with [`Core::store_watcher_gone`].
+    StoreEvent {
+        /// The watchers of the key.
+        watchers: Vec<u64>,
+        /// The event.
+        event: StoreMsg,
+    },
     /// This node is still waiting to join (a log line for the operator).
     Waiting {
         /// How long it has waited.
@@ -112,6 +127,22 @@ pub enum Output {
         /// What it waits for (its `Display` is the log line's wording).
         what: WaitingFor,
     },
+}
+
+/// How to reach a peer, as the core chose it from the peer's node-table
+/// entry and this node's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The address the peer advertises (always works).
+    pub endpoint: String,
+    /// A same-host pslite peer's abstract Unix socket (`PS_IPC`), to use
+    /// instead when something listens on it (a peer with `PS_IPC=0` binds
+    /// none: the driver checks before connecting).
+    pub local: Option<String>,
+    /// The peer's process, when large frames to it go through shared memory
+    /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
+    /// that process's descriptors).
+    pub shm_pid: Option<u32>,
 }
 
 /// What a node that has not joined yet waits for, worded for its log line.
@@ -205,21 +236,30 @@ pub struct Core {
     /// Peers that acknowledged at least once (the others may never: a C++
     /// node without `PS_RESEND`).
     acked_by: HashSet<NodeId>,
-    /// Data that arrived before this node joined, and its size per sender.
-    held: Vec<Message>,
-    held_bytes: usize,
+    /// Data that arrived before this node joined (`PS_HOLD_LIMIT`).
+    held: HoldQueue<Message>,
     /// Elastic mode, on a server: data from a worker id not in the table
     /// yet (a newcomer whose push beat the scheduler's table here); looked
     /// at again when the next table arrives.
-    held_newcomers: Vec<Message>,
+    held_newcomers: HoldQueue<Message>,
+    /// Data messages the apps could not take yet (a customer's queue is
+    /// full), in order: while any waits, the driver reads nothing more.
+    parked: VecDeque<Output>,
+    /// The driver cannot read for a reason of its own (short of file
+    /// descriptors for a shared-memory frame, say).
+    stalled: bool,
+    /// Since when this node reads nothing (see [`Core::is_listening`]).
+    deaf_since: Option<Instant>,
     /// Identities that sent something before they could have been assigned.
     early_ids: BTreeSet<NodeId>,
     /// Data messages dropped because their sender may not send them.
     rejected: u64,
-    warned: HashSet<(NodeId, &'static str)>,
+    /// Drops already warned about, by sender and cause.
+    dropped: LogOnce<(NodeId, &'static str)>,
     stopped: bool,
-    /// Stopping: only resends go on (no more deaths or losses declared).
-    finishing: bool,
+    /// Stopping (finalized): only resends go on (no more deaths or losses
+    /// declared) until the exit drain ends.
+    drain: Option<Drain>,
     changed: bool,
     out: Vec<Output>,
     /// On the scheduler: the key-value store it hosts.
@@ -241,6 +281,37 @@ pub struct Core {
 
 mod replication;
 
+/// The exit drain: a stopping node gives what it sent time to be
+/// acknowledged (the scheduler's last barrier release, say), up to 15 resend
+/// timeouts and at most [`MAX_DRAIN`].
+struct Drain {
+    started: Instant,
+    deadline: Instant,
+    outcome: Option<DrainOutcome>,
+}
+
+/// The longest exit drain.
+pub const MAX_DRAIN: Duration = Duration::from_secs(30);
+/// Resend timeouts an exit drain lasts at most.
+pub const DRAIN_RESEND_TIMEOUTS: u32 = 15;
+
+/// How a stopping node's exit drain ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Nothing worth waiting for is unacknowledged.
+    Flushed,
+    /// The drain's deadline passed with these messages unacknowledged
+    /// (described for logs).
+    GaveUp {
+        /// How long it waited.
+        waited: Duration,
+        /// What it waited for.
+        left: Vec<String>,
+    },
+    /// The node failed meanwhile: nothing is worth waiting for.
+    Failed,
+}
+
 /// Why a data message with inconsistent frames is dropped.
 const MALFORMED: &str = "its data frames and data types differ in number";
 
@@ -254,11 +325,6 @@ fn is_leaving_unwatch(msg: &Message) -> bool {
             .store
             .as_ref()
             .is_some_and(|s| s.op == StoreOp::Unwatch && s.keys.is_empty())
-}
-
-/// Bytes of a message's data frames and body.
-fn size_of(msg: &Message) -> usize {
-    msg.data_size() + msg.meta.body.len()
 }
 
 impl Core {
@@ -287,7 +353,7 @@ impl Core {
         scheduler_node.id = SCHEDULER;
         let scheduler = is_scheduler.then(|| {
             me.id = SCHEDULER;
-            Scheduler::starting_at(
+            Scheduler::new(
                 SchedulerConfig {
                     num_servers: cfg.num_servers,
                     num_workers: cfg.num_workers,
@@ -327,14 +393,16 @@ impl Core {
             connected: HashSet::new(),
             heard: HashSet::new(),
             acked_by: HashSet::new(),
-            held: Vec::new(),
-            held_bytes: 0,
-            held_newcomers: Vec::new(),
+            held: HoldQueue::new(cfg.hold_limit),
+            held_newcomers: HoldQueue::new(cfg.hold_limit),
+            parked: VecDeque::new(),
+            stalled: false,
+            deaf_since: None,
             early_ids: BTreeSet::new(),
             rejected: 0,
-            warned: HashSet::new(),
+            dropped: LogOnce::new(log::Level::Warn),
             stopped: false,
-            finishing: false,
+            drain: None,
             changed: false,
             out: Vec::new(),
             store_host: is_scheduler.then(|| StoreHost::new(cfg.store_limits)),
@@ -543,7 +611,55 @@ impl Core {
 
     fn connect(&mut self, node: Node, identity: NodeId) {
         self.connected.insert(node.id);
-        self.out.push(Output::Connect { node, identity });
+        let route = self.route(&node);
+        self.out.push(Output::Connect {
+            node,
+            identity,
+            route,
+        });
+    }
+
+    /// How to reach `node`: over its abstract Unix socket when it is a
+    /// pslite node of this host and both listen on one (`PS_IPC`), else at
+    /// the address it advertises (C++ nodes and other hosts: always); large
+    /// frames through shared memory when it is a same-host shared-memory
+    /// peer.
+    fn route(&self, node: &Node) -> Route {
+        let endpoint = self
+            .cfg
+            .transport
+            .connect_endpoint(&node.hostname, node.port);
+        let local = match (&self.cfg.shm_identity, self.cfg.transport) {
+            (Some((host, _)), Transport::Tcp) if self.cfg.ipc && self.same_host(node) => {
+                Some(crate::transport::local_endpoint(host, node.pid, node.port))
+            }
+            _ => None,
+        };
+        Route {
+            endpoint,
+            local,
+            shm_pid: self.shm_peer_node(node),
+        }
+    }
+
+    /// Whether `node` is a pslite node of this host (same host identity)
+    /// that uses shared memory.
+    fn same_host(&self, node: &Node) -> bool {
+        self.cfg.shm_identity.as_ref().is_some_and(|(host, _)| {
+            node.pslite && node.pid != 0 && !node.host.is_empty() && node.host == *host
+        })
+    }
+
+    fn shm_peer_node(&self, node: &Node) -> Option<u32> {
+        self.same_host(node).then_some(node.pid)
+    }
+
+    /// Node `id`'s process, if its frames may come through shared memory:
+    /// a same-host pslite peer in the node table (never from the message).
+    pub fn shm_peer(&self, id: NodeId) -> Option<u32> {
+        self.member
+            .node(id)
+            .and_then(|node| self.shm_peer_node(node))
     }
 
     /// Sends a control message of the core's own (stamped with a timestamp
@@ -561,7 +677,15 @@ impl Core {
 
     /// Starts waiting on a barrier over `group` as `customer_id`; ask
     /// [`Core::barrier_outcome`] with the token.
-    pub fn barrier(&mut self, customer_id: i32, group: i32, now: Instant) -> Result<u64, VanError> {
+    /// [`Core::tick`] ends it with [`Failure::BarrierTimeout`] once `timeout`
+    /// has passed.
+    pub fn barrier(
+        &mut self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<u64, VanError> {
         let role = self.cfg.role;
         if !ids::is_role_group(group) || group & ids::role_group(role) == 0 {
             return Err(VanError::InvalidGroup(group));
@@ -569,7 +693,7 @@ impl Core {
         if !self.member.is_joined() {
             return Err(VanError::NotReady);
         }
-        let (token, request) = self.member.barrier(customer_id, group);
+        let (token, request) = self.member.barrier(customer_id, group, timeout, now);
         self.apply_member(vec![request], now);
         Ok(token)
     }
@@ -585,17 +709,82 @@ impl Core {
     }
 
     /// The node is about to stop (finalized): from now on the clock only
-    /// drives resends; peers that exit first are neither declared dead nor
-    /// taken for a lost scheduler.
-    pub fn finish(&mut self) {
-        self.finishing = true;
+    /// drives resends and the exit drain ([`Core::drain_outcome`]); peers
+    /// that exit first are neither declared dead nor taken for a lost
+    /// scheduler.
+    pub fn finish(&mut self, now: Instant) {
+        if self.drain.is_some() {
+            return;
+        }
+        let limit = self.cfg.resend_timeout.map_or(Duration::ZERO, |t| {
+            t.saturating_mul(DRAIN_RESEND_TIMEOUTS).min(MAX_DRAIN)
+        });
+        self.drain = Some(Drain {
+            started: now,
+            deadline: now + limit,
+            outcome: None,
+        });
+        let left = self.unacknowledged_at_exit();
+        if !left.is_empty() {
+            debug!(
+                "stopping once these are acknowledged (up to {:.1} s): {}",
+                limit.as_secs_f64(),
+                left.join("; ")
+            );
+        }
+        self.check_drain(now);
+    }
+
+    /// How the exit drain ended; `None` while it goes on (or before
+    /// [`Core::finish`]).
+    pub fn drain_outcome(&self) -> Option<&DrainOutcome> {
+        self.drain.as_ref().and_then(|d| d.outcome.as_ref())
+    }
+
+    /// Ends the exit drain if nothing is left to wait for, or at its
+    /// deadline (saying what it waited for).
+    fn check_drain(&mut self, now: Instant) {
+        let failed = self.member.failure().is_some();
+        let flushed = !failed && !self.has_unacknowledged_at_exit();
+        let left = if !failed && !flushed && self.drain.as_ref().is_some_and(|d| now >= d.deadline)
+        {
+            self.unacknowledged_at_exit()
+        } else {
+            Vec::new()
+        };
+        let Some(drain) = &mut self.drain else {
+            return;
+        };
+        if drain.outcome.is_some() {
+            return;
+        }
+        let outcome = if failed {
+            DrainOutcome::Failed
+        } else if flushed {
+            DrainOutcome::Flushed
+        } else if now >= drain.deadline {
+            let waited = now.saturating_duration_since(drain.started);
+            warn!(
+                "stopping after {:.1} s with {} messages unacknowledged (at most {} resend \
+                 timeouts and {} s, PS_RESEND_TIMEOUT): {}",
+                waited.as_secs_f64(),
+                left.len(),
+                DRAIN_RESEND_TIMEOUTS,
+                MAX_DRAIN.as_secs(),
+                left.join("; ")
+            );
+            DrainOutcome::GaveUp { waited, left }
+        } else {
+            return;
+        };
+        drain.outcome = Some(outcome);
+        self.changed = true;
     }
 
     /// Stops the node: every wait ends with [`Failure::Stopped`].
-    pub fn stop(&mut self) {
+    pub fn stop(&mut self, now: Instant) {
         self.stopped = true;
         if let Some(action) = self.member.fail(Failure::Stopped) {
-            let now = Instant::now();
             self.apply_member(vec![action], now);
         }
         self.changed = true;
@@ -606,20 +795,99 @@ impl Core {
         if let Some(action) = self.member.fail(failure) {
             self.apply_member(vec![action], now);
         }
+        self.check_drain(now);
+    }
+
+    /// The apps could not take these data messages ([`Output::Deliver`], in
+    /// order, with the copy requests of replicated key ranges after the
+    /// first refused one, [`Output::Snapshot`] and [`Output::Restore`]): a
+    /// customer's queue is full. They wait here, and the driver reads
+    /// nothing more (ZeroMQ's high-water marks then hold the senders back)
+    /// until [`Core::room`]; timers go on.
+    pub fn park(&mut self, outputs: Vec<Output>, now: Instant) {
+        self.parked.extend(outputs);
+        self.update_listening(now);
+    }
+
+    /// A customer's queue has room again: the parked outputs are handed
+    /// over again, in order; messages the apps refuse again come back
+    /// through [`Core::park`].
+    pub fn room(&mut self, now: Instant) {
+        let parked = std::mem::take(&mut self.parked);
+        self.out.extend(parked);
+        self.update_listening(now);
+    }
+
+    /// Data messages parked (see [`Core::park`]).
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// The driver cannot read for a reason of its own (`stalled`), or can
+    /// again.
+    pub fn set_stalled(&mut self, stalled: bool, now: Instant) {
+        self.stalled = stalled;
+        self.update_listening(now);
+    }
+
+    /// Whether the driver reads what arrives: not while messages are parked
+    /// or the driver is stalled. Meanwhile the node still sends (heartbeats
+    /// go on), but nobody's silence counts: it cannot hear them.
+    pub fn is_listening(&self) -> bool {
+        self.parked.is_empty() && !self.stalled
+    }
+
+    /// Tells the state machines when the node stops or starts listening:
+    /// the time spent deaf counts as nobody's silence, and resends and
+    /// give-ups wait (their acknowledgements may be waiting unread).
+    fn update_listening(&mut self, now: Instant) {
+        let listening = self.is_listening();
+        match (listening, self.deaf_since) {
+            (false, None) => {
+                if self.stalled {
+                    debug!("not reading for now: short of file descriptors");
+                } else {
+                    debug!("not reading for now: an app's queue is full");
+                }
+                self.deaf_since = Some(now);
+                self.member.set_deaf(true, now);
+                if let Some(s) = &mut self.scheduler {
+                    s.set_deaf(true, now);
+                }
+            }
+            (true, Some(since)) => {
+                let deaf = now.saturating_duration_since(since);
+                debug!("reading again after {:.3} s", deaf.as_secs_f64());
+                self.deaf_since = None;
+                self.member.set_deaf(false, now);
+                if let Some(s) = &mut self.scheduler {
+                    s.set_deaf(false, now);
+                }
+                if let Some(r) = &mut self.resender {
+                    r.postpone(deaf);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Messages still unacknowledged that are worth waiting for at exit,
     /// described for logs: heartbeats are not, nor messages to a peer that
     /// never acknowledged anything (a C++ node without `PS_RESEND`).
     pub fn unacknowledged_at_exit(&self) -> Vec<String> {
-        let Some(r) = &self.resender else {
-            return Vec::new();
-        };
-        r.unacknowledged_to(|id| self.acked_by.contains(&id))
-            .into_iter()
+        self.waited_for_at_exit().map(crate::describe).collect()
+    }
+
+    /// Whether [`Core::unacknowledged_at_exit`] is not empty.
+    fn has_unacknowledged_at_exit(&self) -> bool {
+        self.waited_for_at_exit().next().is_some()
+    }
+
+    fn waited_for_at_exit(&self) -> impl Iterator<Item = &Message> {
+        self.resender
+            .iter()
+            .flat_map(|r| r.unacknowledged_to(|id| self.acked_by.contains(&id)))
             .filter(|m| m.meta.control.cmd != Command::Heartbeat && !is_leaving_unwatch(m))
-            .map(crate::describe)
-            .collect()
     }
 
     /// Ids of nodes silent for longer than `timeout` (ps-lite's
@@ -639,14 +907,21 @@ impl Core {
 
     /// When [`Core::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.finishing {
-            return self.resender.as_ref().and_then(Resender::poll_timeout);
+        let resends = self
+            .resender
+            .as_ref()
+            .filter(|_| self.deaf_since.is_none())
+            .and_then(Resender::poll_timeout);
+        if let Some(drain) = &self.drain {
+            let deadline = drain.outcome.is_none().then_some(drain.deadline);
+            return resends.into_iter().chain(deadline).min();
         }
         [
             self.member.poll_timeout(),
             self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
-            self.resender.as_ref().and_then(Resender::poll_timeout),
+            resends,
             self.store_host.as_ref().and_then(StoreHost::poll_timeout),
+            self.store_client.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -655,7 +930,7 @@ impl Core {
 
     /// Clock-driven work at `now`: deadlines, heartbeats, resends.
     pub fn tick(&mut self, now: Instant) {
-        if !self.finishing {
+        if self.drain.is_none() {
             let actions = self.member.tick(now);
             if self.member.timed_out().is_some() && !self.member.is_joined() {
                 self.changed = true;
@@ -667,11 +942,23 @@ impl Core {
             }
             self.replica_tick(now);
             self.store_forget_dead(now);
+            if self.deaf_since.is_none() {
+                self.store_forget_dead(now);
+            }
+            self.changed |= self.store_client.tick(now);
         }
         if let Some(host) = &mut self.store_host {
             let replies = host.tick(now);
             self.send_store_replies(replies, now);
         }
+        if self.deaf_since.is_none() {
+            self.resend(now);
+        }
+        self.check_drain(now);
+    }
+
+    /// Resends what is due, and gives up on what was resent too often.
+    fn resend(&mut self, now: Instant) {
         let Some(r) = &mut self.resender else {
             return;
         };
@@ -709,7 +996,14 @@ impl Core {
 
     /// Handles one message that arrived, with `meta.sender` set from the
     /// sender's identity ([`K_EMPTY`] if it had none).
-    pub fn handle(&mut self, mut msg: Message, now: Instant) {
+    pub fn handle(&mut self, msg: Message, now: Instant) {
+        self.receive(msg, now);
+        if self.drain.is_some() {
+            self.check_drain(now);
+        }
+    }
+
+    fn receive(&mut self, mut msg: Message, now: Instant) {
         if self.stopped {
             return;
         }
@@ -961,10 +1255,13 @@ impl Core {
                 }
                 MemberAction::Joined => {
                     self.changed = true;
-                    for msg in std::mem::take(&mut self.held) {
-                        self.data(msg, now);
+                    for msg in self.held.drain() {
+                        if msg.meta.control.cmd == Command::Replica {
+                            self.replica_control(msg, now);
+                        } else {
+                            self.data(msg, now);
+                        }
                     }
-                    self.held_bytes = 0;
                 }
                 MemberAction::PeerReplaced(id) => self.peer_replaced(id, now),
                 MemberAction::PeerDead(id) => {
@@ -990,6 +1287,7 @@ impl Core {
                     self.changed = true;
                     self.out.push(Output::Failed(f));
                 }
+                MemberAction::BarrierEnded => self.changed = true,
                 MemberAction::Waiting { waited, limit } => {
                     let what = self.waiting_for();
                     self.out.push(Output::Waiting {
@@ -1001,7 +1299,7 @@ impl Core {
                 MemberAction::RoundBegan { round, workers } => {
                     self.changed = true;
                     self.out.push(Output::RoundBegan { round, workers });
-                    for msg in std::mem::take(&mut self.held_newcomers) {
+                    for msg in self.held_newcomers.drain() {
                         if self.member.is_member(msg.meta.sender) {
                             self.data(msg, now);
                         } else {
@@ -1061,16 +1359,19 @@ impl Core {
         if !self.member.is_member(sender) {
             let newcomer = self.cfg.elastic.is_some()
                 && self.cfg.role == Role::Server
-                && ids::role_of_id(sender) == Some(Role::Worker)
-                && self.held_newcomers.len() < 1024
-                && self.held_newcomers.iter().map(size_of).sum::<usize>() + size_of(&msg)
-                    <= self.cfg.hold_limit;
-            if newcomer {
-                debug!("holding data from node {sender} until the next table names it");
-                self.held_newcomers.push(msg);
+                && ids::role_of_id(sender) == Some(Role::Worker);
+            if !newcomer {
+                self.reject(&msg, "its sender is not in the node table");
                 return;
             }
-            self.reject(&msg, "its sender is not in the node table");
+            match self.held_newcomers.push_message(msg) {
+                Ok(()) => debug!("holding data from node {sender} until the next table names it"),
+                Err(refused) => self.reject(
+                    &refused.item,
+                    "its sender is not in the node table (and too much data from newcomers \
+                     waits: PS_HOLD_LIMIT)",
+                ),
+            }
             return;
         }
         if msg.meta.replica.is_some() {
@@ -1081,7 +1382,23 @@ impl Core {
             self.reject(&msg, why);
             return;
         }
-        self.out.push(Output::Deliver(msg));
+        self.deliver(msg);
+    }
+
+    /// Hands `msg` to the apps ([`Output::Deliver`]), behind the parked ones
+    /// if any, in order.
+    fn deliver(&mut self, msg: Message) {
+        self.for_apps(Output::Deliver(msg));
+    }
+
+    /// Hands `out` (for the apps' queues, in their order) over, behind the
+    /// parked ones if any.
+    fn for_apps(&mut self, out: Output) {
+        if self.parked.is_empty() {
+            self.out.push(out);
+        } else {
+            self.parked.push_back(out);
+        }
     }
 
     /// Why a member may not send `msg` to this node, given both roles.
@@ -1113,24 +1430,12 @@ impl Core {
             self.reject(&msg, "its sender's id cannot be a member of this cluster");
             return;
         }
-        let size = size_of(&msg);
-        let from_sender: usize = self
-            .held
-            .iter()
-            .filter(|m| m.meta.sender == sender)
-            .map(size_of)
-            .sum();
-        if self.held_bytes + size > self.cfg.hold_limit
-            || from_sender + size > self.cfg.hold_limit / 4
-        {
+        if let Err(refused) = self.held.push_message(msg) {
             self.reject(
-                &msg,
+                &refused.item,
                 "too much data arrived before this node joined (PS_HOLD_LIMIT)",
             );
-            return;
         }
-        self.held_bytes += size;
-        self.held.push(msg);
     }
 
     fn reject(&mut self, msg: &Message, why: &'static str) {
@@ -1147,14 +1452,9 @@ impl Core {
     /// for `why`, at debug level after that, so a hostile or confused peer
     /// cannot flood the log.
     fn drop_logged(&mut self, sender: NodeId, what: &str, why: &'static str) {
-        if self.warned.len() < 1024 && self.warned.insert((sender, why)) {
-            warn!(
-                "dropping {what} from node {sender}: {why} (further ones are logged at debug \
-                 level)"
-            );
-        } else {
-            debug!("dropping {what} from node {sender}: {why}");
-        }
+        self.dropped.log((sender, why), || {
+            format!("dropping {what} from node {sender}: {why}")
+        });
     }
 }
 
@@ -1162,9 +1462,16 @@ impl Core {
 /// node's ([`StoreClient`]).
 impl Core {
     /// Sends store request `req` to the scheduler; ask
-    /// [`Core::store_answer`] with the id it returns. Fails if this node has
-    /// not joined or the scheduler is not pslite (C++ ps-lite has no store).
-    pub fn store_request(&mut self, mut req: StoreMsg, now: Instant) -> Result<u64, VanError> {
+    /// [`Core::store_answer`] with the id it returns (it fails with
+    /// [`Failure::StoreNoAnswer`] once `limit` has passed). Fails if this
+    /// node has not joined or the scheduler is not pslite (C++ ps-lite has
+    /// no store).
+    pub fn store_request(
+        &mut self,
+        mut req: StoreMsg,
+        limit: Duration,
+        now: Instant,
+    ) -> Result<u64, VanError> {
         if let Some(f) = self.member.failure() {
             return Err(f.clone().into());
         }
@@ -1176,7 +1483,7 @@ impl Core {
         if !pslite {
             return Err(VanError::StoreUnsupported);
         }
-        let id = self.store_client.start(&mut req);
+        let id = self.store_client.start(&mut req, limit, now);
         self.send_store(req, now);
         Ok(id)
     }
@@ -1184,10 +1491,11 @@ impl Core {
     /// The answer to store request `id`, once here; the node's failure if
     /// it failed (the scheduler was lost, say).
     pub fn store_answer(&self, id: u64) -> Option<Result<StoreMsg, Failure>> {
-        if let Some(answer) = self.store_client.answer(id) {
-            return Some(Ok(answer.clone()));
+        match self.store_client.answer(id) {
+            Some(Ok(answer)) => Some(Ok(answer.clone())),
+            Some(Err(waited)) => Some(Err(Failure::StoreNoAnswer { waited })),
+            None => self.member.failure().map(|f| Err(f.clone())),
         }
-        self.member.failure().map(|f| Err(f.clone()))
     }
 
     /// On the scheduler: how many store requests wait for keys (0 elsewhere).
@@ -1213,8 +1521,7 @@ impl Core {
             return;
         }
         let mut req = StoreMsg::request(StoreOp::Unwatch, Vec::new());
-        let id = self.store_client.start(&mut req);
-        self.store_client.end(id);
+        self.store_client.fresh_id(&mut req);
         self.send_store(req, now);
     }
 
@@ -1253,10 +1560,25 @@ impl Core {
         self.store_client.end(id);
     }
 
-    /// Sends every later change of `key` to `events` (call before the WATCH
-    /// request, so no change slips between them).
-    pub fn store_watch(&mut self, key: &str, events: std::sync::mpsc::Sender<StoreMsg>) {
-        self.store_client.watch(key, events);
+    /// A new watcher of `key` in this process: every later change of it
+    /// comes as [`Output::StoreEvent`] for the returned watcher (call before
+    /// the WATCH request, so no change slips between them).
+    pub fn store_watch(&mut self, key: &str) -> u64 {
+        self.store_client.watch(key)
+    }
+
+    /// Watcher `watcher` is gone (its receiver was dropped): if nobody in
+    /// this process watches its key any more, tells the scheduler.
+    pub fn store_watcher_gone(&mut self, watcher: u64, now: Instant) {
+        if let Some(key) = self.store_client.unwatch(watcher) {
+            self.send_unwatch(key, now);
+        }
+    }
+
+    fn send_unwatch(&mut self, key: String, now: Instant) {
+        let mut req = StoreMsg::request(StoreOp::Unwatch, vec![key]);
+        self.store_client.fresh_id(&mut req);
+        self.send_store(req, now);
     }
 
     fn send_store(&mut self, req: StoreMsg, now: Instant) {
@@ -1328,13 +1650,13 @@ impl Core {
             self.drop_logged(sender, "a STORE answer", "it has no store part");
             return;
         };
-        let (changed, unwatched) = self.store_client.on_message(*store);
-        self.changed |= changed;
-        for key in unwatched {
-            let mut req = StoreMsg::request(StoreOp::Unwatch, vec![key]);
-            let id = self.store_client.start(&mut req);
-            self.store_client.end(id);
-            self.send_store(req, now);
+        match self.store_client.on_message(*store) {
+            ClientInput::Answer => self.changed = true,
+            ClientInput::Event { watchers, event } => {
+                self.out.push(Output::StoreEvent { watchers, event })
+            }
+            ClientInput::Unwatched(key) => self.send_unwatch(key, now),
+            ClientInput::Nothing => {}
         }
     }
 }

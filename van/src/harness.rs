@@ -2,8 +2,10 @@
 //! only; raft-rs's `harness/network` is the model): whole clusters exchange
 //! messages with no sockets, no threads and no sleeps. Packets can be
 //! dropped, duplicated and delayed (which reorders them); nodes can be
-//! killed and restarted. Every meta frame goes through the codec, as on the
-//! wire.
+//! killed and restarted, and a node's apps can stop taking messages
+//! ([`SimNode::app_capacity`]: the node then reads nothing and its packets
+//! wait in flight, as in a socket). Every meta frame goes through the
+//! codec, as on the wire.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -53,6 +55,9 @@ pub struct SimNode {
     pub alive: bool,
     /// Data messages delivered to its apps.
     pub delivered: Vec<Message>,
+    /// How many deliveries its apps take in all (`None`: any number): past
+    /// it the apps' queues are full and refuse (see [`Network::give_room`]).
+    pub app_capacity: Option<usize>,
     /// Failures reported (node failed).
     pub failures: Vec<Failure>,
     /// Messages it gave up on.
@@ -71,6 +76,8 @@ pub struct SimNode {
     pub app: Option<SumApp>,
     /// Range maps reported (replicated key ranges).
     pub maps: Vec<pslite_proto::replica::RangeMap>,
+    /// Store events handed to this process's watchers: (watcher, event).
+    pub store_events: Vec<(u64, pslite_proto::store::StoreMsg)>,
     /// Connections: peer id -> (node index or none, identity used).
     conns: HashMap<NodeId, (Option<usize>, NodeId)>,
 }
@@ -158,6 +165,7 @@ impl Network {
             port,
             alive: true,
             delivered: Vec::new(),
+            app_capacity: None,
             failures: Vec::new(),
             undeliverable: Vec::new(),
             peer_dead: Vec::new(),
@@ -167,6 +175,7 @@ impl Network {
             rounds: Vec::new(),
             app: None,
             maps: Vec::new(),
+            store_events: Vec::new(),
             conns: HashMap::new(),
         });
         let i = self.nodes.len() - 1;
@@ -229,10 +238,16 @@ impl Network {
 
     /// Node `i` starts waiting on a barrier over `group`.
     pub fn barrier(&mut self, i: usize, group: i32) -> u64 {
+        self.barrier_within(i, group, None)
+    }
+
+    /// Node `i` starts waiting on a barrier over `group`, for at most
+    /// `timeout`.
+    pub fn barrier_within(&mut self, i: usize, group: i32, timeout: Option<Duration>) -> u64 {
         let now = self.now;
         let token = self.nodes[i]
             .core
-            .barrier(0, group, now)
+            .barrier(0, group, timeout, now)
             .expect("barrier request refused");
         self.flush(i);
         token
@@ -264,41 +279,61 @@ impl Network {
         }
     }
 
-    /// Node `i` sends store request `req`; ask its core for the answer
-    /// with the id returned.
+    /// Node `i` sends store request `req` (its caller waits up to an
+    /// hour); ask its core for the answer with the id returned.
     pub fn store(&mut self, i: usize, req: pslite_proto::store::StoreMsg) -> u64 {
+        self.store_within(i, req, Duration::from_secs(3600))
+    }
+
+    /// Node `i` sends store request `req`, its caller waiting up to `limit`.
+    pub fn store_within(
+        &mut self,
+        i: usize,
+        req: pslite_proto::store::StoreMsg,
+        limit: Duration,
+    ) -> u64 {
         let now = self.now;
         let id = self.nodes[i]
             .core
-            .store_request(req, now)
+            .store_request(req, limit, now)
             .expect("store request refused");
         self.flush(i);
         id
     }
 
-    /// Node `i` watches store key `key`: its events go to the receiver;
-    /// ask the core for the WATCH answer with the id returned.
-    pub fn store_watch(
-        &mut self,
-        i: usize,
-        key: &str,
-    ) -> (
-        u64,
-        std::sync::mpsc::Receiver<pslite_proto::store::StoreMsg>,
-    ) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.nodes[i].core.store_watch(key, tx);
+    /// Node `i` watches store key `key`: its events are recorded in
+    /// [`SimNode::store_events`] under the watcher returned second; ask the
+    /// core for the WATCH answer with the id returned first.
+    pub fn store_watch(&mut self, i: usize, key: &str) -> (u64, u64) {
+        let watcher = self.nodes[i].core.store_watch(key);
         let req = pslite_proto::store::StoreMsg::request(
             pslite_proto::store::StoreOp::Watch,
             vec![key.to_string()],
         );
-        (self.store(i, req), rx)
+        (self.store(i, req), watcher)
+    }
+
+    /// Node `i` stops (finalized): its exit drain begins (see
+    /// [`Core::drain_outcome`]).
+    pub fn finish(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].core.finish(now);
+        self.flush(i);
     }
 
     /// Node `i` leaves the store (as at finalize): its watches end.
     pub fn store_leave(&mut self, i: usize) {
         let now = self.now;
         self.nodes[i].core.store_leave(now);
+        self.flush(i);
+    }
+
+    /// Node `i`'s apps drain their queues and take any number again: what
+    /// they refused is handed over.
+    pub fn give_room(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].app_capacity = None;
+        self.nodes[i].core.room(now);
         self.flush(i);
     }
 
@@ -312,7 +347,7 @@ impl Network {
             // Connections at once, as the Van opens them under the core's
             // lock: a send carried out meanwhile (an app's answer) finds them.
             for out in &outputs {
-                if let Output::Connect { node, identity } = out {
+                if let Output::Connect { node, identity, .. } = out {
                     let target = self
                         .nodes
                         .iter()
@@ -326,8 +361,20 @@ impl Network {
 
     fn carry_out(&mut self, i: usize, outputs: Vec<Output>) {
         let now = self.now;
+        let mut refused = Vec::new();
         for out in outputs {
             match out {
+                Output::Deliver(msg)
+                    if !refused.is_empty()
+                        || self.nodes[i]
+                            .app_capacity
+                            .is_some_and(|cap| self.nodes[i].delivered.len() >= cap) =>
+                {
+                    refused.push(Output::Deliver(msg));
+                }
+                out @ (Output::Snapshot { .. } | Output::Restore { .. }) if !refused.is_empty() => {
+                    refused.push(out)
+                }
                 Output::Deliver(msg) if msg.meta.request && self.nodes[i].app.is_some() => {
                     let node = &mut self.nodes[i];
                     let Some(app) = node.app.as_mut() else {
@@ -391,8 +438,23 @@ impl Network {
                 Output::RoundBegan { round, workers } => {
                     self.nodes[i].rounds.push((round, workers))
                 }
+                Output::StoreEvent { watchers, event } => {
+                    for w in watchers {
+                        self.nodes[i].store_events.push((w, event.clone()));
+                    }
+                }
             }
         }
+        if !refused.is_empty() {
+            let now = self.now;
+            self.nodes[i].core.park(refused, now);
+        }
+    }
+
+    /// Whether node `i` reads what arrives (a node that does not leaves
+    /// its packets in flight, as a socket keeps them).
+    fn reads(&self, i: usize) -> bool {
+        self.nodes[i].alive && self.nodes[i].core.is_listening()
     }
 
     /// Puts a message from node `i` on the network, through its faults.
@@ -434,7 +496,12 @@ impl Network {
     /// The next time something happens: a packet arrives or a core's
     /// deadline passes.
     fn next_event(&self) -> Option<Instant> {
-        let packets = self.packets.iter().map(|p| p.at).min();
+        let packets = self
+            .packets
+            .iter()
+            .filter(|p| self.reads(p.to) || !self.nodes[p.to].alive)
+            .map(|p| p.at)
+            .min();
         let timers = self
             .nodes
             .iter()
@@ -466,7 +533,8 @@ impl Network {
         let mut due: Vec<Packet> = Vec::new();
         let mut i = 0;
         while i < self.packets.len() {
-            if self.packets[i].at <= now {
+            let p = &self.packets[i];
+            if p.at <= now && (self.reads(p.to) || !self.nodes[p.to].alive) {
                 due.push(self.packets.swap_remove(i));
             } else {
                 i += 1;
@@ -475,6 +543,11 @@ impl Network {
         due.sort_by_key(|p| (p.at, p.seq));
         for p in due {
             if !self.nodes[p.to].alive {
+                continue;
+            }
+            if !self.reads(p.to) {
+                // It stopped reading meanwhile: the packet waits.
+                self.packets.push(p);
                 continue;
             }
             // Through the codec, as on the wire; the sender comes from the
@@ -672,6 +745,10 @@ impl SumApp {
     }
 }
 
+#[cfg(test)]
+mod backpressure_tests;
+#[cfg(test)]
+mod deadline_tests;
 #[cfg(test)]
 mod elastic_tests;
 #[cfg(test)]

@@ -81,6 +81,8 @@ pub enum MemberAction {
         /// Its workers in rank order.
         workers: Vec<NodeId>,
     },
+    /// A barrier waiter's deadline passed: its outcome is set.
+    BarrierEnded,
     /// Still waiting to join (a log line for the operator).
     Waiting {
         /// How long this node has waited.
@@ -97,6 +99,8 @@ struct BarrierWaiter {
     token: u64,
     group: i32,
     outcome: Option<BarrierOutcome>,
+    /// When the waiter gives up, and after how long (its timeout).
+    deadline: Option<(Instant, Duration)>,
 }
 
 struct Joining {
@@ -130,6 +134,9 @@ pub struct Member {
     /// the round this node joined in.
     round: Option<(u64, Vec<NodeId>)>,
     joined_round: Option<u64>,
+    /// Since when this node reads nothing (an app's queue is full): silence
+    /// proves nothing meanwhile.
+    deaf_since: Option<Instant>,
 }
 
 impl Member {
@@ -153,6 +160,26 @@ impl Member {
             ignored_tables: 0,
             round: None,
             joined_round: None,
+            deaf_since: None,
+        }
+    }
+
+    /// This node stops reading what arrives (`deaf`), or reads again: the
+    /// time it spent deaf does not count as anyone's silence (the scheduler
+    /// is not taken for lost, nodes declared dead get that long more to be
+    /// replaced).
+    pub fn set_deaf(&mut self, deaf: bool, now: Instant) {
+        match (deaf, self.deaf_since) {
+            (true, None) => self.deaf_since = Some(now),
+            (false, Some(since)) => {
+                self.deaf_since = None;
+                let d = now.saturating_duration_since(since);
+                self.last_scheduler_contact += d;
+                for since in self.dead.values_mut() {
+                    *since += d;
+                }
+            }
+            _ => {}
         }
     }
 
@@ -488,9 +515,16 @@ impl Member {
         }
     }
 
-    /// Starts waiting on a barrier over `group`: the token to ask about it
-    /// and the BARRIER request to send.
-    pub fn barrier(&mut self, customer_id: i32, group: i32) -> (u64, MemberAction) {
+    /// Starts waiting on a barrier over `group`, giving up after `timeout`
+    /// ([`Failure::BarrierTimeout`] at the tick past it): the token to ask
+    /// about it and the BARRIER request to send.
+    pub fn barrier(
+        &mut self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> (u64, MemberAction) {
         let token = self.next_token;
         self.next_token += 1;
         let mut outcome = None;
@@ -501,6 +535,7 @@ impl Member {
             token,
             group,
             outcome,
+            deadline: timeout.map(|t| (now + t, t)),
         });
         let mut msg = Message::control(Command::Barrier, SCHEDULER);
         msg.meta.request = true;
@@ -578,10 +613,23 @@ impl Member {
         Some(MemberAction::Failed(failure))
     }
 
-    /// Clock-driven work: the start deadline and its log lines, heartbeats,
-    /// a silent scheduler, dead nodes that stay unreplaced.
+    /// Clock-driven work: the start deadline and its log lines, barrier
+    /// deadlines, heartbeats, a silent scheduler, dead nodes that stay
+    /// unreplaced.
     pub fn tick(&mut self, now: Instant) -> Vec<MemberAction> {
         let mut actions = Vec::new();
+        for w in &mut self.barriers {
+            match w.deadline {
+                Some((at, timeout)) if w.outcome.is_none() && now >= at => {
+                    w.outcome = Some(Err(Failure::BarrierTimeout {
+                        group: w.group,
+                        secs: timeout.as_secs(),
+                    }));
+                    actions.push(MemberAction::BarrierEnded);
+                }
+                _ => {}
+            }
+        }
         if let Some(j) = &mut self.joining {
             if now >= j.deadline {
                 let waited = now - j.since;
@@ -610,7 +658,10 @@ impl Member {
                     actions.push(MemberAction::Send(msg));
                 }
             }
-            if let Some(timeout) = self.scheduler_timeout() {
+            if let Some(timeout) = self
+                .scheduler_timeout()
+                .filter(|_| self.deaf_since.is_none())
+            {
                 let silent = now.saturating_duration_since(self.last_scheduler_contact);
                 if silent > timeout {
                     actions.extend(self.fail(Failure::SchedulerLost {
@@ -622,8 +673,9 @@ impl Member {
                 }
             }
         }
+        let listening = self.deaf_since.is_none();
         for (&id, &since) in &self.dead {
-            if now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
+            if listening && now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
                 warn!(
                     "node {id} was declared dead {} s ago and nothing replaced it: what waits \
                      on it fails",
@@ -639,6 +691,11 @@ impl Member {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        for w in &self.barriers {
+            if let (None, Some((at, _))) = (&w.outcome, w.deadline) {
+                consider(at);
+            }
+        }
         if let Some(j) = &self.joining {
             consider(j.deadline.min(j.next_log));
         }
@@ -646,12 +703,16 @@ impl Member {
             if let Some(t) = self.next_heartbeat {
                 consider(t);
             }
-            if let Some(timeout) = self.scheduler_timeout() {
+            if let Some(timeout) = self
+                .scheduler_timeout()
+                .filter(|_| self.deaf_since.is_none())
+            {
                 consider(self.last_scheduler_contact + timeout + Duration::from_millis(1));
             }
         }
-        // As in tick: a failed node gives up on nobody (it gave up).
-        if self.joined && self.failure.is_none() {
+        // As in tick: a failed node gives up on nobody (it gave up), nor
+        // does a deaf one.
+        if self.joined && self.failure.is_none() && self.deaf_since.is_none() {
             for (id, &since) in &self.dead {
                 if !self.given_up.contains(id) {
                     consider(since + self.cfg.recovery_timeout);

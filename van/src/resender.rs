@@ -254,6 +254,15 @@ impl Resender {
         }
     }
 
+    /// Puts every resend off by `d` (the node read nothing for that long:
+    /// the acknowledgements may be waiting unread).
+    pub fn postpone(&mut self, d: Duration) {
+        for p in self.pending.values_mut().flatten() {
+            p.next += d;
+        }
+        self.earliest = self.earliest.map(|e| e + d);
+    }
+
     /// The messages whose time is up at `now`: to resend, or given up.
     pub fn tick(&mut self, now: Instant) -> Due {
         let mut due = Due::default();

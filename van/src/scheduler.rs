@@ -166,6 +166,11 @@ pub struct Scheduler {
     /// Replicated key ranges: dead servers whose ranges moved to others;
     /// barriers do not wait for them (see [`Scheduler::set_gone`]).
     gone: BTreeSet<NodeId>,
+    /// Since when the scheduler reads nothing (an app's queue is full): no
+    /// node's silence counts meanwhile, and when it next tells the nodes it
+    /// lives (it cannot answer their heartbeats).
+    deaf_since: Option<Instant>,
+    next_keepalive: Option<Instant>,
 }
 
 /// The scheduler's elastic-mode state.
@@ -190,14 +195,9 @@ struct Elastic {
 }
 
 impl Scheduler {
-    /// A scheduler waiting for its first registration (an elastic job's
-    /// first round starts forming now).
-    pub fn new(cfg: SchedulerConfig) -> Scheduler {
-        Scheduler::starting_at(cfg, Instant::now())
-    }
-
-    /// A scheduler waiting for its first registration since `now`.
-    pub fn starting_at(cfg: SchedulerConfig, now: Instant) -> Scheduler {
+    /// A scheduler waiting for its first registration since `now` (an
+    /// elastic job's first round starts forming then).
+    pub fn new(cfg: SchedulerConfig, now: Instant) -> Scheduler {
         Scheduler {
             nodes: Vec::new(),
             ready: false,
@@ -220,6 +220,8 @@ impl Scheduler {
                 excused_next: HashSet::new(),
             }),
             cfg,
+            deaf_since: None,
+            next_keepalive: None,
         }
     }
 
@@ -228,6 +230,9 @@ impl Scheduler {
     /// and fails the barriers that wait for a node dead for longer than the
     /// recovery timeout.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        if self.deaf_since.is_some() {
+            return self.keepalive(now);
+        }
         let mut actions = self.elastic_tick(now);
         if !self.ready {
             return actions;
@@ -260,8 +265,52 @@ impl Scheduler {
         actions
     }
 
+    /// The scheduler stops reading what arrives (`deaf`), or reads again:
+    /// nothing is decided meanwhile, and the time it spent deaf counts as
+    /// no node's silence.
+    pub fn set_deaf(&mut self, deaf: bool, now: Instant) {
+        match (deaf, self.deaf_since) {
+            (true, None) => {
+                self.deaf_since = Some(now);
+                self.next_keepalive = self
+                    .ready
+                    .then_some(now)
+                    .filter(|_| self.cfg.heartbeat_timeout.is_some());
+            }
+            (false, Some(since)) => {
+                self.deaf_since = None;
+                self.next_keepalive = None;
+                let d = now.saturating_duration_since(since);
+                for seen in self.last_seen.values_mut() {
+                    *seen += d;
+                }
+                for since in self.dead_since.values_mut() {
+                    *since += d;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// While deaf: the nodes cannot hear it answer their heartbeats, so it
+    /// tells the pslite ones it lives (the dead list, as every heartbeat
+    /// answer), three times per heartbeat timeout.
+    fn keepalive(&mut self, now: Instant) -> Vec<Action> {
+        let (Some(at), Some(timeout)) = (self.next_keepalive, self.cfg.heartbeat_timeout) else {
+            return Vec::new();
+        };
+        if now < at {
+            return Vec::new();
+        }
+        self.next_keepalive = Some(now + (timeout / 3).max(Duration::from_millis(10)));
+        self.tell_dead_nodes(now)
+    }
+
     /// When [`Scheduler::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.deaf_since.is_some() {
+            return self.next_keepalive;
+        }
         let rounds = self.elastic.as_ref().and_then(|e| e.rdzv.poll_timeout());
         match (rounds, self.liveness_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -887,9 +936,11 @@ impl Scheduler {
         if !self.cfg.watch_all && !self.heartbeating.contains(&id) {
             return false;
         }
+        // The time spent deaf counts as nobody's silence.
+        let until = self.deaf_since.map_or(now, |since| since.min(now));
         self.last_seen
             .get(&id)
-            .is_none_or(|&seen| now.saturating_duration_since(seen) > timeout)
+            .is_none_or(|&seen| until.saturating_duration_since(seen) > timeout)
     }
 
     /// The first entry of each process, in id order.

@@ -144,10 +144,16 @@ unsafe extern "C" fn release_bytes(_data: *mut c_void, hint: *mut c_void) {
     drop(unsafe { Box::from_raw(hint as *mut Bytes) });
 }
 
-/// Sends one frame. Large frames are handed to ZeroMQ by reference: the
+/// Sends one frame (`flags`: 0 or `zmq::DONTWAIT`, with `SNDMORE` added
+/// when `more`). Large frames are handed to ZeroMQ by reference: the
 /// `Bytes` stays alive until ZeroMQ has written it, with no copy.
-pub fn send_frame(socket: &mut zmq::Socket, frame: &Bytes, more: bool) -> zmq::Result<()> {
-    let flags = if more { zmq::SNDMORE } else { 0 };
+pub fn send_frame(
+    socket: &mut zmq::Socket,
+    frame: &Bytes,
+    more: bool,
+    flags: i32,
+) -> zmq::Result<()> {
+    let flags = if more { flags | zmq::SNDMORE } else { flags };
     if frame.len() <= COPY_LIMIT {
         return socket.send(&frame[..], flags);
     }
@@ -173,12 +179,27 @@ pub fn send_frame(socket: &mut zmq::Socket, frame: &Bytes, more: bool) -> zmq::R
     Ok(())
 }
 
-/// Sends a whole message: the encoded meta, then each data frame.
+/// Sends a whole message: the encoded meta, then each data frame (waiting
+/// while the peer is at its high-water mark).
 pub fn send_message(socket: &mut zmq::Socket, meta: &[u8], data: &[Bytes]) -> zmq::Result<usize> {
-    socket.send(meta, if data.is_empty() { 0 } else { zmq::SNDMORE })?;
+    send_message_with(socket, meta, data, 0)
+}
+
+/// [`send_message`] with `flags`: with `zmq::DONTWAIT`, a peer at its
+/// high-water mark makes it fail with `EAGAIN` before anything is sent
+/// (ZeroMQ takes the rest of a multipart message once it took the first
+/// part).
+pub fn send_message_with(
+    socket: &mut zmq::Socket,
+    meta: &[u8],
+    data: &[Bytes],
+    flags: i32,
+) -> zmq::Result<usize> {
+    let more = if data.is_empty() { 0 } else { zmq::SNDMORE };
+    socket.send(meta, flags | more)?;
     let mut sent = meta.len();
     for (i, frame) in data.iter().enumerate() {
-        send_frame(socket, frame, i + 1 < data.len())?;
+        send_frame(socket, frame, i + 1 < data.len(), flags)?;
         sent += frame.len();
     }
     Ok(sent)

@@ -154,7 +154,7 @@ impl Core {
                                 && m.meta.replica.as_ref().is_some_and(|x| x.range == range)
                         });
                     }
-                    self.out.push(Output::Deliver(msg));
+                    self.deliver(msg);
                 }
             }
             _ => {
@@ -175,6 +175,18 @@ impl Core {
             self.drop_logged(sender, "REPLICA", "it has no replication part");
             return;
         };
+        let early = !self.member.is_joined() || matches!(self.replication, Replication::Off);
+        if early
+            && self.cfg.role == Role::Server
+            && ids::role_of_id(sender) == Some(Role::Server)
+            && rep.op != ReplicaOp::Map
+        {
+            // A copy may come before this server's node table and map (a
+            // replacement registering while its primary already copies to
+            // it): held until the map, within PS_HOLD_LIMIT.
+            self.hold(msg);
+            return;
+        }
         if !self.member.is_member(sender) {
             self.drop_logged(sender, "REPLICA", "its sender is not in the node table");
             return;
@@ -243,6 +255,15 @@ impl Core {
         if let Some(map) = self.range_map().cloned() {
             self.out.push(Output::RangeMap(map));
         }
+        if matches!(self.replication, Replication::Server(_)) {
+            // What peers sent before this server had a map.
+            let early = self
+                .held
+                .take_if(|m| m.meta.control.cmd == Command::Replica);
+            for msg in early {
+                self.replica_control(msg, now);
+            }
+        }
         self.changed = true;
         self.flush_replica(now);
     }
@@ -265,8 +286,8 @@ impl Core {
                     }
                     self.emit(msg, now)
                 }
-                ServerOut::Deliver(msg) => self.out.push(Output::Deliver(msg)),
-                ServerOut::Apps(out) => self.out.push(out),
+                ServerOut::Deliver(msg) => self.deliver(msg),
+                ServerOut::Apps(out) => self.for_apps(out),
             }
         }
     }
@@ -296,7 +317,7 @@ impl Core {
         let Some(node) = msg.meta.control.node.iter().find(|n| !n.pslite) else {
             return false;
         };
-        if self.warned.len() < 1024 && self.warned.insert((msg.meta.sender, "replicas")) {
+        if self.dropped.first((msg.meta.sender, "replicas")) {
             error!(
                 "scheduler: refusing {} at {}: PS_REPLICAS={} (replicated key ranges) is \
                  pslite-only, C++ ps-lite nodes cannot join such a cluster; run it with \

@@ -13,7 +13,8 @@ use super::*;
 
 const SECOND: Duration = Duration::from_secs(1);
 
-fn heartbeats() -> VanConfig {
+/// Heartbeats every second, a 3 s timeout for every node, 5 s to recover.
+pub(super) fn heartbeats() -> VanConfig {
     VanConfig {
         heartbeat_interval: Some(SECOND),
         heartbeat_timeout: Some(SECOND * 3),
@@ -23,7 +24,8 @@ fn heartbeats() -> VanConfig {
     }
 }
 
-fn resend(timeout_ms: u64) -> VanConfig {
+/// `PS_RESEND` with a timeout of `timeout_ms`.
+pub(super) fn resend(timeout_ms: u64) -> VanConfig {
     VanConfig {
         resend_timeout: Some(Duration::from_millis(timeout_ms)),
         ..VanConfig::default()

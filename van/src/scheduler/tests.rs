@@ -8,15 +8,18 @@ const HOST: &str = "127.0.0.1";
 fn scheduler(num_servers: i32, num_workers: i32, timeout: Option<u64>) -> Scheduler {
     let mut me = Node::new(Role::Scheduler, HOST, 9000);
     me.id = SCHEDULER;
-    Scheduler::new(SchedulerConfig {
-        num_servers,
-        num_workers,
-        me,
-        heartbeat_timeout: timeout.map(Duration::from_secs),
-        recovery_timeout: Duration::from_secs(30),
-        watch_all: true,
-        elastic: None,
-    })
+    Scheduler::new(
+        SchedulerConfig {
+            num_servers,
+            num_workers,
+            me,
+            heartbeat_timeout: timeout.map(Duration::from_secs),
+            recovery_timeout: Duration::from_secs(30),
+            watch_all: true,
+            elastic: None,
+        },
+        Instant::now(),
+    )
 }
 
 fn add_node(role: Role, host: &str, port: i32, customer_id: i32) -> Message {
@@ -583,20 +586,23 @@ fn bad_status_requests_are_dropped() {
 fn elastic_status_gives_round_ranks_and_lists_waiting_workers() {
     let mut me = Node::new(Role::Scheduler, HOST, 9000);
     me.id = SCHEDULER;
-    let mut s = Scheduler::new(SchedulerConfig {
-        num_servers: 1,
-        num_workers: 2,
-        me,
-        heartbeat_timeout: None,
-        recovery_timeout: Duration::from_secs(30),
-        watch_all: true,
-        elastic: Some(RendezvousConfig {
-            min: 2,
-            max: 2,
-            last_call: Duration::from_secs(1),
-            timeout: Duration::from_secs(60),
-        }),
-    });
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            num_servers: 1,
+            num_workers: 2,
+            me,
+            heartbeat_timeout: None,
+            recovery_timeout: Duration::from_secs(30),
+            watch_all: true,
+            elastic: Some(RendezvousConfig {
+                min: 2,
+                max: 2,
+                last_call: Duration::from_secs(1),
+                timeout: Duration::from_secs(60),
+            }),
+        },
+        Instant::now(),
+    );
     let now = Instant::now();
     let pslite = |role, port| {
         let mut msg = add_node(role, HOST, port, 0);

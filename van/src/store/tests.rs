@@ -458,7 +458,10 @@ mod cluster {
         assert_eq!(net.nodes[0].core.store_waiting(), 0);
         let s = net.store(1, set("k", "v"));
         assert!(net.run_until(SECOND, |n| answer(n, 1, s).is_some()));
-        assert!(net.run_until(SECOND, |_| rx3.try_recv().is_ok()));
+        assert!(net.run_until(SECOND, |n| n.nodes[3]
+            .store_events
+            .iter()
+            .any(|(w, e)| *w == rx3 && e.value.as_deref() == Some(&b"v"[..]))));
 
         // Node 3 restarts (takes its id back): the old process's watch
         // does not carry over to the new one.
@@ -528,7 +531,7 @@ mod cluster {
         core.handle(table, now);
         assert!(core.is_joined());
         core.take_output();
-        let e = core.store_request(req(StoreOp::Get, "k"), now);
+        let e = core.store_request(req(StoreOp::Get, "k"), SECOND, now);
         assert!(matches!(e, Err(crate::VanError::StoreUnsupported)), "{e:?}");
         assert!(
             !core
