@@ -443,11 +443,28 @@ fn a_cxx_node_cannot_join_a_replicated_cluster() {
 
 #[derive(Clone, Debug)]
 enum Step {
-    Push { worker: usize, keys: Vec<u8> },
-    Pull { worker: usize },
-    Kill { server: usize },
-    Replace { server: usize },
-    Wait { ms: u16 },
+    Push {
+        worker: usize,
+        keys: Vec<u8>,
+    },
+    Pull {
+        worker: usize,
+    },
+    Kill {
+        server: usize,
+    },
+    Replace {
+        server: usize,
+    },
+    Wait {
+        ms: u16,
+    },
+    /// The server's apps take nothing more for a while (back-pressure:
+    /// what arrives is parked, copy requests behind it).
+    Stall {
+        server: usize,
+        ms: u16,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -458,6 +475,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..4usize).prop_map(|server| Step::Kill { server }),
         1 => (0..4usize).prop_map(|server| Step::Replace { server }),
         2 => (1..400u16).prop_map(|ms| Step::Wait { ms }),
+        1 => (0..4usize, 1..200u16).prop_map(|(server, ms)| Step::Stall { server, ms }),
     ]
 }
 
@@ -572,6 +590,14 @@ fn run_schedule(
                 }
             }
             Step::Wait { ms } => net.run_for(MS * u32::from(ms)),
+            Step::Stall { server, ms } => {
+                let i = 1 + server % n;
+                if net.nodes[i].alive {
+                    net.nodes[i].app_capacity = Some(net.nodes[i].delivered.len());
+                    net.run_for(MS * u32::from(ms));
+                    net.give_room(i);
+                }
+            }
         }
         job.collect(&net);
     }

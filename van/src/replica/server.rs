@@ -512,7 +512,16 @@ impl ReplicaServer {
                         state.catch_up.remove(&j);
                     }
                     if let Some(sync) = &mut state.sync {
+                        // A replica that left (died) sends nothing more:
+                        // what only it had is not waited for (it was on no
+                        // other replica, so never answered).
                         sync.waiting.retain(|s| entry.replicas.contains(s));
+                        sync.replies.retain(|s, _| entry.replicas.contains(s));
+                        sync.max = sync
+                            .replies
+                            .values()
+                            .copied()
+                            .fold(state.delivered, u64::max);
                     }
                     let catch_up = &state.catch_up;
                     state
