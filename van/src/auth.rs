@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use log::{debug, warn};
 
-use crate::{Failure, LogOnce, VanError};
+use crate::{LogOnce, VanError};
 
 /// The ZAP endpoint libzmq asks (RFC 27), one per context.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
@@ -89,7 +89,10 @@ pub(crate) fn monitor_endpoint(what: &str) -> String {
 
 /// A socket of `ctx` that does not keep `ctx` alive: once the context is
 /// dropped, calls on it fail with `ETERM`.
-fn detached_socket(ctx: &zmq::Context, kind: zmq::SocketType) -> Result<zmq::Socket, VanError> {
+pub(crate) fn detached_socket(
+    ctx: &zmq::Context,
+    kind: zmq::SocketType,
+) -> Result<zmq::Socket, VanError> {
     let socket = ctx
         .socket(kind)
         .map_err(zmq_err("creating an auth socket"))?;
@@ -152,65 +155,9 @@ pub fn secure_dealer(dealer: &zmq::Socket, token: Option<&AuthToken>) -> Result<
         .map_err(zmq_err("setting the PLAIN password"))
 }
 
-/// On a node with `PS_AUTH_TOKEN`: watches `dealer`, its connection to the
-/// scheduler `config` names, and calls `fail` once if the scheduler refuses
-/// the token (so the node fails at once, not at the start timeout).
-pub(crate) fn watch_scheduler(
-    ctx: &zmq::Context,
-    config: &crate::VanConfig,
-    dealer: &zmq::Socket,
-    fail: impl FnOnce(Failure) + Send + 'static,
-) -> Result<(), VanError> {
-    let endpoint = config
-        .transport
-        .connect_endpoint(&config.scheduler_host, config.scheduler_port);
-    watch_refusal(ctx, dealer, &endpoint, fail)
-}
-
-/// Watches `dealer` (connected to the scheduler at `endpoint`) and calls
-/// `on_refused` once if the scheduler refuses our token or speaks no
-/// authentication at all; the watch ends with the context.
-pub fn watch_refusal(
-    ctx: &zmq::Context,
-    dealer: &zmq::Socket,
-    endpoint: &str,
-    on_refused: impl FnOnce(Failure) + Send + 'static,
-) -> Result<(), VanError> {
-    let monitor_endpoint = monitor_endpoint("dealer");
-    dealer
-        .monitor(
-            &monitor_endpoint,
-            (zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL as u16
-                | zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16) as i32,
-        )
-        .map_err(zmq_err("monitoring the DEALER to the scheduler"))?;
-    let monitor = detached_socket(ctx, zmq::PAIR)?;
-    monitor
-        .connect(&monitor_endpoint)
-        .map_err(zmq_err("connecting the DEALER monitor"))?;
-    let endpoint = endpoint.to_string();
-    std::thread::Builder::new()
-        .name("pslite-auth-watch".into())
-        .spawn(move || {
-            let Some(event) = next_event(&monitor) else {
-                return;
-            };
-            // Close our socket before calling back: the callback may drop
-            // the last reference to the context.
-            drop(monitor);
-            on_refused(Failure::AuthRefused {
-                detail: refusal_message(&event, &endpoint),
-            });
-        })
-        .map_err(|e| VanError::Setup {
-            what: "start the auth watch thread",
-            detail: e.to_string(),
-        })?;
-    Ok(())
-}
-
-/// Why the scheduler refused us, naming the variable to fix.
-fn refusal_message(event: &MonitorEvent, endpoint: &str) -> String {
+/// Why the scheduler at `endpoint` refused us (a handshake-failure event
+/// of the DEALER's monitor), naming the variable to fix.
+pub(crate) fn refusal_message(event: &MonitorEvent, endpoint: &str) -> String {
     if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16 {
         format!(
             "the scheduler at {endpoint} refused this node's PS_AUTH_TOKEN \
@@ -239,19 +186,8 @@ pub(crate) struct MonitorEvent {
     pub(crate) event: u16,
     /// The event's value (an error code for failed handshakes).
     pub(crate) value: u32,
-    address: String,
-}
-
-/// Reads one monitor event (two frames: event id + value, then address);
-/// `None` once the context is gone.
-fn next_event(monitor: &zmq::Socket) -> Option<MonitorEvent> {
-    loop {
-        match read_event(monitor) {
-            Ok(Some(event)) => return Some(event),
-            Ok(None) | Err(zmq::Error::EINTR) => continue,
-            Err(_) => return None,
-        }
-    }
+    /// The endpoint it concerns.
+    pub(crate) address: String,
 }
 
 /// Reads one monitor event (`None`: a malformed one, skipped).
@@ -279,6 +215,7 @@ pub(crate) fn read_event(monitor: &zmq::Socket) -> zmq::Result<Option<MonitorEve
 /// context ends.
 fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
     let mut logged = LogOnce::with_max_keys(log::Level::Error, MAX_LOGGED_PEERS);
+    let mut hung_up = LogOnce::with_max_keys(log::Level::Warn, MAX_LOGGED_PEERS);
     loop {
         let mut items = [
             zap.as_poll_item(zmq::POLLIN),
@@ -310,7 +247,14 @@ fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
                 Ok(Some(event)) => {
                     if let Some(line) = refused_peer_line(&event) {
                         let key = format!("{} {}", event.event, event.address);
-                        logged.log(key, || line);
+                        // A peer that hung up before authenticating may be
+                        // a port probe or scan: a warning. A mechanism
+                        // mismatch is a node without the token: an error.
+                        if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL as u16 {
+                            hung_up.log(key, || line);
+                        } else {
+                            logged.log(key, || line);
+                        }
                     }
                 }
                 Ok(None) | Err(zmq::Error::EINTR) | Err(zmq::Error::EAGAIN) => {}
@@ -416,15 +360,18 @@ mod tests {
     }
 
     /// Why a DEALER offering `offered` is refused by a ROUTER protected by
-    /// `token` (none: a plain one), as [`watch_refusal`] reports it.
+    /// `token` (none: a plain one), as the link monitors report it.
     fn refusal(token: Option<&str>, offered: &str) -> String {
         let (_router, endpoint) = router(token);
         let (client, dealer) = dealer(Some(offered));
         let (tx, rx) = std::sync::mpsc::channel();
-        watch_refusal(&client, &dealer, &endpoint, move |e| {
-            let _ = tx.send(e.to_string());
+        let monitors = crate::monitor::Monitors::start(&client, move |_, e| {
+            if let crate::monitor::LinkEvent::Refused(why) = e {
+                let _ = tx.send(why);
+            }
         })
         .unwrap();
+        monitors.watch(&dealer, &endpoint).unwrap();
         dealer.connect(&endpoint).unwrap();
         rx.recv_timeout(Duration::from_secs(10)).unwrap()
     }

@@ -28,11 +28,12 @@ use crate::error::{Failure, StartTimeout, VanError};
 use crate::hold::HoldQueue;
 use crate::log_once::LogOnce;
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
+use crate::registration::{Offered, Registrations};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
 use crate::store::{ClientInput, Requester, StoreClient, StoreHost, StoreReply};
 use crate::transport::Transport;
-use pslite_proto::store::{StoreMsg, StoreOp};
+use pslite_proto::store::{OverLimit, StoreLimit, StoreMsg, StoreOp};
 
 /// Something the driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +48,12 @@ pub enum Output {
         identity: NodeId,
         /// How to reach it.
         route: Route,
+        /// The key to present with it (`ps<id>/<key>`, see
+        /// [`crate::transport::keyed_identity`]), when both entries carry one.
+        key: Option<u64>,
     },
+    /// Close the connection to `id` (opened by [`Output::Connect`]).
+    Disconnect(NodeId),
     /// Put this message on the connection to `meta.recver`.
     Send(Message),
     /// Hand this data message to the apps.
@@ -59,13 +65,18 @@ pub enum Output {
     PeerDead(NodeId, Failure),
     /// The node cannot go on: every wait fails.
     Failed(Failure),
-    /// Send this message to an admin client at `to`, which is not a cluster
-    /// member (`pslite status`), on a connection of its own.
-    Answer {
-        /// Where the client listens.
-        to: Node,
+    /// Send this message to an admin client (`pslite status`, `pslite
+    /// store`), which is not a cluster member, back on the connection its
+    /// request came on: through this node's ROUTER, to routing id `route`.
+    /// `reserved` bytes were added to [`Core::reply_gauge`] for it; the
+    /// driver takes them off once ZeroMQ has written or dropped it.
+    Reply {
+        /// The client's connection (the routing id ZeroMQ generated).
+        route: bytes::Bytes,
         /// The answer.
         msg: Message,
+        /// Its share of the reply budget.
+        reserved: usize,
     },
     /// Elastic mode: a round began (or this node joined one): `workers`
     /// in rank order.
@@ -143,6 +154,52 @@ pub struct Route {
     /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
     /// that process's descriptors).
     pub shm_pid: Option<u32>,
+}
+
+/// A message refused because its identity names a node of the table
+/// without that node's key: a stranger using a member's identity, or an
+/// earlier process of a node that was replaced. Its `Display` is the log
+/// line (the driver adds the connection's address).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityRefused {
+    /// The id the identity names.
+    pub id: NodeId,
+    /// The key it carried, if any.
+    pub presented: Option<u64>,
+    /// The message, described.
+    pub what: String,
+}
+
+impl std::fmt::Display for IdentityRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = self.id;
+        let identity = crate::transport::keyed_identity(id, self.presented);
+        write!(
+            f,
+            "ignoring messages with identity {identity}: it names node {id} without the key of \
+             node {id}'s process in the node table (a stranger using its identity, or an earlier \
+             process of node {id}); first one: {}",
+            self.what
+        )
+    }
+}
+
+/// What happened to one of this node's connections (its DEALER to a peer),
+/// as the driver's socket monitor saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// ZeroMQ's handshake with the peer went through: the connection is up.
+    Up,
+    /// The connection closed (the peer's process is gone, or the network
+    /// dropped it); ZeroMQ tries to connect again.
+    Down,
+    /// An attempt to connect failed (refused, or not accepted in time) and
+    /// ZeroMQ will try again: nothing listens at the peer's address, say
+    /// its process died before this node's connection came up.
+    Unreachable,
+    /// The peer refused the handshake (a wrong `PS_AUTH_TOKEN`, or a
+    /// mechanism mismatch); with why, naming what to set.
+    Refused(String),
 }
 
 /// What a node that has not joined yet waits for, worded for its log line.
@@ -256,6 +313,18 @@ pub struct Core {
     rejected: u64,
     /// Drops already warned about, by sender and cause.
     dropped: LogOnce<(NodeId, &'static str)>,
+    /// Ids whose identity was refused (logged once each).
+    refused_identities: HashSet<NodeId>,
+    /// On the scheduler: earlier processes (id, key) told to stop.
+    fenced: HashSet<(NodeId, u64)>,
+    /// On the scheduler: registrations waiting for their address to be
+    /// checked.
+    registrations: Registrations,
+    /// Refused registration addresses logged at warning level.
+    refusals_logged: HashSet<String>,
+    /// Bytes of answers to admin clients not written yet (see
+    /// [`Core::reply_gauge`]).
+    reply_bytes: Arc<std::sync::atomic::AtomicUsize>,
     stopped: bool,
     /// Stopping (finalized): only resends go on (no more deaths or losses
     /// declared) until the exit drain ends.
@@ -327,6 +396,15 @@ fn is_leaving_unwatch(msg: &Message) -> bool {
             .is_some_and(|s| s.op == StoreOp::Unwatch && s.keys.is_empty())
 }
 
+/// About how many bytes a store answer takes on the wire.
+fn reply_size(store: &StoreMsg) -> usize {
+    store.value.as_ref().map_or(0, |v| v.len())
+        + store.expected.as_ref().map_or(0, |v| v.len())
+        + store.values.iter().map(|v| v.len() + 4).sum::<usize>()
+        + store.keys.iter().map(|k| k.len() + 4).sum::<usize>()
+        + 64
+}
+
 impl Core {
     /// The core of the node `cfg` describes, listening at `port`. The first
     /// output connects to the scheduler (the scheduler to itself).
@@ -337,8 +415,12 @@ impl Core {
         } else {
             cfg.host.clone()
         };
+        let mut rng = StdRng::seed_from_u64(seed);
         let mut me = Node::new(cfg.role, host, port);
         me.pslite = true;
+        // The key this process presents in its identity to pslite peers:
+        // random, never 0 (0 means "no key").
+        me.key = rng.random::<u64>() | 1;
         if let Some((host, pid)) = &cfg.shm_identity {
             me.host = host.clone();
             me.pid = *pid;
@@ -387,7 +469,7 @@ impl Core {
             resender: cfg
                 .resend_timeout
                 .map(|t| Resender::new(t, cfg.max_resends)),
-            rng: StdRng::seed_from_u64(seed),
+            rng,
             counters: Arc::new(Counters::new()),
             next_timestamp: 0,
             connected: HashSet::new(),
@@ -401,6 +483,11 @@ impl Core {
             early_ids: BTreeSet::new(),
             rejected: 0,
             dropped: LogOnce::new(log::Level::Warn),
+            refused_identities: HashSet::new(),
+            fenced: HashSet::new(),
+            registrations: Registrations::default(),
+            refusals_logged: HashSet::new(),
+            reply_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             stopped: false,
             drain: None,
             changed: false,
@@ -421,7 +508,12 @@ impl Core {
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
         let identity = core.member.me().id;
-        core.connect(scheduler_node, identity);
+        let first = if is_scheduler {
+            core.member.me().clone()
+        } else {
+            scheduler_node
+        };
+        core.connect(first, identity);
         core
     }
 
@@ -553,7 +645,7 @@ impl Core {
         }
         let waited = self.member.timed_out()?;
         let missing = self.scheduler.as_ref().map(|s| s.missing());
-        Some(Err(VanError::StartTimeout(StartTimeout {
+        Some(Err(VanError::StartTimeout(Box::new(StartTimeout {
             waited,
             missing_servers: missing.map(|m| m.servers),
             missing_workers: missing.map(|m| m.workers),
@@ -562,7 +654,8 @@ impl Core {
             scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
             advertised: self.member.me().address(),
             identity_conflicts: self.identity_conflicts(),
-        })))
+            refused_registrations: self.registrations.refused().into(),
+        }))))
     }
 
     /// Prepares a message an app sends: checks that the node can send it,
@@ -612,10 +705,16 @@ impl Core {
     fn connect(&mut self, node: Node, identity: NodeId) {
         self.connected.insert(node.id);
         let route = self.route(&node);
+        let key = if identity == K_EMPTY {
+            None
+        } else {
+            self.expected_key_of(&node).map(|_| self.member.me().key)
+        };
         self.out.push(Output::Connect {
             node,
             identity,
             route,
+            key,
         });
     }
 
@@ -629,6 +728,14 @@ impl Core {
             .cfg
             .transport
             .connect_endpoint(&node.hostname, node.port);
+        if node.id < 0 {
+            // A registration's check: the address it names, as named.
+            return Route {
+                endpoint,
+                local: None,
+                shm_pid: None,
+            };
+        }
         let local = match (&self.cfg.shm_identity, self.cfg.transport) {
             (Some((host, _)), Transport::Tcp) if self.cfg.ipc && self.same_host(node) => {
                 Some(crate::transport::local_endpoint(host, node.pid, node.port))
@@ -656,10 +763,127 @@ impl Core {
 
     /// Node `id`'s process, if its frames may come through shared memory:
     /// a same-host pslite peer in the node table (never from the message).
-    pub fn shm_peer(&self, id: NodeId) -> Option<u32> {
-        self.member
-            .node(id)
+    /// `key` is the key the message's identity carried: a stranger using a
+    /// member's id is no shared-memory peer.
+    pub fn shm_peer(&self, id: NodeId, key: Option<u64>) -> Option<u32> {
+        self.sender_node(id, key)
             .and_then(|node| self.shm_peer_node(node))
+    }
+
+    /// What happened to this node's connection to `peer` (see
+    /// [`LinkEvent`]): a connection that closes and stays closed, with
+    /// nothing heard from the peer meanwhile, means its process is gone,
+    /// noticed within [`crate::member::LINK_GRACE`] instead of a heartbeat
+    /// timeout (the scheduler declares it dead; a node loses its
+    /// scheduler). A refused handshake with the scheduler fails a node
+    /// that has `PS_AUTH_TOKEN` at once.
+    pub fn link_event(&mut self, peer: NodeId, event: LinkEvent, now: Instant) {
+        if self.registrations.is_check(peer) {
+            match event {
+                LinkEvent::Up => {
+                    for msg in self.registrations.link_up(peer) {
+                        self.run_scheduler(&msg, now);
+                    }
+                    self.end_check(peer);
+                }
+                LinkEvent::Refused(why) => {
+                    if let Some((node, why)) = self.registrations.link_refused(peer, &why) {
+                        self.registration_refused(&node, &why);
+                    }
+                    self.end_check(peer);
+                }
+                // ZeroMQ tries again until the check's deadline.
+                LinkEvent::Down | LinkEvent::Unreachable => {}
+            }
+            return;
+        }
+        let to_scheduler = peer == SCHEDULER && self.scheduler.is_none();
+        match event {
+            LinkEvent::Refused(why) => {
+                if to_scheduler && self.cfg.auth_token.is_some() {
+                    self.fail(Failure::AuthRefused { detail: why }, now);
+                } else {
+                    debug!("the handshake with node {peer} failed: {why}");
+                }
+            }
+            // The scheduler connects to a process once it has registered,
+            // so it listens: a connection that cannot be made is as closed
+            // (a process killed before the scheduler's connection came up
+            // sends no DISCONNECTED). A node ignores it: it may reach the
+            // scheduler before the scheduler listens.
+            LinkEvent::Unreachable => {
+                if let Some(s) = &mut self.scheduler {
+                    debug!("cannot connect to node {peer} (ZeroMQ tries again)");
+                    s.link_down(peer, now);
+                }
+            }
+            LinkEvent::Up | LinkEvent::Down => {
+                let up = event == LinkEvent::Up;
+                debug!(
+                    "connection to node {peer} {}",
+                    if up { "up" } else { "closed" }
+                );
+                if let Some(s) = &mut self.scheduler {
+                    if up {
+                        s.link_up(peer);
+                    } else {
+                        s.link_down(peer, now);
+                    }
+                }
+                if to_scheduler {
+                    self.member.scheduler_link(up, now);
+                }
+            }
+        }
+    }
+
+    /// Whether this node's ROUTER may let a new connection take over an
+    /// identity in use (`ZMQ_ROUTER_HANDOVER`): yes while every member
+    /// presents a key (only the same process can present it again, say
+    /// after its old connection died silently); no once the table has a
+    /// node without one (a C++ node, whose plain `ps<id>` anyone can
+    /// present): then, as in C++ ps-lite, the first connection keeps it.
+    pub fn router_handover(&self) -> bool {
+        self.member.table().iter().all(|n| n.pslite && n.key != 0)
+    }
+
+    /// This node's own entry: in the node table once joined, else as it
+    /// registers.
+    fn my_entry(&self) -> &Node {
+        let me = self.member.me();
+        self.member.node(me.id).unwrap_or(me)
+    }
+
+    /// The key `peer` presents in its identity to this node (and this node
+    /// to it): its entry's, when both entries carry one (pslite nodes under
+    /// a pslite scheduler); `None`: the plain `ps<id>` of C++ ps-lite.
+    fn expected_key_of(&self, peer: &Node) -> Option<u64> {
+        let keyed = |n: &Node| n.pslite && n.key != 0;
+        (keyed(self.my_entry()) && keyed(peer)).then_some(peer.key)
+    }
+
+    /// The table entry of `sender` if a message whose identity carried
+    /// `key` may come from it (see [`Core::handle`]).
+    pub fn sender_node(&self, sender: NodeId, key: Option<u64>) -> Option<&Node> {
+        if self.identity_matches(sender, key) != Some(true) {
+            return None;
+        }
+        self.member.node(sender)
+    }
+
+    /// Whether a message from `sender` whose identity carried `key` may be
+    /// from that node: the key its table entry names, or none for a node
+    /// without a key. `None`: the sender is not in the table (yet).
+    fn identity_matches(&self, sender: NodeId, key: Option<u64>) -> Option<bool> {
+        if sender == K_EMPTY {
+            return Some(key.is_none());
+        }
+        let entry = if sender == self.member.me().id {
+            self.my_entry()
+        } else {
+            self.member.node(sender)?
+        };
+        Some(self.expected_key_of(entry) == key)
     }
 
     /// Sends a control message of the core's own (stamped with a timestamp
@@ -920,6 +1144,7 @@ impl Core {
             self.member.poll_timeout(),
             self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
             resends,
+            self.registrations.poll_timeout(),
             self.store_host.as_ref().and_then(StoreHost::poll_timeout),
             self.store_client.poll_timeout(),
         ]
@@ -941,7 +1166,10 @@ impl Core {
                 self.apply_scheduler(actions, now);
             }
             self.replica_tick(now);
-            self.store_forget_dead(now);
+            for (link, node, why) in self.registrations.tick(now) {
+                self.registration_refused(&node, &why);
+                self.end_check(link);
+            }
             if self.deaf_since.is_none() {
                 self.store_forget_dead(now);
             }
@@ -994,21 +1222,28 @@ impl Core {
         }
     }
 
-    /// Handles one message that arrived, with `meta.sender` set from the
-    /// sender's identity ([`K_EMPTY`] if it had none).
-    pub fn handle(&mut self, msg: Message, now: Instant) {
-        self.receive(msg, now);
+    /// Handles one message that arrived, with `meta.sender` (and
+    /// `meta.sender_key`) set from the sender's identity ([`K_EMPTY`] if it
+    /// had none). Returns, the first time a sender is refused for it, why
+    /// its identity was refused (the driver logs it with the connection's
+    /// address).
+    pub fn handle(&mut self, msg: Message, now: Instant) -> Option<IdentityRefused> {
+        let refused = self.receive(msg, now);
         if self.drain.is_some() {
             self.check_drain(now);
         }
+        refused
     }
 
-    fn receive(&mut self, mut msg: Message, now: Instant) {
+    fn receive(&mut self, mut msg: Message, now: Instant) -> Option<IdentityRefused> {
         if self.stopped {
-            return;
+            return None;
         }
         let sender = msg.meta.sender;
         msg.meta.recver = self.member.me().id;
+        if self.identity_matches(sender, msg.meta.sender_key) == Some(false) {
+            return self.refuse_identity(&msg, now);
+        }
         if sender != K_EMPTY {
             self.member.heard_from(sender, now);
             if self.heard.insert(sender) {
@@ -1023,14 +1258,22 @@ impl Core {
         {
             self.counters.dropped(DropReason::Injected);
             debug!("dropping {} (PS_DROP_MSG)", crate::describe(&msg));
-            return;
+            return None;
         }
         let mut ack = None;
         if self.scheduler.is_some() && sender != K_EMPTY {
             // Anything from a node proves it has its table (a C++ node cannot
-            // acknowledge the table: it has no id when it arrives).
+            // acknowledge the table: it has no id when it arrives). Only a
+            // table that names the node: an update of another's entry (a
+            // replacement's new address and key) is not proven by a message
+            // the node may have sent before it arrived, and lost, it leaves
+            // the node refusing the replacement's identity for good.
             if let Some(r) = &mut self.resender {
-                r.settle(|m| m.meta.recver == sender && m.meta.control.cmd == Command::AddNode);
+                r.settle(|m| {
+                    m.meta.recver == sender
+                        && m.meta.control.cmd == Command::AddNode
+                        && m.meta.control.node.iter().any(|n| n.id == sender)
+                });
             }
         }
         if self.resender.is_some() {
@@ -1045,7 +1288,7 @@ impl Core {
                 }
             }
             let Some(r) = &mut self.resender else {
-                return;
+                return None;
             };
             let (received, a) = r.on_receive(&msg, now);
             ack = a;
@@ -1057,12 +1300,12 @@ impl Core {
                     if let Some(ack) = ack {
                         self.emit(ack, now);
                     }
-                    return;
+                    return None;
                 }
                 Received::Ack => {
                     self.acked_by.insert(sender);
                     self.changed = true;
-                    return;
+                    return None;
                 }
             }
         }
@@ -1072,18 +1315,61 @@ impl Core {
         if let Some(ack) = ack {
             self.emit(ack, now);
         }
+        None
+    }
+
+    /// Drops a message whose identity names a node of the table without
+    /// that node's key (see [`Core::handle`]). On the scheduler, a message
+    /// from an earlier process of a node that was replaced gets that
+    /// process fenced: it is told (LEAVE naming its replacement) and stops.
+    fn refuse_identity(&mut self, msg: &Message, now: Instant) -> Option<IdentityRefused> {
+        let sender = msg.meta.sender;
+        let fence = self
+            .scheduler
+            .as_ref()
+            .and_then(|s| s.replaced(sender, msg.meta.sender_key))
+            .map(|(old, new)| (old.clone(), new.clone()));
+        if let Some((mut old, new)) = fence {
+            if self.fenced.insert((sender, old.key)) {
+                warn!(
+                    "scheduler: {old} sent a message after {} took its place: telling it to stop",
+                    new.address()
+                );
+                // Its own connection (never node `sender`'s): under an id
+                // no node has.
+                old.id = -sender;
+                let link = old.id;
+                self.connect(old, SCHEDULER);
+                let mut leave = Message::control(Command::Leave, link);
+                leave.meta.control.node = vec![new];
+                self.emit(leave, now);
+            }
+        }
+        self.counters.dropped(DropReason::UnknownPeer);
+        let first = self.refused_identities.len() < 1024 && self.refused_identities.insert(sender);
+        let refusal = IdentityRefused {
+            id: sender,
+            presented: msg.meta.sender_key,
+            what: crate::describe(msg),
+        };
+        if first {
+            Some(refusal)
+        } else {
+            debug!("{refusal}");
+            None
+        }
     }
 
     fn dispatch(&mut self, msg: Message, now: Instant) {
         let is_scheduler = self.scheduler.is_some();
         match msg.meta.control.cmd {
             Command::Empty => self.data(msg, now),
+            // Never obeyed from the wire: a node stops itself in-process.
             Command::Terminate => {
-                // Never obeyed from the wire: a node stops itself in-process.
-                warn!(
-                    "dropping TERMINATE from node {}: nodes stop themselves",
-                    msg.meta.sender
-                );
+                self.drop_logged(msg.meta.sender, "TERMINATE", "nodes stop themselves")
+            }
+            Command::AddNode if is_scheduler && msg.meta.sender == K_EMPTY => {
+                self.check_registration(msg, now)
             }
             Command::AddNode if is_scheduler && self.replica_refuses(&msg) => {}
             Command::AddNode | Command::Heartbeat | Command::Status if is_scheduler => {
@@ -1092,13 +1378,15 @@ impl Core {
             Command::Replica => self.replica_control(msg, now),
             Command::Barrier if is_scheduler && msg.meta.request => self.run_scheduler(&msg, now),
             Command::Leave if is_scheduler => self.run_scheduler(&msg, now),
-            Command::Leave if self.cfg.elastic.is_some() => {
+            Command::Leave if msg.meta.sender == SCHEDULER => {
                 let actions = self.member.on_leave(&msg);
                 self.apply_member(actions, now);
             }
-            Command::Leave => {
-                self.drop_logged(msg.meta.sender, "LEAVE", "this is not an elastic job")
-            }
+            Command::Leave => self.drop_logged(
+                msg.meta.sender,
+                "LEAVE",
+                "only workers send it, and only to the scheduler",
+            ),
             Command::AddNode => {
                 let actions = self.member.on_node_table(&msg, now);
                 self.apply_member(actions, now);
@@ -1108,6 +1396,12 @@ impl Core {
                     }
                 }
             }
+            Command::Barrier if msg.meta.sender != SCHEDULER || msg.meta.request => self
+                .drop_logged(
+                    msg.meta.sender,
+                    "BARRIER",
+                    "only the scheduler releases barriers",
+                ),
             Command::Barrier => {
                 self.member.on_barrier_release(&msg);
                 self.settle_with_scheduler(Command::Barrier, &msg);
@@ -1116,8 +1410,14 @@ impl Core {
             Command::Heartbeat => {
                 self.settle_with_scheduler(Command::Heartbeat, &msg);
                 if msg.meta.sender == SCHEDULER && self.member.is_joined() {
-                    self.member
-                        .on_scheduler_heartbeat(&msg.meta.control.dead_nodes, now);
+                    // Only a pslite scheduler sends a dead list; from a C++
+                    // one (whose identity carries no key) it is forged.
+                    let dead: &[NodeId] = if self.scheduler_is_pslite() {
+                        &msg.meta.control.dead_nodes
+                    } else {
+                        &[]
+                    };
+                    self.member.on_scheduler_heartbeat(dead, now);
                 }
             }
             Command::Store if is_scheduler && msg.meta.request => self.run_store(msg, now),
@@ -1127,6 +1427,12 @@ impl Core {
                 self.drop_logged(msg.meta.sender, "STATUS", "only the scheduler answers it")
             }
         }
+    }
+
+    /// Whether this node's scheduler is a pslite one (its table entry says
+    /// so; the scheduler itself is).
+    fn scheduler_is_pslite(&self) -> bool {
+        self.scheduler.is_some() || self.member.node(SCHEDULER).is_some_and(|n| n.pslite)
     }
 
     /// The scheduler's answer settles this node's requests of the same kind:
@@ -1161,6 +1467,46 @@ impl Core {
         if early && self.early_ids.len() < 16 {
             self.early_ids.insert(sender);
         }
+    }
+
+    /// On the scheduler: a registration (ADD_NODE from a process without
+    /// an id) counts once its address completed a handshake (see
+    /// [`crate::registration`]).
+    fn check_registration(&mut self, msg: Message, now: Instant) {
+        let node = match msg.meta.control.node.as_slice() {
+            [node] if !node.hostname.is_empty() && (1..=65535).contains(&node.port) => node.clone(),
+            // Malformed: the scheduler says why.
+            _ => return self.run_scheduler(&msg, now),
+        };
+        match self.registrations.offer(msg, &node, now) {
+            Offered::Check(target) => self.connect(target, K_EMPTY),
+            Offered::Held => {}
+            Offered::Refused(why) => self.registration_refused(&node, &why),
+        }
+    }
+
+    fn registration_refused(&mut self, node: &Node, why: &str) {
+        let line = format!(
+            "scheduler: refusing the registration of {node}: {why} (a forged registration, or \
+             a node the scheduler cannot reach at the address it advertises: check \
+             DMLC_NODE_HOST)"
+        );
+        if self.refusals_logged.len() < 256 && self.refusals_logged.insert(node.address()) {
+            warn!("{line}");
+        } else {
+            debug!("{line}");
+        }
+    }
+
+    /// Whether `link` is the connection of a registration check under way.
+    pub fn is_checking(&self, link: NodeId) -> bool {
+        self.registrations.is_check(link)
+    }
+
+    /// Closes the connection of a registration check.
+    fn end_check(&mut self, link: NodeId) {
+        self.connected.remove(&link);
+        self.out.push(Output::Disconnect(link));
     }
 
     fn run_scheduler(&mut self, msg: &Message, now: Instant) {
@@ -1205,14 +1551,16 @@ impl Core {
                     self.replica_attach(&mut msg);
                     self.emit(msg, now)
                 }
-                Action::Answer { to, mut msg } => {
+                Action::Reply { route, mut msg } => {
                     // The scheduler's own row carries its own counters.
                     if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
                         row.counters = Some(self.counters.snapshot());
                         row.counters_age = Some(Duration::ZERO);
                     }
                     msg.meta.sender = SCHEDULER;
-                    self.out.push(Output::Answer { to, msg });
+                    if !self.reply(route, msg) {
+                        debug!("scheduler: a status answer waits on too many unread answers");
+                    }
                 }
                 Action::Failed(f) => self.fail(f, now),
                 Action::RoundBegan { round, workers } => {
@@ -1354,6 +1702,11 @@ impl Core {
         }
         if !self.member.is_joined() {
             self.hold(msg);
+            return;
+        }
+        if self.identity_matches(sender, msg.meta.sender_key) == Some(false) {
+            // Held before the table named its sender's key.
+            self.reject(&msg, "its identity lacks the key of its node's process");
             return;
         }
         if !self.member.is_member(sender) {
@@ -1596,12 +1949,12 @@ impl Core {
             return;
         };
         let from = if sender == K_EMPTY {
-            match msg.meta.control.node.as_slice() {
-                [client] if !client.hostname.is_empty() && (1..=65535).contains(&client.port) => {
-                    Requester::Admin(client.clone())
-                }
-                _ => {
-                    warn!("scheduler: dropping a STORE request without a usable reply address");
+            // An admin client: answered on its connection, whatever
+            // address its request names.
+            match msg.meta.route {
+                Some(route) => Requester::Admin(route),
+                None => {
+                    debug!("scheduler: dropping a STORE request from an unknown peer");
                     return;
                 }
             }
@@ -1626,17 +1979,79 @@ impl Core {
                     msg.meta.store = Some(Box::new(store));
                     self.emit(msg, now);
                 }
-                Requester::Admin(node) => {
+                Requester::Admin(route) => {
                     let mut msg = Message::control(Command::Store, K_EMPTY);
                     // The admin client pairs answers by timestamp: its
                     // requests carry it as their id.
                     msg.meta.timestamp = (store.id & i32::MAX as u64) as i32;
                     msg.meta.sender = SCHEDULER;
+                    let event = store.op == StoreOp::Event;
+                    let over = OverLimit {
+                        which: StoreLimit::Bytes,
+                        size: reply_size(&store) as u64,
+                        limit: self.cfg.store_limits.max_total as u64,
+                    };
+                    let refusal = (!event).then(|| store.over_limit(over));
                     msg.meta.store = Some(Box::new(store));
-                    self.out.push(Output::Answer { to: node, msg });
+                    if self.reply(route.clone(), msg.clone()) {
+                        continue;
+                    }
+                    // Over the budget of unread answers: an answer becomes
+                    // its refusal; a client too slow for its events loses
+                    // its watches (it is told nothing more).
+                    match refusal {
+                        Some(refusal) => {
+                            msg.meta.store = Some(Box::new(refusal));
+                            self.reply_unbudgeted(route, msg);
+                        }
+                        None => {
+                            if let Some(host) = &mut self.store_host {
+                                host.forget(&Requester::Admin(route));
+                            }
+                            debug!("scheduler: an admin client reads its events too slowly: its watches end");
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// Sends `msg` back to an admin client on connection `route`, if the
+    /// answers to admin clients that ZeroMQ has not written yet leave room
+    /// for it under `PS_STORE_MAX_BYTES`; false if not (nothing is sent).
+    fn reply(&mut self, route: bytes::Bytes, msg: Message) -> bool {
+        use std::sync::atomic::Ordering;
+        let size =
+            msg.meta.store.as_deref().map_or(0, reply_size) + msg.meta.status.len() * 512 + 256;
+        let budget = self.cfg.store_limits.max_total;
+        let queued = self.reply_bytes.load(Ordering::Relaxed);
+        if queued + size > budget {
+            return false;
+        }
+        self.reply_bytes.fetch_add(size, Ordering::Relaxed);
+        self.out.push(Output::Reply {
+            route,
+            msg,
+            reserved: size,
+        });
+        true
+    }
+
+    /// Sends a small answer (a refusal) back to an admin client whatever
+    /// the budget.
+    fn reply_unbudgeted(&mut self, route: bytes::Bytes, msg: Message) {
+        self.out.push(Output::Reply {
+            route,
+            msg,
+            reserved: 0,
+        });
+    }
+
+    /// Bytes of answers to admin clients that ZeroMQ has not written (or
+    /// dropped) yet: the driver takes each [`Output::Reply`]'s `reserved`
+    /// off once it has.
+    pub fn reply_gauge(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        Arc::clone(&self.reply_bytes)
     }
 
     /// A store answer or event from the scheduler.

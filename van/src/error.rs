@@ -26,6 +26,28 @@ pub enum Failure {
         /// The heartbeat timeout.
         timeout_secs: u64,
     },
+    /// The connection to the scheduler closed and it accepts no new one:
+    /// its process is gone.
+    #[error(
+        "lost the scheduler at {address}: its connection closed and it accepts no new one \
+         (the scheduler's process is gone)"
+    )]
+    SchedulerClosed {
+        /// Where the scheduler was.
+        address: String,
+    },
+    /// The scheduler took this node for dead while it was stopped or cut
+    /// off, and gave its id to another process: this one must stop.
+    #[error(
+        "this node ({id}) was taken for dead while it was stopped or cut off, and {by} took \
+         its place: it must not come back (raise PS_HEARTBEAT_TIMEOUT if it was only slow)"
+    )]
+    Replaced {
+        /// This node's id.
+        id: NodeId,
+        /// The process that replaced it.
+        by: String,
+    },
     /// A message was never acknowledged, even after every resend
     /// (`PS_RESEND=1`).
     #[error("node {peer} did not acknowledge {what} after {tries} resends (PS_RESEND)")]
@@ -176,6 +198,9 @@ pub struct StartTimeout {
     /// Identities that connected twice while forming (ZeroMQ refuses a
     /// second connection with an identity in use): a possible conflict.
     pub identity_conflicts: Vec<NodeId>,
+    /// On the scheduler: registrations refused because nothing at the
+    /// address they name completed a handshake (the latest few).
+    pub refused_registrations: Box<[String]>,
 }
 
 impl fmt::Display for StartTimeout {
@@ -198,7 +223,16 @@ impl fmt::Display for StartTimeout {
                 self.scheduler, self.advertised, self.num_servers, self.num_workers
             )?,
         }
-        f.write_str(&identity_hint(&self.identity_conflicts))
+        f.write_str(&identity_hint(&self.identity_conflicts))?;
+        if !self.refused_registrations.is_empty() {
+            write!(
+                f,
+                "; refused registrations: {} (forged, or nodes the scheduler cannot reach at \
+                 the address they advertise)",
+                self.refused_registrations.join("; ")
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -259,7 +293,7 @@ pub enum VanError {
     NotReady,
     /// The cluster did not form before the start deadline.
     #[error("{0}")]
-    StartTimeout(StartTimeout),
+    StartTimeout(Box<StartTimeout>),
     /// A barrier was not released before its deadline.
     #[error(
         "barrier over group {group} was not released within {secs} s{}",

@@ -40,6 +40,7 @@ struct Packet {
     seq: u64,
     to: usize,
     identity: NodeId,
+    key: Option<u64>,
     msg: Message,
 }
 
@@ -53,6 +54,8 @@ pub struct SimNode {
     pub port: i32,
     /// Whether it runs (a killed node receives and does nothing).
     pub alive: bool,
+    /// Stopped (SIGSTOP): packets to it wait.
+    paused: bool,
     /// Data messages delivered to its apps.
     pub delivered: Vec<Message>,
     /// How many deliveries its apps take in all (`None`: any number): past
@@ -68,8 +71,11 @@ pub struct SimNode {
     pub waiting: Vec<Duration>,
     /// What each of those reports says it waits for.
     pub waiting_for: Vec<crate::core::WaitingFor>,
-    /// Answers to admin clients (`pslite status`), with where they went.
-    pub answers: Vec<(Node, Message)>,
+    /// Answers to admin clients (`pslite status`), with the connection
+    /// (routing id) they went to, not read yet (their share of the reply
+    /// budget stays taken until [`Network::read_answers`]).
+    pub answers: Vec<(bytes::Bytes, Message)>,
+    reserved: usize,
     /// Elastic rounds reported: (round, workers in rank order).
     pub rounds: Vec<(u64, Vec<NodeId>)>,
     /// The app that answers KV requests (replication tests), if any.
@@ -78,8 +84,10 @@ pub struct SimNode {
     pub maps: Vec<pslite_proto::replica::RangeMap>,
     /// Store events handed to this process's watchers: (watcher, event).
     pub store_events: Vec<(u64, pslite_proto::store::StoreMsg)>,
-    /// Connections: peer id -> (node index or none, identity used).
-    conns: HashMap<NodeId, (Option<usize>, NodeId)>,
+    /// Connections: peer id -> (node index or none, identity and key used).
+    conns: HashMap<NodeId, (Option<usize>, NodeId, Option<u64>)>,
+    /// Identities refused (a stranger's, or an earlier process's).
+    pub refused: Vec<crate::core::IdentityRefused>,
 }
 
 /// The network: nodes, packets in flight, and the virtual clock.
@@ -93,6 +101,10 @@ pub struct Network {
     /// Template configuration of new nodes.
     pub config: VanConfig,
     packets: Vec<Packet>,
+    /// Connection events due: (when, node, its peer, what), as a socket
+    /// monitor reports them (connections come up 1 ms after they are
+    /// opened to a live node; a killed node's connections close at once).
+    links: Vec<(Instant, usize, NodeId, crate::core::LinkEvent)>,
     rng: StdRng,
     seq: u64,
     /// Steps taken without the clock moving (a busy-loop detector).
@@ -121,6 +133,7 @@ impl Network {
                 ..config
             },
             packets: Vec::new(),
+            links: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
             seq: 0,
             stalled_steps: 0,
@@ -164,6 +177,7 @@ impl Network {
             host: "127.0.0.1".into(),
             port,
             alive: true,
+            paused: false,
             delivered: Vec::new(),
             app_capacity: None,
             failures: Vec::new(),
@@ -177,15 +191,54 @@ impl Network {
             maps: Vec::new(),
             store_events: Vec::new(),
             conns: HashMap::new(),
+            refused: Vec::new(),
+            reserved: 0,
         });
         let i = self.nodes.len() - 1;
         self.flush(i);
         i
     }
 
-    /// Kills node `i`: it stops receiving and ticking.
+    /// Kills node `i`: it stops receiving and ticking, and every
+    /// connection to it closes (as the kernel closes a dead process's
+    /// sockets).
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].alive = false;
+        self.close_links_to(i);
+    }
+
+    /// Stops node `i` as SIGSTOP would: it does nothing, but its
+    /// connections stay open and what is sent to it waits in its socket.
+    /// [`Network::resume`] continues it.
+    pub fn pause(&mut self, i: usize) {
+        self.nodes[i].alive = false;
+        self.nodes[i].paused = true;
+    }
+
+    /// Continues node `i` after [`Network::pause`]: what arrived meanwhile
+    /// is read first, then its clock runs (it jumped).
+    pub fn resume(&mut self, i: usize) {
+        self.nodes[i].alive = true;
+        self.nodes[i].paused = false;
+        let now = self.now;
+        for p in &mut self.packets {
+            if p.to == i && p.at < now {
+                p.at = now;
+            }
+        }
+    }
+
+    /// Every connection to node `i` closes now.
+    fn close_links_to(&mut self, i: usize) {
+        let now = self.now;
+        for (j, n) in self.nodes.iter().enumerate() {
+            for (&peer, &(target, _, _)) in &n.conns {
+                if target == Some(i) {
+                    self.links
+                        .push((now, j, peer, crate::core::LinkEvent::Down));
+                }
+            }
+        }
     }
 
     /// Replaces node `i` by a fresh process at the same address (a restart).
@@ -198,9 +251,11 @@ impl Network {
             ..self.config.clone()
         };
         let seed = self.rng.random();
+        self.close_links_to(i);
         let node = &mut self.nodes[i];
         node.core = Core::new(&cfg, port, self.now, seed);
         node.alive = true;
+        node.paused = false;
         node.conns.clear();
         node.delivered.clear();
         node.failures.clear();
@@ -344,15 +399,34 @@ impl Network {
             if outputs.is_empty() {
                 return;
             }
-            // Connections at once, as the Van opens them under the core's
-            // lock: a send carried out meanwhile (an app's answer) finds them.
+            // Connections (and disconnections, in order) at once, as the Van
+            // opens them under the core's lock: a send carried out meanwhile
+            // (an app's answer) finds them.
             for out in &outputs {
-                if let Output::Connect { node, identity, .. } = out {
-                    let target = self
-                        .nodes
-                        .iter()
-                        .position(|n| n.host == node.hostname && n.port == node.port);
-                    self.nodes[i].conns.insert(node.id, (target, *identity));
+                match out {
+                    Output::Connect {
+                        node,
+                        identity,
+                        key,
+                        ..
+                    } => {
+                        let target = self
+                            .nodes
+                            .iter()
+                            .position(|n| n.host == node.hostname && n.port == node.port);
+                        if target.is_some_and(|t| self.nodes[t].alive) {
+                            let at = self.now + Duration::from_millis(1);
+                            self.links
+                                .push((at, i, node.id, crate::core::LinkEvent::Up));
+                        }
+                        self.nodes[i]
+                            .conns
+                            .insert(node.id, (target, *identity, *key));
+                    }
+                    Output::Disconnect(id) => {
+                        self.nodes[i].conns.remove(id);
+                    }
+                    _ => {}
                 }
             }
             self.carry_out(i, outputs);
@@ -424,7 +498,7 @@ impl Network {
                     }
                 }
                 Output::RangeMap(map) => self.nodes[i].maps.push(map),
-                Output::Connect { .. } => {} // opened by flush
+                Output::Connect { .. } | Output::Disconnect(_) => {} // carried out by flush
                 Output::Send(msg) => self.transmit(i, msg),
                 Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
                 Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),
@@ -434,7 +508,14 @@ impl Network {
                     self.nodes[i].waiting.push(waited);
                     self.nodes[i].waiting_for.push(what);
                 }
-                Output::Answer { to, msg } => self.nodes[i].answers.push((to, msg)),
+                Output::Reply {
+                    route,
+                    msg,
+                    reserved,
+                } => {
+                    self.nodes[i].reserved += reserved;
+                    self.nodes[i].answers.push((route, msg));
+                }
                 Output::RoundBegan { round, workers } => {
                     self.nodes[i].rounds.push((round, workers))
                 }
@@ -462,7 +543,7 @@ impl Network {
         if !self.nodes[i].alive {
             return;
         }
-        let Some(&(Some(to), identity)) = self.nodes[i].conns.get(&msg.meta.recver) else {
+        let Some(&(Some(to), identity, key)) = self.nodes[i].conns.get(&msg.meta.recver) else {
             return; // no connection, or to an address where nobody listens
         };
         let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
@@ -488,6 +569,7 @@ impl Network {
                 seq: self.seq,
                 to,
                 identity,
+                key,
                 msg: msg.clone(),
             });
         }
@@ -499,8 +581,9 @@ impl Network {
         let packets = self
             .packets
             .iter()
-            .filter(|p| self.reads(p.to) || !self.nodes[p.to].alive)
+            .filter(|p| !self.nodes[p.to].paused && (self.reads(p.to) || !self.nodes[p.to].alive))
             .map(|p| p.at)
+            .chain(self.links.iter().map(|l| l.0))
             .min();
         let timers = self
             .nodes
@@ -533,14 +616,34 @@ impl Network {
         let mut due: Vec<Packet> = Vec::new();
         let mut i = 0;
         while i < self.packets.len() {
+            // A stopped node's packets wait in its socket, as do a full
+            // node's (it reads nothing).
             let p = &self.packets[i];
-            if p.at <= now && (self.reads(p.to) || !self.nodes[p.to].alive) {
+            if p.at <= now
+                && !self.nodes[p.to].paused
+                && (self.reads(p.to) || !self.nodes[p.to].alive)
+            {
                 due.push(self.packets.swap_remove(i));
             } else {
                 i += 1;
             }
         }
         due.sort_by_key(|p| (p.at, p.seq));
+        let mut events = Vec::new();
+        let mut k = 0;
+        while k < self.links.len() {
+            if self.links[k].0 <= now {
+                events.push(self.links.remove(k));
+            } else {
+                k += 1;
+            }
+        }
+        for (_, i, peer, event) in events {
+            if self.nodes[i].alive {
+                self.nodes[i].core.link_event(peer, event, now);
+                self.flush(i);
+            }
+        }
         for p in due {
             if !self.nodes[p.to].alive {
                 continue;
@@ -554,11 +657,14 @@ impl Network {
             // connection's identity.
             let mut meta = Meta::decode(&p.msg.meta.encode()).expect("a meta we encoded decodes");
             meta.sender = p.identity;
+            meta.sender_key = p.key;
             let msg = Message {
                 meta,
                 data: p.msg.data,
             };
-            self.nodes[p.to].core.handle(msg, now);
+            if let Some(refused) = self.nodes[p.to].core.handle(msg, now) {
+                self.nodes[p.to].refused.push(refused);
+            }
             self.flush(p.to);
         }
         for i in 0..self.nodes.len() {
@@ -614,6 +720,22 @@ impl Network {
         msg.meta.sender = self.nodes[from].core.me().id;
         msg.data = vec![bytes::Bytes::from(ts.to_le_bytes().to_vec())];
         msg
+    }
+
+    /// The admin clients read node `i`'s answers: returns them, and their
+    /// share of the reply budget is free again.
+    pub fn read_answers(&mut self, i: usize) -> Vec<(bytes::Bytes, Message)> {
+        let node = &mut self.nodes[i];
+        let gauge = node.core.reply_gauge();
+        gauge.fetch_sub(node.reserved, std::sync::atomic::Ordering::Relaxed);
+        node.reserved = 0;
+        std::mem::take(&mut node.answers)
+    }
+
+    /// The key the live node with id `id` presents in its identity (what a
+    /// test that forges a member's message must know).
+    pub fn key_of(&self, id: NodeId) -> Option<u64> {
+        self.index_of(id).map(|i| self.nodes[i].core.me().key)
     }
 
     /// The id of node `i`.
@@ -751,6 +873,8 @@ mod backpressure_tests;
 mod deadline_tests;
 #[cfg(test)]
 mod elastic_tests;
+#[cfg(test)]
+mod identity_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]

@@ -53,7 +53,6 @@
 //! ```
 
 pub mod admin;
-mod admin_dealers;
 pub mod auth;
 mod bind;
 mod config;
@@ -67,6 +66,8 @@ pub mod hold;
 mod links;
 mod log_once;
 mod member;
+mod monitor;
+mod registration;
 pub mod rendezvous;
 pub mod replica;
 pub mod resender;

@@ -31,6 +31,7 @@ use crate::core::Route;
 use crate::counters::Counters;
 use crate::hold::HoldQueue;
 use crate::log_once::LogOnce;
+use crate::monitor::Monitors;
 use crate::shm;
 use crate::transport;
 use crate::VanError;
@@ -101,22 +102,31 @@ pub(crate) struct Links {
     pool: Option<Arc<shm::Pool>>,
     /// Peers whose messages were dropped for want of room, warned about.
     dropped: Mutex<LogOnce<NodeId>>,
+    /// The watch on every DEALER's connection ([`crate::monitor`]).
+    monitors: Monitors,
+    /// Which peer each watched DEALER reaches, by its watch's tag (only the
+    /// current DEALER of each peer).
+    tags: Mutex<HashMap<u64, NodeId>>,
 }
 
-/// Opens a DEALER connected to `endpoint` as `ps<identity>` (anonymous for
-/// [`K_EMPTY`]), with `config`'s linger, high-water mark and token.
-pub(crate) fn open_dealer(
+/// Opens a DEALER connected to `endpoint` as `ps<identity>` or
+/// `ps<identity>/<key>` (anonymous for [`K_EMPTY`]), with `config`'s linger,
+/// high-water mark and token; `before_connect` runs on it just before it
+/// connects (to watch it from its first event).
+fn open_dealer(
     ctx: &zmq::Context,
     config: &VanConfig,
     identity: NodeId,
+    key: Option<u64>,
     endpoint: &str,
+    before_connect: impl FnOnce(&zmq::Socket) -> Result<(), VanError>,
 ) -> Result<zmq::Socket, VanError> {
     let socket = ctx
         .socket(zmq::DEALER)
         .map_err(zmq_err("creating a DEALER"))?;
     if identity != K_EMPTY {
         socket
-            .set_identity(transport::identity(identity).as_bytes())
+            .set_identity(transport::keyed_identity(identity, key).as_bytes())
             .map_err(zmq_err("setting the identity"))?;
     }
     socket
@@ -139,6 +149,7 @@ pub(crate) fn open_dealer(
             .set_ipv6(true)
             .map_err(zmq_err("enabling IPv6 on a DEALER"))?;
     }
+    before_connect(&socket)?;
     socket
         .connect(endpoint)
         .map_err(zmq_err(format!("connecting to {endpoint}")))?;
@@ -151,6 +162,7 @@ impl Links {
         config: VanConfig,
         counters: Arc<Counters>,
         pool: Option<Arc<shm::Pool>>,
+        monitors: Monitors,
     ) -> Links {
         Links {
             ctx,
@@ -160,6 +172,24 @@ impl Links {
             counters,
             pool,
             dropped: Mutex::new(LogOnce::new(log::Level::Warn)),
+            monitors,
+            tags: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The peer whose current DEALER the watch `tag` is on (`None`: a
+    /// DEALER since replaced or closed).
+    pub(crate) fn peer_of(&self, tag: u64) -> Option<NodeId> {
+        lock(&self.tags).get(&tag).copied()
+    }
+
+    /// Closes the connection to `id` (what waits for it is dropped).
+    pub(crate) fn remove(&self, id: NodeId) {
+        lock(&self.tags).retain(|_, p| *p != id);
+        if let Some(old) = lock(&self.links).remove(&id) {
+            let lost = lock(&old.waiting).drain();
+            self.waiting.fetch_sub(lost.len(), Ordering::Relaxed);
+            self.discard(lost);
         }
     }
 
@@ -180,11 +210,14 @@ impl Links {
     }
 
     /// Opens the DEALER to `node` reserved by [`Links::reserve`], as
-    /// `ps<identity>`, the way `route` says, then writes what waits for it.
+    /// `ps<identity>` (with `key`, see [`transport::keyed_identity`]), the
+    /// way `route` says, watched from before it connects; then writes what
+    /// waits for it.
     pub(crate) fn open(
         &self,
         node: &Node,
         identity: NodeId,
+        key: Option<u64>,
         route: &Route,
         mode: Mode,
     ) -> Result<(), VanError> {
@@ -196,7 +229,15 @@ impl Links {
             Some(local) if transport::local_listening(local) => local,
             _ => &route.endpoint,
         };
-        let socket = match open_dealer(&self.ctx, &self.config, identity, endpoint) {
+        let watch = |socket: &zmq::Socket| {
+            let tag = self.monitors.watch(socket, endpoint)?;
+            let mut tags = lock(&self.tags);
+            tags.retain(|_, p| *p != node.id);
+            tags.insert(tag, node.id);
+            Ok(())
+        };
+        let opened = open_dealer(&self.ctx, &self.config, identity, key, endpoint, watch);
+        let socket = match opened {
             Ok(socket) => socket,
             Err(e) => {
                 // Messages to the peer fail as to an unknown one.
@@ -206,7 +247,11 @@ impl Links {
         };
         // ZeroMQ connects in the background: "connected" is logged when the
         // first message from the node arrives.
-        debug!("connecting to node {} at {endpoint}", node.id);
+        if node.id < 0 {
+            debug!("connecting to {endpoint} (a registration's check)");
+        } else {
+            debug!("connecting to node {} at {endpoint}", node.id);
+        }
         let shm_pid = route.shm_pid.filter(|&pid| shm::can_reach(pid));
         if let Some(pid) = shm_pid.filter(|&pid| pid != std::process::id()) {
             info!(
@@ -237,17 +282,6 @@ impl Links {
 
     fn link(&self, id: NodeId) -> Option<Arc<Link>> {
         lock(&self.links).get(&id).cloned()
-    }
-
-    /// Runs `f` on the DEALER to peer `id`, once open.
-    pub(crate) fn with_socket<T>(
-        &self,
-        id: NodeId,
-        f: impl FnOnce(&zmq::Socket) -> T,
-    ) -> Option<T> {
-        let link = self.link(id)?;
-        let socket = lock(&link.socket);
-        socket.as_ref().map(f)
     }
 
     /// Puts `msg` on the connection to `meta.recver` (see the module docs
@@ -413,6 +447,7 @@ impl Links {
 
     /// Closes every DEALER (what waits is dropped).
     pub(crate) fn clear(&self) {
+        lock(&self.tags).clear();
         let links: Vec<Arc<Link>> = lock(&self.links).drain().map(|(_, l)| l).collect();
         for link in links {
             let lost = lock(&link.waiting).drain();
@@ -441,7 +476,14 @@ mod tests {
             water_mark: Some(10),
             ..VanConfig::default()
         };
-        let links = Links::new(ctx.clone(), config, Arc::new(Counters::new()), None);
+        let monitors = Monitors::start(&ctx, |_, _| {}).unwrap();
+        let links = Links::new(
+            ctx.clone(),
+            config,
+            Arc::new(Counters::new()),
+            None,
+            monitors,
+        );
         let mut peer = Node::new(Role::Server, "127.0.0.1", 1);
         peer.id = 8;
         let route = Route {
@@ -450,7 +492,7 @@ mod tests {
             shm_pid: None,
         };
         links.reserve(8);
-        links.open(&peer, 9, &route, Mode::NoWait).unwrap();
+        links.open(&peer, 9, None, &route, Mode::NoWait).unwrap();
         // The peer reads nothing: far more than both high-water marks go,
         // and none of the writes blocks.
         let started = Instant::now();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use log::debug;
 use pslite_proto::store::{OverLimit, StoreLimit, StoreMsg, StoreOp, StoreStatus};
-use pslite_proto::{Node, NodeId};
+use pslite_proto::NodeId;
 
 /// Bounds on what the store holds. The scheduler reads the configurable ones
 /// from `PS_STORE_MAX_*` (see `pslite_postoffice::Config`).
@@ -72,8 +72,9 @@ pub const DEFAULT_MAX_VALUE: usize = 64 << 20;
 pub enum Requester {
     /// A cluster member (or the scheduler itself), by id.
     Member(NodeId),
-    /// An admin client outside the cluster, listening at this address.
-    Admin(Node),
+    /// An admin client outside the cluster, by its connection (the routing
+    /// id ZeroMQ generated for it, never one the client chose).
+    Admin(Bytes),
 }
 
 /// One answer or event to send.
@@ -183,6 +184,11 @@ impl StoreHost {
     /// How many GET and WAIT requests are waiting for keys.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Bytes the waiting requests hold (their keys).
+    pub fn waiting_bytes(&self) -> usize {
+        self.waiting.iter().map(|w| waiting_size(&w.request)).sum()
     }
 
     /// How many watches there are, over all keys and requesters.
@@ -316,6 +322,9 @@ impl StoreHost {
                 }
                 let l = &self.limits;
                 let mine = self.waiting.iter().filter(|w| w.from == from).count();
+                // A waiting request holds its keys: they count against
+                // PS_STORE_MAX_BYTES with the keys and values stored.
+                let held = self.total + self.waiting_bytes() + waiting_size(&req);
                 let refusal = if mine >= l.max_waits_per_node {
                     Some(over(StoreLimit::Waits, mine + 1, l.max_waits_per_node))
                 } else if self.waiting.len() >= l.max_waiting {
@@ -324,6 +333,8 @@ impl StoreHost {
                         self.waiting.len() + 1,
                         l.max_waiting,
                     ))
+                } else if held > l.max_total {
+                    Some(over(StoreLimit::Bytes, held, l.max_total))
                 } else {
                     None
                 };
@@ -604,6 +615,11 @@ impl StoreHost {
 }
 
 /// The keys of `keys` that `data` lacks.
+/// What a waiting request holds: its keys, and a little for itself.
+fn waiting_size(req: &StoreMsg) -> usize {
+    req.keys.iter().map(String::len).sum::<usize>() + 64
+}
+
 fn missing(data: &BTreeMap<String, Entry>, keys: &[String]) -> Vec<String> {
     keys.iter()
         .filter(|k| !data.contains_key(*k))

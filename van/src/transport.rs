@@ -15,24 +15,68 @@ use pslite_proto::{NodeId, K_EMPTY};
 /// of being handed over by reference (a reference costs an allocation too).
 const COPY_LIMIT: usize = 64;
 
-/// The ZeroMQ identity of node `id`: `ps<id>`.
+/// The ZeroMQ identity of node `id`: `ps<id>`, as C++ ps-lite writes it.
 pub fn identity(id: NodeId) -> String {
     format!("ps{id}")
 }
 
-/// The node id in a ZeroMQ identity, or `K_EMPTY` if it is not `ps<digits>`.
+/// The ZeroMQ identity node `id` presents: `ps<id>`, or, to a pslite peer
+/// when both node-table entries carry a key, `ps<id>/<key>` with the key
+/// as 16 lower-case hex digits (see `PBNode.key`).
+pub fn keyed_identity(id: NodeId, key: Option<u64>) -> String {
+    match key {
+        Some(key) => format!("ps{id}/{key:016x}"),
+        None => identity(id),
+    }
+}
+
+/// The node id in a ZeroMQ identity, or `K_EMPTY` if it is neither
+/// `ps<digits>` nor `ps<digits>/<16 hex digits>`.
 pub fn parse_identity(frame: &[u8]) -> NodeId {
-    let Some(digits) = frame.strip_prefix(b"ps") else {
-        return K_EMPTY;
+    parse_keyed_identity(frame).0
+}
+
+/// The node id and the key in a ZeroMQ identity (see [`keyed_identity`]):
+/// `(K_EMPTY, None)` if it is neither form.
+pub fn parse_keyed_identity(frame: &[u8]) -> (NodeId, Option<u64>) {
+    const NONE: (NodeId, Option<u64>) = (K_EMPTY, None);
+    let Some(rest) = frame.strip_prefix(b"ps") else {
+        return NONE;
+    };
+    let (digits, key) = match rest.iter().position(|&b| b == b'/') {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
     };
     if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
-        return K_EMPTY;
+        return NONE;
     }
-    std::str::from_utf8(digits)
+    let key = match key {
+        None => None,
+        Some(hex)
+            if hex.len() == 16
+                && hex
+                    .iter()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) =>
+        {
+            match std::str::from_utf8(hex)
+                .ok()
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                Some(key) => Some(key),
+                None => return NONE,
+            }
+        }
+        Some(_) => return NONE,
+    };
+    let id = std::str::from_utf8(digits)
         .ok()
         .and_then(|s| s.parse::<i32>().ok())
         .filter(|&id| id != K_EMPTY)
-        .unwrap_or(K_EMPTY)
+        .unwrap_or(K_EMPTY);
+    if id == K_EMPTY {
+        return NONE;
+    }
+    (id, key)
 }
 
 /// Where a node's ROUTER listens: TCP, or a Unix socket under `/tmp` when
@@ -75,49 +119,102 @@ pub fn local_endpoint(host: &str, pid: u32, port: i32) -> String {
 }
 
 /// Whether something listens on abstract Unix socket `endpoint`
-/// (`ipc://@name`): a non-blocking connect that is closed at once. A peer
-/// that runs with `PS_IPC=0` binds none, and is then reached over TCP.
+/// (`ipc://@name`). A peer that runs with `PS_IPC=0` binds none, and is
+/// then reached over TCP. Read from the kernel's table of Unix sockets
+/// (`/proc/net/unix`, this network namespace's) rather than by connecting:
+/// a probe connection that closes at once would look like a port scan to
+/// a peer that authenticates (`PS_AUTH_TOKEN`).
 pub fn local_listening(endpoint: &str) -> bool {
     let Some(name) = endpoint.strip_prefix("ipc://@") else {
         return false;
     };
-    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    // The leading NUL of `sun_path` makes the name abstract.
-    if name.is_empty() || name.len() + 1 > addr.sun_path.len() {
+    if name.is_empty() {
         return false;
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (slot, &b) in addr.sun_path[1..].iter_mut().zip(name.as_bytes()) {
-        *slot = b as libc::c_char;
-    }
-    // ZeroMQ's length: the name without a trailing NUL, as here.
-    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + name.len();
-    // SAFETY: socket has no preconditions.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return false;
     };
-    if fd < 0 {
-        return false;
+    // "Num RefCount Protocol Flags Type St Inode Path": a listening socket
+    // has __SO_ACCEPTCON (0x10000) in its flags; an abstract name is
+    // written with a leading '@'.
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let listening = fields
+            .get(3)
+            .and_then(|f| u32::from_str_radix(f, 16).ok())
+            .is_some_and(|flags| flags & 0x10000 != 0);
+        listening && fields.get(7).and_then(|p| p.strip_prefix('@')) == Some(name)
+    })
+}
+
+/// Where a received frame's connection comes from, for log lines: the
+/// peer's `ip:port` for TCP, its process for a Unix socket (ZeroMQ's
+/// message properties give the connection's file descriptor).
+pub fn peer_address(frame: &mut zmq::Message) -> String {
+    let fd = frame.gets("__fd").and_then(|s| s.parse::<i32>().ok());
+    if let Some(address) = fd.and_then(describe_connection) {
+        return address;
     }
-    // SAFETY: `addr` is a valid sockaddr_un of at least `len` bytes and
-    // `fd` is the socket just opened.
+    frame
+        .gets("Peer-Address")
+        .map_or_else(|| "an unknown address".to_string(), str::to_string)
+}
+
+/// The peer of connected socket `fd`: `ip:port`, or the process on the
+/// other end of a Unix socket.
+fn describe_connection(fd: i32) -> Option<String> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage` has room for `len` bytes; a bad fd only fails.
     let r = unsafe {
-        libc::connect(
+        libc::getpeername(
             fd,
-            (&addr as *const libc::sockaddr_un).cast(),
-            len as libc::socklen_t,
+            (&mut storage as *mut libc::sockaddr_storage).cast(),
+            &mut len,
         )
     };
-    // EAGAIN: the listener's backlog is full, but it listens.
-    let listening = r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
-    listening
+    if r != 0 {
+        return None;
+    }
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a: libc::sockaddr_in =
+                unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))).to_string())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a: libc::sockaddr_in6 =
+                unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))).to_string())
+        }
+        libc::AF_UNIX => {
+            // SAFETY: ucred is plain data; getsockopt writes at most `len`.
+            let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+            // SAFETY: as above.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_PEERCRED,
+                    (&mut cred as *mut libc::ucred).cast(),
+                    &mut len,
+                )
+            };
+            Some(if r == 0 {
+                format!("process {} of this host (Unix socket)", cred.pid)
+            } else {
+                "a process of this host (Unix socket)".to_string()
+            })
+        }
+        _ => None,
+    }
 }
 
 /// A received frame kept in ZeroMQ's own buffer; `Bytes` points into it.
@@ -209,6 +306,8 @@ pub fn send_message_with(
 pub struct RawMessage {
     /// The sender id from the identity frame (`K_EMPTY` if not `ps<id>`).
     pub sender: NodeId,
+    /// The key the identity carried (`ps<id>/<key>`), if any.
+    pub key: Option<u64>,
     /// The identity frame as received (for logs).
     pub identity: Vec<u8>,
     /// The meta frame, if the message had one.
@@ -228,8 +327,10 @@ impl RawMessage {
 /// the socket's receive timeout).
 pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {
     let identity = router.recv_msg(0)?;
+    let (sender, key) = parse_keyed_identity(&identity);
     let mut raw = RawMessage {
-        sender: parse_identity(&identity),
+        sender,
+        key,
         identity: identity.to_vec(),
         meta: None,
         data: Vec::new(),
@@ -269,6 +370,19 @@ mod tests {
         assert_eq!(parse_identity(b"ps99999999999"), K_EMPTY);
         assert_eq!(parse_identity(b"ps2147483647"), K_EMPTY);
         assert_eq!(parse_identity(&[0, 1, 2, 3, 4]), K_EMPTY);
+        let keyed = keyed_identity(9, Some(0xabc));
+        assert_eq!(keyed, "ps9/0000000000000abc");
+        assert_eq!(parse_keyed_identity(keyed.as_bytes()), (9, Some(0xabc)));
+        assert_eq!(parse_keyed_identity(b"ps9"), (9, None));
+        assert_eq!(keyed_identity(9, None), "ps9");
+        for bad in [
+            &b"ps9/"[..],
+            b"ps9/abc",
+            b"ps9/0000000000000ABC",
+            b"ps/0000000000000abc",
+        ] {
+            assert_eq!(parse_keyed_identity(bad), (K_EMPTY, None), "{bad:?}");
+        }
     }
 
     #[test]

@@ -21,26 +21,25 @@
 //! [`Dispatch`] the Van was started with.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::{debug, error, info, warn};
-use pslite_proto::ids::SCHEDULER;
 use pslite_proto::replica::RangeMap;
 use pslite_proto::store::{StoreMsg, StoreOp};
-use pslite_proto::{lock, wait_while, Message, Node, NodeId, Role};
+use pslite_proto::{lock, wait_while, Message, Node, NodeId, Role, K_EMPTY};
 
-use crate::admin_dealers::AdminDealers;
 use crate::bind::{bind_local, bind_router, Waker};
 use crate::config::VanConfig;
-use crate::core::{Core, Output};
+use crate::core::{Core, LinkEvent, Output, Route};
 use crate::counters::Counters;
 use crate::dispatch::{describe, Delivered, Dispatch, Room};
 use crate::error::{Failure, VanError};
 use crate::links::{zmq_err, Links, Mode};
+use crate::monitor::Monitors;
 use crate::shm::{self, ShmStats};
 use crate::transport::Transport;
 
@@ -65,8 +64,18 @@ struct Shared {
     locked: Mutex<Locked>,
     changed: Condvar,
     links: Links,
-    /// On the scheduler: the connections to admin clients.
-    admin: Mutex<AdminDealers>,
+    /// Answers to admin clients for the receive thread to send through the
+    /// ROUTER (the thread that owns it), each back on the connection its
+    /// request came on: routing id, message, and its share of the core's
+    /// reply budget.
+    replies: Mutex<Vec<(Bytes, Message, usize)>>,
+    /// The core's reply budget in use ([`Core::reply_gauge`]).
+    reply_gauge: Arc<AtomicUsize>,
+    /// What the core wants for the ROUTER's `ZMQ_ROUTER_HANDOVER`
+    /// ([`Core::router_handover`]); the receive thread applies it.
+    handover: AtomicBool,
+    /// This `Shared`, for the threads it starts (name lookups).
+    this: Weak<Shared>,
     /// Where the store events of this process's watchers go, by watcher.
     watchers: Mutex<HashMap<u64, mpsc::Sender<StoreMsg>>>,
     stopping: AtomicBool,
@@ -80,7 +89,7 @@ struct Shared {
     /// The segments this node sends from (shared memory on, `PS_SHM`).
     pool: Option<Arc<shm::Pool>>,
     /// Dropped last: every socket above belongs to it.
-    ctx: zmq::Context,
+    _ctx: zmq::Context,
 }
 
 impl Van {
@@ -109,9 +118,12 @@ impl Van {
         if let Some(token) = &config.auth_token {
             crate::auth::serve_router(&ctx, &router, token)?;
         }
-        // A node replacing one whose link was cut (no FIN ever arrived)
-        // connects with the same identity `ps<id>`: it takes over the dead
-        // connection instead of being turned away as a duplicate.
+        // A process whose old connection died without a FIN (a cut link)
+        // reconnects with the same identity: it takes over the dead
+        // connection instead of being turned away as a duplicate. Between
+        // pslite nodes identities carry the process's key, so nobody else
+        // can present them; the core turns this off once a member has no
+        // key (a C++ node), as C++ ps-lite runs ([`Core::router_handover`]).
         router
             .set_router_handover(true)
             .map_err(zmq_err("setting ROUTER_HANDOVER"))?;
@@ -151,7 +163,17 @@ impl Van {
         let core = Core::new(&config, port, Instant::now(), rand::random())
             .with_counters(Arc::clone(&counters));
         info!("{} listening on {}", core.me().role, core.me().address());
-        let shared = Arc::new_cyclic(|me: &std::sync::Weak<Shared>| {
+        let reply_gauge = core.reply_gauge();
+        // The monitor thread reports to the Shared made below.
+        let slot: Arc<OnceLock<Weak<Shared>>> = Arc::default();
+        let report = Arc::clone(&slot);
+        let monitors = Monitors::start(&ctx, move |tag, event| {
+            if let Some(shared) = report.get().and_then(Weak::upgrade) {
+                shared.on_link(tag, event);
+            }
+        })?;
+        let shared = Arc::new_cyclic(|me: &Weak<Shared>| {
+            let this = me.clone();
             let me = me.clone();
             Shared {
                 links: Links::new(
@@ -159,6 +181,7 @@ impl Van {
                     config.clone(),
                     Arc::clone(&counters),
                     pool.clone(),
+                    monitors,
                 ),
                 config,
                 locked: Mutex::new(Locked {
@@ -166,7 +189,10 @@ impl Van {
                     sleeping_until: None,
                 }),
                 changed: Condvar::new(),
-                admin: Mutex::new(AdminDealers::default()),
+                replies: Mutex::new(Vec::new()),
+                reply_gauge,
+                handover: AtomicBool::new(true),
+                this,
                 watchers: Mutex::new(HashMap::new()),
                 stopping: AtomicBool::new(false),
                 room: AtomicBool::new(false),
@@ -180,25 +206,14 @@ impl Van {
                 waker,
                 counters,
                 pool,
-                ctx,
+                _ctx: ctx,
             }
         });
-        // The first output connects to the scheduler.
+        let _ = slot.set(Arc::downgrade(&shared));
+        // The first output connects to the scheduler (watched: with
+        // PS_AUTH_TOKEN, a refusal fails the node at once, not at the start
+        // timeout; see Core::link_event).
         shared.with_core(Mode::Wait, |_, _| ());
-        if shared.config.auth_token.is_some() && !is_scheduler {
-            // Fail at once if the scheduler refuses the token, not at the
-            // start timeout.
-            let weak = Arc::downgrade(&shared);
-            let fail = move |failure| {
-                if let Some(shared) = weak.upgrade() {
-                    shared.with_core(Mode::Wait, |core, now| core.fail(failure, now));
-                }
-            };
-            let watch = shared.links.with_socket(SCHEDULER, |dealer| {
-                crate::auth::watch_scheduler(&shared.ctx, &shared.config, dealer, fail)
-            });
-            watch.unwrap_or(Ok(()))?;
-        }
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("pslite-van-{}", shared.config.role))
@@ -451,7 +466,7 @@ impl Van {
         }
         shared.with_core(Mode::Wait, |core, now| core.stop(now));
         shared.links.clear();
-        lock(&shared.admin).clear();
+        lock(&shared.replies).clear();
         if let Some(line) = shared
             .pool
             .as_ref()
@@ -481,14 +496,20 @@ impl Shared {
             let mut locked = lock(&self.locked);
             let value = f(&mut locked.core, Instant::now());
             let outputs = locked.core.take_output();
+            // In order, under the lock: a connection closed and opened again
+            // in one batch ends up open.
             for out in &outputs {
-                if let Output::Connect { node, .. } = out {
-                    self.links.reserve(node.id);
+                match out {
+                    Output::Connect { node, .. } => self.links.reserve(node.id),
+                    Output::Disconnect(id) => self.links.remove(*id),
+                    _ => {}
                 }
             }
             if locked.core.take_changed() {
                 self.changed.notify_all();
             }
+            self.handover
+                .store(locked.core.router_handover(), Ordering::Relaxed);
             // A new deadline earlier than the receive thread's sleep: wake
             // it (the receive thread itself looks again anyway).
             if let Some(next) = locked.core.poll_timeout() {
@@ -515,11 +536,9 @@ impl Shared {
                     node,
                     identity,
                     route,
-                } => {
-                    if let Err(e) = self.links.open(&node, identity, &route, mode) {
-                        error!("cannot connect to {node}: {e}");
-                    }
-                }
+                    key,
+                } => self.connect(node, identity, key, route, mode),
+                Output::Disconnect(_) => {}
                 Output::Send(msg) => {
                     if let Err(e) = self.links.send(&msg, mode) {
                         debug!("cannot send {}: {e}", describe(&msg));
@@ -537,10 +556,14 @@ impl Shared {
                         refused.push(Output::Deliver(msg));
                     }
                 }
-                Output::Answer { to, msg } => {
-                    let sent = lock(&self.admin).answer(&self.ctx, &self.config, &to, &msg);
-                    if let Err(e) = sent {
-                        warn!("cannot answer the admin client at {}: {e}", to.address());
+                Output::Reply {
+                    route,
+                    msg,
+                    reserved,
+                } => {
+                    lock(&self.replies).push((route, msg, reserved));
+                    if mode == Mode::Wait {
+                        self.waker.wake();
                     }
                 }
                 Output::StoreEvent { watchers, event } => self.store_event(watchers, event, mode),
@@ -587,6 +610,73 @@ impl Shared {
         if !refused.is_empty() {
             self.with_core(mode, |core, now| core.park(refused, now));
         }
+    }
+
+    /// Opens the connection the core asked for (see [`Links::open`]). A
+    /// registration's check to a host name is looked up first, in a thread
+    /// of its own: the name comes from whoever registered, and ZeroMQ would
+    /// look it up on its I/O thread, which a name that does not resolve
+    /// would stall.
+    fn connect(&self, node: Node, identity: NodeId, key: Option<u64>, route: Route, mode: Mode) {
+        if node.id < 0 && node.hostname.parse::<std::net::IpAddr>().is_err() {
+            self.connect_after_lookup(node);
+            return;
+        }
+        if let Err(e) = self.links.open(&node, identity, key, &route, mode) {
+            error!("cannot connect to {node}: {e}");
+        }
+    }
+
+    /// [`Shared::connect`] for a registration's check whose address is a
+    /// host name: a name that does not resolve refuses the check.
+    fn connect_after_lookup(&self, node: Node) {
+        let weak = self.this.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pslite-lookup".into())
+            .spawn(move || {
+                let ip = crate::resolve::bind_ip(&node.hostname);
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                // The check may have ended meanwhile (its deadline passed).
+                if !shared.with_core(Mode::Wait, |core, _| core.is_checking(node.id)) {
+                    return;
+                }
+                let result = match ip {
+                    Some(ip) => {
+                        let route = Route {
+                            endpoint: Transport::Tcp.connect_endpoint(&ip, node.port),
+                            local: None,
+                            shm_pid: None,
+                        };
+                        shared
+                            .links
+                            .open(&node, K_EMPTY, None, &route, Mode::Wait)
+                            .map_err(|e| e.to_string())
+                    }
+                    None => Err(format!(
+                        "its host name {:?} does not resolve",
+                        node.hostname
+                    )),
+                };
+                if let Err(why) = result {
+                    shared.with_core(Mode::Wait, |core, now| {
+                        core.link_event(node.id, LinkEvent::Refused(why), now)
+                    });
+                }
+            });
+        if let Err(e) = spawned {
+            debug!("cannot start a name lookup: {e}");
+        }
+    }
+
+    /// A watched DEALER's connection came up, closed or was refused: the
+    /// core decides what it means for the peer the DEALER reaches now.
+    fn on_link(&self, tag: u64, event: LinkEvent) {
+        let Some(peer) = self.links.peer_of(tag) else {
+            return; // a DEALER since replaced or closed
+        };
+        self.with_core(Mode::Wait, |core, now| core.link_event(peer, event, now));
     }
 
     /// Hands a store event to this process's watchers of its key; tells

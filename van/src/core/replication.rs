@@ -187,6 +187,16 @@ impl Core {
             self.hold(msg);
             return;
         }
+        if self.identity_matches(sender, msg.meta.sender_key) == Some(false) {
+            // Held before the table named its sender's key: a copy from an
+            // earlier process of that id, or a forged one.
+            self.drop_logged(
+                sender,
+                "REPLICA",
+                "its identity lacks the key of its node's process",
+            );
+            return;
+        }
         if !self.member.is_member(sender) {
             self.drop_logged(sender, "REPLICA", "its sender is not in the node table");
             return;
@@ -417,7 +427,7 @@ impl Core {
                 if node.is_recovery && node.role == Role::Server {
                     changed = true;
                     if let Some(s) = &mut self.scheduler {
-                        let more = s.set_gone(node.id, false);
+                        let more = s.set_failed_over(node.id, false);
                         self.apply_scheduler(more, now);
                     }
                 }
@@ -454,7 +464,7 @@ impl Core {
                 );
                 changed = true;
             }
-            actions.extend(s.set_gone(id, true));
+            actions.extend(s.set_failed_over(id, true));
         }
         if changed {
             self.broadcast_map(now);

@@ -623,3 +623,25 @@ fn run_schedule(
     prop_assert_eq!(pulled, job.acked.clone());
     Ok(())
 }
+
+/// Found by the packet-fault property test after keyed identities came in:
+/// the scheduler's update naming a replacement's key to a worker was lost,
+/// and a heartbeat from the worker counted as its acknowledgement (as for
+/// the table that assigns a node its id), so it was never sent again; the
+/// worker refused the replacement's answers for good.
+#[test]
+fn a_lost_update_of_a_replacements_key_is_sent_again() {
+    let steps = vec![
+        Step::Push {
+            worker: 0,
+            keys: vec![0],
+        },
+        Step::Push {
+            worker: 0,
+            keys: vec![7],
+        },
+        Step::Kill { server: 0 },
+        Step::Replace { server: 3 },
+    ];
+    run_schedule(3910036129346832162, 3, 2, true, true, steps).unwrap();
+}

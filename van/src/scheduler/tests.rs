@@ -488,23 +488,22 @@ fn a_recovered_node_still_counts_once_in_a_barrier() {
     );
 }
 
+/// A STATUS request from an admin client whose connection has routing
+/// id `[0, port]` (ZeroMQ generates one per connection).
 fn status_request(port: i32) -> Message {
     let mut msg = Message::control(Command::Status, SCHEDULER);
     msg.meta.request = true;
     msg.meta.timestamp = 42;
-    msg.meta
-        .control
-        .node
-        .push(Node::new(Role::Worker, HOST, port));
+    msg.meta.route = Some(bytes::Bytes::from(vec![0, port as u8, (port >> 8) as u8]));
     msg
 }
 
-/// The status table of the one Answer action a STATUS request produces.
+/// The status table of the one Reply action a STATUS request produces.
 fn answered(actions: &[Action], port: i32) -> Vec<NodeStatus> {
-    let [Action::Answer { to, msg }] = actions else {
-        panic!("expected one Answer, got {actions:?}");
+    let [Action::Reply { route, msg }] = actions else {
+        panic!("expected one Reply, got {actions:?}");
     };
-    assert_eq!((to.hostname.as_str(), to.port), (HOST, port));
+    assert_eq!(&route[..], [0, port as u8, (port >> 8) as u8]);
     assert_eq!(msg.meta.control.cmd, Command::Status);
     assert!(!msg.meta.request);
     assert_eq!(
@@ -573,10 +572,12 @@ fn status_reports_heartbeat_counters_liveness_and_recovery() {
 fn bad_status_requests_are_dropped() {
     let mut s = scheduler(1, 1, None);
     let now = Instant::now();
-    let mut no_address = status_request(7000);
-    no_address.meta.control.node.clear();
-    assert!(s.handle(&no_address, now).is_empty());
-    assert!(s.handle(&status_request(0), now).is_empty());
+    // From a peer with an identity (not an admin client's connection):
+    // nothing to answer on, whatever address it names.
+    let mut no_route = status_request(7000);
+    no_route.meta.route = None;
+    no_route.meta.control.node = vec![Node::new(Role::Worker, HOST, 7000)];
+    assert!(s.handle(&no_route, now).is_empty());
     let mut reply = status_request(7000);
     reply.meta.request = false;
     assert!(s.handle(&reply, now).is_empty());

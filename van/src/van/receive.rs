@@ -4,7 +4,8 @@
 //! due: the core's clock, parked messages offered again, writes waiting in
 //! links, a frame that could not be mapped for want of descriptors.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, trace, warn};
@@ -66,7 +67,11 @@ const STALL_MAX: Duration = Duration::from_secs(1);
 /// any) are mapped.
 struct Incoming {
     sender: NodeId,
+    /// The key its identity carried (`ps<id>/<key>`), if any.
+    key: Option<u64>,
     identity: Vec<u8>,
+    /// Its meta frame (kept to name the connection's address in a log line).
+    frame: zmq::Message,
     /// Bytes of its meta and data frames on the wire.
     size: usize,
     meta: Meta,
@@ -99,7 +104,7 @@ struct Receiving {
 }
 
 impl Shared {
-    pub(super) fn receive_thread(&self, router: zmq::Socket, side: zmq::Socket) {
+    pub(super) fn receive_thread(&self, mut router: zmq::Socket, side: zmq::Socket) {
         ON_RECEIVE_THREAD.set(true);
         let _guard = ReceiveThreadGuard(self);
         let mut rx = Receiving {
@@ -110,7 +115,7 @@ impl Shared {
             flush_at: None,
             flush_every: FLUSH_FIRST,
         };
-        self.receive_loop(&router, &side, &mut rx);
+        self.receive_loop(&mut router, &side, &mut rx);
         debug!("receive loop stopped");
     }
 
@@ -119,10 +124,18 @@ impl Shared {
     /// next deadline (`ZMQ_RCVTIMEO`): a blocking receive costs ZeroMQ one
     /// wait, a poll followed by non-blocking receives several syscalls more
     /// per message. While not listening it waits on its side socket only.
-    fn receive_loop(&self, router: &zmq::Socket, side: &zmq::Socket, rx: &mut Receiving) {
+    fn receive_loop(&self, router: &mut zmq::Socket, side: &zmq::Socket, rx: &mut Receiving) {
         // The ROUTER's receive timeout as last set (ZeroMQ's default: none).
         let mut timeout_set: i32 = -1;
+        let mut handover_set = true;
         loop {
+            let handover = self.handover.load(Ordering::Relaxed);
+            if handover != handover_set {
+                if let Err(e) = router.set_router_handover(handover) {
+                    error!("setting ROUTER_HANDOVER failed: {e}");
+                }
+                handover_set = handover;
+            }
             let (next, listening) = {
                 let mut locked = lock(&self.locked);
                 let next = locked.core.poll_timeout();
@@ -182,6 +195,26 @@ impl Shared {
                 return;
             }
             self.run_timers(next, rx);
+            self.send_replies(router);
+        }
+    }
+
+    /// Sends the answers to admin clients waiting in the outbox through the
+    /// ROUTER, each back on the connection its request came on. A ROUTER
+    /// never blocks: a client that is gone, or whose queue is full, loses
+    /// the answer. The budget each reserved is released once ZeroMQ has
+    /// written or dropped it.
+    fn send_replies(&self, router: &mut zmq::Socket) {
+        let replies = std::mem::take(&mut *lock(&self.replies));
+        for (route, msg, reserved) in replies {
+            let meta = bytes::Bytes::from_owner(Reserved {
+                data: msg.meta.encode(),
+                gauge: Arc::clone(&self.reply_gauge),
+                reserved,
+            });
+            if let Err(e) = send_routed(router, &route, &meta, &msg.data) {
+                debug!("cannot answer an admin client: {e}");
+            }
         }
     }
 
@@ -219,12 +252,16 @@ impl Shared {
         let size = raw.size();
         let decoded = match raw.meta.take() {
             None => Err("it has no meta frame".to_string()),
-            Some(frame) => Meta::decode_with_shm(&frame).map_err(|e| e.to_string()),
+            Some(frame) => Meta::decode_with_shm(&frame)
+                .map(|decoded| (decoded, frame))
+                .map_err(|e| e.to_string()),
         };
         match decoded {
-            Ok((meta, descs)) => Some(Incoming {
+            Ok(((meta, descs), frame)) => Some(Incoming {
                 sender: raw.sender,
+                key: raw.key,
                 identity: raw.identity,
+                frame,
                 size,
                 meta,
                 descs,
@@ -302,12 +339,22 @@ impl Shared {
             .received(incoming.sender, incoming.size + shm_bytes);
         let mut meta = incoming.meta;
         meta.sender = incoming.sender;
+        meta.sender_key = incoming.key;
+        // ZeroMQ generates a routing id (0 and 4 bytes) for a connection
+        // without an identity: an admin client's, answered on it.
+        if incoming.sender == K_EMPTY && incoming.identity.first() == Some(&0) {
+            meta.route = Some(bytes::Bytes::copy_from_slice(&incoming.identity));
+        }
         let msg = Message {
             meta,
             data: incoming.data,
         };
         trace!("recv {}", describe(&msg));
-        self.with_core(Mode::NoWait, |core, now| core.handle(msg, now));
+        let refused = self.with_core(Mode::NoWait, |core, now| core.handle(msg, now));
+        if let Some(refused) = refused {
+            let mut frame = incoming.frame;
+            warn!("{refused}; from {}", transport::peer_address(&mut frame));
+        }
     }
 
     /// Drops a message with a bad shared-memory descriptor (warned once per
@@ -334,7 +381,7 @@ impl Shared {
         let pid = if sender == K_EMPTY {
             None
         } else {
-            lock(&self.locked).core.shm_peer(sender)
+            lock(&self.locked).core.shm_peer(sender, incoming.key)
         };
         let (descs, data) = (&incoming.descs, &mut incoming.data);
         let bytes = match rx.shm.resolve(sender, pid, descs, data) {
@@ -350,9 +397,48 @@ impl Shared {
     }
 }
 
+/// Who sent a message, from its identity alone (not checked against the
+/// node table: for messages dropped before that).
 fn peer_name(identity: &[u8]) -> String {
     match transport::parse_identity(identity) {
         K_EMPTY => format!("an unknown peer (identity {identity:02x?})"),
-        id => format!("node {id}"),
+        _ => format!("identity {}", String::from_utf8_lossy(identity)),
     }
+}
+
+/// Bytes of an answer to an admin client, holding its share of the reply
+/// budget until ZeroMQ lets go of them.
+struct Reserved {
+    data: Vec<u8>,
+    gauge: Arc<AtomicUsize>,
+    reserved: usize,
+}
+
+impl AsRef<[u8]> for Reserved {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.gauge.fetch_sub(self.reserved, Ordering::Relaxed);
+    }
+}
+
+/// Sends `[route][meta][data...]` through a ROUTER (to the connection with
+/// routing id `route`).
+fn send_routed(
+    socket: &mut zmq::Socket,
+    route: &[u8],
+    meta: &bytes::Bytes,
+    data: &[bytes::Bytes],
+) -> zmq::Result<()> {
+    socket.send(route, zmq::SNDMORE | zmq::DONTWAIT)?;
+    let frames = std::iter::once(meta).chain(data);
+    let count = data.len() + 1;
+    for (i, frame) in frames.enumerate() {
+        transport::send_frame(socket, frame, i + 1 < count, zmq::DONTWAIT)?;
+    }
+    Ok(())
 }
