@@ -8,7 +8,7 @@
 //! ```text
 //! cargo build --release --bins --examples
 //! target/release/examples/kv_bench                 # everything below
-//! target/release/examples/kv_bench --only cxx      # one part: cxx, sweep, rtt, startup
+//! target/release/examples/kv_bench --only cxx      # one part: cxx, sweep, rtt, startup, replicas
 //! ```
 //!
 //! - `cxx`: C++ ps-lite's benchmark workload: 10 M `u64` keys with `f32`
@@ -34,6 +34,9 @@
 //!   (a counting global allocator; ZeroMQ's own are not seen).
 //! - `startup`: launch to every node past the start barrier, 1+2+2, 1+32+32
 //!   and 1+100+100.
+//! - `replicas`: push and pull medians at 1, 1 000 and 100 000 keys, 2+2,
+//!   with `PS_REPLICAS=1` (ps-lite) and `2` (each push applied by the
+//!   range's backup before it is answered), 3 launches of each, alternating.
 //!
 //! Run with `DMLC_ROLE` (as `pslite launch` does) it is one node of such a
 //! cluster; the worker prints `BENCH ...` lines for the driver. The raw
@@ -49,6 +52,7 @@
 //! RESULT cxx 1+1 push_ms=.. pull_ms=.. raw_push_ms=.. raw_pull_ms=..
 //! RESULT cxx_fresh 1+1 push_ms=.. pull_ms=.. raw_push_ms=.. raw_pull_ms=..
 //! RESULT rtt 1+1 ours_us=.. raw_us=..
+//! RESULT replicas 2+2 keys=1000 k1_push_us=.. k2_push_us=.. push_ratio=.. k1_pull_us=.. k2_pull_us=..
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -73,7 +77,7 @@ struct Args {
     /// Requests in flight for the pipelined measurement.
     #[arg(long, default_value_t = 64)]
     window: usize,
-    /// Run only one part: cxx, sweep, rtt, startup, raw.
+    /// Run only one part: cxx, sweep, rtt, startup, replicas, raw.
     #[arg(long)]
     only: Option<String>,
     /// (node mode) what the worker measures: cxx, sweep, rtt, startup.
@@ -184,6 +188,11 @@ fn node(args: &Args) -> Result<(), Error> {
             "cxx" => cxx_workload(&po, &kv, args)?,
             "sweep" => sweep(&po, &kv, args)?,
             "rtt" => sweep_size(&po, &kv, 1, args)?,
+            "replicas" => {
+                for n in REPLICA_SIZES {
+                    sweep_size(&po, &kv, n, args)?;
+                }
+            }
             _ => {}
         }
     }
@@ -467,6 +476,65 @@ fn sweep_size(po: &Postoffice, kv: &KVWorker<f32>, n: usize, args: &Args) -> Res
     Ok(())
 }
 
+/// Keys per request of the `replicas` part.
+const REPLICA_SIZES: [usize; 3] = [1, 1_000, 100_000];
+
+/// Launches of each cluster behind a `RESULT replicas` line, alternating
+/// `PS_REPLICAS=1` and `2`.
+const REPLICA_RUNS: usize = 3;
+
+/// The `replicas` part: push and pull medians at 2 servers + 2 workers with
+/// every range on one server (`PS_REPLICAS=1`, ps-lite) and on two (`2`: a
+/// push is answered once the backup applied it too), launched alternately.
+fn replicas(args: &Args, results: &mut Vec<String>) -> Result<(), Error> {
+    println!("## Replicated key ranges: PS_REPLICAS=2 against 1 at 1+2+2 (medians)\n");
+    println!(
+        "| keys | push µs, k=1 | push µs, k=2 | k=1 / k=2, push | pull µs, k=1 | pull µs, k=2 |"
+    );
+    println!("|---|---|---|---|---|---|");
+    // (k, keys) -> medians of each launch.
+    let mut push: std::collections::BTreeMap<(usize, usize), Vec<f64>> = Default::default();
+    let mut pull: std::collections::BTreeMap<(usize, usize), Vec<f64>> = Default::default();
+    for _ in 0..REPLICA_RUNS {
+        for k in [1usize, 2] {
+            let k_str = k.to_string();
+            let run = launch_with(2, 2, "replicas", args, &[("PS_REPLICAS", &k_str)])?;
+            for line in run.lines.iter().filter(|l| l.starts_with("sweep")) {
+                let Some(n) = field(line, "keys").and_then(|v| v.parse::<usize>().ok()) else {
+                    continue;
+                };
+                let get = |f| field(line, f).and_then(|v| v.parse::<f64>().ok());
+                if let (Some(p), Some(q)) = (get("push_us"), get("pull_us")) {
+                    push.entry((k, n)).or_default().push(p);
+                    pull.entry((k, n)).or_default().push(q);
+                }
+            }
+        }
+    }
+    for n in REPLICA_SIZES.into_iter().filter(|&n| n <= args.keys) {
+        let m = |map: &mut std::collections::BTreeMap<(usize, usize), Vec<f64>>, k| {
+            median(map.entry((k, n)).or_default())
+        };
+        let (p1, p2, q1, q2) = (
+            m(&mut push, 1),
+            m(&mut push, 2),
+            m(&mut pull, 1),
+            m(&mut pull, 2),
+        );
+        println!(
+            "| {n} | {p1:.1} | {p2:.1} | {:.2} | {q1:.1} | {q2:.1} |",
+            p1 / p2
+        );
+        results.push(format!(
+            "RESULT replicas 2+2 keys={n} k1_push_us={p1:.1} k2_push_us={p2:.1} \
+             push_ratio={:.2} k1_pull_us={q1:.1} k2_pull_us={q2:.1}",
+            p1 / p2
+        ));
+    }
+    println!();
+    Ok(())
+}
+
 /// Launches of each cluster (and raw runs) behind a `RESULT rtt` line.
 const RTT_RUNS: usize = 5;
 
@@ -485,6 +553,17 @@ struct Launched {
 }
 
 fn launch(servers: usize, workers: usize, mode: &str, args: &Args) -> Result<Launched, Error> {
+    launch_with(servers, workers, mode, args, &[])
+}
+
+/// [`launch`] with extra environment variables for every node.
+fn launch_with(
+    servers: usize,
+    workers: usize,
+    mode: &str,
+    args: &Args,
+    env: &[(&str, &str)],
+) -> Result<Launched, Error> {
     let exe = std::env::current_exe()
         .map_err(|e| Error::App(format!("cannot find this program: {e}")))?;
     let pslite = exe
@@ -500,6 +579,7 @@ fn launch(servers: usize, workers: usize, mode: &str, args: &Args) -> Result<Lau
             )
         })?;
     let output = Command::new(pslite)
+        .envs(env.iter().copied())
         .args(["launch", "--timeout", "600"])
         .args(["--servers", &servers.to_string()])
         .args(["--workers", &workers.to_string()])
@@ -724,6 +804,9 @@ fn driver(args: &Args) -> Result<(), Error> {
             results.push(format!("RESULT rtt {s}+{w} ours_us={o:.1} raw_us={r:.1}"));
         }
         println!();
+    }
+    if want("replicas") {
+        replicas(args, &mut results)?;
     }
     if want("startup") {
         println!("## Start-up: launch to every node past the start barrier\n");

@@ -59,6 +59,28 @@ pub trait Handler: Send + Sync + Sized + 'static {
     /// `failure`); runs once per request, before waits for it return.
     fn on_complete(&self, ts: i32, payload: &mut Self::Payload, failure: Option<Failure>);
 
+    /// Replicated key ranges: copy the app's state of keys `[begin, end)`
+    /// for a joining server and hand it to the node (`Van::snapshot_taken`
+    /// with `token`). Default: the app cannot (logged; the copy waits).
+    fn on_snapshot(&self, customer: &Arc<Customer<Self>>, token: u64, begin: u64, end: u64) {
+        let _ = (customer, token, begin, end);
+        error!("this app cannot copy its state to a joining server");
+    }
+
+    /// Replicated key ranges: replace the app's state of keys `[begin, end)`
+    /// by a peer's copy, then tell the node (`Van::restored` with `token`).
+    fn on_restore(
+        &self,
+        customer: &Arc<Customer<Self>>,
+        token: u64,
+        begin: u64,
+        end: u64,
+        data: bytes::Bytes,
+    ) {
+        let _ = (customer, token, begin, end, data);
+        error!("this app cannot restore a copy of its state");
+    }
+
     /// Whether `msg` may be handled on the receive thread, skipping the
     /// customer's thread: for cheap work that never blocks (responses a
     /// worker only counts, or requests whose app asked for it). `payload`
@@ -477,6 +499,15 @@ impl<H: Handler> Customer<H> {
                 }
             }
             Delivery::NodeFailed(failure) => self.fail_all(failure),
+            Delivery::Snapshot { token, begin, end } => {
+                self.handler.on_snapshot(self, token, begin, end)
+            }
+            Delivery::Restore {
+                token,
+                begin,
+                end,
+                data,
+            } => self.handler.on_restore(self, token, begin, end, data),
         }
     }
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use log::warn;
+use log::{error, warn};
 use pslite_postoffice::Postoffice;
 use pslite_proto::{lock, Message, NodeId};
 use pslite_van::hold::message_bytes;
@@ -31,12 +31,27 @@ type SimpleHandle<V> = Box<dyn FnMut(&SimpleData, &KVServer<V>) + Send>;
 enum Queued<V: Val> {
     Kv(KVMeta, KVPairs<V>),
     Simple(SimpleData),
+    /// Replicated key ranges: a copy of keys `[begin, end)` to make.
+    Snapshot {
+        token: u64,
+        begin: Key,
+        end: Key,
+    },
+    /// Replicated key ranges: a copy to restore.
+    Restore {
+        token: u64,
+        begin: Key,
+        end: Key,
+        data: bytes::Bytes,
+    },
 }
 
 /// The handles, behind one lock so that queued requests keep their order.
 struct Handles<V: Val> {
     kv: Option<Handle<V>>,
     simple: Option<SimpleHandle<V>>,
+    /// The replicated handle's state, which copies and restores key ranges.
+    ranges: Option<Box<dyn RangeCopy>>,
     /// Requests waiting for their handle (within `PS_HOLD_LIMIT`).
     queued: HoldQueue<Queued<V>>,
     /// Senders whose requests were dropped for want of room, warned about.
@@ -51,6 +66,7 @@ impl<V: Val> Handles<V> {
             // Without a simple handle, the KV handle's presence means
             // "answer empty" (ps-lite's default).
             Queued::Simple(_) => self.simple.is_some() || self.kv.is_some(),
+            Queued::Snapshot { .. } | Queued::Restore { .. } => self.ranges.is_some(),
         }
     }
 
@@ -68,6 +84,38 @@ impl<V: Val> Handles<V> {
                 )
             });
         }
+    }
+}
+
+/// A request handle whose state can be copied and restored by key range:
+/// what replicated key ranges (`PS_REPLICAS >= 2`) need to bring a server
+/// that joins or replaces a dead one up to date. The replicated log is of
+/// requests, so `handle` must be deterministic (the same requests in the
+/// same order give the same state) and apply each request before it
+/// returns (answering later is fine): [`DefaultHandle`] is.
+pub trait ReplicatedHandle<V: Val>: Send + 'static {
+    /// Handles one request, as a plain request handle does.
+    fn handle(&mut self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>);
+    /// The state of keys `[begin, end)` (`end == u64::MAX`: every key from
+    /// `begin` on), in a form [`ReplicatedHandle::restore`] reads.
+    fn snapshot(&self, begin: Key, end: Key) -> Vec<u8>;
+    /// Replaces the state of keys `[begin, end)` by `data` (from
+    /// [`ReplicatedHandle::snapshot`] on a peer); on an error, nothing changes.
+    fn restore(&mut self, begin: Key, end: Key, data: &[u8]) -> Result<(), String>;
+}
+
+/// A replicated handle's state seen without its value type.
+trait RangeCopy: Send {
+    fn snapshot(&self, begin: Key, end: Key) -> Vec<u8>;
+    fn restore(&self, begin: Key, end: Key, data: &[u8]) -> Result<(), String>;
+}
+
+impl<V: Val, H: ReplicatedHandle<V>> RangeCopy for (Arc<Mutex<H>>, std::marker::PhantomData<V>) {
+    fn snapshot(&self, begin: Key, end: Key) -> Vec<u8> {
+        lock(&self.0).snapshot(begin, end)
+    }
+    fn restore(&self, begin: Key, end: Key, data: &[u8]) -> Result<(), String> {
+        lock(&self.0).restore(begin, end, data)
     }
 }
 
@@ -107,6 +155,7 @@ impl<V: Val> KVServer<V> {
             handles: Mutex::new(Handles {
                 kv: None,
                 simple: None,
+                ranges: None,
                 queued: HoldQueue::new(po.config().van.hold_limit),
                 dropped: LogOnce::new(log::Level::Warn),
             }),
@@ -129,6 +178,22 @@ impl<V: Val> KVServer<V> {
     ) {
         let mut handles = lock(&self.inner().handles);
         handles.kv = Some(Box::new(handle));
+        self.drain(&mut handles);
+    }
+
+    /// Sets a request handle whose state can be copied by key range (see
+    /// [`ReplicatedHandle`]): with replicated key ranges (`PS_REPLICAS >= 2`)
+    /// a server that joins the job, or replaces a dead one, receives copies
+    /// of its ranges from it while requests go on. Without replication it is
+    /// a plain request handle.
+    pub fn set_replicated_handle(&self, handle: impl ReplicatedHandle<V>) {
+        let shared = Arc::new(Mutex::new(handle));
+        let copy = (Arc::clone(&shared), std::marker::PhantomData::<V>);
+        let mut handles = lock(&self.inner().handles);
+        handles.ranges = Some(Box::new(copy));
+        handles.kv = Some(Box::new(move |meta, req, server| {
+            lock(&shared).handle(meta, req, server)
+        }));
         self.drain(&mut handles);
     }
 
@@ -203,6 +268,34 @@ impl<V: Val> KVServer<V> {
                     }
                 }
             },
+            Queued::Snapshot { token, begin, end } => {
+                if let Some(ranges) = &handles.ranges {
+                    let copy = ranges.snapshot(begin, end);
+                    if let Ok(van) = po.van() {
+                        van.snapshot_taken(token, self.inner().app_id, copy.into());
+                    }
+                }
+            }
+            Queued::Restore {
+                token,
+                begin,
+                end,
+                data,
+            } => {
+                if let Some(ranges) = &handles.ranges {
+                    match ranges.restore(begin, end, &data) {
+                        Ok(()) => {
+                            if let Ok(van) = po.van() {
+                                van.restored(token, self.inner().app_id);
+                            }
+                        }
+                        Err(e) => error!(
+                            "KVServer app {}: refusing a copy of keys {begin}..{end}: {e}",
+                            self.inner().app_id
+                        ),
+                    }
+                }
+            }
         }
     }
 
@@ -238,6 +331,32 @@ impl<V: Val> KVServer<V> {
     }
 }
 
+impl<V: Val> Inner<V> {
+    /// Runs `req` (from `sender`, `bytes` of payload) now if nothing waits
+    /// before it and its handle is set, else queues it.
+    fn queue(&self, customer: &Arc<Customer<Self>>, sender: NodeId, bytes: usize, req: Queued<V>) {
+        let server = KVServer {
+            customer: Arc::clone(customer),
+        };
+        let mut handles = lock(&self.handles);
+        if handles.queued.is_empty() && handles.ready_for(&req) {
+            server.dispatch(&mut handles, req);
+        } else {
+            handles.queue(sender, bytes, req);
+        }
+    }
+
+    /// Queues a key-range copy or restore request, which this node's own
+    /// core made (one per range at a time): it counts no payload against
+    /// `PS_HOLD_LIMIT`, so a restore of a large range is never refused.
+    fn queue_copy(&self, customer: &Arc<Customer<Self>>, req: Queued<V>) {
+        self.queue(customer, OWN_CORE, 0, req);
+    }
+}
+
+/// The sender of copy and restore requests (this node's core; no peer).
+const OWN_CORE: NodeId = -1;
+
 impl<V: Val> Handler for Inner<V> {
     type Payload = ();
 
@@ -261,15 +380,7 @@ impl<V: Val> Handler for Inner<V> {
                 }
             }
         };
-        let server = KVServer {
-            customer: Arc::clone(customer),
-        };
-        let mut handles = lock(&self.handles);
-        if handles.queued.is_empty() && handles.ready_for(&req) {
-            server.dispatch(&mut handles, req);
-        } else {
-            handles.queue(sender, bytes, req);
-        }
+        self.queue(customer, sender, bytes, req);
     }
 
     fn on_response(&self, msg: &Message, _payload: &mut ()) -> bool {
@@ -284,6 +395,29 @@ impl<V: Val> Handler for Inner<V> {
     }
 
     fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
+
+    fn on_snapshot(&self, customer: &Arc<Customer<Self>>, token: u64, begin: u64, end: u64) {
+        self.queue_copy(customer, Queued::Snapshot { token, begin, end });
+    }
+
+    fn on_restore(
+        &self,
+        customer: &Arc<Customer<Self>>,
+        token: u64,
+        begin: u64,
+        end: u64,
+        data: bytes::Bytes,
+    ) {
+        self.queue_copy(
+            customer,
+            Queued::Restore {
+                token,
+                begin,
+                end,
+                data,
+            },
+        );
+    }
 
     fn handles_inline(&self, msg: &Message, _payload: Option<&()>) -> bool {
         msg.meta.request && !msg.meta.simple_app && self.inline.load(Ordering::Relaxed)
@@ -352,6 +486,18 @@ impl<V: Val> DefaultHandle<V> {
         }
     }
 
+    /// The stored keys in `[begin, end)` with their values (key order).
+    pub fn range(&self, begin: Key, end: Key) -> Vec<(Key, &[V])> {
+        let mut out: Vec<(Key, &[V])> = self
+            .store
+            .iter()
+            .filter(|(&k, _)| k >= begin && (k < end || end == u64::MAX))
+            .map(|(&k, v)| (k, &v[..]))
+            .collect();
+        out.sort_unstable_by_key(|(k, _)| *k);
+        out
+    }
+
     /// The handle as a closure for [`KVServer::set_request_handle`].
     pub fn into_handle(mut self) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static {
         move |meta, req, server| {
@@ -360,5 +506,58 @@ impl<V: Val> DefaultHandle<V> {
                 warn!("cannot answer node {}: {e}", meta.sender);
             }
         }
+    }
+}
+
+/// A copy of a key range: for each key, the key (`u64`), its number of
+/// values (`u64`) and the values' bytes, little-endian.
+impl<V: Val> ReplicatedHandle<V> for DefaultHandle<V> {
+    fn handle(&mut self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
+        let res = self.apply(meta, &req);
+        if let Err(e) = server.response(meta, res) {
+            warn!("cannot answer node {}: {e}", meta.sender);
+        }
+    }
+
+    fn snapshot(&self, begin: Key, end: Key) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (key, vals) in self.range(begin, end) {
+            out.extend_from_slice(&key.to_le_bytes());
+            out.extend_from_slice(&(vals.len() as u64).to_le_bytes());
+            out.extend_from_slice(bytemuck::cast_slice(vals));
+        }
+        out
+    }
+
+    fn restore(&mut self, begin: Key, end: Key, data: &[u8]) -> Result<(), String> {
+        let size = std::mem::size_of::<V>();
+        let mut parsed = Vec::new();
+        let mut at = 0;
+        let word = |at: usize| -> Result<u64, String> {
+            data.get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| format!("the copy ends inside an entry at byte {at}"))
+        };
+        while at < data.len() {
+            let key = word(at)?;
+            let n = word(at + 8)? as usize;
+            at += 16;
+            let bytes = n
+                .checked_mul(size)
+                .and_then(|len| data.get(at..at + len))
+                .ok_or_else(|| format!("key {key}: {n} values run past the copy's end"))?;
+            if !(key >= begin && (key < end || end == u64::MAX)) {
+                return Err(format!("key {key} is outside the range {begin}..{end}"));
+            }
+            let mut vals = vec![V::default(); n];
+            bytemuck::cast_slice_mut::<V, u8>(&mut vals).copy_from_slice(bytes);
+            parsed.push((key, vals));
+            at += n * size;
+        }
+        self.store
+            .retain(|&k, _| !(k >= begin && (k < end || end == u64::MAX)));
+        self.store.extend(parsed);
+        Ok(())
     }
 }

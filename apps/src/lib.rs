@@ -75,7 +75,7 @@ use std::process::ExitCode;
 pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
-pub use kv_server::{DefaultHandle, KVServer};
+pub use kv_server::{DefaultHandle, KVServer, ReplicatedHandle};
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer};
 pub use logging::init_logging;
 /// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric

@@ -300,6 +300,10 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
     ),
     ("PS_DROP_MSG", Numeric::new(Unit::Percent, 0, 100)),
     (
+        "PS_REPLICAS",
+        Numeric::new(Unit::Count, 1, 64).note("copies of each key range, at most DMLC_NUM_SERVER"),
+    ),
+    (
         "DMLC_PS_WATER_MARK",
         Numeric::new(Unit::Count, 1, MAX_COUNT),
     ),
@@ -553,6 +557,7 @@ impl Config {
                 resend_timeout: env.flag("PS_RESEND")?.then_some(resend_timeout),
                 max_resends: defaults.max_resends,
                 drop_percent: env.number("PS_DROP_MSG", 0)? as u32,
+                replicas: replicas(&env, num_servers)?,
                 max_message_size,
                 hold_limit,
                 store_limits: store_limits(&env, defaults.store_limits)?,
@@ -604,6 +609,20 @@ fn store_limits(env: &Env, defaults: StoreLimits) -> Result<StoreLimits, ConfigE
 
 /// `123`, `64K`, `64M`, `1G` (binary multiples, case-insensitive, an
 /// optional trailing `B` or `iB`) as bytes.
+/// `PS_REPLICAS`: copies of each key range (pslite-only), 1 (the default:
+/// ps-lite's one copy) to the number of servers.
+fn replicas(env: &Env, num_servers: i32) -> Result<u32, ConfigError> {
+    let k = env.number("PS_REPLICAS", 1)?;
+    if k > num_servers.max(1) as u64 {
+        return Err(ConfigError::Invalid {
+            var: "PS_REPLICAS",
+            value: k.to_string(),
+            expected: "at most DMLC_NUM_SERVER (each copy of a range lives on another server)",
+        });
+    }
+    Ok(k as u32)
+}
+
 fn parse_bytes(value: &str) -> Option<u64> {
     let v = value.trim().to_ascii_lowercase();
     let v = v
@@ -883,6 +902,14 @@ mod tests {
             message(&[("DMLC_INTERFACE", "nope0")]),
             "DMLC_INTERFACE \"nope0\" is not a network interface with an IPv4 address (try lo or eth0)"
         );
+    }
+
+    #[test]
+    fn replicas_are_read_and_bounded_by_the_servers() {
+        assert_eq!(parse(&[]).unwrap().van.replicas, 1);
+        assert_eq!(parse(&[("PS_REPLICAS", "2")]).unwrap().van.replicas, 2);
+        assert!(message(&[("PS_REPLICAS", "3")]).contains("at most DMLC_NUM_SERVER"));
+        assert!(message(&[("PS_REPLICAS", "0")]).starts_with("PS_REPLICAS must be"));
     }
 
     #[test]

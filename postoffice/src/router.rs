@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use log::{debug, warn};
 use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
+use pslite_van::hold::message_bytes;
 use pslite_van::{Delivered, Dispatch, Failure, HoldQueue, Room};
 
 use crate::queue::{customer_queue, CustomerQueue, QueueSender, Refused};
@@ -49,6 +50,29 @@ pub enum Delivery {
     },
     /// The node cannot go on; every wait should fail with this failure.
     NodeFailed(Failure),
+    /// Replicated key ranges: copy the app's state of keys `[begin, end)`
+    /// (after every request before this in the queue) and hand it to
+    /// `Van::snapshot_taken` with `token`.
+    Snapshot {
+        /// Pairs the copy with the request.
+        token: u64,
+        /// First key.
+        begin: u64,
+        /// One past the last key (`u64::MAX`: every key from `begin` on).
+        end: u64,
+    },
+    /// Replicated key ranges: replace the app's state of keys `[begin, end)`
+    /// by `data` (a copy a peer made), then call `Van::restored`.
+    Restore {
+        /// Pairs the answer with the request.
+        token: u64,
+        /// First key.
+        begin: u64,
+        /// One past the last key.
+        end: u64,
+        /// The copy.
+        data: pslite_proto::store::Bytes,
+    },
 }
 
 /// Handles a message on the receive thread itself, or gives it back to be
@@ -64,9 +88,18 @@ struct Route {
 struct Routes {
     customers: HashMap<CustomerKey, Route>,
     failure: Option<Failure>,
-    /// Messages for customers that have not registered (`PS_HOLD_LIMIT`).
-    held: HoldQueue<Message>,
+    /// What came for customers that have not registered (`PS_HOLD_LIMIT`),
+    /// in arrival order: messages, and (replicated key ranges) copy and
+    /// restore requests for server apps (a server that replaces a dead one
+    /// gets its copies as soon as it joins, before its `KVServer` exists).
+    held: HoldQueue<(CustomerKey, Delivery)>,
 }
+
+/// The sender copy and restore requests are held under: this node's own
+/// core (no peer). They count no payload: a restore carries a whole
+/// range's state, which the per-sender budget would refuse, and there is
+/// at most one per range and app at a time.
+const OWN_CORE: NodeId = -1;
 
 /// The [`Dispatch`] of a Postoffice: delivers each data message to its
 /// customer's queue.
@@ -137,8 +170,7 @@ impl CustomerRouter {
         if routes.customers.contains_key(&key) {
             return None;
         }
-        let role = self.role;
-        let held = routes.held.take_if(|m| key_of(role, m) == key);
+        let held = routes.held.take_if(|(k, _)| *k == key);
         let (tx, rx) = customer_queue(self.queue_limit);
         if let Some(failure) = &routes.failure {
             tx.push(Delivery::NodeFailed(failure.clone()));
@@ -152,8 +184,8 @@ impl CustomerRouter {
             );
         }
         // What was held goes in whatever the limit.
-        for msg in held {
-            tx.push(Delivery::Message(msg));
+        for (_, delivery) in held {
+            tx.push(delivery);
         }
         let queue = Arc::new(tx);
         routes.customers.insert(key, Route { queue, inline });
@@ -173,6 +205,27 @@ impl CustomerRouter {
     /// Removes a customer; later messages for it are held again.
     pub fn unregister(&self, key: CustomerKey) {
         self.routes().customers.remove(&key);
+    }
+}
+
+impl CustomerRouter {
+    /// Queues `what` for server app `app` (customer `app`, as ps-lite keys
+    /// server apps), in order with its requests.
+    fn to_app(&self, app: i32, what: Delivery) {
+        let mut routes = self.routes();
+        let Some(queue) = routes.customers.get(&(app, app)).map(|r| r.queue.clone()) else {
+            match routes.held.push(OWN_CORE, 0, ((app, app), what)) {
+                Ok(()) => debug!("holding a key-range copy request until app {app} registers"),
+                Err(_) => warn!(
+                    "dropping a key-range copy request: app {app} never registered and too \
+                     many wait (PS_HOLD_LIMIT)"
+                ),
+            }
+            return;
+        };
+        drop(routes);
+        // Whatever the limit: it is one per range, and must not be lost.
+        queue.push(what);
     }
 }
 
@@ -232,7 +285,11 @@ impl Dispatch for CustomerRouter {
             }
         }
         let sender = msg.meta.sender;
-        match routes.held.push_message(msg) {
+        let bytes = message_bytes(&msg);
+        match routes
+            .held
+            .push(sender, bytes, (key, Delivery::Message(msg)))
+        {
             Ok(()) => debug!(
                 "holding a message for app {} customer {} until it registers",
                 key.0, key.1
@@ -265,6 +322,29 @@ impl Dispatch for CustomerRouter {
         if !queued {
             debug!("{failure} (its customer has gone)");
         }
+    }
+
+    fn snapshot(&self, app: i32, token: u64, begin: u64, end: u64) {
+        self.to_app(app, Delivery::Snapshot { token, begin, end });
+    }
+
+    fn restore(
+        &self,
+        app: i32,
+        token: u64,
+        begin: u64,
+        end: u64,
+        data: pslite_proto::store::Bytes,
+    ) {
+        self.to_app(
+            app,
+            Delivery::Restore {
+                token,
+                begin,
+                end,
+                data,
+            },
+        );
     }
 
     fn membership(&self, round: u64, workers: &[NodeId]) {

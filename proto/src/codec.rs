@@ -13,6 +13,7 @@ use prost::Message as _;
 
 use crate::ids::K_EMPTY;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
+use crate::replica::ReplicaMsg;
 use crate::shm::ShmFrame;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
@@ -27,8 +28,8 @@ pub enum DecodeError {
     /// `PBNode.role` is not 0, 1 or 2.
     #[error("meta frame names unknown role {0} (expected 0 server, 1 worker, 2 scheduler)")]
     UnknownRole(i32),
-    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100..=102).
-    #[error("meta frame names unknown control command {0} (expected 0..=5 or 100..=102)")]
+    /// `PBControl.cmd` is not 0..=5 nor a pslite-only command (100..=102, 110).
+    #[error("meta frame names unknown control command {0} (expected 0..=5, 100..=102 or 110)")]
     UnknownCommand(i32),
     /// A `data_type` entry is not 0..=11.
     #[error("meta frame names unknown data type {0} (expected 0..=11)")]
@@ -36,6 +37,9 @@ pub enum DecodeError {
     /// A pslite-only store message names an unknown op or status.
     #[error("meta frame carries a store message with an unknown op or status")]
     UnknownStoreOp,
+    /// A pslite-only replication message names an unknown op.
+    #[error("meta frame carries a replication message with an unknown op")]
+    UnknownReplicaOp,
 }
 
 impl Meta {
@@ -104,6 +108,7 @@ impl Meta {
             handler_panic: self.handler_panic.as_deref().map(str::to_string),
             store: self.store.as_deref().map(StoreMsg::to_pb),
             shm: None,
+            replica: self.replica.as_deref().map(ReplicaMsg::to_pb),
         }
     }
 
@@ -141,6 +146,12 @@ impl Meta {
             store: match pb.store {
                 Some(s) => Some(Box::new(
                     StoreMsg::from_pb(s).ok_or(DecodeError::UnknownStoreOp)?,
+                )),
+                None => None,
+            },
+            replica: match pb.replica {
+                Some(r) => Some(Box::new(
+                    ReplicaMsg::from_pb(r).ok_or(DecodeError::UnknownReplicaOp)?,
                 )),
                 None => None,
             },

@@ -29,6 +29,7 @@ pub mod ids;
 mod message;
 mod meta;
 mod node;
+pub mod replica;
 pub mod shm;
 pub mod stats;
 pub mod store;

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use crate::ids::{NodeId, K_EMPTY};
+use crate::replica::ReplicaMsg;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
 use crate::Node;
@@ -34,6 +35,9 @@ pub enum Command {
     /// pslite-only, elastic mode only: a worker leaves the job (its round
     /// ends). Never sent to a peer not known to be pslite.
     Leave = 102,
+    /// pslite-only, replicated key ranges only: the control messages of
+    /// replication (the range map, sync, state copies; [`Meta::replica`]).
+    Replica = 110,
 }
 
 impl Command {
@@ -49,6 +53,7 @@ impl Command {
             100 => Command::Status,
             101 => Command::Store,
             102 => Command::Leave,
+            110 => Command::Replica,
             _ => return None,
         })
     }
@@ -196,6 +201,9 @@ pub struct Meta {
     /// pslite-only (field 103): on a STORE message, the store request, its
     /// answer or a watch event.
     pub store: Option<Box<StoreMsg>>,
+    /// pslite-only (field 110): replicated key ranges (the map, a request's
+    /// range and id, messages between replicas).
+    pub replica: Option<Box<ReplicaMsg>>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -230,6 +238,7 @@ impl Default for Meta {
             status: Vec::new(),
             handler_panic: None,
             store: None,
+            replica: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

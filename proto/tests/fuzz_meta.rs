@@ -104,6 +104,7 @@ prop_compose! {
             status: Vec::new(),
             handler_panic: None,
             store: None,
+            replica: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

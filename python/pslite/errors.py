@@ -101,6 +101,11 @@ class AppDropped(Failure):
     """The app that sent the request was closed before it completed."""
 
 
+class RangeLost(Failure):
+    """Replicated key ranges (PS_REPLICAS): every replica of the request's
+    key range died."""
+
+
 class StoreError(Error):
     """A store call failed."""
 

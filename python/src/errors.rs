@@ -31,6 +31,7 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
         Failure::RendezvousFailed { .. } => "RendezvousFailed",
         Failure::LeftRound { .. } => "LeftRound",
         Failure::AppDropped => "AppDropped",
+        Failure::RangeLost { .. } => "RangeLost",
         // The Van reports these as VanError::BarrierTimeout/StoreNoAnswer.
         Failure::BarrierTimeout { .. } | Failure::StoreNoAnswer { .. } => "Timeout",
     }

@@ -46,7 +46,7 @@ def test_every_native_name_has_a_stub_and_a_docstring():
 def test_exceptions_are_named_after_rusts_failure_kinds():
     kinds = ["SchedulerLost", "NotAcknowledged", "PeerDead", "PeerRestarted", "Stopped",
              "HandlerPanicked", "ReceiveThreadDied", "SendFailed", "BadResponse",
-             "AuthRefused", "RendezvousFailed", "LeftRound", "AppDropped"]
+             "AuthRefused", "RendezvousFailed", "LeftRound", "AppDropped", "RangeLost"]
     for kind in kinds:
         cls = getattr(pslite, kind)
         assert issubclass(cls, pslite.Failure) and issubclass(cls, pslite.Error)

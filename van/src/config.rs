@@ -89,6 +89,10 @@ pub struct VanConfig {
     /// advertises, so `PS_SHM=0` turns it off too; see
     /// [`crate::transport::local_endpoint`]).
     pub ipc: bool,
+    /// Replicas of each key range (`PS_REPLICAS`, pslite-only; default 1,
+    /// ps-lite's one copy, nothing replicated and the wire unchanged). Read
+    /// by the scheduler, which hands the range map to the others.
+    pub replicas: u32,
 }
 
 impl Default for VanConfig {
@@ -122,6 +126,7 @@ impl Default for VanConfig {
             shm: true,
             shm_identity: None,
             ipc: true,
+            replicas: 1,
         }
     }
 }

@@ -86,6 +86,40 @@ pub enum Output {
         /// Its workers in rank order.
         workers: Vec<NodeId>,
     },
+    /// Replicated key ranges: ask app `apps[..]` for a copy of its state
+    /// of keys `[begin, end)` (range `range`), in request order; answer
+    /// with [`Core::snapshot_taken`], one part per app.
+    Snapshot {
+        /// Pairs the answers with the request.
+        token: u64,
+        /// The range.
+        range: u32,
+        /// Its first key.
+        begin: u64,
+        /// One past its last key (`u64::MAX`: every key from `begin` on).
+        end: u64,
+        /// The apps to ask.
+        apps: Vec<i32>,
+    },
+    /// Replicated key ranges: replace the apps' state of keys `[begin, end)`
+    /// by these copies (`data[i]` for app `apps[i]`); answer with
+    /// [`Core::restored`] per app.
+    Restore {
+        /// Pairs the answers with the request.
+        token: u64,
+        /// The range.
+        range: u32,
+        /// Its first key.
+        begin: u64,
+        /// One past its last key.
+        end: u64,
+        /// The app of each copy.
+        apps: Vec<i32>,
+        /// The copies.
+        data: Vec<bytes::Bytes>,
+    },
+    /// Replicated key ranges: a new range map (for observers).
+    RangeMap(pslite_proto::replica::RangeMap),
     /// An event of a watched store key, for these watchers of this process
     /// (see [`Core::store_watch`]); a watcher that is gone is reported back
     /// with [`Core::store_watcher_gone`].
@@ -267,7 +301,7 @@ pub struct Core {
     held_newcomers: HoldQueue<Message>,
     /// Data messages the apps could not take yet (a customer's queue is
     /// full), in order: while any waits, the driver reads nothing more.
-    parked: VecDeque<Message>,
+    parked: VecDeque<Output>,
     /// The driver cannot read for a reason of its own (short of file
     /// descriptors for a shared-memory frame, say).
     stalled: bool,
@@ -307,7 +341,17 @@ pub struct Core {
     /// On the scheduler: the nodes dead at the last tick, whose waits and
     /// watches the store has dropped.
     store_dead: BTreeSet<NodeId>,
+    /// Replicated key ranges (`crate::replica`).
+    replication: replication::Replication,
+    /// On the scheduler: servers whose death the range map has taken in.
+    replica_dead: BTreeSet<NodeId>,
+    /// On a server: the apps whose state is copied to joining servers.
+    replicated_apps: BTreeSet<i32>,
+    /// The timestamp of this node's next replication message.
+    replica_ts: i32,
 }
+
+mod replication;
 
 /// The exit drain: a stopping node gives what it sent time to be
 /// acknowledged (the scheduler's last barrier release, say), up to 15 resend
@@ -455,7 +499,16 @@ impl Core {
             store_host: is_scheduler.then(|| StoreHost::new(cfg.store_limits)),
             store_client: StoreClient::default(),
             store_dead: BTreeSet::new(),
+            replication: if is_scheduler {
+                replication::Replication::for_scheduler(cfg.num_servers, cfg.replicas)
+            } else {
+                replication::Replication::Off
+            },
+            replica_dead: BTreeSet::new(),
+            replicated_apps: BTreeSet::from([0]),
+            replica_ts: 0,
         };
+        core.replica_ts = core.rng.random::<i32>() & i32::MAX;
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
         let identity = core.member.me().id;
@@ -612,11 +665,16 @@ impl Core {
     /// Prepares a message an app sends: checks that the node can send it,
     /// opens the connection on first use, stamps the sender and records it
     /// for resending. Returns the message to put on the wire.
-    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Message, VanError> {
+    /// Returns `None` when there is nothing to send now (replicated key
+    /// ranges: an answer held until the backups have the push).
+    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Option<Message>, VanError> {
         if let Some(f) = self.member.failure() {
             return Err(f.clone().into());
         }
-        self.prepare(msg, now)
+        let Some(msg) = self.replica_outgoing(msg, now)? else {
+            return Ok(None);
+        };
+        self.prepare(msg, now).map(Some)
     }
 
     /// A message [`Core::send`] prepared could not be put on the wire.
@@ -985,21 +1043,23 @@ impl Core {
         self.check_drain(now);
     }
 
-    /// The apps could not take these data messages (from
-    /// [`Output::Deliver`], in order): a customer's queue is full. They wait
-    /// here, and the driver reads nothing more (ZeroMQ's high-water marks
-    /// then hold the senders back) until [`Core::room`]; timers go on.
-    pub fn park(&mut self, msgs: Vec<Message>, now: Instant) {
-        self.parked.extend(msgs);
+    /// The apps could not take these data messages ([`Output::Deliver`], in
+    /// order, with the copy requests of replicated key ranges after the
+    /// first refused one, [`Output::Snapshot`] and [`Output::Restore`]): a
+    /// customer's queue is full. They wait here, and the driver reads
+    /// nothing more (ZeroMQ's high-water marks then hold the senders back)
+    /// until [`Core::room`]; timers go on.
+    pub fn park(&mut self, outputs: Vec<Output>, now: Instant) {
+        self.parked.extend(outputs);
         self.update_listening(now);
     }
 
-    /// A customer's queue has room again: the parked messages are handed
-    /// over again ([`Output::Deliver`]); those the apps refuse again come
-    /// back through [`Core::park`].
+    /// A customer's queue has room again: the parked outputs are handed
+    /// over again, in order; messages the apps refuse again come back
+    /// through [`Core::park`].
     pub fn room(&mut self, now: Instant) {
         let parked = std::mem::take(&mut self.parked);
-        self.out.extend(parked.into_iter().map(Output::Deliver));
+        self.out.extend(parked);
         self.update_listening(now);
     }
 
@@ -1126,6 +1186,7 @@ impl Core {
                 let actions = s.tick(now);
                 self.apply_scheduler(actions, now);
             }
+            self.replica_tick(now);
             for (link, node, why) in self.registrations.tick(now) {
                 self.registration_refused(&node, &why);
                 self.end_check(link);
@@ -1172,6 +1233,8 @@ impl Core {
                 } else {
                     debug!("{failure}");
                 }
+            } else if self.replica_owns(&msg) {
+                debug!("{failure}: the range map decides where it goes next");
             } else {
                 warn!("{failure}");
                 self.out.push(Output::Undeliverable(msg, failure));
@@ -1221,9 +1284,17 @@ impl Core {
         let mut ack = None;
         if self.scheduler.is_some() && sender != K_EMPTY {
             // Anything from a node proves it has its table (a C++ node cannot
-            // acknowledge the table: it has no id when it arrives).
+            // acknowledge the table: it has no id when it arrives). Only a
+            // table that names the node: an update of another's entry (a
+            // replacement's new address and key) is not proven by a message
+            // the node may have sent before it arrived, and lost, it leaves
+            // the node refusing the replacement's identity for good.
             if let Some(r) = &mut self.resender {
-                r.settle(|m| m.meta.recver == sender && m.meta.control.cmd == Command::AddNode);
+                r.settle(|m| {
+                    m.meta.recver == sender
+                        && m.meta.control.cmd == Command::AddNode
+                        && m.meta.control.node.iter().any(|n| n.id == sender)
+                });
             }
         }
         if self.resender.is_some() {
@@ -1313,7 +1384,7 @@ impl Core {
     fn dispatch(&mut self, msg: Message, now: Instant) {
         let is_scheduler = self.scheduler.is_some();
         match msg.meta.control.cmd {
-            Command::Empty => self.data(msg),
+            Command::Empty => self.data(msg, now),
             // Never obeyed from the wire: a node stops itself in-process.
             Command::Terminate => {
                 self.drop_logged(msg.meta.sender, "TERMINATE", "nodes stop themselves")
@@ -1321,9 +1392,11 @@ impl Core {
             Command::AddNode if is_scheduler && msg.meta.sender == K_EMPTY => {
                 self.check_registration(msg, now)
             }
+            Command::AddNode if is_scheduler && self.replica_refuses(&msg) => {}
             Command::AddNode | Command::Heartbeat | Command::Status if is_scheduler => {
                 self.run_scheduler(&msg, now)
             }
+            Command::Replica => self.replica_control(msg, now),
             Command::Barrier if is_scheduler && msg.meta.request => self.run_scheduler(&msg, now),
             Command::Leave if is_scheduler => self.run_scheduler(&msg, now),
             Command::Leave if msg.meta.sender == SCHEDULER => {
@@ -1338,6 +1411,11 @@ impl Core {
             Command::AddNode => {
                 let actions = self.member.on_node_table(&msg, now);
                 self.apply_member(actions, now);
+                if msg.meta.sender == SCHEDULER {
+                    if let Some(map) = msg.meta.replica.and_then(|r| r.map) {
+                        self.on_range_map(map, now);
+                    }
+                }
             }
             Command::Barrier if msg.meta.sender != SCHEDULER || msg.meta.request => self
                 .drop_logged(
@@ -1475,6 +1553,12 @@ impl Core {
         if actions.is_empty() {
             return;
         }
+        self.replica_before(&actions, now);
+        let recoveries: Vec<Action> = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Connect(n) if n.is_recovery))
+            .cloned()
+            .collect();
         for action in actions {
             match action {
                 Action::Connect(node) => {
@@ -1484,7 +1568,10 @@ impl Core {
                         self.peer_replaced(id, now);
                     }
                 }
-                Action::Send(msg) => self.emit(msg, now),
+                Action::Send(mut msg) => {
+                    self.replica_attach(&mut msg);
+                    self.emit(msg, now)
+                }
                 Action::Reply { route, mut msg } => {
                     // The scheduler's own row carries its own counters.
                     if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
@@ -1516,6 +1603,7 @@ impl Core {
             let table = self.scheduler_table();
             self.member.formed(table);
         }
+        self.replica_after(&recoveries, now);
     }
 
     /// Carries out what the node side asked for.
@@ -1537,7 +1625,11 @@ impl Core {
                 MemberAction::Joined => {
                     self.changed = true;
                     for msg in self.held.drain() {
-                        self.data(msg);
+                        if msg.meta.control.cmd == Command::Replica {
+                            self.replica_control(msg, now);
+                        } else {
+                            self.data(msg, now);
+                        }
                     }
                 }
                 MemberAction::PeerReplaced(id) => self.peer_replaced(id, now),
@@ -1548,10 +1640,16 @@ impl Core {
                     };
                     if let Some(r) = &mut self.resender {
                         for msg in r.forget_peer(id) {
-                            self.out.push(Output::Undeliverable(msg, failure.clone()));
+                            if !self.replica_owns(&msg) {
+                                self.out.push(Output::Undeliverable(msg, failure.clone()));
+                            }
                         }
                     }
-                    self.out.push(Output::PeerDead(id, failure));
+                    // Replicated key ranges: a dead server's ranges failed
+                    // over; its requests went to the new primaries.
+                    if !self.replica_covers(id) {
+                        self.out.push(Output::PeerDead(id, failure));
+                    }
                     self.changed = true;
                 }
                 MemberAction::Failed(f) => {
@@ -1572,7 +1670,7 @@ impl Core {
                     self.out.push(Output::RoundBegan { round, workers });
                     for msg in self.held_newcomers.drain() {
                         if self.member.is_member(msg.meta.sender) {
-                            self.data(msg);
+                            self.data(msg, now);
                         } else {
                             self.reject(&msg, "its sender is not in the node table");
                         }
@@ -1587,8 +1685,12 @@ impl Core {
     /// resender they cannot, and fail instead of waiting forever.
     fn peer_replaced(&mut self, id: NodeId, now: Instant) {
         self.store_forget(id, "was replaced by a restarted process");
+        if let Some(r) = &mut self.resender {
+            // The new process's timestamps start over.
+            r.forget_seen(id);
+        }
         let Some(r) = &mut self.resender else {
-            if self.scheduler.is_none() {
+            if self.scheduler.is_none() && !self.replica_covers(id) {
                 self.out
                     .push(Output::PeerDead(id, Failure::PeerRestarted { id }));
             }
@@ -1609,7 +1711,7 @@ impl Core {
 
     /// A data message: delivered if its sender may send it, held back until
     /// this node joins (within the byte budget), else dropped.
-    fn data(&mut self, msg: Message) {
+    fn data(&mut self, msg: Message, now: Instant) {
         let sender = msg.meta.sender;
         if sender == K_EMPTY {
             self.reject(&msg, "its sender has no ps<id> identity");
@@ -1646,15 +1748,30 @@ impl Core {
             }
             return;
         }
+        if msg.meta.replica.is_some() {
+            self.replica_data(msg, now);
+            return;
+        }
         if let Some(why) = self.forbidden(&msg) {
             self.reject(&msg, why);
             return;
         }
+        self.deliver(msg);
+    }
+
+    /// Hands `msg` to the apps ([`Output::Deliver`]), behind the parked ones
+    /// if any, in order.
+    fn deliver(&mut self, msg: Message) {
+        self.for_apps(Output::Deliver(msg));
+    }
+
+    /// Hands `out` (for the apps' queues, in their order) over, behind the
+    /// parked ones if any.
+    fn for_apps(&mut self, out: Output) {
         if self.parked.is_empty() {
-            self.out.push(Output::Deliver(msg));
+            self.out.push(out);
         } else {
-            // Behind the ones waiting, in order.
-            self.parked.push_back(msg);
+            self.parked.push_back(out);
         }
     }
 

@@ -7,6 +7,9 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use log::error;
+use pslite_proto::replica::RangeMap;
 use pslite_proto::{Message, NodeId};
 
 use crate::error::Failure;
@@ -87,6 +90,34 @@ pub trait Dispatch: Send + Sync + 'static {
     /// this node joined it.
     fn membership(&self, round: u64, workers: &[NodeId]) {
         let _ = (round, workers);
+    }
+
+    /// Replicated key ranges, on a server: app `app` should copy its state
+    /// of keys `[begin, end)` as it is after every request delivered before
+    /// this call (so: in its request order), and hand it to
+    /// [`Van::snapshot_taken`](crate::Van::snapshot_taken) with `token`.
+    /// The default copies nothing, so a joining server never catches up
+    /// (and says so).
+    fn snapshot(&self, app: i32, token: u64, begin: u64, end: u64) {
+        let _ = (token, begin, end);
+        error!(
+            "app {app} cannot copy its state to a joining server (its node has no snapshot \
+             support); the range stays with fewer replicas"
+        );
+    }
+
+    /// Replicated key ranges, on a server: app `app` should replace its
+    /// state of keys `[begin, end)` by `data` (a copy its peer made with
+    /// [`Dispatch::snapshot`]), in its request order, then call
+    /// [`Van::restored`](crate::Van::restored) with `token`.
+    fn restore(&self, app: i32, token: u64, begin: u64, end: u64, data: Bytes) {
+        let _ = (token, begin, end, data);
+        error!("app {app} cannot restore a copy of its state (no snapshot support)");
+    }
+
+    /// Replicated key ranges: a new range map.
+    fn range_map(&self, map: &RangeMap) {
+        let _ = map;
     }
 }
 

@@ -146,6 +146,16 @@ pub enum Failure {
     /// The app that sent the request was dropped before it completed.
     #[error("the app was dropped")]
     AppDropped,
+    /// Replicated key ranges: every replica of the range died (more than
+    /// `PS_REPLICAS - 1` at once, or before a copy was made); its keys are
+    /// gone.
+    #[error(
+        "key range {range} has no replica left: its servers died before a copy was made          (raise PS_REPLICAS, or restore from a checkpoint)"
+    )]
+    RangeLost {
+        /// The range (its server rank).
+        range: u32,
+    },
     /// A barrier was not released before its waiter's deadline (the Van
     /// reports it as [`VanError::BarrierTimeout`], with the identities
     /// heard from too early).

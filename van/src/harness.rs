@@ -78,6 +78,10 @@ pub struct SimNode {
     reserved: usize,
     /// Elastic rounds reported: (round, workers in rank order).
     pub rounds: Vec<(u64, Vec<NodeId>)>,
+    /// The app that answers KV requests (replication tests), if any.
+    pub app: Option<SumApp>,
+    /// Range maps reported (replicated key ranges).
+    pub maps: Vec<pslite_proto::replica::RangeMap>,
     /// Store events handed to this process's watchers: (watcher, event).
     pub store_events: Vec<(u64, pslite_proto::store::StoreMsg)>,
     /// Connections: peer id -> (node index or none, identity and key used).
@@ -183,6 +187,8 @@ impl Network {
             waiting_for: Vec::new(),
             answers: Vec::new(),
             rounds: Vec::new(),
+            app: None,
+            maps: Vec::new(),
             store_events: Vec::new(),
             conns: HashMap::new(),
             refused: Vec::new(),
@@ -254,6 +260,10 @@ impl Network {
         node.delivered.clear();
         node.failures.clear();
         node.rounds.clear();
+        node.maps.clear();
+        if node.app.is_some() {
+            node.app = Some(SumApp::default());
+        }
         self.flush(i);
     }
 
@@ -319,7 +329,9 @@ impl Network {
             .send(msg, now)
             .expect("the core refused to send");
         self.flush(i);
-        self.transmit(i, msg);
+        if let Some(msg) = msg {
+            self.transmit(i, msg);
+        }
     }
 
     /// Node `i` sends store request `req` (its caller waits up to an
@@ -380,44 +392,115 @@ impl Network {
         self.flush(i);
     }
 
-    /// Carries out node `i`'s outputs.
+    /// Carries out node `i`'s outputs (and its app's answers, at once).
     fn flush(&mut self, i: usize) {
-        let outputs = self.nodes[i].core.take_output();
+        loop {
+            let outputs = self.nodes[i].core.take_output();
+            if outputs.is_empty() {
+                return;
+            }
+            // Connections (and disconnections, in order) at once, as the Van
+            // opens them under the core's lock: a send carried out meanwhile
+            // (an app's answer) finds them.
+            for out in &outputs {
+                match out {
+                    Output::Connect {
+                        node,
+                        identity,
+                        key,
+                        ..
+                    } => {
+                        let target = self
+                            .nodes
+                            .iter()
+                            .position(|n| n.host == node.hostname && n.port == node.port);
+                        if target.is_some_and(|t| self.nodes[t].alive) {
+                            let at = self.now + Duration::from_millis(1);
+                            self.links
+                                .push((at, i, node.id, crate::core::LinkEvent::Up));
+                        }
+                        self.nodes[i]
+                            .conns
+                            .insert(node.id, (target, *identity, *key));
+                    }
+                    Output::Disconnect(id) => {
+                        self.nodes[i].conns.remove(id);
+                    }
+                    _ => {}
+                }
+            }
+            self.carry_out(i, outputs);
+        }
+    }
+
+    fn carry_out(&mut self, i: usize, outputs: Vec<Output>) {
+        let now = self.now;
         let mut refused = Vec::new();
         for out in outputs {
             match out {
-                Output::Deliver(msg) => {
+                Output::Deliver(msg)
+                    if !refused.is_empty()
+                        || self.nodes[i]
+                            .app_capacity
+                            .is_some_and(|cap| self.nodes[i].delivered.len() >= cap) =>
+                {
+                    refused.push(Output::Deliver(msg));
+                }
+                out @ (Output::Snapshot { .. } | Output::Restore { .. }) if !refused.is_empty() => {
+                    refused.push(out)
+                }
+                Output::Deliver(msg) if msg.meta.request && self.nodes[i].app.is_some() => {
                     let node = &mut self.nodes[i];
-                    let full = node
-                        .app_capacity
-                        .is_some_and(|cap| node.delivered.len() >= cap);
-                    if full || !refused.is_empty() {
-                        refused.push(msg);
-                    } else {
-                        node.delivered.push(msg);
+                    let Some(app) = node.app.as_mut() else {
+                        continue;
+                    };
+                    let answer = app.apply(&msg);
+                    node.delivered.push(msg);
+                    match node.core.send(answer, now) {
+                        Ok(Some(msg)) => {
+                            // Its connection first, as the Van opens it.
+                            self.flush(i);
+                            self.transmit(i, msg)
+                        }
+                        Ok(None) => {}
+                        Err(e) => panic!("the core refused an answer: {e}"),
                     }
                 }
-                Output::Connect {
-                    node,
-                    identity,
-                    key,
+                Output::Snapshot {
+                    token,
+                    begin,
+                    end,
+                    apps,
                     ..
                 } => {
-                    let target = self
-                        .nodes
-                        .iter()
-                        .position(|n| n.host == node.hostname && n.port == node.port);
-                    if target.is_some_and(|t| self.nodes[t].alive) {
-                        let at = self.now + Duration::from_millis(1);
-                        self.links
-                            .push((at, i, node.id, crate::core::LinkEvent::Up));
+                    let node = &mut self.nodes[i];
+                    if let Some(app) = &node.app {
+                        let data = app.snapshot(begin, end);
+                        for a in apps {
+                            node.core.snapshot_taken(token, a, data.clone(), now);
+                        }
                     }
-                    self.nodes[i].conns.insert(node.id, (target, identity, key));
                 }
-                Output::Disconnect(id) => {
-                    self.nodes[i].conns.remove(&id);
+                Output::Restore {
+                    token,
+                    begin,
+                    end,
+                    apps,
+                    data,
+                    ..
+                } => {
+                    let node = &mut self.nodes[i];
+                    if let Some(app) = node.app.as_mut() {
+                        for (a, d) in apps.into_iter().zip(data) {
+                            app.restore(begin, end, &d);
+                            node.core.restored(token, a, now);
+                        }
+                    }
                 }
+                Output::RangeMap(map) => self.nodes[i].maps.push(map),
+                Output::Connect { .. } | Output::Disconnect(_) => {} // carried out by flush
                 Output::Send(msg) => self.transmit(i, msg),
+                Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
                 Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),
                 Output::PeerDead(id, _) => self.nodes[i].peer_dead.push(id),
                 Output::Failed(f) => self.nodes[i].failures.push(f),
@@ -672,6 +755,118 @@ impl Network {
     }
 }
 
+/// A server app for the replication tests: sums pushed `i64` values per
+/// key, remembers every value applied (each push carries values never
+/// pushed before, so applying one twice shows), answers pulls with the sums,
+/// and copies and restores key ranges.
+#[derive(Clone, Debug, Default)]
+pub struct SumApp {
+    /// Per key: the values applied.
+    pub store: std::collections::BTreeMap<u64, Vec<i64>>,
+    /// Values applied a second time.
+    pub doubles: Vec<(u64, i64)>,
+    /// What it did, for test failures.
+    pub trace: Vec<String>,
+}
+
+fn u64s(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect()
+}
+
+fn i64s(b: &[u8]) -> Vec<i64> {
+    b.chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect()
+}
+
+impl SumApp {
+    /// Applies a KV request; returns the answer (the core pairs it).
+    pub fn apply(&mut self, msg: &Message) -> Message {
+        let keys = msg.data.first().map(|b| u64s(b)).unwrap_or_default();
+        if msg.meta.push {
+            let vals = msg.data.get(1).map(|b| i64s(b)).unwrap_or_default();
+            self.trace.push(format!(
+                "apply from {} ts {} keys {keys:?} vals {vals:?}",
+                msg.meta.sender, msg.meta.timestamp
+            ));
+            for (k, v) in keys.iter().zip(vals) {
+                let slot = self.store.entry(*k).or_default();
+                if slot.contains(&v) {
+                    self.doubles.push((*k, v));
+                }
+                slot.push(v);
+            }
+        }
+        let mut answer = Message::default();
+        answer.meta.app_id = msg.meta.app_id;
+        answer.meta.customer_id = msg.meta.customer_id;
+        answer.meta.push = msg.meta.push;
+        answer.meta.pull = msg.meta.pull;
+        answer.meta.head = msg.meta.head;
+        answer.meta.timestamp = msg.meta.timestamp;
+        answer.meta.recver = msg.meta.sender;
+        if msg.meta.pull {
+            let sums: Vec<u8> = keys
+                .iter()
+                .flat_map(|k| self.sum(*k).to_le_bytes())
+                .collect();
+            let keys: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+            answer.data = vec![keys.into(), sums.into()];
+            answer.meta.data_type = vec![
+                pslite_proto::DataType::UInt64,
+                pslite_proto::DataType::Int64,
+            ];
+        }
+        answer
+    }
+
+    /// The sum of key `k`'s values.
+    pub fn sum(&self, k: u64) -> i64 {
+        self.store.get(&k).map_or(0, |v| v.iter().sum())
+    }
+
+    /// The keys in `[begin, end)` with their values.
+    pub fn copy(&self, begin: u64, end: u64) -> Vec<(u64, Vec<i64>)> {
+        self.store
+            .iter()
+            .filter(|(&k, _)| k >= begin && (k < end || end == u64::MAX))
+            .map(|(&k, v)| (k, v.clone()))
+            .collect()
+    }
+
+    fn snapshot(&self, begin: u64, end: u64) -> bytes::Bytes {
+        let mut out = Vec::new();
+        for (k, vals) in self.copy(begin, end) {
+            out.extend(k.to_le_bytes());
+            out.extend((vals.len() as u64).to_le_bytes());
+            for v in vals {
+                out.extend(v.to_le_bytes());
+            }
+        }
+        out.into()
+    }
+
+    fn restore(&mut self, begin: u64, end: u64, data: &[u8]) {
+        self.trace
+            .push(format!("restore {begin}..{end}: {} bytes", data.len()));
+        self.store
+            .retain(|&k, _| !(k >= begin && (k < end || end == u64::MAX)));
+        let words = u64s(data);
+        let mut at = 0;
+        while at + 2 <= words.len() {
+            let (k, n) = (words[at], words[at + 1] as usize);
+            let vals = words[at + 2..at + 2 + n]
+                .iter()
+                .map(|&w| w as i64)
+                .collect();
+            self.store.insert(k, vals);
+            at += 2 + n;
+        }
+    }
+}
+
 #[cfg(test)]
 mod backpressure_tests;
 #[cfg(test)]
@@ -680,5 +875,7 @@ mod deadline_tests;
 mod elastic_tests;
 #[cfg(test)]
 mod identity_tests;
+#[cfg(test)]
+mod replica_tests;
 #[cfg(test)]
 mod tests;

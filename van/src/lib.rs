@@ -69,6 +69,7 @@ mod member;
 mod monitor;
 mod registration;
 pub mod rendezvous;
+pub mod replica;
 pub mod resender;
 pub mod resolve;
 pub mod scheduler;

@@ -13,7 +13,7 @@
 //! entries once no resend of them can still arrive, and never holds more
 //! than [`MAX_SEEN`] entries (C++'s grows without bound).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use pslite_proto::{Command, Message, Meta, NodeId, K_EMPTY};
@@ -28,11 +28,23 @@ const MAX_BACKOFF: u32 = 8;
 /// sign-extended C `int`s shifted into a `uint64_t`).
 pub fn signature(meta: &Meta) -> u64 {
     let widen = |v: i32| v as i64 as u64;
-    (widen(meta.app_id) << 48)
+    let sig = (widen(meta.app_id) << 48)
         | (widen(meta.sender) << 40)
         | (widen(meta.recver) << 32)
         | (widen(meta.timestamp) << 1)
-        | u64::from(meta.request)
+        | u64::from(meta.request);
+    // pslite-only, replicated key ranges: one worker request reaches a
+    // server once per range it holds, all with one timestamp, and again
+    // after a map change (which may bring it back to a server it left); the
+    // range and the map version tell them apart (its answer carries both).
+    match &meta.replica {
+        Some(r) if meta.control.is_empty() => {
+            let salt = (u64::from(r.range) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ r.version.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+            sig ^ (salt & !1)
+        }
+        _ => sig,
+    }
 }
 
 /// Whether a message takes part in acknowledgement: everything but ACK and
@@ -84,7 +96,7 @@ pub struct Resender {
     timeout: Duration,
     max_tries: u32,
     /// Unacknowledged messages by (receiver, signature), oldest first.
-    pending: HashMap<(NodeId, u64), VecDeque<Pending>>,
+    pending: BTreeMap<(NodeId, u64), VecDeque<Pending>>,
     /// Received (sender, signature, customer, command), with arrival order.
     seen: HashSet<(NodeId, u64, i32, i32)>,
     seen_order: VecDeque<(Instant, (NodeId, u64, i32, i32))>,
@@ -100,7 +112,7 @@ impl Resender {
         Resender {
             timeout,
             max_tries,
-            pending: HashMap::new(),
+            pending: BTreeMap::new(),
             seen: HashSet::new(),
             seen_order: VecDeque::new(),
             earliest: None,
@@ -190,6 +202,7 @@ impl Resender {
             recver: response.sender,
             timestamp: response.timestamp,
             request: true,
+            replica: response.replica.clone(),
             ..Meta::default()
         };
         let key = (response.sender, signature(&request));
@@ -347,6 +360,14 @@ impl Resender {
             self.earliest = Some(self.earliest.map_or(next, |e| e.min(next)));
         }
         again
+    }
+
+    /// Node `id` was replaced by a new process, whose timestamps start over:
+    /// forgets what its predecessor sent, so that the newcomer's messages
+    /// are not taken for duplicates of them.
+    pub fn forget_seen(&mut self, id: NodeId) {
+        self.seen.retain(|&(sender, ..)| sender != id);
+        self.seen_order.retain(|&(_, (sender, ..))| sender != id);
     }
 
     /// Signatures remembered for de-duplication.

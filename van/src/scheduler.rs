@@ -172,6 +172,9 @@ pub struct Scheduler {
     disconnected: HashMap<NodeId, Instant>,
     /// Elastic mode: the worker rounds, and the registrations they need.
     elastic: Option<Elastic>,
+    /// Replicated key ranges: dead servers whose ranges moved to others;
+    /// barriers do not wait for them (see [`Scheduler::set_failed_over`]).
+    failed_over: BTreeSet<NodeId>,
     /// Since when the scheduler reads nothing (an app's queue is full): no
     /// node's silence counts meanwhile, and when it next tells the nodes it
     /// lives (it cannot answer their heartbeats).
@@ -214,6 +217,7 @@ impl Scheduler {
             counters: HashMap::new(),
             dead_since: HashMap::new(),
             heartbeating: HashSet::new(),
+            failed_over: BTreeSet::new(),
             disconnected: HashMap::new(),
             replaced: Vec::new(),
             warned: HashSet::new(),
@@ -403,6 +407,7 @@ impl Scheduler {
         let recovery = self
             .dead_since
             .iter()
+            .filter(|&(&id, _)| !self.failed_over.contains(&id))
             .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
             .map(|(_, &since)| since + self.cfg.recovery_timeout)
             .min();
@@ -436,7 +441,9 @@ impl Scheduler {
         self.dead_since
             .iter()
             .filter(|&(&id, &since)| {
-                ids::group_contains(group, id) && now >= since + self.cfg.recovery_timeout
+                ids::group_contains(group, id)
+                    && now >= since + self.cfg.recovery_timeout
+                    && !self.failed_over.contains(&id)
             })
             .map(|(&id, _)| id)
             .min()
@@ -899,13 +906,30 @@ impl Scheduler {
             round.customer_id = msg.meta.customer_id;
             return self.settle_barriers(now);
         }
-        let expected = self.group_size(group);
         let round = self.barriers.entry(group).or_default();
         round.arrived.insert((sender, msg.meta.customer_id));
         round.app_id = msg.meta.app_id;
         round.customer_id = msg.meta.customer_id;
-        let arrived = round.arrived.len() as i32;
-        debug!("scheduler: barrier {group}: {arrived}/{expected} arrived (node {sender})");
+        self.try_release(group)
+    }
+
+    /// Releases the barrier over `group` if every member arrived (servers
+    /// that failed over excepted).
+    fn try_release(&mut self, group: i32) -> Vec<Action> {
+        let failed_over = self
+            .failed_over
+            .iter()
+            .filter(|&&id| ids::group_contains(group, id));
+        let expected = self.group_size(group) - failed_over.count() as i32;
+        let Some(round) = self.barriers.get(&group) else {
+            return Vec::new();
+        };
+        let arrived = round
+            .arrived
+            .iter()
+            .filter(|(id, _)| !self.failed_over.contains(id))
+            .count() as i32;
+        debug!("scheduler: barrier {group}: {arrived}/{expected} arrived");
         if arrived < expected {
             return Vec::new();
         }
@@ -913,13 +937,34 @@ impl Scheduler {
         let mut members: BTreeSet<NodeId> = self
             .process_nodes()
             .into_iter()
-            .filter(|n| ids::group_contains(group, n.id))
+            .filter(|n| ids::group_contains(group, n.id) && !self.failed_over.contains(&n.id))
             .map(|n| n.id)
             .collect();
         if group & ids::SCHEDULER_GROUP != 0 {
             members.insert(SCHEDULER);
         }
         round.release(group, members)
+    }
+
+    /// Replicated key ranges: server `id` failed over (`failed_over`: its ranges
+    /// moved to the others, so barriers stop waiting for it) or a
+    /// replacement took its id (it counts again). Returns the barriers
+    /// this completes.
+    pub fn set_failed_over(&mut self, id: NodeId, failed_over: bool) -> Vec<Action> {
+        let changed = if failed_over {
+            self.failed_over.insert(id)
+        } else {
+            self.failed_over.remove(&id)
+        };
+        if !changed || self.elastic.is_some() {
+            return Vec::new();
+        }
+        let mut groups: Vec<i32> = self.barriers.keys().copied().collect();
+        groups.sort_unstable();
+        groups
+            .into_iter()
+            .flat_map(|g| self.try_release(g))
+            .collect()
     }
 
     fn heartbeat(&mut self, msg: &Message, now: Instant) -> Vec<Action> {

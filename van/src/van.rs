@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::{debug, error, info, warn};
+use pslite_proto::replica::RangeMap;
 use pslite_proto::store::{StoreMsg, StoreOp};
 use pslite_proto::{lock, wait_while, Message, Node, NodeId, Role, K_EMPTY};
 
@@ -240,22 +241,56 @@ impl Van {
         locked.core.join_status().unwrap_or(Err(VanError::NotReady))
     }
 
+    /// How the calling thread may use the core: never waiting on the
+    /// receive thread (an inline handler), else waiting for a slow peer.
+    fn mode() -> Mode {
+        if receive::on_receive_thread() {
+            Mode::NoWait
+        } else {
+            Mode::Wait
+        }
+    }
+
     /// Sends a message to `msg.meta.recver`; returns the bytes sent. From
     /// an app thread it may wait for a slow peer; from the receive thread
     /// (an inline handler) it never waits: the message waits in its link.
     pub fn send(&self, msg: Message) -> Result<usize, VanError> {
         let shared = &self.shared;
-        let mode = if receive::on_receive_thread() {
-            Mode::NoWait
-        } else {
-            Mode::Wait
+        let mode = Self::mode();
+        let Some(msg) = shared.with_core(mode, |core, now| core.send(msg, now))? else {
+            return Ok(0); // held (replicated key ranges), or sent by the core
         };
-        let msg = shared.with_core(mode, |core, now| core.send(msg, now))?;
         let sent = shared.links.send(&msg, mode);
         if sent.is_err() {
             shared.with_core(mode, |core, _| core.send_failed(&msg));
         }
         sent
+    }
+
+    /// Replicated key ranges: the range map this node knows, if the cluster
+    /// replicates.
+    pub fn range_map(&self) -> Option<RangeMap> {
+        lock(&self.shared.locked).core.range_map().cloned()
+    }
+
+    /// Replicated key ranges, on a server: the apps whose state is copied
+    /// to joining servers (app 0 unless set).
+    pub fn set_replicated_apps(&self, apps: std::collections::BTreeSet<i32>) {
+        self.shared
+            .with_core(Self::mode(), |core, _| core.set_replicated_apps(apps));
+    }
+
+    /// App `app`'s answer to [`Dispatch::snapshot`] request `token`.
+    pub fn snapshot_taken(&self, token: u64, app: i32, data: Bytes) {
+        self.shared.with_core(Self::mode(), |core, now| {
+            core.snapshot_taken(token, app, data, now)
+        });
+    }
+
+    /// App `app` finished [`Dispatch::restore`] request `token`.
+    pub fn restored(&self, token: u64, app: i32) {
+        self.shared
+            .with_core(Self::mode(), |core, now| core.restored(token, app, now));
     }
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
@@ -519,10 +554,15 @@ impl Shared {
                     }
                 }
                 // In order: once one is refused, the rest wait behind it.
-                Output::Deliver(msg) if !refused.is_empty() => refused.push(msg),
+                Output::Deliver(msg) if !refused.is_empty() => refused.push(Output::Deliver(msg)),
+                // A copy request is in request order too (replicated key
+                // ranges): it waits behind a refused message.
+                out @ (Output::Snapshot { .. } | Output::Restore { .. }) if !refused.is_empty() => {
+                    refused.push(out)
+                }
                 Output::Deliver(msg) => {
                     if let Delivered::Full(msg) = self.dispatch.offer(msg, &self.room_signal) {
-                        refused.push(msg);
+                        refused.push(Output::Deliver(msg));
                     }
                 }
                 Output::Reply {
@@ -539,6 +579,30 @@ impl Shared {
                 Output::Undeliverable(msg, failure) => self.dispatch.undeliverable(msg, failure),
                 Output::PeerDead(id, failure) => self.dispatch.peer_dead(id, &failure),
                 Output::RoundBegan { round, workers } => self.dispatch.membership(round, &workers),
+                Output::Snapshot {
+                    token,
+                    begin,
+                    end,
+                    apps,
+                    ..
+                } => {
+                    for app in apps {
+                        self.dispatch.snapshot(app, token, begin, end);
+                    }
+                }
+                Output::Restore {
+                    token,
+                    begin,
+                    end,
+                    apps,
+                    data,
+                    ..
+                } => {
+                    for (app, data) in apps.into_iter().zip(data) {
+                        self.dispatch.restore(app, token, begin, end, data);
+                    }
+                }
+                Output::RangeMap(map) => self.dispatch.range_map(&map),
                 Output::Failed(failure) => {
                     if failure != Failure::Stopped {
                         error!("{failure}");

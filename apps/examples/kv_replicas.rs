@@ -1,0 +1,82 @@
+//! Workers push to every key range while servers die: the exactness test
+//! program of replicated key ranges (`PS_REPLICAS=k`).
+//!
+//! - A server serves the sum store as a replicated handle (its ranges can be
+//!   copied to a server that replaces a dead one) and says which node it is.
+//! - A worker pushes 1 to `KV_KEYS` keys of every range (default 4) for
+//!   `KV_ROUNDS` rounds (default 200), waiting for each push, pausing
+//!   `KV_ROUND_MS` between rounds (default 10), and says `round N` every 20
+//!   rounds. Then the workers meet at a barrier and each pulls every key: it
+//!   must read exactly rounds x workers, or the program fails.
+//!
+//! ```sh
+//! PS_REPLICAS=2 PS_HEARTBEAT_INTERVAL=1 PS_HEARTBEAT_TIMEOUT=2 \
+//!   pslite launch -s 3 -w 2 -- target/release/examples/kv_replicas
+//! ```
+//!
+//! then `kill -9` one of the servers: the job finishes, exact.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pslite::{
+    env_or, DefaultHandle, Error, KVOptions, KVServer, KVWorker, Postoffice, WORKER_GROUP,
+};
+
+fn main() -> ExitCode {
+    pslite::init_logging();
+    pslite::exit_code(run())
+}
+
+fn run() -> Result<(), Error> {
+    let rounds = env_or("KV_ROUNDS", 200u64, "a whole number")?;
+    let per_range = env_or("KV_KEYS", 4u64, "a whole number")?;
+    let pause = env_or("KV_ROUND_MS", 10u64, "a whole number of milliseconds")?;
+    let po = Postoffice::from_env()?;
+    po.start(0, true)?;
+    let _server = if po.is_server() {
+        let server = KVServer::<f32>::new(&po, 0)?;
+        server.set_replicated_handle(DefaultHandle::new());
+        let me = po.my_node()?;
+        println!(
+            "server node {} serving{}",
+            me.id,
+            if me.is_recovery { " (replacement)" } else { "" }
+        );
+        Some(server)
+    } else {
+        None
+    };
+    if po.is_worker() {
+        let kv = KVWorker::<f32>::new(&po, 0, 0)?;
+        let rank = po.my_rank()?;
+        let keys: Vec<u64> = po
+            .server_key_ranges()
+            .iter()
+            .flat_map(|r| (0..per_range).map(move |i| r.begin + i))
+            .collect();
+        let ones = vec![1.0f32; keys.len()];
+        for round in 1..=rounds {
+            kv.wait(kv.push(&keys, &ones, KVOptions::new())?)?;
+            if round % 20 == 0 {
+                println!("worker {rank} round {round}");
+            }
+            std::thread::sleep(Duration::from_millis(pause));
+        }
+        po.barrier(0, WORKER_GROUP)?;
+        let pulled = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
+        let want = (rounds * po.num_workers() as u64) as f32;
+        if let Some((key, got)) = keys
+            .iter()
+            .zip(pulled.vals.iter())
+            .find(|(_, &v)| v != want)
+        {
+            return Err(Error::App(format!(
+                "key {key} holds {got}, not {want}: a push was lost or applied twice"
+            )));
+        }
+        println!("worker {rank} exact: {} keys hold {want}", keys.len());
+    }
+    po.finalize(0, true)?;
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! Replicated key ranges (`PS_REPLICAS`) with real processes on 127.0.0.1:
+//! servers killed with SIGKILL mid-job and no replacement (k = 2, and
+//! k = 3 with two kills), and a replacement that receives copies of its
+//! ranges while the workers push. Every run must end exact: each key holds
+//! rounds x workers (`kv_replicas` checks it).
+
+use std::time::Duration;
+
+use pslite_tests::{free_port, spawn_node, wait_all_ok, Spawned};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// One job at a time: each is six processes on a 2-core machine, and a
+/// node starved of CPU for the heartbeat timeout is taken for dead.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn env(k: &str) -> [(&'static str, String); 6] {
+    [
+        ("RUST_LOG", "warn,pslite_van::replica=info".to_string()),
+        ("PS_REPLICAS", k.to_string()),
+        ("PS_HEARTBEAT_INTERVAL", "1".to_string()),
+        ("PS_HEARTBEAT_TIMEOUT", "3".to_string()),
+        ("KV_ROUNDS", "300".to_string()),
+        ("KV_ROUND_MS", "20".to_string()),
+    ]
+}
+
+struct Job {
+    scheduler: Spawned,
+    servers: Vec<Spawned>,
+    workers: Vec<Spawned>,
+    port: u16,
+    k: String,
+    /// DMLC_NUM_SERVER and DMLC_NUM_WORKER.
+    size: (usize, usize),
+}
+
+impl Job {
+    fn start(servers: usize, workers: usize, k: &str) -> Job {
+        let port = free_port();
+        let mut job = Job {
+            scheduler: Job::node_at("scheduler", servers, workers, port, k),
+            servers: Vec::new(),
+            workers: Vec::new(),
+            port,
+            k: k.to_string(),
+            size: (servers, workers),
+        };
+        job.servers = (0..servers).map(|_| job.node("server")).collect();
+        job.workers = (0..workers).map(|_| job.node("worker")).collect();
+        job
+    }
+
+    fn node_at(role: &str, servers: usize, workers: usize, port: u16, k: &str) -> Spawned {
+        let env = env(k);
+        let extra: Vec<(&str, &str)> = env.iter().map(|(a, b)| (*a, b.as_str())).collect();
+        spawn_node("kv_replicas", role, servers, workers, port, &extra)
+    }
+
+    fn node(&self, role: &str) -> Spawned {
+        Job::node_at(role, self.size.0, self.size.1, self.port, &self.k)
+    }
+
+    /// Waits until every worker has done `round` rounds.
+    fn wait_round(&self, round: u32) {
+        for w in &self.workers {
+            w.wait_for_line(&format!("round {round}"), LIMIT)
+                .unwrap_or_else(|| panic!("a worker never reached round {round}"));
+        }
+    }
+
+    /// Kills server `i` with SIGKILL; returns when (as [`log_ms`] counts).
+    fn kill(&mut self, i: usize) -> u64 {
+        let victim = self.servers.remove(i);
+        let at = now_ms();
+        victim.signal(libc::SIGKILL);
+        let run = victim.wait(LIMIT);
+        assert!(run.code().is_none(), "not killed: {}", run.output());
+        at
+    }
+
+    /// Waits for every process to exit 0; returns the workers' output.
+    fn finish(self) -> String {
+        let runs = wait_all_ok(
+            std::iter::once(self.scheduler)
+                .chain(self.servers)
+                .chain(self.workers),
+            LIMIT,
+        );
+        let out: String = runs.iter().map(|r| r.stdout.clone()).collect();
+        let errs: String = runs.iter().map(|r| r.stderr.clone()).collect();
+        assert!(!errs.contains("panicked"), "{errs}");
+        out + &errs
+    }
+}
+
+/// Milliseconds since midnight of a log line's UTC time (`...THH:MM:SS.mmmZ`).
+fn log_ms(line: &str) -> Option<u64> {
+    let t = line.split_whitespace().next()?.split_once('T')?.1;
+    let t = t.strip_suffix('Z')?;
+    let (hms, ms) = t.split_once('.')?;
+    let mut parts = hms.split(':').map(|p| p.parse::<u64>().ok());
+    let (h, m, sec) = (parts.next()??, parts.next()??, parts.next()??);
+    Some(((h * 60 + m) * 60 + sec) * 1000 + ms.parse::<u64>().ok()?)
+}
+
+/// Milliseconds since midnight UTC now (as [`log_ms`] counts).
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (since.as_millis() % 86_400_000) as u64
+}
+
+/// How long after `killed` (a [`now_ms`] time) the scheduler declared the
+/// server dead, from the logs.
+fn declared_ms(out: &str, killed: u64) -> Option<u64> {
+    let dead = out
+        .lines()
+        .find(|l| l.contains("its ranges fail over"))
+        .and_then(log_ms)?;
+    Some((dead + 86_400_000 - killed) % 86_400_000)
+}
+
+/// How long after the scheduler declared a server dead the last range it
+/// was primary of had a new primary serving (synced), from the logs.
+fn failover_ms(out: &str) -> Option<u64> {
+    let dead = out
+        .lines()
+        .find(|l| l.contains("its ranges fail over"))
+        .and_then(log_ms)?;
+    out.lines()
+        .filter(|l| l.contains("synced at seq"))
+        .filter_map(log_ms)
+        .filter(|&t| t >= dead)
+        .max()
+        .map(|t| t - dead)
+}
+
+fn assert_exact(out: &str, workers: usize) {
+    assert_eq!(out.matches("exact:").count(), workers, "{out}");
+}
+
+#[test]
+fn two_replicas_survive_a_server_killed_mid_job_with_no_replacement() {
+    let _serial = one_at_a_time();
+    let mut job = Job::start(3, 2, "2");
+    job.wait_round(60);
+    let killed = job.kill(0);
+    let out = job.finish();
+    assert_exact(&out, 2);
+    assert!(out.contains("ranges fail over"), "{out}");
+    // Figures, not checks (timing is measured, never asserted).
+    let declared = declared_ms(&out, killed).expect("no death in the logs");
+    let failover = failover_ms(&out).expect("no failover in the logs");
+    eprintln!("death declared {declared} ms after the SIGKILL; failover {failover} ms after that");
+}
+
+#[test]
+fn three_replicas_survive_two_servers_killed() {
+    let _serial = one_at_a_time();
+    let mut job = Job::start(3, 2, "3");
+    job.wait_round(40);
+    job.kill(0);
+    job.wait_round(100);
+    job.kill(0);
+    let out = job.finish();
+    assert_exact(&out, 2);
+}
+
+#[test]
+fn a_replacement_receives_copies_of_its_ranges_while_workers_push() {
+    let _serial = one_at_a_time();
+    let mut job = Job::start(2, 2, "2");
+    job.wait_round(40);
+    job.kill(0);
+    job.wait_round(100);
+    // A new server registers: it takes the dead one's id and its ranges.
+    let replacement = job.node("server");
+    replacement
+        .wait_for_line("serving (replacement)", LIMIT)
+        .expect("the replacement never served");
+    job.servers.push(replacement);
+    let out = job.finish();
+    assert_exact(&out, 2);
+    assert!(out.contains("caught up"), "no copy finished:\n{out}");
+}

@@ -1,0 +1,248 @@
+//! The scheduler's side of replication: the range map and how it changes.
+//!
+//! Rules:
+//! - There are as many ranges as server ranks (ps-lite's key ranges), and
+//!   range `r`'s preferred servers are ranks `r, r+1, ...` around the ring:
+//!   its *target* is the first `k` of them that are live (fewer if fewer
+//!   servers live).
+//! - At formation every range's replicas are its target: primary rank `r`,
+//!   backups the next `k-1` ranks.
+//! - A dead server leaves every range at once, keeping the order of the
+//!   others: the next replica is promoted. No copy is needed for that, so
+//!   failover costs one map broadcast.
+//! - A live target server that does not hold a range is added to its
+//!   `joining` list: its primary sends it a copy and the log after it, and
+//!   reports it READY once it has caught up. Then it becomes a replica; once
+//!   every target server is a replica, the replicas become exactly the
+//!   target, in target order (which may move the primary back to a
+//!   replacement, or drop a survivor that held the range meanwhile).
+//! - A range whose every replica died is lost: its joiners are dropped
+//!   (there is nothing to copy) and its requests fail.
+//!
+//! Every change increments the version; the core broadcasts the map.
+
+use std::collections::BTreeSet;
+
+use log::{error, info};
+use pslite_proto::ids::{self, NodeId};
+use pslite_proto::replica::{RangeEntry, RangeMap};
+
+/// The scheduler's range map and the live servers it is planned over.
+pub struct RangeMaster {
+    k: usize,
+    map: RangeMap,
+    live: BTreeSet<NodeId>,
+}
+
+impl RangeMaster {
+    /// `ranges` key ranges (ps-lite's for that many servers), `k` replicas
+    /// each. The map is empty (version 0) until [`RangeMaster::formed`].
+    pub fn new(ranges: usize, k: usize) -> RangeMaster {
+        let ranges = crate::replica::key_ranges(ranges)
+            .into_iter()
+            .map(|(begin, end)| RangeEntry {
+                begin,
+                end,
+                ..RangeEntry::default()
+            })
+            .collect();
+        RangeMaster {
+            k: k.max(1),
+            map: RangeMap {
+                version: 0,
+                replicas: k.max(1) as u32,
+                ranges,
+            },
+            live: BTreeSet::new(),
+        }
+    }
+
+    /// The current map.
+    pub fn map(&self) -> &RangeMap {
+        &self.map
+    }
+
+    /// The cluster formed with `servers` live: every range gets its target.
+    pub fn formed(&mut self, servers: &[NodeId]) -> &RangeMap {
+        self.live = servers.iter().copied().collect();
+        for r in 0..self.map.ranges.len() {
+            let target = self.target(r);
+            let range = &mut self.map.ranges[r];
+            range.replicas = target;
+            range.drop_joiners(|_| true);
+        }
+        self.map.version += 1;
+        &self.map
+    }
+
+    /// Range `r`'s target: the first `k` live servers from rank `r` on,
+    /// around the ring of ranks.
+    fn target(&self, r: usize) -> Vec<NodeId> {
+        let n = self.map.ranges.len();
+        (0..n)
+            .map(|i| ids::server_rank_to_id(((r + i) % n) as i32))
+            .filter(|id| self.live.contains(id))
+            .take(self.k)
+            .collect()
+    }
+
+    /// Server `id` died: it leaves every range (the next replica of each of
+    /// its ranges is promoted) and copies start toward the new targets.
+    /// Returns whether the map changed.
+    pub fn server_dead(&mut self, id: NodeId) -> bool {
+        if !self.live.remove(&id) || self.map.version == 0 {
+            return false;
+        }
+        for (r, range) in self.map.ranges.iter_mut().enumerate() {
+            let held = range.replicas.contains(&id);
+            range.replicas.retain(|&s| s != id);
+            range.drop_joiners(|s| s == id);
+            if held && range.replicas.is_empty() {
+                error!(
+                    "range {r} lost its last replica (node {id}): its keys are gone, requests \
+                     for them fail"
+                );
+            } else if held {
+                info!(
+                    "range {r}: node {id} is dead, node {} is its primary",
+                    range.replicas[0]
+                );
+            }
+        }
+        self.plan();
+        self.map.version += 1;
+        true
+    }
+
+    /// Server `id` is live again (a replacement took its id) or joined:
+    /// the ranges that want it start copying to it. Returns whether the map
+    /// changed.
+    pub fn server_live(&mut self, id: NodeId) -> bool {
+        if self.map.version == 0 || !self.live.insert(id) {
+            return false;
+        }
+        // A replacement holds nothing of what its id held.
+        for range in &mut self.map.ranges {
+            range.replicas.retain(|&s| s != id);
+            range.drop_joiners(|s| s == id);
+        }
+        self.plan();
+        self.map.version += 1;
+        true
+    }
+
+    /// The primary `from` of range `r` says joiner `node`, whose copy it
+    /// started at map version `since`, caught up: it becomes a replica, and
+    /// once the range holds its whole target, the replicas become the
+    /// target. Returns whether the map changed.
+    pub fn ready(&mut self, from: NodeId, r: u32, node: NodeId, since: u64) -> bool {
+        let Some(range) = self.map.ranges.get(r as usize) else {
+            return false;
+        };
+        if range.primary() != Some(from) || !range.joining.contains(&node) {
+            return false;
+        }
+        if since < range.joined_at(node) {
+            info!("range {r}: ignoring a READY for node {node} about a copy to its predecessor");
+            return false;
+        }
+        let target = self.target(r as usize);
+        let range = &mut self.map.ranges[r as usize];
+        range.drop_joiners(|s| s == node);
+        range.replicas.push(node);
+        if target.iter().all(|s| range.replicas.contains(s)) {
+            range.replicas = target;
+        }
+        info!(
+            "range {r}: node {node} caught up; replicas now {:?}",
+            range.replicas
+        );
+        self.map.version += 1;
+        true
+    }
+
+    /// Adds every live target server a range lacks to its joiners (ranges
+    /// with a replica left only: a lost range has nothing to copy).
+    fn plan(&mut self) {
+        for r in 0..self.map.ranges.len() {
+            let target = self.target(r);
+            let range = &mut self.map.ranges[r];
+            if range.replicas.is_empty() {
+                range.drop_joiners(|_| true);
+                continue;
+            }
+            range.drop_joiners(|s| !target.contains(&s));
+            for s in target {
+                if !range.replicas.contains(&s) && !range.joining.contains(&s) {
+                    range.joining.push(s);
+                    range.joined_at.push(self.map.version + 1);
+                }
+            }
+            // Every target server is a replica already (a survivor took the
+            // place of one that died and came back): settle on the target.
+            let target = self.target(r);
+            let range = &mut self.map.ranges[r];
+            if range.joining.is_empty() && target.iter().all(|s| range.replicas.contains(s)) {
+                range.replicas = target;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replicas(m: &RangeMaster) -> Vec<Vec<NodeId>> {
+        m.map().ranges.iter().map(|r| r.replicas.clone()).collect()
+    }
+
+    fn joining(m: &RangeMaster) -> Vec<Vec<NodeId>> {
+        m.map().ranges.iter().map(|r| r.joining.clone()).collect()
+    }
+
+    #[test]
+    fn ranges_start_on_their_rank_and_the_next_ones() {
+        let mut m = RangeMaster::new(3, 2);
+        m.formed(&[8, 10, 12]);
+        assert_eq!(replicas(&m), vec![vec![8, 10], vec![10, 12], vec![12, 8]]);
+        assert_eq!(m.map().version, 1);
+        let mut m = RangeMaster::new(2, 3);
+        m.formed(&[8, 10]);
+        assert_eq!(replicas(&m), vec![vec![8, 10], vec![10, 8]]);
+    }
+
+    #[test]
+    fn a_death_promotes_the_next_replica_then_copies_restore_k() {
+        let mut m = RangeMaster::new(3, 2);
+        m.formed(&[8, 10, 12]);
+        assert!(m.server_dead(8));
+        // Range 0's backup is promoted; ranges 0 and 2 copy to a survivor.
+        assert_eq!(replicas(&m), vec![vec![10], vec![10, 12], vec![12]]);
+        assert_eq!(joining(&m), vec![vec![12], vec![], vec![10]]);
+        assert!(m.ready(10, 0, 12, 2));
+        assert!(!m.ready(10, 2, 10, 2), "only the primary reports a joiner");
+        assert!(m.ready(12, 2, 10, 2));
+        assert_eq!(replicas(&m), vec![vec![10, 12], vec![10, 12], vec![12, 10]]);
+        // The replacement takes its ranges back.
+        assert!(m.server_live(8));
+        assert_eq!(joining(&m), vec![vec![8], vec![], vec![8]]);
+        assert!(!m.ready(10, 0, 8, 4), "a copy to an earlier process");
+        assert!(m.ready(10, 0, 8, 5));
+        assert!(m.ready(12, 2, 8, 5));
+        assert_eq!(replicas(&m), vec![vec![8, 10], vec![10, 12], vec![12, 8]]);
+        assert!(joining(&m).iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn with_every_server_a_replica_a_death_needs_no_copy() {
+        let mut m = RangeMaster::new(2, 2);
+        m.formed(&[8, 10]);
+        m.server_dead(10);
+        assert_eq!(replicas(&m), vec![vec![8], vec![8]]);
+        assert!(joining(&m).iter().all(Vec::is_empty));
+        m.server_dead(8);
+        assert_eq!(replicas(&m), vec![Vec::<NodeId>::new(), vec![]]);
+        assert!(!m.server_dead(8), "twice is no change");
+    }
+}
