@@ -329,7 +329,10 @@ pub struct Core {
     /// Stopping (finalized): only resends go on (no more deaths or losses
     /// declared) until the exit drain ends.
     drain: Option<Drain>,
-    /// Finalizing (see [`Core::finalizing`]): closed connections are no
+    /// The app is finalizing (see [`Core::finalizing`]): its last barrier's
+    /// release starts the leaving.
+    finalize_pending: bool,
+    /// Leaving (the last barrier was released): closed connections are no
     /// deaths.
     finalizing: bool,
     changed: bool,
@@ -493,6 +496,7 @@ impl Core {
             reply_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             stopped: false,
             drain: None,
+            finalize_pending: false,
             finalizing: false,
             changed: false,
             out: Vec::new(),
@@ -844,13 +848,19 @@ impl Core {
         }
     }
 
-    /// The app is finalizing this node (its last barrier, then stop): from
-    /// now on a peer's closed connection is no death and the scheduler's is
-    /// no loss (everyone leaves once that barrier is released; a node slow
-    /// to stop must not fail because the scheduler was quicker). Heartbeats
-    /// still notice a peer that hangs. The connections' state is forgotten
-    /// so nothing closed before counts either.
-    pub fn finalizing(&mut self, now: Instant) {
+    /// The app is finalizing this node: its next barrier is the last. Once
+    /// the scheduler releases it, everyone leaves: from then on a peer's
+    /// closed connection is no death and the scheduler's is no loss (a node
+    /// slow to stop must not fail because the scheduler was quicker), and
+    /// what closed before is forgotten. Heartbeats still notice a peer that
+    /// hangs. (Apps such as ps-lite's servers wait in that barrier for the
+    /// whole job: until the release, deaths count as ever.)
+    pub fn finalizing(&mut self) {
+        self.finalize_pending = true;
+    }
+
+    /// The last barrier was released: see [`Core::finalizing`].
+    fn leaving(&mut self, now: Instant) {
         self.finalizing = true;
         self.member.scheduler_link(true, now);
         if let Some(s) = &mut self.scheduler {
@@ -1427,6 +1437,10 @@ impl Core {
                 self.member.on_barrier_release(&msg);
                 self.settle_with_scheduler(Command::Barrier, &msg);
                 self.changed = true;
+                let release = msg.meta.sender == SCHEDULER && !msg.meta.request;
+                if release && self.finalize_pending && !self.finalizing {
+                    self.leaving(now);
+                }
             }
             Command::Heartbeat => {
                 self.settle_with_scheduler(Command::Heartbeat, &msg);

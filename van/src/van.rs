@@ -422,13 +422,13 @@ impl Van {
         Ok(())
     }
 
-    /// This node is finalizing: peers whose connections close from now on
-    /// are leaving too (the scheduler exits once the last barrier is
-    /// released), so a closed connection no longer means a death;
-    /// heartbeats still notice a peer that hangs.
+    /// This node is finalizing: its next barrier is the last. Once that is
+    /// released everyone leaves (the scheduler may exit first), so from then
+    /// on a closed connection no longer means a death (see
+    /// `Core::finalizing`).
     pub fn finalizing(&self) {
         self.shared
-            .with_core(Mode::Wait, |core, now| core.finalizing(now));
+            .with_core(Mode::Wait, |core, _| core.finalizing());
     }
 
     /// Whether this node has joined the cluster.
