@@ -463,6 +463,10 @@ impl Network {
                             self.transmit(i, msg)
                         }
                         Ok(None) => {}
+                        // A node that failed (say, fenced: a replacement
+                        // took its place) sends nothing more; its app's
+                        // answers are dropped, as the Van drops them.
+                        Err(_) if node.core.failure().is_some() => {}
                         Err(e) => panic!("the core refused an answer: {e}"),
                     }
                 }
