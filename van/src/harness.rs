@@ -321,6 +321,21 @@ impl Network {
             .collect()
     }
 
+    /// Every live member enters a barrier over everyone; whether all were
+    /// released within `limit`.
+    pub fn barrier_over_all(&mut self, limit: Duration) -> bool {
+        let waiters: Vec<(usize, u64)> = self
+            .members(ids::ALL_GROUP)
+            .into_iter()
+            .map(|i| (i, self.barrier(i, ids::ALL_GROUP)))
+            .collect();
+        self.run_until(limit, |n| {
+            waiters
+                .iter()
+                .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))
+        })
+    }
+
     /// Node `i` sends a data message (as an app would).
     pub fn send(&mut self, i: usize, msg: Message) {
         let now = self.now;

@@ -31,20 +31,6 @@ fn inject(
     refused
 }
 
-/// Every node enters a barrier over everyone; whether all were released.
-fn barrier_passes(net: &mut Network) -> bool {
-    let waiters: Vec<(usize, u64)> = net
-        .members(ALL_GROUP)
-        .into_iter()
-        .map(|i| (i, net.barrier(i, ALL_GROUP)))
-        .collect();
-    net.run_until(SECOND * 2, |n| {
-        waiters
-            .iter()
-            .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))
-    })
-}
-
 #[test]
 fn pslite_members_present_their_keys_and_the_cluster_works() {
     let mut net = Network::cluster(2, 2, VanConfig::default(), 1);
@@ -65,7 +51,7 @@ fn pslite_members_present_their_keys_and_the_cluster_works() {
         }
         assert!(n.refused.is_empty(), "{:?}", n.refused);
     }
-    assert!(barrier_passes(&mut net));
+    assert!(net.barrier_over_all(SECOND * 2));
 }
 
 #[test]
@@ -121,7 +107,7 @@ fn forged_control_messages_with_the_schedulers_id_are_ignored_mid_job() {
     net.run_for(SECOND * 40);
     assert!(net.nodes[worker].peer_dead.is_empty());
     assert!(net.nodes[worker].failures.is_empty());
-    assert!(barrier_passes(&mut net));
+    assert!(net.barrier_over_all(SECOND * 2));
 }
 
 #[test]
@@ -310,5 +296,5 @@ fn registrations_presenting_a_members_identity_before_forming_take_no_place() {
         assert!(ports.contains(&net.nodes[i].port), "{ports:?}");
         assert!(!ports.contains(&(net.nodes[i].port + 1000)), "{ports:?}");
     }
-    assert!(barrier_passes(&mut net));
+    assert!(net.barrier_over_all(SECOND * 2));
 }

@@ -416,6 +416,52 @@ fn a_killed_scheduler_is_noticed_by_its_closed_connection() {
 }
 
 #[test]
+fn after_the_last_barrier_the_schedulers_closed_connection_is_no_loss() {
+    for finalize in [false, true] {
+        let mut net = Network::cluster(1, 1, VanConfig::default(), 9);
+        assert!(net.form(SECOND * 5));
+        net.run_for(SECOND * 3);
+        // Every node finalizes (or not) and passes a barrier over all.
+        if finalize {
+            for n in &mut net.nodes {
+                n.core.finalizing();
+            }
+        }
+        assert!(net.barrier_over_all(SECOND * 2));
+        // The scheduler leaves first; the others are slow to stop.
+        net.kill(0);
+        net.run_for(crate::member::LINK_GRACE * 3);
+        for n in &net.nodes[1..] {
+            if finalize {
+                assert!(n.failures.is_empty(), "{:?}", n.failures);
+            } else {
+                assert!(matches!(n.failures[..], [Failure::SchedulerClosed { .. }]));
+            }
+        }
+    }
+}
+
+#[test]
+fn finalizing_nodes_still_notice_a_death_before_the_last_barrier_is_released() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 9);
+    assert!(net.form(SECOND * 5));
+    // Heartbeats answered: the scheduler is watched.
+    net.run_for(SECOND * 3);
+    // ps-lite's servers and scheduler finalize at once and wait in the
+    // last barrier for the whole job.
+    for n in &mut net.nodes {
+        n.core.finalizing();
+    }
+    net.kill(0);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[1..]
+        .iter()
+        .all(|n| !n.failures.is_empty())));
+    for n in &net.nodes[1..] {
+        assert!(matches!(n.failures[..], [Failure::SchedulerClosed { .. }]));
+    }
+}
+
+#[test]
 fn a_killed_worker_is_declared_dead_by_its_closed_connection() {
     let mut net = Network::cluster(1, 2, VanConfig::default(), 10);
     assert!(net.form(SECOND * 5));
