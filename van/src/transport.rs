@@ -135,7 +135,7 @@ pub fn local_listening(endpoint: &str, quietly: bool) -> bool {
         return false;
     }
     if quietly {
-        LISTENING.with_names(|names| names.contains(name))
+        LISTENING.listening(name)
     } else {
         probe_listening(name)
     }
@@ -201,17 +201,17 @@ static LISTENING: UnixTable = UnixTable(std::sync::Mutex::new(None));
 struct UnixTable(std::sync::Mutex<Option<(std::time::Instant, std::collections::HashSet<String>)>>);
 
 impl UnixTable {
-    fn with_names(&self, found: impl Fn(&std::collections::HashSet<String>) -> bool) -> bool {
+    /// Whether `name` listens, from a look fresh enough for the answer.
+    fn listening(&self, name: &str) -> bool {
         let mut table = pslite_proto::lock(&self.0);
         if let Some((at, names)) = table.as_ref() {
-            let age = at.elapsed();
-            let hit = found(names);
+            let (age, hit) = (at.elapsed(), names.contains(name));
             if (hit && age < UNIX_TABLE_TRUSTED) || (!hit && age < UNIX_TABLE_FRESH) {
                 return hit;
             }
         }
         let names = read_unix_table();
-        let hit = found(&names);
+        let hit = names.contains(name);
         *table = Some((std::time::Instant::now(), names));
         hit
     }
