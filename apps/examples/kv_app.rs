@@ -11,7 +11,9 @@
 //! (`kv_workload::run_same_keys`). With `KV_APP_UNANSWERED=N` a server
 //! never answers the Nth request it gets: the worker waits for it, and
 //! logs which server owes the answer after `PS_REQUEST_WARN` seconds (the
-//! test of that warning uses it).
+//! test of that warning uses it). With `KV_APP_SERVER_SLEEP_MS` the
+//! servers' request handle sleeps that long on its first request (a slow
+//! handler, for back-pressure tests).
 
 use std::process::ExitCode;
 

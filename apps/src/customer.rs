@@ -19,9 +19,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::RecvTimeoutError;
 use log::{error, warn};
-use pslite_postoffice::{Counters, Delivery, Inline, Postoffice};
+use pslite_postoffice::{Counters, CustomerQueue, Delivery, Inline, Postoffice};
 use pslite_proto::{ids, lock, Message, NodeId, K_EMPTY};
 use pslite_van::Failure;
 
@@ -695,7 +695,7 @@ fn describe_nodes(nodes: &[NodeId]) -> String {
 
 /// The customer's thread: delivers its queue to the app until the customer
 /// is dropped, and runs the request table's clock at its deadlines.
-fn serve<H: Handler>(customer: Weak<Customer<H>>, queue: Receiver<Delivery>, warn_after: Duration) {
+fn serve<H: Handler>(customer: Weak<Customer<H>>, queue: CustomerQueue, warn_after: Duration) {
     let mut next_tick = Instant::now() + warn_after;
     loop {
         // Checked first so a busy queue cannot starve the clock.

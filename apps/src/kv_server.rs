@@ -8,13 +8,15 @@
 //! `KVServerDefaultHandle`: a store that sums pushes and answers pulls, here
 //! also for several (and variable numbers of) values per key.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use log::{error, warn};
 use pslite_postoffice::Postoffice;
-use pslite_proto::{lock, Message};
+use pslite_proto::{lock, Message, NodeId};
+use pslite_van::hold::message_bytes;
+use pslite_van::{HoldQueue, LogOnce};
 
 use crate::customer::{Customer, Handler};
 use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
@@ -50,7 +52,43 @@ struct Handles<V: Val> {
     simple: Option<SimpleHandle<V>>,
     /// The replicated handle's state, which copies and restores key ranges.
     ranges: Option<Box<dyn RangeCopy>>,
-    queued: VecDeque<Queued<V>>,
+    /// Requests waiting for their handle (within `PS_HOLD_LIMIT`).
+    queued: HoldQueue<Queued<V>>,
+    /// Senders whose requests were dropped for want of room, warned about.
+    dropped: LogOnce<NodeId>,
+}
+
+impl<V: Val> Handles<V> {
+    /// Whether `req` can be handled now.
+    fn ready_for(&self, req: &Queued<V>) -> bool {
+        match req {
+            Queued::Kv(..) => self.kv.is_some(),
+            // Without a simple handle, the KV handle's presence means
+            // "answer empty" (ps-lite's default).
+            Queued::Simple(_) => self.simple.is_some() || self.kv.is_some(),
+            // A plain KV handle's presence means "cannot copy" (the request
+            // fails instead of holding every later one).
+            Queued::Snapshot { .. } | Queued::Restore { .. } => {
+                self.ranges.is_some() || self.kv.is_some()
+            }
+        }
+    }
+
+    /// Queues `req` from `sender` (`bytes` of payload) until its handle is
+    /// set; drops it with a warning if too much waits already.
+    fn queue(&mut self, sender: NodeId, bytes: usize, req: Queued<V>) {
+        if let Err(refused) = self.queued.push(sender, bytes, req) {
+            let waiting = self.queued.len();
+            let limit = self.queued.limit();
+            drop(refused);
+            self.dropped.log(sender, || {
+                format!(
+                    "dropping a request from node {sender}: {waiting} requests already wait \
+                     for this server's request handle (PS_HOLD_LIMIT is {limit} bytes)"
+                )
+            });
+        }
+    }
 }
 
 /// A request handle whose state can be copied and restored by key range:
@@ -122,7 +160,8 @@ impl<V: Val> KVServer<V> {
                 kv: None,
                 simple: None,
                 ranges: None,
-                queued: VecDeque::new(),
+                queued: HoldQueue::new(po.config().van.hold_limit),
+                dropped: LogOnce::new(log::Level::Warn),
             }),
             inline: AtomicBool::new(false),
         };
@@ -201,77 +240,96 @@ impl<V: Val> KVServer<V> {
 
     /// Handles queued requests while their handles exist, in order.
     fn drain(&self, handles: &mut Handles<V>) {
-        while let Some(next) = handles.queued.pop_front() {
-            if let Some(next) = self.dispatch(handles, next) {
-                handles.queued.push_front(next);
-                break;
+        while handles.queued.front().is_some_and(|r| handles.ready_for(r)) {
+            if let Some(next) = handles.queued.pop_front() {
+                self.dispatch(handles, next);
             }
         }
     }
 
-    /// Runs one request's handle, or gives the request back if there is no
-    /// handle for it yet.
-    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) -> Option<Queued<V>> {
+    /// Runs one request's handle (see [`Handles::ready_for`]).
+    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) {
         let po = &self.inner().po;
         match req {
-            Queued::Kv(meta, kvs) => match handles.kv.as_mut() {
+            Queued::Kv(meta, kvs) => {
+                if let Some(handle) = handles.kv.as_mut() {
+                    crate::simple_app::contain_panic(
+                        po,
+                        || self.response_message(&meta, KVPairs::default()),
+                        || handle(&meta, kvs, self),
+                    );
+                }
+            }
+            Queued::Simple(data) => match handles.simple.as_mut() {
                 Some(handle) => crate::simple_app::contain_panic(
                     po,
-                    || self.response_message(&meta, KVPairs::default()),
-                    || handle(&meta, kvs, self),
+                    || crate::simple_app::response_message(self.inner().app_id, &data, b""),
+                    || handle(&data, self),
                 ),
-                None => return Some(Queued::Kv(meta, kvs)),
-            },
-            Queued::Snapshot { token, begin, end } => match &handles.ranges {
-                Some(ranges) => {
-                    let copy = ranges.snapshot(begin, end);
-                    if let Ok(van) = po.van() {
-                        van.snapshot_taken(token, self.inner().app_id, copy.into());
+                None => {
+                    if let Err(e) = self.simple_response(&data, b"") {
+                        warn!("cannot answer node {}: {e}", data.sender);
                     }
                 }
-                None => return Some(Queued::Snapshot { token, begin, end }),
             },
+            Queued::Snapshot { token, begin, end } => {
+                let Ok(van) = po.van() else { return };
+                match &handles.ranges {
+                    Some(ranges) => {
+                        let copy = ranges.snapshot(begin, end);
+                        van.snapshot_taken(token, self.inner().app_id, copy.into());
+                    }
+                    None => van.snapshot_failed(
+                        token,
+                        self.inner().app_id,
+                        &format!(
+                            "KVServer app {} has a request handle whose state cannot be \
+                             copied (set one with set_replicated_handle, e.g. DefaultHandle)",
+                            self.inner().app_id
+                        ),
+                    ),
+                }
+            }
             Queued::Restore {
                 token,
                 begin,
                 end,
                 data,
-            } => match &handles.ranges {
-                Some(ranges) => match ranges.restore(begin, end, &data) {
-                    Ok(()) => {
-                        if let Ok(van) = po.van() {
-                            van.restored(token, self.inner().app_id);
+            } => {
+                let Some(ranges) = &handles.ranges else {
+                    if let Ok(van) = po.van() {
+                        van.restore_failed(
+                            token,
+                            self.inner().app_id,
+                            &format!(
+                                "KVServer app {} has a request handle whose state cannot be \
+                                 restored (set one with set_replicated_handle, e.g. DefaultHandle)",
+                                self.inner().app_id
+                            ),
+                        );
+                    }
+                    return;
+                };
+                {
+                    match ranges.restore(begin, end, &data) {
+                        Ok(()) => {
+                            if let Ok(van) = po.van() {
+                                van.restored(token, self.inner().app_id);
+                            }
+                        }
+                        Err(e) => {
+                            error!(
+                                "KVServer app {}: refusing a copy of keys {begin}..{end}: {e}",
+                                self.inner().app_id
+                            );
+                            if let Ok(van) = po.van() {
+                                van.restore_failed(token, self.inner().app_id, &e);
+                            }
                         }
                     }
-                    Err(e) => error!(
-                        "KVServer app {}: refusing a copy of keys {begin}..{end}: {e}",
-                        self.inner().app_id
-                    ),
-                },
-                None => {
-                    return Some(Queued::Restore {
-                        token,
-                        begin,
-                        end,
-                        data,
-                    })
                 }
-            },
-            Queued::Simple(data) => match (handles.simple.as_mut(), handles.kv.is_some()) {
-                (Some(handle), _) => crate::simple_app::contain_panic(
-                    po,
-                    || crate::simple_app::response_message(self.inner().app_id, &data, b""),
-                    || handle(&data, self),
-                ),
-                (None, true) => {
-                    if let Err(e) = self.simple_response(&data, b"") {
-                        warn!("cannot answer node {}: {e}", data.sender);
-                    }
-                }
-                (None, false) => return Some(Queued::Simple(data)),
-            },
+            }
         }
-        None
     }
 
     /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
@@ -307,27 +365,36 @@ impl<V: Val> KVServer<V> {
 }
 
 impl<V: Val> Inner<V> {
-    /// Runs `req` now if it is first in line and has its handle, else
-    /// queues it.
-    fn queue(&self, customer: &Arc<Customer<Self>>, req: Queued<V>) {
+    /// Runs `req` (from `sender`, `bytes` of payload) now if nothing waits
+    /// before it and its handle is set, else queues it.
+    fn queue(&self, customer: &Arc<Customer<Self>>, sender: NodeId, bytes: usize, req: Queued<V>) {
         let server = KVServer {
             customer: Arc::clone(customer),
         };
         let mut handles = lock(&self.handles);
-        if !handles.queued.is_empty() {
-            handles.queued.push_back(req);
-            return;
-        }
-        if let Some(req) = server.dispatch(&mut handles, req) {
-            handles.queued.push_back(req);
+        if handles.queued.is_empty() && handles.ready_for(&req) {
+            server.dispatch(&mut handles, req);
+        } else {
+            handles.queue(sender, bytes, req);
         }
     }
+
+    /// Queues a key-range copy or restore request, which this node's own
+    /// core made (one per range at a time): it counts no payload against
+    /// `PS_HOLD_LIMIT`, so a restore of a large range is never refused.
+    fn queue_copy(&self, customer: &Arc<Customer<Self>>, req: Queued<V>) {
+        self.queue(customer, OWN_CORE, 0, req);
+    }
 }
+
+/// The sender of copy and restore requests (this node's core; no peer).
+const OWN_CORE: NodeId = -1;
 
 impl<V: Val> Handler for Inner<V> {
     type Payload = ();
 
     fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message) {
+        let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));
         let req = if msg.meta.simple_app {
             Queued::Simple(SimpleData::of(&msg))
         } else {
@@ -346,7 +413,7 @@ impl<V: Val> Handler for Inner<V> {
                 }
             }
         };
-        self.queue(customer, req);
+        self.queue(customer, sender, bytes, req);
     }
 
     fn on_response(&self, msg: &Message, _payload: &mut ()) -> bool {
@@ -363,7 +430,7 @@ impl<V: Val> Handler for Inner<V> {
     fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
 
     fn on_snapshot(&self, customer: &Arc<Customer<Self>>, token: u64, begin: u64, end: u64) {
-        self.queue(customer, Queued::Snapshot { token, begin, end });
+        self.queue_copy(customer, Queued::Snapshot { token, begin, end });
     }
 
     fn on_restore(
@@ -374,7 +441,7 @@ impl<V: Val> Handler for Inner<V> {
         end: u64,
         data: bytes::Bytes,
     ) {
-        self.queue(
+        self.queue_copy(
             customer,
             Queued::Restore {
                 token,

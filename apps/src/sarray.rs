@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use bytes::Bytes;
+use pslite_van::shm::Tracked;
 
 #[cfg(target_endian = "big")]
 compile_error!("pslite's wire format is little-endian; big-endian hosts are not supported");
@@ -58,32 +59,6 @@ impl<T> Clone for SArray<T> {
     }
 }
 
-/// An array's buffer (`owner`: a vector, or memory another runtime owns).
-/// `_tracked` (declared first: dropped before the buffer is freed) tells
-/// the shared-memory path's cache when a large array dies, so the cache can
-/// send it again without a copy while it lives and needs no clone of it
-/// (see `pslite_van::shm::track`).
-struct Registered<O> {
-    _tracked: Option<pslite_van::shm::Tracked>,
-    owner: O,
-}
-
-impl<O: AsRef<[u8]>> Registered<O> {
-    /// Registers `owner`'s bytes (which must not move with `owner`).
-    fn new(owner: O) -> Self {
-        Registered {
-            _tracked: pslite_van::shm::track(owner.as_ref()),
-            owner,
-        }
-    }
-}
-
-impl<O: AsRef<[u8]>> AsRef<[u8]> for Registered<O> {
-    fn as_ref(&self) -> &[u8] {
-        self.owner.as_ref()
-    }
-}
-
 /// A vector's elements as bytes.
 struct VecBytes<T>(Vec<T>);
 
@@ -108,8 +83,11 @@ impl<T: Pod + Send + Sync> SArray<T> {
         if values.is_empty() {
             return SArray::new();
         }
+        // A large array tells the shared-memory path's cache when it dies,
+        // so the cache can send it again without a copy while it lives and
+        // needs no clone of it.
         SArray {
-            bytes: Bytes::from_owner(Registered::new(VecBytes(values))),
+            bytes: Bytes::from_owner(Tracked::new(VecBytes(values))),
             ascending: Some(Arc::new(AtomicBool::new(false))),
             _elem: PhantomData,
         }
@@ -128,7 +106,7 @@ impl<T: Pod + Send + Sync> SArray<T> {
     where
         O: AsRef<[u8]> + Send + 'static,
     {
-        let bytes = Bytes::from_owner(Registered::new(owner));
+        let bytes = Bytes::from_owner(Tracked::new(owner));
         let mut array = SArray::from_bytes(bytes)?;
         if array.ascending.is_none() && !array.is_empty() {
             array.ascending = Some(Arc::new(AtomicBool::new(false)));

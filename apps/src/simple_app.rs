@@ -8,7 +8,6 @@
 //! ps-lite answers them with an empty default reply instead, so a handle
 //! set a moment too late misses them).
 
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,6 +16,7 @@ use bytes::Bytes;
 use log::{error, warn};
 use pslite_postoffice::Postoffice;
 use pslite_proto::{lock, Message, NodeId};
+use pslite_van::{HoldQueue, LogOnce};
 
 use crate::customer::{panic_message, Customer, Handler, Request};
 use crate::Error;
@@ -151,7 +151,9 @@ struct Inner {
     po: Postoffice,
     request_handle: Mutex<Option<Handle>>,
     response_handle: Mutex<Option<Handle>>,
-    queued: Mutex<VecDeque<SimpleData>>,
+    /// Requests that arrived before the request handle (within
+    /// `PS_HOLD_LIMIT`), and the senders of those dropped beyond it.
+    queued: Mutex<(HoldQueue<SimpleData>, LogOnce<NodeId>)>,
 }
 
 /// A request/response app; cheap to clone (clones share the app).
@@ -172,7 +174,10 @@ impl SimpleApp {
             po: po.clone(),
             request_handle: Mutex::new(None),
             response_handle: Mutex::new(None),
-            queued: Mutex::new(VecDeque::new()),
+            queued: Mutex::new((
+                HoldQueue::new(po.config().van.hold_limit),
+                LogOnce::new(log::Level::Warn),
+            )),
         };
         Ok(SimpleApp {
             customer: Customer::new(po, app_id, customer_id, inner)?,
@@ -215,7 +220,7 @@ impl SimpleApp {
     pub fn set_request_handle(&self, handle: impl FnMut(&SimpleData, &SimpleApp) + Send + 'static) {
         let mut slot = lock(&self.inner().request_handle);
         let mut handle: Handle = Box::new(handle);
-        let queued: Vec<_> = lock(&self.inner().queued).drain(..).collect();
+        let queued = lock(&self.inner().queued).0.drain();
         for req in queued {
             self.inner().run(&mut handle, &req, self);
         }
@@ -281,7 +286,21 @@ impl Handler for Inner {
         let mut slot = lock(&self.request_handle);
         match slot.as_mut() {
             Some(handle) => self.run(handle, &req, &app),
-            None => lock(&self.queued).push_back(req),
+            None => {
+                let mut queued = lock(&self.queued);
+                let (waiting, dropped) = &mut *queued;
+                let sender = req.sender;
+                if waiting.push(sender, req.body.len(), req).is_err() {
+                    let (n, limit) = (waiting.len(), waiting.limit());
+                    dropped.log(sender, || {
+                        format!(
+                            "SimpleApp {} dropping a request from node {sender}: {n} requests \
+                             already wait for its request handle (PS_HOLD_LIMIT is {limit} bytes)",
+                            self.app_id
+                        )
+                    });
+                }
+            }
         }
     }
 

@@ -94,7 +94,7 @@ fn prepare(
     };
     // The worker advertises the address this machine reaches the
     // scheduler from (127.0.0.1 for a local one).
-    let reply = client.reply_address();
+    let reply = client.local_address();
     opts.node_host = reply
         .rsplit_once(':')
         .map(|(h, _)| h.trim_matches(['[', ']']).to_string())

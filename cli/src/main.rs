@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 mod add_worker;
+mod checkpoint;
 mod demo;
 mod exec;
 mod launcher;
@@ -193,6 +194,14 @@ enum Commands {
     /// DMLC_PS_ROOT_PORT); it must be a pslite scheduler. Exits 1 if the
     /// keys are not set before --timeout, or the scheduler does not answer.
     Store(store::StoreArgs),
+    /// Take a checkpoint of a running cluster: every server writes its key
+    /// ranges to the scheduler's PS_CHECKPOINT_DIR at the workers' next
+    /// barrier (consistent across servers); prints where once complete.
+    ///
+    /// A job started again with the same PS_CHECKPOINT_DIR restores the
+    /// newest complete checkpoint before serving. Exits 1 if the checkpoint
+    /// is refused or fails, 2 if the scheduler does not answer.
+    Checkpoint(checkpoint::CheckpointArgs),
 }
 
 fn main() -> ExitCode {
@@ -283,6 +292,7 @@ fn main() -> ExitCode {
         } => exec::run(&exec::ExecOptions { servers, port }, dry_run, &program),
         Commands::Status(args) => status::main(&args),
         Commands::Store(args) => store::main(&args),
+        Commands::Checkpoint(args) => checkpoint::main(&args),
     }
 }
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use pslite_proto::Role;
+use pslite_van::checkpoint::CheckpointConfig;
 use pslite_van::rendezvous::RendezvousConfig;
 use pslite_van::store::StoreLimits;
 use pslite_van::{resolve, AuthToken, Transport, VanConfig};
@@ -79,8 +80,9 @@ pub struct Config {
     /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 every message (3, which
     /// ps-lite scripts set, is stored as 2; more is refused).
     pub verbose: u8,
-    /// `PS_QUEUE_LIMIT`: messages a customer's queue holds before the
-    /// receive thread waits for its handler (back-pressure).
+    /// `PS_QUEUE_LIMIT`: data messages a customer's queue holds; when it is
+    /// full the node stops reading until the customer has taken half
+    /// (back-pressure).
     pub queue_limit: usize,
     /// `PS_METRICS_PORT`: serve the counters in Prometheus' text format over
     /// HTTP on this port (the next free one if another node of this machine
@@ -335,6 +337,15 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
         "PS_STORE_MAX_WATCHES",
         Numeric::new(Unit::Count, 1, MAX_COUNT),
     ),
+    (
+        "PS_CHECKPOINT_INTERVAL",
+        Numeric::new(Unit::Seconds, 1, MAX_SECONDS).note("needs PS_CHECKPOINT_DIR"),
+    ),
+    (
+        "PS_CHECKPOINT_TIMEOUT",
+        Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
+    ),
+    ("PS_CHECKPOINT_KEEP", Numeric::new(Unit::Count, 1, 1_000)),
 ];
 
 /// `DMLC_NUM_WORKER`: a fixed number, or `MIN:MAX` (elastic workers).
@@ -579,6 +590,7 @@ impl Config {
                     None => defaults.ipc,
                     Some(_) => env.flag("PS_IPC")?,
                 },
+                checkpoint: checkpoint(&env)?,
             },
             verbose: verbose as u8,
             queue_limit,
@@ -604,6 +616,52 @@ fn store_limits(env: &Env, defaults: StoreLimits) -> Result<StoreLimits, ConfigE
         max_watches_per_node: read("PS_STORE_MAX_WATCHES", defaults.max_watches_per_node)?,
         ..defaults
     })
+}
+
+/// `PS_CHECKPOINT_DIR` (where servers write their key ranges and the
+/// scheduler its manifests; a job started with it restores the newest
+/// complete checkpoint there), `PS_CHECKPOINT_INTERVAL` (seconds between
+/// automatic checkpoints; unset: on demand only), `PS_CHECKPOINT_TIMEOUT`
+/// and `PS_CHECKPOINT_KEEP`. The companions without the directory are an
+/// error (they would do nothing).
+fn checkpoint(env: &Env) -> Result<Option<CheckpointConfig>, ConfigError> {
+    let interval = env.optional_number("PS_CHECKPOINT_INTERVAL")?;
+    let timeout = env.optional_number("PS_CHECKPOINT_TIMEOUT")?;
+    let keep = env.optional_number("PS_CHECKPOINT_KEEP")?;
+    let Some(dir) = env.get("PS_CHECKPOINT_DIR") else {
+        for (var, value) in [
+            ("PS_CHECKPOINT_INTERVAL", interval),
+            ("PS_CHECKPOINT_TIMEOUT", timeout),
+            ("PS_CHECKPOINT_KEEP", keep),
+        ] {
+            if let Some(value) = value {
+                return Err(ConfigError::Invalid {
+                    var,
+                    value: value.to_string(),
+                    expected: "set only with PS_CHECKPOINT_DIR (the directory checkpoints \
+                               are written to)",
+                });
+            }
+        }
+        return Ok(None);
+    };
+    let path = std::path::PathBuf::from(&dir);
+    if path.exists() && !path.is_dir() {
+        return Err(ConfigError::Invalid {
+            var: "PS_CHECKPOINT_DIR",
+            value: dir,
+            expected: "a directory (this path is a file)",
+        });
+    }
+    let mut cfg = CheckpointConfig::new(path);
+    cfg.interval = interval.map(Duration::from_secs);
+    if let Some(t) = timeout {
+        cfg.timeout = Duration::from_secs(t);
+    }
+    if let Some(k) = keep {
+        cfg.keep = k as usize;
+    }
+    Ok(Some(cfg))
 }
 
 /// `123`, `64K`, `64M`, `1G` (binary multiples, case-insensitive, an

@@ -17,11 +17,13 @@
 pub mod config;
 pub mod metrics;
 mod postoffice;
+mod queue;
 mod router;
 pub mod store;
 
 pub use config::{Config, ConfigError, DEFAULT_QUEUE_LIMIT};
 pub use postoffice::{key_ranges, Error, KeyRange, Membership, Postoffice};
 pub use pslite_van::Counters;
+pub use queue::{CustomerQueue, Deliveries};
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};
 pub use store::{Store, StoreError, StoreEvent, Watch};

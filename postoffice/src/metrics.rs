@@ -6,17 +6,19 @@
 //! connection, which needs no keep-alive, chunking, TLS or async runtime. A
 //! crate such as `tiny_http` would bring all of that (and its dependencies)
 //! into every node for nothing, and the `prometheus` / `metrics` crates would
-//! keep a second registry next to our atomics. Requests are read with a
-//! deadline and a size limit, so a slow or hostile client cannot hold the
-//! endpoint; anything but `GET /metrics` (or `GET /`) gets 404 or 405.
+//! keep a second registry next to our atomics. One thread serves every
+//! connection at once over non-blocking sockets; each has a deadline and a
+//! size limit, so idle, slow or hostile clients cannot hold the endpoint;
+//! anything but `GET /metrics` (or `GET /`) gets 404 or 405.
 
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 use pslite_proto::stats::NodeCounters;
@@ -24,7 +26,7 @@ use pslite_proto::{Node, K_EMPTY};
 use pslite_van::counters::OTHER_PEER;
 use pslite_van::shm::ShmStats;
 
-/// How long a client may take to send its request.
+/// How long a client may take to send its request and read the answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest request head accepted.
 const MAX_REQUEST: usize = 8192;
@@ -98,60 +100,179 @@ fn bind(bind_ip: &str, port: u16) -> io::Result<TcpListener> {
     Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::AddrInUse, "no free port")))
 }
 
+/// Connections served at once; the oldest is dropped to make room.
+const MAX_CONNECTIONS: usize = 512;
+
+/// One client: what it sent, what is left to write, and until when it may
+/// take.
+struct Client {
+    stream: TcpStream,
+    head: Vec<u8>,
+    out: Vec<u8>,
+    written: usize,
+    deadline: Instant,
+}
+
+/// Serves every connection at once from one thread, without blocking on
+/// any: sockets are non-blocking and polled, and each connection has
+/// [`READ_TIMEOUT`] in all to send its request and read the answer. Idle
+/// or slow clients cost a slot each, never a scrape.
 fn serve(listener: TcpListener, stopping: &AtomicBool, render: &Render) {
-    for stream in listener.incoming() {
-        if stopping.load(Ordering::SeqCst) {
-            break;
+    if let Err(e) = listener.set_nonblocking(true) {
+        warn!("metrics: cannot serve: {e}");
+        return;
+    }
+    let mut clients: Vec<Client> = Vec::new();
+    while !stopping.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        clients.retain(|c| c.deadline > now);
+        let mut fds = vec![libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        fds.extend(clients.iter().map(|c| libc::pollfd {
+            fd: c.stream.as_raw_fd(),
+            events: if c.out.is_empty() {
+                libc::POLLIN
+            } else {
+                libc::POLLOUT
+            },
+            revents: 0,
+        }));
+        let wait = clients
+            .iter()
+            .map(|c| c.deadline.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+        let ready = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                wait.as_millis().max(1) as i32,
+            )
+        };
+        if ready <= 0 {
+            continue;
         }
-        match stream {
-            Ok(stream) => {
-                if let Err(e) = answer(stream, render) {
-                    debug!("metrics: a scrape failed: {e}");
-                }
+        let mut done = vec![false; clients.len()];
+        for (i, client) in clients.iter_mut().enumerate() {
+            if fds[i + 1].revents != 0 {
+                done[i] = step(client, render);
             }
-            Err(e) => warn!("metrics: accept failed: {e}"),
+        }
+        let mut i = 0;
+        clients.retain(|_| {
+            i += 1;
+            !done[i - 1]
+        });
+        if fds[0].revents != 0 {
+            accept(&listener, &mut clients);
         }
     }
 }
 
-/// Reads one request head and answers it.
-fn answer(mut stream: TcpStream, render: &Render) -> io::Result<()> {
-    stream.set_read_timeout(Some(READ_TIMEOUT))?;
-    stream.set_write_timeout(Some(READ_TIMEOUT))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
+/// Takes every pending connection.
+fn accept(listener: &TcpListener, clients: &mut Vec<Client>) {
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if stream.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                if clients.len() >= MAX_CONNECTIONS {
+                    clients.remove(0);
+                }
+                clients.push(Client {
+                    stream,
+                    head: Vec::new(),
+                    out: Vec::new(),
+                    written: 0,
+                    deadline: Instant::now() + READ_TIMEOUT,
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                debug!("metrics: accept failed: {e}");
+                return;
+            }
         }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() > MAX_REQUEST {
-            return respond(&mut stream, "413 Payload Too Large", "request too large\n");
+    }
+}
+
+/// Reads what a client sent or writes what is left of its answer; true
+/// once it is done with (answered, gone, or broken).
+fn step(client: &mut Client, render: &Render) -> bool {
+    if client.out.is_empty() {
+        let mut buf = [0u8; 1024];
+        loop {
+            match client.stream.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(n) => client.head.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return true,
+            }
+            if client.head.len() > MAX_REQUEST {
+                break;
+            }
         }
+        match answer(&client.head, render) {
+            Some(out) => client.out = out,
+            None => return false,
+        }
+    }
+    loop {
+        match client.stream.write(&client.out[client.written..]) {
+            Ok(0) => return true,
+            Ok(n) => {
+                client.written += n;
+                if client.written == client.out.len() {
+                    return true;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The answer to a request head, once it is complete (`None` before).
+fn answer(head: &[u8], render: &Render) -> Option<Vec<u8>> {
+    if head.len() > MAX_REQUEST {
+        return Some(respond("413 Payload Too Large", "request too large\n"));
+    }
+    let complete =
+        head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n");
+    if !complete {
+        return None;
     }
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => respond(&mut stream, "200 OK", &render()),
-        ("GET", "/") => respond(&mut stream, "200 OK", "pslite node: see /metrics\n"),
-        ("GET", _) => respond(&mut stream, "404 Not Found", "not found: try /metrics\n"),
-        _ => respond(&mut stream, "405 Method Not Allowed", "only GET\n"),
-    }
+    Some(match (method, path) {
+        ("GET", "/metrics") => respond("200 OK", &render()),
+        ("GET", "/") => respond("200 OK", "pslite node: see /metrics\n"),
+        ("GET", _) => respond("404 Not Found", "not found: try /metrics\n"),
+        _ => respond("405 Method Not Allowed", "only GET\n"),
+    })
 }
 
-fn respond(stream: &mut TcpStream, status: &str, body: &str) -> io::Result<()> {
-    let head = format!(
+fn respond(status: &str, body: &str) -> Vec<u8> {
+    let mut out = format!(
         "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()
+    )
+    .into_bytes();
+    out.extend_from_slice(body.as_bytes());
+    out
 }
 
 /// `node`'s counters in Prometheus' text format, and what its shared-memory
@@ -368,6 +489,35 @@ mod tests {
         // A client that sends garbage and hangs up does not stop the server.
         drop(TcpStream::connect(server.addr()).unwrap());
         assert!(get(server.addr(), "GET / HTTP/1.0\r\n\r\n").contains("/metrics"));
+    }
+
+    #[test]
+    fn scrapes_are_served_while_idle_and_slow_clients_hold_connections() {
+        let server = MetricsServer::start("127.0.0.1", 0, Arc::new(|| "x 1\n".into())).unwrap();
+        // 130 connections that send nothing (the accept backlog), and one
+        // that sends a byte a second.
+        let idle: Vec<TcpStream> = (0..130)
+            .map(|_| TcpStream::connect(server.addr()).unwrap())
+            .collect();
+        let mut slow = TcpStream::connect(server.addr()).unwrap();
+        slow.write_all(b"G").unwrap();
+        let started = Instant::now();
+        for _ in 0..5 {
+            let ok = get(server.addr(), "GET /metrics HTTP/1.0\r\n\r\n");
+            assert!(ok.ends_with("x 1\n"), "{ok}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        // The slow one is cut off at its deadline, whatever it sends.
+        let _ = slow.write_all(b"E");
+        slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        let cut = slow.read_to_end(&mut rest);
+        assert!(cut.is_err() || rest.is_empty(), "{rest:?}");
+        drop(idle);
     }
 
     #[test]

@@ -8,7 +8,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_channel::Receiver;
 use log::{debug, error};
 use pslite_proto::ids::{self, NodeId};
 use pslite_proto::stats::NodeCounters;
@@ -16,7 +15,8 @@ use pslite_proto::{lock, Message, Node, Role};
 use pslite_van::{Counters, Van, VanError};
 
 use crate::metrics::{self, MetricsServer};
-use crate::router::{CustomerRouter, Delivery, Inline};
+use crate::queue::CustomerQueue;
+use crate::router::{CustomerRouter, Inline};
 use crate::{Config, ConfigError};
 
 /// A Postoffice error: configuration, start-up, or the transport.
@@ -244,6 +244,11 @@ impl Postoffice {
     /// Leaves the cluster: with `do_barrier`, first waits until every node
     /// is finalizing. Customer 0 then stops the node.
     pub fn finalize(&self, customer_id: i32, do_barrier: bool) -> Result<(), Error> {
+        if customer_id == 0 {
+            if let Some(van) = lock(&self.inner.van).as_ref() {
+                van.finalizing();
+            }
+        }
         let result = if do_barrier {
             self.barrier(customer_id, ids::ALL_GROUP)
         } else {
@@ -293,11 +298,7 @@ impl Postoffice {
 
     /// Registers a customer (an app instance); data messages for it arrive
     /// on the returned queue, starting with any that came before.
-    pub fn register_customer(
-        &self,
-        app_id: i32,
-        customer_id: i32,
-    ) -> Result<Receiver<Delivery>, Error> {
+    pub fn register_customer(&self, app_id: i32, customer_id: i32) -> Result<CustomerQueue, Error> {
         self.inner
             .router
             .register((app_id, customer_id))
@@ -314,7 +315,7 @@ impl Postoffice {
         app_id: i32,
         customer_id: i32,
         inline: Inline,
-    ) -> Result<Receiver<Delivery>, Error> {
+    ) -> Result<CustomerQueue, Error> {
         self.inner
             .router
             .register_inline((app_id, customer_id), Some(inline))

@@ -8,17 +8,21 @@
 //! What is held is bounded in bytes, in total and per sender
 //! (`PS_HOLD_LIMIT`), so strangers cannot pin memory.
 //!
-//! Each customer's queue holds at most `PS_QUEUE_LIMIT` messages: when a
-//! handler falls behind, the receive thread waits for it (back-pressure)
-//! instead of memory growing.
+//! Each customer's queue holds at most `PS_QUEUE_LIMIT` data messages
+//! ([`CustomerQueue`]): when a handler falls behind, the next message is
+//! refused ([`Delivered::Full`]) and the Van keeps it and stops reading
+//! until the queue is half empty (back-pressure on the senders), without
+//! the receive thread ever waiting: heartbeats go on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::{bounded, Receiver, Sender};
 use log::{debug, warn};
 use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
-use pslite_van::{Dispatch, Failure};
+use pslite_van::hold::message_bytes;
+use pslite_van::{Delivered, Dispatch, Failure, HoldQueue, Room};
+
+use crate::queue::{customer_queue, CustomerQueue, QueueSender, Refused};
 
 /// (app id, customer id).
 pub type CustomerKey = (i32, i32);
@@ -77,41 +81,45 @@ pub enum Delivery {
 pub type Inline = Arc<dyn Fn(Message) -> Option<Message> + Send + Sync>;
 
 struct Route {
-    queue: Sender<Delivery>,
+    queue: Arc<QueueSender>,
     inline: Option<Inline>,
 }
 
-#[derive(Default)]
 struct Routes {
     customers: HashMap<CustomerKey, Route>,
     failure: Option<Failure>,
-    held: HashMap<CustomerKey, Vec<Message>>,
-    held_count: usize,
-    held_bytes: usize,
-    held_by: HashMap<NodeId, usize>,
-    /// Replicated key ranges: copy and restore requests for server apps
-    /// that have not registered yet (a server that replaces a dead one gets
-    /// its copies as soon as it joins, before its `KVServer` exists).
-    held_copies: HashMap<CustomerKey, Vec<Delivery>>,
+    /// What came for customers that have not registered (`PS_HOLD_LIMIT`),
+    /// in arrival order: messages, and (replicated key ranges) copy and
+    /// restore requests for server apps (a server that replaces a dead one
+    /// gets its copies as soon as it joins, before its `KVServer` exists).
+    held: HoldQueue<(CustomerKey, Delivery)>,
 }
 
-/// Copy and restore requests held per app at most (a copy is one per range).
-const MAX_HELD_COPIES: usize = 1024;
+/// The sender copy and restore requests are held under: this node's own
+/// core (no peer). They count no payload: a restore carries a whole
+/// range's state, which the per-sender budget would refuse, and there is
+/// at most one per range and app at a time.
+const OWN_CORE: NodeId = -1;
 
 /// The [`Dispatch`] of a Postoffice: delivers each data message to its
 /// customer's queue.
 pub struct CustomerRouter {
     role: Role,
     queue_limit: usize,
-    hold_limit: usize,
     routes: Mutex<Routes>,
     /// Elastic mode: called when a round begins.
     membership_callbacks: Mutex<Vec<crate::postoffice::MembershipCallback>>,
 }
 
-/// The bytes a held message pins.
-fn held_size(msg: &Message) -> usize {
-    msg.data_size() + msg.meta.body.len() + 64
+/// The customer a message is for, on a node of `role`.
+fn key_of(role: Role, msg: &Message) -> CustomerKey {
+    let app_id = msg.meta.app_id;
+    let customer_id = if role == Role::Worker {
+        msg.meta.customer_id
+    } else {
+        app_id
+    };
+    (app_id, customer_id)
 }
 
 impl CustomerRouter {
@@ -122,8 +130,11 @@ impl CustomerRouter {
         CustomerRouter {
             role,
             queue_limit: queue_limit.max(1),
-            hold_limit,
-            routes: Mutex::new(Routes::default()),
+            routes: Mutex::new(Routes {
+                customers: HashMap::new(),
+                failure: None,
+                held: HoldQueue::new(hold_limit),
+            }),
             membership_callbacks: Mutex::new(Vec::new()),
         }
     }
@@ -135,13 +146,7 @@ impl CustomerRouter {
 
     /// The customer a message is for.
     pub fn key_of(&self, msg: &Message) -> CustomerKey {
-        let app_id = msg.meta.app_id;
-        let customer_id = if self.role == Role::Worker {
-            msg.meta.customer_id
-        } else {
-            app_id
-        };
-        (app_id, customer_id)
+        key_of(self.role, msg)
     }
 
     fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
@@ -150,7 +155,7 @@ impl CustomerRouter {
 
     /// Registers a customer; its queue starts with whatever was held for it.
     /// `None` if the customer is already registered.
-    pub fn register(&self, key: CustomerKey) -> Option<Receiver<Delivery>> {
+    pub fn register(&self, key: CustomerKey) -> Option<CustomerQueue> {
         self.register_inline(key, None)
     }
 
@@ -160,16 +165,15 @@ impl CustomerRouter {
         &self,
         key: CustomerKey,
         inline: Option<Inline>,
-    ) -> Option<Receiver<Delivery>> {
+    ) -> Option<CustomerQueue> {
         let mut routes = self.routes();
         if routes.customers.contains_key(&key) {
             return None;
         }
-        let held = routes.held.remove(&key).unwrap_or_default();
-        // Room for what was held and the failure, whatever the limit.
-        let (tx, rx) = bounded(self.queue_limit.max(held.len() + 1));
+        let held = routes.held.take_if(|(k, _)| *k == key);
+        let (tx, rx) = customer_queue(self.queue_limit);
         if let Some(failure) = &routes.failure {
-            let _ = tx.send(Delivery::NodeFailed(failure.clone()));
+            tx.push(Delivery::NodeFailed(failure.clone()));
         }
         if !held.is_empty() {
             debug!(
@@ -179,31 +183,23 @@ impl CustomerRouter {
                 held.len()
             );
         }
-        for msg in held {
-            let size = held_size(&msg);
-            routes.held_count -= 1;
-            routes.held_bytes -= size;
-            if let Some(by) = routes.held_by.get_mut(&msg.meta.sender) {
-                *by = by.saturating_sub(size);
-            }
-            let _ = tx.send(Delivery::Message(msg));
+        // What was held goes in whatever the limit.
+        for (_, delivery) in held {
+            tx.push(delivery);
         }
-        routes.held_by.retain(|_, bytes| *bytes > 0);
-        for copy in routes.held_copies.remove(&key).unwrap_or_default() {
-            let _ = tx.send(copy);
-        }
-        routes.customers.insert(key, Route { queue: tx, inline });
+        let queue = Arc::new(tx);
+        routes.customers.insert(key, Route { queue, inline });
         Some(rx)
     }
 
     /// How many messages wait for customers that have not registered.
     pub fn held(&self) -> usize {
-        self.routes().held_count
+        self.routes().held.len()
     }
 
     /// Bytes held for customers that have not registered.
     pub fn held_bytes(&self) -> usize {
-        self.routes().held_bytes
+        self.routes().held.bytes()
     }
 
     /// Removes a customer; later messages for it are held again.
@@ -218,29 +214,40 @@ impl CustomerRouter {
     fn to_app(&self, app: i32, what: Delivery) {
         let mut routes = self.routes();
         let Some(queue) = routes.customers.get(&(app, app)).map(|r| r.queue.clone()) else {
-            let held = routes.held_copies.entry((app, app)).or_default();
-            if held.len() < MAX_HELD_COPIES {
-                debug!("holding a key-range copy request until app {app} registers");
-                held.push(what);
-            } else {
-                warn!("dropping a key-range copy request: app {app} never registered");
+            match routes.held.push(OWN_CORE, 0, ((app, app), what)) {
+                Ok(()) => debug!("holding a key-range copy request until app {app} registers"),
+                Err(_) => warn!(
+                    "dropping a key-range copy request: app {app} never registered and too \
+                     many wait (PS_HOLD_LIMIT)"
+                ),
             }
             return;
         };
-        // Not under the lock: a full queue makes the receive thread wait.
         drop(routes);
-        let _ = queue.send(what);
+        // Whatever the limit: it is one per range, and must not be lost.
+        queue.push(what);
     }
 }
 
 impl Dispatch for CustomerRouter {
+    /// [`Dispatch::offer`], queueing the message even when the queue is full.
     fn deliver(&self, msg: Message) {
+        let room = Room::new(|| {});
+        if let Delivered::Full(msg) = self.offer(msg, &room) {
+            let key = self.key_of(&msg);
+            if let Some(route) = self.routes().customers.get(&key) {
+                route.queue.push(Delivery::Message(msg));
+            }
+        }
+    }
+
+    fn offer(&self, msg: Message, room: &Room) -> Delivered {
         if msg.meta.app_id == K_EMPTY {
             warn!(
                 "dropping a data message from node {} without an app id",
                 msg.meta.sender
             );
-            return;
+            return Delivered::Taken;
         }
         let key = self.key_of(&msg);
         let inline = self
@@ -252,57 +259,68 @@ impl Dispatch for CustomerRouter {
             // Not under the lock: the handler may take its time.
             Some(inline) => match inline(msg) {
                 Some(msg) => msg,
-                None => return,
+                None => return Delivered::Taken,
             },
             None => msg,
         };
         let mut routes = self.routes();
         if let Some(route) = routes.customers.get(&key) {
-            let queue = route.queue.clone();
-            // Not under the lock: a full queue makes the receive thread wait
-            // for the handler (back-pressure), which may itself register or
-            // send meanwhile.
-            drop(routes);
-            if queue.send(Delivery::Message(msg)).is_ok() {
-                return;
+            match route.queue.offer(msg, room) {
+                Ok(()) => return Delivered::Taken,
+                Err(Refused::Full(msg)) => {
+                    debug!(
+                        "app {} customer {}: its queue is full, waiting for room",
+                        key.0, key.1
+                    );
+                    return Delivered::Full(msg);
+                }
+                Err(Refused::Gone) => {
+                    routes.customers.remove(&key);
+                    warn!(
+                        "app {} customer {} has gone: dropping a message for it",
+                        key.0, key.1
+                    );
+                    return Delivered::Taken;
+                }
             }
-            self.routes().customers.remove(&key);
-            warn!(
-                "app {} customer {} has gone: dropping a message for it",
-                key.0, key.1
-            );
-            return;
         }
         let sender = msg.meta.sender;
-        let size = held_size(&msg);
-        let by_sender = routes.held_by.get(&sender).copied().unwrap_or(0);
-        if routes.held_bytes + size > self.hold_limit || by_sender + size > self.hold_limit / 4 {
-            warn!(
+        let bytes = message_bytes(&msg);
+        match routes
+            .held
+            .push(sender, bytes, (key, Delivery::Message(msg)))
+        {
+            Ok(()) => debug!(
+                "holding a message for app {} customer {} until it registers",
+                key.0, key.1
+            ),
+            Err(_) => warn!(
                 "dropping a message from node {sender} for app {} customer {}: too much data \
                  waits for customers that never registered (PS_HOLD_LIMIT is {} bytes)",
-                key.0, key.1, self.hold_limit
-            );
-            return;
+                key.0,
+                key.1,
+                routes.held.limit()
+            ),
         }
-        debug!(
-            "holding a message for app {} customer {} until it registers",
-            key.0, key.1
-        );
-        routes.held_count += 1;
-        routes.held_bytes += size;
-        *routes.held_by.entry(sender).or_default() += size;
-        routes.held.entry(key).or_default().push(msg);
+        Delivered::Taken
     }
 
     fn undeliverable(&self, msg: Message, failure: Failure) {
         // The customer that sent it.
         let key = self.key_of(&msg);
-        let queue = self.routes().customers.get(&key).map(|r| r.queue.clone());
-        match queue {
-            Some(queue) => {
-                let _ = queue.send(Delivery::Undeliverable { msg, failure });
-            }
-            None => debug!("{failure} (its customer has gone)"),
+        let queue = self
+            .routes()
+            .customers
+            .get(&key)
+            .map(|r| Arc::clone(&r.queue));
+        let queued = queue.is_some_and(|q| {
+            q.push(Delivery::Undeliverable {
+                msg,
+                failure: failure.clone(),
+            })
+        });
+        if !queued {
+            debug!("{failure} (its customer has gone)");
         }
     }
 
@@ -348,10 +366,10 @@ impl Dispatch for CustomerRouter {
             .routes()
             .customers
             .values()
-            .map(|r| r.queue.clone())
+            .map(|r| Arc::clone(&r.queue))
             .collect();
         for queue in queues {
-            let _ = queue.send(Delivery::PeerDead {
+            queue.push(Delivery::PeerDead {
                 id,
                 failure: failure.clone(),
             });
@@ -362,11 +380,14 @@ impl Dispatch for CustomerRouter {
         let queues: Vec<_> = {
             let mut routes = self.routes();
             routes.failure.get_or_insert(failure.clone());
-            routes.customers.values().map(|r| r.queue.clone()).collect()
+            routes
+                .customers
+                .values()
+                .map(|r| Arc::clone(&r.queue))
+                .collect()
         };
         for queue in queues {
-            // Never wait here: a full queue already has work to wake it.
-            let _ = queue.try_send(Delivery::NodeFailed(failure.clone()));
+            queue.push(Delivery::NodeFailed(failure.clone()));
         }
     }
 }
@@ -455,28 +476,39 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_makes_the_sender_wait() {
-        let r = Arc::new(CustomerRouter::new(Role::Worker, 2, 1 << 20));
+    fn a_full_queue_refuses_and_signals_room_once_half_empty() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let r = CustomerRouter::new(Role::Worker, 4, 1 << 20);
         let rx = r.register((0, 0)).unwrap();
-        r.deliver(msg(0, 0, 1));
-        r.deliver(msg(0, 0, 2));
-        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        let r2 = Arc::clone(&r);
-        let t = std::thread::spawn(move || {
-            r2.deliver(msg(0, 0, 3));
-            let _ = done_tx.send(());
+        let rooms = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&rooms);
+        let room = Room::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
         });
-        assert!(done_rx
-            .recv_timeout(std::time::Duration::from_millis(100))
-            .is_err());
+        for t in 0..4 {
+            assert!(matches!(r.offer(msg(0, 0, t), &room), Delivered::Taken));
+        }
+        let Delivered::Full(refused) = r.offer(msg(0, 0, 4), &room) else {
+            panic!("a full queue takes no more");
+        };
+        assert_eq!(refused.meta.timestamp, 4, "the message comes back");
+        // Notices always go in, and never count against the limit.
+        r.peer_dead(9, &Failure::Stopped);
+        assert_eq!(ts(&rx.recv().unwrap()), 0);
+        assert_eq!(rooms.load(Ordering::SeqCst), 0, "3 of 4 left");
         assert_eq!(ts(&rx.recv().unwrap()), 1);
-        assert!(done_rx
-            .recv_timeout(std::time::Duration::from_secs(10))
-            .is_ok());
-        t.join().unwrap();
-        assert_eq!(
-            rx.try_iter().map(|d| ts(&d)).collect::<Vec<_>>(),
-            vec![2, 3]
-        );
+        assert_eq!(rooms.load(Ordering::SeqCst), 1, "half empty: room");
+        assert!(matches!(r.offer(refused, &room), Delivered::Taken));
+        let rest: Vec<_> = rx.try_iter().collect();
+        assert_eq!(rest.len(), 4);
+        assert!(matches!(rest[2], Delivery::PeerDead { id: 9, .. }));
+        // A customer that has gone lets the parked messages through (dropped).
+        let Delivered::Full(_) = (0..5).fold(Delivered::Taken, |_, t| r.offer(msg(0, 0, t), &room))
+        else {
+            panic!("full again");
+        };
+        drop(rx);
+        assert_eq!(rooms.load(Ordering::SeqCst), 2);
+        assert!(matches!(r.offer(msg(0, 0, 9), &room), Delivered::Taken));
     }
 }

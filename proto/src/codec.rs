@@ -171,6 +171,8 @@ impl Meta {
             },
             sender: K_EMPTY,
             recver: K_EMPTY,
+            sender_key: None,
+            route: None,
         })
     }
 }
@@ -218,6 +220,7 @@ pub(crate) fn node_to_pb(node: &Node) -> PbNode {
         pslite: node.pslite.then_some(true),
         host: (!node.host.is_empty()).then(|| node.host.clone()),
         pid: (node.pid != 0).then_some(node.pid),
+        key: (node.key != 0).then_some(node.key),
     }
 }
 
@@ -232,6 +235,7 @@ pub(crate) fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
         pslite: pb.pslite.unwrap_or(false),
         host: pb.host.unwrap_or_default(),
         pid: pb.pid.unwrap_or(0),
+        key: pb.key.unwrap_or(0),
     })
 }
 

@@ -56,23 +56,29 @@ pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Waits on `condvar` with `guard`, recovering from poisoning as [`lock`].
-pub fn wait<'a, T>(
+/// Waits on `condvar` with `guard` while `condition` holds, recovering from
+/// poisoning as [`lock`].
+pub fn wait_while<'a, T>(
     condvar: &std::sync::Condvar,
     guard: std::sync::MutexGuard<'a, T>,
+    condition: impl FnMut(&mut T) -> bool,
 ) -> std::sync::MutexGuard<'a, T> {
-    condvar.wait(guard).unwrap_or_else(|e| e.into_inner())
+    condvar
+        .wait_while(guard, condition)
+        .unwrap_or_else(|e| e.into_inner())
 }
 
-/// Waits on `condvar` with `guard` for at most `timeout`, recovering from
-/// poisoning as [`lock`].
-pub fn wait_timeout<'a, T>(
+/// Waits on `condvar` with `guard` while `condition` holds, for at most
+/// `timeout`, recovering from poisoning as [`lock`]. The flag is true if it
+/// timed out with the condition still holding.
+pub fn wait_timeout_while<'a, T>(
     condvar: &std::sync::Condvar,
     guard: std::sync::MutexGuard<'a, T>,
     timeout: std::time::Duration,
-) -> std::sync::MutexGuard<'a, T> {
-    match condvar.wait_timeout(guard, timeout) {
-        Ok((guard, _)) => guard,
-        Err(e) => e.into_inner().0,
-    }
+    condition: impl FnMut(&mut T) -> bool,
+) -> (std::sync::MutexGuard<'a, T>, bool) {
+    let (guard, result) = condvar
+        .wait_timeout_while(guard, timeout, condition)
+        .unwrap_or_else(|e| e.into_inner());
+    (guard, result.timed_out())
 }

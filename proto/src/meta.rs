@@ -217,6 +217,15 @@ pub struct Meta {
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
     pub recver: NodeId,
+    /// The key the sender's ZeroMQ identity carried (`ps<id>/<key>`, between
+    /// pslite nodes whose table entries both carry a key), if any; from the
+    /// transport, not in the meta frame. The receiver checks it against the
+    /// sender's node-table entry.
+    pub sender_key: Option<u64>,
+    /// For a sender with no `ps<id>` identity (an admin client): the
+    /// routing id ZeroMQ generated for its connection, on which an answer
+    /// goes back; from the transport, not in the meta frame.
+    pub route: Option<Bytes>,
 }
 
 impl Default for Meta {
@@ -242,6 +251,8 @@ impl Default for Meta {
             checkpoint: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
+            sender_key: None,
+            route: None,
         }
     }
 }

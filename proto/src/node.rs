@@ -85,6 +85,9 @@ pub struct Node {
     /// pslite-only (field 102): the node's process id, with `host`; 0 if
     /// not sent.
     pub pid: u32,
+    /// pslite-only (field 103): the random key the node's process presents
+    /// in its ZeroMQ identity to pslite peers (`ps<id>/<key>`); 0 if none.
+    pub key: u64,
 }
 
 impl Node {
@@ -100,6 +103,7 @@ impl Node {
             pslite: false,
             host: String::new(),
             pid: 0,
+            key: 0,
         }
     }
 

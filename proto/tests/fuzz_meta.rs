@@ -57,6 +57,7 @@ fn node() -> impl Strategy<Value = Node> {
                 pslite: false,
                 host: String::new(),
                 pid: 0,
+                key: 0,
             },
         )
 }
@@ -106,6 +107,8 @@ prop_compose! {
             replica: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
+            sender_key: None,
+            route: None,
         }
     }
 }

@@ -15,7 +15,10 @@ prints markdown tables and then one line per figure:
   sent before (made before the timer starts), each pull answered with
   values never sent before (the servers make them beforehand), the keys
   the same array every time (`pslite.frozen`, as Rust's `SArray`); medians
-  of every round of every worker.
+  of every round of every worker. Each node runs what Rust kv_bench's runs,
+  step by step: first `cxx` (the same arrays every round), then
+  `cxx_fresh`; the tables give both, and for each the ratio of each run
+  (a Python cluster and the Rust one after it).
 - rtt: the 1-key push round trip, median of 2000 per run, RUNS runs of each
   side alternating, medians.
 
@@ -50,11 +53,13 @@ RTT_ITERS = 2000
 # ------------------------------------------------------------- node mode
 
 def empty_server(po, repeat):
-    """Answers pushes at once; a CMD_FRESH pull gets one of the value arrays
-    made at CMD_PREPARE_FRESH (never sent before); other pulls get zeros."""
+    """Rust kv_bench's empty server: pushes are answered at once; a CMD_FRESH
+    pull gets one of the value arrays made at CMD_PREPARE_FRESH (never sent
+    before); other pulls get zeros (a slice of one pslite-owned array, the
+    same every time, as Rust's cached `SArray`)."""
     server = pslite.KVServer(po)
     prepared = []
-    zeros = [np.zeros(0, dtype=np.float32)]
+    zeros = [pslite.frozen(np.zeros(0, dtype=np.float32))]
 
     def handle(meta, pairs, srv):
         if meta.push and meta.cmd == CMD_PREPARE_FRESH:
@@ -68,7 +73,7 @@ def empty_server(po, repeat):
             vals = prepared.pop()
         else:
             if zeros[0].size < keys.size:
-                zeros[0] = np.zeros(keys.size, dtype=np.float32)
+                zeros[0] = pslite.frozen(np.zeros(keys.size, dtype=np.float32))
             vals = zeros[0][: keys.size]
         srv.response(meta, pslite.KVPairs(keys, vals))
 
@@ -82,25 +87,37 @@ def spread_keys(n):
     return np.arange(n, dtype=np.uint64) * step
 
 
-def cxx_fresh(po, kv, keys_n, repeat):
+def cxx_workload(po, kv, keys_n, repeat):
+    """Rust kv_bench's cxx workload, step by step: the same value array every
+    round (`cxx`), then a fresh one per push and fresh answers per pull
+    (`cxx_fresh`); the keys the same array throughout. Arrays pslite owns
+    (`pslite.frozen`) stand for Rust's `SArray`s, which a NumPy array made
+    by the caller is not: pslite cannot know it did not change, so it is
+    copied at every push, as a fresh one is."""
     keys = pslite.frozen(spread_keys(keys_n))
-    kv.wait(kv.push(keys, np.ones(keys_n, dtype=np.float32), cmd=CMD_PREPARE_FRESH))
-    po.barrier(pslite.WORKER_GROUP)
-    push, pull = [], []
-    for r in range(repeat):
-        vals = np.full(keys_n, r + 2.0, dtype=np.float32)
-        t = time.perf_counter()
-        kv.wait(kv.push(keys, vals))
-        push.append((time.perf_counter() - t) * 1e3)
-        t = time.perf_counter()
-        got = kv.take_pull(kv.pull(keys, cmd=CMD_FRESH))
-        pull.append((time.perf_counter() - t) * 1e3)
-        if got.vals.size != keys_n:
-            raise SystemExit(f"pulled {got.vals.size} values, expected {keys_n}")
-        del vals, got
-    print("BENCH cxx_fresh keys=%d push_ms=%s pull_ms=%s" % (
-        keys_n, ",".join("%.3f" % x for x in push), ",".join("%.3f" % x for x in pull)),
-        flush=True)
+    same = pslite.frozen(np.ones(keys_n, dtype=np.float32))
+    for fresh in (False, True):
+        pull_cmd = 0
+        if fresh:
+            # Every server makes its fresh answers now, outside the timer.
+            kv.push(keys, same, cmd=CMD_PREPARE_FRESH).wait()
+            po.barrier(pslite.WORKER_GROUP)
+            pull_cmd = CMD_FRESH
+        push, pull = [], []
+        for r in range(repeat):
+            vals = np.full(keys_n, r + 2.0, dtype=np.float32) if fresh else same
+            t = time.perf_counter()
+            kv.push(keys, vals).wait()
+            push.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            got = kv.pull(keys, cmd=pull_cmd).take().vals
+            pull.append((time.perf_counter() - t) * 1e3)
+            if got.size != keys_n:
+                raise SystemExit(f"pulled {got.size} values, expected {keys_n}")
+            del vals, got
+        print("BENCH %s keys=%d push_ms=%s pull_ms=%s" % (
+            "cxx_fresh" if fresh else "cxx", keys_n, ",".join("%.3f" % x for x in push),
+            ",".join("%.3f" % x for x in pull)), flush=True)
 
 
 def rtt(po, kv):
@@ -108,8 +125,8 @@ def rtt(po, kv):
     vals = np.ones(1, dtype=np.float32)
     po.barrier(pslite.WORKER_GROUP)
     for _ in range(20):
-        kv.wait(kv.push(keys, vals))
-        kv.take_pull(kv.pull(keys))
+        kv.push(keys, vals).wait()
+        kv.pull(keys).take()
     fresh = [np.full(1, i + 2.0, dtype=np.float32) for i in range(RTT_ITERS)]
     po.barrier(pslite.WORKER_GROUP)
     times = []
@@ -117,7 +134,7 @@ def rtt(po, kv):
     while fresh:
         v = fresh.pop()
         t = perf()
-        kv.wait(kv.push(keys, v))
+        kv.push(keys, v).wait()
         times.append((perf() - t) * 1e6)
     print("BENCH rtt push_us=%.1f" % statistics.median(times), flush=True)
 
@@ -129,7 +146,7 @@ def node(args):
     if po.is_worker:
         kv = pslite.KVWorker(po)
         if args.mode == "cxx":
-            cxx_fresh(po, kv, args.keys, args.repeat)
+            cxx_workload(po, kv, args.keys, args.repeat)
         else:
             rtt(po, kv)
         kv.close()
@@ -184,31 +201,49 @@ def driver(args):
     py_cmd = lambda mode: me + ["--mode", mode] + common  # noqa: E731
     rust_cmd = lambda mode: [rust_bench, "--mode", mode] + common  # noqa: E731
     print("# kv_bench.py: pslite's Python API next to Rust kv_bench (same machine, same run)\n")
-    print("%d cores, %d keys x %d rounds, %d rtt runs each, Python %s, NumPy %s\n" % (
-        os.cpu_count() or 0, args.keys, args.repeat, args.runs,
-        sys.version.split()[0], np.__version__))
+    print("%d cores, load average %.1f, %d keys x %d rounds, %d cxx and %d rtt runs each, "
+          "Python %s, NumPy %s\n" % (
+              os.cpu_count() or 0, os.getloadavg()[0], args.keys, args.repeat, args.cxx_runs,
+              args.runs, sys.version.split()[0], np.__version__))
     results = []
     if args.only in (None, "cxx"):
-        print("| cluster | Python push ms | Rust push ms | Python pull ms | Rust pull ms "
-              "| push py/Rust | pull py/Rust |")
+        print("C++ ps-lite's workload, %d keys: ms per push or pull, the median of every round "
+              "of every worker; py/Rust: the median of the runs' ratios (each run: a Python "
+              "cluster, then a Rust one), and in brackets their range; best: the fastest round "
+              "of each side (the least disturbed on a busy machine).\n" % args.keys)
+        print("| cluster | what | Python ms | Rust ms | py/Rust | py/Rust of each run "
+              "| best Python / Rust ms |")
         print("|---|---|---|---|---|---|---|")
+        rows = [("cxx_fresh", "push_ms", "push, fresh values"),
+                ("cxx_fresh", "pull_ms", "pull, fresh values"),
+                ("cxx", "push_ms", "push, the same arrays"),
+                ("cxx", "pull_ms", "pull, the same arrays")]
         for s, w in ((1, 1), (2, 2)):
-            py_push, py_pull, rs_push, rs_pull = [], [], [], []
+            pooled = {(side, name, op): [] for side in "pr" for name, op, _ in rows}
+            ratios = {(name, op): [] for name, op, _ in rows}
             for _ in range(args.cxx_runs):
-                for line in launch(pslite_bin, s, w, py_cmd("cxx")):
-                    if line.startswith("cxx_fresh "):
-                        py_push += numbers(field(line, "push_ms"))
-                        py_pull += numbers(field(line, "pull_ms"))
-                for line in launch(pslite_bin, s, w, rust_cmd("cxx")):
-                    if line.startswith("cxx_fresh "):
-                        rs_push += numbers(field(line, "push_ms"))
-                        rs_pull += numbers(field(line, "pull_ms"))
-            p, q = statistics.median(py_push), statistics.median(py_pull)
-            rp, rq = statistics.median(rs_push), statistics.median(rs_pull)
-            print("| 1+%d+%d | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |" % (
-                s, w, p, rp, q, rq, p / rp, q / rq))
+                run = {}
+                for side, cmd in (("p", py_cmd("cxx")), ("r", rust_cmd("cxx"))):
+                    lines = launch(pslite_bin, s, w, cmd)
+                    for name, op, _ in rows:
+                        run[side, name, op] = [x for l in lines if l.split()[0] == name
+                                               for x in numbers(field(l, op))]
+                        pooled[side, name, op] += run[side, name, op]
+                for name, op, _ in rows:
+                    ratios[name, op].append(statistics.median(run["p", name, op]) /
+                                            statistics.median(run["r", name, op]))
+            med = {k: statistics.median(v) for k, v in pooled.items()}
+            for name, op, label in rows:
+                r = ratios[name, op]
+                print("| 1+%d+%d | %s | %.1f | %.1f | %.2f (%.2f-%.2f) | %s | %.2f / %.2f |" % (
+                    s, w, label, med["p", name, op], med["r", name, op], statistics.median(r),
+                    min(r), max(r), ", ".join("%.2f" % x for x in r),
+                    min(pooled["p", name, op]), min(pooled["r", name, op])))
             results.append("RESULT py cxx_fresh %d+%d push_ms=%.1f pull_ms=%.1f "
-                           "rust_push_ms=%.1f rust_pull_ms=%.1f" % (s, w, p, q, rp, rq))
+                           "rust_push_ms=%.1f rust_pull_ms=%.1f" % (
+                               s, w, med["p", "cxx_fresh", "push_ms"],
+                               med["p", "cxx_fresh", "pull_ms"], med["r", "cxx_fresh", "push_ms"],
+                               med["r", "cxx_fresh", "pull_ms"]))
         print()
     if args.only in (None, "rtt"):
         print("| cluster | Python runs (µs) | Rust runs (µs) | Python median | Rust median "
@@ -229,6 +264,7 @@ def driver(args):
                 ", ".join("%.1f" % x for x in rs_runs), o, r, o / r))
             results.append("RESULT py rtt %d+%d us=%.1f rust_us=%.1f" % (s, w, o, r))
         print()
+    print("load average at the end: %.1f\n" % os.getloadavg()[0])
     for line in results:
         print(line)
 
@@ -237,9 +273,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--runs", type=int, default=5, help="rtt runs of each side")
-    ap.add_argument("--cxx-runs", type=int, default=2, help="cxx clusters of each side")
+    ap.add_argument("--cxx-runs", type=int, default=3, help="cxx clusters of each side")
     ap.add_argument("--only", choices=["cxx", "rtt"])
     ap.add_argument("--bin-dir")
     ap.add_argument("--mode", default="cxx", help=argparse.SUPPRESS)

@@ -124,7 +124,7 @@ def pull_rows(kv, ids):
     """The embedding rows of the unique ids and the dense rows, one request."""
     uniq, inverse = np.unique(ids, return_inverse=True)
     keys = np.concatenate([keys_of(uniq), DENSE_KEYS])
-    rows = kv.take_pull(kv.pull(keys)).vals.reshape(-1, DIM)
+    rows = kv.pull(keys).take().vals.reshape(-1, DIM)
     return keys, uniq, inverse.reshape(ids.shape), rows[:uniq.size], rows[uniq.size:]
 
 
@@ -167,12 +167,12 @@ def train_numpy(kv, ids, y, args, log):
     for epoch in range(1, args.epochs + 1):
         t = time.time()
         for at in range(0, y.size, args.batch):
-            ts = train_step(kv, ids[at:at + args.batch], y[at:at + args.batch])
+            push = train_step(kv, ids[at:at + args.batch], y[at:at + args.batch])
             if pending is not None:
-                kv.wait(pending)  # one push in flight while the next batch computes
-            pending = ts
+                pending.wait()  # one push in flight while the next batch computes
+            pending = push
         log(f"epoch {epoch}/{args.epochs} done in {time.time() - t:.2f} s")
-    kv.wait(pending)
+    pending.wait()
 
 
 # ------------------------------------------------------------ torch model

@@ -13,12 +13,15 @@ The API of the Rust crate with Python names, over NumPy arrays::
     elif po.is_worker:
         kv = pslite.KVWorker(po)
         keys = np.array([1, 3, 5], dtype=np.uint64)
-        kv.wait(kv.push(keys, np.array([1.0, 2.0, 3.0], dtype=np.float32)))
-        print(kv.take_pull(kv.pull(keys)).vals)
+        kv.push(keys, np.array([1.0, 2.0, 3.0], dtype=np.float32)).wait()
+        print(kv.pull(keys).take().vals)
     po.finalize()
 
 Run it as a cluster with ``pslite launch -s 2 -w 2 -- python my_app.py``.
 
+Requests are `pslite.Request` objects (`wait()`, `take()`, `done`), which
+also stand for their timestamp where ps-lite code expects one
+(`kv.wait(kv.push(...))`, `kv.take_pull(ts)`, `int(req)`).
 Arrays of the right dtype are sent without a copy (do not change one until
 its request completes) and pulled values are read-only arrays over the
 received buffers. Every call that waits releases the GIL and answers
@@ -41,6 +44,7 @@ from ._pslite import (
     KVWorker,
     Membership,
     Postoffice,
+    Request,
     SimpleApp,
     SimpleData,
     Store,
@@ -54,6 +58,6 @@ from .errors import *  # noqa: F401,F403  (Error, Timeout, PeerDead, ...)
 __all__ = [
     "ALL_GROUP", "DTYPES", "SCHEDULER_GROUP", "SERVER_GROUP", "WORKER_GROUP",
     "ArrayView", "DefaultHandle", "KVMeta", "KVPairs", "KVServer", "KVWorker",
-    "Membership", "Postoffice", "SimpleApp", "SimpleData", "Store", "StoreEvent",
+    "Membership", "Postoffice", "Request", "SimpleApp", "SimpleData", "Store", "StoreEvent",
     "Watch", "errors", "frozen", "misaligned_copies",
 ] + errors.__all__

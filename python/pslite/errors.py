@@ -41,7 +41,7 @@ class Failure(Error):
 
 class SchedulerLost(Failure):
     """Nothing was heard from the scheduler for longer than the heartbeat
-    timeout."""
+    timeout, or its connection closed and it accepts no new one."""
 
 
 class NotAcknowledged(Failure):
@@ -90,6 +90,11 @@ class RendezvousFailed(Failure):
 
 class LeftRound(Failure):
     """Elastic mode: the scheduler started a round without this worker."""
+
+
+class Replaced(Failure):
+    """This node was taken for dead while it was stopped or cut off, and
+    another process took its place: it must not come back."""
 
 
 class AppDropped(Failure):

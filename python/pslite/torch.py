@@ -20,7 +20,7 @@ import torch
 class _PullPush(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, kv, keys, dim):
-        pulled = kv.take_pull(kv.pull(keys)).vals
+        pulled = kv.pull(keys).take().vals
         ctx.kv, ctx.keys = kv, keys
         # A writable copy: the pulled array is a read-only view of the
         # received buffer, and torch tensors must be writable.
@@ -29,7 +29,7 @@ class _PullPush(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         g = np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32).ravel()
-        ctx.kv.wait(ctx.kv.push(ctx.keys, g))
+        ctx.kv.push(ctx.keys, g).wait()
         return None, None, None, None
 
 

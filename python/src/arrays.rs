@@ -267,11 +267,28 @@ fn interface(obj: &Bound<'_, PyAny>) -> PyResult<Option<Interface>> {
     }))
 }
 
+/// How far down `base`s to look for an [`ArrayView`] (a slice of a slice
+/// of a pulled array is two down).
+const MAX_BASES: usize = 8;
+
 /// The `SArray` inside a view pslite handed out, sliced to the part `obj`
-/// shows, if `obj` is such an array (its `base` an [`ArrayView`] of `T`).
+/// shows, if `obj` is such an array: its `base` an [`ArrayView`] of `T`, or
+/// an array whose base is one (NumPy gives a slice of an array that does
+/// not own its memory that array as its base), and so on. The memory `obj`
+/// shows must lie inside the `SArray` (checked by address).
 fn handed_out<T: Elem + Pod>(obj: &Bound<'_, PyAny>, iface: &Interface) -> Option<SArray<T>> {
-    let base = obj.getattr("base").ok()?;
-    let view = base.cast::<ArrayView>().ok()?;
+    let mut base = obj.getattr("base").ok()?;
+    let mut depth = 1;
+    let view = loop {
+        if let Ok(view) = base.cast::<ArrayView>() {
+            break view.clone();
+        }
+        if base.is_none() || depth == MAX_BASES {
+            return None;
+        }
+        base = base.getattr("base").ok()?;
+        depth += 1;
+    };
     let array = T::unwrap(&view.get().array)?;
     let start = array.bytes().as_ptr() as usize;
     let size = std::mem::size_of::<T>();

@@ -60,8 +60,16 @@ impl Dtype {
 }
 
 /// Declares `$name` as an enum with one variant per [`Dtype`], each holding
-/// `$app<value type>`; [`dispatch!`] runs code on whichever it holds.
+/// `$app<value type>` (and made from one with `From`); [`dispatch!`] runs
+/// code on whichever it holds.
 macro_rules! per_dtype {
+    (@from $name:ident, $app:ident, $($t:ty => $variant:ident),*) => {
+        $(impl From<$app<$t>> for $name {
+            fn from(app: $app<$t>) -> $name {
+                $name::$variant(app)
+            }
+        })*
+    };
     ($(#[$doc:meta])* $name:ident, $app:ident) => {
         $(#[$doc])*
         pub enum $name {
@@ -76,6 +84,9 @@ macro_rules! per_dtype {
             /// Raw bytes.
             Raw($app<$crate::arrays::RawByte>),
         }
+
+        per_dtype!(@from $name, $app, f32 => F32, f64 => F64, i32 => I32, i64 => I64,
+                   $crate::arrays::RawByte => Raw);
 
         impl $name {
             /// The value type.

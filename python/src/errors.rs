@@ -17,7 +17,8 @@ use pyo3::types::PyType;
 /// The Python class name of a failure kind: the variant's name.
 pub fn failure_kind(failure: &Failure) -> &'static str {
     match failure {
-        Failure::SchedulerLost { .. } => "SchedulerLost",
+        Failure::SchedulerLost { .. } | Failure::SchedulerClosed { .. } => "SchedulerLost",
+        Failure::Replaced { .. } => "Replaced",
         Failure::NotAcknowledged { .. } => "NotAcknowledged",
         Failure::PeerDead { .. } => "PeerDead",
         Failure::PeerRestarted { .. } => "PeerRestarted",
@@ -32,6 +33,8 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
         Failure::AppDropped => "AppDropped",
         Failure::RangeLost { .. } => "RangeLost",
         Failure::Checkpoint { .. } => "CheckpointFailed",
+        // The Van reports these as VanError::BarrierTimeout/StoreNoAnswer.
+        Failure::BarrierTimeout { .. } | Failure::StoreNoAnswer { .. } => "Timeout",
     }
 }
 
@@ -41,7 +44,8 @@ fn failure_node(failure: &Failure) -> Option<i32> {
         Failure::NotAcknowledged { peer, .. } | Failure::SendFailed { peer, .. } => Some(*peer),
         Failure::PeerDead { id, .. }
         | Failure::PeerRestarted { id }
-        | Failure::LeftRound { id, .. } => Some(*id),
+        | Failure::LeftRound { id, .. }
+        | Failure::Replaced { id, .. } => Some(*id),
         Failure::HandlerPanicked { node, .. } => Some(*node),
         Failure::BadResponse { sender, .. } => Some(*sender),
         _ => None,

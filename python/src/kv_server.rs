@@ -75,18 +75,6 @@ where
     }
 }
 
-macro_rules! server_from {
-    ($($t:ty => $v:ident),*) => {
-        $(impl From<KVServer<$t>> for Server {
-            fn from(s: KVServer<$t>) -> Server {
-                Server::$v(s)
-            }
-        })*
-    };
-}
-
-server_from!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, crate::arrays::RawByte => Raw);
-
 fn set_handle<V: Val + Elem>(
     py: Python<'_>,
     server: &KVServer<V>,

@@ -9,7 +9,8 @@ use crate::dtype::{dispatch, make, per_dtype, Dtype};
 use crate::errors::{to_py, IntoPy};
 use crate::pairs::PyKVPairs;
 use crate::postoffice::{PyMembership, PyPostoffice};
-use crate::simple_app::wait_request;
+use crate::request::{Handle, KvHandle, PyRequest, Target};
+use crate::wait::wait_request;
 
 per_dtype!(
     /// A worker app of any value type.
@@ -26,6 +27,17 @@ struct Request<'a, 'py> {
     priority: i32,
     callback: Option<Py<PyAny>>,
     pull: bool,
+}
+
+impl Request<'_, '_> {
+    /// What `repr` of the request calls it.
+    fn kind(&self) -> &'static str {
+        match (self.vals.is_some(), self.pull) {
+            (true, false) => "push",
+            (true, true) => "push_pull",
+            (false, _) => "pull",
+        }
+    }
 }
 
 impl<'a, 'py> Request<'a, 'py> {
@@ -52,7 +64,15 @@ impl<'a, 'py> Request<'a, 'py> {
 }
 
 /// Builds and sends a request (GIL released while sending).
-fn send<V: Val + Elem>(py: Python<'_>, kv: &KVWorker<V>, req: Request<'_, '_>) -> PyResult<i32> {
+fn send<V: Val + Elem>(
+    py: Python<'_>,
+    kv: &KVWorker<V>,
+    req: Request<'_, '_>,
+) -> PyResult<PyRequest>
+where
+    KvHandle: From<KVRequest<V>>,
+{
+    let kind = req.kind();
     let keys = from_numpy::<u64>(req.keys, "keys")?;
     let vals = match req.vals {
         Some(v) => Some(from_numpy::<V>(v, "vals")?),
@@ -75,15 +95,14 @@ fn send<V: Val + Elem>(py: Python<'_>, kv: &KVWorker<V>, req: Request<'_, '_>) -
         });
     }
     let pull = req.pull;
-    py.detach(move || {
-        let request = match (vals, pull) {
+    let request = py
+        .detach(move || match (vals, pull) {
             (Some(vals), false) => kv.zpush(keys, vals, opts),
             (Some(vals), true) => kv.zpush_pull(keys, vals, opts),
             (None, _) => kv.zpull(keys, opts),
-        };
-        request.map(KVRequest::into_ts)
-    })
-    .py()
+        })
+        .py()?;
+    Ok(PyRequest::new(Handle::Kv(request.into()), kind))
 }
 
 /// Waits for request `ts` in slices (Ctrl-C raises `KeyboardInterrupt`).
@@ -91,14 +110,14 @@ fn wait<V: Val>(py: Python<'_>, kv: &KVWorker<V>, ts: i32, timeout: Option<f64>)
     wait_request(py, ts, timeout, |slice| kv.wait_timeout(ts, slice))
 }
 
+/// Waits for pull `ts` in slices and hands over its pairs.
 fn take_pull<V: Val + Elem>(
     py: Python<'_>,
     kv: &KVWorker<V>,
     ts: i32,
     timeout: Option<f64>,
 ) -> PyResult<PyKVPairs> {
-    wait(py, kv, ts, timeout)?;
-    let pairs = kv.take_pull(ts).py()?;
+    let pairs = wait_request(py, ts, timeout, |slice| kv.take_pull_timeout(ts, slice))?;
     Ok(PyKVPairs::from_rust(pairs))
 }
 
@@ -107,11 +126,13 @@ fn take_pull<V: Val + Elem>(
 ///
 /// Keys are a `numpy.uint64` array, sorted ascending and unique; values a
 /// NumPy array of the worker's `dtype`, `len(keys) * k` of them (k values
-/// per key) or as many as `lens` adds up to. Every call returns a timestamp
-/// to `wait` on; `take_pull` waits and returns the pulled `KVPairs`.
-/// Arrays of the right dtype are sent without a copy: do not change them
-/// until the request completes. Pulled values are read-only views of the
-/// received buffers.
+/// per key) or as many as `lens` adds up to. Every call returns a
+/// `Request`: `req.wait()`, and `req.take()` the pulled `KVPairs`. As in
+/// ps-lite, the request also is its timestamp: `kv.wait(ts)` and
+/// `kv.take_pull(ts)` take either (see `Request` for how long a request
+/// waited for by timestamp is kept). Arrays of the right dtype are sent
+/// without a copy: do not change them until the request completes. Pulled
+/// values are read-only views of the received buffers.
 #[pyclass(module = "pslite", name = "KVWorker")]
 pub struct PyKVWorker {
     worker: Closable<Worker>,
@@ -147,9 +168,10 @@ impl PyKVWorker {
         Ok(self.worker.get()?.dtype().name())
     }
 
-    /// Pushes `vals` for `keys`; returns the timestamp to `wait` on. With
+    /// Pushes `vals` for `keys`; returns the `Request` to wait on. With
     /// `callback`, calls `callback(result)` when the request completes
-    /// (`result` is an empty `KVPairs`, or the `pslite.Error`).
+    /// (`result` is an empty `KVPairs`, or the `pslite.Error`), on the
+    /// app's thread.
     #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
     #[allow(clippy::too_many_arguments)] // ps-lite's Push arguments, as Python keywords
     fn push(
@@ -161,14 +183,14 @@ impl PyKVWorker {
         cmd: i32,
         priority: i32,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<i32> {
+    ) -> PyResult<PyRequest> {
         let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, false);
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
-    /// Pulls the values of `keys`; returns the timestamp for `take_pull`.
-    /// With `callback`, `callback(result)` gets the `KVPairs` (or the
-    /// error) instead.
+    /// Pulls the values of `keys`; returns the `Request` whose `take()`
+    /// (or `kv.take_pull(req)`) gives the `KVPairs`. With `callback`,
+    /// `callback(result)` gets the `KVPairs` (or the error) instead.
     #[pyo3(signature = (keys, cmd = 0, priority = 0, callback = None))]
     fn pull(
         &self,
@@ -177,7 +199,7 @@ impl PyKVWorker {
         cmd: i32,
         priority: i32,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<i32> {
+    ) -> PyResult<PyRequest> {
         let req = Request {
             keys,
             vals: None,
@@ -190,7 +212,8 @@ impl PyKVWorker {
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
-    /// Pushes and pulls in one request: the pulled values include this push.
+    /// Pushes and pulls in one request: the pulled values include this
+    /// push. Returns the `Request` to `take()` them from.
     #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
     #[allow(clippy::too_many_arguments)] // ps-lite's PushPull arguments, as Python keywords
     fn push_pull(
@@ -202,35 +225,54 @@ impl PyKVWorker {
         cmd: i32,
         priority: i32,
         callback: Option<Py<PyAny>>,
-    ) -> PyResult<i32> {
+    ) -> PyResult<PyRequest> {
         let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, true);
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
-    /// Waits until request `ts` has completed; raises the failure's
-    /// exception if it failed, `Timeout` after `timeout` seconds.
+    /// Waits until request `ts` (a `Request`, or its int timestamp) has
+    /// completed; raises the failure's exception if it failed, `Timeout`
+    /// after `timeout` seconds.
     #[pyo3(signature = (ts, timeout = None))]
-    fn wait(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<()> {
-        dispatch!(Worker, self.worker.get()?, kv => wait(py, kv, ts, timeout))
+    fn wait(&self, py: Python<'_>, ts: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        match Target::of(ts)? {
+            Target::Request(r) => r.get().wait_for(py, timeout),
+            Target::Ts(ts) => {
+                dispatch!(Worker, self.worker.get()?, kv => wait(py, kv, ts, timeout))
+            }
+        }
     }
 
-    /// Waits for pull (or push-pull) `ts` and returns its `KVPairs`, in key
-    /// order (each pull's values can be taken once).
+    /// Waits for pull (or push-pull) `ts` (a `Request`, or its int
+    /// timestamp) and returns its `KVPairs`, in key order (each pull's
+    /// values can be taken once).
     #[pyo3(signature = (ts, timeout = None))]
-    fn take_pull(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<PyKVPairs> {
-        dispatch!(Worker, self.worker.get()?, kv => take_pull(py, kv, ts, timeout))
+    fn take_pull(
+        &self,
+        py: Python<'_>,
+        ts: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<PyKVPairs> {
+        match Target::of(ts)? {
+            Target::Request(r) => r.get().take_pairs(py, timeout),
+            Target::Ts(ts) => {
+                dispatch!(Worker, self.worker.get()?, kv => take_pull(py, kv, ts, timeout))
+            }
+        }
     }
 
     /// Sends a SimpleApp command (`head`, `body`) on this worker's customer
     /// to node or group `recv` (MXNet's server commands go this way);
-    /// returns the timestamp to `wait` on.
+    /// returns the `Request` to wait on.
     #[pyo3(signature = (head, body = b"".as_slice(), recv = pslite::SERVER_GROUP))]
-    fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<i32> {
+    fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<PyRequest> {
         let worker = self.worker.get()?;
-        py.detach(
-            || dispatch!(Worker, worker, kv => kv.request(head, body, recv).map(|r| r.into_ts())),
-        )
-        .py()
+        let handle = py
+            .detach(|| {
+                dispatch!(Worker, worker, kv => kv.request(head, body, recv).map(KvHandle::from))
+            })
+            .py()?;
+        Ok(PyRequest::new(Handle::Kv(handle), "request"))
     }
 
     /// The current round of workers.

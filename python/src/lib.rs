@@ -4,7 +4,7 @@
 //!
 //! The Rust crate's API with Python names: `Postoffice`, `KVWorker`,
 //! `KVServer` (with `DefaultHandle`, ps-lite's sum store, run in Rust),
-//! `SimpleApp`, `Store` (with `torch.distributed.Store`'s method names) and
+//! `SimpleApp` (their requests are `Request` objects, `request.rs`), `Store` (with `torch.distributed.Store`'s method names) and
 //! the group constants. Values travel as NumPy arrays without copies on
 //! either side (`arrays.rs`); every call that waits releases the GIL and
 //! answers Ctrl-C (`wait.rs`); handles and callbacks written in Python run on
@@ -25,6 +25,7 @@ mod kv_server;
 mod kv_worker;
 mod pairs;
 mod postoffice;
+mod request;
 mod simple_app;
 mod store;
 mod wait;
@@ -90,6 +91,7 @@ fn _pslite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv_server::PyDefaultHandle>()?;
     m.add_class::<pairs::PyKVPairs>()?;
     m.add_class::<pairs::PyKVMeta>()?;
+    m.add_class::<request::PyRequest>()?;
     m.add_class::<simple_app::PySimpleApp>()?;
     m.add_class::<simple_app::PySimpleData>()?;
     m.add_class::<store::PyStore>()?;

@@ -1,14 +1,15 @@
 //! `SimpleApp`: requests with an integer head and a byte body (see
 //! `pslite::SimpleApp`), and `SimpleData`, what its handles see.
 
-use pslite::{Error, SimpleApp, SimpleData};
+use pslite::{SimpleApp, SimpleData};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::calls::{call_python, Closable};
-use crate::errors::{to_py, IntoPy};
+use crate::errors::IntoPy;
 use crate::postoffice::PyPostoffice;
-use crate::wait::{seconds, sliced, Slice};
+use crate::request::{Handle, PyRequest, Target};
+use crate::wait::wait_request;
 
 /// A SimpleApp message as a handle sees it: `head`, `body` (bytes),
 /// `sender`, `timestamp`, `customer_id`.
@@ -60,28 +61,6 @@ impl PySimpleData {
     }
 }
 
-/// Waits for request `ts` of a customer in slices; `wait_slice` is the
-/// app's `wait_timeout`.
-pub fn wait_request(
-    py: Python<'_>,
-    ts: i32,
-    timeout: Option<f64>,
-    wait_slice: impl Fn(std::time::Duration) -> Result<(), Error> + Send + Sync,
-) -> PyResult<()> {
-    let limit = seconds(timeout)?;
-    let done = sliced(py, limit, |slice| match wait_slice(slice) {
-        Err(Error::Timeout { .. }) => Slice::Again,
-        other => Slice::Done(other),
-    })?;
-    match done {
-        Some(result) => result.py(),
-        None => Err(to_py(Error::Timeout {
-            ts,
-            secs: limit.map_or(0.0, |l| l.as_secs_f64()),
-        })),
-    }
-}
-
 /// Request/response messages with an integer `head` and a byte `body`, as
 /// ps-lite's SimpleApp: a request goes to one node or a whole group, and
 /// completes when every receiver has answered. As in ps-lite, requests are
@@ -122,12 +101,12 @@ impl PySimpleApp {
     }
 
     /// Sends request `head`/`body` to node or group `recv`; returns the
-    /// timestamp to `wait` on.
+    /// `Request` to wait on (also its timestamp, as in ps-lite).
     #[pyo3(signature = (head, body = b"".as_slice(), recv = pslite::SERVER_GROUP))]
-    fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<i32> {
+    fn request(&self, py: Python<'_>, head: i32, body: &[u8], recv: i32) -> PyResult<PyRequest> {
         let app = self.app.get()?;
-        py.detach(|| app.request(head, body, recv).map(pslite::Request::into_ts))
-            .py()
+        let request = py.detach(|| app.request(head, body, recv)).py()?;
+        Ok(PyRequest::new(Handle::Simple(request), "request"))
     }
 
     /// Answers request `req` with `body`.
@@ -137,11 +116,17 @@ impl PySimpleApp {
         py.detach(|| app.response(&req.data, body)).py()
     }
 
-    /// Waits until every receiver of request `ts` has answered.
+    /// Waits until every receiver of request `ts` (a `Request`, or its int
+    /// timestamp) has answered.
     #[pyo3(signature = (ts, timeout = None))]
-    fn wait(&self, py: Python<'_>, ts: i32, timeout: Option<f64>) -> PyResult<()> {
-        let app = self.app.get()?;
-        wait_request(py, ts, timeout, |slice| app.wait_timeout(ts, slice))
+    fn wait(&self, py: Python<'_>, ts: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        match Target::of(ts)? {
+            Target::Request(r) => r.get().wait_for(py, timeout),
+            Target::Ts(ts) => {
+                let app = self.app.get()?;
+                wait_request(py, ts, timeout, |slice| app.wait_timeout(ts, slice))
+            }
+        }
     }
 
     /// Calls `handle(req, app)` for each request (it answers with

@@ -12,7 +12,10 @@
 
 use std::time::{Duration, Instant};
 
+use pslite::Error;
 use pyo3::prelude::*;
+
+use crate::errors::{to_py, IntoPy};
 
 /// The longest stretch without a look at Python's signals.
 pub const SLICE: Duration = Duration::from_millis(50);
@@ -90,5 +93,29 @@ pub fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
         Some(t) => Err(crate::errors::invalid(format!(
             "timeout must be a number of seconds >= 0 or None, got {t}"
         ))),
+    }
+}
+
+/// Waits for request `ts` in slices: `step(slice)` is one bounded wait of
+/// the Rust crate (a `wait_timeout` or `take_timeout`), whose
+/// [`Error::Timeout`] means "not yet"; with `timeout` (seconds), raises
+/// `Timeout` once it has passed (the request goes on).
+pub fn wait_request<T: Send>(
+    py: Python<'_>,
+    ts: i32,
+    timeout: Option<f64>,
+    step: impl Fn(Duration) -> Result<T, Error> + Send + Sync,
+) -> PyResult<T> {
+    let limit = seconds(timeout)?;
+    let done = sliced(py, limit, |slice| match step(slice) {
+        Err(Error::Timeout { .. }) => Slice::Again,
+        other => Slice::Done(other),
+    })?;
+    match done {
+        Some(result) => result.py(),
+        None => Err(to_py(Error::Timeout {
+            ts,
+            secs: limit.map_or(0.0, |l| l.as_secs_f64()),
+        })),
     }
 }

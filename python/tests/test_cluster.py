@@ -48,3 +48,12 @@ def test_api_features():
     assert run.returncode == 0, run.stdout + run.stderr
     passed = [l for l in run.stdout.splitlines() if "PASS" in l]
     assert len(passed) == 2, run.stdout + run.stderr
+
+
+def test_request_objects():
+    """pslite.Request: wait, take, done, num_responses, timeouts, callbacks,
+    and ps-lite's int timestamps (see nodes/requests.py)."""
+    run = launch(2, 1, node_script("requests.py"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    passed = [l for l in run.stdout.splitlines() if "PASS requests" in l]
+    assert len(passed) == 4, run.stdout + run.stderr  # scheduler, 2 servers, worker

@@ -55,16 +55,20 @@ def test_bad_environment_raises_config_error_with_rusts_message():
     assert rust.stderr.strip() == f"error: {py.stdout.strip()}"
 
 
-@pytest.mark.parametrize("victim, kind, says", [
-    ("server", "PeerDead", "node 8 is dead and no replacement arrived within 1 s "
-                           "(PS_RECOVERY_TIMEOUT)"),
-    ("scheduler", "SchedulerLost", "lost the scheduler at 127.0.0.1:"),
+DEAD_SERVER = "node 8 is dead and no replacement arrived within 1 s (PS_RECOVERY_TIMEOUT)"
+
+
+@pytest.mark.parametrize("victim, mode, kind, says", [
+    ("server", "request", "PeerDead", DEAD_SERVER),
+    # By int timestamp, its Request object gone: the failure is not lost.
+    ("server", "pull_int", "PeerDead", DEAD_SERVER),
+    ("scheduler", "request", "SchedulerLost", "lost the scheduler at 127.0.0.1:"),
 ])
-def test_killed_peer_fails_the_wait(cluster, victim, kind, says):
+def test_killed_peer_fails_the_wait(cluster, victim, mode, kind, says):
     c = cluster(1, 1, PS_HEARTBEAT_INTERVAL=1, PS_HEARTBEAT_TIMEOUT=2, PS_RECOVERY_TIMEOUT=1)
     scheduler = c.scheduler()
     server = c.python("server", WAITER)
-    worker = c.python("worker", WAITER)
+    worker = c.python("worker", WAITER, WAITER_MODE=mode)
     read_until(server, "serving", 60)
     read_until(worker, "waiting", 60)
     os.killpg((server if victim == "server" else scheduler).pid, signal.SIGKILL)
@@ -82,11 +86,12 @@ def interrupt(proc):
     return time.monotonic() - t
 
 
-def test_ctrl_c_during_a_request_wait(cluster):
+@pytest.mark.parametrize("mode", ["request", "take", "pull_int"])
+def test_ctrl_c_during_a_request_wait(cluster, mode):
     c = cluster(1, 1)
     c.scheduler()
     server = c.python("server", WAITER)
-    worker = c.python("worker", WAITER)
+    worker = c.python("worker", WAITER, WAITER_MODE=mode)
     read_until(server, "serving", 60)
     read_until(worker, "waiting", 60)
     time.sleep(0.3)  # let it settle into the wait (any moment would do)

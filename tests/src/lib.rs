@@ -5,6 +5,8 @@
 //! killed and the run reports `timed_out`, so a hang fails a test instead of
 //! blocking CI.
 
+pub mod hostile;
+
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -308,3 +308,35 @@ fn a_node_with_a_wrong_token_fails_naming_the_variable() {
         assert!(!run.stderr.contains("panicked"), "{}", run.output());
     }
 }
+
+#[test]
+fn a_healthy_token_job_on_one_host_logs_no_error() {
+    // Same-host pslite nodes reach each other over abstract Unix sockets
+    // (PS_IPC, on by default): finding out whether a peer listens there
+    // must not look like a refused stranger to it.
+    for _ in 0..2 {
+        let port = free_port();
+        let extra = [("KV_APP_REPEAT", "10"), ("PS_VERBOSE", "1")];
+        let nodes: Vec<_> = ["scheduler", "server", "server", "worker", "worker"]
+            .iter()
+            .map(|role| {
+                spawn(node_command(
+                    "kv_app",
+                    &env(role, port, Some(TOKEN), &extra),
+                ))
+            })
+            .collect();
+        let runs = wait_all_ok(nodes, Duration::from_secs(120));
+        for run in &runs {
+            let errors: Vec<&str> = run
+                .stderr
+                .lines()
+                .filter(|l| l.contains(" ERROR ") || l.contains(" WARN "))
+                .collect();
+            assert!(errors.is_empty(), "{errors:#?}\n{}", run.output());
+        }
+        for worker in &runs[3..] {
+            assert!(worker.stdout.contains("sums exact"), "{}", worker.output());
+        }
+    }
+}

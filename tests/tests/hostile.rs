@@ -5,133 +5,13 @@
 
 use std::time::Duration;
 
-use pslite::{Command, Control, DataType, Meta, Node, Role};
-use pslite_tests::{free_port, node_command, node_env, spawn, spawn_with_stdin, wait_all_ok};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use pslite_tests::hostile::{fuzz_rng, hostile_message};
+use pslite_tests::{
+    free_port, node_command, node_env, pslite_command, run, spawn, spawn_with_stdin, wait_all_ok,
+    within,
+};
 
 const FRAMES: usize = 10_000;
-
-use pslite::proto::golden::ALL as GOLDEN;
-
-fn unhex(s: &str) -> Vec<u8> {
-    pslite::proto::golden::bytes(s).unwrap()
-}
-
-fn random_bytes(rng: &mut StdRng, max: usize) -> Vec<u8> {
-    let n = rng.random_range(0..=max);
-    (0..n).map(|_| rng.random()).collect()
-}
-
-/// One mutation of `frame`: bit flips, truncation, insertion, deletion,
-/// overwrite or garbage appended.
-fn mutate(rng: &mut StdRng, mut frame: Vec<u8>) -> Vec<u8> {
-    for _ in 0..rng.random_range(1..4) {
-        match rng.random_range(0..6) {
-            0 if !frame.is_empty() => {
-                let i = rng.random_range(0..frame.len());
-                frame[i] ^= 1 << rng.random_range(0..8);
-            }
-            1 if !frame.is_empty() => frame.truncate(rng.random_range(0..frame.len())),
-            2 => {
-                let i = rng.random_range(0..=frame.len());
-                frame.insert(i, rng.random());
-            }
-            3 if !frame.is_empty() => {
-                frame.remove(rng.random_range(0..frame.len()));
-            }
-            4 if !frame.is_empty() => {
-                let i = rng.random_range(0..frame.len());
-                frame[i] = rng.random();
-            }
-            _ => frame.extend(random_bytes(rng, 16)),
-        }
-    }
-    frame
-}
-
-/// A well-formed meta with hostile values.
-fn hostile_meta(rng: &mut StdRng) -> Vec<u8> {
-    let mut meta = Meta {
-        head: rng.random(),
-        app_id: rng.random_range(-2..3),
-        customer_id: rng.random_range(-2..3),
-        timestamp: rng.random(),
-        request: rng.random(),
-        push: rng.random(),
-        pull: rng.random(),
-        simple_app: rng.random(),
-        ..Meta::default()
-    };
-    let cmds = [
-        Command::Empty,
-        Command::Terminate,
-        Command::AddNode,
-        Command::Barrier,
-        Command::Ack,
-        Command::Heartbeat,
-    ];
-    meta.control = Control {
-        cmd: cmds[rng.random_range(0..cmds.len())],
-        node: (0..rng.random_range(0..3))
-            .map(|_| {
-                let roles = [Role::Server, Role::Worker, Role::Scheduler];
-                let mut n = Node::new(
-                    roles[rng.random_range(0..3)],
-                    if rng.random() {
-                        "127.0.0.1"
-                    } else {
-                        "no-such-host.invalid"
-                    },
-                    rng.random_range(-5..70_000),
-                );
-                n.id = rng.random_range(-1..20);
-                n.is_recovery = rng.random();
-                n
-            })
-            .collect(),
-        barrier_group: rng.random_range(-3..12),
-        msg_sig: rng.random(),
-        failed_peer: rng.random::<bool>().then(|| rng.random_range(-1..20)),
-        dead_nodes: (0..rng.random_range(0..3))
-            .map(|_| rng.random_range(-1..20))
-            .collect(),
-        round: rng.random::<bool>().then(|| rng.random()),
-        round_members: (0..rng.random_range(0..3))
-            .map(|_| rng.random_range(-1..20))
-            .collect(),
-    };
-    let types = [
-        DataType::UInt64,
-        DataType::Float,
-        DataType::Int32,
-        DataType::Other,
-    ];
-    meta.data_type = (0..rng.random_range(0..4))
-        .map(|_| types[rng.random_range(0..types.len())])
-        .collect();
-    meta.encode()
-}
-
-/// A multipart message of garbage.
-fn hostile_message(rng: &mut StdRng, i: usize) -> Vec<Vec<u8>> {
-    let meta = match rng.random_range(0..4) {
-        0 => random_bytes(rng, 200),
-        1 | 2 => {
-            let golden = unhex(GOLDEN[rng.random_range(0..GOLDEN.len())]);
-            mutate(rng, golden)
-        }
-        _ => hostile_meta(rng),
-    };
-    let mut frames = vec![meta];
-    for _ in 0..rng.random_range(0..4) {
-        frames.push(random_bytes(rng, 64));
-    }
-    if i % 2500 == 0 {
-        frames.push(vec![0xab; 8 << 20]); // oversized
-    }
-    frames
-}
 
 fn fuzz(endpoint: &str, seed: u64) {
     let ctx = zmq::Context::new();
@@ -149,7 +29,7 @@ fn fuzz(endpoint: &str, seed: u64) {
             s
         })
         .collect();
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = fuzz_rng(seed);
     for i in 0..FRAMES {
         let frames = hostile_message(&mut rng, i);
         sockets[i % sockets.len()]
@@ -187,6 +67,15 @@ fn garbage_frames_do_not_hurt_a_live_cluster() {
     }
     fuzz(&format!("tcp://127.0.0.1:{port}"), 1);
     fuzz(&format!("tcp://127.0.0.1:{server_port}"), 2);
+    // Counted: the server's counters reach the scheduler with its
+    // heartbeats (every second).
+    let mut dropped_before_exit = Vec::new();
+    within(Duration::from_secs(20), || {
+        dropped_before_exit = dropped(port, server_port);
+        dropped_before_exit
+            .iter()
+            .all(|&(_, n)| n > FRAMES as u64 / 2)
+    });
     for w in &mut workers {
         w.write_stdin("go\n");
     }
@@ -201,14 +90,47 @@ fn garbage_frames_do_not_hurt_a_live_cluster() {
     for worker in &runs[3..] {
         assert!(worker.stdout.contains("sums exact"), "{}", worker.output());
     }
-    // The garbage was seen and dropped (and logged), not ignored silently.
+    // The garbage was seen and dropped, logged once per sender and reason
+    // (the log cannot be flooded), and counted.
     for run in &runs[..2] {
-        let dropped = run.stderr.matches("dropping").count();
-        eprintln!("dropped and logged: {dropped}");
+        let warned = run.stderr.lines().filter(|l| l.contains(" WARN ")).count();
+        eprintln!("warning lines: {warned}");
         assert!(
-            dropped > FRAMES / 2,
-            "only {dropped} drops logged:\n{}",
+            (1..=100).contains(&warned),
+            "{warned} warnings:\n{}",
             run.output()
         );
     }
+    for (node, dropped) in dropped_before_exit {
+        assert!(
+            dropped > FRAMES as u64 / 2,
+            "{node} counted only {dropped} drops"
+        );
+    }
+}
+
+/// The messages the scheduler (its own row) and the server at
+/// `server_port` (by port) dropped as malformed or from unknown peers, as
+/// `pslite status --json` reports them.
+fn dropped(port: u16, server_port: u16) -> Vec<(&'static str, u64)> {
+    let mut cmd = pslite_command("status");
+    cmd.args(["--json", "--timeout", "5", "--port", &port.to_string()]);
+    let run = run(cmd, Duration::from_secs(30));
+    assert!(run.ok(), "{}", run.output());
+    let json: serde_json::Value = serde_json::from_str(&run.stdout).expect("status JSON");
+    let rows = json["nodes"].as_array().cloned().unwrap_or_default();
+    let total = |row: &serde_json::Value| {
+        let d = &row["counters"]["dropped"];
+        d["malformed"].as_u64().unwrap_or(0) + d["unknown_peer"].as_u64().unwrap_or(0)
+    };
+    let find = |pred: &dyn Fn(&serde_json::Value) -> bool| {
+        rows.iter().find(|r| pred(r)).map(total).unwrap_or(0)
+    };
+    vec![
+        ("the scheduler", find(&|r| r["role"] == "scheduler")),
+        (
+            "the server",
+            find(&|r| r["port"].as_u64() == Some(u64::from(server_port))),
+        ),
+    ]
 }

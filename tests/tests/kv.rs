@@ -272,6 +272,43 @@ fn requests_wait_for_a_handle_and_data_waits_for_its_app() {
 }
 
 #[test]
+fn requests_waiting_for_a_handle_are_bounded_in_bytes() {
+    // 64 KiB of hold budget: a quarter per sender, 16 KiB.
+    let c = LocalCluster::start_with(1, 1, |c| c.van.hold_limit = 64 << 10);
+    let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    // About 4 KiB per push (500 keys and values): a few fit, the rest go.
+    let keys: Vec<u64> = (0..500).collect();
+    let ts: Vec<i32> = (0..10)
+        .map(|_| {
+            w.push(&keys, &[1.0; 500], KVOptions::new())
+                .unwrap()
+                .into_ts()
+        })
+        .collect();
+    let last = *ts.last().unwrap();
+    let worker = c.workers[0].my_id().unwrap();
+    wait_for("the pushes to arrive", || {
+        let counters = c.servers[0].counters();
+        let from_worker = counters.peers.iter().find(|p| p.peer == worker);
+        from_worker.is_some_and(|p| p.messages_received >= 10)
+    });
+    let queued = server.queued_requests();
+    assert!((1..10).contains(&queued), "{queued} of 10 queued");
+    server.set_request_handle(DefaultHandle::new().into_handle());
+    // The queued ones are answered; the dropped ones never are.
+    for &t in &ts[..queued] {
+        w.wait_timeout(t, T).unwrap();
+    }
+    assert!(matches!(
+        w.wait_timeout(last, Duration::from_millis(100)),
+        Err(Error::Timeout { .. })
+    ));
+    drop((w, server));
+    c.finalize();
+}
+
+#[test]
 fn bad_input_is_an_error_and_sends_nothing() {
     let c = LocalCluster::start(1, 1);
     let hits = Arc::new(AtomicUsize::new(0));

@@ -1,16 +1,17 @@
-//! An admin client: a program that is not a cluster member (`pslite status`)
-//! talking to a running cluster's scheduler.
+//! An admin client: a program that is not a cluster member (`pslite status`,
+//! `pslite store`) talking to a running cluster's scheduler.
 //!
-//! It binds a ROUTER of its own on a free port, opens a DEALER (with no
-//! identity) to the scheduler and sends it pslite-only requests carrying the
-//! ROUTER's address in their one node entry; the scheduler answers (and
-//! sends store events, see [`AdminClient::store_event`]) from a DEALER of its
-//! own to that address, one per client. Every wait has a deadline,
-//! so a scheduler that is gone (or is C++ ps-lite, which does not know these
-//! requests) gives a clear error instead of a hang. A monitor on the DEALER
-//! tells the errors apart: nothing accepting the connection, a scheduler
-//! that accepted it and did not answer, and a handshake refused over
-//! `PS_AUTH_TOKEN` (reported at once, as nodes report it).
+//! It opens a DEALER (with no identity) to the scheduler and sends it
+//! pslite-only requests; the scheduler answers (and sends store events, see
+//! [`AdminClient::store_event`]) back on that same connection, through its
+//! ROUTER: it never connects to an address a client names. Every wait has a
+//! deadline, so a scheduler that is not there (or is C++ ps-lite, which does
+//! not know these requests) gives a clear error instead of a hang, and a
+//! scheduler that goes away while the client waits (its connection closes)
+//! fails the wait at once. A monitor on the DEALER tells the errors apart:
+//! nothing accepting the connection, a scheduler that accepted it and did
+//! not answer, a handshake refused over `PS_AUTH_TOKEN` (reported at once,
+//! as nodes report it), and a connection that closed.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -27,10 +28,11 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use pslite_proto::ids::SCHEDULER;
 use pslite_proto::stats::NodeStatus;
 use pslite_proto::store::{StoreMsg, StoreOp};
-use pslite_proto::{Command, Message, Meta, Node, Role, K_EMPTY};
+use pslite_proto::{Command, Message, Meta, K_EMPTY};
 
 /// How the scheduler is reached (see [`AdminClient::connect_via`]).
 pub use crate::auth::AuthToken;
@@ -51,16 +53,14 @@ pub enum AdminError {
     /// Setting up the client's sockets failed (e.g. `PS_AUTH_TOKEN`).
     #[error(transparent)]
     Van(#[from] crate::VanError),
-    /// The host to listen on for answers does not resolve.
-    #[error("cannot listen for the scheduler's answer: host {0:?} does not resolve; pass an IP address of this machine that the scheduler can reach")]
+    /// The host of the scheduler does not resolve.
+    #[error("cannot find the way to the scheduler: host {0:?} does not resolve")]
     Resolve(String),
     /// No answer came back in time.
-    #[error("{}", no_answer(scheduler, reply_to, *timeout, *connection))]
+    #[error("{}", no_answer(scheduler, *timeout, *connection))]
     NoAnswer {
         /// The scheduler's address.
         scheduler: String,
-        /// Where the answer was expected.
-        reply_to: String,
         /// How long we waited (the timeout asked for, and the grace of a
         /// request waiting on the scheduler if it was given).
         timeout: Duration,
@@ -73,6 +73,13 @@ pub enum AdminError {
     Refused {
         /// What was refused and what to set.
         detail: String,
+    },
+    /// The scheduler's connection closed while the client waited: it
+    /// stopped or died.
+    #[error("the scheduler at {scheduler} closed the connection (it stopped or died)")]
+    SchedulerGone {
+        /// The scheduler's address.
+        scheduler: String,
     },
 }
 
@@ -94,7 +101,7 @@ pub enum Connection {
 }
 
 /// The message of [`AdminError::NoAnswer`]: why there may have been none.
-fn no_answer(scheduler: &str, reply_to: &str, timeout: Duration, connection: Connection) -> String {
+fn no_answer(scheduler: &str, timeout: Duration, connection: Connection) -> String {
     let head = format!(
         "no answer from the scheduler at {scheduler} within {:.1} s",
         timeout.as_secs_f64()
@@ -102,8 +109,7 @@ fn no_answer(scheduler: &str, reply_to: &str, timeout: Duration, connection: Con
     match connection {
         Connection::Accepted => format!(
             "{head}, although it accepted the connection: is it a pslite scheduler (C++ \
-             ps-lite does not answer these requests), and can it reach this machine at \
-             {reply_to}?"
+             ps-lite does not answer these requests)?"
         ),
         Connection::Failing(attempts) => format!(
             "{head}: nothing accepted the connection ({attempts} attempt{}): is a pslite \
@@ -140,8 +146,7 @@ fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> AdminError 
 
 /// A connection to a scheduler for admin requests. See the module docs.
 pub struct AdminClient {
-    router: zmq::Socket,
-    /// The DEALER's socket monitor (connections, handshakes).
+    /// The DEALER's socket monitor (connections, handshakes, closes).
     monitor: zmq::Socket,
     connection: Connection,
     /// Why the scheduler refused the handshake, once it has.
@@ -151,7 +156,8 @@ pub struct AdminClient {
     /// Store events that arrived while waiting for an answer.
     events: VecDeque<StoreMsg>,
     dealer: zmq::Socket,
-    me: Node,
+    /// This machine's address on the route to the scheduler.
+    local: String,
     scheduler: String,
     // Dropped last: the sockets above belong to it.
     _ctx: zmq::Context,
@@ -159,64 +165,39 @@ pub struct AdminClient {
 
 impl AdminClient {
     /// Prepares requests to the scheduler at `scheduler_host:scheduler_port`.
-    /// Answers come back to `reply_host` (default: this machine's address
-    /// on the route to the scheduler, which is 127.0.0.1 for a local one).
+    /// `local_host` is what [`AdminClient::local_address`] reports (default:
+    /// this machine's address on the route to the scheduler, 127.0.0.1 for
+    /// a local one); answers come back on the client's own connection.
     pub fn connect(
         scheduler_host: &str,
         scheduler_port: i32,
-        reply_host: Option<&str>,
+        local_host: Option<&str>,
     ) -> Result<AdminClient, AdminError> {
         AdminClient::connect_via(
             Transport::Tcp,
             scheduler_host,
             scheduler_port,
-            reply_host,
+            local_host,
             None,
         )
     }
 
     /// [`AdminClient::connect`] to a scheduler listening on `transport`
-    /// (IPC for a `DMLC_LOCAL=1` cluster; answers still come over TCP),
-    /// presenting `token` to a cluster that runs with `PS_AUTH_TOKEN` (and
-    /// accepting the scheduler's answer only with it).
+    /// (IPC for a `DMLC_LOCAL=1` cluster), presenting `token` to a cluster
+    /// that runs with `PS_AUTH_TOKEN`.
     pub fn connect_via(
         transport: Transport,
         scheduler_host: &str,
         scheduler_port: i32,
-        reply_host: Option<&str>,
+        local_host: Option<&str>,
         token: Option<&crate::AuthToken>,
     ) -> Result<AdminClient, AdminError> {
-        let reply_host = match reply_host {
+        let local = match local_host {
             Some(host) => host.to_string(),
             None => local_address_towards(scheduler_host, scheduler_port)
                 .ok_or_else(|| AdminError::Resolve(scheduler_host.to_string()))?,
         };
-        let ip = crate::resolve::bind_ip(&reply_host)
-            .ok_or_else(|| AdminError::Resolve(reply_host.clone()))?;
         let ctx = zmq::Context::new();
-        let router = ctx
-            .socket(zmq::ROUTER)
-            .map_err(zmq_err("creating the ROUTER"))?;
-        router.set_linger(0).map_err(zmq_err("setting LINGER"))?;
-        if let Some(token) = token {
-            crate::auth::serve_router(&ctx, &router, token)?;
-        }
-        let endpoint = Transport::Tcp.bind_endpoint(&ip, 0).replace(":0", ":*");
-        router
-            .bind(&endpoint)
-            .map_err(zmq_err(format!("binding {endpoint}")))?;
-        let bound = router
-            .get_last_endpoint()
-            .map_err(zmq_err("reading the bound endpoint"))?
-            .unwrap_or_default();
-        let port: i32 = bound
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| AdminError::Zmq {
-                context: format!("reading the port of {bound:?}"),
-                source: zmq::Error::EINVAL,
-            })?;
         let dealer = ctx
             .socket(zmq::DEALER)
             .map_err(zmq_err("creating a DEALER"))?;
@@ -230,7 +211,8 @@ impl AdminClient {
                     | zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16
                     | zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL as u16
                     | zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL as u16
-                    | zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16) as i32,
+                    | zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16
+                    | zmq::SocketEvent::DISCONNECTED as u16) as i32,
             )
             .map_err(zmq_err("monitoring the DEALER"))?;
         let monitor = ctx
@@ -239,28 +221,32 @@ impl AdminClient {
         monitor.set_linger(0).map_err(zmq_err("setting LINGER"))?;
         monitor
             .connect(&monitor_endpoint)
-            .map_err(zmq_err("connecting the DEALER monitor"))?;
+            .map_err(zmq_err("connecting the monitor socket"))?;
         let scheduler = transport.connect_endpoint(scheduler_host, scheduler_port);
         dealer
             .connect(&scheduler)
             .map_err(zmq_err(format!("connecting to {scheduler}")))?;
         Ok(AdminClient {
-            router,
             monitor,
             connection: Connection::Pending,
             refused: None,
             has_token: token.is_some(),
             events: VecDeque::new(),
             dealer,
-            me: Node::new(Role::Worker, reply_host, port),
+            local,
             scheduler,
             _ctx: ctx,
         })
     }
 
-    /// Where this client listens for answers.
-    pub fn reply_address(&self) -> String {
-        self.me.address()
+    /// This machine's address on the route to the scheduler (or the host
+    /// given to [`AdminClient::connect`]), with port 0.
+    pub fn local_address(&self) -> String {
+        if self.local.contains(':') {
+            format!("[{}]:0", self.local)
+        } else {
+            format!("{}:0", self.local)
+        }
     }
 
     /// What this client has seen of its connection to the scheduler.
@@ -298,7 +284,6 @@ impl AdminClient {
             // The scheduler answers store requests with their id as timestamp.
             store.id = msg.meta.timestamp as u64;
         }
-        msg.meta.control.node = vec![self.me.clone()];
         transport::send_message(&mut self.dealer, &msg.meta.encode(), &msg.data)
             .map_err(zmq_err(format!("sending to {}", self.scheduler)))?;
         let start = Instant::now();
@@ -313,7 +298,6 @@ impl AdminClient {
                 }
                 return Err(AdminError::NoAnswer {
                     scheduler: self.scheduler.clone(),
-                    reply_to: self.reply_address(),
                     timeout: deadline - start,
                     connection: self.connection,
                 });
@@ -343,6 +327,13 @@ impl AdminClient {
             match (event.event, self.connection) {
                 (e, _) if e == E::HANDSHAKE_SUCCEEDED as u16 => {
                     self.connection = Connection::Accepted
+                }
+                // Up once and closed: the scheduler stopped or died (a
+                // wait there would last its whole timeout for nothing).
+                (e, Connection::Accepted) if e == E::DISCONNECTED as u16 => {
+                    return Err(AdminError::SchedulerGone {
+                        scheduler: self.scheduler.clone(),
+                    });
                 }
                 // Retries follow every failure; they count only connections
                 // nothing accepted.
@@ -387,55 +378,64 @@ impl AdminClient {
 
     /// The next message from the scheduler that is not a request, before
     /// `deadline` (`None` after it); store events go to the event queue.
-    /// Anything else (garbage, another sender) is skipped.
+    /// Anything else (garbage) is skipped. Fails if the scheduler's
+    /// connection closes.
     fn receive(&mut self, deadline: Instant) -> Result<Option<Message>, AdminError> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(None);
             }
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i64;
+            let ms = left.as_millis().clamp(1, i64::MAX as u128) as i64;
             let mut items = [
-                self.router.as_poll_item(zmq::POLLIN),
+                self.dealer.as_poll_item(zmq::POLLIN),
                 self.monitor.as_poll_item(zmq::POLLIN),
             ];
             match zmq::poll(&mut items, ms) {
-                Ok(_) | Err(zmq::Error::EINTR) => {}
+                Ok(_) => {}
+                Err(zmq::Error::EINTR) => continue,
                 Err(e) => return Err(zmq_err("waiting for the answer")(e)),
             }
-            let (answer_ready, monitor_ready) = (items[0].is_readable(), items[1].is_readable());
-            if monitor_ready {
+            let (answer_ready, event_ready) = (items[0].is_readable(), items[1].is_readable());
+            if event_ready {
                 self.read_monitor()?;
             }
-            if !answer_ready {
-                continue;
-            }
-            // Ready: this receive does not wait (the timeout is a bound).
-            self.router
-                .set_rcvtimeo(ms.min(i64::from(i32::MAX)) as i32)
-                .map_err(zmq_err("setting the receive timeout"))?;
-            let raw = match transport::recv_message(&self.router) {
-                Ok(raw) => raw,
-                Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
-                Err(e) => return Err(zmq_err("receiving the answer")(e)),
-            };
-            let Some(mut meta) = raw.meta.as_deref().and_then(|m| Meta::decode(m).ok()) else {
-                continue;
-            };
-            if raw.sender != SCHEDULER || meta.request {
-                continue;
-            }
-            meta.sender = raw.sender;
-            meta.recver = K_EMPTY;
-            match meta.store.take() {
-                Some(event) if event.op == StoreOp::Event => self.events.push_back(*event),
-                store => {
-                    meta.store = store;
-                    return Ok(Some(Message {
-                        meta,
-                        data: raw.data,
-                    }));
+            if answer_ready {
+                if let Some(msg) = self.read_answer()? {
+                    return Ok(Some(msg));
                 }
+            }
+        }
+    }
+
+    /// Reads one message from the scheduler's connection: an answer, or
+    /// `None` for an event (queued) or garbage.
+    fn read_answer(&mut self) -> Result<Option<Message>, AdminError> {
+        let frames = match self.dealer.recv_multipart(0) {
+            Ok(frames) => frames,
+            Err(zmq::Error::EINTR) | Err(zmq::Error::EAGAIN) => return Ok(None),
+            Err(e) => return Err(zmq_err("receiving the answer")(e)),
+        };
+        let mut frames = frames.into_iter();
+        let Some(mut meta) = frames.next().and_then(|m| Meta::decode(&m).ok()) else {
+            return Ok(None);
+        };
+        if meta.request {
+            return Ok(None);
+        }
+        meta.sender = SCHEDULER;
+        meta.recver = K_EMPTY;
+        match meta.store.take() {
+            Some(event) if event.op == StoreOp::Event => {
+                self.events.push_back(*event);
+                Ok(None)
+            }
+            store => {
+                meta.store = store;
+                Ok(Some(Message {
+                    meta,
+                    data: frames.map(Bytes::from).collect(),
+                }))
             }
         }
     }
@@ -449,6 +449,52 @@ impl AdminClient {
 }
 
 impl AdminClient {
+    /// Asks the scheduler for a checkpoint labelled `label` (see
+    /// `crate::checkpoint`): waits up to `accept` for it to be accepted, then
+    /// up to `complete` for it to be written (it is taken at the workers'
+    /// next barrier where none has a request in flight). Returns the
+    /// scheduler's RESULT: the checkpoint's id, directory and files, or
+    /// `error` saying why it was refused or failed (a cluster without
+    /// `PS_CHECKPOINT_DIR` refuses at once).
+    pub fn checkpoint(
+        &mut self,
+        label: &str,
+        accept: Duration,
+        complete: Duration,
+    ) -> Result<pslite_proto::checkpoint::CheckpointMsg, AdminError> {
+        use pslite_proto::checkpoint::{CheckpointMsg, CheckpointOp};
+        let mut req = CheckpointMsg::new(CheckpointOp::Request, 0);
+        req.label = label.to_string();
+        let mut msg = Message::control(Command::Checkpoint, SCHEDULER);
+        msg.meta.checkpoint = Some(Box::new(req));
+        let answer = self.exchange(msg, accept, Duration::ZERO)?;
+        let ts = answer.meta.timestamp;
+        let no_answer = |client: &AdminClient, timeout| AdminError::NoAnswer {
+            scheduler: client.scheduler.clone(),
+            timeout,
+            connection: client.connection,
+        };
+        let Some(accepted) = answer.meta.checkpoint else {
+            return Err(no_answer(self, accept));
+        };
+        if accepted.op != CheckpointOp::Accepted || !accepted.error.is_empty() {
+            return Ok(*accepted);
+        }
+        let deadline = Instant::now() + complete;
+        loop {
+            let Some(answer) = self.receive(deadline)? else {
+                return Err(no_answer(self, complete));
+            };
+            if answer.meta.control.cmd != Command::Checkpoint || answer.meta.timestamp != ts {
+                continue;
+            }
+            match answer.meta.checkpoint {
+                Some(result) if result.op == CheckpointOp::Result => return Ok(*result),
+                _ => continue,
+            }
+        }
+    }
+
     /// Sends the scheduler store request `req` and waits up to `timeout`
     /// for its answer. A request that waits on the scheduler (GET, WAIT or
     /// MULTI_GET with `req.timeout`) is answered when that wait ends: once
@@ -468,7 +514,6 @@ impl AdminClient {
         let answer = self.exchange(msg, timeout, grace)?;
         answer.meta.store.map(|s| *s).ok_or(AdminError::NoAnswer {
             scheduler: self.scheduler.clone(),
-            reply_to: self.reply_address(),
             timeout,
             connection: self.connection,
         })

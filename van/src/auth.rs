@@ -19,13 +19,12 @@
 //! to the context, so dropping the context (when the Van stops) makes them
 //! fail with `ETERM` and the thread closes them and ends.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use log::{debug, error, warn};
+use log::{debug, warn};
 
-use crate::{Failure, VanError};
+use crate::{LogOnce, VanError};
 
 /// The ZAP endpoint libzmq asks (RFC 27), one per context.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
@@ -90,7 +89,10 @@ pub(crate) fn monitor_endpoint(what: &str) -> String {
 
 /// A socket of `ctx` that does not keep `ctx` alive: once the context is
 /// dropped, calls on it fail with `ETERM`.
-fn detached_socket(ctx: &zmq::Context, kind: zmq::SocketType) -> Result<zmq::Socket, VanError> {
+pub(crate) fn detached_socket(
+    ctx: &zmq::Context,
+    kind: zmq::SocketType,
+) -> Result<zmq::Socket, VanError> {
     let socket = ctx
         .socket(kind)
         .map_err(zmq_err("creating an auth socket"))?;
@@ -153,50 +155,9 @@ pub fn secure_dealer(dealer: &zmq::Socket, token: Option<&AuthToken>) -> Result<
         .map_err(zmq_err("setting the PLAIN password"))
 }
 
-/// Watches `dealer` (connected to the scheduler at `endpoint`) and calls
-/// `on_refused` once if the scheduler refuses our token or speaks no
-/// authentication at all; the watch ends with the context.
-pub fn watch_refusal(
-    ctx: &zmq::Context,
-    dealer: &zmq::Socket,
-    endpoint: &str,
-    on_refused: impl FnOnce(Failure) + Send + 'static,
-) -> Result<(), VanError> {
-    let monitor_endpoint = monitor_endpoint("dealer");
-    dealer
-        .monitor(
-            &monitor_endpoint,
-            (zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL as u16
-                | zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16) as i32,
-        )
-        .map_err(zmq_err("monitoring the DEALER to the scheduler"))?;
-    let monitor = detached_socket(ctx, zmq::PAIR)?;
-    monitor
-        .connect(&monitor_endpoint)
-        .map_err(zmq_err("connecting the DEALER monitor"))?;
-    let endpoint = endpoint.to_string();
-    std::thread::Builder::new()
-        .name("pslite-auth-watch".into())
-        .spawn(move || {
-            let Some(event) = next_event(&monitor) else {
-                return;
-            };
-            // Close our socket before calling back: the callback may drop
-            // the last reference to the context.
-            drop(monitor);
-            on_refused(Failure::AuthRefused {
-                detail: refusal_message(&event, &endpoint),
-            });
-        })
-        .map_err(|e| VanError::Setup {
-            what: "start the auth watch thread",
-            detail: e.to_string(),
-        })?;
-    Ok(())
-}
-
-/// Why the scheduler refused us, naming the variable to fix.
-fn refusal_message(event: &MonitorEvent, endpoint: &str) -> String {
+/// Why the scheduler at `endpoint` refused us (a handshake-failure event
+/// of the DEALER's monitor), naming the variable to fix.
+pub(crate) fn refusal_message(event: &MonitorEvent, endpoint: &str) -> String {
     if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_AUTH as u16 {
         format!(
             "the scheduler at {endpoint} refused this node's PS_AUTH_TOKEN \
@@ -225,19 +186,8 @@ pub(crate) struct MonitorEvent {
     pub(crate) event: u16,
     /// The event's value (an error code for failed handshakes).
     pub(crate) value: u32,
-    address: String,
-}
-
-/// Reads one monitor event (two frames: event id + value, then address);
-/// `None` once the context is gone.
-fn next_event(monitor: &zmq::Socket) -> Option<MonitorEvent> {
-    loop {
-        match read_event(monitor) {
-            Ok(Some(event)) => return Some(event),
-            Ok(None) | Err(zmq::Error::EINTR) => continue,
-            Err(_) => return None,
-        }
-    }
+    /// The endpoint it concerns.
+    pub(crate) address: String,
 }
 
 /// Reads one monitor event (`None`: a malformed one, skipped).
@@ -264,7 +214,8 @@ pub(crate) fn read_event(monitor: &zmq::Socket) -> zmq::Result<Option<MonitorEve
 /// The auth thread: answers ZAP requests and logs refused peers until the
 /// context ends.
 fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
-    let mut logged = HashSet::new();
+    let mut logged = LogOnce::with_max_keys(log::Level::Error, MAX_LOGGED_PEERS);
+    let mut hung_up = LogOnce::with_max_keys(log::Level::Warn, MAX_LOGGED_PEERS);
     loop {
         let mut items = [
             zap.as_poll_item(zmq::POLLIN),
@@ -278,12 +229,14 @@ fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
         let (zap_ready, monitor_ready) = (items[0].is_readable(), items[1].is_readable());
         if zap_ready {
             match answer_zap(&zap, &token) {
-                Ok(Some(refused)) => log_refused(&mut logged, &refused, || {
-                    format!(
-                        "refused a node at {refused}: it presented a wrong PS_AUTH_TOKEN \
-                         (every node of the cluster must set the same one)"
-                    )
-                }),
+                Ok(Some(refused)) => {
+                    logged.log(refused.clone(), || {
+                        format!(
+                            "refused a node at {refused}: it presented a wrong PS_AUTH_TOKEN \
+                             (every node of the cluster must set the same one)"
+                        )
+                    });
+                }
                 Ok(None) => {}
                 Err(zmq::Error::EINTR) | Err(zmq::Error::EAGAIN) => {}
                 Err(_) => break,
@@ -294,7 +247,14 @@ fn auth_loop(zap: zmq::Socket, monitor: zmq::Socket, token: AuthToken) {
                 Ok(Some(event)) => {
                     if let Some(line) = refused_peer_line(&event) {
                         let key = format!("{} {}", event.event, event.address);
-                        log_refused(&mut logged, &key, || line);
+                        // A peer that hung up before authenticating may be
+                        // a port probe or scan: a warning. A mechanism
+                        // mismatch is a node without the token: an error.
+                        if event.event == zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL as u16 {
+                            hung_up.log(key, || line);
+                        } else {
+                            logged.log(key, || line);
+                        }
                     }
                 }
                 Ok(None) | Err(zmq::Error::EINTR) | Err(zmq::Error::EAGAIN) => {}
@@ -326,14 +286,6 @@ fn refused_peer_line(event: &MonitorEvent) -> Option<String> {
         )
     };
     Some(format!("refused a connection on {}: {line}", event.address))
-}
-
-fn log_refused(logged: &mut HashSet<String>, key: &str, line: impl FnOnce() -> String) {
-    if logged.len() < MAX_LOGGED_PEERS && logged.insert(key.to_string()) {
-        error!("{}", line());
-    } else {
-        debug!("{}", line());
-    }
 }
 
 /// Answers one ZAP request (RFC 27): 200 for the token, 400 otherwise.
@@ -408,15 +360,18 @@ mod tests {
     }
 
     /// Why a DEALER offering `offered` is refused by a ROUTER protected by
-    /// `token` (none: a plain one), as [`watch_refusal`] reports it.
+    /// `token` (none: a plain one), as the link monitors report it.
     fn refusal(token: Option<&str>, offered: &str) -> String {
         let (_router, endpoint) = router(token);
         let (client, dealer) = dealer(Some(offered));
         let (tx, rx) = std::sync::mpsc::channel();
-        watch_refusal(&client, &dealer, &endpoint, move |e| {
-            let _ = tx.send(e.to_string());
+        let monitors = crate::monitor::Monitors::start(&client, move |_, e| {
+            if let crate::monitor::LinkEvent::Refused(why) = e {
+                let _ = tx.send(why);
+            }
         })
         .unwrap();
+        monitors.watch(&dealer, &endpoint).unwrap();
         dealer.connect(&endpoint).unwrap();
         rx.recv_timeout(Duration::from_secs(10)).unwrap()
     }

@@ -11,7 +11,7 @@
 //! of cores can be tested in an in-memory network with virtual time
 //! (see `harness.rs`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
@@ -25,23 +25,35 @@ use std::sync::Arc;
 use crate::config::VanConfig;
 use crate::counters::{Counters, DropReason};
 use crate::error::{Failure, StartTimeout, VanError};
+use crate::hold::HoldQueue;
+use crate::log_once::LogOnce;
 use crate::member::{BarrierOutcome, Member, MemberAction, MemberConfig};
+use crate::registration::{Offered, Registrations};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
-use crate::store::{Requester, StoreClient, StoreHost, StoreReply};
-use pslite_proto::store::{StoreMsg, StoreOp};
+use crate::store::{ClientInput, Requester, StoreClient, StoreHost, StoreReply};
+use crate::transport::Transport;
+use pslite_proto::store::{OverLimit, StoreLimit, StoreMsg, StoreOp};
 
 /// Something the driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
     /// Open (or replace) the connection to `node`, identified as `identity`
-    /// ([`K_EMPTY`]: anonymous, before this node has an id).
+    /// ([`K_EMPTY`]: anonymous, before this node has an id), the way
+    /// `route` says.
     Connect {
         /// The peer.
         node: Node,
         /// This node's identity on that connection.
         identity: NodeId,
+        /// How to reach it.
+        route: Route,
+        /// The key to present with it (`ps<id>/<key>`, see
+        /// [`crate::transport::keyed_identity`]), when both entries carry one.
+        key: Option<u64>,
     },
+    /// Close the connection to `id` (opened by [`Output::Connect`]).
+    Disconnect(NodeId),
     /// Put this message on the connection to `meta.recver`.
     Send(Message),
     /// Hand this data message to the apps.
@@ -53,13 +65,18 @@ pub enum Output {
     PeerDead(NodeId, Failure),
     /// The node cannot go on: every wait fails.
     Failed(Failure),
-    /// Send this message to an admin client at `to`, which is not a cluster
-    /// member (`pslite status`), on a connection of its own.
-    Answer {
-        /// Where the client listens.
-        to: Node,
+    /// Send this message to an admin client (`pslite status`, `pslite
+    /// store`), which is not a cluster member, back on the connection its
+    /// request came on: through this node's ROUTER, to routing id `route`.
+    /// `reserved` bytes were added to [`Core::reply_gauge`] for it; the
+    /// driver takes them off once ZeroMQ has written or dropped it.
+    Reply {
+        /// The client's connection (the routing id ZeroMQ generated).
+        route: bytes::Bytes,
         /// The answer.
         msg: Message,
+        /// Its share of the reply budget.
+        reserved: usize,
     },
     /// Elastic mode: a round began (or this node joined one): `workers`
     /// in rank order.
@@ -112,6 +129,15 @@ pub enum Output {
         /// What to do.
         io: crate::checkpoint::disk::Io,
     },
+    /// An event of a watched store key, for these watchers of this process
+    /// (see [`Core::store_watch`]); a watcher that is gone is reported back
+    /// with [`Core::store_watcher_gone`].
+    StoreEvent {
+        /// The watchers of the key.
+        watchers: Vec<u64>,
+        /// The event.
+        event: StoreMsg,
+    },
     /// This node is still waiting to join (a log line for the operator).
     Waiting {
         /// How long it has waited.
@@ -121,6 +147,68 @@ pub enum Output {
         /// What it waits for (its `Display` is the log line's wording).
         what: WaitingFor,
     },
+}
+
+/// How to reach a peer, as the core chose it from the peer's node-table
+/// entry and this node's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The address the peer advertises (always works).
+    pub endpoint: String,
+    /// A same-host pslite peer's abstract Unix socket (`PS_IPC`), to use
+    /// instead when something listens on it (a peer with `PS_IPC=0` binds
+    /// none: the driver checks before connecting).
+    pub local: Option<String>,
+    /// The peer's process, when large frames to it go through shared memory
+    /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
+    /// that process's descriptors).
+    pub shm_pid: Option<u32>,
+}
+
+/// A message refused because its identity names a node of the table
+/// without that node's key: a stranger using a member's identity, or an
+/// earlier process of a node that was replaced. Its `Display` is the log
+/// line (the driver adds the connection's address).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdentityRefused {
+    /// The id the identity names.
+    pub id: NodeId,
+    /// The key it carried, if any.
+    pub presented: Option<u64>,
+    /// The message, described.
+    pub what: String,
+}
+
+impl std::fmt::Display for IdentityRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = self.id;
+        let identity = crate::transport::keyed_identity(id, self.presented);
+        write!(
+            f,
+            "ignoring messages with identity {identity}: it names node {id} without the key of \
+             node {id}'s process in the node table (a stranger using its identity, or an earlier \
+             process of node {id}); first one: {}",
+            self.what
+        )
+    }
+}
+
+/// What happened to one of this node's connections (its DEALER to a peer),
+/// as the driver's socket monitor saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// ZeroMQ's handshake with the peer went through: the connection is up.
+    Up,
+    /// The connection closed (the peer's process is gone, or the network
+    /// dropped it); ZeroMQ tries to connect again.
+    Down,
+    /// An attempt to connect failed (refused, or not accepted in time) and
+    /// ZeroMQ will try again: nothing listens at the peer's address, say
+    /// its process died before this node's connection came up.
+    Unreachable,
+    /// The peer refused the handshake (a wrong `PS_AUTH_TOKEN`, or a
+    /// mechanism mismatch); with why, naming what to set.
+    Refused(String),
 }
 
 /// What a node that has not joined yet waits for, worded for its log line.
@@ -214,21 +302,48 @@ pub struct Core {
     /// Peers that acknowledged at least once (the others may never: a C++
     /// node without `PS_RESEND`).
     acked_by: HashSet<NodeId>,
-    /// Data that arrived before this node joined, and its size per sender.
-    held: Vec<Message>,
-    held_bytes: usize,
+    /// Data that arrived before this node joined (`PS_HOLD_LIMIT`).
+    held: HoldQueue<Message>,
     /// Elastic mode, on a server: data from a worker id not in the table
     /// yet (a newcomer whose push beat the scheduler's table here); looked
     /// at again when the next table arrives.
-    held_newcomers: Vec<Message>,
+    held_newcomers: HoldQueue<Message>,
+    /// Data messages the apps could not take yet (a customer's queue is
+    /// full), in order: while any waits, the driver reads nothing more.
+    parked: VecDeque<Output>,
+    /// The driver cannot read for a reason of its own (short of file
+    /// descriptors for a shared-memory frame, say).
+    stalled: bool,
+    /// Since when this node reads nothing (see [`Core::is_listening`]).
+    deaf_since: Option<Instant>,
     /// Identities that sent something before they could have been assigned.
     early_ids: BTreeSet<NodeId>,
     /// Data messages dropped because their sender may not send them.
     rejected: u64,
-    warned: HashSet<(NodeId, &'static str)>,
+    /// Drops already warned about, by sender and cause.
+    dropped: LogOnce<(NodeId, &'static str)>,
+    /// Ids whose identity was refused (logged once each).
+    refused_identities: HashSet<NodeId>,
+    /// On the scheduler: earlier processes (id, key) told to stop.
+    fenced: HashSet<(NodeId, u64)>,
+    /// On the scheduler: registrations waiting for their address to be
+    /// checked.
+    registrations: Registrations,
+    /// Refused registration addresses logged at warning level.
+    refusals_logged: HashSet<String>,
+    /// Bytes of answers to admin clients not written yet (see
+    /// [`Core::reply_gauge`]).
+    reply_bytes: Arc<std::sync::atomic::AtomicUsize>,
     stopped: bool,
-    /// Stopping: only resends go on (no more deaths or losses declared).
-    finishing: bool,
+    /// Stopping (finalized): only resends go on (no more deaths or losses
+    /// declared) until the exit drain ends.
+    drain: Option<Drain>,
+    /// The app is finalizing (see [`Core::finalizing`]): its last barrier's
+    /// release starts the leaving.
+    finalize_pending: bool,
+    /// Leaving (the last barrier was released): closed connections are no
+    /// deaths.
+    finalizing: bool,
     changed: bool,
     out: Vec<Output>,
     /// On the scheduler: the key-value store it hosts.
@@ -253,6 +368,37 @@ pub struct Core {
 mod checkpoint;
 mod replication;
 
+/// The exit drain: a stopping node gives what it sent time to be
+/// acknowledged (the scheduler's last barrier release, say), up to 15 resend
+/// timeouts and at most [`MAX_DRAIN`].
+struct Drain {
+    started: Instant,
+    deadline: Instant,
+    outcome: Option<DrainOutcome>,
+}
+
+/// The longest exit drain.
+pub const MAX_DRAIN: Duration = Duration::from_secs(30);
+/// Resend timeouts an exit drain lasts at most.
+pub const DRAIN_RESEND_TIMEOUTS: u32 = 15;
+
+/// How a stopping node's exit drain ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Nothing worth waiting for is unacknowledged.
+    Flushed,
+    /// The drain's deadline passed with these messages unacknowledged
+    /// (described for logs).
+    GaveUp {
+        /// How long it waited.
+        waited: Duration,
+        /// What it waited for.
+        left: Vec<String>,
+    },
+    /// The node failed meanwhile: nothing is worth waiting for.
+    Failed,
+}
+
 /// Why a data message with inconsistent frames is dropped.
 const MALFORMED: &str = "its data frames and data types differ in number";
 
@@ -268,9 +414,13 @@ fn is_leaving_unwatch(msg: &Message) -> bool {
             .is_some_and(|s| s.op == StoreOp::Unwatch && s.keys.is_empty())
 }
 
-/// Bytes of a message's data frames and body.
-fn size_of(msg: &Message) -> usize {
-    msg.data_size() + msg.meta.body.len()
+/// About how many bytes a store answer takes on the wire.
+fn reply_size(store: &StoreMsg) -> usize {
+    store.value.as_ref().map_or(0, |v| v.len())
+        + store.expected.as_ref().map_or(0, |v| v.len())
+        + store.values.iter().map(|v| v.len() + 4).sum::<usize>()
+        + store.keys.iter().map(|k| k.len() + 4).sum::<usize>()
+        + 64
 }
 
 impl Core {
@@ -283,8 +433,12 @@ impl Core {
         } else {
             cfg.host.clone()
         };
+        let mut rng = StdRng::seed_from_u64(seed);
         let mut me = Node::new(cfg.role, host, port);
         me.pslite = true;
+        // The key this process presents in its identity to pslite peers:
+        // random, never 0 (0 means "no key").
+        me.key = rng.random::<u64>() | 1;
         if let Some((host, pid)) = &cfg.shm_identity {
             me.host = host.clone();
             me.pid = *pid;
@@ -299,7 +453,7 @@ impl Core {
         scheduler_node.id = SCHEDULER;
         let scheduler = is_scheduler.then(|| {
             me.id = SCHEDULER;
-            Scheduler::starting_at(
+            Scheduler::new(
                 SchedulerConfig {
                     num_servers: cfg.num_servers,
                     num_workers: cfg.num_workers,
@@ -333,20 +487,29 @@ impl Core {
             resender: cfg
                 .resend_timeout
                 .map(|t| Resender::new(t, cfg.max_resends)),
-            rng: StdRng::seed_from_u64(seed),
+            rng,
             counters: Arc::new(Counters::new()),
             next_timestamp: 0,
             connected: HashSet::new(),
             heard: HashSet::new(),
             acked_by: HashSet::new(),
-            held: Vec::new(),
-            held_bytes: 0,
-            held_newcomers: Vec::new(),
+            held: HoldQueue::new(cfg.hold_limit),
+            held_newcomers: HoldQueue::new(cfg.hold_limit),
+            parked: VecDeque::new(),
+            stalled: false,
+            deaf_since: None,
             early_ids: BTreeSet::new(),
             rejected: 0,
-            warned: HashSet::new(),
+            dropped: LogOnce::new(log::Level::Warn),
+            refused_identities: HashSet::new(),
+            fenced: HashSet::new(),
+            registrations: Registrations::default(),
+            refusals_logged: HashSet::new(),
+            reply_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             stopped: false,
-            finishing: false,
+            drain: None,
+            finalize_pending: false,
+            finalizing: false,
             changed: false,
             out: Vec::new(),
             store_host: is_scheduler.then(|| StoreHost::new(cfg.store_limits)),
@@ -366,7 +529,12 @@ impl Core {
         // The scheduler talks to itself through its own ROUTER; a node makes
         // first contact with an empty identity (it has no id yet).
         let identity = core.member.me().id;
-        core.connect(scheduler_node, identity);
+        let first = if is_scheduler {
+            core.member.me().clone()
+        } else {
+            scheduler_node
+        };
+        core.connect(first, identity);
         core
     }
 
@@ -499,7 +667,7 @@ impl Core {
         }
         let waited = self.member.timed_out()?;
         let missing = self.scheduler.as_ref().map(|s| s.missing());
-        Some(Err(VanError::StartTimeout(StartTimeout {
+        Some(Err(VanError::StartTimeout(Box::new(StartTimeout {
             waited,
             missing_servers: missing.map(|m| m.servers),
             missing_workers: missing.map(|m| m.workers),
@@ -508,7 +676,8 @@ impl Core {
             scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
             advertised: self.member.me().address(),
             identity_conflicts: self.identity_conflicts(),
-        })))
+            refused_registrations: self.registrations.refused().into(),
+        }))))
     }
 
     /// Prepares a message an app sends: checks that the node can send it,
@@ -557,7 +726,209 @@ impl Core {
 
     fn connect(&mut self, node: Node, identity: NodeId) {
         self.connected.insert(node.id);
-        self.out.push(Output::Connect { node, identity });
+        let route = self.route(&node);
+        let key = if identity == K_EMPTY {
+            None
+        } else {
+            self.expected_key_of(&node).map(|_| self.member.me().key)
+        };
+        self.out.push(Output::Connect {
+            node,
+            identity,
+            route,
+            key,
+        });
+    }
+
+    /// How to reach `node`: over its abstract Unix socket when it is a
+    /// pslite node of this host and both listen on one (`PS_IPC`), else at
+    /// the address it advertises (C++ nodes and other hosts: always); large
+    /// frames through shared memory when it is a same-host shared-memory
+    /// peer.
+    fn route(&self, node: &Node) -> Route {
+        let endpoint = self
+            .cfg
+            .transport
+            .connect_endpoint(&node.hostname, node.port);
+        if node.id < 0 {
+            // A registration's check: the address it names, as named.
+            return Route {
+                endpoint,
+                local: None,
+                shm_pid: None,
+            };
+        }
+        let local = match (&self.cfg.shm_identity, self.cfg.transport) {
+            (Some((host, _)), Transport::Tcp) if self.cfg.ipc && self.same_host(node) => {
+                Some(crate::transport::local_endpoint(host, node.pid, node.port))
+            }
+            _ => None,
+        };
+        Route {
+            endpoint,
+            local,
+            shm_pid: self.shm_peer_node(node),
+        }
+    }
+
+    /// Whether `node` is a pslite node of this host (same host identity)
+    /// that uses shared memory.
+    fn same_host(&self, node: &Node) -> bool {
+        self.cfg.shm_identity.as_ref().is_some_and(|(host, _)| {
+            node.pslite && node.pid != 0 && !node.host.is_empty() && node.host == *host
+        })
+    }
+
+    fn shm_peer_node(&self, node: &Node) -> Option<u32> {
+        self.same_host(node).then_some(node.pid)
+    }
+
+    /// Node `id`'s process, if its frames may come through shared memory:
+    /// a same-host pslite peer in the node table (never from the message).
+    /// `key` is the key the message's identity carried: a stranger using a
+    /// member's id is no shared-memory peer.
+    pub fn shm_peer(&self, id: NodeId, key: Option<u64>) -> Option<u32> {
+        self.sender_node(id, key)
+            .and_then(|node| self.shm_peer_node(node))
+    }
+
+    /// What happened to this node's connection to `peer` (see
+    /// [`LinkEvent`]): a connection that closes and stays closed, with
+    /// nothing heard from the peer meanwhile, means its process is gone,
+    /// noticed within [`crate::member::LINK_GRACE`] instead of a heartbeat
+    /// timeout (the scheduler declares it dead; a node loses its
+    /// scheduler). A refused handshake with the scheduler fails a node
+    /// that has `PS_AUTH_TOKEN` at once.
+    pub fn link_event(&mut self, peer: NodeId, event: LinkEvent, now: Instant) {
+        if self.registrations.is_check(peer) {
+            match event {
+                LinkEvent::Up => {
+                    for msg in self.registrations.link_up(peer) {
+                        self.run_scheduler(&msg, now);
+                    }
+                    self.end_check(peer);
+                }
+                LinkEvent::Refused(why) => {
+                    if let Some((node, why)) = self.registrations.link_refused(peer, &why) {
+                        self.registration_refused(&node, &why);
+                    }
+                    self.end_check(peer);
+                }
+                // ZeroMQ tries again until the check's deadline.
+                LinkEvent::Down | LinkEvent::Unreachable => {}
+            }
+            return;
+        }
+        let to_scheduler = peer == SCHEDULER && self.scheduler.is_none();
+        match event {
+            LinkEvent::Refused(why) => {
+                if to_scheduler && self.cfg.auth_token.is_some() {
+                    self.fail(Failure::AuthRefused { detail: why }, now);
+                } else {
+                    debug!("the handshake with node {peer} failed: {why}");
+                }
+            }
+            // The scheduler connects to a process once it has registered,
+            // so it listens: a connection that cannot be made is as closed
+            // (a process killed before the scheduler's connection came up
+            // sends no DISCONNECTED). A node ignores it: it may reach the
+            // scheduler before the scheduler listens.
+            LinkEvent::Unreachable | LinkEvent::Down if self.finalizing => {
+                debug!("connection to node {peer} closed while finalizing");
+            }
+            LinkEvent::Unreachable => {
+                if let Some(s) = &mut self.scheduler {
+                    debug!("cannot connect to node {peer} (ZeroMQ tries again)");
+                    s.link_down(peer, now);
+                }
+            }
+            LinkEvent::Up | LinkEvent::Down => {
+                let up = event == LinkEvent::Up;
+                debug!(
+                    "connection to node {peer} {}",
+                    if up { "up" } else { "closed" }
+                );
+                if let Some(s) = &mut self.scheduler {
+                    if up {
+                        s.link_up(peer);
+                    } else {
+                        s.link_down(peer, now);
+                    }
+                }
+                if to_scheduler {
+                    self.member.scheduler_link(up, now);
+                }
+            }
+        }
+    }
+
+    /// The app is finalizing this node: its next barrier is the last. Once
+    /// the scheduler releases it, everyone leaves: from then on a peer's
+    /// closed connection is no death and the scheduler's is no loss (a node
+    /// slow to stop must not fail because the scheduler was quicker), and
+    /// what closed before is forgotten. Heartbeats still notice a peer that
+    /// hangs. (Apps such as ps-lite's servers wait in that barrier for the
+    /// whole job: until the release, deaths count as ever.)
+    pub fn finalizing(&mut self) {
+        self.finalize_pending = true;
+    }
+
+    /// The last barrier was released: see [`Core::finalizing`].
+    fn leaving(&mut self, now: Instant) {
+        self.finalizing = true;
+        self.member.scheduler_link(true, now);
+        if let Some(s) = &mut self.scheduler {
+            s.forget_closed_links();
+        }
+    }
+
+    /// Whether this node's ROUTER may let a new connection take over an
+    /// identity in use (`ZMQ_ROUTER_HANDOVER`): yes while every member
+    /// presents a key (only the same process can present it again, say
+    /// after its old connection died silently); no once the table has a
+    /// node without one (a C++ node, whose plain `ps<id>` anyone can
+    /// present): then, as in C++ ps-lite, the first connection keeps it.
+    pub fn router_handover(&self) -> bool {
+        self.member.table().iter().all(|n| n.pslite && n.key != 0)
+    }
+
+    /// This node's own entry: in the node table once joined, else as it
+    /// registers.
+    fn my_entry(&self) -> &Node {
+        let me = self.member.me();
+        self.member.node(me.id).unwrap_or(me)
+    }
+
+    /// The key `peer` presents in its identity to this node (and this node
+    /// to it): its entry's, when both entries carry one (pslite nodes under
+    /// a pslite scheduler); `None`: the plain `ps<id>` of C++ ps-lite.
+    fn expected_key_of(&self, peer: &Node) -> Option<u64> {
+        let keyed = |n: &Node| n.pslite && n.key != 0;
+        (keyed(self.my_entry()) && keyed(peer)).then_some(peer.key)
+    }
+
+    /// The table entry of `sender` if a message whose identity carried
+    /// `key` may come from it (see [`Core::handle`]).
+    pub fn sender_node(&self, sender: NodeId, key: Option<u64>) -> Option<&Node> {
+        if self.identity_matches(sender, key) != Some(true) {
+            return None;
+        }
+        self.member.node(sender)
+    }
+
+    /// Whether a message from `sender` whose identity carried `key` may be
+    /// from that node: the key its table entry names, or none for a node
+    /// without a key. `None`: the sender is not in the table (yet).
+    fn identity_matches(&self, sender: NodeId, key: Option<u64>) -> Option<bool> {
+        if sender == K_EMPTY {
+            return Some(key.is_none());
+        }
+        let entry = if sender == self.member.me().id {
+            self.my_entry()
+        } else {
+            self.member.node(sender)?
+        };
+        Some(self.expected_key_of(entry) == key)
     }
 
     /// Sends a control message of the core's own (stamped with a timestamp
@@ -575,7 +946,15 @@ impl Core {
 
     /// Starts waiting on a barrier over `group` as `customer_id`; ask
     /// [`Core::barrier_outcome`] with the token.
-    pub fn barrier(&mut self, customer_id: i32, group: i32, now: Instant) -> Result<u64, VanError> {
+    /// [`Core::tick`] ends it with [`Failure::BarrierTimeout`] once `timeout`
+    /// has passed.
+    pub fn barrier(
+        &mut self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<u64, VanError> {
         let role = self.cfg.role;
         if !ids::is_role_group(group) || group & ids::role_group(role) == 0 {
             return Err(VanError::InvalidGroup(group));
@@ -583,7 +962,7 @@ impl Core {
         if !self.member.is_joined() {
             return Err(VanError::NotReady);
         }
-        let (token, mut request) = self.member.barrier(customer_id, group);
+        let (token, mut request) = self.member.barrier(customer_id, group, timeout, now);
         if let MemberAction::Send(msg) = &mut request {
             self.checkpoint_barrier(msg);
         }
@@ -602,17 +981,82 @@ impl Core {
     }
 
     /// The node is about to stop (finalized): from now on the clock only
-    /// drives resends; peers that exit first are neither declared dead nor
-    /// taken for a lost scheduler.
-    pub fn finish(&mut self) {
-        self.finishing = true;
+    /// drives resends and the exit drain ([`Core::drain_outcome`]); peers
+    /// that exit first are neither declared dead nor taken for a lost
+    /// scheduler.
+    pub fn finish(&mut self, now: Instant) {
+        if self.drain.is_some() {
+            return;
+        }
+        let limit = self.cfg.resend_timeout.map_or(Duration::ZERO, |t| {
+            t.saturating_mul(DRAIN_RESEND_TIMEOUTS).min(MAX_DRAIN)
+        });
+        self.drain = Some(Drain {
+            started: now,
+            deadline: now + limit,
+            outcome: None,
+        });
+        let left = self.unacknowledged_at_exit();
+        if !left.is_empty() {
+            debug!(
+                "stopping once these are acknowledged (up to {:.1} s): {}",
+                limit.as_secs_f64(),
+                left.join("; ")
+            );
+        }
+        self.check_drain(now);
+    }
+
+    /// How the exit drain ended; `None` while it goes on (or before
+    /// [`Core::finish`]).
+    pub fn drain_outcome(&self) -> Option<&DrainOutcome> {
+        self.drain.as_ref().and_then(|d| d.outcome.as_ref())
+    }
+
+    /// Ends the exit drain if nothing is left to wait for, or at its
+    /// deadline (saying what it waited for).
+    fn check_drain(&mut self, now: Instant) {
+        let failed = self.member.failure().is_some();
+        let flushed = !failed && !self.has_unacknowledged_at_exit();
+        let left = if !failed && !flushed && self.drain.as_ref().is_some_and(|d| now >= d.deadline)
+        {
+            self.unacknowledged_at_exit()
+        } else {
+            Vec::new()
+        };
+        let Some(drain) = &mut self.drain else {
+            return;
+        };
+        if drain.outcome.is_some() {
+            return;
+        }
+        let outcome = if failed {
+            DrainOutcome::Failed
+        } else if flushed {
+            DrainOutcome::Flushed
+        } else if now >= drain.deadline {
+            let waited = now.saturating_duration_since(drain.started);
+            warn!(
+                "stopping after {:.1} s with {} messages unacknowledged (at most {} resend \
+                 timeouts and {} s, PS_RESEND_TIMEOUT): {}",
+                waited.as_secs_f64(),
+                left.len(),
+                DRAIN_RESEND_TIMEOUTS,
+                MAX_DRAIN.as_secs(),
+                left.join("; ")
+            );
+            DrainOutcome::GaveUp { waited, left }
+        } else {
+            return;
+        };
+        drain.outcome = Some(outcome);
+        self.changed = true;
     }
 
     /// Stops the node: every wait ends with [`Failure::Stopped`].
-    pub fn stop(&mut self) {
+    pub fn stop(&mut self, now: Instant) {
         self.stopped = true;
         if let Some(action) = self.member.fail(Failure::Stopped) {
-            let now = Instant::now();
             self.apply_member(vec![action], now);
         }
         self.changed = true;
@@ -623,20 +1067,99 @@ impl Core {
         if let Some(action) = self.member.fail(failure) {
             self.apply_member(vec![action], now);
         }
+        self.check_drain(now);
+    }
+
+    /// The apps could not take these data messages ([`Output::Deliver`], in
+    /// order, with the copy requests of replicated key ranges after the
+    /// first refused one, [`Output::Snapshot`] and [`Output::Restore`]): a
+    /// customer's queue is full. They wait here, and the driver reads
+    /// nothing more (ZeroMQ's high-water marks then hold the senders back)
+    /// until [`Core::room`]; timers go on.
+    pub fn park(&mut self, outputs: Vec<Output>, now: Instant) {
+        self.parked.extend(outputs);
+        self.update_listening(now);
+    }
+
+    /// A customer's queue has room again: the parked outputs are handed
+    /// over again, in order; messages the apps refuse again come back
+    /// through [`Core::park`].
+    pub fn room(&mut self, now: Instant) {
+        let parked = std::mem::take(&mut self.parked);
+        self.out.extend(parked);
+        self.update_listening(now);
+    }
+
+    /// Data messages parked (see [`Core::park`]).
+    pub fn parked(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// The driver cannot read for a reason of its own (`stalled`), or can
+    /// again.
+    pub fn set_stalled(&mut self, stalled: bool, now: Instant) {
+        self.stalled = stalled;
+        self.update_listening(now);
+    }
+
+    /// Whether the driver reads what arrives: not while messages are parked
+    /// or the driver is stalled. Meanwhile the node still sends (heartbeats
+    /// go on), but nobody's silence counts: it cannot hear them.
+    pub fn is_listening(&self) -> bool {
+        self.parked.is_empty() && !self.stalled
+    }
+
+    /// Tells the state machines when the node stops or starts listening:
+    /// the time spent deaf counts as nobody's silence, and resends and
+    /// give-ups wait (their acknowledgements may be waiting unread).
+    fn update_listening(&mut self, now: Instant) {
+        let listening = self.is_listening();
+        match (listening, self.deaf_since) {
+            (false, None) => {
+                if self.stalled {
+                    debug!("not reading for now: short of file descriptors");
+                } else {
+                    debug!("not reading for now: an app's queue is full");
+                }
+                self.deaf_since = Some(now);
+                self.member.set_deaf(true, now);
+                if let Some(s) = &mut self.scheduler {
+                    s.set_deaf(true, now);
+                }
+            }
+            (true, Some(since)) => {
+                let deaf = now.saturating_duration_since(since);
+                debug!("reading again after {:.3} s", deaf.as_secs_f64());
+                self.deaf_since = None;
+                self.member.set_deaf(false, now);
+                if let Some(s) = &mut self.scheduler {
+                    s.set_deaf(false, now);
+                }
+                if let Some(r) = &mut self.resender {
+                    r.postpone(deaf);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Messages still unacknowledged that are worth waiting for at exit,
     /// described for logs: heartbeats are not, nor messages to a peer that
     /// never acknowledged anything (a C++ node without `PS_RESEND`).
     pub fn unacknowledged_at_exit(&self) -> Vec<String> {
-        let Some(r) = &self.resender else {
-            return Vec::new();
-        };
-        r.unacknowledged_to(|id| self.acked_by.contains(&id))
-            .into_iter()
+        self.waited_for_at_exit().map(crate::describe).collect()
+    }
+
+    /// Whether [`Core::unacknowledged_at_exit`] is not empty.
+    fn has_unacknowledged_at_exit(&self) -> bool {
+        self.waited_for_at_exit().next().is_some()
+    }
+
+    fn waited_for_at_exit(&self) -> impl Iterator<Item = &Message> {
+        self.resender
+            .iter()
+            .flat_map(|r| r.unacknowledged_to(|id| self.acked_by.contains(&id)))
             .filter(|m| m.meta.control.cmd != Command::Heartbeat && !is_leaving_unwatch(m))
-            .map(crate::describe)
-            .collect()
     }
 
     /// Ids of nodes silent for longer than `timeout` (ps-lite's
@@ -656,15 +1179,23 @@ impl Core {
 
     /// When [`Core::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.finishing {
-            return self.resender.as_ref().and_then(Resender::poll_timeout);
+        let resends = self
+            .resender
+            .as_ref()
+            .filter(|_| self.deaf_since.is_none())
+            .and_then(Resender::poll_timeout);
+        if let Some(drain) = &self.drain {
+            let deadline = drain.outcome.is_none().then_some(drain.deadline);
+            return resends.into_iter().chain(deadline).min();
         }
         [
             self.member.poll_timeout(),
             self.scheduler.as_ref().and_then(Scheduler::poll_timeout),
-            self.resender.as_ref().and_then(Resender::poll_timeout),
+            resends,
+            self.registrations.poll_timeout(),
             self.store_host.as_ref().and_then(StoreHost::poll_timeout),
             self.checkpoint_poll(),
+            self.store_client.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -673,7 +1204,7 @@ impl Core {
 
     /// Clock-driven work at `now`: deadlines, heartbeats, resends.
     pub fn tick(&mut self, now: Instant) {
-        if !self.finishing {
+        if self.drain.is_none() {
             let actions = self.member.tick(now);
             if self.member.timed_out().is_some() && !self.member.is_joined() {
                 self.changed = true;
@@ -685,12 +1216,27 @@ impl Core {
             }
             self.replica_tick(now);
             self.checkpoint_tick(now);
-            self.store_forget_dead(now);
+            for (link, node, why) in self.registrations.tick(now) {
+                self.registration_refused(&node, &why);
+                self.end_check(link);
+            }
+            if self.deaf_since.is_none() {
+                self.store_forget_dead(now);
+            }
+            self.changed |= self.store_client.tick(now);
         }
         if let Some(host) = &mut self.store_host {
             let replies = host.tick(now);
             self.send_store_replies(replies, now);
         }
+        if self.deaf_since.is_none() {
+            self.resend(now);
+        }
+        self.check_drain(now);
+    }
+
+    /// Resends what is due, and gives up on what was resent too often.
+    fn resend(&mut self, now: Instant) {
         let Some(r) = &mut self.resender else {
             return;
         };
@@ -726,14 +1272,28 @@ impl Core {
         }
     }
 
-    /// Handles one message that arrived, with `meta.sender` set from the
-    /// sender's identity ([`K_EMPTY`] if it had none).
-    pub fn handle(&mut self, mut msg: Message, now: Instant) {
+    /// Handles one message that arrived, with `meta.sender` (and
+    /// `meta.sender_key`) set from the sender's identity ([`K_EMPTY`] if it
+    /// had none). Returns, the first time a sender is refused for it, why
+    /// its identity was refused (the driver logs it with the connection's
+    /// address).
+    pub fn handle(&mut self, msg: Message, now: Instant) -> Option<IdentityRefused> {
+        let refused = self.receive(msg, now);
+        if self.drain.is_some() {
+            self.check_drain(now);
+        }
+        refused
+    }
+
+    fn receive(&mut self, mut msg: Message, now: Instant) -> Option<IdentityRefused> {
         if self.stopped {
-            return;
+            return None;
         }
         let sender = msg.meta.sender;
         msg.meta.recver = self.member.me().id;
+        if self.identity_matches(sender, msg.meta.sender_key) == Some(false) {
+            return self.refuse_identity(&msg, now);
+        }
         if sender != K_EMPTY {
             self.member.heard_from(sender, now);
             if self.heard.insert(sender) {
@@ -748,14 +1308,22 @@ impl Core {
         {
             self.counters.dropped(DropReason::Injected);
             debug!("dropping {} (PS_DROP_MSG)", crate::describe(&msg));
-            return;
+            return None;
         }
         let mut ack = None;
         if self.scheduler.is_some() && sender != K_EMPTY {
             // Anything from a node proves it has its table (a C++ node cannot
-            // acknowledge the table: it has no id when it arrives).
+            // acknowledge the table: it has no id when it arrives). Only a
+            // table that names the node: an update of another's entry (a
+            // replacement's new address and key) is not proven by a message
+            // the node may have sent before it arrived, and lost, it leaves
+            // the node refusing the replacement's identity for good.
             if let Some(r) = &mut self.resender {
-                r.settle(|m| m.meta.recver == sender && m.meta.control.cmd == Command::AddNode);
+                r.settle(|m| {
+                    m.meta.recver == sender
+                        && m.meta.control.cmd == Command::AddNode
+                        && m.meta.control.node.iter().any(|n| n.id == sender)
+                });
             }
         }
         if self.resender.is_some() {
@@ -770,7 +1338,7 @@ impl Core {
                 }
             }
             let Some(r) = &mut self.resender else {
-                return;
+                return None;
             };
             let (received, a) = r.on_receive(&msg, now);
             ack = a;
@@ -782,12 +1350,12 @@ impl Core {
                     if let Some(ack) = ack {
                         self.emit(ack, now);
                     }
-                    return;
+                    return None;
                 }
                 Received::Ack => {
                     self.acked_by.insert(sender);
                     self.changed = true;
-                    return;
+                    return None;
                 }
             }
         }
@@ -797,18 +1365,61 @@ impl Core {
         if let Some(ack) = ack {
             self.emit(ack, now);
         }
+        None
+    }
+
+    /// Drops a message whose identity names a node of the table without
+    /// that node's key (see [`Core::handle`]). On the scheduler, a message
+    /// from an earlier process of a node that was replaced gets that
+    /// process fenced: it is told (LEAVE naming its replacement) and stops.
+    fn refuse_identity(&mut self, msg: &Message, now: Instant) -> Option<IdentityRefused> {
+        let sender = msg.meta.sender;
+        let fence = self
+            .scheduler
+            .as_ref()
+            .and_then(|s| s.replaced(sender, msg.meta.sender_key))
+            .map(|(old, new)| (old.clone(), new.clone()));
+        if let Some((mut old, new)) = fence {
+            if self.fenced.insert((sender, old.key)) {
+                warn!(
+                    "scheduler: {old} sent a message after {} took its place: telling it to stop",
+                    new.address()
+                );
+                // Its own connection (never node `sender`'s): under an id
+                // no node has.
+                old.id = -sender;
+                let link = old.id;
+                self.connect(old, SCHEDULER);
+                let mut leave = Message::control(Command::Leave, link);
+                leave.meta.control.node = vec![new];
+                self.emit(leave, now);
+            }
+        }
+        self.counters.dropped(DropReason::UnknownPeer);
+        let first = self.refused_identities.len() < 1024 && self.refused_identities.insert(sender);
+        let refusal = IdentityRefused {
+            id: sender,
+            presented: msg.meta.sender_key,
+            what: crate::describe(msg),
+        };
+        if first {
+            Some(refusal)
+        } else {
+            debug!("{refusal}");
+            None
+        }
     }
 
     fn dispatch(&mut self, msg: Message, now: Instant) {
         let is_scheduler = self.scheduler.is_some();
         match msg.meta.control.cmd {
             Command::Empty => self.data(msg, now),
+            // Never obeyed from the wire: a node stops itself in-process.
             Command::Terminate => {
-                // Never obeyed from the wire: a node stops itself in-process.
-                warn!(
-                    "dropping TERMINATE from node {}: nodes stop themselves",
-                    msg.meta.sender
-                );
+                self.drop_logged(msg.meta.sender, "TERMINATE", "nodes stop themselves")
+            }
+            Command::AddNode if is_scheduler && msg.meta.sender == K_EMPTY => {
+                self.check_registration(msg, now)
             }
             Command::AddNode if is_scheduler && self.replica_refuses(&msg) => {}
             Command::AddNode | Command::Heartbeat | Command::Status if is_scheduler => {
@@ -821,13 +1432,15 @@ impl Core {
                 self.run_scheduler(&msg, now)
             }
             Command::Leave if is_scheduler => self.run_scheduler(&msg, now),
-            Command::Leave if self.cfg.elastic.is_some() => {
+            Command::Leave if msg.meta.sender == SCHEDULER => {
                 let actions = self.member.on_leave(&msg);
                 self.apply_member(actions, now);
             }
-            Command::Leave => {
-                self.drop_logged(msg.meta.sender, "LEAVE", "this is not an elastic job")
-            }
+            Command::Leave => self.drop_logged(
+                msg.meta.sender,
+                "LEAVE",
+                "only workers send it, and only to the scheduler",
+            ),
             Command::AddNode => {
                 self.checkpoint_table(&msg, now);
                 let actions = self.member.on_node_table(&msg, now);
@@ -838,16 +1451,32 @@ impl Core {
                     }
                 }
             }
+            Command::Barrier if msg.meta.sender != SCHEDULER || msg.meta.request => self
+                .drop_logged(
+                    msg.meta.sender,
+                    "BARRIER",
+                    "only the scheduler releases barriers",
+                ),
             Command::Barrier => {
                 self.member.on_barrier_release(&msg);
                 self.settle_with_scheduler(Command::Barrier, &msg);
                 self.changed = true;
+                let release = msg.meta.sender == SCHEDULER && !msg.meta.request;
+                if release && self.finalize_pending && !self.finalizing {
+                    self.leaving(now);
+                }
             }
             Command::Heartbeat => {
                 self.settle_with_scheduler(Command::Heartbeat, &msg);
                 if msg.meta.sender == SCHEDULER && self.member.is_joined() {
-                    self.member
-                        .on_scheduler_heartbeat(&msg.meta.control.dead_nodes, now);
+                    // Only a pslite scheduler sends a dead list; from a C++
+                    // one (whose identity carries no key) it is forged.
+                    let dead: &[NodeId] = if self.scheduler_is_pslite() {
+                        &msg.meta.control.dead_nodes
+                    } else {
+                        &[]
+                    };
+                    self.member.on_scheduler_heartbeat(dead, now);
                 }
             }
             Command::Store if is_scheduler && msg.meta.request => self.run_store(msg, now),
@@ -857,6 +1486,12 @@ impl Core {
                 self.drop_logged(msg.meta.sender, "STATUS", "only the scheduler answers it")
             }
         }
+    }
+
+    /// Whether this node's scheduler is a pslite one (its table entry says
+    /// so; the scheduler itself is).
+    fn scheduler_is_pslite(&self) -> bool {
+        self.scheduler.is_some() || self.member.node(SCHEDULER).is_some_and(|n| n.pslite)
     }
 
     /// The scheduler's answer settles this node's requests of the same kind:
@@ -891,6 +1526,46 @@ impl Core {
         if early && self.early_ids.len() < 16 {
             self.early_ids.insert(sender);
         }
+    }
+
+    /// On the scheduler: a registration (ADD_NODE from a process without
+    /// an id) counts once its address completed a handshake (see
+    /// [`crate::registration`]).
+    fn check_registration(&mut self, msg: Message, now: Instant) {
+        let node = match msg.meta.control.node.as_slice() {
+            [node] if !node.hostname.is_empty() && (1..=65535).contains(&node.port) => node.clone(),
+            // Malformed: the scheduler says why.
+            _ => return self.run_scheduler(&msg, now),
+        };
+        match self.registrations.offer(msg, &node, now) {
+            Offered::Check(target) => self.connect(target, K_EMPTY),
+            Offered::Held => {}
+            Offered::Refused(why) => self.registration_refused(&node, &why),
+        }
+    }
+
+    fn registration_refused(&mut self, node: &Node, why: &str) {
+        let line = format!(
+            "scheduler: refusing the registration of {node}: {why} (a forged registration, or \
+             a node the scheduler cannot reach at the address it advertises: check \
+             DMLC_NODE_HOST)"
+        );
+        if self.refusals_logged.len() < 256 && self.refusals_logged.insert(node.address()) {
+            warn!("{line}");
+        } else {
+            debug!("{line}");
+        }
+    }
+
+    /// Whether `link` is the connection of a registration check under way.
+    pub fn is_checking(&self, link: NodeId) -> bool {
+        self.registrations.is_check(link)
+    }
+
+    /// Closes the connection of a registration check.
+    fn end_check(&mut self, link: NodeId) {
+        self.connected.remove(&link);
+        self.out.push(Output::Disconnect(link));
     }
 
     fn run_scheduler(&mut self, msg: &Message, now: Instant) {
@@ -938,14 +1613,16 @@ impl Core {
                     self.checkpoint_attach(&mut msg);
                     self.emit(msg, now)
                 }
-                Action::Answer { to, mut msg } => {
+                Action::Reply { route, mut msg } => {
                     // The scheduler's own row carries its own counters.
                     if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
                         row.counters = Some(self.counters.snapshot());
                         row.counters_age = Some(Duration::ZERO);
                     }
                     msg.meta.sender = SCHEDULER;
-                    self.out.push(Output::Answer { to, msg });
+                    if !self.reply(route, msg) {
+                        debug!("scheduler: a status answer waits on too many unread answers");
+                    }
                 }
                 Action::Failed(f) => self.fail(f, now),
                 Action::RoundBegan { round, workers } => {
@@ -991,10 +1668,13 @@ impl Core {
                 }
                 MemberAction::Joined => {
                     self.changed = true;
-                    for msg in std::mem::take(&mut self.held) {
-                        self.data(msg, now);
+                    for msg in self.held.drain() {
+                        if msg.meta.control.cmd == Command::Replica {
+                            self.replica_control(msg, now);
+                        } else {
+                            self.data(msg, now);
+                        }
                     }
-                    self.held_bytes = 0;
                 }
                 MemberAction::PeerReplaced(id) => self.peer_replaced(id, now),
                 MemberAction::PeerDead(id) => {
@@ -1020,6 +1700,7 @@ impl Core {
                     self.changed = true;
                     self.out.push(Output::Failed(f));
                 }
+                MemberAction::BarrierEnded => self.changed = true,
                 MemberAction::Waiting { waited, limit } => {
                     let what = self.waiting_for();
                     self.out.push(Output::Waiting {
@@ -1031,7 +1712,7 @@ impl Core {
                 MemberAction::RoundBegan { round, workers } => {
                     self.changed = true;
                     self.out.push(Output::RoundBegan { round, workers });
-                    for msg in std::mem::take(&mut self.held_newcomers) {
+                    for msg in self.held_newcomers.drain() {
                         if self.member.is_member(msg.meta.sender) {
                             self.data(msg, now);
                         } else {
@@ -1088,19 +1769,27 @@ impl Core {
             self.hold(msg);
             return;
         }
+        if self.identity_matches(sender, msg.meta.sender_key) == Some(false) {
+            // Held before the table named its sender's key.
+            self.reject(&msg, "its identity lacks the key of its node's process");
+            return;
+        }
         if !self.member.is_member(sender) {
             let newcomer = self.cfg.elastic.is_some()
                 && self.cfg.role == Role::Server
-                && ids::role_of_id(sender) == Some(Role::Worker)
-                && self.held_newcomers.len() < 1024
-                && self.held_newcomers.iter().map(size_of).sum::<usize>() + size_of(&msg)
-                    <= self.cfg.hold_limit;
-            if newcomer {
-                debug!("holding data from node {sender} until the next table names it");
-                self.held_newcomers.push(msg);
+                && ids::role_of_id(sender) == Some(Role::Worker);
+            if !newcomer {
+                self.reject(&msg, "its sender is not in the node table");
                 return;
             }
-            self.reject(&msg, "its sender is not in the node table");
+            match self.held_newcomers.push_message(msg) {
+                Ok(()) => debug!("holding data from node {sender} until the next table names it"),
+                Err(refused) => self.reject(
+                    &refused.item,
+                    "its sender is not in the node table (and too much data from newcomers \
+                     waits: PS_HOLD_LIMIT)",
+                ),
+            }
             return;
         }
         if msg.meta.replica.is_some() {
@@ -1111,7 +1800,23 @@ impl Core {
             self.reject(&msg, why);
             return;
         }
-        self.out.push(Output::Deliver(msg));
+        self.deliver(msg);
+    }
+
+    /// Hands `msg` to the apps ([`Output::Deliver`]), behind the parked ones
+    /// if any, in order.
+    fn deliver(&mut self, msg: Message) {
+        self.for_apps(Output::Deliver(msg));
+    }
+
+    /// Hands `out` (for the apps' queues, in their order) over, behind the
+    /// parked ones if any.
+    fn for_apps(&mut self, out: Output) {
+        if self.parked.is_empty() {
+            self.out.push(out);
+        } else {
+            self.parked.push_back(out);
+        }
     }
 
     /// Why a member may not send `msg` to this node, given both roles.
@@ -1143,24 +1848,12 @@ impl Core {
             self.reject(&msg, "its sender's id cannot be a member of this cluster");
             return;
         }
-        let size = size_of(&msg);
-        let from_sender: usize = self
-            .held
-            .iter()
-            .filter(|m| m.meta.sender == sender)
-            .map(size_of)
-            .sum();
-        if self.held_bytes + size > self.cfg.hold_limit
-            || from_sender + size > self.cfg.hold_limit / 4
-        {
+        if let Err(refused) = self.held.push_message(msg) {
             self.reject(
-                &msg,
+                &refused.item,
                 "too much data arrived before this node joined (PS_HOLD_LIMIT)",
             );
-            return;
         }
-        self.held_bytes += size;
-        self.held.push(msg);
     }
 
     fn reject(&mut self, msg: &Message, why: &'static str) {
@@ -1177,14 +1870,9 @@ impl Core {
     /// for `why`, at debug level after that, so a hostile or confused peer
     /// cannot flood the log.
     fn drop_logged(&mut self, sender: NodeId, what: &str, why: &'static str) {
-        if self.warned.len() < 1024 && self.warned.insert((sender, why)) {
-            warn!(
-                "dropping {what} from node {sender}: {why} (further ones are logged at debug \
-                 level)"
-            );
-        } else {
-            debug!("dropping {what} from node {sender}: {why}");
-        }
+        self.dropped.log((sender, why), || {
+            format!("dropping {what} from node {sender}: {why}")
+        });
     }
 }
 
@@ -1192,9 +1880,16 @@ impl Core {
 /// node's ([`StoreClient`]).
 impl Core {
     /// Sends store request `req` to the scheduler; ask
-    /// [`Core::store_answer`] with the id it returns. Fails if this node has
-    /// not joined or the scheduler is not pslite (C++ ps-lite has no store).
-    pub fn store_request(&mut self, mut req: StoreMsg, now: Instant) -> Result<u64, VanError> {
+    /// [`Core::store_answer`] with the id it returns (it fails with
+    /// [`Failure::StoreNoAnswer`] once `limit` has passed). Fails if this
+    /// node has not joined or the scheduler is not pslite (C++ ps-lite has
+    /// no store).
+    pub fn store_request(
+        &mut self,
+        mut req: StoreMsg,
+        limit: Duration,
+        now: Instant,
+    ) -> Result<u64, VanError> {
         if let Some(f) = self.member.failure() {
             return Err(f.clone().into());
         }
@@ -1206,7 +1901,7 @@ impl Core {
         if !pslite {
             return Err(VanError::StoreUnsupported);
         }
-        let id = self.store_client.start(&mut req);
+        let id = self.store_client.start(&mut req, limit, now);
         self.send_store(req, now);
         Ok(id)
     }
@@ -1214,10 +1909,11 @@ impl Core {
     /// The answer to store request `id`, once here; the node's failure if
     /// it failed (the scheduler was lost, say).
     pub fn store_answer(&self, id: u64) -> Option<Result<StoreMsg, Failure>> {
-        if let Some(answer) = self.store_client.answer(id) {
-            return Some(Ok(answer.clone()));
+        match self.store_client.answer(id) {
+            Some(Ok(answer)) => Some(Ok(answer.clone())),
+            Some(Err(waited)) => Some(Err(Failure::StoreNoAnswer { waited })),
+            None => self.member.failure().map(|f| Err(f.clone())),
         }
-        self.member.failure().map(|f| Err(f.clone()))
     }
 
     /// On the scheduler: how many store requests wait for keys (0 elsewhere).
@@ -1243,8 +1939,7 @@ impl Core {
             return;
         }
         let mut req = StoreMsg::request(StoreOp::Unwatch, Vec::new());
-        let id = self.store_client.start(&mut req);
-        self.store_client.end(id);
+        self.store_client.fresh_id(&mut req);
         self.send_store(req, now);
     }
 
@@ -1283,10 +1978,25 @@ impl Core {
         self.store_client.end(id);
     }
 
-    /// Sends every later change of `key` to `events` (call before the WATCH
-    /// request, so no change slips between them).
-    pub fn store_watch(&mut self, key: &str, events: std::sync::mpsc::Sender<StoreMsg>) {
-        self.store_client.watch(key, events);
+    /// A new watcher of `key` in this process: every later change of it
+    /// comes as [`Output::StoreEvent`] for the returned watcher (call before
+    /// the WATCH request, so no change slips between them).
+    pub fn store_watch(&mut self, key: &str) -> u64 {
+        self.store_client.watch(key)
+    }
+
+    /// Watcher `watcher` is gone (its receiver was dropped): if nobody in
+    /// this process watches its key any more, tells the scheduler.
+    pub fn store_watcher_gone(&mut self, watcher: u64, now: Instant) {
+        if let Some(key) = self.store_client.unwatch(watcher) {
+            self.send_unwatch(key, now);
+        }
+    }
+
+    fn send_unwatch(&mut self, key: String, now: Instant) {
+        let mut req = StoreMsg::request(StoreOp::Unwatch, vec![key]);
+        self.store_client.fresh_id(&mut req);
+        self.send_store(req, now);
     }
 
     fn send_store(&mut self, req: StoreMsg, now: Instant) {
@@ -1304,12 +2014,12 @@ impl Core {
             return;
         };
         let from = if sender == K_EMPTY {
-            match msg.meta.control.node.as_slice() {
-                [client] if !client.hostname.is_empty() && (1..=65535).contains(&client.port) => {
-                    Requester::Admin(client.clone())
-                }
-                _ => {
-                    warn!("scheduler: dropping a STORE request without a usable reply address");
+            // An admin client: answered on its connection, whatever
+            // address its request names.
+            match msg.meta.route {
+                Some(route) => Requester::Admin(route),
+                None => {
+                    debug!("scheduler: dropping a STORE request from an unknown peer");
                     return;
                 }
             }
@@ -1334,17 +2044,79 @@ impl Core {
                     msg.meta.store = Some(Box::new(store));
                     self.emit(msg, now);
                 }
-                Requester::Admin(node) => {
+                Requester::Admin(route) => {
                     let mut msg = Message::control(Command::Store, K_EMPTY);
                     // The admin client pairs answers by timestamp: its
                     // requests carry it as their id.
                     msg.meta.timestamp = (store.id & i32::MAX as u64) as i32;
                     msg.meta.sender = SCHEDULER;
+                    let event = store.op == StoreOp::Event;
+                    let over = OverLimit {
+                        which: StoreLimit::Bytes,
+                        size: reply_size(&store) as u64,
+                        limit: self.cfg.store_limits.max_total as u64,
+                    };
+                    let refusal = (!event).then(|| store.over_limit(over));
                     msg.meta.store = Some(Box::new(store));
-                    self.out.push(Output::Answer { to: node, msg });
+                    if self.reply(route.clone(), msg.clone()) {
+                        continue;
+                    }
+                    // Over the budget of unread answers: an answer becomes
+                    // its refusal; a client too slow for its events loses
+                    // its watches (it is told nothing more).
+                    match refusal {
+                        Some(refusal) => {
+                            msg.meta.store = Some(Box::new(refusal));
+                            self.reply_unbudgeted(route, msg);
+                        }
+                        None => {
+                            if let Some(host) = &mut self.store_host {
+                                host.forget(&Requester::Admin(route));
+                            }
+                            debug!("scheduler: an admin client reads its events too slowly: its watches end");
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// Sends `msg` back to an admin client on connection `route`, if the
+    /// answers to admin clients that ZeroMQ has not written yet leave room
+    /// for it under `PS_STORE_MAX_BYTES`; false if not (nothing is sent).
+    fn reply(&mut self, route: bytes::Bytes, msg: Message) -> bool {
+        use std::sync::atomic::Ordering;
+        let size =
+            msg.meta.store.as_deref().map_or(0, reply_size) + msg.meta.status.len() * 512 + 256;
+        let budget = self.cfg.store_limits.max_total;
+        let queued = self.reply_bytes.load(Ordering::Relaxed);
+        if queued + size > budget {
+            return false;
+        }
+        self.reply_bytes.fetch_add(size, Ordering::Relaxed);
+        self.out.push(Output::Reply {
+            route,
+            msg,
+            reserved: size,
+        });
+        true
+    }
+
+    /// Sends a small answer (a refusal) back to an admin client whatever
+    /// the budget.
+    fn reply_unbudgeted(&mut self, route: bytes::Bytes, msg: Message) {
+        self.out.push(Output::Reply {
+            route,
+            msg,
+            reserved: 0,
+        });
+    }
+
+    /// Bytes of answers to admin clients that ZeroMQ has not written (or
+    /// dropped) yet: the driver takes each [`Output::Reply`]'s `reserved`
+    /// off once it has.
+    pub fn reply_gauge(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        Arc::clone(&self.reply_bytes)
     }
 
     /// A store answer or event from the scheduler.
@@ -1358,13 +2130,13 @@ impl Core {
             self.drop_logged(sender, "a STORE answer", "it has no store part");
             return;
         };
-        let (changed, unwatched) = self.store_client.on_message(*store);
-        self.changed |= changed;
-        for key in unwatched {
-            let mut req = StoreMsg::request(StoreOp::Unwatch, vec![key]);
-            let id = self.store_client.start(&mut req);
-            self.store_client.end(id);
-            self.send_store(req, now);
+        match self.store_client.on_message(*store) {
+            ClientInput::Answer => self.changed = true,
+            ClientInput::Event { watchers, event } => {
+                self.out.push(Output::StoreEvent { watchers, event })
+            }
+            ClientInput::Unwatched(key) => self.send_unwatch(key, now),
+            ClientInput::Nothing => {}
         }
     }
 }

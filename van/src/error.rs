@@ -26,6 +26,28 @@ pub enum Failure {
         /// The heartbeat timeout.
         timeout_secs: u64,
     },
+    /// The connection to the scheduler closed and it accepts no new one:
+    /// its process is gone.
+    #[error(
+        "lost the scheduler at {address}: its connection closed and it accepts no new one \
+         (the scheduler's process is gone)"
+    )]
+    SchedulerClosed {
+        /// Where the scheduler was.
+        address: String,
+    },
+    /// The scheduler took this node for dead while it was stopped or cut
+    /// off, and gave its id to another process: this one must stop.
+    #[error(
+        "this node ({id}) was taken for dead while it was stopped or cut off, and {by} took \
+         its place: it must not come back (raise PS_HEARTBEAT_TIMEOUT if it was only slow)"
+    )]
+    Replaced {
+        /// This node's id.
+        id: NodeId,
+        /// The process that replaced it.
+        by: String,
+    },
     /// A message was never acknowledged, even after every resend
     /// (`PS_RESEND=1`).
     #[error("node {peer} did not acknowledge {what} after {tries} resends (PS_RESEND)")]
@@ -142,6 +164,26 @@ pub enum Failure {
         /// What failed and why.
         detail: String,
     },
+    /// A barrier was not released before its waiter's deadline (the Van
+    /// reports it as [`VanError::BarrierTimeout`], with the identities
+    /// heard from too early).
+    #[error("barrier over group {group} was not released within {secs} s")]
+    BarrierTimeout {
+        /// The barrier's group.
+        group: i32,
+        /// How long it waited.
+        secs: u64,
+    },
+    /// A store request got no answer before its caller's deadline (the Van
+    /// reports it as [`VanError::StoreNoAnswer`]).
+    #[error(
+        "the scheduler did not answer a store request within {:.1} s: is it still running?",
+        waited.as_secs_f64()
+    )]
+    StoreNoAnswer {
+        /// How long it waited.
+        waited: Duration,
+    },
 }
 
 /// The cluster did not form before the start deadline (`PS_START_TIMEOUT`).
@@ -164,6 +206,9 @@ pub struct StartTimeout {
     /// Identities that connected twice while forming (ZeroMQ refuses a
     /// second connection with an identity in use): a possible conflict.
     pub identity_conflicts: Vec<NodeId>,
+    /// On the scheduler: registrations refused because nothing at the
+    /// address they name completed a handshake (the latest few).
+    pub refused_registrations: Box<[String]>,
 }
 
 impl fmt::Display for StartTimeout {
@@ -186,7 +231,16 @@ impl fmt::Display for StartTimeout {
                 self.scheduler, self.advertised, self.num_servers, self.num_workers
             )?,
         }
-        f.write_str(&identity_hint(&self.identity_conflicts))
+        f.write_str(&identity_hint(&self.identity_conflicts))?;
+        if !self.refused_registrations.is_empty() {
+            write!(
+                f,
+                "; refused registrations: {} (forged, or nodes the scheduler cannot reach at \
+                 the address they advertise)",
+                self.refused_registrations.join("; ")
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -247,7 +301,7 @@ pub enum VanError {
     NotReady,
     /// The cluster did not form before the start deadline.
     #[error("{0}")]
-    StartTimeout(StartTimeout),
+    StartTimeout(Box<StartTimeout>),
     /// A barrier was not released before its deadline.
     #[error(
         "barrier over group {group} was not released within {secs} s{}",
@@ -286,7 +340,26 @@ pub enum VanError {
     },
     /// The node, a barrier or a request failed remotely, or the node stopped.
     #[error("{0}")]
-    Failed(#[from] Failure),
+    Failed(Failure),
+}
+
+impl From<Failure> for VanError {
+    /// A failure as the Van reports it: deadlines as their own variants
+    /// (`identity_conflicts` of a barrier timeout left empty), the rest as
+    /// [`VanError::Failed`].
+    fn from(failure: Failure) -> VanError {
+        match failure {
+            Failure::BarrierTimeout { group, secs } => VanError::BarrierTimeout {
+                group,
+                secs,
+                identity_conflicts: Vec::new(),
+            },
+            Failure::StoreNoAnswer { waited } => VanError::StoreNoAnswer {
+                secs: waited.as_secs_f64(),
+            },
+            other => VanError::Failed(other),
+        }
+    }
 }
 
 impl VanError {

@@ -2,8 +2,10 @@
 //! only; raft-rs's `harness/network` is the model): whole clusters exchange
 //! messages with no sockets, no threads and no sleeps. Packets can be
 //! dropped, duplicated and delayed (which reorders them); nodes can be
-//! killed and restarted. Every meta frame goes through the codec, as on the
-//! wire.
+//! killed and restarted, and a node's apps can stop taking messages
+//! ([`SimNode::app_capacity`]: the node then reads nothing and its packets
+//! wait in flight, as in a socket). Every meta frame goes through the
+//! codec, as on the wire.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -38,6 +40,7 @@ struct Packet {
     seq: u64,
     to: usize,
     identity: NodeId,
+    key: Option<u64>,
     msg: Message,
 }
 
@@ -51,8 +54,13 @@ pub struct SimNode {
     pub port: i32,
     /// Whether it runs (a killed node receives and does nothing).
     pub alive: bool,
+    /// Stopped (SIGSTOP): packets to it wait.
+    paused: bool,
     /// Data messages delivered to its apps.
     pub delivered: Vec<Message>,
+    /// How many deliveries its apps take in all (`None`: any number): past
+    /// it the apps' queues are full and refuse (see [`Network::give_room`]).
+    pub app_capacity: Option<usize>,
     /// Failures reported (node failed).
     pub failures: Vec<Failure>,
     /// Messages it gave up on.
@@ -63,16 +71,23 @@ pub struct SimNode {
     pub waiting: Vec<Duration>,
     /// What each of those reports says it waits for.
     pub waiting_for: Vec<crate::core::WaitingFor>,
-    /// Answers to admin clients (`pslite status`), with where they went.
-    pub answers: Vec<(Node, Message)>,
+    /// Answers to admin clients (`pslite status`), with the connection
+    /// (routing id) they went to, not read yet (their share of the reply
+    /// budget stays taken until [`Network::read_answers`]).
+    pub answers: Vec<(bytes::Bytes, Message)>,
+    reserved: usize,
     /// Elastic rounds reported: (round, workers in rank order).
     pub rounds: Vec<(u64, Vec<NodeId>)>,
     /// The app that answers KV requests (replication tests), if any.
     pub app: Option<SumApp>,
     /// Range maps reported (replicated key ranges).
     pub maps: Vec<pslite_proto::replica::RangeMap>,
-    /// Connections: peer id -> (node index or none, identity used).
-    conns: HashMap<NodeId, (Option<usize>, NodeId)>,
+    /// Store events handed to this process's watchers: (watcher, event).
+    pub store_events: Vec<(u64, pslite_proto::store::StoreMsg)>,
+    /// Connections: peer id -> (node index or none, identity and key used).
+    conns: HashMap<NodeId, (Option<usize>, NodeId, Option<u64>)>,
+    /// Identities refused (a stranger's, or an earlier process's).
+    pub refused: Vec<crate::core::IdentityRefused>,
 }
 
 /// The network: nodes, packets in flight, and the virtual clock.
@@ -86,6 +101,10 @@ pub struct Network {
     /// Template configuration of new nodes.
     pub config: VanConfig,
     packets: Vec<Packet>,
+    /// Connection events due: (when, node, its peer, what), as a socket
+    /// monitor reports them (connections come up 1 ms after they are
+    /// opened to a live node; a killed node's connections close at once).
+    links: Vec<(Instant, usize, NodeId, crate::core::LinkEvent)>,
     rng: StdRng,
     seq: u64,
     /// Steps taken without the clock moving (a busy-loop detector).
@@ -116,6 +135,7 @@ impl Network {
                 ..config
             },
             packets: Vec::new(),
+            links: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
             seq: 0,
             stalled_steps: 0,
@@ -160,7 +180,9 @@ impl Network {
             host: "127.0.0.1".into(),
             port,
             alive: true,
+            paused: false,
             delivered: Vec::new(),
+            app_capacity: None,
             failures: Vec::new(),
             undeliverable: Vec::new(),
             peer_dead: Vec::new(),
@@ -170,16 +192,56 @@ impl Network {
             rounds: Vec::new(),
             app: None,
             maps: Vec::new(),
+            store_events: Vec::new(),
             conns: HashMap::new(),
+            refused: Vec::new(),
+            reserved: 0,
         });
         let i = self.nodes.len() - 1;
         self.flush(i);
         i
     }
 
-    /// Kills node `i`: it stops receiving and ticking.
+    /// Kills node `i`: it stops receiving and ticking, and every
+    /// connection to it closes (as the kernel closes a dead process's
+    /// sockets).
     pub fn kill(&mut self, i: usize) {
         self.nodes[i].alive = false;
+        self.close_links_to(i);
+    }
+
+    /// Stops node `i` as SIGSTOP would: it does nothing, but its
+    /// connections stay open and what is sent to it waits in its socket.
+    /// [`Network::resume`] continues it.
+    pub fn pause(&mut self, i: usize) {
+        self.nodes[i].alive = false;
+        self.nodes[i].paused = true;
+    }
+
+    /// Continues node `i` after [`Network::pause`]: what arrived meanwhile
+    /// is read first, then its clock runs (it jumped).
+    pub fn resume(&mut self, i: usize) {
+        self.nodes[i].alive = true;
+        self.nodes[i].paused = false;
+        let now = self.now;
+        for p in &mut self.packets {
+            if p.to == i && p.at < now {
+                p.at = now;
+            }
+        }
+    }
+
+    /// Every connection to node `i` closes now.
+    fn close_links_to(&mut self, i: usize) {
+        let now = self.now;
+        for (j, n) in self.nodes.iter().enumerate() {
+            for (&peer, &(target, _, _)) in &n.conns {
+                if target == Some(i) {
+                    self.links
+                        .push((now, j, peer, crate::core::LinkEvent::Down));
+                }
+            }
+        }
     }
 
     /// Replaces node `i` by a fresh process at the same address (a restart).
@@ -192,9 +254,11 @@ impl Network {
             ..self.config.clone()
         };
         let seed = self.rng.random();
+        self.close_links_to(i);
         let node = &mut self.nodes[i];
         node.core = Core::new(&cfg, port, self.now, seed);
         node.alive = true;
+        node.paused = false;
         node.conns.clear();
         node.delivered.clear();
         node.failures.clear();
@@ -232,10 +296,16 @@ impl Network {
 
     /// Node `i` starts waiting on a barrier over `group`.
     pub fn barrier(&mut self, i: usize, group: i32) -> u64 {
+        self.barrier_within(i, group, None)
+    }
+
+    /// Node `i` starts waiting on a barrier over `group`, for at most
+    /// `timeout`.
+    pub fn barrier_within(&mut self, i: usize, group: i32, timeout: Option<Duration>) -> u64 {
         let now = self.now;
         let token = self.nodes[i]
             .core
-            .barrier(0, group, now)
+            .barrier(0, group, timeout, now)
             .expect("barrier request refused");
         self.flush(i);
         token
@@ -254,6 +324,21 @@ impl Network {
             .collect()
     }
 
+    /// Every live member enters a barrier over everyone; whether all were
+    /// released within `limit`.
+    pub fn barrier_over_all(&mut self, limit: Duration) -> bool {
+        let waiters: Vec<(usize, u64)> = self
+            .members(ids::ALL_GROUP)
+            .into_iter()
+            .map(|i| (i, self.barrier(i, ids::ALL_GROUP)))
+            .collect();
+        self.run_until(limit, |n| {
+            waiters
+                .iter()
+                .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))
+        })
+    }
+
     /// Node `i` sends a data message (as an app would).
     pub fn send(&mut self, i: usize, msg: Message) {
         let now = self.now;
@@ -267,41 +352,61 @@ impl Network {
         }
     }
 
-    /// Node `i` sends store request `req`; ask its core for the answer
-    /// with the id returned.
+    /// Node `i` sends store request `req` (its caller waits up to an
+    /// hour); ask its core for the answer with the id returned.
     pub fn store(&mut self, i: usize, req: pslite_proto::store::StoreMsg) -> u64 {
+        self.store_within(i, req, Duration::from_secs(3600))
+    }
+
+    /// Node `i` sends store request `req`, its caller waiting up to `limit`.
+    pub fn store_within(
+        &mut self,
+        i: usize,
+        req: pslite_proto::store::StoreMsg,
+        limit: Duration,
+    ) -> u64 {
         let now = self.now;
         let id = self.nodes[i]
             .core
-            .store_request(req, now)
+            .store_request(req, limit, now)
             .expect("store request refused");
         self.flush(i);
         id
     }
 
-    /// Node `i` watches store key `key`: its events go to the receiver;
-    /// ask the core for the WATCH answer with the id returned.
-    pub fn store_watch(
-        &mut self,
-        i: usize,
-        key: &str,
-    ) -> (
-        u64,
-        std::sync::mpsc::Receiver<pslite_proto::store::StoreMsg>,
-    ) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.nodes[i].core.store_watch(key, tx);
+    /// Node `i` watches store key `key`: its events are recorded in
+    /// [`SimNode::store_events`] under the watcher returned second; ask the
+    /// core for the WATCH answer with the id returned first.
+    pub fn store_watch(&mut self, i: usize, key: &str) -> (u64, u64) {
+        let watcher = self.nodes[i].core.store_watch(key);
         let req = pslite_proto::store::StoreMsg::request(
             pslite_proto::store::StoreOp::Watch,
             vec![key.to_string()],
         );
-        (self.store(i, req), rx)
+        (self.store(i, req), watcher)
+    }
+
+    /// Node `i` stops (finalized): its exit drain begins (see
+    /// [`Core::drain_outcome`]).
+    pub fn finish(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].core.finish(now);
+        self.flush(i);
     }
 
     /// Node `i` leaves the store (as at finalize): its watches end.
     pub fn store_leave(&mut self, i: usize) {
         let now = self.now;
         self.nodes[i].core.store_leave(now);
+        self.flush(i);
+    }
+
+    /// Node `i`'s apps drain their queues and take any number again: what
+    /// they refused is handed over.
+    pub fn give_room(&mut self, i: usize) {
+        let now = self.now;
+        self.nodes[i].app_capacity = None;
+        self.nodes[i].core.room(now);
         self.flush(i);
     }
 
@@ -312,15 +417,34 @@ impl Network {
             if outputs.is_empty() {
                 return;
             }
-            // Connections at once, as the Van opens them under the core's
-            // lock: a send carried out meanwhile (an app's answer) finds them.
+            // Connections (and disconnections, in order) at once, as the Van
+            // opens them under the core's lock: a send carried out meanwhile
+            // (an app's answer) finds them.
             for out in &outputs {
-                if let Output::Connect { node, identity } = out {
-                    let target = self
-                        .nodes
-                        .iter()
-                        .position(|n| n.host == node.hostname && n.port == node.port);
-                    self.nodes[i].conns.insert(node.id, (target, *identity));
+                match out {
+                    Output::Connect {
+                        node,
+                        identity,
+                        key,
+                        ..
+                    } => {
+                        let target = self
+                            .nodes
+                            .iter()
+                            .position(|n| n.host == node.hostname && n.port == node.port);
+                        if target.is_some_and(|t| self.nodes[t].alive) {
+                            let at = self.now + Duration::from_millis(1);
+                            self.links
+                                .push((at, i, node.id, crate::core::LinkEvent::Up));
+                        }
+                        self.nodes[i]
+                            .conns
+                            .insert(node.id, (target, *identity, *key));
+                    }
+                    Output::Disconnect(id) => {
+                        self.nodes[i].conns.remove(id);
+                    }
+                    _ => {}
                 }
             }
             self.carry_out(i, outputs);
@@ -329,8 +453,20 @@ impl Network {
 
     fn carry_out(&mut self, i: usize, outputs: Vec<Output>) {
         let now = self.now;
+        let mut refused = Vec::new();
         for out in outputs {
             match out {
+                Output::Deliver(msg)
+                    if !refused.is_empty()
+                        || self.nodes[i]
+                            .app_capacity
+                            .is_some_and(|cap| self.nodes[i].delivered.len() >= cap) =>
+                {
+                    refused.push(Output::Deliver(msg));
+                }
+                out @ (Output::Snapshot { .. } | Output::Restore { .. }) if !refused.is_empty() => {
+                    refused.push(out)
+                }
                 Output::Deliver(msg) if msg.meta.request && self.nodes[i].app.is_some() => {
                     let node = &mut self.nodes[i];
                     let Some(app) = node.app.as_mut() else {
@@ -345,6 +481,10 @@ impl Network {
                             self.transmit(i, msg)
                         }
                         Ok(None) => {}
+                        // A node that failed (say, fenced: a replacement
+                        // took its place) sends nothing more; its app's
+                        // answers are dropped, as the Van drops them.
+                        Err(_) if node.core.failure().is_some() => {}
                         Err(e) => panic!("the core refused an answer: {e}"),
                     }
                 }
@@ -384,7 +524,7 @@ impl Network {
                     let result = self.perform(&io);
                     self.nodes[i].core.checkpoint_io_done(token, result, now);
                 }
-                Output::Connect { .. } => {} // opened by flush
+                Output::Connect { .. } | Output::Disconnect(_) => {} // carried out by flush
                 Output::Send(msg) => self.transmit(i, msg),
                 Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
                 Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),
@@ -394,12 +534,34 @@ impl Network {
                     self.nodes[i].waiting.push(waited);
                     self.nodes[i].waiting_for.push(what);
                 }
-                Output::Answer { to, msg } => self.nodes[i].answers.push((to, msg)),
+                Output::Reply {
+                    route,
+                    msg,
+                    reserved,
+                } => {
+                    self.nodes[i].reserved += reserved;
+                    self.nodes[i].answers.push((route, msg));
+                }
                 Output::RoundBegan { round, workers } => {
                     self.nodes[i].rounds.push((round, workers))
                 }
+                Output::StoreEvent { watchers, event } => {
+                    for w in watchers {
+                        self.nodes[i].store_events.push((w, event.clone()));
+                    }
+                }
             }
         }
+        if !refused.is_empty() {
+            let now = self.now;
+            self.nodes[i].core.park(refused, now);
+        }
+    }
+
+    /// Whether node `i` reads what arrives (a node that does not leaves
+    /// its packets in flight, as a socket keeps them).
+    fn reads(&self, i: usize) -> bool {
+        self.nodes[i].alive && self.nodes[i].core.is_listening()
     }
 
     /// Carries out a checkpoint's file operation on [`Network::disk`].
@@ -479,29 +641,10 @@ impl Network {
 
     /// Puts a message from node `i` on the network, through its faults.
     fn transmit(&mut self, i: usize, msg: Message) {
-        if std::env::var("DBG").is_ok()
-            && (msg.meta.replica.is_some() || msg.meta.control.cmd == pslite_proto::Command::Ack)
-            && (self.nodes[i].core.me().id % 2 == 1 || msg.meta.recver % 2 == 1)
-        {
-            eprintln!(
-                "DBG t={:?} {} -> {} {:?} ts {} req {} rep {:?} alive {}",
-                self.now.elapsed(),
-                self.nodes[i].core.me().id,
-                msg.meta.recver,
-                msg.meta.control.cmd,
-                msg.meta.timestamp,
-                msg.meta.request,
-                msg.meta
-                    .replica
-                    .as_ref()
-                    .map(|r| (r.op, r.range, r.version, r.request_id)),
-                self.nodes[i].alive
-            );
-        }
         if !self.nodes[i].alive {
             return;
         }
-        let Some(&(Some(to), identity)) = self.nodes[i].conns.get(&msg.meta.recver) else {
+        let Some(&(Some(to), identity, key)) = self.nodes[i].conns.get(&msg.meta.recver) else {
             return; // no connection, or to an address where nobody listens
         };
         let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
@@ -527,6 +670,7 @@ impl Network {
                 seq: self.seq,
                 to,
                 identity,
+                key,
                 msg: msg.clone(),
             });
         }
@@ -535,7 +679,13 @@ impl Network {
     /// The next time something happens: a packet arrives or a core's
     /// deadline passes.
     fn next_event(&self) -> Option<Instant> {
-        let packets = self.packets.iter().map(|p| p.at).min();
+        let packets = self
+            .packets
+            .iter()
+            .filter(|p| !self.nodes[p.to].paused && (self.reads(p.to) || !self.nodes[p.to].alive))
+            .map(|p| p.at)
+            .chain(self.links.iter().map(|l| l.0))
+            .min();
         let timers = self
             .nodes
             .iter()
@@ -567,26 +717,55 @@ impl Network {
         let mut due: Vec<Packet> = Vec::new();
         let mut i = 0;
         while i < self.packets.len() {
-            if self.packets[i].at <= now {
+            // A stopped node's packets wait in its socket, as do a full
+            // node's (it reads nothing).
+            let p = &self.packets[i];
+            if p.at <= now
+                && !self.nodes[p.to].paused
+                && (self.reads(p.to) || !self.nodes[p.to].alive)
+            {
                 due.push(self.packets.swap_remove(i));
             } else {
                 i += 1;
             }
         }
         due.sort_by_key(|p| (p.at, p.seq));
+        let mut events = Vec::new();
+        let mut k = 0;
+        while k < self.links.len() {
+            if self.links[k].0 <= now {
+                events.push(self.links.remove(k));
+            } else {
+                k += 1;
+            }
+        }
+        for (_, i, peer, event) in events {
+            if self.nodes[i].alive {
+                self.nodes[i].core.link_event(peer, event, now);
+                self.flush(i);
+            }
+        }
         for p in due {
             if !self.nodes[p.to].alive {
+                continue;
+            }
+            if !self.reads(p.to) {
+                // It stopped reading meanwhile: the packet waits.
+                self.packets.push(p);
                 continue;
             }
             // Through the codec, as on the wire; the sender comes from the
             // connection's identity.
             let mut meta = Meta::decode(&p.msg.meta.encode()).expect("a meta we encoded decodes");
             meta.sender = p.identity;
+            meta.sender_key = p.key;
             let msg = Message {
                 meta,
                 data: p.msg.data,
             };
-            self.nodes[p.to].core.handle(msg, now);
+            if let Some(refused) = self.nodes[p.to].core.handle(msg, now) {
+                self.nodes[p.to].refused.push(refused);
+            }
             self.flush(p.to);
         }
         for i in 0..self.nodes.len() {
@@ -642,6 +821,22 @@ impl Network {
         msg.meta.sender = self.nodes[from].core.me().id;
         msg.data = vec![bytes::Bytes::from(ts.to_le_bytes().to_vec())];
         msg
+    }
+
+    /// The admin clients read node `i`'s answers: returns them, and their
+    /// share of the reply budget is free again.
+    pub fn read_answers(&mut self, i: usize) -> Vec<(bytes::Bytes, Message)> {
+        let node = &mut self.nodes[i];
+        let gauge = node.core.reply_gauge();
+        gauge.fetch_sub(node.reserved, std::sync::atomic::Ordering::Relaxed);
+        node.reserved = 0;
+        std::mem::take(&mut node.answers)
+    }
+
+    /// The key the live node with id `id` presents in its identity (what a
+    /// test that forges a member's message must know).
+    pub fn key_of(&self, id: NodeId) -> Option<u64> {
+        self.index_of(id).map(|i| self.nodes[i].core.me().key)
     }
 
     /// The id of node `i`.
@@ -774,7 +969,13 @@ impl SumApp {
 }
 
 #[cfg(test)]
+mod backpressure_tests;
+#[cfg(test)]
+mod deadline_tests;
+#[cfg(test)]
 mod elastic_tests;
+#[cfg(test)]
+mod identity_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]

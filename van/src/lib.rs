@@ -13,18 +13,26 @@
 //!   min:max workers, last call, wait list, re-ranking), driven by the
 //!   scheduler in elastic mode.
 //! - `core.rs`: the three composed behind one interface ([`Core`]); it
-//!   decides what to accept, hold back, send, deliver or give up.
+//!   decides what to accept, hold back, park, send, deliver or give up,
+//!   how to reach each peer ([`Route`]), and every deadline a caller
+//!   waits under (barriers, store calls, the exit drain). Each effect is an
+//!   [`Output`].
 //!
 //! The rest moves bytes: `transport.rs` (sockets, identities `ps<id>`,
 //! zero-copy frames), `resolve.rs` (host names), and [`Van`], the driver:
-//! it binds this node's ROUTER, runs the receive thread, feeds the core and
-//! carries out what it asks for. `harness.rs` (tests only) runs whole
-//! clusters of cores in an in-memory network with virtual time.
+//! it binds this node's ROUTER (`bind.rs`), runs the receive loop
+//! (`van/receive.rs`, which never blocks), feeds the core and carries out
+//! what it asks for, writing through `links.rs` (one DEALER per peer) and
+//! handing data up through [`Dispatch`]. `harness.rs` (tests only) runs
+//! whole clusters of cores in an in-memory network with virtual time.
 //!
-//! Beside them: [`auth`] (`PS_AUTH_TOKEN`: ZeroMQ's PLAIN mechanism with a
-//! ZAP handler), [`counters`] (traffic per peer, resends, drops, requests in
-//! flight, handler time; lock-free) and [`admin`] (a client outside the
-//! cluster asking the scheduler for its status table: `pslite status`).
+//! Beside them: [`shm`] (the shared-memory path between nodes of one
+//! host), [`hold`] ([`HoldQueue`]: held until ready, within a byte
+//! budget), [`LogOnce`] (one warning per peer and cause), [`auth`]
+//! (`PS_AUTH_TOKEN`: ZeroMQ's PLAIN mechanism with a ZAP handler),
+//! [`counters`] (traffic per peer, resends, drops, requests in flight,
+//! handler time; lock-free) and [`admin`] (a client outside the cluster
+//! asking the scheduler for its status table: `pslite status`).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -46,14 +54,21 @@
 
 pub mod admin;
 pub mod auth;
+mod bind;
 pub mod checkpoint;
 mod config;
 mod core;
 pub mod counters;
+mod dispatch;
 mod error;
 #[cfg(test)]
 mod harness;
+pub mod hold;
+mod links;
+mod log_once;
 mod member;
+mod monitor;
+mod registration;
 pub mod rendezvous;
 pub mod replica;
 pub mod resender;
@@ -64,13 +79,16 @@ pub mod store;
 pub mod transport;
 mod van;
 
-pub use crate::core::{Core, Output, WaitingFor};
+pub use crate::core::{Core, DrainOutcome, Output, Route, WaitingFor};
 pub use auth::AuthToken;
 pub use config::VanConfig;
 pub use counters::Counters;
+pub use dispatch::{describe, Delivered, Dispatch, Room};
 pub use error::{Failure, StartTimeout, VanError};
+pub use hold::HoldQueue;
+pub use log_once::LogOnce;
 pub use member::{BarrierOutcome, Member, MemberAction, MemberConfig, WAIT_LOG_INTERVAL};
 pub use resender::Resender;
 pub use scheduler::{Action, Scheduler, SchedulerConfig};
 pub use transport::Transport;
-pub use van::{describe, Dispatch, Van};
+pub use van::Van;

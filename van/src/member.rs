@@ -23,6 +23,17 @@ use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
 use crate::error::Failure;
 
+/// How long a closed connection to a peer must stay closed, with nothing
+/// heard from the peer meanwhile, before the peer counts as gone: its
+/// process died and the kernel closed its sockets (ZeroMQ reconnects to a
+/// live peer within about 100 ms).
+pub const LINK_GRACE: Duration = Duration::from_secs(1);
+
+/// A clock-driven step that comes this much later than it was due means the
+/// process was stopped meanwhile (SIGSTOP, a VM pause, a debugger, heavy
+/// swapping): the time it lost is not held against its peers.
+pub const PAUSE_SLACK: Duration = Duration::from_secs(2);
+
 /// How often a node still waiting to join says so.
 pub const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -81,6 +92,8 @@ pub enum MemberAction {
         /// Its workers in rank order.
         workers: Vec<NodeId>,
     },
+    /// A barrier waiter's deadline passed: its outcome is set.
+    BarrierEnded,
     /// Still waiting to join (a log line for the operator).
     Waiting {
         /// How long this node has waited.
@@ -97,6 +110,8 @@ struct BarrierWaiter {
     token: u64,
     group: i32,
     outcome: Option<BarrierOutcome>,
+    /// When the waiter gives up, and after how long (its timeout).
+    deadline: Option<(Instant, Duration)>,
 }
 
 struct Joining {
@@ -120,6 +135,8 @@ pub struct Member {
     next_heartbeat: Option<Instant>,
     /// The scheduler has answered a heartbeat (so its silence means loss).
     scheduler_answers: bool,
+    /// The connection to the scheduler closed, since when (`None`: up).
+    scheduler_closed: Option<Instant>,
     /// Nodes the scheduler declared dead, since when; and those already
     /// reported as dead for good.
     dead: HashMap<NodeId, Instant>,
@@ -130,6 +147,9 @@ pub struct Member {
     /// the round this node joined in.
     round: Option<(u64, Vec<NodeId>)>,
     joined_round: Option<u64>,
+    /// Since when this node reads nothing (an app's queue is full): silence
+    /// proves nothing meanwhile.
+    deaf_since: Option<Instant>,
 }
 
 impl Member {
@@ -148,11 +168,32 @@ impl Member {
             last_scheduler_contact: now,
             next_heartbeat: None,
             scheduler_answers: false,
+            scheduler_closed: None,
             dead: HashMap::new(),
             given_up: HashSet::new(),
             ignored_tables: 0,
             round: None,
             joined_round: None,
+            deaf_since: None,
+        }
+    }
+
+    /// This node stops reading what arrives (`deaf`), or reads again: the
+    /// time it spent deaf does not count as anyone's silence (the scheduler
+    /// is not taken for lost, nodes declared dead get that long more to be
+    /// replaced).
+    pub fn set_deaf(&mut self, deaf: bool, now: Instant) {
+        match (deaf, self.deaf_since) {
+            (true, None) => self.deaf_since = Some(now),
+            (false, Some(since)) => {
+                self.deaf_since = None;
+                let d = now.saturating_duration_since(since);
+                self.last_scheduler_contact += d;
+                for since in self.dead.values_mut() {
+                    *since += d;
+                }
+            }
+            _ => {}
         }
     }
 
@@ -208,15 +249,35 @@ impl Member {
     /// The scheduler's LEAVE: the elastic job failed (too few workers for
     /// too long); `round` carries the seconds waited, `round_members` the
     /// workers it had and the minimum.
+    /// Without `round`, the scheduler fences this node: its id was given to
+    /// the process in `node` while this one was stopped or cut off, and it
+    /// must not come back.
     pub fn on_leave(&mut self, msg: &Message) -> Vec<MemberAction> {
         if msg.meta.sender != SCHEDULER {
-            warn!(
-                "dropping LEAVE from node {}: only workers leave, to the scheduler",
-                msg.meta.sender
-            );
             return Vec::new();
         }
         let c = &msg.meta.control;
+        // Once joined, the identity's key proved the sender; before, only
+        // the scheduler knows this node's key.
+        let proven = self.joined
+            || c.node
+                .iter()
+                .any(|n| n.same_process(&self.me) && n.key == self.me.key);
+        if !proven {
+            debug!("dropping LEAVE: it does not carry this node's key (not from its scheduler)");
+            return Vec::new();
+        }
+        if c.round.is_none() {
+            let by = c
+                .node
+                .iter()
+                .find(|n| n.id == self.me.id && !n.same_process(&self.me));
+            let failure = Failure::Replaced {
+                id: self.me.id,
+                by: by.map_or_else(|| "another process".to_string(), Node::address),
+            };
+            return self.fail(failure).into_iter().collect();
+        }
         let count = |i: usize| c.round_members.get(i).map_or(0, |&n| n.max(0) as usize);
         let failure = Failure::RendezvousFailed {
             have: count(0),
@@ -340,8 +401,27 @@ impl Member {
             ));
             return Vec::new();
         };
-        if !nodes.iter().any(|n| n.id == SCHEDULER) {
+        let Some(scheduler) = nodes.iter().find(|n| n.id == SCHEDULER) else {
             self.ignore_table("without the scheduler's entry".to_string());
+            return Vec::new();
+        };
+        // A pslite scheduler's table carries every process's key, ours
+        // included (we sent it only to the scheduler), and comes on a
+        // connection that presents the scheduler's key: a stranger knows
+        // neither. A C++ scheduler's table carries no keys (its entries
+        // drop pslite fields) and comes from a plain `ps1`.
+        let keyed = scheduler.pslite && scheduler.key != 0;
+        let authentic = if keyed {
+            mine.key == self.me.key && msg.meta.sender_key == Some(scheduler.key)
+        } else {
+            mine.key == 0 && msg.meta.sender_key.is_none()
+        };
+        if !authentic {
+            self.ignore_table(
+                "whose keys do not match this node's and its sender's (not from the scheduler \
+                 this node registered with)"
+                    .to_string(),
+            );
             return Vec::new();
         }
         self.me.id = mine.id;
@@ -447,6 +527,12 @@ impl Member {
                 entry.hostname = node.hostname.clone();
                 entry.port = node.port;
                 entry.is_recovery = node.is_recovery;
+                // The new process's: its identity's key, and where its
+                // shared-memory segments are.
+                entry.pslite = node.pslite;
+                entry.key = node.key;
+                entry.host = node.host.clone();
+                entry.pid = node.pid;
             }
             if !known {
                 self.table.push(node.clone());
@@ -462,6 +548,23 @@ impl Member {
             }
         }
         actions
+    }
+
+    /// This node's connection to the scheduler came up (`up`) or closed.
+    pub fn scheduler_link(&mut self, up: bool, now: Instant) {
+        if up {
+            self.scheduler_closed = None;
+        } else {
+            self.scheduler_closed.get_or_insert(now);
+        }
+    }
+
+    /// When the scheduler counts as gone if its closed connection stays
+    /// closed (watched as its heartbeats are).
+    fn scheduler_gone_at(&self) -> Option<Instant> {
+        let since = self.scheduler_closed?;
+        self.scheduler_timeout()?;
+        Some(since + LINK_GRACE)
     }
 
     /// The scheduler's HEARTBEAT (the answer to ours): it is alive, and (a
@@ -488,9 +591,16 @@ impl Member {
         }
     }
 
-    /// Starts waiting on a barrier over `group`: the token to ask about it
-    /// and the BARRIER request to send.
-    pub fn barrier(&mut self, customer_id: i32, group: i32) -> (u64, MemberAction) {
+    /// Starts waiting on a barrier over `group`, giving up after `timeout`
+    /// ([`Failure::BarrierTimeout`] at the tick past it): the token to ask
+    /// about it and the BARRIER request to send.
+    pub fn barrier(
+        &mut self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> (u64, MemberAction) {
         let token = self.next_token;
         self.next_token += 1;
         let mut outcome = None;
@@ -501,6 +611,7 @@ impl Member {
             token,
             group,
             outcome,
+            deadline: timeout.map(|t| (now + t, t)),
         });
         let mut msg = Message::control(Command::Barrier, SCHEDULER);
         msg.meta.request = true;
@@ -578,10 +689,29 @@ impl Member {
         Some(MemberAction::Failed(failure))
     }
 
-    /// Clock-driven work: the start deadline and its log lines, heartbeats,
-    /// a silent scheduler, dead nodes that stay unreplaced.
+    /// Clock-driven work: the start deadline and its log lines, barrier
+    /// deadlines, heartbeats, a silent scheduler, dead nodes that stay
+    /// unreplaced.
     pub fn tick(&mut self, now: Instant) -> Vec<MemberAction> {
         let mut actions = Vec::new();
+        if let Some(due) = self.poll_timeout() {
+            let late = now.saturating_duration_since(due);
+            if late > PAUSE_SLACK && self.joined && self.failure.is_none() {
+                self.resumed(late, now);
+            }
+        }
+        for w in &mut self.barriers {
+            match w.deadline {
+                Some((at, timeout)) if w.outcome.is_none() && now >= at => {
+                    w.outcome = Some(Err(Failure::BarrierTimeout {
+                        group: w.group,
+                        secs: timeout.as_secs(),
+                    }));
+                    actions.push(MemberAction::BarrierEnded);
+                }
+                _ => {}
+            }
+        }
         if let Some(j) = &mut self.joining {
             if now >= j.deadline {
                 let waited = now - j.since;
@@ -610,7 +740,16 @@ impl Member {
                     actions.push(MemberAction::Send(msg));
                 }
             }
-            if let Some(timeout) = self.scheduler_timeout() {
+            if self.scheduler_gone_at().is_some_and(|at| now >= at) {
+                actions.extend(self.fail(Failure::SchedulerClosed {
+                    address: self.cfg.scheduler.address(),
+                }));
+                return actions;
+            }
+            if let Some(timeout) = self
+                .scheduler_timeout()
+                .filter(|_| self.deaf_since.is_none())
+            {
                 let silent = now.saturating_duration_since(self.last_scheduler_contact);
                 if silent > timeout {
                     actions.extend(self.fail(Failure::SchedulerLost {
@@ -622,8 +761,9 @@ impl Member {
                 }
             }
         }
+        let listening = self.deaf_since.is_none();
         for (&id, &since) in &self.dead {
-            if now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
+            if listening && now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
                 warn!(
                     "node {id} was declared dead {} s ago and nothing replaced it: what waits \
                      on it fails",
@@ -635,10 +775,35 @@ impl Member {
         actions
     }
 
+    /// This process was stopped for about `paused` (its clock jumped): the
+    /// scheduler's silence and the recovery windows of dead peers do not
+    /// count that time, and a heartbeat goes out at once so the scheduler
+    /// learns this node is back (it may have been declared dead meanwhile;
+    /// unless something replaced it, the scheduler takes it back).
+    fn resumed(&mut self, paused: Duration, now: Instant) {
+        warn!(
+            "this process was stopped for about {} s (its clock jumped: SIGSTOP, a VM pause, \
+             a debugger or swapping); not holding that time against its peers",
+            paused.as_secs()
+        );
+        self.last_scheduler_contact = (self.last_scheduler_contact + paused).min(now);
+        for since in self.dead.values_mut() {
+            *since = (*since + paused).min(now);
+        }
+        if self.next_heartbeat.is_some() {
+            self.next_heartbeat = Some(now);
+        }
+    }
+
     /// When [`Member::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        for w in &self.barriers {
+            if let (None, Some((at, _))) = (&w.outcome, w.deadline) {
+                consider(at);
+            }
+        }
         if let Some(j) = &self.joining {
             consider(j.deadline.min(j.next_log));
         }
@@ -646,12 +811,19 @@ impl Member {
             if let Some(t) = self.next_heartbeat {
                 consider(t);
             }
-            if let Some(timeout) = self.scheduler_timeout() {
+            if let Some(timeout) = self
+                .scheduler_timeout()
+                .filter(|_| self.deaf_since.is_none())
+            {
                 consider(self.last_scheduler_contact + timeout + Duration::from_millis(1));
             }
+            if let Some(at) = self.scheduler_gone_at() {
+                consider(at + Duration::from_millis(1));
+            }
         }
-        // As in tick: a failed node gives up on nobody (it gave up).
-        if self.joined && self.failure.is_none() {
+        // As in tick: a failed node gives up on nobody (it gave up), nor
+        // does a deaf one.
+        if self.joined && self.failure.is_none() && self.deaf_since.is_none() {
             for (id, &since) in &self.dead {
                 if !self.given_up.contains(id) {
                     consider(since + self.cfg.recovery_timeout);

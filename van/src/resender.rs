@@ -13,7 +13,7 @@
 //! entries once no resend of them can still arrive, and never holds more
 //! than [`MAX_SEEN`] entries (C++'s grows without bound).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use pslite_proto::{Command, Message, Meta, NodeId, K_EMPTY};
@@ -96,7 +96,7 @@ pub struct Resender {
     timeout: Duration,
     max_tries: u32,
     /// Unacknowledged messages by (receiver, signature), oldest first.
-    pending: HashMap<(NodeId, u64), VecDeque<Pending>>,
+    pending: BTreeMap<(NodeId, u64), VecDeque<Pending>>,
     /// Received (sender, signature, customer, command), with arrival order.
     seen: HashSet<(NodeId, u64, i32, i32)>,
     seen_order: VecDeque<(Instant, (NodeId, u64, i32, i32))>,
@@ -112,7 +112,7 @@ impl Resender {
         Resender {
             timeout,
             max_tries,
-            pending: HashMap::new(),
+            pending: BTreeMap::new(),
             seen: HashSet::new(),
             seen_order: VecDeque::new(),
             earliest: None,
@@ -252,6 +252,15 @@ impl Resender {
             self.seen_order.pop_front();
             self.seen.remove(&key);
         }
+    }
+
+    /// Puts every resend off by `d` (the node read nothing for that long:
+    /// the acknowledgements may be waiting unread).
+    pub fn postpone(&mut self, d: Duration) {
+        for p in self.pending.values_mut().flatten() {
+            p.next += d;
+        }
+        self.earliest = self.earliest.map(|e| e + d);
     }
 
     /// The messages whose time is up at `now`: to resend, or given up.

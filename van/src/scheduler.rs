@@ -40,6 +40,7 @@ use pslite_proto::stats::{NodeCounters, NodeStatus};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
 use crate::error::Failure;
+use crate::member::{LINK_GRACE, PAUSE_SLACK};
 use crate::rendezvous::{Rendezvous, RendezvousConfig, RendezvousEvent};
 
 /// What the scheduler needs to know about the cluster it forms.
@@ -86,13 +87,13 @@ pub enum Action {
         /// Its workers in rank order.
         workers: Vec<NodeId>,
     },
-    /// Answer an admin client that is not a cluster member: send the
-    /// message on the DEALER the Van keeps to `to`'s address (the most
-    /// recent admin clients keep theirs, so watch events stay in order).
-    /// The Van adds its own counters to the scheduler's row of a status table.
-    Answer {
-        /// Where the client listens.
-        to: Node,
+    /// Answer an admin client that is not a cluster member on the
+    /// connection its request came on (`route`, the routing id ZeroMQ gave
+    /// it): never to an address the client names. The Van adds its own
+    /// counters to the scheduler's row of a status table.
+    Reply {
+        /// The client's connection.
+        route: bytes::Bytes,
         /// The answer.
         msg: Message,
     },
@@ -161,11 +162,24 @@ pub struct Scheduler {
     dead_since: HashMap<NodeId, Instant>,
     /// Processes that have sent a heartbeat.
     heartbeating: HashSet<NodeId>,
+    /// (sender, kind) of dropped control messages already warned about.
+    warned: HashSet<(NodeId, &'static str)>,
+    /// Entries of processes whose id a restarted process took (the latest
+    /// 64): a message from one of them gets it fenced.
+    replaced: Vec<Node>,
+    /// Processes whose connection closed (this scheduler's DEALER to them),
+    /// since when; gone once it comes back.
+    disconnected: HashMap<NodeId, Instant>,
     /// Elastic mode: the worker rounds, and the registrations they need.
     elastic: Option<Elastic>,
     /// Replicated key ranges: dead servers whose ranges moved to others;
-    /// barriers do not wait for them (see [`Scheduler::set_gone`]).
-    gone: BTreeSet<NodeId>,
+    /// barriers do not wait for them (see [`Scheduler::set_failed_over`]).
+    failed_over: BTreeSet<NodeId>,
+    /// Since when the scheduler reads nothing (an app's queue is full): no
+    /// node's silence counts meanwhile, and when it next tells the nodes it
+    /// lives (it cannot answer their heartbeats).
+    deaf_since: Option<Instant>,
+    next_keepalive: Option<Instant>,
 }
 
 /// The scheduler's elastic-mode state.
@@ -190,14 +204,9 @@ struct Elastic {
 }
 
 impl Scheduler {
-    /// A scheduler waiting for its first registration (an elastic job's
-    /// first round starts forming now).
-    pub fn new(cfg: SchedulerConfig) -> Scheduler {
-        Scheduler::starting_at(cfg, Instant::now())
-    }
-
-    /// A scheduler waiting for its first registration since `now`.
-    pub fn starting_at(cfg: SchedulerConfig, now: Instant) -> Scheduler {
+    /// A scheduler waiting for its first registration since `now` (an
+    /// elastic job's first round starts forming then).
+    pub fn new(cfg: SchedulerConfig, now: Instant) -> Scheduler {
         Scheduler {
             nodes: Vec::new(),
             ready: false,
@@ -208,7 +217,10 @@ impl Scheduler {
             counters: HashMap::new(),
             dead_since: HashMap::new(),
             heartbeating: HashSet::new(),
-            gone: BTreeSet::new(),
+            failed_over: BTreeSet::new(),
+            disconnected: HashMap::new(),
+            replaced: Vec::new(),
+            warned: HashSet::new(),
             elastic: cfg.elastic.map(|rc| Elastic {
                 rdzv: Rendezvous::new(rc, now),
                 next_server: 0,
@@ -220,6 +232,8 @@ impl Scheduler {
                 excused_next: HashSet::new(),
             }),
             cfg,
+            deaf_since: None,
+            next_keepalive: None,
         }
     }
 
@@ -228,6 +242,15 @@ impl Scheduler {
     /// and fails the barriers that wait for a node dead for longer than the
     /// recovery timeout.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        if let Some(due) = self.poll_timeout() {
+            let late = now.saturating_duration_since(due);
+            if late > PAUSE_SLACK {
+                self.resumed(late, now);
+            }
+        }
+        if self.deaf_since.is_some() {
+            return self.keepalive(now);
+        }
         let mut actions = self.elastic_tick(now);
         if !self.ready {
             return actions;
@@ -242,10 +265,17 @@ impl Scheduler {
         let known: BTreeSet<NodeId> = self.dead_since.keys().copied().collect();
         if dead != known {
             for &id in dead.difference(&known) {
-                warn!(
-                    "scheduler: node {id} is dead (no message for more than {} s)",
-                    self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
-                );
+                if self.gone(id, now) {
+                    warn!(
+                        "scheduler: node {id} is dead (its connection closed and its process \
+                         accepts no new one)"
+                    );
+                } else {
+                    warn!(
+                        "scheduler: node {id} is dead (no message for more than {} s)",
+                        self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
+                    );
+                }
                 self.dead_since.insert(id, now);
             }
             self.dead_since.retain(|id, _| dead.contains(id));
@@ -260,8 +290,88 @@ impl Scheduler {
         actions
     }
 
+    /// The scheduler stops reading what arrives (`deaf`), or reads again:
+    /// nothing is decided meanwhile, and the time it spent deaf counts as
+    /// no node's silence.
+    pub fn set_deaf(&mut self, deaf: bool, now: Instant) {
+        match (deaf, self.deaf_since) {
+            (true, None) => {
+                self.deaf_since = Some(now);
+                self.next_keepalive = self
+                    .ready
+                    .then_some(now)
+                    .filter(|_| self.cfg.heartbeat_timeout.is_some());
+            }
+            (false, Some(since)) => {
+                self.deaf_since = None;
+                self.next_keepalive = None;
+                let d = now.saturating_duration_since(since);
+                for seen in self.last_seen.values_mut() {
+                    *seen += d;
+                }
+                for since in self.dead_since.values_mut() {
+                    *since += d;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// While deaf: the nodes cannot hear it answer their heartbeats, so it
+    /// tells the pslite ones it lives (the dead list, as every heartbeat
+    /// answer), three times per heartbeat timeout.
+    fn keepalive(&mut self, now: Instant) -> Vec<Action> {
+        let (Some(at), Some(timeout)) = (self.next_keepalive, self.cfg.heartbeat_timeout) else {
+            return Vec::new();
+        };
+        if now < at {
+            return Vec::new();
+        }
+        self.next_keepalive = Some(now + (timeout / 3).max(Duration::from_millis(10)));
+        self.tell_dead_nodes(now)
+    }
+
+    /// This process was stopped for about `paused` (its clock jumped): the
+    /// silence of the nodes and the windows of dead ones do not count that
+    /// time (they could not reach a stopped scheduler either).
+    fn resumed(&mut self, paused: Duration, now: Instant) {
+        warn!(
+            "scheduler: this process was stopped for about {} s (its clock jumped: SIGSTOP, a \
+             VM pause, a debugger or swapping); not holding that time against the nodes",
+            paused.as_secs()
+        );
+        let later = |t: &mut Instant| *t = (*t + paused).min(now);
+        self.last_seen.values_mut().for_each(later);
+        self.dead_since.values_mut().for_each(later);
+        self.disconnected.values_mut().for_each(later);
+    }
+
+    /// Logs why a control message from `sender` was dropped: a warning the
+    /// first time per sender and kind (the first 1024), at debug level
+    /// after that, so a hostile or confused peer cannot flood the log.
+    fn dropped(&mut self, sender: NodeId, kind: &'static str, line: String) {
+        if self.warned.len() < 1024 && self.warned.insert((sender, kind)) {
+            warn!("{line} (further ones are logged at debug level)");
+        } else {
+            debug!("{line}");
+        }
+    }
+
+    /// The entry node `id` had before a restarted process took its place,
+    /// if that process presented `key`: an earlier process of `id`, and
+    /// the entry of the one that replaced it.
+    pub fn replaced(&self, id: NodeId, key: Option<u64>) -> Option<(&Node, &Node)> {
+        let key = key?;
+        let old = self.replaced.iter().find(|n| n.id == id && n.key == key)?;
+        let new = self.nodes.iter().find(|n| n.id == id)?;
+        Some((old, new))
+    }
+
     /// When [`Scheduler::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.deaf_since.is_some() {
+            return self.next_keepalive;
+        }
         let rounds = self.elastic.as_ref().and_then(|e| e.rdzv.poll_timeout());
         match (rounds, self.liveness_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -271,8 +381,17 @@ impl Scheduler {
 
     fn liveness_timeout(&self) -> Option<Instant> {
         let timeout = self.cfg.heartbeat_timeout?;
+        // Closed connections of processes not dead yet (before the cluster
+        // forms, only elastic workers waiting for a round have one).
+        let closed = self
+            .disconnected
+            .keys()
+            .filter(|id| !self.dead_since.contains_key(id))
+            .filter_map(|&id| self.link_deadline(id))
+            .map(|at| at + Duration::from_millis(1))
+            .min();
         if !self.ready {
-            return None;
+            return closed;
         }
         let slack = Duration::from_millis(1);
         let alive = self
@@ -288,14 +407,11 @@ impl Scheduler {
         let recovery = self
             .dead_since
             .iter()
-            .filter(|&(&id, _)| !self.gone.contains(&id))
+            .filter(|&(&id, _)| !self.failed_over.contains(&id))
             .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
             .map(|(_, &since)| since + self.cfg.recovery_timeout)
             .min();
-        match (alive, recovery) {
-            (Some(a), Some(r)) => Some(a.min(r)),
-            (a, r) => a.or(r),
-        }
+        [alive, recovery, closed].into_iter().flatten().min()
     }
 
     /// The dead list, as a HEARTBEAT to every live pslite node.
@@ -327,7 +443,7 @@ impl Scheduler {
             .filter(|&(&id, &since)| {
                 ids::group_contains(group, id)
                     && now >= since + self.cfg.recovery_timeout
-                    && !self.gone.contains(&id)
+                    && !self.failed_over.contains(&id)
             })
             .map(|(&id, _)| id)
             .min()
@@ -423,9 +539,24 @@ impl Scheduler {
     /// Handles one control message addressed to the scheduler.
     pub fn handle(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
         let sender = msg.meta.sender;
+        let mut back = Vec::new();
         if sender != K_EMPTY && self.is_member(sender) {
             self.last_seen.insert(sender, now);
+            if self.dead_since.contains_key(&sender) && !self.is_dead(sender, now) {
+                // Stopped or cut off, not dead: nothing took its place, so
+                // it is taken back, and everyone is told at once.
+                warn!("scheduler: node {sender}, held dead, is back");
+                self.dead_since.remove(&sender);
+                back = self.tell_dead_nodes(now);
+            }
         }
+        let mut actions = self.handle_command(msg, now);
+        actions.extend(back);
+        actions
+    }
+
+    fn handle_command(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+        let sender = msg.meta.sender;
         match msg.meta.control.cmd {
             Command::AddNode => self.add_node(msg, now),
             Command::Barrier => self.barrier(msg, now),
@@ -433,7 +564,13 @@ impl Scheduler {
             Command::Status => self.status(msg, now),
             Command::Leave if self.elastic.is_some() => self.leave(sender, now),
             cmd => {
-                warn!("scheduler: dropping {cmd:?} from node {sender}: not a scheduler command");
+                self.dropped(
+                    sender,
+                    "_ from node _: not a scheduler command",
+                    format!(
+                        "scheduler: dropping {cmd:?} from node {sender}: not a scheduler command"
+                    ),
+                );
                 Vec::new()
             }
         }
@@ -442,20 +579,32 @@ impl Scheduler {
     fn add_node(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
         let sender = msg.meta.sender;
         let [node] = msg.meta.control.node.as_slice() else {
-            warn!(
-                "scheduler: dropping ADD_NODE from {sender} with {} nodes (expected 1)",
-                msg.meta.control.node.len()
+            self.dropped(
+                sender,
+                "ADD_NODE from _ with _ nodes (expected 1)",
+                format!(
+                    "scheduler: dropping ADD_NODE from {sender} with {} nodes (expected 1)",
+                    msg.meta.control.node.len()
+                ),
             );
             return Vec::new();
         };
         if node.role == Role::Scheduler {
-            warn!("scheduler: dropping ADD_NODE from {node}: a second scheduler cannot join");
+            self.dropped(
+                sender,
+                "ADD_NODE from _: a second scheduler cannot join",
+                format!("scheduler: dropping ADD_NODE from {node}: a second scheduler cannot join"),
+            );
             return Vec::new();
         }
         if node.hostname.is_empty() || !(1..=65535).contains(&node.port) {
-            warn!(
-                "scheduler: dropping ADD_NODE with an unusable address {:?}",
-                node.address()
+            self.dropped(
+                sender,
+                "ADD_NODE with an unusable address _",
+                format!(
+                    "scheduler: dropping ADD_NODE with an unusable address {:?}",
+                    node.address()
+                ),
             );
             return Vec::new();
         }
@@ -465,14 +614,32 @@ impl Scheduler {
         if self.ready {
             return self.late_add_node(node, sender, now);
         }
+        if sender != K_EMPTY {
+            // No process has an id before the cluster forms: a registration
+            // comes from a connection without one (and is checked first,
+            // see crate::registration). One that presents an id is a
+            // stranger using a member's identity.
+            self.dropped(
+                sender,
+                "ADD_NODE from node _ before the cluster formed",
+                format!(
+                    "scheduler: dropping ADD_NODE from node {sender}: no node has an id before                      the cluster forms (a stranger using a member's identity)"
+                ),
+            );
+            return Vec::new();
+        }
         if self
             .nodes
             .iter()
             .any(|n| n.same_process(node) && n.role != node.role)
         {
-            warn!(
-                "scheduler: dropping ADD_NODE from {node}: {} registered with another role",
-                node.address()
+            self.dropped(
+                sender,
+                "ADD_NODE from _: _ registered with another role",
+                format!(
+                    "scheduler: dropping ADD_NODE from {node}: {} registered with another role",
+                    node.address()
+                ),
             );
             return Vec::new();
         }
@@ -489,11 +656,15 @@ impl Scheduler {
             _ => (self.count(Role::Worker), self.cfg.num_workers),
         };
         if have >= want {
-            warn!(
-                "scheduler: dropping ADD_NODE from {node}: all {want} {}s have registered \
+            self.dropped(
+                sender,
+                "ADD_NODE from _: all _ _s have registered",
+                format!(
+                    "scheduler: dropping ADD_NODE from {node}: all {want} {}s have registered \
                  (is DMLC_NUM_{} right?)",
-                node.role,
-                node.role.as_str().to_uppercase()
+                    node.role,
+                    node.role.as_str().to_uppercase()
+                ),
             );
             return Vec::new();
         }
@@ -558,18 +729,26 @@ impl Scheduler {
         // The same process (same address) registering again.
         if let Some(existing) = self.nodes.iter().find(|n| n.same_process(node)) {
             if existing.role != node.role {
-                warn!(
-                    "scheduler: dropping ADD_NODE from {node}: {} is a {} in the table",
-                    node.address(),
-                    existing.role
+                self.dropped(
+                    sender,
+                    "ADD_NODE from _: _ is a _ in the table",
+                    format!(
+                        "scheduler: dropping ADD_NODE from {node}: {} is a {} in the table",
+                        node.address(),
+                        existing.role
+                    ),
                 );
                 return Vec::new();
             }
             let pid = existing.id;
             if sender != K_EMPTY && sender != pid {
-                warn!(
-                    "scheduler: dropping ADD_NODE for {} sent by node {sender}",
-                    node.address()
+                self.dropped(
+                    sender,
+                    "ADD_NODE for _ sent by node _",
+                    format!(
+                        "scheduler: dropping ADD_NODE for {} sent by node {sender}",
+                        node.address()
+                    ),
                 );
                 return Vec::new();
             }
@@ -586,7 +765,11 @@ impl Scheduler {
             return vec![Action::Send(table)];
         }
         if sender != K_EMPTY {
-            warn!("scheduler: dropping ADD_NODE from node {sender}: it is not in the table");
+            self.dropped(
+                sender,
+                "ADD_NODE from node _: it is not in the table",
+                format!("scheduler: dropping ADD_NODE from node {sender}: it is not in the table"),
+            );
             return Vec::new();
         }
         match self.dead_of_role(node.role, now) {
@@ -616,11 +799,19 @@ impl Scheduler {
     /// Gives process `pid`'s id to `node` and tells everyone.
     fn recover(&mut self, pid: NodeId, node: &Node, now: Instant) -> Vec<Action> {
         let mut recovered = None;
+        if let Some(old) = self.nodes.iter().find(|n| n.id == pid && n.key != 0) {
+            if self.replaced.len() >= 64 {
+                self.replaced.remove(0);
+            }
+            self.replaced.push(old.clone());
+        }
         for entry in self.nodes.iter_mut().filter(|n| n.id == pid) {
             entry.hostname = node.hostname.clone();
             entry.port = node.port;
             entry.host = node.host.clone();
             entry.pid = node.pid;
+            entry.pslite = node.pslite;
+            entry.key = node.key;
             entry.is_recovery = true;
             recovered.get_or_insert_with(|| entry.clone());
         }
@@ -634,6 +825,8 @@ impl Scheduler {
         self.counters.remove(&pid);
         self.last_seen.insert(pid, now);
         self.dead_since.remove(&pid);
+        // A new process, on a new connection.
+        self.disconnected.remove(&pid);
         // Barrier arrivals of the earlier incarnation still count: the new
         // one skips the start barrier, and arriving again at a later one
         // counts once (arrivals are a set).
@@ -656,19 +849,41 @@ impl Scheduler {
         let sender = msg.meta.sender;
         let group = msg.meta.control.barrier_group;
         if !msg.meta.request {
-            warn!("scheduler: dropping a BARRIER reply from node {sender}");
+            self.dropped(
+                sender,
+                "a BARRIER reply from node _",
+                format!("scheduler: dropping a BARRIER reply from node {sender}"),
+            );
             return Vec::new();
         }
         if !ids::is_role_group(group) {
-            warn!("scheduler: dropping BARRIER from node {sender}: group {group} is not 1..=7");
+            self.dropped(
+                sender,
+                "BARRIER from node _: group _ is not 1..=7",
+                format!(
+                    "scheduler: dropping BARRIER from node {sender}: group {group} is not 1..=7"
+                ),
+            );
             return Vec::new();
         }
         if !self.ready {
-            warn!("scheduler: dropping BARRIER from node {sender}: the cluster has not formed");
+            self.dropped(
+                sender,
+                "BARRIER from node _: the cluster has not formed",
+                format!(
+                    "scheduler: dropping BARRIER from node {sender}: the cluster has not formed"
+                ),
+            );
             return Vec::new();
         }
         if !self.is_member(sender) || !ids::group_contains(group, sender) {
-            warn!("scheduler: dropping BARRIER from node {sender}: not a member of group {group}");
+            self.dropped(
+                sender,
+                "BARRIER from node _: not a member of group _",
+                format!(
+                    "scheduler: dropping BARRIER from node {sender}: not a member of group {group}"
+                ),
+            );
             return Vec::new();
         }
         if let Some(dead) = self.given_up_in(group, now) {
@@ -701,18 +916,18 @@ impl Scheduler {
     /// Releases the barrier over `group` if every member arrived (servers
     /// that failed over excepted).
     fn try_release(&mut self, group: i32) -> Vec<Action> {
-        let gone = self
-            .gone
+        let failed_over = self
+            .failed_over
             .iter()
             .filter(|&&id| ids::group_contains(group, id));
-        let expected = self.group_size(group) - gone.count() as i32;
+        let expected = self.group_size(group) - failed_over.count() as i32;
         let Some(round) = self.barriers.get(&group) else {
             return Vec::new();
         };
         let arrived = round
             .arrived
             .iter()
-            .filter(|(id, _)| !self.gone.contains(id))
+            .filter(|(id, _)| !self.failed_over.contains(id))
             .count() as i32;
         debug!("scheduler: barrier {group}: {arrived}/{expected} arrived");
         if arrived < expected {
@@ -722,7 +937,7 @@ impl Scheduler {
         let mut members: BTreeSet<NodeId> = self
             .process_nodes()
             .into_iter()
-            .filter(|n| ids::group_contains(group, n.id) && !self.gone.contains(&n.id))
+            .filter(|n| ids::group_contains(group, n.id) && !self.failed_over.contains(&n.id))
             .map(|n| n.id)
             .collect();
         if group & ids::SCHEDULER_GROUP != 0 {
@@ -731,15 +946,15 @@ impl Scheduler {
         round.release(group, members)
     }
 
-    /// Replicated key ranges: server `id` failed over (`gone`: its ranges
+    /// Replicated key ranges: server `id` failed over (`failed_over`: its ranges
     /// moved to the others, so barriers stop waiting for it) or a
     /// replacement took its id (it counts again). Returns the barriers
     /// this completes.
-    pub fn set_gone(&mut self, id: NodeId, gone: bool) -> Vec<Action> {
-        let changed = if gone {
-            self.gone.insert(id)
+    pub fn set_failed_over(&mut self, id: NodeId, failed_over: bool) -> Vec<Action> {
+        let changed = if failed_over {
+            self.failed_over.insert(id)
         } else {
-            self.gone.remove(&id)
+            self.failed_over.remove(&id)
         };
         if !changed || self.elastic.is_some() {
             return Vec::new();
@@ -770,35 +985,26 @@ impl Scheduler {
         vec![Action::Send(ack)]
     }
 
-    /// An admin client's STATUS request: answer with [`Scheduler::status_table`]
-    /// at the address in its one node entry.
+    /// An admin client's STATUS request: answer with
+    /// [`Scheduler::status_table`] on the connection it came on.
     fn status(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
-        let [client] = msg.meta.control.node.as_slice() else {
-            warn!(
-                "scheduler: dropping STATUS with {} nodes (expected the client's address)",
-                msg.meta.control.node.len()
+        if !msg.meta.request {
+            debug!("scheduler: dropping a STATUS answer: the scheduler only answers them");
+            return Vec::new();
+        }
+        let Some(route) = msg.meta.route.clone() else {
+            debug!(
+                "scheduler: dropping STATUS from node {}: admin clients connect without an \
+                 identity",
+                msg.meta.sender
             );
             return Vec::new();
         };
-        if !msg.meta.request {
-            warn!("scheduler: dropping a STATUS answer: the scheduler only answers them");
-            return Vec::new();
-        }
-        if client.hostname.is_empty() || !(1..=65535).contains(&client.port) {
-            warn!(
-                "scheduler: dropping STATUS with an unusable reply address {:?}",
-                client.address()
-            );
-            return Vec::new();
-        }
-        debug!("scheduler: status request from {}", client.address());
+        debug!("scheduler: status request from an admin client");
         let mut answer = Message::control(Command::Status, K_EMPTY);
         answer.meta.status = self.status_table(now);
         answer.meta.timestamp = msg.meta.timestamp;
-        vec![Action::Answer {
-            to: client.clone(),
-            msg: answer,
-        }]
+        vec![Action::Reply { route, msg: answer }]
     }
 
     /// The scheduler first, then every process (by id; before the cluster
@@ -806,7 +1012,16 @@ impl Scheduler {
     /// it was last heard from, whether it is dead, and its latest counters.
     /// In elastic mode each worker of the round carries its rank, and the
     /// workers waiting for a round follow, marked `waiting`.
+    /// Keys are left out: an admin client is not a member.
     pub fn status_table(&self, now: Instant) -> Vec<NodeStatus> {
+        let mut rows = self.status_rows(now);
+        for row in &mut rows {
+            row.node.key = 0;
+        }
+        rows
+    }
+
+    fn status_rows(&self, now: Instant) -> Vec<NodeStatus> {
         let mut rows = vec![NodeStatus {
             node: self.cfg.me.clone(),
             last_seen: Some(Duration::ZERO),
@@ -884,12 +1099,62 @@ impl Scheduler {
         let Some(timeout) = self.cfg.heartbeat_timeout else {
             return false;
         };
+        if self.gone(id, now) {
+            return true;
+        }
         if !self.cfg.watch_all && !self.heartbeating.contains(&id) {
             return false;
         }
+        // The time spent deaf counts as nobody's silence.
+        let until = self.deaf_since.map_or(now, |since| since.min(now));
         self.last_seen
             .get(&id)
-            .is_none_or(|&seen| now.saturating_duration_since(seen) > timeout)
+            .is_none_or(|&seen| until.saturating_duration_since(seen) > timeout)
+    }
+
+    /// Whether process `id`'s connection closed at least [`LINK_GRACE`]
+    /// ago and did not come back (ZeroMQ reconnects to a live process in
+    /// about 100 ms): its process is gone, the kernel closed its sockets;
+    /// and were it alive, nothing could reach it. Watched like heartbeats,
+    /// and for every pslite node; a paused process keeps its connections,
+    /// and only heartbeats notice it.
+    fn gone(&self, id: NodeId, now: Instant) -> bool {
+        self.link_deadline(id).is_some_and(|at| now >= at)
+    }
+
+    /// When process `id` counts as gone if its closed connection stays
+    /// closed ([`Scheduler::gone`]); `None` if its connection is up or it
+    /// is not watched.
+    fn link_deadline(&self, id: NodeId) -> Option<Instant> {
+        let &since = self.disconnected.get(&id)?;
+        let waiting = self
+            .elastic
+            .as_ref()
+            .is_some_and(|e| e.outside.iter().any(|n| n.id == id));
+        let known = waiting || self.nodes.iter().any(|n| n.id == id);
+        let watched = self.cfg.heartbeat_timeout.is_some()
+            && known
+            && (self.cfg.watch_all
+                || self.heartbeating.contains(&id)
+                || self.is_pslite(id)
+                || waiting);
+        watched.then_some(since + LINK_GRACE)
+    }
+
+    /// The connection to process `id` (this scheduler's DEALER) closed.
+    pub fn link_down(&mut self, id: NodeId, now: Instant) {
+        self.disconnected.entry(id).or_insert(now);
+    }
+
+    /// Forgets every closed connection (the nodes are leaving: see
+    /// [`crate::Core::finalizing`]).
+    pub fn forget_closed_links(&mut self) {
+        self.disconnected.clear();
+    }
+
+    /// The connection to process `id` is up (again).
+    pub fn link_up(&mut self, id: NodeId) {
+        self.disconnected.remove(&id);
     }
 
     /// The first entry of each process, in id order.
@@ -933,19 +1198,33 @@ impl Scheduler {
             return Vec::new();
         };
         // Before the cluster forms nobody has been heard from as a member.
-        let dead: Vec<NodeId> = e
+        let mut dead: Vec<NodeId> = e
             .members
             .iter()
             .copied()
             .filter(|&id| self.ready && self.is_dead(id, now))
             .collect();
+        // Workers waiting for a round: their connection tells.
+        let waiting: Vec<NodeId> = e.outside.iter().map(|n| n.id).collect();
+        for id in waiting {
+            if self.gone(id, now) && !dead.contains(&id) {
+                dead.push(id);
+            }
+        }
         let mut actions = Vec::new();
         for id in dead {
-            warn!(
-                "scheduler: worker {id} is dead (no message for more than {} s): it leaves \
-                 the elastic round",
-                self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
-            );
+            if self.gone(id, now) {
+                warn!(
+                    "scheduler: worker {id} is dead (its connection closed and its process \
+                     accepts no new one): it leaves the elastic job"
+                );
+            } else {
+                warn!(
+                    "scheduler: worker {id} is dead (no message for more than {} s): it leaves \
+                     the elastic round",
+                    self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
+                );
+            }
             actions.extend(self.leave(id, now));
         }
         let Some(e) = &mut self.elastic else {
@@ -980,6 +1259,7 @@ impl Scheduler {
     }
 
     fn forget(&mut self, id: NodeId) {
+        self.disconnected.remove(&id);
         self.last_seen.remove(&id);
         self.heartbeating.remove(&id);
         self.counters.remove(&id);
@@ -994,10 +1274,8 @@ impl Scheduler {
             return Vec::new();
         };
         if !node.pslite {
-            warn!(
-                "scheduler: dropping ADD_NODE from {node}: elastic mode (DMLC_NUM_WORKER=MIN:MAX) \
-                 is pslite-only, C++ ps-lite nodes cannot join it"
-            );
+            self.dropped(sender, "ADD_NODE from _: elastic mode (DMLC_NUM_WORKER=MIN:MAX)", format!("scheduler: dropping ADD_NODE from {node}: elastic mode (DMLC_NUM_WORKER=MIN:MAX) \
+                 is pslite-only, C++ ps-lite nodes cannot join it"));
             return Vec::new();
         }
         let known = self
@@ -1008,11 +1286,15 @@ impl Scheduler {
             .cloned();
         if let Some(known) = known {
             if known.role != node.role || (sender != K_EMPTY && sender != known.id) {
-                warn!(
-                    "scheduler: dropping ADD_NODE from {node}: {} is node {} ({})",
-                    node.address(),
-                    known.id,
-                    known.role
+                self.dropped(
+                    sender,
+                    "ADD_NODE from _: _ is node _ (_)",
+                    format!(
+                        "scheduler: dropping ADD_NODE from {node}: {} is node {} ({})",
+                        node.address(),
+                        known.id,
+                        known.role
+                    ),
                 );
                 return Vec::new();
             }
@@ -1055,10 +1337,14 @@ impl Scheduler {
         entry.is_recovery = false;
         if node.role == Role::Server {
             if servers >= self.cfg.num_servers {
-                warn!(
-                    "scheduler: dropping ADD_NODE from {node}: all {} servers have registered \
+                self.dropped(
+                    sender,
+                    "ADD_NODE from _: all _ servers have registered",
+                    format!(
+                        "scheduler: dropping ADD_NODE from {node}: all {} servers have registered \
                      (is DMLC_NUM_SERVER right?)",
-                    self.cfg.num_servers
+                        self.cfg.num_servers
+                    ),
                 );
                 return Vec::new();
             }
@@ -1075,6 +1361,10 @@ impl Scheduler {
         entry.id = ids::worker_rank_to_id(e.next_worker);
         e.next_worker += 1;
         let id = entry.id;
+        // Connected at once: a worker whose process dies while it waits
+        // for a round is noticed by its closed connection (it sends no
+        // heartbeat before it joins).
+        let link = e.linked.insert(id).then(|| Action::Connect(entry.clone()));
         e.outside.push(entry);
         let events = e.rdzv.join(id, now);
         if e.rdzv.round().is_some() && e.rdzv.waiting().contains(&id) {
@@ -1088,7 +1378,8 @@ impl Scheduler {
                 node.address()
             );
         }
-        let mut actions = self.on_rounds(events, now);
+        let mut actions: Vec<Action> = link.into_iter().collect();
+        actions.extend(self.on_rounds(events, now));
         actions.extend(self.settle_barriers(now));
         actions
     }
@@ -1146,6 +1437,10 @@ impl Scheduler {
             }
             actions.extend(self.link(node));
             let mut msg = Message::control(Command::Leave, node.id);
+            // Its own entry, with its key: a node that has not joined yet
+            // (no table, so no scheduler's key to check) knows it comes
+            // from the scheduler it registered with.
+            msg.meta.control.node = vec![node.clone()];
             msg.meta.control.round = Some(secs);
             msg.meta.control.round_members = vec![have as NodeId, min as NodeId];
             actions.push(Action::Send(msg));

@@ -13,13 +13,12 @@
 //! with a clear error, never stored.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::debug;
 use pslite_proto::store::{OverLimit, StoreLimit, StoreMsg, StoreOp, StoreStatus};
-use pslite_proto::{Node, NodeId};
+use pslite_proto::NodeId;
 
 /// Bounds on what the store holds. The scheduler reads the configurable ones
 /// from `PS_STORE_MAX_*` (see `pslite_postoffice::Config`).
@@ -73,8 +72,9 @@ pub const DEFAULT_MAX_VALUE: usize = 64 << 20;
 pub enum Requester {
     /// A cluster member (or the scheduler itself), by id.
     Member(NodeId),
-    /// An admin client outside the cluster, listening at this address.
-    Admin(Node),
+    /// An admin client outside the cluster, by its connection (the routing
+    /// id ZeroMQ generated for it, never one the client chose).
+    Admin(Bytes),
 }
 
 /// One answer or event to send.
@@ -184,6 +184,11 @@ impl StoreHost {
     /// How many GET and WAIT requests are waiting for keys.
     pub fn waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Bytes the waiting requests hold (their keys).
+    pub fn waiting_bytes(&self) -> usize {
+        self.waiting.iter().map(|w| waiting_size(&w.request)).sum()
     }
 
     /// How many watches there are, over all keys and requesters.
@@ -317,6 +322,9 @@ impl StoreHost {
                 }
                 let l = &self.limits;
                 let mine = self.waiting.iter().filter(|w| w.from == from).count();
+                // A waiting request holds its keys: they count against
+                // PS_STORE_MAX_BYTES with the keys and values stored.
+                let held = self.total + self.waiting_bytes() + waiting_size(&req);
                 let refusal = if mine >= l.max_waits_per_node {
                     Some(over(StoreLimit::Waits, mine + 1, l.max_waits_per_node))
                 } else if self.waiting.len() >= l.max_waiting {
@@ -325,6 +333,8 @@ impl StoreHost {
                         self.waiting.len() + 1,
                         l.max_waiting,
                     ))
+                } else if held > l.max_total {
+                    Some(over(StoreLimit::Bytes, held, l.max_total))
                 } else {
                     None
                 };
@@ -605,6 +615,11 @@ impl StoreHost {
 }
 
 /// The keys of `keys` that `data` lacks.
+/// What a waiting request holds: its keys, and a little for itself.
+fn waiting_size(req: &StoreMsg) -> usize {
+    req.keys.iter().map(String::len).sum::<usize>() + 64
+}
+
 fn missing(data: &BTreeMap<String, Entry>, keys: &[String]) -> Vec<String> {
     keys.iter()
         .filter(|k| !data.contains_key(*k))
@@ -616,29 +631,80 @@ fn parse_i64(value: &[u8]) -> Option<i64> {
     std::str::from_utf8(value).ok()?.trim().parse().ok()
 }
 
-/// The node side of the store: requests in flight and their answers, and
-/// the channels of this process's watches. No sockets: the core sends what
-/// it prepares and feeds it what the scheduler answers.
+/// The node side of the store: requests in flight with their deadlines and
+/// answers, and this process's watchers. No sockets, no channels, no
+/// clock: the core sends what it prepares, feeds it what the scheduler
+/// answers and the time, and hands events to the driver as outputs.
 #[derive(Default)]
 pub struct StoreClient {
     next_id: u64,
-    /// Requests sent, and their answers once here.
-    calls: HashMap<u64, Option<StoreMsg>>,
-    watches: HashMap<String, Vec<Sender<StoreMsg>>>,
+    /// Requests sent, by id.
+    calls: HashMap<u64, Call>,
+    next_watcher: u64,
+    /// The watchers of each watched key.
+    watches: HashMap<String, Vec<u64>>,
+}
+
+/// One request in flight.
+struct Call {
+    /// When its waiter gives up, and its limit.
+    deadline: Instant,
+    limit: Duration,
+    answer: Option<Result<StoreMsg, Duration>>,
+}
+
+/// What a store message from the scheduler means here.
+// Short-lived (matched at once by the core): boxing the event would cost an
+// allocation per event for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, PartialEq)]
+pub enum ClientInput {
+    /// The answer to a request a waiter waits for.
+    Answer,
+    /// An event of a watched key, for these watchers.
+    Event {
+        /// The watchers of its key.
+        watchers: Vec<u64>,
+        /// The event.
+        event: StoreMsg,
+    },
+    /// An event of a key nothing here watches (a watch of an earlier
+    /// process with this id, or one just dropped): UNWATCH it.
+    Unwatched(String),
+    /// Nothing to do (an answer nobody waits for any more).
+    Nothing,
 }
 
 impl StoreClient {
-    /// Gives `req` a fresh id and records it as in flight; returns the id.
-    pub fn start(&mut self, req: &mut StoreMsg) -> u64 {
+    /// Gives `req` a fresh id and records it as in flight, answered by
+    /// `now + limit` or given up then ([`StoreClient::tick`]); returns the id.
+    pub fn start(&mut self, req: &mut StoreMsg, limit: Duration, now: Instant) -> u64 {
+        let id = self.fresh_id(req);
+        self.calls.insert(
+            id,
+            Call {
+                deadline: now + limit,
+                limit,
+                answer: None,
+            },
+        );
+        id
+    }
+
+    /// Gives `req` a fresh id without waiting for its answer (an UNWATCH).
+    pub fn fresh_id(&mut self, req: &mut StoreMsg) -> u64 {
         self.next_id += 1;
         req.id = self.next_id;
-        self.calls.insert(req.id, None);
         req.id
     }
 
-    /// The answer to request `id`, once here.
-    pub fn answer(&self, id: u64) -> Option<&StoreMsg> {
-        self.calls.get(&id).and_then(Option::as_ref)
+    /// The answer to request `id` once here, or its limit if none came in
+    /// time.
+    pub fn answer(&self, id: u64) -> Option<Result<&StoreMsg, Duration>> {
+        self.calls
+            .get(&id)
+            .and_then(|c| c.answer.as_ref())
+            .map(|a| a.as_ref().map_err(|limit| *limit))
     }
 
     /// Forgets request `id` (its caller returned).
@@ -646,12 +712,54 @@ impl StoreClient {
         self.calls.remove(&id);
     }
 
-    /// Sends every later event of `key` to `events`.
-    pub fn watch(&mut self, key: &str, events: Sender<StoreMsg>) {
+    /// Gives up on the requests whose deadline passed; whether any did.
+    pub fn tick(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        for call in self.calls.values_mut() {
+            if call.answer.is_none() && now >= call.deadline {
+                call.answer = Some(Err(call.limit));
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// When [`StoreClient::tick`] has work next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.calls
+            .values()
+            .filter(|c| c.answer.is_none())
+            .map(|c| c.deadline)
+            .min()
+    }
+
+    /// A new watcher of `key`; its events come as [`ClientInput::Event`].
+    pub fn watch(&mut self, key: &str) -> u64 {
+        self.next_watcher += 1;
+        let watcher = self.next_watcher;
         self.watches
             .entry(key.to_string())
             .or_default()
-            .push(events);
+            .push(watcher);
+        watcher
+    }
+
+    /// Watcher `watcher` is gone; returns its key if nobody here watches
+    /// it any more (UNWATCH it).
+    pub fn unwatch(&mut self, watcher: u64) -> Option<String> {
+        let key = self
+            .watches
+            .iter_mut()
+            .find(|(_, ws)| ws.contains(&watcher))
+            .map(|(key, ws)| {
+                ws.retain(|&w| w != watcher);
+                key.clone()
+            })?;
+        if self.watches.get(&key).is_some_and(Vec::is_empty) {
+            self.watches.remove(&key);
+            return Some(key);
+        }
+        None
     }
 
     /// Whether this process watches any key.
@@ -659,36 +767,32 @@ impl StoreClient {
         !self.watches.is_empty()
     }
 
-    /// Takes an answer or event from the scheduler. Returns whether a waiter
-    /// may see something new, and the keys nobody in this process watches
-    /// any more (their receivers were dropped: UNWATCH them).
-    pub fn on_message(&mut self, msg: StoreMsg) -> (bool, Vec<String>) {
+    /// Takes an answer or event from the scheduler.
+    pub fn on_message(&mut self, msg: StoreMsg) -> ClientInput {
         if msg.op == StoreOp::Event {
             let key = msg.key().to_string();
-            let Some(senders) = self.watches.get_mut(&key) else {
-                // A watch of an earlier process with this id (it restarted),
-                // or one just dropped: tell the scheduler to stop.
-                debug!("store: dropping an event of {key:?}: nothing here watches it");
-                return (false, vec![key]);
+            return match self.watches.get(&key) {
+                Some(watchers) => ClientInput::Event {
+                    watchers: watchers.clone(),
+                    event: msg,
+                },
+                None => {
+                    debug!("store: dropping an event of {key:?}: nothing here watches it");
+                    ClientInput::Unwatched(key)
+                }
             };
-            senders.retain(|s| s.send(msg.clone()).is_ok());
-            if senders.is_empty() {
-                self.watches.remove(&key);
-                return (false, vec![key]);
-            }
-            return (false, Vec::new());
         }
         match self.calls.get_mut(&msg.id) {
-            Some(slot @ None) => {
-                *slot = Some(msg);
-                (true, Vec::new())
+            Some(call) if call.answer.is_none() => {
+                call.answer = Some(Ok(msg));
+                ClientInput::Answer
             }
             _ => {
                 debug!(
                     "store: dropping an answer to request {}: nobody waits for it",
                     msg.id
                 );
-                (false, Vec::new())
+                ClientInput::Nothing
             }
         }
     }

@@ -15,24 +15,68 @@ use pslite_proto::{NodeId, K_EMPTY};
 /// of being handed over by reference (a reference costs an allocation too).
 const COPY_LIMIT: usize = 64;
 
-/// The ZeroMQ identity of node `id`: `ps<id>`.
+/// The ZeroMQ identity of node `id`: `ps<id>`, as C++ ps-lite writes it.
 pub fn identity(id: NodeId) -> String {
     format!("ps{id}")
 }
 
-/// The node id in a ZeroMQ identity, or `K_EMPTY` if it is not `ps<digits>`.
+/// The ZeroMQ identity node `id` presents: `ps<id>`, or, to a pslite peer
+/// when both node-table entries carry a key, `ps<id>/<key>` with the key
+/// as 16 lower-case hex digits (see `PBNode.key`).
+pub fn keyed_identity(id: NodeId, key: Option<u64>) -> String {
+    match key {
+        Some(key) => format!("ps{id}/{key:016x}"),
+        None => identity(id),
+    }
+}
+
+/// The node id in a ZeroMQ identity, or `K_EMPTY` if it is neither
+/// `ps<digits>` nor `ps<digits>/<16 hex digits>`.
 pub fn parse_identity(frame: &[u8]) -> NodeId {
-    let Some(digits) = frame.strip_prefix(b"ps") else {
-        return K_EMPTY;
+    parse_keyed_identity(frame).0
+}
+
+/// The node id and the key in a ZeroMQ identity (see [`keyed_identity`]):
+/// `(K_EMPTY, None)` if it is neither form.
+pub fn parse_keyed_identity(frame: &[u8]) -> (NodeId, Option<u64>) {
+    const NONE: (NodeId, Option<u64>) = (K_EMPTY, None);
+    let Some(rest) = frame.strip_prefix(b"ps") else {
+        return NONE;
+    };
+    let (digits, key) = match rest.iter().position(|&b| b == b'/') {
+        Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+        None => (rest, None),
     };
     if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
-        return K_EMPTY;
+        return NONE;
     }
-    std::str::from_utf8(digits)
+    let key = match key {
+        None => None,
+        Some(hex)
+            if hex.len() == 16
+                && hex
+                    .iter()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) =>
+        {
+            match std::str::from_utf8(hex)
+                .ok()
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            {
+                Some(key) => Some(key),
+                None => return NONE,
+            }
+        }
+        Some(_) => return NONE,
+    };
+    let id = std::str::from_utf8(digits)
         .ok()
         .and_then(|s| s.parse::<i32>().ok())
         .filter(|&id| id != K_EMPTY)
-        .unwrap_or(K_EMPTY)
+        .unwrap_or(K_EMPTY);
+    if id == K_EMPTY {
+        return NONE;
+    }
+    (id, key)
 }
 
 /// Where a node's ROUTER listens: TCP, or a Unix socket under `/tmp` when
@@ -75,12 +119,31 @@ pub fn local_endpoint(host: &str, pid: u32, port: i32) -> String {
 }
 
 /// Whether something listens on abstract Unix socket `endpoint`
-/// (`ipc://@name`): a non-blocking connect that is closed at once. A peer
-/// that runs with `PS_IPC=0` binds none, and is then reached over TCP.
-pub fn local_listening(endpoint: &str) -> bool {
+/// (`ipc://@name`). A peer that runs with `PS_IPC=0` binds none, and is
+/// then reached over TCP. `quietly`: without a connection the peer would
+/// see, from the kernel's table of Unix sockets (`/proc/net/unix`, this
+/// network namespace's): a probe that closes at once looks like a port
+/// scan to a peer that authenticates (`PS_AUTH_TOKEN`). Otherwise a
+/// non-blocking connect, closed at once: far cheaper than reading the
+/// table, whose size grows with the sockets of the host (200 nodes on one
+/// host reading it for each peer took seconds of start-up).
+pub fn local_listening(endpoint: &str, quietly: bool) -> bool {
     let Some(name) = endpoint.strip_prefix("ipc://@") else {
         return false;
     };
+    if name.is_empty() {
+        return false;
+    }
+    if quietly {
+        LISTENING.listening(name)
+    } else {
+        probe_listening(name)
+    }
+}
+
+/// Whether a connect to abstract name `name` goes through (or would, but
+/// for a full backlog).
+fn probe_listening(name: &str) -> bool {
     // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     // The leading NUL of `sun_path` makes the name abstract.
@@ -120,6 +183,133 @@ pub fn local_listening(endpoint: &str) -> bool {
     listening
 }
 
+/// A look at `/proc/net/unix` older than this is taken again before a name
+/// counts as missing (a peer may have bound its socket since).
+const UNIX_TABLE_FRESH: std::time::Duration = std::time::Duration::from_millis(10);
+/// A name found in a look older than this is looked up again (its process
+/// may be gone).
+const UNIX_TABLE_TRUSTED: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The abstract names with a listening socket, as last read from
+/// `/proc/net/unix`: reading the table costs time in the number of Unix
+/// sockets of the namespace, so a scheduler that connects to 200 nodes at
+/// once reads it once, not 200 times. A name found in a look under
+/// [`UNIX_TABLE_TRUSTED`] old is taken; a missing one is looked up again if
+/// the look is over [`UNIX_TABLE_FRESH`] old.
+static LISTENING: UnixTable = UnixTable(std::sync::Mutex::new(None));
+
+struct UnixTable(std::sync::Mutex<Option<(std::time::Instant, std::collections::HashSet<String>)>>);
+
+impl UnixTable {
+    /// Whether `name` listens, from a look fresh enough for the answer.
+    fn listening(&self, name: &str) -> bool {
+        let mut table = pslite_proto::lock(&self.0);
+        if let Some((at, names)) = table.as_ref() {
+            let (age, hit) = (at.elapsed(), names.contains(name));
+            if (hit && age < UNIX_TABLE_TRUSTED) || (!hit && age < UNIX_TABLE_FRESH) {
+                return hit;
+            }
+        }
+        let names = read_unix_table();
+        let hit = names.contains(name);
+        *table = Some((std::time::Instant::now(), names));
+        hit
+    }
+}
+
+/// The abstract names of listening Unix sockets in this network namespace.
+fn read_unix_table() -> std::collections::HashSet<String> {
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return Default::default();
+    };
+    // "Num RefCount Protocol Flags Type St Inode Path": a listening socket
+    // has __SO_ACCEPTCON (0x10000) in its flags; an abstract name is
+    // written with a leading '@'.
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let listening = fields
+                .get(3)
+                .and_then(|f| u32::from_str_radix(f, 16).ok())
+                .is_some_and(|flags| flags & 0x10000 != 0);
+            let name = fields.get(7)?.strip_prefix('@')?;
+            listening.then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// Where a received frame's connection comes from, for log lines: the
+/// peer's `ip:port` for TCP, its process for a Unix socket (ZeroMQ's
+/// message properties give the connection's file descriptor).
+pub fn peer_address(frame: &mut zmq::Message) -> String {
+    let fd = frame.gets("__fd").and_then(|s| s.parse::<i32>().ok());
+    if let Some(address) = fd.and_then(describe_connection) {
+        return address;
+    }
+    frame
+        .gets("Peer-Address")
+        .map_or_else(|| "an unknown address".to_string(), str::to_string)
+}
+
+/// The peer of connected socket `fd`: `ip:port`, or the process on the
+/// other end of a Unix socket.
+fn describe_connection(fd: i32) -> Option<String> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage` has room for `len` bytes; a bad fd only fails.
+    let r = unsafe {
+        libc::getpeername(
+            fd,
+            (&mut storage as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a: libc::sockaddr_in =
+                unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))).to_string())
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a: libc::sockaddr_in6 =
+                unsafe { std::ptr::read((&storage as *const libc::sockaddr_storage).cast()) };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))).to_string())
+        }
+        libc::AF_UNIX => {
+            // SAFETY: ucred is plain data; getsockopt writes at most `len`.
+            let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+            // SAFETY: as above.
+            let r = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_PEERCRED,
+                    (&mut cred as *mut libc::ucred).cast(),
+                    &mut len,
+                )
+            };
+            Some(if r == 0 {
+                format!("process {} of this host (Unix socket)", cred.pid)
+            } else {
+                "a process of this host (Unix socket)".to_string()
+            })
+        }
+        _ => None,
+    }
+}
+
 /// A received frame kept in ZeroMQ's own buffer; `Bytes` points into it.
 struct ZmqFrame(zmq::Message);
 
@@ -144,10 +334,16 @@ unsafe extern "C" fn release_bytes(_data: *mut c_void, hint: *mut c_void) {
     drop(unsafe { Box::from_raw(hint as *mut Bytes) });
 }
 
-/// Sends one frame. Large frames are handed to ZeroMQ by reference: the
+/// Sends one frame (`flags`: 0 or `zmq::DONTWAIT`, with `SNDMORE` added
+/// when `more`). Large frames are handed to ZeroMQ by reference: the
 /// `Bytes` stays alive until ZeroMQ has written it, with no copy.
-pub fn send_frame(socket: &mut zmq::Socket, frame: &Bytes, more: bool) -> zmq::Result<()> {
-    let flags = if more { zmq::SNDMORE } else { 0 };
+pub fn send_frame(
+    socket: &mut zmq::Socket,
+    frame: &Bytes,
+    more: bool,
+    flags: i32,
+) -> zmq::Result<()> {
+    let flags = if more { flags | zmq::SNDMORE } else { flags };
     if frame.len() <= COPY_LIMIT {
         return socket.send(&frame[..], flags);
     }
@@ -173,12 +369,27 @@ pub fn send_frame(socket: &mut zmq::Socket, frame: &Bytes, more: bool) -> zmq::R
     Ok(())
 }
 
-/// Sends a whole message: the encoded meta, then each data frame.
+/// Sends a whole message: the encoded meta, then each data frame (waiting
+/// while the peer is at its high-water mark).
 pub fn send_message(socket: &mut zmq::Socket, meta: &[u8], data: &[Bytes]) -> zmq::Result<usize> {
-    socket.send(meta, if data.is_empty() { 0 } else { zmq::SNDMORE })?;
+    send_message_with(socket, meta, data, 0)
+}
+
+/// [`send_message`] with `flags`: with `zmq::DONTWAIT`, a peer at its
+/// high-water mark makes it fail with `EAGAIN` before anything is sent
+/// (ZeroMQ takes the rest of a multipart message once it took the first
+/// part).
+pub fn send_message_with(
+    socket: &mut zmq::Socket,
+    meta: &[u8],
+    data: &[Bytes],
+    flags: i32,
+) -> zmq::Result<usize> {
+    let more = if data.is_empty() { 0 } else { zmq::SNDMORE };
+    socket.send(meta, flags | more)?;
     let mut sent = meta.len();
     for (i, frame) in data.iter().enumerate() {
-        send_frame(socket, frame, i + 1 < data.len())?;
+        send_frame(socket, frame, i + 1 < data.len(), flags)?;
         sent += frame.len();
     }
     Ok(sent)
@@ -188,6 +399,8 @@ pub fn send_message(socket: &mut zmq::Socket, meta: &[u8], data: &[Bytes]) -> zm
 pub struct RawMessage {
     /// The sender id from the identity frame (`K_EMPTY` if not `ps<id>`).
     pub sender: NodeId,
+    /// The key the identity carried (`ps<id>/<key>`), if any.
+    pub key: Option<u64>,
     /// The identity frame as received (for logs).
     pub identity: Vec<u8>,
     /// The meta frame, if the message had one.
@@ -207,8 +420,10 @@ impl RawMessage {
 /// the socket's receive timeout).
 pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {
     let identity = router.recv_msg(0)?;
+    let (sender, key) = parse_keyed_identity(&identity);
     let mut raw = RawMessage {
-        sender: parse_identity(&identity),
+        sender,
+        key,
         identity: identity.to_vec(),
         meta: None,
         data: Vec::new(),
@@ -236,6 +451,7 @@ pub fn recv_message(router: &zmq::Socket) -> zmq::Result<RawMessage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
     #[test]
     fn identities() {
@@ -248,6 +464,19 @@ mod tests {
         assert_eq!(parse_identity(b"ps99999999999"), K_EMPTY);
         assert_eq!(parse_identity(b"ps2147483647"), K_EMPTY);
         assert_eq!(parse_identity(&[0, 1, 2, 3, 4]), K_EMPTY);
+        let keyed = keyed_identity(9, Some(0xabc));
+        assert_eq!(keyed, "ps9/0000000000000abc");
+        assert_eq!(parse_keyed_identity(keyed.as_bytes()), (9, Some(0xabc)));
+        assert_eq!(parse_keyed_identity(b"ps9"), (9, None));
+        assert_eq!(keyed_identity(9, None), "ps9");
+        for bad in [
+            &b"ps9/"[..],
+            b"ps9/abc",
+            b"ps9/0000000000000ABC",
+            b"ps/0000000000000abc",
+        ] {
+            assert_eq!(parse_keyed_identity(bad), (K_EMPTY, None), "{bad:?}");
+        }
     }
 
     #[test]
@@ -257,28 +486,44 @@ mod tests {
         assert_eq!(Transport::Ipc.connect_endpoint("h", 5), "ipc:///tmp/5");
     }
 
+    /// Whether `cond` holds within 2 s (a quiet look may be up to
+    /// [`UNIX_TABLE_FRESH`] or [`UNIX_TABLE_TRUSTED`] old).
+    fn soon(cond: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if cond() {
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        cond()
+    }
+
     #[test]
     fn local_endpoint_probe() {
-        let endpoint = local_endpoint("0123456789abcdef", std::process::id(), 4242);
-        assert!(endpoint.starts_with("ipc://@pslite-0123456789abcdef-"));
-        assert!(!local_listening(&endpoint), "nothing bound yet");
-        assert!(!local_listening("tcp://127.0.0.1:1"));
-        assert!(!local_listening("ipc://@"));
-        let ctx = zmq::Context::new();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
-        router.bind(&endpoint).unwrap();
-        assert!(local_listening(&endpoint));
-        // A probe leaves the socket usable.
-        let mut dealer = ctx.socket(zmq::DEALER).unwrap();
-        dealer.set_identity(b"ps9").unwrap();
-        dealer.connect(&endpoint).unwrap();
-        send_message(&mut dealer, b"meta", &[]).unwrap();
-        let raw = recv_message(&router).unwrap();
-        assert_eq!(raw.sender, 9);
-        drop((dealer, router));
-        // Terminating the context closes the listener: the name is gone.
-        drop(ctx);
-        assert!(!local_listening(&endpoint));
+        for (n, quietly) in [false, true].into_iter().enumerate() {
+            let port = 4242 + n as i32;
+            let endpoint = local_endpoint("0123456789abcdef", std::process::id(), port);
+            assert!(endpoint.starts_with("ipc://@pslite-0123456789abcdef-"));
+            assert!(!local_listening(&endpoint, quietly), "nothing bound yet");
+            assert!(!local_listening("tcp://127.0.0.1:1", quietly));
+            assert!(!local_listening("ipc://@", quietly));
+            let ctx = zmq::Context::new();
+            let router = ctx.socket(zmq::ROUTER).unwrap();
+            router.bind(&endpoint).unwrap();
+            assert!(soon(|| local_listening(&endpoint, quietly)));
+            // A probe leaves the socket usable.
+            let mut dealer = ctx.socket(zmq::DEALER).unwrap();
+            dealer.set_identity(b"ps9").unwrap();
+            dealer.connect(&endpoint).unwrap();
+            send_message(&mut dealer, b"meta", &[]).unwrap();
+            let raw = recv_message(&router).unwrap();
+            assert_eq!(raw.sender, 9);
+            drop((dealer, router));
+            // Terminating the context closes the listener: the name is gone.
+            drop(ctx);
+            assert!(soon(|| !local_listening(&endpoint, quietly)));
+        }
     }
 
     #[test]

@@ -60,6 +60,7 @@ proptest! {
     ) {
         let mut me = Node::new(Role::Scheduler, "127.0.0.1", 8999);
         me.id = 1;
+        let t0 = Instant::now();
         let mut s = Scheduler::new(SchedulerConfig {
             num_servers: 2,
             num_workers: 2,
@@ -68,8 +69,7 @@ proptest! {
             recovery_timeout: Duration::from_secs(3),
             watch_all: true,
             elastic: None,
-        });
-        let t0 = Instant::now();
+        }, t0);
         let mut now = t0;
         for (msg, dt) in msgs {
             now += Duration::from_millis(dt);

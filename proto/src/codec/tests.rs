@@ -23,6 +23,7 @@ fn node(role: Role, id: i32, port: i32, customer_id: i32) -> Node {
         pslite: false,
         host: String::new(),
         pid: 0,
+        key: 0,
     }
 }
 

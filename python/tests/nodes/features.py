@@ -14,6 +14,7 @@ import threading
 import numpy as np
 
 import pslite
+from checks import expect, raises, run_node
 
 CMD_LATER = 7
 CMD_RAISE = 99
@@ -64,19 +65,6 @@ def serve(po):
     app.set_request_handle(lambda req, a: a.response(req, req.body[::-1]))
     apps += [s0, s1, s2, app]
     return apps
-
-
-def expect(cond, what):
-    if not cond:
-        raise AssertionError(what)
-
-
-def raises(exc, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        return e
-    raise AssertionError(f"{fn.__name__} did not raise {exc.__name__}")
 
 
 def work(po):
@@ -186,14 +174,7 @@ def work(po):
 
 
 def main():
-    po = pslite.Postoffice.from_env()
-    po.start()
-    apps = serve(po) if po.is_server else []
-    if po.is_worker:
-        work(po)
-    po.finalize()
-    for a in apps:
-        a.close()
+    run_node(serve, work)
     return 0
 
 

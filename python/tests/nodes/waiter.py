@@ -3,12 +3,16 @@
 
 Server: answers requests, except those with cmd 1 (never answered).
 Worker (WAITER_MODE):
-  request  push with cmd 1, print "waiting", wait for it;
-  start    print "waiting", start (the test gives it no scheduler).
+  request   push with cmd 1, print "waiting", kv.wait() for the Request;
+  take      pull with cmd 1, print "waiting", take() from the Request;
+  pull_int  pull with cmd 1 keeping only its int timestamp (the Request
+            object is gone), print "waiting", kv.take_pull(ts);
+  start     print "waiting", start (the test gives it no scheduler).
 The worker prints "interrupted" on KeyboardInterrupt, or
 "raised <Class>: <message>" on a pslite.Error, and exits 0 either way.
 """
 
+import gc
 import os
 import sys
 import time
@@ -26,9 +30,22 @@ def worker(po, mode):
             return
         po.start()
         kv = pslite.KVWorker(po)
-        ts = kv.push(np.array([1], dtype=np.uint64), np.ones(1, dtype=np.float32), cmd=1)
-        print("waiting", flush=True)
-        kv.wait(ts)
+        keys = np.array([1], dtype=np.uint64)
+        if mode == "request":
+            req = kv.push(keys, np.ones(1, dtype=np.float32), cmd=1)
+            print("waiting", flush=True)
+            kv.wait(req)
+        elif mode == "take":
+            req = kv.pull(keys, cmd=1)
+            print("waiting", flush=True)
+            req.take()
+        elif mode == "pull_int":
+            ts = int(kv.pull(keys, cmd=1))
+            gc.collect()
+            print("waiting", flush=True)
+            kv.take_pull(ts)
+        else:
+            raise SystemExit(f"unknown WAITER_MODE {mode}")
         print("completed?!", flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use log::{info, warn};
 use pslite_proto::checkpoint::{CheckpointFile, CheckpointMsg, CheckpointOp};
 use pslite_proto::ids::{self, NodeId};
-use pslite_proto::{Command, Message, Node, Role};
+use pslite_proto::{Command, Message, Role};
 
 use super::disk::{self, Io, IoResult};
 use super::format::{self, Manifest, Shape};
@@ -40,10 +40,10 @@ pub enum Requester {
         /// Its number for the request.
         ticket: u64,
     },
-    /// An admin client (`pslite checkpoint`), answered at its address.
+    /// An admin client (`pslite checkpoint`), answered on its connection.
     Admin {
-        /// Where it listens.
-        node: Node,
+        /// Its connection (the routing id of the scheduler's ROUTER).
+        route: Bytes,
         /// Its request's timestamp.
         ts: i32,
     },
@@ -353,6 +353,14 @@ impl CheckpointMaster {
         }
         let keep = self.cfg.keep.max(1);
         complete.len().checked_sub(keep).map_or(0, |i| complete[i])
+    }
+
+    /// Whether server report `msg` says the server could not restore the
+    /// checkpoint this job restores (the job cannot go on).
+    pub fn is_restore_failure(&self, msg: &CheckpointMsg) -> bool {
+        !msg.error.is_empty()
+            && self.restored_id() == Some(msg.id)
+            && self.running.as_ref().is_none_or(|r| r.id != msg.id)
     }
 
     /// Server `from`'s report on checkpoint `msg.id`.

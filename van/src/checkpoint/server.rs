@@ -382,9 +382,11 @@ impl CheckpointServer {
     fn fail_restore(&mut self, why: String) {
         let id = self.restoring.as_ref().map_or(0, |r| r.id);
         self.restoring = None;
-        self.out.push(ServerOut::Failed(format!(
-            "cannot restore checkpoint {id}: {why}; nothing of it was served"
-        )));
+        let why = format!("cannot restore checkpoint {id}: {why}; nothing of it was served");
+        // The scheduler stops the job with it: a job must not run on a
+        // checkpoint only some servers restored.
+        self.report(id, None, why.clone());
+        self.out.push(ServerOut::Failed(why));
     }
 
     /// Checks one file read for the restore: against the manifest, then

@@ -230,22 +230,14 @@ impl Core {
         match ck.op {
             CheckpointOp::Request if msg.meta.request && self.scheduler.is_some() => {
                 let from = if sender == K_EMPTY {
-                    match msg.meta.control.node.as_slice() {
-                        [client]
-                            if !client.hostname.is_empty()
-                                && (1..=65535).contains(&client.port) =>
-                        {
-                            Requester::Admin {
-                                node: client.clone(),
-                                ts: msg.meta.timestamp,
-                            }
-                        }
-                        _ => {
-                            self.drop_logged(
-                                sender,
-                                "CHECKPOINT",
-                                "an admin request without a usable reply address",
-                            );
+                    // An admin client: answered on its connection.
+                    match msg.meta.route.clone() {
+                        Some(route) => Requester::Admin {
+                            route,
+                            ts: msg.meta.timestamp,
+                        },
+                        None => {
+                            self.drop_logged(sender, "CHECKPOINT", "it came from an unknown peer");
                             return;
                         }
                     }
@@ -283,6 +275,16 @@ impl Core {
                     return;
                 }
                 let done = ck.clone();
+                let restore_failed = self
+                    .checkpoints
+                    .master
+                    .as_ref()
+                    .is_some_and(|m| m.is_restore_failure(&done));
+                if restore_failed {
+                    let detail = format!("server {sender}: {}", done.error);
+                    self.fail(Failure::Checkpoint { detail }, now);
+                    return;
+                }
                 if let Some(m) = &mut self.checkpoints.master {
                     m.done(sender, &done, now);
                 }
@@ -599,12 +601,13 @@ impl Core {
                 msg.meta.checkpoint = Some(Box::new(ck));
                 self.emit(msg, now);
             }
-            Requester::Admin { node, ts } => {
+            Requester::Admin { route, ts } => {
                 let mut msg = Message::control(Command::Checkpoint, K_EMPTY);
                 msg.meta.timestamp = ts;
                 msg.meta.sender = SCHEDULER;
                 msg.meta.checkpoint = Some(Box::new(ck));
-                self.out.push(Output::Answer { to: node, msg });
+                // Small (no file list is long): outside the answers' budget.
+                self.reply_unbudgeted(route, msg);
             }
             Requester::Interval => {}
         }

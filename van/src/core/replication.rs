@@ -161,7 +161,7 @@ impl Core {
                                 && m.meta.replica.as_ref().is_some_and(|x| x.range == range)
                         });
                     }
-                    self.out.push(Output::Deliver(msg));
+                    self.deliver(msg);
                 }
             }
             _ => {
@@ -182,6 +182,28 @@ impl Core {
             self.drop_logged(sender, "REPLICA", "it has no replication part");
             return;
         };
+        let early = !self.member.is_joined() || matches!(self.replication, Replication::Off);
+        if early
+            && self.cfg.role == Role::Server
+            && ids::role_of_id(sender) == Some(Role::Server)
+            && rep.op != ReplicaOp::Map
+        {
+            // A copy may come before this server's node table and map (a
+            // replacement registering while its primary already copies to
+            // it): held until the map, within PS_HOLD_LIMIT.
+            self.hold(msg);
+            return;
+        }
+        if self.identity_matches(sender, msg.meta.sender_key) == Some(false) {
+            // Held before the table named its sender's key: a copy from an
+            // earlier process of that id, or a forged one.
+            self.drop_logged(
+                sender,
+                "REPLICA",
+                "its identity lacks the key of its node's process",
+            );
+            return;
+        }
         if !self.member.is_member(sender) {
             self.drop_logged(sender, "REPLICA", "its sender is not in the node table");
             return;
@@ -250,6 +272,15 @@ impl Core {
         if let Some(map) = self.range_map().cloned() {
             self.out.push(Output::RangeMap(map));
         }
+        if matches!(self.replication, Replication::Server(_)) {
+            // What peers sent before this server had a map.
+            let early = self
+                .held
+                .take_if(|m| m.meta.control.cmd == Command::Replica);
+            for msg in early {
+                self.replica_control(msg, now);
+            }
+        }
         self.changed = true;
         self.flush_replica(now);
     }
@@ -272,8 +303,8 @@ impl Core {
                     }
                     self.emit(msg, now)
                 }
-                ServerOut::Deliver(msg) => self.out.push(Output::Deliver(msg)),
-                ServerOut::Apps(out) => self.out.push(out),
+                ServerOut::Deliver(msg) => self.deliver(msg),
+                ServerOut::Apps(out) => self.for_apps(out),
             }
         }
     }
@@ -303,7 +334,7 @@ impl Core {
         let Some(node) = msg.meta.control.node.iter().find(|n| !n.pslite) else {
             return false;
         };
-        if self.warned.len() < 1024 && self.warned.insert((msg.meta.sender, "replicas")) {
+        if self.dropped.first((msg.meta.sender, "replicas")) {
             error!(
                 "scheduler: refusing {} at {}: PS_REPLICAS={} (replicated key ranges) is \
                  pslite-only, C++ ps-lite nodes cannot join such a cluster; run it with \
@@ -403,7 +434,7 @@ impl Core {
                 if node.is_recovery && node.role == Role::Server {
                     changed = true;
                     if let Some(s) = &mut self.scheduler {
-                        let more = s.set_gone(node.id, false);
+                        let more = s.set_failed_over(node.id, false);
                         self.apply_scheduler(more, now);
                     }
                 }
@@ -440,7 +471,7 @@ impl Core {
                 );
                 changed = true;
             }
-            actions.extend(s.set_gone(id, true));
+            actions.extend(s.set_failed_over(id, true));
         }
         if changed {
             self.broadcast_map(now);

@@ -277,13 +277,14 @@ fn a_leaving_worker_ends_the_round_at_once() {
 #[test]
 fn a_newcomers_data_that_beats_the_table_to_a_server_is_held_until_it() {
     let (mut net, _, _) = two_running(9, 2, 4);
+    let c = join(&mut net);
     let mut push = net.request(2, 1, 5);
-    push.meta.sender = 13; // not in the table yet
+    push.meta.sender = 13; // not in the server's table yet
+    push.meta.sender_key = Some(net.nodes[c].core.me().key);
     let now = net.now;
     net.nodes[1].core.handle(push, now);
     net.flush(1);
     assert!(net.nodes[1].delivered.is_empty());
-    let c = join(&mut net);
     let t: Vec<(usize, u64)> = [2, 3]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
@@ -513,4 +514,26 @@ fn under_resend_a_joiner_waits_long_without_failing() {
         && t.iter()
             .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
     assert!(everyone_in(&net, 1, &[9, 11, 13]));
+}
+
+#[test]
+fn a_worker_killed_while_waiting_for_the_first_round_is_noticed_by_its_connection() {
+    // Default liveness (a 10 s heartbeat timeout that only watches nodes
+    // that sent heartbeats): a waiting worker sends none yet.
+    let mut net = elastic_with(1, 2, 3, 12, |c| {
+        c.heartbeat_timeout = Some(SECOND * 10);
+        c.watch_all = false;
+    });
+    let a = join(&mut net);
+    let b = join(&mut net);
+    net.kill(b);
+    // The last call (2 s) passes: the round must not begin with the dead
+    // worker (it would wait for it for ever): it has one worker, below MIN.
+    net.run_for(SECOND * 3);
+    assert_eq!(net.nodes[0].core.round(), None);
+    let c = join(&mut net);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[a].core.is_joined()
+        && n.nodes[c].core.is_joined()));
+    let (_, workers) = net.nodes[0].core.round().expect("a round");
+    assert_eq!(workers, vec![net.id(a), net.id(c)]);
 }

@@ -201,24 +201,28 @@ fn settle(net: &mut Network, job: &mut Job, limit: Duration) {
         if net.now < end && net.step() {
             continue;
         }
-        let servers: Vec<String> = (1..net.nodes.len())
-            .filter(|&i| net.nodes[i].app.is_some())
-            .map(|i| {
-                format!(
-                    "node {} (alive {}):\n{}",
-                    net.id(i),
-                    net.nodes[i].alive,
-                    net.nodes[i].core.describe_replicas()
-                )
-            })
-            .collect();
         panic!(
-            "requests never answered: {:?}\nmap {:?}\n{}",
+            "requests never answered: {:?}\n{}",
             job.open.keys().collect::<Vec<_>>(),
-            map(net),
-            servers.join("\n")
+            describe(net)
         );
     }
+}
+
+/// The scheduler's map and every server's replication state (failures).
+fn describe(net: &Network) -> String {
+    let servers: Vec<String> = (1..net.nodes.len())
+        .filter(|&i| net.nodes[i].app.is_some())
+        .map(|i| {
+            format!(
+                "node {} (alive {}):\n{}",
+                net.id(i),
+                net.nodes[i].alive,
+                net.nodes[i].core.describe_replicas()
+            )
+        })
+        .collect();
+    format!("map {:?}\n{}", map(net), servers.join("\n"))
 }
 
 /// Every live replica of every range holds exactly the acknowledged sums,
@@ -439,11 +443,28 @@ fn a_cxx_node_cannot_join_a_replicated_cluster() {
 
 #[derive(Clone, Debug)]
 enum Step {
-    Push { worker: usize, keys: Vec<u8> },
-    Pull { worker: usize },
-    Kill { server: usize },
-    Replace { server: usize },
-    Wait { ms: u16 },
+    Push {
+        worker: usize,
+        keys: Vec<u8>,
+    },
+    Pull {
+        worker: usize,
+    },
+    Kill {
+        server: usize,
+    },
+    Replace {
+        server: usize,
+    },
+    Wait {
+        ms: u16,
+    },
+    /// The server's apps take nothing more for a while (back-pressure:
+    /// what arrives is parked, copy requests behind it).
+    Stall {
+        server: usize,
+        ms: u16,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -454,7 +475,17 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..4usize).prop_map(|server| Step::Kill { server }),
         1 => (0..4usize).prop_map(|server| Step::Replace { server }),
         2 => (1..400u16).prop_map(|ms| Step::Wait { ms }),
+        1 => (0..4usize, 1..200u16).prop_map(|(server, ms)| Step::Stall { server, ms }),
     ]
+}
+
+/// `PROPTEST_CASES` when set (a long run: `PROPTEST_CASES=20000`), else
+/// `default` (what CI runs).
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Whether killing server `id` leaves every range a live replica in the
@@ -468,7 +499,7 @@ fn may_kill(net: &Network, id: NodeId) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
 
     /// Random pushes, pulls, server deaths (never the last live replica of
     /// a range) and replacements, with and without PS_RESEND: every request
@@ -487,11 +518,13 @@ proptest! {
     }
 
     /// The same with lost, doubled and reordered packets under PS_RESEND.
-    /// Not yet solid: rare schedules still leave a copy unfinished or an
-    /// answer waiting (a primary that moves twice while packets to a
-    /// joiner are lost); run with `--ignored` to work on it.
+    /// Ignored: since keyed identities, fencing and closed-connection
+    /// deaths (issue 24) joined replication, some schedules (about 1 in
+    /// 1 000 cases) leave a request unanswered or fail a worker; the seeds
+    /// it found are kept in proptest-regressions. Run it with
+    /// `cargo test --release -p pslite-van -- --ignored packet_faults`.
     #[test]
-    #[ignore]
+    #[ignore = "finds failing schedules since the hostile-peers merge (issue 21 open)"]
     fn acknowledged_pushes_survive_deaths_and_packet_faults(
         seed in 0..u64::MAX,
         servers in 2..5i32,
@@ -563,6 +596,14 @@ fn run_schedule(
                 }
             }
             Step::Wait { ms } => net.run_for(MS * u32::from(ms)),
+            Step::Stall { server, ms } => {
+                let i = 1 + server % n;
+                if net.nodes[i].alive {
+                    net.nodes[i].app_capacity = Some(net.nodes[i].delivered.len());
+                    net.run_for(MS * u32::from(ms));
+                    net.give_room(i);
+                }
+            }
         }
         job.collect(&net);
     }
@@ -571,7 +612,7 @@ fn run_schedule(
     let settled = net.run_until(SECOND * 20, |n| {
         map(n).ranges.iter().all(|r| r.joining.is_empty()) && serving(n)
     });
-    prop_assert!(settled, "copies never ended: map {:?}", map(&net));
+    prop_assert!(settled, "copies never ended: {}", describe(&net));
     check_replicas(&net, &job);
     let all: Vec<u64> = (0..12)
         .map(key)
@@ -587,4 +628,26 @@ fn run_schedule(
         .collect();
     prop_assert_eq!(pulled, job.acked.clone());
     Ok(())
+}
+
+/// Found by the packet-fault property test after keyed identities came in:
+/// the scheduler's update naming a replacement's key to a worker was lost,
+/// and a heartbeat from the worker counted as its acknowledgement (as for
+/// the table that assigns a node its id), so it was never sent again; the
+/// worker refused the replacement's answers for good.
+#[test]
+fn a_lost_update_of_a_replacements_key_is_sent_again() {
+    let steps = vec![
+        Step::Push {
+            worker: 0,
+            keys: vec![0],
+        },
+        Step::Push {
+            worker: 0,
+            keys: vec![7],
+        },
+        Step::Kill { server: 0 },
+        Step::Replace { server: 3 },
+    ];
+    run_schedule(3910036129346832162, 3, 2, true, true, steps).unwrap();
 }

@@ -13,7 +13,8 @@ use super::*;
 
 const SECOND: Duration = Duration::from_secs(1);
 
-fn heartbeats() -> VanConfig {
+/// Heartbeats every second, a 3 s timeout for every node, 5 s to recover.
+pub(super) fn heartbeats() -> VanConfig {
     VanConfig {
         heartbeat_interval: Some(SECOND),
         heartbeat_timeout: Some(SECOND * 3),
@@ -23,7 +24,8 @@ fn heartbeats() -> VanConfig {
     }
 }
 
-fn resend(timeout_ms: u64) -> VanConfig {
+/// `PS_RESEND` with a timeout of `timeout_ms`.
+pub(super) fn resend(timeout_ms: u64) -> VanConfig {
     VanConfig {
         resend_timeout: Some(Duration::from_millis(timeout_ms)),
         ..VanConfig::default()
@@ -266,7 +268,8 @@ fn a_dead_worker_fails_the_barriers_that_wait_for_it_after_the_recovery_timeout(
     let mut net = Network::cluster(1, 2, heartbeats(), 7);
     assert!(net.form(SECOND * 5));
     let dead = net.index_of(11).unwrap();
-    net.kill(dead);
+    // Hung (its connections stay open): the heartbeat timeout tells.
+    net.pause(dead);
     let waiters = enter(&mut net, ALL_GROUP);
     // Heartbeat timeout (3 s) then recovery timeout (5 s).
     net.run_for(SECOND * 7);
@@ -379,7 +382,8 @@ fn nodes_fail_when_the_scheduler_falls_silent() {
         net.nodes.iter().all(|n| n.failures.is_empty()),
         "heartbeats keep nodes alive"
     );
-    net.kill(0);
+    // Stopped, not dead: its connections stay open, only its silence tells.
+    net.pause(0);
     assert!(net.run_until(SECOND * 5, |n| n.nodes[1..]
         .iter()
         .all(|n| !n.failures.is_empty())));
@@ -392,6 +396,107 @@ fn nodes_fail_when_the_scheduler_falls_silent() {
             }]
         ));
     }
+}
+
+#[test]
+fn a_killed_scheduler_is_noticed_by_its_closed_connection() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 9);
+    assert!(net.form(SECOND * 5));
+    net.run_for(SECOND * 3);
+    let killed = net.now;
+    net.kill(0);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[1..]
+        .iter()
+        .all(|n| !n.failures.is_empty())));
+    let took = net.now - killed;
+    assert!(took <= crate::member::LINK_GRACE + SECOND / 10, "{took:?}");
+    for n in &net.nodes[1..] {
+        assert!(matches!(n.failures[..], [Failure::SchedulerClosed { .. }]));
+    }
+}
+
+#[test]
+fn after_the_last_barrier_the_schedulers_closed_connection_is_no_loss() {
+    for finalize in [false, true] {
+        let mut net = Network::cluster(1, 1, VanConfig::default(), 9);
+        assert!(net.form(SECOND * 5));
+        net.run_for(SECOND * 3);
+        // Every node finalizes (or not) and passes a barrier over all.
+        if finalize {
+            for n in &mut net.nodes {
+                n.core.finalizing();
+            }
+        }
+        assert!(net.barrier_over_all(SECOND * 2));
+        // The scheduler leaves first; the others are slow to stop.
+        net.kill(0);
+        net.run_for(crate::member::LINK_GRACE * 3);
+        for n in &net.nodes[1..] {
+            if finalize {
+                assert!(n.failures.is_empty(), "{:?}", n.failures);
+            } else {
+                assert!(matches!(n.failures[..], [Failure::SchedulerClosed { .. }]));
+            }
+        }
+    }
+}
+
+#[test]
+fn finalizing_nodes_still_notice_a_death_before_the_last_barrier_is_released() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 9);
+    assert!(net.form(SECOND * 5));
+    // Heartbeats answered: the scheduler is watched.
+    net.run_for(SECOND * 3);
+    // ps-lite's servers and scheduler finalize at once and wait in the
+    // last barrier for the whole job.
+    for n in &mut net.nodes {
+        n.core.finalizing();
+    }
+    net.kill(0);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[1..]
+        .iter()
+        .all(|n| !n.failures.is_empty())));
+    for n in &net.nodes[1..] {
+        assert!(matches!(n.failures[..], [Failure::SchedulerClosed { .. }]));
+    }
+}
+
+#[test]
+fn a_killed_worker_is_declared_dead_by_its_closed_connection() {
+    let mut net = Network::cluster(1, 2, VanConfig::default(), 10);
+    assert!(net.form(SECOND * 5));
+    net.run_for(SECOND * 3);
+    let w = net.index_of(11).unwrap();
+    let killed = net.now;
+    net.kill(w);
+    // Within the grace, the scheduler tells the others; they give up on it
+    // after the recovery window.
+    let others: Vec<usize> = vec![net.index_of(8).unwrap(), net.index_of(9).unwrap()];
+    assert!(net.run_until(SECOND * 60, |n| others
+        .iter()
+        .all(|&i| n.nodes[i].peer_dead.contains(&11))));
+    let took = net.now - killed;
+    let window = VanConfig::default().recovery_timeout;
+    assert!(took <= window + SECOND * 2, "{took:?}");
+    assert!(took >= window, "{took:?}");
+}
+
+#[test]
+fn a_paused_node_keeps_its_connections_and_is_not_declared_dead_by_them() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 11);
+    assert!(net.form(SECOND * 5));
+    let s = net.index_of(8).unwrap();
+    net.pause(s);
+    net.run_for(SECOND * 5);
+    // Its heartbeats stopped 5 s ago (the timeout is 10 s): not dead yet.
+    let w = net.index_of(9).unwrap();
+    assert!(net.nodes[w].peer_dead.is_empty());
+    net.resume(s);
+    net.run_for(SECOND * 40);
+    assert!(net
+        .nodes
+        .iter()
+        .all(|n| n.peer_dead.is_empty() && n.failures.is_empty()));
 }
 
 /// Sends `count` requests from every worker to every server and checks
@@ -523,11 +628,13 @@ fn data_is_accepted_only_as_the_roles_allow() {
     // a worker: dropped and counted.
     let mut push = net.request(s8, s8, 1);
     push.meta.sender = 10;
+    push.meta.sender_key = net.key_of(10);
     net.nodes[s8].core.handle(push, now);
     let w9 = net.index_of(9).unwrap();
     let mut response = net.request(w9, w9, 1);
     response.meta.request = false;
     response.meta.sender = 11;
+    response.meta.sender_key = net.key_of(11);
     net.nodes[w9].core.handle(response, now);
     net.flush(s8);
     net.flush(w9);
@@ -552,6 +659,7 @@ fn data_before_joining_is_held_within_the_byte_budget() {
     let mut big = net.request(2, server, 0);
     big.data = vec![bytes::Bytes::from(vec![0u8; 900])];
     big.meta.sender = 9;
+    big.meta.sender_key = Some(net.nodes[2].core.me().key);
     for ts in 0..3 {
         big.meta.timestamp = ts;
         net.nodes[server].core.handle(big.clone(), now);
@@ -613,4 +721,59 @@ proptest! {
             prop_assert!(n.core.poll_timeout().is_none_or(|t| t > net.now - SECOND));
         }
     }
+}
+
+#[test]
+fn a_node_stopped_for_15_s_comes_back_and_the_cluster_goes_on() {
+    // Default liveness: heartbeats every second, dead after 10 s of
+    // silence, 30 s to be replaced.
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 12);
+    assert!(net.form(SECOND * 5));
+    let server = net.index_of(8).unwrap();
+    let worker = net.index_of(9).unwrap();
+    net.run_for(SECOND * 2);
+    net.pause(server);
+    // A request waits in the stopped server's socket.
+    let msg = net.request(worker, server, 77);
+    net.send(worker, msg);
+    net.run_for(SECOND * 15);
+    assert!(net.nodes[worker].peer_dead.is_empty());
+    net.resume(server);
+    net.run_for(SECOND * 40);
+    for n in &net.nodes {
+        assert!(n.failures.is_empty(), "{:?}", n.failures);
+        assert!(n.peer_dead.is_empty(), "{:?}", n.peer_dead);
+    }
+    assert!(net.nodes[server]
+        .delivered
+        .iter()
+        .any(|m| m.meta.timestamp == 77));
+    // It is alive in the scheduler's eyes again, and barriers work.
+    let waiters = enter(&mut net, ALL_GROUP);
+    assert!(net.run_until(SECOND, |n| all_released(n, &waiters)));
+}
+
+#[test]
+fn a_stopped_node_whose_place_was_taken_is_told_so_and_stops() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 13);
+    assert!(net.form(SECOND * 5));
+    let old = net.index_of(8).unwrap();
+    net.pause(old);
+    // A new server process at another address waits to replace the next
+    // server that dies; the stopped one is declared dead after 10 s.
+    let new = net.add(Role::Server, 20_000);
+    net.register(new);
+    assert!(net.run_until(SECOND * 15, |n| n.nodes[new].core.is_joined()));
+    assert_eq!(net.id(new), 8);
+    net.resume(old);
+    assert!(net.run_until(SECOND * 5, |n| !n.nodes[old].failures.is_empty()));
+    assert!(
+        matches!(&net.nodes[old].failures[..], [Failure::Replaced { id: 8, by }] if by.ends_with(":20000")),
+        "{:?}",
+        net.nodes[old].failures
+    );
+    // The cluster goes on with the new process.
+    net.kill(old);
+    let waiters = enter(&mut net, ALL_GROUP);
+    assert!(net.run_until(SECOND, |n| all_released(n, &waiters)));
 }

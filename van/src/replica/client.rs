@@ -15,7 +15,7 @@
 //! - `done_below` is the lowest id still in flight: the servers forget the
 //!   ids below it.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use log::{debug, info};
 use pslite_proto::ids::{self, NodeId};
@@ -45,7 +45,7 @@ pub struct Rerouted {
 pub struct RangeClient {
     map: RangeMap,
     next_id: u64,
-    in_flight: HashMap<Key, InFlight>,
+    in_flight: BTreeMap<Key, InFlight>,
 }
 
 impl RangeClient {
@@ -55,7 +55,7 @@ impl RangeClient {
         RangeClient {
             map,
             next_id: (u64::from(incarnation.max(1)) << 32) | 1,
-            in_flight: HashMap::new(),
+            in_flight: BTreeMap::new(),
         }
     }
 
@@ -161,22 +161,29 @@ impl RangeClient {
         self.in_flight.contains_key(&key)
     }
 
-    /// A newer map: requests in flight to a range whose primary changed go
-    /// to the new one; those of a range with no replica left fail.
+    /// A newer map: requests in flight to a range whose replicas changed go
+    /// to its primary again (a new one, or the same one after maps this
+    /// node missed: it may have been demoted meanwhile, dropping the answer
+    /// it owed, and promoted again); those of a range with no replica left
+    /// fail. A server applies a request sent again at most once.
     pub fn on_map(&mut self, map: RangeMap) -> Rerouted {
         let mut out = Rerouted::default();
         if map.version <= self.map.version {
             return out;
         }
-        self.map = map;
+        let old = std::mem::replace(&mut self.map, map);
         let done_below = self.done_below();
         let mut lost = Vec::new();
         for (key, f) in self.in_flight.iter_mut() {
             let range = key.3;
+            let changed =
+                old.range(range).map(|e| &e.replicas) != self.map.range(range).map(|e| &e.replicas);
             match self.map.primary(range) {
                 None => lost.push(*key),
-                Some(p) if f.targets.last() != Some(&p) => {
-                    f.targets.push(p);
+                Some(p) if changed || f.targets.last() != Some(&p) => {
+                    if f.targets.last() != Some(&p) {
+                        f.targets.push(p);
+                    }
                     let mut msg = f.msg.clone();
                     msg.meta.recver = p;
                     if let Some(r) = msg.meta.replica.as_mut() {
@@ -190,7 +197,7 @@ impl RangeClient {
         }
         if !out.resend.is_empty() {
             info!(
-                "range map {}: sending {} requests in flight again to new primaries",
+                "range map {}: sending {} requests in flight again to their ranges' primaries",
                 self.map.version,
                 out.resend.len()
             );

@@ -19,14 +19,16 @@
 //! - **New primary** (promoted, or the primary moved): before serving it asks
 //!   the other replicas (SYNC) what they applied; each sends the entries it
 //!   has beyond the new primary's, then SYNC_REPLY. The new primary applies
-//!   them, sends every replica what it lacks, and serves. Entries only ever
+//!   them (and the old primary's entries it held past a gap), sends every
+//!   replica what it lacks, and serves. Entries only ever
 //!   come from the primary of the receiver's map (or, during a sync, from
 //!   its replicas), so two replicas never hold different entries at one
 //!   `seq`.
 //! - **Joiner.** Its primary takes a snapshot of the range from the apps at
 //!   `seq` s0 (in request order), sends it with the applied table up to s0,
-//!   and sends it every entry after s0. The joiner restores the snapshot,
-//!   applies the entries after s0 and acknowledges them; once it has
+//!   the entries after `stable` up to s0 (for the joiner's log) and every
+//!   entry after s0. The joiner restores the snapshot, applies the entries
+//!   after s0 and acknowledges as far as its log is whole; once it has
 //!   acknowledged s0 its acknowledgements gate answers, and once it has
 //!   every entry answered without it, the primary reports it READY to the
 //!   scheduler, which makes it a replica.
@@ -37,7 +39,7 @@
 //! worker request, for different ranges, may reach one server) and answer
 //! them as usual; this state machine pairs the answer with the request.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bytes::Bytes;
 use log::{debug, info, warn};
@@ -95,6 +97,21 @@ struct CatchUp {
     backup: bool,
 }
 
+/// A copy being restored by the apps.
+#[derive(Debug)]
+struct Restoring {
+    /// Pairs the apps' answers with it.
+    token: u64,
+    /// The seq of the copy.
+    s0: u64,
+    /// The copy's primary had every entry up to here on every replica; it
+    /// sends the entries after it up to `s0` too, for a later new primary
+    /// that lacks them (a sync asks the replicas for them).
+    stable: u64,
+    /// The applied table up to `s0`.
+    applied: Vec<Applied>,
+}
+
 /// A new primary's sync with the other replicas.
 #[derive(Debug, Default)]
 struct Sync {
@@ -102,7 +119,7 @@ struct Sync {
     /// The highest seq a replica applied.
     max: u64,
     /// What each replica applied.
-    replies: HashMap<NodeId, u64>,
+    replies: BTreeMap<NodeId, u64>,
 }
 
 /// The at-most-once table of one worker in one range.
@@ -131,19 +148,19 @@ struct RangeState {
     log: BTreeMap<u64, Entry>,
     /// Entries that came before their turn.
     buffered: BTreeMap<u64, Entry>,
-    applied: HashMap<NodeId, Client>,
+    applied: BTreeMap<NodeId, Client>,
     stable: u64,
     // Primary only.
     sync: Option<Sync>,
-    acked: HashMap<NodeId, u64>,
+    acked: BTreeMap<NodeId, u64>,
     gating: BTreeSet<NodeId>,
-    catch_up: HashMap<NodeId, CatchUp>,
+    catch_up: BTreeMap<NodeId, CatchUp>,
     /// Answers waiting for acknowledgements, by seq.
     pending: BTreeMap<u64, Vec<Message>>,
     /// Requests waiting for the sync to end.
     waiting: Vec<Message>,
-    // Joiner only: the snapshot being restored (token, s0, applied table).
-    restoring: Option<(u64, u64, Vec<Applied>)>,
+    // Joiner only: the snapshot being restored.
+    restoring: Option<Restoring>,
     restored: bool,
 }
 
@@ -158,12 +175,12 @@ impl RangeState {
             answered_above: BTreeSet::new(),
             log: BTreeMap::new(),
             buffered: BTreeMap::new(),
-            applied: HashMap::new(),
+            applied: BTreeMap::new(),
             stable: 0,
             sync: None,
-            acked: HashMap::new(),
+            acked: BTreeMap::new(),
             gating: BTreeSet::new(),
-            catch_up: HashMap::new(),
+            catch_up: BTreeMap::new(),
             pending: BTreeMap::new(),
             waiting: Vec::new(),
             restoring: None,
@@ -244,6 +261,23 @@ impl RangeState {
         out
     }
 
+    /// How far this replica can answer for: `delivered`, or less while its
+    /// log lacks an entry above `stable` (a restored copy's tail still on
+    /// its way), which a later new primary's sync would ask it for.
+    fn held_upto(&self) -> u64 {
+        if self.stable >= self.delivered
+            || self.log.range(self.stable + 1..=self.delivered).count() as u64
+                == self.delivered - self.stable
+        {
+            return self.delivered;
+        }
+        let mut upto = self.stable;
+        while upto < self.delivered && self.log.contains_key(&(upto + 1)) {
+            upto += 1;
+        }
+        upto
+    }
+
     fn trim(&mut self, stable: u64) {
         if stable > self.stable {
             self.stable = stable;
@@ -290,23 +324,23 @@ enum Local {
 pub struct ReplicaServer {
     me: NodeId,
     map: RangeMap,
-    ranges: HashMap<u32, RangeState>,
+    ranges: BTreeMap<u32, RangeState>,
     local: HashMap<i32, Local>,
     next_local: i32,
     next_token: u64,
     /// Messages of a newer map version than ours.
     ahead: Vec<Message>,
     /// Snapshot requests to the apps: token -> (range, joiner).
-    snapshots: HashMap<u64, (u32, NodeId)>,
+    snapshots: BTreeMap<u64, (u32, NodeId)>,
     /// Restores asked of the apps: token -> range.
-    restores: HashMap<u64, u32>,
+    restores: BTreeMap<u64, u32>,
     out: Vec<ServerOut>,
     /// Apps that answer snapshot and restore requests.
     apps: BTreeSet<i32>,
     /// Snapshot parts received so far: token -> (app, bytes).
-    parts: HashMap<u64, Vec<(i32, Bytes)>>,
+    parts: BTreeMap<u64, Vec<(i32, Bytes)>>,
     /// Restore answers still missing: token -> apps left.
-    restores_left: HashMap<u64, HashSet<i32>>,
+    restores_left: BTreeMap<u64, BTreeSet<i32>>,
     /// What happened lately, for test failures.
     pub trace: Vec<String>,
 }
@@ -320,17 +354,17 @@ impl ReplicaServer {
         ReplicaServer {
             me,
             map: RangeMap::default(),
-            ranges: HashMap::new(),
+            ranges: BTreeMap::new(),
             local: HashMap::new(),
             next_local: 0,
             next_token: 1,
             ahead: Vec::new(),
-            snapshots: HashMap::new(),
-            restores: HashMap::new(),
+            snapshots: BTreeMap::new(),
+            restores: BTreeMap::new(),
             out: Vec::new(),
             apps: BTreeSet::from([0]),
-            parts: HashMap::new(),
-            restores_left: HashMap::new(),
+            parts: BTreeMap::new(),
+            restores_left: BTreeMap::new(),
             trace: Vec::new(),
         }
     }
@@ -478,7 +512,16 @@ impl ReplicaServer {
                         state.catch_up.remove(&j);
                     }
                     if let Some(sync) = &mut state.sync {
+                        // A replica that left (died) sends nothing more:
+                        // what only it had is not waited for (it was on no
+                        // other replica, so never answered).
                         sync.waiting.retain(|s| entry.replicas.contains(s));
+                        sync.replies.retain(|s, _| entry.replicas.contains(s));
+                        sync.max = sync
+                            .replies
+                            .values()
+                            .copied()
+                            .fold(state.delivered, u64::max);
                     }
                     let catch_up = &state.catch_up;
                     state
@@ -487,9 +530,11 @@ impl ReplicaServer {
                 }
                 (_, Role::Primary) => {
                     // Promoted (or the primary moved here): sync first.
+                    // Entries buffered past a gap came from the old primary
+                    // and stay: the sync may fill the gap (the replicas
+                    // that had them may have lost their copy of one).
                     state.role = Role::Primary;
                     state.pending.clear();
-                    state.buffered.clear();
                     state.catch_up.clear();
                     state.acked.clear();
                     state.gating = entry
@@ -506,7 +551,7 @@ impl ReplicaServer {
                     state.sync = Some(Sync {
                         waiting: others.clone(),
                         max: state.delivered,
-                        replies: HashMap::new(),
+                        replies: BTreeMap::new(),
                     });
                     let from = state.delivered;
                     for s in others {
@@ -537,10 +582,10 @@ impl ReplicaServer {
                 }
                 (Role::Joining, Role::Joining) => {
                     if primary_changed {
-                        // Start over with the new primary's snapshot.
-                        state.restored = false;
-                        state.restoring = None;
-                        state.buffered.clear();
+                        // Start over with the new primary's snapshot: what
+                        // the old one's copy brought counts for nothing (its
+                        // seqs may run ahead of the new primary's snapshot).
+                        *state = RangeState::new(Role::Joining, version, primary);
                     }
                 }
                 (_, Role::Joining) => {
@@ -760,7 +805,12 @@ impl ReplicaServer {
             done_below: rep.done_below,
         };
         if rep.seq <= state.delivered {
-            // Seen before: say again how far this replica is.
+            // Seen before (or one of a copy's tail, applied by the copy:
+            // kept for a later new primary's sync); say again how far this
+            // replica is.
+            if rep.seq > state.stable {
+                state.log.entry(rep.seq).or_insert(entry);
+            }
             if state.role != Role::Primary {
                 self.ack(r);
             }
@@ -844,7 +894,7 @@ impl ReplicaServer {
         };
         let mut rep = ReplicaMsg::new(ReplicaOp::Applied, r);
         rep.version = self.map.version;
-        rep.seq = state.delivered;
+        rep.seq = state.held_upto();
         self.send_control(rep, primary, Vec::new());
     }
 
@@ -856,6 +906,14 @@ impl ReplicaServer {
             return;
         };
         if state.role != Role::Primary {
+            return;
+        }
+        if state
+            .catch_up
+            .get(&sender)
+            .is_some_and(|c| rep.version < c.since)
+        {
+            debug!("range {r}: ignoring an APPLIED of node {sender} from before its copy began");
             return;
         }
         let acked = state.acked.entry(sender).or_insert(0);
@@ -1003,6 +1061,9 @@ impl ReplicaServer {
         let Some(sync) = state.sync.take() else {
             return;
         };
+        // Entries of the old primary past a gap no replica filled were on
+        // no other replica: never answered, and this primary numbers anew.
+        state.buffered.clear();
         let mut sends = Vec::new();
         let mut copies = Vec::new();
         for (&s, &had) in &sync.replies {
@@ -1118,13 +1179,27 @@ impl ReplicaServer {
         }
         c.token = None;
         let s0 = c.s0;
+        let since = c.since;
         let mut rep = ReplicaMsg::new(ReplicaOp::Snapshot, r);
-        rep.version = state.version;
+        // The map version the copy started at: a joiner refuses a copy
+        // meant for an earlier process with its id (the resender may hand
+        // it one).
+        rep.version = since;
         rep.seq = s0;
+        // The entries not yet on every replica follow the copy: the joiner
+        // keeps them in its log (a new primary that lacks one gets it in
+        // its sync from whichever replica has it).
+        let stable = state.stable.min(s0);
+        rep.stable = stable;
         rep.applied = state.applied_table(s0);
         rep.apps = parts.iter().map(|(a, _)| *a).collect();
         let data = parts.into_iter().map(|(_, d)| d).collect();
+        let tail = log_between(&state.log, stable, s0);
+        let version = state.version;
         self.send_control(rep, j, data);
+        for (seq, entry) in tail {
+            self.send_entry(r, seq, &entry, version, stable, j);
+        }
     }
 
     fn on_snapshot(&mut self, msg: Message) {
@@ -1136,18 +1211,25 @@ impl ReplicaServer {
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
-        let joiner = state.role == Role::Joining && !state.restored;
+        let Some(range) = self.map.range(r) else {
+            return;
+        };
+        let joiner = state.role == Role::Joining
+            && !state.restored
+            && rep.version >= range.joined_at(self.me);
         let lagging = state.role == Role::Backup && rep.seq > state.delivered;
         if state.primary != Some(sender) || !(joiner || lagging) || state.restoring.is_some() {
             debug!("dropping a snapshot of range {r} from node {sender}: not expected");
             return;
         }
-        let Some(range) = self.map.range(r) else {
-            return;
-        };
         let token = self.next_token;
         self.next_token += 1;
-        state.restoring = Some((token, rep.seq, rep.applied.clone()));
+        state.restoring = Some(Restoring {
+            token,
+            s0: rep.seq,
+            stable: rep.stable.min(rep.seq),
+            applied: rep.applied.clone(),
+        });
         self.restores.insert(token, r);
         self.restores_left
             .insert(token, rep.apps.iter().copied().collect());
@@ -1190,19 +1272,28 @@ impl ReplicaServer {
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
-        let Some((t, s0, applied)) = state.restoring.take() else {
-            return;
-        };
-        if t != token {
-            state.restoring = Some((t, s0, applied));
+        if state.restoring.as_ref().is_none_or(|x| x.token != token) {
             return;
         }
+        let Some(Restoring {
+            s0,
+            stable,
+            applied,
+            ..
+        }) = state.restoring.take()
+        else {
+            return;
+        };
         state.restored = true;
         state.delivered = s0;
         state.answered = s0;
         state.answered_above.clear();
-        state.log.clear();
-        state.stable = s0;
+        state.stable = stable;
+        // The entries up to the copy are in it; those after `stable` stay
+        // in the log (for a later new primary's sync).
+        let after = state.buffered.split_off(&(s0 + 1));
+        let tail = std::mem::replace(&mut state.buffered, after);
+        state.log = tail.into_iter().filter(|(s, _)| *s > stable).collect();
         state.applied.clear();
         for a in applied {
             let c = state.applied.entry(a.worker).or_default();
@@ -1213,7 +1304,6 @@ impl ReplicaServer {
                 c.ids.insert(a.request_id, a.seq);
             }
         }
-        state.buffered = state.buffered.split_off(&(s0 + 1));
         self.ack(r);
         self.apply_buffered(r);
     }

@@ -8,15 +8,18 @@ const HOST: &str = "127.0.0.1";
 fn scheduler(num_servers: i32, num_workers: i32, timeout: Option<u64>) -> Scheduler {
     let mut me = Node::new(Role::Scheduler, HOST, 9000);
     me.id = SCHEDULER;
-    Scheduler::new(SchedulerConfig {
-        num_servers,
-        num_workers,
-        me,
-        heartbeat_timeout: timeout.map(Duration::from_secs),
-        recovery_timeout: Duration::from_secs(30),
-        watch_all: true,
-        elastic: None,
-    })
+    Scheduler::new(
+        SchedulerConfig {
+            num_servers,
+            num_workers,
+            me,
+            heartbeat_timeout: timeout.map(Duration::from_secs),
+            recovery_timeout: Duration::from_secs(30),
+            watch_all: true,
+            elastic: None,
+        },
+        Instant::now(),
+    )
 }
 
 fn add_node(role: Role, host: &str, port: i32, customer_id: i32) -> Message {
@@ -485,23 +488,22 @@ fn a_recovered_node_still_counts_once_in_a_barrier() {
     );
 }
 
+/// A STATUS request from an admin client whose connection has routing
+/// id `[0, port]` (ZeroMQ generates one per connection).
 fn status_request(port: i32) -> Message {
     let mut msg = Message::control(Command::Status, SCHEDULER);
     msg.meta.request = true;
     msg.meta.timestamp = 42;
-    msg.meta
-        .control
-        .node
-        .push(Node::new(Role::Worker, HOST, port));
+    msg.meta.route = Some(bytes::Bytes::from(vec![0, port as u8, (port >> 8) as u8]));
     msg
 }
 
-/// The status table of the one Answer action a STATUS request produces.
+/// The status table of the one Reply action a STATUS request produces.
 fn answered(actions: &[Action], port: i32) -> Vec<NodeStatus> {
-    let [Action::Answer { to, msg }] = actions else {
-        panic!("expected one Answer, got {actions:?}");
+    let [Action::Reply { route, msg }] = actions else {
+        panic!("expected one Reply, got {actions:?}");
     };
-    assert_eq!((to.hostname.as_str(), to.port), (HOST, port));
+    assert_eq!(&route[..], [0, port as u8, (port >> 8) as u8]);
     assert_eq!(msg.meta.control.cmd, Command::Status);
     assert!(!msg.meta.request);
     assert_eq!(
@@ -570,10 +572,12 @@ fn status_reports_heartbeat_counters_liveness_and_recovery() {
 fn bad_status_requests_are_dropped() {
     let mut s = scheduler(1, 1, None);
     let now = Instant::now();
-    let mut no_address = status_request(7000);
-    no_address.meta.control.node.clear();
-    assert!(s.handle(&no_address, now).is_empty());
-    assert!(s.handle(&status_request(0), now).is_empty());
+    // From a peer with an identity (not an admin client's connection):
+    // nothing to answer on, whatever address it names.
+    let mut no_route = status_request(7000);
+    no_route.meta.route = None;
+    no_route.meta.control.node = vec![Node::new(Role::Worker, HOST, 7000)];
+    assert!(s.handle(&no_route, now).is_empty());
     let mut reply = status_request(7000);
     reply.meta.request = false;
     assert!(s.handle(&reply, now).is_empty());
@@ -583,20 +587,23 @@ fn bad_status_requests_are_dropped() {
 fn elastic_status_gives_round_ranks_and_lists_waiting_workers() {
     let mut me = Node::new(Role::Scheduler, HOST, 9000);
     me.id = SCHEDULER;
-    let mut s = Scheduler::new(SchedulerConfig {
-        num_servers: 1,
-        num_workers: 2,
-        me,
-        heartbeat_timeout: None,
-        recovery_timeout: Duration::from_secs(30),
-        watch_all: true,
-        elastic: Some(RendezvousConfig {
-            min: 2,
-            max: 2,
-            last_call: Duration::from_secs(1),
-            timeout: Duration::from_secs(60),
-        }),
-    });
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            num_servers: 1,
+            num_workers: 2,
+            me,
+            heartbeat_timeout: None,
+            recovery_timeout: Duration::from_secs(30),
+            watch_all: true,
+            elastic: Some(RendezvousConfig {
+                min: 2,
+                max: 2,
+                last_call: Duration::from_secs(1),
+                timeout: Duration::from_secs(60),
+            }),
+        },
+        Instant::now(),
+    );
     let now = Instant::now();
     let pslite = |role, port| {
         let mut msg = add_node(role, HOST, port, 0);

@@ -1,7 +1,30 @@
 //! The segment pool and the descriptor checks, in one process (a process
 //! may open its own `/proc/<pid>/fd`, as a same-host peer does).
 
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pslite_proto::shm::ShmFrame;
+use pslite_proto::NodeId;
+
+use super::host::fnv1a;
+use super::mapping::HEADER;
+use super::pool::{class, MAX_CAPACITY};
+use super::track::{foreign_gone, register_tracked, Registration};
 use super::*;
+
+const MIN_CAPACITY: usize = 64 << 10;
+
+/// Errors compare by what they say (an I/O error has no equality).
+impl PartialEq for ShmError {
+    fn eq(&self, other: &ShmError) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
 
 const SENDER: NodeId = 9;
 
@@ -27,7 +50,10 @@ fn frames_arrive_exact_in_place_and_free_their_segment_when_dropped() {
     let big = pattern(MIN_FRAME * 3 + 5);
     let d = send(&pool, &big, 1);
     let mut data = vec![Bytes::from_static(b"small"), Bytes::new()];
-    assert_eq!(rx.resolve(SENDER, me(), &[d], &mut data), Ok(big.len()));
+    assert_eq!(
+        rx.resolve(SENDER, me(), &[d], &mut data).unwrap(),
+        big.len()
+    );
     assert_eq!(&data[1][..], &big[..]);
     assert_eq!(
         data[1].as_ptr() as usize % 4096,
@@ -123,17 +149,16 @@ fn a_frame_sent_again_is_not_copied_and_several_receivers_share_it() {
     );
 }
 
-/// A buffer registered with [`track`], as an `SArray` holds one; `dropped`
-/// turns true when its memory is freed.
+/// A [`Tracked`], as an `SArray` holds one; `dropped` turns true when
+/// its memory is freed.
 struct Owned {
-    _tracked: Option<Tracked>,
-    values: Vec<u8>,
+    values: Tracked<Vec<u8>>,
     dropped: Arc<AtomicBool>,
 }
 
 impl AsRef<[u8]> for Owned {
     fn as_ref(&self) -> &[u8] {
-        &self.values
+        self.values.as_ref()
     }
 }
 
@@ -146,8 +171,7 @@ impl Drop for Owned {
 fn owned(values: Vec<u8>) -> (Bytes, Arc<AtomicBool>) {
     let dropped = Arc::new(AtomicBool::new(false));
     let owner = Owned {
-        _tracked: track(&values),
-        values,
+        values: Tracked::new(values),
         dropped: Arc::clone(&dropped),
     };
     (Bytes::from_owner(owner), dropped)
@@ -158,9 +182,10 @@ fn a_tracked_frame_is_cached_without_keeping_it_alive() {
     let pool = Pool::new(DEFAULT_POOL_BYTES);
     let mut rx = Receiver::new();
     assert!(
-        track(&[0u8; 100]).is_none(),
+        !Tracked::new(vec![0u8; 100]).is_tracked(),
         "small buffers are not tracked"
     );
+    assert!(Tracked::new(vec![0u8; MIN_FRAME]).is_tracked());
     let len = MIN_FRAME * 4;
     let (frame, dropped) = owned(pattern(len));
     let first = pool.send(&frame, std::process::id(), 0).unwrap();
@@ -196,7 +221,7 @@ fn a_tracked_frame_is_cached_without_keeping_it_alive() {
             *b = (i * 7 % 253) as u8 ^ round;
         }
         let fresh = Bytes::from_owner(Reused {
-            _tracked: track(buf),
+            _tracked: register_tracked(base, base + len),
             base,
             len,
         });
@@ -216,7 +241,7 @@ fn a_tracked_frame_is_cached_without_keeping_it_alive() {
 
 /// A registered buffer at a fixed address, rewritten between rounds.
 struct Reused {
-    _tracked: Option<Tracked>,
+    _tracked: Registration,
     base: usize,
     len: usize,
 }
@@ -272,14 +297,14 @@ fn descriptors_never_claimed_are_taken_back_after_the_limit() {
     let frame = Bytes::from(pattern(MIN_FRAME));
     let lost = pool.send(&frame, std::process::id(), 0).unwrap();
     drop(frame);
-    let mut inner = lock(&pool.inner);
-    inner.drop_stale(Instant::now());
-    assert!(!inner.segments[0].is_free(), "a descriptor is out");
-    inner.segments[0].reclaim(Instant::now());
-    assert!(!inner.segments[0].is_free(), "not yet");
-    inner.segments[0].reclaim(Instant::now() + UNCLAIMED_LIMIT);
-    assert!(inner.segments[0].is_free());
-    drop(inner);
+    pool.with_inner(|inner| {
+        inner.drop_stale(Instant::now());
+        assert!(!inner.is_free(0), "a descriptor is out");
+        inner.reclaim(0, Instant::now());
+        assert!(!inner.is_free(0), "not yet");
+        inner.reclaim(0, Instant::now() + UNCLAIMED_LIMIT);
+        assert!(inner.is_free(0));
+    });
     // A late arrival of the lost message is refused, not read.
     let mut rx = Receiver::new();
     assert_eq!(
@@ -365,15 +390,20 @@ fn hostile_descriptors_are_rejected_without_reading() {
     let file = std::fs::File::open("/proc/self/status").unwrap();
     for fd in [-1, 999_999, 0, file.as_raw_fd()] {
         let bad = ShmFrame { fd, ..good };
-        assert!(matches!(
-            rejected(&mut rx, me(), bad, &mut empty()),
-            ShmError::Segment(_)
-        ));
+        let err = rejected(&mut rx, me(), bad, &mut empty());
+        assert!(
+            matches!(
+                err,
+                ShmError::BadFd(_) | ShmError::Open { .. } | ShmError::NotASegment { .. }
+            ),
+            "{err}"
+        );
+        assert!(!err.is_local_shortage(), "{err}");
     }
     // A pid that is not the sender's.
     assert!(matches!(
         rejected(&mut rx, Some(0x7fff_fff0), good, &mut empty()),
-        ShmError::Segment(_)
+        ShmError::Open { .. }
     ));
     // A segment sent to another process: this one has no slot in it.
     let mut stranger = Receiver::new();
@@ -425,10 +455,7 @@ fn a_memfd_without_a_pslite_header_is_refused() {
     let err = rx
         .resolve(SENDER, me(), &[d], &mut [Bytes::new()])
         .unwrap_err();
-    assert!(
-        matches!(err, ShmError::Segment(ref e) if e.contains("no pslite header")),
-        "{err}"
-    );
+    assert!(matches!(err, ShmError::NoHeader { .. }), "{err}");
 }
 
 #[test]
@@ -491,4 +518,81 @@ fn a_received_frame_sent_on_is_cached_until_its_sender_is_gone() {
     drop(view);
     drop(server);
     assert!(!foreign_gone(addr));
+}
+
+/// A live process other than this one (the test runner's parent).
+fn other_live_pid() -> u32 {
+    // SAFETY: getppid has no preconditions.
+    let pid = unsafe { libc::getppid() } as u32;
+    assert!(can_reach(pid), "the parent process is reachable");
+    pid
+}
+
+#[test]
+fn a_pool_keeps_to_its_descriptor_bound_and_a_peer_to_half_of_it() {
+    let pool = Pool::with_max_segments(DEFAULT_POOL_BYTES, 4);
+    let mut rx = Receiver::new();
+    let frames: Vec<Bytes> = (0..8u8).map(|i| Bytes::from(vec![i; MIN_FRAME])).collect();
+    // This process claims two frames and holds them: half the bound.
+    let mut held = Vec::new();
+    for f in &frames[..2] {
+        let d = pool.send(f, std::process::id(), 0).unwrap().frame;
+        let mut got = vec![Bytes::new()];
+        rx.resolve(SENDER, me(), &[d], &mut got).unwrap();
+        held.push(got);
+    }
+    assert!(
+        pool.send(&frames[2], std::process::id(), 0).is_none(),
+        "one peer holds at most half of the segments"
+    );
+    // Another process gets the other half (descriptors out count as held).
+    let other = other_live_pid();
+    let _d = pool.send(&frames[3], other, 0).unwrap();
+    let _e = pool.send(&frames[4], other, 0).unwrap();
+    assert!(pool.send(&frames[5], other, 0).is_none());
+    assert_eq!(pool.segments(), 4);
+    assert_eq!(pool.stats.fallbacks.load(Ordering::Relaxed), 2);
+    // A view let go frees its segment for the next frame: no fifth one.
+    held.pop();
+    let again = pool.send(&frames[6], std::process::id(), 0).unwrap();
+    assert!(again.copied);
+    assert_eq!(pool.segments(), 4, "a segment is reused, not added");
+}
+
+#[test]
+fn at_the_bound_a_free_segment_of_another_size_makes_room() {
+    let pool = Pool::with_max_segments(DEFAULT_POOL_BYTES, 2);
+    let small = Bytes::from(pattern(MIN_FRAME));
+    let big = Bytes::from(pattern(MIN_FRAME * 4));
+    let huge = Bytes::from(pattern(MIN_FRAME * 16));
+    for f in [&small, &big] {
+        let mut got = vec![Bytes::new()];
+        let d = pool.send(f, std::process::id(), 0).unwrap().frame;
+        Receiver::new()
+            .resolve(SENDER, me(), &[d], &mut got)
+            .unwrap();
+    }
+    assert_eq!(pool.segments(), 2);
+    // Both segments hold cached copies nobody claims: the older one goes.
+    let sent = pool.send(&huge, std::process::id(), 0).unwrap();
+    assert!(sent.copied);
+    assert_eq!(pool.segments(), 2);
+    assert_eq!(pool.bytes(), class(big.len()) + class(huge.len()));
+    // Short of descriptors: free segments close and the bound halves.
+    sent.lease.abandon();
+    drop((small, big, huge));
+    assert_eq!(pool.shrink(), 2);
+    assert_eq!((pool.segments(), pool.bytes()), (0, 0));
+    assert_eq!(pool.max_segments(), 4, "never below the floor");
+}
+
+#[test]
+fn the_default_bound_is_a_quarter_of_the_descriptor_limit() {
+    let pool = Pool::new(DEFAULT_POOL_BYTES);
+    let limit = super::host::open_files_limit();
+    let max = pool.max_segments();
+    match limit {
+        Some(n) => assert_eq!(max as u64, (n / 4).clamp(4, 4096)),
+        None => assert_eq!(max, 4096),
+    }
 }

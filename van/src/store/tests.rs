@@ -284,7 +284,7 @@ fn every_bound_is_typed_and_names_its_variable() {
 
 #[test]
 fn admin_watches_get_events_and_end_at_their_lease() {
-    let admin = Requester::Admin(Node::new(pslite_proto::Role::Worker, "127.0.0.1", 4000));
+    let admin = Requester::Admin(Bytes::from_static(&[0, 0, 0, 0, 1]));
     let mut s = StoreHost::new(StoreLimits::default());
     let now = t0();
     let out = s.handle(admin.clone(), req(StoreOp::Watch, "k"), now);
@@ -425,7 +425,9 @@ mod cluster {
         assert!(net.run_until(SECOND * 30, |n| n.nodes[2].core.store_answer(g).is_some()));
         assert!(matches!(
             net.nodes[2].core.store_answer(g),
-            Some(Err(Failure::SchedulerLost { .. }))
+            Some(Err(
+                Failure::SchedulerLost { .. } | Failure::SchedulerClosed { .. }
+            ))
         ));
     }
 
@@ -458,7 +460,10 @@ mod cluster {
         assert_eq!(net.nodes[0].core.store_waiting(), 0);
         let s = net.store(1, set("k", "v"));
         assert!(net.run_until(SECOND, |n| answer(n, 1, s).is_some()));
-        assert!(net.run_until(SECOND, |_| rx3.try_recv().is_ok()));
+        assert!(net.run_until(SECOND, |n| n.nodes[3]
+            .store_events
+            .iter()
+            .any(|(w, e)| *w == rx3 && e.value.as_deref() == Some(&b"v"[..]))));
 
         // Node 3 restarts (takes its id back): the old process's watch
         // does not carry over to the new one.
@@ -528,7 +533,7 @@ mod cluster {
         core.handle(table, now);
         assert!(core.is_joined());
         core.take_output();
-        let e = core.store_request(req(StoreOp::Get, "k"), now);
+        let e = core.store_request(req(StoreOp::Get, "k"), SECOND, now);
         assert!(matches!(e, Err(crate::VanError::StoreUnsupported)), "{e:?}");
         assert!(
             !core
@@ -538,4 +543,30 @@ mod cluster {
             "nothing goes to a C++ scheduler"
         );
     }
+}
+
+#[test]
+fn waiting_requests_count_their_keys_against_the_byte_bound() {
+    let limits = StoreLimits {
+        max_total: 100_000,
+        ..StoreLimits::default()
+    };
+    let mut s = StoreHost::new(limits);
+    let now = t0();
+    // WAITs of 10 missing 4 KiB keys each (about 41 KB held per request):
+    // two fit in 100 KB, the third is refused naming PS_STORE_MAX_BYTES.
+    let keys = |n: u8| -> Vec<String> {
+        (0..10)
+            .map(|i| format!("{n}-{i}-{}", "k".repeat(4090)))
+            .collect()
+    };
+    for n in 0..2 {
+        let wait = StoreMsg::request(StoreOp::Wait, keys(n));
+        assert!(s.handle(A, wait, now).is_empty(), "waits");
+    }
+    let wait = StoreMsg::request(StoreOp::Wait, keys(2));
+    let o = over_limit(&s.handle(A, wait, now)).expect("refused");
+    assert_eq!(o.which, StoreLimit::Bytes);
+    assert_eq!(s.waiting(), 2);
+    assert!(s.waiting_bytes() <= limits.max_total);
 }
