@@ -614,3 +614,32 @@ pub fn process_gone(pid: u32) -> bool {
             .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
     }
 }
+
+/// A directory under the system's temporary directory, unique to this
+/// process and call, deleted (with everything in it) when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `<tmp>/pslite-<what>-<pid>-<n>`.
+    pub fn new(what: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("pslite-{what}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("cannot create a temporary directory");
+        TempDir(path)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use bytes::Bytes;
-use log::{debug, warn};
+use log::{debug, error, warn};
 use pslite_proto::checkpoint::{CheckpointMsg, CheckpointOp};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Role, K_EMPTY};
@@ -41,7 +41,14 @@ pub(crate) struct Checkpoints {
     held_bytes: usize,
     /// The apps of a server (copied and restored); app 0 unless set.
     apps: BTreeSet<i32>,
+    /// On the scheduler: the job stops (why, and when the scheduler fails
+    /// at the latest).
+    stopping: Option<(String, Instant)>,
 }
+
+/// How long a scheduler stopping the job (a server could not restore)
+/// waits for its members to leave before it fails.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The answers kept for a node's own requests at most.
 const MAX_ANSWERS: usize = 64;
@@ -282,7 +289,7 @@ impl Core {
                     .is_some_and(|m| m.is_restore_failure(&done));
                 if restore_failed {
                     let detail = format!("server {sender}: {}", done.error);
-                    self.fail(Failure::Checkpoint { detail }, now);
+                    self.stop_job(done.id, &detail, now);
                     return;
                 }
                 if let Some(m) = &mut self.checkpoints.master {
@@ -292,6 +299,16 @@ impl Core {
             CheckpointOp::Take if sender == SCHEDULER && self.cfg.role == Role::Server => {
                 let take = ck.clone();
                 self.checkpoint_server().on_take(&take);
+            }
+            // The scheduler stops the job: a server could not restore.
+            CheckpointOp::Result
+                if sender == SCHEDULER
+                    && !msg.meta.request
+                    && ck.ticket == 0
+                    && !ck.error.is_empty() =>
+            {
+                let detail = ck.error.clone();
+                self.fail(Failure::Checkpoint { detail }, now);
             }
             CheckpointOp::Accepted | CheckpointOp::Result
                 if sender == SCHEDULER && !msg.meta.request =>
@@ -308,6 +325,36 @@ impl Core {
             _ => self.drop_logged(sender, "CHECKPOINT", "not for this node"),
         }
         self.flush_checkpoint(now);
+    }
+
+    /// On the scheduler: tells every pslite member that the job stops
+    /// because checkpoint `id` cannot be restored (`why`): a RESULT with no
+    /// ticket. Sent before the scheduler fails, so a node that joined too
+    /// recently to watch the scheduler's connection does not wait on.
+    fn stop_job(&mut self, id: u64, why: &str, now: Instant) {
+        let members: Vec<NodeId> = self
+            .scheduler
+            .as_ref()
+            .map(|s| {
+                s.nodes()
+                    .iter()
+                    .filter(|n| n.pslite && n.id != SCHEDULER)
+                    .map(|n| n.id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if self.checkpoints.stopping.is_some() {
+            return;
+        }
+        error!("{why}: the job stops");
+        for id_to in members.into_iter().collect::<BTreeSet<_>>() {
+            let mut stop = CheckpointMsg::new(CheckpointOp::Result, id);
+            stop.error = why.to_string();
+            let mut msg = Message::control(Command::Checkpoint, id_to);
+            msg.meta.checkpoint = Some(Box::new(stop));
+            self.emit(msg, now);
+        }
+        self.checkpoints.stopping = Some((why.to_string(), now + STOP_GRACE));
     }
 
     /// This server's checkpoint state (made on first use).
@@ -564,6 +611,19 @@ impl Core {
     /// Time-driven work: intervals, deadlines, servers that died during a
     /// checkpoint.
     pub(super) fn checkpoint_tick(&mut self, now: Instant) {
+        if let (Some((why, at)), Some(s)) = (&self.checkpoints.stopping, &self.scheduler) {
+            let dead: BTreeSet<NodeId> = s.dead_nodes(now).into_iter().collect();
+            let left = s
+                .nodes()
+                .iter()
+                .filter(|n| n.id != SCHEDULER && !dead.contains(&n.id))
+                .count();
+            if left == 0 || *at <= now {
+                let detail = why.clone();
+                self.checkpoints.stopping = None;
+                self.fail(Failure::Checkpoint { detail }, now);
+            }
+        }
         if let (Some(m), Some(s)) = (&mut self.checkpoints.master, &self.scheduler) {
             let dead = s.dead_nodes(now);
             m.servers_dead(&dead, now);
@@ -586,6 +646,7 @@ impl Core {
                 .server
                 .as_ref()
                 .and_then(CheckpointServer::poll_timeout),
+            self.checkpoints.stopping.as_ref().map(|s| s.1),
         ]
         .into_iter()
         .flatten()

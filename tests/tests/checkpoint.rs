@@ -1,0 +1,270 @@
+//! Checkpoints (`PS_CHECKPOINT_DIR`) with real processes on 127.0.0.1: a
+//! job pushes, `pslite checkpoint` writes its state at a barrier, the whole
+//! job is killed with SIGKILL, and a new job with the same directory
+//! restores it and continues exactly (`kv_checkpoint` checks every key);
+//! a truncated or corrupt checkpoint file is refused with an error naming
+//! the file and the job stops; `PS_CHECKPOINT_INTERVAL` writes checkpoints
+//! by itself; a cluster without a directory refuses `pslite checkpoint`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pslite_tests::{free_port, pslite_command, run, spawn_node, Run, Spawned, TempDir};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const SERVERS: usize = 2;
+const WORKERS: usize = 2;
+/// Rounds each worker pushes per job: every key gains ROUNDS x WORKERS.
+const ROUNDS: u64 = 50;
+
+/// One job at a time: five processes each on a 2-core machine.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A `kv_checkpoint` job: scheduler, servers, workers.
+struct Job {
+    port: u16,
+    scheduler: Spawned,
+    servers: Vec<Spawned>,
+    workers: Vec<Spawned>,
+}
+
+impl Job {
+    /// Starts a job whose workers expect every key to hold `start` first,
+    /// and with `idle`, meet at barriers after their pushes until killed.
+    fn start(dir: Option<&Path>, start: u64, idle: bool, extra: &[(&str, &str)]) -> Job {
+        let port = free_port();
+        let start = start.to_string();
+        let rounds = ROUNDS.to_string();
+        let dir = dir.map(|d| d.display().to_string());
+        let mut env: Vec<(&str, &str)> = vec![
+            ("RUST_LOG", "info"),
+            ("KV_START", &start),
+            ("KV_ROUNDS", &rounds),
+            ("KV_IDLE", if idle { "1" } else { "0" }),
+        ];
+        if let Some(dir) = &dir {
+            env.push(("PS_CHECKPOINT_DIR", dir));
+        }
+        env.extend_from_slice(extra);
+        let node = |role| spawn_node("kv_checkpoint", role, SERVERS, WORKERS, port, &env);
+        Job {
+            port,
+            scheduler: node("scheduler"),
+            servers: (0..SERVERS).map(|_| node("server")).collect(),
+            workers: (0..WORKERS).map(|_| node("worker")).collect(),
+        }
+    }
+
+    /// Waits until every worker has pushed and checked its keys and meets
+    /// at barriers; if one does not, kills the job and shows its output.
+    fn wait_idle(self) -> Job {
+        if self
+            .workers
+            .iter()
+            .all(|w| w.wait_for_line("idle", LIMIT).is_some())
+        {
+            return self;
+        }
+        let all = self.all();
+        for p in &all {
+            p.signal(libc::SIGKILL);
+        }
+        let runs: Vec<Run> = all.into_iter().map(|p| p.wait(LIMIT)).collect();
+        panic!("a worker never finished its pushes:\n{}", outputs(&runs));
+    }
+
+    /// `pslite checkpoint` against this job.
+    fn checkpoint(&self) -> Run {
+        let mut cmd = pslite_command("checkpoint");
+        cmd.args(["--port", &self.port.to_string(), "--label", "test"]);
+        cmd.args(["--timeout", "30"]);
+        run(cmd, LIMIT)
+    }
+
+    /// Every process, scheduler first.
+    fn all(self) -> Vec<Spawned> {
+        let mut all = vec![self.scheduler];
+        all.extend(self.servers);
+        all.extend(self.workers);
+        all
+    }
+
+    /// Kills every process with SIGKILL at once and reaps them.
+    fn kill(self) {
+        let all = self.all();
+        for p in &all {
+            p.signal(libc::SIGKILL);
+        }
+        for p in all {
+            p.wait(LIMIT);
+        }
+    }
+
+    /// Waits for every process to exit (killed at `LIMIT`).
+    fn wait(self) -> Vec<Run> {
+        self.all().into_iter().map(|p| p.wait(LIMIT)).collect()
+    }
+}
+
+fn outputs(runs: &[Run]) -> String {
+    runs.iter()
+        .enumerate()
+        .map(|(i, r)| format!("--- process {i} ({:?}):\n{}", r.code(), r.output()))
+        .collect()
+}
+
+/// The files of checkpoint `id` in `dir`.
+fn checkpoint_dir(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("checkpoint-{id:06}"))
+}
+
+/// Runs a job that pushes ROUNDS rounds, takes checkpoint 1 with `pslite
+/// checkpoint` and is killed whole with SIGKILL. Returns the directory.
+fn checkpointed_job(dir: &Path) {
+    let job = Job::start(Some(dir), 0, true, &[]).wait_idle();
+    let result = job.checkpoint();
+    let expected = format!(
+        "checkpoint 1 written to {}",
+        checkpoint_dir(dir, 1).display()
+    );
+    assert!(
+        result.ok() && result.stdout.contains(&expected),
+        "pslite checkpoint did not report {expected:?}:\n{}",
+        result.output()
+    );
+    job.kill();
+    let files = checkpoint_dir(dir, 1);
+    for name in ["MANIFEST", "server-0.ckpt", "server-1.ckpt"] {
+        assert!(files.join(name).is_file(), "{name} is missing in {files:?}");
+    }
+}
+
+#[test]
+fn checkpoint_kill_whole_job_resume_exact() {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint");
+    checkpointed_job(dir.path());
+    // Every key held ROUNDS x WORKERS when the checkpoint was taken; the
+    // new job must read exactly that first, then end exact after its own
+    // pushes.
+    let held = ROUNDS * WORKERS as u64;
+    let runs = Job::start(Some(dir.path()), held, false, &[]).wait();
+    let all = outputs(&runs);
+    assert!(runs.iter().all(Run::ok), "the resumed job failed:\n{all}");
+    for w in &runs[1 + SERVERS..] {
+        assert!(
+            w.stdout.contains(&format!("resumed at {held}"))
+                && w.stdout
+                    .contains(&format!("hold {}", held + ROUNDS * WORKERS as u64)),
+            "a worker did not resume exactly:\n{all}"
+        );
+    }
+    for s in &runs[1..=SERVERS] {
+        assert!(
+            s.output().contains("from checkpoint 1 in") && s.output().contains("serving"),
+            "a server did not restore checkpoint 1:\n{all}"
+        );
+    }
+}
+
+/// Starts a job on a checkpoint damaged by `damage` (a file of checkpoint
+/// 1 and the bytes it holds), and checks it is refused: the server
+/// restoring that file fails naming it and `why`, the scheduler stops the
+/// job with the same error, every process exits non-zero, no worker reads
+/// a value.
+fn refused(damage: impl FnOnce(&Path), file: &str, why: &str) {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-bad");
+    checkpointed_job(dir.path());
+    let path = checkpoint_dir(dir.path(), 1).join(file);
+    damage(&path);
+    let runs = Job::start(Some(dir.path()), ROUNDS * WORKERS as u64, false, &[]).wait();
+    let all = outputs(&runs);
+    let named = format!("checkpoint file {}", path.display());
+    assert!(
+        runs.iter().all(|r| !r.ok() && !r.timed_out),
+        "every process should exit non-zero, in time:\n{all}"
+    );
+    let scheduler = runs[0].output();
+    assert!(
+        scheduler.contains(&named) && scheduler.contains(why),
+        "the scheduler did not stop the job naming {named:?} and {why:?}:\n{all}"
+    );
+    assert!(
+        runs[1..=SERVERS]
+            .iter()
+            .any(|s| s.output().contains(&named) && s.output().contains("nothing of it")),
+        "no server refused {named:?}:\n{all}"
+    );
+    assert!(
+        runs[1 + SERVERS..]
+            .iter()
+            .all(|w| !w.stdout.contains("resumed at")),
+        "a worker read values from a refused checkpoint:\n{all}"
+    );
+}
+
+#[test]
+fn truncated_checkpoint_file_refused() {
+    refused(
+        |path| {
+            let bytes = std::fs::read(path).expect("read the checkpoint file");
+            std::fs::write(path, &bytes[..bytes.len() / 2]).expect("truncate it");
+        },
+        "server-1.ckpt",
+        "(truncated, or another checkpoint's)",
+    );
+}
+
+#[test]
+fn corrupt_checkpoint_file_refused() {
+    refused(
+        |path| {
+            let mut bytes = std::fs::read(path).expect("read the checkpoint file");
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x40;
+            std::fs::write(path, &bytes).expect("corrupt it");
+        },
+        "server-0.ckpt",
+        "is corrupt: CRC-32",
+    );
+}
+
+#[test]
+fn interval_checkpoint_appears() {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-interval");
+    let job = Job::start(
+        Some(dir.path()),
+        0,
+        true,
+        &[("PS_CHECKPOINT_INTERVAL", "1")],
+    )
+    .wait_idle();
+    // The scheduler logs each checkpoint once its manifest is written.
+    let line = job
+        .scheduler
+        .wait_for_line("checkpoint 1 complete", LIMIT)
+        .expect("no checkpoint was taken by PS_CHECKPOINT_INTERVAL");
+    assert!(line.contains("2 files"), "{line}");
+    assert!(checkpoint_dir(dir.path(), 1).join("MANIFEST").is_file());
+    job.kill();
+}
+
+#[test]
+fn checkpoint_without_dir_is_refused() {
+    let _one = one_at_a_time();
+    let job = Job::start(None, 0, true, &[]).wait_idle();
+    let result = job.checkpoint();
+    job.kill();
+    assert_eq!(result.code(), Some(1), "{}", result.output());
+    assert!(
+        result.stderr.contains("no PS_CHECKPOINT_DIR"),
+        "{}",
+        result.output()
+    );
+}
