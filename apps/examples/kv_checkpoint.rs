@@ -6,7 +6,7 @@
 //! - A worker first pulls every key (`KV_KEYS` keys of every key range,
 //!   default 4): each must hold exactly `KV_START` (default 0: a fresh job;
 //!   a resumed job restored the checkpointed sums), or the program fails. It
-//!   prints `worker R resumed at X`. Then it pushes 1 to every key for
+//!   prints `worker R resumed at X`. After a barrier it pushes 1 to every key for
 //!   `KV_ROUNDS` rounds (default 50), waiting for each push, and the workers
 //!   meet at a barrier and pull again: every key must hold exactly
 //!   `KV_START + rounds x workers`; it prints `worker R exact: ... hold X`.
@@ -79,6 +79,8 @@ fn run() -> Result<(), Error> {
         };
         check(start as f64)?;
         println!("worker {rank} resumed at {start}");
+        // Nobody pushes before everyone has read the starting values.
+        po.barrier(0, WORKER_GROUP)?;
         let ones = vec![1.0f32; keys.len()];
         for _ in 0..rounds {
             kv.wait(kv.push(&keys, &ones, KVOptions::new())?)?;

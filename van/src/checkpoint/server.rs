@@ -117,6 +117,8 @@ pub struct CheckpointServer {
     next_token: u64,
     take: Option<Take>,
     restoring: Option<Restoring>,
+    /// The restore failed: requests stay held until the node fails.
+    refused: bool,
     out: Vec<ServerOut>,
 }
 
@@ -137,6 +139,7 @@ impl CheckpointServer {
             next_token: TOKEN_BIT,
             take: None,
             restoring: None,
+            refused: false,
             out: Vec::new(),
         }
     }
@@ -155,7 +158,7 @@ impl CheckpointServer {
 
     /// Whether the apps' outputs are held (restoring).
     pub fn holds(&self) -> bool {
-        self.restoring.is_some()
+        self.restoring.is_some() || self.refused
     }
 
     fn token(&mut self) -> u64 {
@@ -382,6 +385,7 @@ impl CheckpointServer {
     fn fail_restore(&mut self, why: String) {
         let id = self.restoring.as_ref().map_or(0, |r| r.id);
         self.restoring = None;
+        self.refused = true;
         let why = format!("cannot restore checkpoint {id}: {why}; nothing of it was served");
         // The scheduler stops the job with it: a job must not run on a
         // checkpoint only some servers restored.

@@ -41,8 +41,9 @@ pub(crate) struct Checkpoints {
     held_bytes: usize,
     /// The apps of a server (copied and restored); app 0 unless set.
     apps: BTreeSet<i32>,
-    /// On the scheduler: the job stops (why, and when the scheduler fails
-    /// at the latest).
+    /// The job stops (why, and when this node fails at the latest): on the
+    /// scheduler, a server could not restore; on that server, its restore
+    /// failed and it waits for the scheduler's notice.
     stopping: Option<(String, Instant)>,
 }
 
@@ -611,6 +612,13 @@ impl Core {
     /// Time-driven work: intervals, deadlines, servers that died during a
     /// checkpoint.
     pub(super) fn checkpoint_tick(&mut self, now: Instant) {
+        if let (Some((why, at)), None) = (&self.checkpoints.stopping, &self.scheduler) {
+            if *at <= now {
+                let detail = why.clone();
+                self.checkpoints.stopping = None;
+                self.fail(Failure::Checkpoint { detail }, now);
+            }
+        }
         if let (Some((why, at)), Some(s)) = (&self.checkpoints.stopping, &self.scheduler) {
             let dead: BTreeSet<NodeId> = s.dead_nodes(now).into_iter().collect();
             let left = s
@@ -732,9 +740,14 @@ impl Core {
                     }),
                     ServerOut::Io { token, io } => self.out.push(Output::Checkpoint { token, io }),
                     ServerOut::Failed(detail) => {
+                        // Reported to the scheduler, which stops the job:
+                        // this server fails on its notice (so the report is
+                        // not lost with it), or after STOP_GRACE; it serves
+                        // nothing meanwhile.
+                        error!("{detail}");
                         self.checkpoints.held.clear();
                         self.checkpoints.held_bytes = 0;
-                        self.fail(Failure::Checkpoint { detail }, now);
+                        self.checkpoints.stopping = Some((detail, now + STOP_GRACE));
                     }
                     ServerOut::Restored => {
                         let held = std::mem::take(&mut self.checkpoints.held);
