@@ -177,6 +177,22 @@ impl DemoArgs {
                 self.samples, self.test_fraction
             )));
         }
+        // The cluster's shape is the launching process's to check: a node
+        // learns it from its environment.
+        if !self.node {
+            self.check_cluster()?;
+        }
+        if self.nnz as u64 > self.features {
+            return Err(Error::InvalidInput(format!(
+                "--nnz {} is more than the {} features",
+                self.nnz, self.features
+            )));
+        }
+        Ok(())
+    }
+
+    /// The rules on `--servers`, `--workers` and what is killed.
+    fn check_cluster(&self) -> Result<(), Error> {
         if self.elastic && self.kill_after > 0 && self.kill_worker >= self.workers {
             return Err(Error::InvalidInput(format!(
                 "--kill-worker {} is not a rank of the {} workers started (0 to {})",
@@ -214,12 +230,6 @@ impl DemoArgs {
                     self.kill_after
                 )));
             }
-        }
-        if self.nnz as u64 > self.features {
-            return Err(Error::InvalidInput(format!(
-                "--nnz {} is more than the {} features",
-                self.nnz, self.features
-            )));
         }
         Ok(())
     }
@@ -339,7 +349,27 @@ pub(crate) mod tests {
             let args = parse(bad).unwrap();
             assert!(args.check().is_err(), "{bad:?} accepted");
         }
-        let ok = parse(&["--replicas", "2", "--kill-server", "1", "--kill-after", "2"]).unwrap();
+        let ok = parse(&[
+            "--servers",
+            "3",
+            "--replicas",
+            "3",
+            "--kill-server",
+            "1",
+            "--kill-after",
+            "2",
+        ])
+        .unwrap();
         ok.check().unwrap();
+        // A node gets the options without the cluster's shape, and passes.
+        let node_args: Vec<String> = ok
+            .node_args("127.0.0.1:9")
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let refs: Vec<&str> = node_args[1..].iter().map(String::as_str).collect();
+        let node = parse(&refs).unwrap();
+        assert_eq!(node.replicas, 3);
+        node.check().unwrap();
     }
 }
