@@ -90,6 +90,9 @@ pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
 /// Talking to a running cluster's scheduler from outside it (`pslite status`).
 pub use pslite_van::admin;
+/// Checkpoints of the servers' key ranges (`PS_CHECKPOINT_DIR`): the file format
+/// and the directory scans.
+pub use pslite_van::checkpoint;
 pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 

@@ -625,8 +625,7 @@ impl TempDir {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("pslite-{what}-{}-{n}", std::process::id()));
+        let path = std::env::temp_dir().join(format!("pslite-{what}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("cannot create a temporary directory");
         TempDir(path)

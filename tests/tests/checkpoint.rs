@@ -268,3 +268,54 @@ fn checkpoint_without_dir_is_refused() {
         result.output()
     );
 }
+
+/// `pslite demo --checkpoint-dir DIR` writes a checkpoint per epoch; a run
+/// with `--resume` says which one it starts from and evaluates the restored
+/// model exactly as the first run did after that epoch.
+#[test]
+fn demo_checkpoints_and_resumes() {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-demo");
+    let demo = |epochs: &str, resume: bool| {
+        let mut cmd = pslite_command("demo");
+        cmd.args([
+            "--samples",
+            "20000",
+            "--features",
+            "10000",
+            "--epochs",
+            epochs,
+        ]);
+        cmd.arg("--checkpoint-dir").arg(dir.path());
+        if resume {
+            cmd.arg("--resume");
+        }
+        let run = run(cmd, LIMIT);
+        assert!(run.ok(), "{}", run.output());
+        run.stdout
+    };
+    let first = demo("2", false);
+    let second = demo("3", true);
+    assert!(
+        second.contains(&format!(
+            "resuming from checkpoint 2 (written after epoch 2) in {}",
+            dir.path().display()
+        )),
+        "{second}"
+    );
+    // The first run's evaluation after epoch 2 is the second run's first.
+    let line = |out: &str, prefix: &str| {
+        out.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(|l| l.split("accuracy").next().unwrap_or_default().to_string())
+    };
+    let after_2 = line(&first, "epoch 2/2");
+    assert!(after_2.is_some(), "{first}");
+    assert_eq!(
+        after_2.map(|l| l.replace("2/2", "")),
+        line(&second, "epoch 2/3").map(|l| l.replace("2/3", "")),
+        "{first}\n{second}"
+    );
+    assert!(second.contains("epoch 3/3"), "{second}");
+    assert!(checkpoint_dir(dir.path(), 3).join("MANIFEST").is_file());
+}

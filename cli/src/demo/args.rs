@@ -92,6 +92,19 @@ pub struct DemoArgs {
     /// key ranges moved where, and when.
     #[arg(long, value_name = "RANK")]
     pub kill_server: Option<usize>,
+    /// Write a checkpoint of the model to DIR after every epoch
+    /// (PS_CHECKPOINT_DIR); a run with --resume starts from the last one.
+    /// Without --resume, DIR must hold no checkpoint.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// With --checkpoint-dir: restore the newest checkpoint in DIR and train
+    /// the epochs after it.
+    #[arg(long)]
+    pub resume: bool,
+    /// The epoch the restored checkpoint was written after (set by `pslite
+    /// demo --resume` itself).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub resume_epoch: usize,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
@@ -193,6 +206,16 @@ impl DemoArgs {
 
     /// The rules on `--servers`, `--workers` and what is killed.
     fn check_cluster(&self) -> Result<(), Error> {
+        if self.resume && self.checkpoint_dir.is_none() {
+            return Err(Error::InvalidInput(
+                "--resume needs --checkpoint-dir DIR (where the checkpoints are)".into(),
+            ));
+        }
+        if self.checkpoint_dir.is_some() && self.elastic {
+            return Err(Error::InvalidInput(
+                "--checkpoint-dir does not go with --elastic in the demo".into(),
+            ));
+        }
         if self.elastic && self.kill_after > 0 && self.kill_worker >= self.workers {
             return Err(Error::InvalidInput(format!(
                 "--kill-worker {} is not a rank of the {} workers started (0 to {})",
@@ -254,6 +277,10 @@ impl DemoArgs {
             ("--replicas", self.replicas.to_string()),
         ] {
             args.extend([name.to_string(), value]);
+        }
+        if let Some(dir) = &self.checkpoint_dir {
+            args.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
+            args.extend(["--resume-epoch".into(), self.resume_epoch.to_string()]);
         }
 
         args.into_iter().map(OsString::from).collect()

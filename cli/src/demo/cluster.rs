@@ -259,6 +259,53 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// With `--checkpoint-dir DIR`: the epoch the newest checkpoint in `dir`
+/// was written after, with `--resume` (said on stdout; none is an error),
+/// else 0 (and `dir` must hold none: the job would restore it).
+fn resume_epoch(dir: &std::path::Path, resume: bool) -> Result<usize, Error> {
+    use pslite::checkpoint::{disk, format};
+    let found = disk::scan(dir).map_err(Error::App)?;
+    let newest = found.iter().rev().find(|f| f.manifest.is_some());
+    let Some(newest) = newest else {
+        if resume {
+            return Err(Error::App(format!(
+                "--resume: {} holds no complete checkpoint",
+                dir.display()
+            )));
+        }
+        return Ok(0);
+    };
+    if !resume {
+        return Err(Error::App(format!(
+            "{} holds checkpoint {}: add --resume to start from it, or use another \
+             --checkpoint-dir",
+            dir.display(),
+            newest.id
+        )));
+    }
+    let path = newest.manifest_path.display();
+    let manifest = match &newest.manifest {
+        Some(Ok(bytes)) => format::decode_manifest(bytes)
+            .map_err(|e| Error::App(format!("--resume: {path}: {e}")))?,
+        Some(Err(e)) => return Err(Error::App(format!("--resume: {path}: {e}"))),
+        None => return Err(Error::App(format!("--resume: {path} is missing"))),
+    };
+    let epoch = super::node::label_epoch(&manifest.label).ok_or_else(|| {
+        Error::App(format!(
+            "--resume: checkpoint {} in {} ({:?}) was not written by pslite demo",
+            manifest.id,
+            dir.display(),
+            manifest.label
+        ))
+    })?;
+    println!(
+        "resuming from checkpoint {} (written after epoch {epoch}) in {}",
+        manifest.id,
+        dir.display()
+    );
+    Ok(epoch)
+}
+
 /// Runs the cluster, prints its progress and summary; the exit code says
 /// whether training reached the threshold.
 pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
@@ -271,6 +318,12 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         .local_addr()
         .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
     let mut env = Vec::new();
+    let mut args = args.clone();
+    if let Some(dir) = &args.checkpoint_dir {
+        args.resume_epoch = resume_epoch(dir, args.resume)?;
+        env.push(("PS_CHECKPOINT_DIR".to_string(), dir.display().to_string()));
+    }
+    let args = &args;
     if args.replicas >= 2 {
         env.push(("PS_REPLICAS".to_string(), args.replicas.to_string()));
     }

@@ -118,6 +118,53 @@ impl Store {
             .collect()
     }
 
+    /// The state of keys `[begin, end)`: per key, the key (`u64`), its
+    /// weight and AdaGrad sum (`f32` each), little-endian (checkpoints).
+    pub fn snapshot(&self, begin: u64, end: u64) -> Vec<u8> {
+        let mut keys: Vec<u64> = self
+            .slots
+            .keys()
+            .copied()
+            .filter(|&k| k >= begin && k < end)
+            .collect();
+        keys.sort_unstable();
+        let mut out = Vec::with_capacity(keys.len() * 16);
+        for k in keys {
+            let slot = self.slots[&k];
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&slot.weight.to_le_bytes());
+            out.extend_from_slice(&slot.sum_sq.to_le_bytes());
+        }
+        out
+    }
+
+    /// Replaces the state of keys `[begin, end)` by `data` (from
+    /// [`Store::snapshot`]); on an error nothing changes.
+    pub fn restore(&mut self, begin: u64, end: u64, data: &[u8]) -> Result<(), String> {
+        if data.len() % 16 != 0 {
+            return Err(format!(
+                "{} bytes is not a whole number of entries",
+                data.len()
+            ));
+        }
+        let mut parsed = Vec::with_capacity(data.len() / 16);
+        for entry in data.chunks_exact(16) {
+            let word = |at: usize| <[u8; 4]>::try_from(&entry[at..at + 4]).unwrap_or_default();
+            let key = u64::from_le_bytes(<[u8; 8]>::try_from(&entry[..8]).unwrap_or_default());
+            if key < begin || key >= end {
+                return Err(format!("key {key} is outside {begin}..{end}"));
+            }
+            let slot = Slot {
+                weight: f32::from_le_bytes(word(8)),
+                sum_sq: f32::from_le_bytes(word(12)),
+            };
+            parsed.push((key, slot));
+        }
+        self.slots.retain(|&k, _| k < begin || k >= end);
+        self.slots.extend(parsed);
+        Ok(())
+    }
+
     /// How many keys have a weight.
     pub fn len(&self) -> usize {
         self.slots.len()

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use log::warn;
+use log::{info, warn};
 use pslite::{Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
 use pslite_proto::{lock, Role};
 
@@ -176,10 +176,10 @@ fn serve(po: &Postoffice, args: &DemoArgs, reporter: &mut Reporter) -> Result<()
     let counts = Arc::new(Mutex::new(ServerCounts::default()));
     let server = KVServer::<f32>::new(po, 0)?;
     {
-        let store = Arc::clone(&store);
+        let copied = Arc::clone(&store);
         let counts = Arc::clone(&counts);
-        server.set_request_handle(move |meta, req, server| {
-            let res = match answer(&mut lock(&store), meta, &req) {
+        let handle = move |meta: &KVMeta, req: KVPairs<f32>, server: &KVServer<f32>| {
+            let res = match answer(&mut lock(&copied), meta, &req) {
                 Ok(res) => res,
                 Err(e) => {
                     warn!("node {}: {e}", meta.sender);
@@ -194,7 +194,16 @@ fn serve(po: &Postoffice, args: &DemoArgs, reporter: &mut Reporter) -> Result<()
             if let Err(e) = server.response(meta, res) {
                 warn!("cannot answer node {}: {e}", meta.sender);
             }
-        });
+        };
+        if args.checkpoint_dir.is_some() {
+            // Checkpoints copy the store by key range.
+            server.set_replicated_handle(Copyable {
+                store: Arc::clone(&store),
+                handle,
+            });
+        } else {
+            server.set_request_handle(handle);
+        }
     }
     po.finalize(0, true)?;
     drop(server);
@@ -206,6 +215,44 @@ fn serve(po: &Postoffice, args: &DemoArgs, reporter: &mut Reporter) -> Result<()
         pushes: c.pushes,
         pulls: c.pulls,
     })
+}
+
+/// How long worker 0 waits for a checkpoint to be accepted, and written.
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
+
+/// The label of the checkpoint written after epoch `epoch` (`pslite demo
+/// --resume` reads the epoch back with [`label_epoch`]).
+pub fn epoch_label(epoch: usize) -> String {
+    format!("demo epoch {epoch}")
+}
+
+/// The epoch of a checkpoint labelled by [`epoch_label`].
+pub fn label_epoch(label: &str) -> Option<usize> {
+    label.strip_prefix("demo epoch ")?.parse().ok()
+}
+
+/// A server's request handle whose store can be copied by key range
+/// (written to checkpoints, restored from them).
+struct Copyable<F> {
+    store: Arc<Mutex<Store>>,
+    handle: F,
+}
+
+impl<F> pslite::ReplicatedHandle<f32> for Copyable<F>
+where
+    F: FnMut(&KVMeta, KVPairs<f32>, &KVServer<f32>) + Send + 'static,
+{
+    fn handle(&mut self, meta: &KVMeta, req: KVPairs<f32>, server: &KVServer<f32>) {
+        (self.handle)(meta, req, server)
+    }
+
+    fn snapshot(&self, begin: u64, end: u64) -> Vec<u8> {
+        lock(&self.store).snapshot(begin, end)
+    }
+
+    fn restore(&mut self, begin: u64, end: u64, data: &[u8]) -> Result<(), String> {
+        lock(&self.store).restore(begin, end, data)
+    }
 }
 
 /// Bytes of keys and values a worker moved.
@@ -280,10 +327,12 @@ fn train(
     let kv = KVWorker::<f32>::new(po, 0, 0)?;
     let mut traffic = Traffic::default();
     let mut last = None;
+    // A resumed run (--resume) starts after the restored checkpoint's epoch.
+    let first = args.resume_epoch.min(args.epochs);
     if let Some(test) = &test {
         let m = test.evaluate(&kv, &mut traffic)?;
         reporter.send(Report::Epoch {
-            epoch: 0,
+            epoch: first,
             loss: m.loss,
             accuracy: m.accuracy,
             secs: 0.0,
@@ -291,7 +340,7 @@ fn train(
         last = Some(m);
     }
     po.barrier(0, pslite::WORKER_GROUP)?;
-    for epoch in 1..=args.epochs {
+    for epoch in first + 1..=args.epochs {
         let started = Instant::now();
         let progress = test.is_some();
         train_epoch(&kv, &shard, args, epoch, progress, reporter, &mut traffic)?;
@@ -307,7 +356,21 @@ fn train(
             })?;
             last = Some(m);
         }
+        // With --checkpoint-dir, worker 0 asks for a checkpoint; it is taken
+        // at this barrier (every push of the epoch applied, none in flight)
+        // and complete when the barrier is released.
+        let ticket = match (&args.checkpoint_dir, rank) {
+            (Some(_), 0) => Some(po.van()?.checkpoint(&epoch_label(epoch), CHECKPOINT_WAIT)?),
+            _ => None,
+        };
         po.barrier(0, pslite::WORKER_GROUP)?;
+        if let Some((ticket, _)) = ticket {
+            let done = po.van()?.checkpoint_result(ticket, CHECKPOINT_WAIT)?;
+            info!(
+                "checkpoint {} (epoch {epoch}) written to {}",
+                done.id, done.dir
+            );
+        }
     }
     reporter.send(Report::Worker {
         rank,
