@@ -411,7 +411,7 @@ impl Network {
     }
 
     /// Carries out node `i`'s outputs (and its app's answers, at once).
-    fn flush(&mut self, i: usize) {
+    pub(crate) fn flush(&mut self, i: usize) {
         loop {
             let outputs = self.nodes[i].core.take_output();
             if outputs.is_empty() {
@@ -970,6 +970,8 @@ impl SumApp {
 
 #[cfg(test)]
 mod backpressure_tests;
+#[cfg(test)]
+mod checkpoint_tests;
 #[cfg(test)]
 mod deadline_tests;
 #[cfg(test)]
