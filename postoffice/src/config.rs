@@ -815,6 +815,36 @@ mod tests {
     }
 
     #[test]
+    fn checkpoint_variables() {
+        assert_eq!(parse(&[]).unwrap().van.checkpoint, None);
+        let c = parse(&[
+            ("PS_CHECKPOINT_DIR", "/tmp/ck"),
+            ("PS_CHECKPOINT_INTERVAL", "60"),
+            ("PS_CHECKPOINT_KEEP", "5"),
+        ])
+        .unwrap();
+        let ck = c.van.checkpoint.expect("checkpoints on");
+        assert_eq!(ck.dir, std::path::PathBuf::from("/tmp/ck"));
+        assert_eq!(ck.interval, Some(Duration::from_secs(60)));
+        assert_eq!(ck.keep, 5);
+        assert_eq!(
+            message(&[("PS_CHECKPOINT_INTERVAL", "60")]),
+            "PS_CHECKPOINT_INTERVAL must be set only with PS_CHECKPOINT_DIR (the directory \
+             checkpoints are written to), got \"60\""
+        );
+        assert!(message(&[
+            ("PS_CHECKPOINT_DIR", "/tmp/ck"),
+            ("PS_CHECKPOINT_INTERVAL", "0")
+        ])
+        .starts_with("PS_CHECKPOINT_INTERVAL must be "));
+        let file = std::env::current_exe().unwrap();
+        let file = file.to_string_lossy();
+        assert!(
+            message(&[("PS_CHECKPOINT_DIR", &file)]).contains("a directory (this path is a file)")
+        );
+    }
+
+    #[test]
     fn defaults() {
         let c = parse(&[]).unwrap();
         assert_eq!(c.role(), Role::Worker);

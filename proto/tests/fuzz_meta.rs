@@ -105,6 +105,7 @@ prop_compose! {
             handler_panic: None,
             store: None,
             replica: None,
+            checkpoint: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

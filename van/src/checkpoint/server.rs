@@ -33,7 +33,7 @@ use super::TOKEN_BIT;
 #[derive(Debug)]
 pub enum ServerOut {
     /// Send this message (a DONE to the scheduler).
-    Send(Message),
+    Send(Box<Message>),
     /// Ask apps for a copy of a range (answered with
     /// [`CheckpointServer::snapshot_taken`]).
     Snapshot {
@@ -179,7 +179,7 @@ impl CheckpointServer {
         done.error = error;
         let mut msg = Message::control(Command::Checkpoint, SCHEDULER);
         msg.meta.checkpoint = Some(Box::new(done));
-        self.out.push(ServerOut::Send(msg));
+        self.out.push(ServerOut::Send(Box::new(msg)));
     }
 
     /// The scheduler's order to write checkpoint `msg.id`.

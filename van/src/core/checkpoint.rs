@@ -709,7 +709,7 @@ impl Core {
             }
             for out in server {
                 match out {
-                    ServerOut::Send(msg) => self.emit(msg, now),
+                    ServerOut::Send(msg) => self.emit(*msg, now),
                     ServerOut::Snapshot {
                         token,
                         range,
