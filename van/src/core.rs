@@ -1361,7 +1361,10 @@ impl Core {
             .and_then(|s| s.replaced(sender, msg.meta.sender_key))
             .map(|(old, new)| (old.clone(), new.clone()));
         if let Some((mut old, new)) = fence {
-            if self.fenced.insert((sender, old.key)) {
+            // A replacement at the old process's address: that process is
+            // gone (its port is the new one's), and a LEAVE to the address
+            // would reach the replacement.
+            if !old.same_process(&new) && self.fenced.insert((sender, old.key)) {
                 warn!(
                     "scheduler: {old} sent a message after {} took its place: telling it to stop",
                     new.address()

@@ -268,6 +268,15 @@ impl Member {
             return Vec::new();
         }
         if c.round.is_none() {
+            if c.node
+                .iter()
+                .any(|n| n.same_process(&self.me) && n.key == self.me.key)
+            {
+                // It names this process as the replacement: meant for the
+                // process it replaced, at the same address.
+                debug!("dropping LEAVE: it fences the process this one replaced");
+                return Vec::new();
+            }
             let by = c
                 .node
                 .iter()

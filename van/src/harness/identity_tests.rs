@@ -157,6 +157,39 @@ fn a_replaced_process_is_refused_by_its_peers() {
     assert!(net.nodes[worker].delivered.is_empty());
 }
 
+/// Found by replication's packet-fault property test: a late message of a
+/// dead process reached the scheduler after a restart at the same address
+/// took its place; the LEAVE fencing the old process went to that address,
+/// to the replacement, which stopped (and its ranges were lost).
+#[test]
+fn a_late_message_of_a_dead_process_does_not_fence_its_replacement_at_its_address() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 6);
+    assert!(net.form(SECOND * 5));
+    let server = net.index_of(8).unwrap();
+    let old_key = net.nodes[server].core.me().key;
+    net.kill(server);
+    net.restart(server);
+    net.register(server);
+    assert!(net.run_until(SECOND * 40, |n| n.nodes[server].core.is_joined()));
+    // A heartbeat the dead process sent before it died arrives late.
+    let late = Message::control(Command::Heartbeat, SCHEDULER);
+    assert!(inject(&mut net, 0, 8, Some(old_key), late).is_some());
+    net.run_for(SECOND);
+    assert!(
+        net.nodes[server].failures.is_empty(),
+        "{:?}",
+        net.nodes[server].failures
+    );
+    let waiters: Vec<(usize, u64)> = net
+        .members(ALL_GROUP)
+        .into_iter()
+        .map(|i| (i, net.barrier(i, ALL_GROUP)))
+        .collect();
+    assert!(net.run_until(SECOND, |n| waiters
+        .iter()
+        .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+}
+
 #[test]
 fn status_tables_carry_no_keys() {
     let mut net = Network::cluster(1, 1, VanConfig::default(), 6);
