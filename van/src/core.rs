@@ -1705,6 +1705,7 @@ impl Core {
         if let Some(r) = &mut self.resender {
             // The new process's timestamps start over.
             r.forget_seen(id);
+            r.forget_control_to(id);
         }
         let Some(r) = &mut self.resender else {
             if self.scheduler.is_none() && !self.replica_covers(id) {

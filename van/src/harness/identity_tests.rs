@@ -190,6 +190,44 @@ fn a_late_message_of_a_dead_process_does_not_fence_its_replacement_at_its_addres
         .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
 }
 
+/// Found by replication's packet-fault property test: the scheduler's
+/// updates naming a replacement (its key) went to a dead node and stayed
+/// in the scheduler's resender; once that node was replaced too, they were
+/// resent to the new process, the oldest last (its backoff is the
+/// longest), which then took the older key for current and refused the
+/// node's messages for good.
+#[test]
+fn updates_meant_for_a_replaced_process_do_not_reach_its_replacement() {
+    let cfg = VanConfig {
+        heartbeat_interval: Some(Duration::from_millis(100)),
+        heartbeat_timeout: Some(Duration::from_millis(500)),
+        resend_timeout: Some(Duration::from_millis(50)),
+        max_resends: 1000,
+        ..VanConfig::default()
+    };
+    let mut net = Network::cluster(2, 1, cfg, 8);
+    assert!(net.form(SECOND * 5));
+    let (a, b) = (net.index_of(8).unwrap(), net.index_of(10).unwrap());
+    let worker = net.index_of(9).unwrap();
+    net.kill(b);
+    // Server 8 is replaced twice while server 10 is dead: both updates
+    // wait for 10's acknowledgement.
+    for _ in 0..2 {
+        net.kill(a);
+        net.restart(a);
+        net.register(a);
+        assert!(net.run_until(SECOND * 40, |n| n.nodes[a].core.is_joined()));
+        net.run_for(SECOND);
+    }
+    net.restart(b);
+    net.register(b);
+    assert!(net.run_until(SECOND * 40, |n| n.nodes[b].core.is_joined()));
+    net.run_for(SECOND * 30);
+    let key = net.nodes[a].core.me().key;
+    assert_eq!(net.nodes[b].core.node(8).map(|n| n.key), Some(key));
+    assert_eq!(net.nodes[worker].core.node(8).map(|n| n.key), Some(key));
+}
+
 #[test]
 fn status_tables_carry_no_keys() {
     let mut net = Network::cluster(1, 1, VanConfig::default(), 6);
