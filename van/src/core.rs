@@ -1705,7 +1705,13 @@ impl Core {
         if let Some(r) = &mut self.resender {
             // The new process's timestamps start over.
             r.forget_seen(id);
-            r.forget_control_to(id);
+            if self.scheduler.is_some() {
+                // Sent before the new process registered (it gets the
+                // current table and map with its own). Not elsewhere: a
+                // node may learn of the replacement after it sent the new
+                // process something (a copy of its ranges, by the map).
+                r.forget_control_to(id);
+            }
         }
         let Some(r) = &mut self.resender else {
             if self.scheduler.is_none() && !self.replica_covers(id) {

@@ -651,3 +651,29 @@ fn a_lost_update_of_a_replacements_key_is_sent_again() {
     ];
     run_schedule(3910036129346832162, 3, 2, true, true, steps).unwrap();
 }
+
+/// A primary that learns of a replacement's map (joining) before the
+/// scheduler's update naming the new process sends it its copy at once: the
+/// copy is for the new process, and must not be forgotten as a message to
+/// the one it replaced.
+#[test]
+fn a_copy_sent_before_the_update_naming_the_replacement_arrives() {
+    let steps = vec![
+        Step::Push {
+            worker: 0,
+            keys: vec![1],
+        },
+        Step::Kill { server: 0 },
+        Step::Push {
+            worker: 1,
+            keys: vec![2],
+        },
+        Step::Replace { server: 2 },
+        Step::Push {
+            worker: 0,
+            keys: vec![1, 8],
+        },
+        Step::Replace { server: 0 },
+    ];
+    run_schedule(3468340628094720028, 2, 2, true, true, steps).unwrap();
+}
