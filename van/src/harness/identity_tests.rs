@@ -228,6 +228,59 @@ fn updates_meant_for_a_replaced_process_do_not_reach_its_replacement() {
     assert_eq!(net.nodes[worker].core.node(8).map(|n| n.key), Some(key));
 }
 
+/// Found by replication's packet-fault property test: an update naming a
+/// replacement's key was lost, the node was replaced again, and the first
+/// update, resent, arrived after the second: the worker took the older key
+/// for current and refused the server's answers for good.
+#[test]
+fn an_update_older_than_the_entry_it_would_replace_is_ignored() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 9);
+    assert!(net.form(SECOND * 5));
+    let server = net.index_of(8).unwrap();
+    let worker = net.index_of(9).unwrap();
+    let old_key = net.nodes[server].core.me().key;
+    net.kill(server);
+    net.restart(server);
+    net.register(server);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[server].core.is_joined()));
+    let new_key = net.nodes[server].core.me().key;
+    let sched_key = net.key_of(SCHEDULER);
+    let entry = net.nodes[worker].core.node(8).cloned().unwrap();
+    assert_eq!(entry.key, new_key);
+    let update = |key: u64, ts: i32| {
+        let mut msg = Message::control(Command::AddNode, 9);
+        let mut node = entry.clone();
+        node.key = key;
+        msg.meta.control.node = vec![node];
+        msg.meta.timestamp = ts;
+        msg
+    };
+    inject(
+        &mut net,
+        worker,
+        SCHEDULER,
+        sched_key,
+        update(new_key, 100_000),
+    );
+    inject(
+        &mut net,
+        worker,
+        SCHEDULER,
+        sched_key,
+        update(old_key, 99_999),
+    );
+    assert_eq!(net.nodes[worker].core.node(8).map(|n| n.key), Some(new_key));
+    // A newer one is taken.
+    inject(
+        &mut net,
+        worker,
+        SCHEDULER,
+        sched_key,
+        update(old_key, 100_001),
+    );
+    assert_eq!(net.nodes[worker].core.node(8).map(|n| n.key), Some(old_key));
+}
+
 #[test]
 fn status_tables_carry_no_keys() {
     let mut net = Network::cluster(1, 1, VanConfig::default(), 6);
