@@ -517,14 +517,10 @@ proptest! {
         run_schedule(seed, servers, k, resend, false, steps)?;
     }
 
-    /// The same with lost, doubled and reordered packets under PS_RESEND.
-    /// Ignored: since keyed identities, fencing and closed-connection
-    /// deaths (issue 24) joined replication, some schedules (about 1 in
-    /// 1 000 cases) leave a request unanswered or fail a worker; the seeds
-    /// it found are kept in proptest-regressions. Run it with
-    /// `cargo test --release -p pslite-van -- --ignored packet_faults`.
+    /// The same with lost, doubled and reordered packets under PS_RESEND
+    /// (the seeds of the schedules it found failing are kept in
+    /// proptest-regressions).
     #[test]
-    #[ignore = "finds failing schedules since the hostile-peers merge (issue 21 open)"]
     fn acknowledged_pushes_survive_deaths_and_packet_faults(
         seed in 0..u64::MAX,
         servers in 2..5i32,
