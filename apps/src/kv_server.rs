@@ -108,6 +108,15 @@ pub trait ReplicatedHandle<V: Val>: Send + 'static {
     fn restore(&mut self, begin: Key, end: Key, data: &[u8]) -> Result<(), String>;
 }
 
+/// Why app `app`'s state cannot be `what` (copied, restored): its handle
+/// is a plain one.
+fn not_copyable(app: i32, what: &str) -> String {
+    format!(
+        "KVServer app {app} has a request handle whose state cannot be {what} (set one with \
+         set_replicated_handle, e.g. DefaultHandle)"
+    )
+}
+
 /// A replicated handle's state seen without its value type.
 trait RangeCopy: Send {
     fn snapshot(&self, begin: Key, end: Key) -> Vec<u8>;
@@ -279,15 +288,10 @@ impl<V: Val> KVServer<V> {
                         let copy = ranges.snapshot(begin, end);
                         van.snapshot_taken(token, self.inner().app_id, copy.into());
                     }
-                    None => van.snapshot_failed(
-                        token,
-                        self.inner().app_id,
-                        &format!(
-                            "KVServer app {} has a request handle whose state cannot be \
-                             copied (set one with set_replicated_handle, e.g. DefaultHandle)",
-                            self.inner().app_id
-                        ),
-                    ),
+                    None => {
+                        let app = self.inner().app_id;
+                        van.snapshot_failed(token, app, &not_copyable(app, "copied"))
+                    }
                 }
             }
             Queued::Restore {
@@ -298,15 +302,8 @@ impl<V: Val> KVServer<V> {
             } => {
                 let Some(ranges) = &handles.ranges else {
                     if let Ok(van) = po.van() {
-                        van.restore_failed(
-                            token,
-                            self.inner().app_id,
-                            &format!(
-                                "KVServer app {} has a request handle whose state cannot be \
-                                 restored (set one with set_replicated_handle, e.g. DefaultHandle)",
-                                self.inner().app_id
-                            ),
-                        );
+                        let app = self.inner().app_id;
+                        van.restore_failed(token, app, &not_copyable(app, "restored"));
                     }
                     return;
                 };
