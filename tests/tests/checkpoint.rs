@@ -1,7 +1,8 @@
 //! Checkpoints (`PS_CHECKPOINT_DIR`) with real processes on 127.0.0.1: a
 //! job pushes, `pslite checkpoint` writes its state at a barrier, the whole
 //! job is killed with SIGKILL, and a new job with the same directory
-//! restores it and continues exactly (`kv_checkpoint` checks every key);
+//! restores it and continues exactly (`kv_checkpoint` checks every key),
+//! also with `PS_REPLICAS=2`;
 //! a truncated or corrupt checkpoint file is refused with an error naming
 //! the file and the job stops; `PS_CHECKPOINT_INTERVAL` writes checkpoints
 //! by itself; a cluster without a directory refuses `pslite checkpoint`.
@@ -122,10 +123,11 @@ fn checkpoint_dir(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("checkpoint-{id:06}"))
 }
 
-/// Runs a job that pushes ROUNDS rounds, takes checkpoint 1 with `pslite
-/// checkpoint` and is killed whole with SIGKILL. Returns the directory.
-fn checkpointed_job(dir: &Path) {
-    let job = Job::start(Some(dir), 0, true, &[]).wait_idle();
+/// Runs a job (with `extra` variables) in `dir` that pushes ROUNDS rounds,
+/// takes checkpoint 1 with `pslite checkpoint` and is killed whole with
+/// SIGKILL.
+fn checkpointed_job(dir: &Path, extra: &[(&str, &str)]) {
+    let job = Job::start(Some(dir), 0, true, extra).wait_idle();
     let result = job.checkpoint();
     let expected = format!(
         "checkpoint 1 written to {}",
@@ -145,14 +147,25 @@ fn checkpointed_job(dir: &Path) {
 
 #[test]
 fn checkpoint_kill_whole_job_resume_exact() {
+    kill_and_resume(&[]);
+}
+
+/// With `PS_REPLICAS=2` every replica writes its ranges (each file holds
+/// both ranges here) and restores them.
+#[test]
+fn checkpoint_with_two_replicas_resumes_exact() {
+    kill_and_resume(&[("PS_REPLICAS", "2")]);
+}
+
+fn kill_and_resume(extra: &[(&str, &str)]) {
     let _one = one_at_a_time();
     let dir = TempDir::new("checkpoint");
-    checkpointed_job(dir.path());
+    checkpointed_job(dir.path(), extra);
     // Every key held ROUNDS x WORKERS when the checkpoint was taken; the
     // new job must read exactly that first, then end exact after its own
     // pushes.
     let held = ROUNDS * WORKERS as u64;
-    let runs = Job::start(Some(dir.path()), held, false, &[]).wait();
+    let runs = Job::start(Some(dir.path()), held, false, extra).wait();
     let all = outputs(&runs);
     assert!(runs.iter().all(Run::ok), "the resumed job failed:\n{all}");
     for w in &runs[1 + SERVERS..] {
@@ -179,7 +192,7 @@ fn checkpoint_kill_whole_job_resume_exact() {
 fn refused(damage: impl FnOnce(&Path), file: &str, why: &str) {
     let _one = one_at_a_time();
     let dir = TempDir::new("checkpoint-bad");
-    checkpointed_job(dir.path());
+    checkpointed_job(dir.path(), &[]);
     let path = checkpoint_dir(dir.path(), 1).join(file);
     damage(&path);
     let runs = Job::start(Some(dir.path()), ROUNDS * WORKERS as u64, false, &[]).wait();
