@@ -154,6 +154,9 @@ pub struct Member {
     /// Since when this node reads nothing (an app's queue is full): silence
     /// proves nothing meanwhile.
     deaf_since: Option<Instant>,
+    /// Key ranges are replicated: a dead server's ranges fail over, nothing
+    /// waits for its replacement.
+    servers_replicated: bool,
 }
 
 impl Member {
@@ -180,6 +183,7 @@ impl Member {
             round: None,
             joined_round: None,
             deaf_since: None,
+            servers_replicated: false,
         }
     }
 
@@ -615,14 +619,27 @@ impl Member {
         self.given_up.retain(|id| dead.contains(id));
         for id in dead {
             if id != self.me.id && self.is_member(id) && !self.dead.contains_key(&id) {
-                warn!(
-                    "the scheduler declared node {id} dead: waiting up to {} s for a \
-                     replacement (PS_RECOVERY_TIMEOUT)",
-                    self.cfg.recovery_timeout.as_secs()
-                );
+                if self.servers_replicated && ids::role_of_id(id) == Some(Role::Server) {
+                    warn!(
+                        "the scheduler declared server {id} dead: its key ranges fail over to \
+                         their other replicas"
+                    );
+                } else {
+                    warn!(
+                        "the scheduler declared node {id} dead: waiting up to {} s for a \
+                         replacement (PS_RECOVERY_TIMEOUT)",
+                        self.cfg.recovery_timeout.as_secs()
+                    );
+                }
                 self.dead.insert(id, now);
             }
         }
+    }
+
+    /// Key ranges are replicated (the scheduler's table carried a range
+    /// map): a dead server's ranges fail over.
+    pub fn set_servers_replicated(&mut self) {
+        self.servers_replicated = true;
     }
 
     /// Starts waiting on a barrier over `group`, giving up after `timeout`
