@@ -352,9 +352,12 @@ pub struct Core {
     replicated_apps: BTreeSet<i32>,
     /// The timestamp of this node's next replication message.
     replica_ts: i32,
+    /// On a server: its leave from the job (`DMLC_NUM_SERVER=MIN:MAX`).
+    leave: servers::Leave,
 }
 
 mod replication;
+mod servers;
 
 /// The exit drain: a stopping node gives what it sent time to be
 /// acknowledged (the scheduler's last barrier release, say), up to 15 resend
@@ -444,6 +447,7 @@ impl Core {
             Scheduler::new(
                 SchedulerConfig {
                     num_servers: cfg.num_servers,
+                    min_servers: cfg.min_servers,
                     num_workers: cfg.num_workers,
                     me: me.clone(),
                     heartbeat_timeout: cfg.heartbeat_timeout,
@@ -504,13 +508,18 @@ impl Core {
             store_client: StoreClient::default(),
             store_dead: BTreeSet::new(),
             replication: if is_scheduler {
-                replication::Replication::for_scheduler(cfg.num_servers, cfg.replicas)
+                replication::Replication::for_scheduler(
+                    cfg.num_servers,
+                    cfg.replicas,
+                    cfg.min_servers.is_some(),
+                )
             } else {
                 replication::Replication::Off
             },
             replica_dead: BTreeSet::new(),
             replicated_apps: BTreeSet::from([0]),
             replica_ts: 0,
+            leave: servers::Leave::No,
         };
         core.replica_ts = core.rng.random::<i32>() & i32::MAX;
         // The scheduler talks to itself through its own ROUTER; a node makes
@@ -624,7 +633,10 @@ impl Core {
             Some(s) => {
                 let missing = s.missing();
                 WaitingFor::Registrations {
-                    servers: (missing.servers, self.cfg.num_servers),
+                    servers: (
+                        missing.servers,
+                        self.cfg.min_servers.unwrap_or(self.cfg.num_servers),
+                    ),
                     workers: self
                         .cfg
                         .elastic

@@ -18,6 +18,15 @@
 //!   replacement, or drop a survivor that held the range meanwhile).
 //! - A range whose every replica died is lost: its joiners are dropped
 //!   (there is nothing to copy) and its requests fail.
+//! - Servers that join and leave (`DMLC_NUM_SERVER=MIN:MAX`): there are
+//!   MAX ranges, so every rank a server can have (0..MAX) has a home range.
+//!   A server that joins is live like a replacement: the ranges whose
+//!   target now includes it copy to it. A server that asks to leave stays
+//!   live but *leaving*: targets are planned without it, so its ranges copy
+//!   to their new targets while it still serves them; once no range holds
+//!   it (as a replica or joiner) it has *left* ([`RangeMaster::take_left`])
+//!   and may exit. A leave that would leave fewer than MIN servers is
+//!   refused.
 //!
 //! Every change increments the version; the core broadcasts the map.
 
@@ -32,6 +41,22 @@ pub struct RangeMaster {
     k: usize,
     map: RangeMap,
     live: BTreeSet<NodeId>,
+    /// Live servers handing their ranges over before they exit.
+    leaving: BTreeSet<NodeId>,
+}
+
+/// Why a server may not leave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaveRefused {
+    /// The job would have fewer than `min` servers.
+    TooFew {
+        /// `DMLC_NUM_SERVER`'s MIN.
+        min: usize,
+        /// Servers that would stay.
+        staying: usize,
+    },
+    /// It is not a live server of the map.
+    NotLive,
 }
 
 impl RangeMaster {
@@ -54,6 +79,7 @@ impl RangeMaster {
                 ranges,
             },
             live: BTreeSet::new(),
+            leaving: BTreeSet::new(),
         }
     }
 
@@ -76,12 +102,12 @@ impl RangeMaster {
     }
 
     /// Range `r`'s target: the first `k` live servers from rank `r` on,
-    /// around the ring of ranks.
+    /// around the ring of ranks, leaving ones left out.
     fn target(&self, r: usize) -> Vec<NodeId> {
         let n = self.map.ranges.len();
         (0..n)
             .map(|i| ids::server_rank_to_id(((r + i) % n) as i32))
-            .filter(|id| self.live.contains(id))
+            .filter(|id| self.live.contains(id) && !self.leaving.contains(id))
             .take(self.k)
             .collect()
     }
@@ -93,6 +119,7 @@ impl RangeMaster {
         if !self.live.remove(&id) || self.map.version == 0 {
             return false;
         }
+        self.leaving.remove(&id);
         for (r, range) in self.map.ranges.iter_mut().enumerate() {
             let held = range.replicas.contains(&id);
             range.replicas.retain(|&s| s != id);
@@ -121,6 +148,7 @@ impl RangeMaster {
         if self.map.version == 0 || !self.live.insert(id) {
             return false;
         }
+        self.leaving.remove(&id);
         // A replacement holds nothing of what its id held.
         for range in &mut self.map.ranges {
             range.replicas.retain(|&s| s != id);
@@ -159,6 +187,60 @@ impl RangeMaster {
         );
         self.map.version += 1;
         true
+    }
+
+    /// Server `id` asks to leave, with at least `min` servers staying: its
+    /// ranges are planned without it (copies start toward their new
+    /// targets) while it still serves them. Returns whether the map changed
+    /// (not when it is leaving already).
+    pub fn server_leaving(&mut self, id: NodeId, min: usize) -> Result<bool, LeaveRefused> {
+        if self.map.version == 0 || !self.live.contains(&id) {
+            return Err(LeaveRefused::NotLive);
+        }
+        if self.leaving.contains(&id) {
+            return Ok(false);
+        }
+        let staying = self.live.len() - self.leaving.len() - 1;
+        if staying < min.max(1) {
+            return Err(LeaveRefused::TooFew {
+                min: min.max(1),
+                staying,
+            });
+        }
+        self.leaving.insert(id);
+        info!("server {id} leaves: its ranges move to the others first");
+        self.plan();
+        self.map.version += 1;
+        Ok(true)
+    }
+
+    /// Leaving servers that no range holds any more (as a replica or a
+    /// joiner): they have left, and are no longer live. The map does not
+    /// change (it names them nowhere).
+    pub fn take_left(&mut self) -> Vec<NodeId> {
+        let held: BTreeSet<NodeId> = self
+            .map
+            .ranges
+            .iter()
+            .flat_map(|r| r.replicas.iter().chain(&r.joining))
+            .copied()
+            .collect();
+        let left: Vec<NodeId> = self
+            .leaving
+            .iter()
+            .copied()
+            .filter(|id| !held.contains(id))
+            .collect();
+        for id in &left {
+            self.leaving.remove(id);
+            self.live.remove(id);
+        }
+        left
+    }
+
+    /// Whether server `id` is handing its ranges over.
+    pub fn is_leaving(&self, id: NodeId) -> bool {
+        self.leaving.contains(&id)
     }
 
     /// Adds every live target server a range lacks to its joiners (ranges
