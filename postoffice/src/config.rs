@@ -986,14 +986,40 @@ mod tests {
     }
 
     #[test]
+    fn min_max_servers_let_servers_join_and_leave() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.van.min_servers, None, "a plain number: a fixed job");
+        let c = parse(&[("DMLC_NUM_SERVER", "1:3"), ("PS_REPLICAS", "3")]).unwrap();
+        assert_eq!((c.van.num_servers, c.van.min_servers), (3, Some(1)));
+        assert_eq!(c.van.replicas, 3, "up to MAX copies");
+        for bad in ["3:1", "0:2", "a:b", "2:", "1:2:3", "1:2000000"] {
+            assert_eq!(
+                message(&[("DMLC_NUM_SERVER", bad)]),
+                format!(
+                    "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for \
+                     servers that join and leave, MIN <= MAX), got {bad:?}"
+                )
+            );
+        }
+        assert!(
+            message(&[("DMLC_NUM_SERVER", "1:2"), ("DMLC_NUM_WORKER", "1:2")])
+                .contains("elastic workers and servers that join and leave do not mix yet"),
+            "{}",
+            message(&[("DMLC_NUM_SERVER", "1:2"), ("DMLC_NUM_WORKER", "1:2")])
+        );
+    }
+
+    #[test]
     fn errors_name_the_variable_and_the_fix() {
         assert_eq!(
             message(&[("DMLC_NUM_SERVER", "x")]),
-            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"x\""
+            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers \
+             that join and leave, MIN <= MAX), got \"x\""
         );
         assert_eq!(
             message(&[("DMLC_NUM_SERVER", "0")]),
-            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"0\""
+            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers \
+             that join and leave, MIN <= MAX), got \"0\""
         );
         assert_eq!(
             message(&[("DMLC_NUM_WORKER", "")]),

@@ -693,8 +693,7 @@ impl Scheduler {
         let complete = match self.cfg.min_servers {
             // Every worker and at least MIN servers (more if present).
             Some(min) => {
-                self.count(Role::Worker) == self.cfg.num_workers
-                    && self.count(Role::Server) >= min
+                self.count(Role::Worker) == self.cfg.num_workers && self.count(Role::Server) >= min
             }
             None => self.nodes.len() as i32 == self.cfg.num_servers + self.cfg.num_workers,
         };
@@ -796,9 +795,7 @@ impl Scheduler {
         }
         match self.dead_of_role(node.role, now) {
             Some(pid) => self.recover(pid, node, now),
-            None if node.role == Role::Server && self.server_room() => {
-                self.join_server(node, now)
-            }
+            None if node.role == Role::Server && self.server_room() => self.join_server(node, now),
             None if self.cfg.heartbeat_timeout.is_some() => {
                 info!(
                     "scheduler: {} waits to replace the next {} that stops sending heartbeats",

@@ -102,12 +102,20 @@ impl RangeMaster {
     }
 
     /// Range `r`'s target: the first `k` live servers from rank `r` on,
-    /// around the ring of ranks, leaving ones left out.
+    /// around the ring of ranks, leaving ones left out (unless only leaving
+    /// ones are live: then they keep the range until another joins).
     fn target(&self, r: usize) -> Vec<NodeId> {
         let n = self.map.ranges.len();
-        (0..n)
-            .map(|i| ids::server_rank_to_id(((r + i) % n) as i32))
+        let ring = (0..n).map(|i| ids::server_rank_to_id(((r + i) % n) as i32));
+        let staying: Vec<NodeId> = ring
+            .clone()
             .filter(|id| self.live.contains(id) && !self.leaving.contains(id))
+            .take(self.k)
+            .collect();
+        if !staying.is_empty() {
+            return staying;
+        }
+        ring.filter(|id| self.live.contains(id))
             .take(self.k)
             .collect()
     }
@@ -314,6 +322,69 @@ mod tests {
         assert!(m.ready(12, 2, 8, 5));
         assert_eq!(replicas(&m), vec![vec![8, 10], vec![10, 12], vec![12, 8]]);
         assert!(joining(&m).iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn a_leaving_server_keeps_its_ranges_until_their_new_targets_caught_up() {
+        // MAX 3 ranges, 2 servers live, one copy each.
+        let mut m = RangeMaster::new(3, 1);
+        m.formed(&[8, 10]);
+        assert_eq!(replicas(&m), vec![vec![8], vec![10], vec![8]]);
+        assert_eq!(m.server_leaving(8, 1), Ok(true));
+        // It still serves while its ranges copy to the server that stays.
+        assert_eq!(replicas(&m), vec![vec![8], vec![10], vec![8]]);
+        assert_eq!(joining(&m), vec![vec![10], vec![], vec![10]]);
+        assert!(m.take_left().is_empty(), "it holds ranges still");
+        assert_eq!(m.server_leaving(8, 1), Ok(false), "asked twice");
+        assert!(m.ready(8, 0, 10, 2));
+        assert!(m.take_left().is_empty());
+        assert!(m.ready(8, 2, 10, 2));
+        assert_eq!(replicas(&m), vec![vec![10], vec![10], vec![10]]);
+        assert_eq!(m.take_left(), vec![8]);
+        assert!(!m.is_leaving(8));
+        // Gone from the live servers: a joiner with its id starts empty.
+        assert!(m.server_live(8));
+        assert_eq!(joining(&m), vec![vec![8], vec![], vec![8]]);
+    }
+
+    #[test]
+    fn a_leave_below_min_is_refused() {
+        let mut m = RangeMaster::new(3, 2);
+        m.formed(&[8, 10]);
+        assert_eq!(
+            m.server_leaving(8, 2),
+            Err(LeaveRefused::TooFew { min: 2, staying: 1 })
+        );
+        assert_eq!(m.server_leaving(12, 1), Err(LeaveRefused::NotLive));
+        assert_eq!(m.server_leaving(8, 1), Ok(true));
+        assert_eq!(
+            m.server_leaving(10, 1),
+            Err(LeaveRefused::TooFew { min: 1, staying: 0 }),
+            "the other is leaving already"
+        );
+        // Both were replicas of every range: no copy is needed.
+        assert_eq!(replicas(&m), vec![vec![10], vec![10], vec![10]]);
+        assert_eq!(m.take_left(), vec![8]);
+    }
+
+    #[test]
+    fn a_leaver_whose_successor_dies_keeps_its_ranges() {
+        let mut m = RangeMaster::new(2, 1);
+        m.formed(&[8, 10]);
+        assert_eq!(m.server_leaving(8, 1), Ok(true));
+        assert_eq!(joining(&m), vec![vec![10], vec![]]);
+        m.server_dead(10);
+        // Nobody else is live: the leaver keeps its range (range 1 died
+        // with its only copy).
+        assert_eq!(replicas(&m), vec![vec![8], vec![]]);
+        assert!(m.take_left().is_empty());
+        // A joiner (with the dead one's id) takes it over; then the leaver
+        // may go.
+        m.server_live(10);
+        assert_eq!(joining(&m), vec![vec![10], vec![]]);
+        assert!(m.ready(8, 0, 10, m.map().version));
+        assert_eq!(replicas(&m), vec![vec![10], vec![]]);
+        assert_eq!(m.take_left(), vec![8]);
     }
 
     #[test]
