@@ -437,7 +437,10 @@ pub fn plan(
     }
     let servers = match (opts.servers, lookup("DMLC_NUM_SERVER")) {
         (Some(s), _) => s,
-        (None, Some(v)) if !v.trim().is_empty() => parse_numeric("DMLC_NUM_SERVER", &v)? as u32,
+        // Servers that join and leave: the job starts with MIN.
+        (None, Some(v)) if !v.trim().is_empty() => match parse_num_servers(&v)? {
+            NodeCount::Fixed(n) | NodeCount::Elastic { min: n, .. } => n as u32,
+        },
         (None, _) => 1,
     };
     if servers == 0 || size < servers + 2 {

@@ -315,6 +315,24 @@ fn may_leave(net: &Network, id: NodeId) -> bool {
         })
 }
 
+#[test]
+fn a_cxx_server_cannot_join_a_job_whose_servers_join_and_leave() {
+    let (mut net, _) = job(1, 2, 1, 1, false, 6);
+    // A C++ server registers (no pslite flag on its entry): there is room,
+    // but it would not understand the range map.
+    let mut add = Message::control(pslite_proto::Command::AddNode, pslite_proto::ids::SCHEDULER);
+    add.meta.control.node = vec![Node::new(Role::Server, "127.0.0.1", 12_345)];
+    let now = net.now;
+    net.nodes[0].core.handle(add, now);
+    net.run_for(SECOND);
+    assert_eq!(
+        net.nodes[0].core.nodes().len(),
+        4,
+        "the scheduler and 3 nodes"
+    );
+    assert!(map(&net).ranges.iter().all(|r| r.joining.is_empty()));
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Push { worker: usize, keys: Vec<u8> },
