@@ -718,7 +718,8 @@ mod tests {
             (
                 "DMLC_NUM_SERVER",
                 "two",
-                "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"two\"",
+                "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers \
+                 that join and leave, MIN <= MAX), got \"two\"",
             ),
             (
                 "PS_VERBOSE",

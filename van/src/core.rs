@@ -1615,9 +1615,20 @@ impl Core {
                     self.apply_member(actions, now);
                 }
                 Action::Ready => {
+                    let servers = match (&self.scheduler, self.cfg.min_servers) {
+                        // Servers that join and leave: as many as registered.
+                        (Some(s), Some(_)) => s
+                            .nodes()
+                            .iter()
+                            .filter(|n| n.role == Role::Server)
+                            .map(|n| n.id)
+                            .collect::<BTreeSet<_>>()
+                            .len() as i32,
+                        _ => self.cfg.num_servers,
+                    };
                     info!(
-                        "scheduler: cluster formed with {} servers and {} workers",
-                        self.cfg.num_servers, self.cfg.num_workers
+                        "scheduler: cluster formed with {servers} servers and {} workers",
+                        self.cfg.num_workers
                     );
                     let actions = self.member.formed(self.scheduler_table());
                     self.apply_member(actions, now);

@@ -257,7 +257,7 @@ pub(super) fn check_replicas(net: &Network, job: &Job) {
 }
 
 /// Keys spread over every range of `n`.
-fn keys(n: usize) -> Vec<u64> {
+pub(super) fn keys(n: usize) -> Vec<u64> {
     crate::replica::key_ranges(n)
         .into_iter()
         .flat_map(|(b, _)| [b, b + 1, b + 7])

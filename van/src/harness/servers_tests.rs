@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::replica_tests::{
-    cases, check_replicas, config, describe, map, may_kill, serving, settle, Job, MS, SECOND,
+    cases, check_replicas, config, describe, keys, map, may_kill, serving, settle, Job, MS, SECOND,
 };
 
 /// Runs `net` for `d`; a server the scheduler let go exits at once.
@@ -62,6 +62,18 @@ fn job(min: i32, max: i32, initial: i32, k: u32, resend: bool, seed: u64) -> (Ne
     (net, workers)
 }
 
+/// [`job`] after four pushes of worker 0 to `keys(max)`, answered.
+fn pushed(max: i32, initial: i32, k: u32, seed: u64) -> (Network, [usize; 2], Job, Vec<u64>) {
+    let (mut net, workers) = job(1, max, initial, k, false, seed);
+    let mut job = Job::default();
+    let all = keys(max as usize);
+    for _ in 0..4 {
+        job.push(&mut net, workers[0], &all);
+    }
+    settle(&mut net, &mut job, SECOND);
+    (net, workers, job, all)
+}
+
 /// A new server process registers with the running job; returns its index.
 fn join(net: &mut Network, port: i32) -> usize {
     let i = net.add(Role::Server, port);
@@ -108,14 +120,6 @@ fn exit_left(net: &mut Network) -> usize {
     left.len()
 }
 
-/// Keys spread over every range of `n`.
-fn keys(n: usize) -> Vec<u64> {
-    crate::replica::key_ranges(n)
-        .into_iter()
-        .flat_map(|(b, _)| [b, b + 1, b + 7])
-        .collect()
-}
-
 /// Every worker pulls every key of `all`: the sums are the acknowledged
 /// pushes exactly.
 fn assert_pull_exact(net: &mut Network, job: &mut Job, w: usize, all: &[u64]) {
@@ -150,13 +154,7 @@ fn the_job_forms_with_min_servers_and_max_ranges() {
 #[test]
 fn a_joining_server_takes_its_ranges_with_their_state_while_pushes_go_on() {
     for k in [1, 2] {
-        let (mut net, [w0, w1]) = job(1, 2, 1, k, false, 2);
-        let mut job = Job::default();
-        let all = keys(2);
-        for _ in 0..4 {
-            job.push(&mut net, w0, &all);
-        }
-        settle(&mut net, &mut job, SECOND);
+        let (mut net, [w0, w1], mut job, all) = pushed(2, 1, k, 2);
         let joiner = join(&mut net, 10_001);
         for _ in 0..20 {
             job.push(&mut net, w0, &all);
@@ -198,13 +196,7 @@ fn a_joining_server_takes_its_ranges_with_their_state_while_pushes_go_on() {
 #[test]
 fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
     for k in [1, 2] {
-        let (mut net, [w0, w1]) = job(1, 2, 2, k, false, 3);
-        let mut job = Job::default();
-        let all = keys(2);
-        for _ in 0..4 {
-            job.push(&mut net, w0, &all);
-        }
-        settle(&mut net, &mut job, SECOND);
+        let (mut net, [w0, w1], mut job, all) = pushed(2, 2, k, 3);
         let leaver = net.index_of(8).unwrap();
         ask_leave(&mut net, leaver);
         for _ in 0..10 {
@@ -228,18 +220,9 @@ fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
         assert_no_failure(&net, [w0, w1]);
         // The scheduler counts it as left, not lost: the last barrier does
         // not wait for it.
-        let waiters: Vec<(usize, u64)> = net
-            .members(ALL)
-            .into_iter()
-            .map(|i| (i, net.barrier(i, ALL)))
-            .collect();
-        assert!(net.run_until(SECOND, |n| waiters
-            .iter()
-            .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+        assert!(net.barrier_over_all(SECOND));
     }
 }
-
-const ALL: i32 = pslite_proto::ids::ALL_GROUP;
 
 #[test]
 fn a_leave_below_min_is_refused_and_the_server_goes_on() {
