@@ -22,6 +22,10 @@
 //!   workers (below MIN for too long, the scheduler fails the job). A
 //!   worker that exits 0 while other workers still run has left; only the
 //!   last one to exit 0 starts the early-exit grace.
+//! - With replicated key ranges (`PS_REPLICAS=k`, k >= 2,
+//!   [`Policy::replicas`]), a server that fails or is killed is not a job
+//!   failure by itself either: the other replicas of its ranges serve them.
+//!   If every replica of a range dies, the workers fail, and so does the job.
 //! - Nodes may be added while the job runs ([`Supervisor::add_node`]).
 //! - `--timeout` stops every node still running; so does SIGINT, SIGTERM or
 //!   SIGHUP to the launcher (a second one kills at once).
@@ -285,6 +289,8 @@ pub struct Policy {
     pub max_restarts: u32,
     /// Elastic workers: a worker's failure or early exit does not end the job.
     pub elastic: bool,
+    /// `PS_REPLICAS`: with 2 or more, a server's failure does not end the job.
+    pub replicas: u32,
 }
 
 /// How long after an early exit 0 the launcher names the node (at most
@@ -577,6 +583,14 @@ impl Supervisor {
                         Action::Restart(index),
                     ];
                 }
+                if self.policy.replicas >= 2 && role == Role::Server {
+                    return vec![Action::Say(format!(
+                        "{name} {}; the job goes on without it (PS_REPLICAS={}: other servers \
+                         hold copies of its key ranges)",
+                        ended.describe(),
+                        self.policy.replicas
+                    ))];
+                }
                 if self.policy.elastic && role == Role::Worker {
                     return vec![Action::Say(format!(
                         "{name} {}; the job goes on without it (elastic workers: the scheduler \
@@ -772,6 +786,7 @@ mod tests {
             restart_role: None,
             max_restarts: 3,
             elastic: false,
+            replicas: 1,
         }
     }
 
@@ -1051,6 +1066,35 @@ mod tests {
             assert!(s.on_exit(i, Ended::Code(0), secs(t0, 9.0)).is_empty());
         }
         assert_eq!(s.outcome(), Some(Outcome::Success));
+    }
+
+    #[test]
+    fn with_replicas_a_server_killed_is_not_a_job_failure() {
+        let t0 = Instant::now();
+        let policy = Policy {
+            replicas: 2,
+            ..policy()
+        };
+        let mut s = cluster(policy.clone(), t0);
+        let said = s.on_exit(1, Ended::Signal(libc::SIGKILL), secs(t0, 1.0));
+        assert_eq!(
+            said,
+            [Action::Say(
+                "server 0 was killed by signal 9 (SIGKILL); the job goes on without it \
+                 (PS_REPLICAS=2: other servers hold copies of its key ranges)"
+                    .into()
+            )]
+        );
+        assert!(s.outcome().is_none());
+        for i in [0, 2, 3] {
+            assert!(s.on_exit(i, Ended::Code(0), secs(t0, 9.0)).is_empty());
+        }
+        assert_eq!(s.outcome(), Some(Outcome::Success));
+        // A worker failing still fails the job (its range was lost, say).
+        let mut s = cluster(policy, t0);
+        s.on_exit(1, Ended::Signal(libc::SIGKILL), secs(t0, 1.0));
+        assert!(s.on_exit(2, Ended::Code(1), secs(t0, 2.0)).is_empty());
+        assert!(matches!(s.state, State::Settling { .. }));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use pslite_tests::{free_port, spawn_node, wait_all_ok, Spawned};
+use pslite_tests::{free_port, pslite_command, run, spawn_node, wait_all_ok, Spawned};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -188,4 +188,80 @@ fn a_replacement_receives_copies_of_its_ranges_while_workers_push() {
     let out = job.finish();
     assert_exact(&out, 2);
     assert!(out.contains("caught up"), "no copy finished:\n{out}");
+}
+
+/// `pslite demo --replicas 2 --kill-server 0 --kill-after 2`: server 0 is
+/// killed after epoch 2, the output says which ranges moved where and
+/// when, and training reaches its threshold with one server.
+#[test]
+fn the_demo_kills_a_server_prints_the_failover_and_reaches_its_threshold() {
+    let _serial = one_at_a_time();
+    let mut demo = pslite_command("demo");
+    demo.args([
+        "--replicas",
+        "2",
+        "--kill-server",
+        "0",
+        "--kill-after",
+        "2",
+        "--samples",
+        "60000",
+        "--epochs",
+        "4",
+    ]);
+    let run = run(demo, LIMIT);
+    run.assert_ok();
+    let out = &run.stdout;
+    let pos = |needle: &str| {
+        out.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} missing:\n{}", run.output()))
+    };
+    assert!(
+        pos("key ranges, 2 copies each: range 0 on node 8 (primary), 10; range 1 on node 10 (primary), 8")
+            < pos("epoch 0/4"),
+        "{}",
+        run.output()
+    );
+    let kill = pos("killing server 0 (node 8) with SIGKILL after epoch 2");
+    assert!(pos("epoch 2/4  test loss") < kill, "{}", run.output());
+    let failover = pos("failover: range map version 2, ");
+    assert!(kill < failover, "{}", run.output());
+    // Node 8 was primary of range 0 and backup of range 1.
+    assert!(
+        failover < pos("  range 0: primary node 8 -> node 10, node 8 dropped")
+            && failover < pos("  range 1: node 8 dropped"),
+        "{}",
+        run.output()
+    );
+    for epoch in 3..=4 {
+        assert!(failover < pos(&format!("epoch {epoch}/4  test loss")));
+    }
+    assert!(
+        out.contains("held at the end by 1 server (server 1: "),
+        "{}",
+        run.output()
+    );
+    assert!(out.contains("(threshold 0.8): ok"), "{}", run.output());
+    assert!(
+        run.stderr
+            .contains("server 0 (node 8) was killed by signal 9 (SIGKILL); the job goes on"),
+        "{}",
+        run.output()
+    );
+}
+
+/// `--kill-server` without copies is refused before anything starts.
+#[test]
+fn the_demo_refuses_to_kill_a_server_without_replicas() {
+    let mut demo = pslite_command("demo");
+    demo.args(["--kill-server", "0"]);
+    let run = run(demo, Duration::from_secs(30));
+    assert!(!run.status.is_some_and(|s| s.success()), "{}", run.output());
+    assert!(
+        run.stderr
+            .contains("--kill-server 0 needs --replicas 2 or more"),
+        "{}",
+        run.output()
+    );
+    assert!(!run.stdout.contains("scheduler at"), "{}", run.output());
 }

@@ -1373,7 +1373,10 @@ impl Core {
             .and_then(|s| s.replaced(sender, msg.meta.sender_key))
             .map(|(old, new)| (old.clone(), new.clone()));
         if let Some((mut old, new)) = fence {
-            if self.fenced.insert((sender, old.key)) {
+            // A replacement at the old process's address: that process is
+            // gone (its port is the new one's), and a LEAVE to the address
+            // would reach the replacement.
+            if !old.same_process(&new) && self.fenced.insert((sender, old.key)) {
                 warn!(
                     "scheduler: {old} sent a message after {} took its place: telling it to stop",
                     new.address()
@@ -1725,6 +1728,13 @@ impl Core {
         if let Some(r) = &mut self.resender {
             // The new process's timestamps start over.
             r.forget_seen(id);
+            if self.scheduler.is_some() {
+                // Sent before the new process registered (it gets the
+                // current table and map with its own). Not elsewhere: a
+                // node may learn of the replacement after it sent the new
+                // process something (a copy of its ranges, by the map).
+                r.forget_control_to(id);
+            }
         }
         let Some(r) = &mut self.resender else {
             if self.scheduler.is_none() && !self.replica_covers(id) {

@@ -143,6 +143,10 @@ pub struct Member {
     given_up: HashSet<NodeId>,
     /// Ignored node tables (logged once).
     ignored_tables: u32,
+    /// The timestamp of the scheduler's message that last set each entry
+    /// of the table: an update older than that (resent after a newer one
+    /// that arrived first) is stale.
+    set_at: HashMap<NodeId, i32>,
     /// Elastic mode: the current round and its workers in rank order, and
     /// the round this node joined in.
     round: Option<(u64, Vec<NodeId>)>,
@@ -150,6 +154,9 @@ pub struct Member {
     /// Since when this node reads nothing (an app's queue is full): silence
     /// proves nothing meanwhile.
     deaf_since: Option<Instant>,
+    /// Key ranges are replicated: a dead server's ranges fail over, nothing
+    /// waits for its replacement.
+    servers_replicated: bool,
 }
 
 impl Member {
@@ -172,9 +179,11 @@ impl Member {
             dead: HashMap::new(),
             given_up: HashSet::new(),
             ignored_tables: 0,
+            set_at: HashMap::new(),
             round: None,
             joined_round: None,
             deaf_since: None,
+            servers_replicated: false,
         }
     }
 
@@ -268,6 +277,15 @@ impl Member {
             return Vec::new();
         }
         if c.round.is_none() {
+            if c.node
+                .iter()
+                .any(|n| n.same_process(&self.me) && n.key == self.me.key)
+            {
+                // It names this process as the replacement: meant for the
+                // process it replaced, at the same address.
+                debug!("dropping LEAVE: it fences the process this one replaced");
+                return Vec::new();
+            }
             let by = c
                 .node
                 .iter()
@@ -369,9 +387,9 @@ impl Member {
             return self.join(msg, nodes, now);
         }
         if let Some((number, workers)) = msg_round(msg) {
-            return self.next_round(nodes, number, workers);
+            return self.next_round(nodes, number, workers, msg.meta.timestamp);
         }
-        self.update(nodes)
+        self.update(nodes, msg.meta.timestamp)
     }
 
     fn ignore_table(&mut self, why: String) {
@@ -427,6 +445,9 @@ impl Member {
         self.me.id = mine.id;
         self.me.is_recovery = mine.is_recovery;
         self.table = nodes.to_vec();
+        if msg.meta.timestamp != K_EMPTY {
+            self.set_at = nodes.iter().map(|n| (n.id, msg.meta.timestamp)).collect();
+        }
         let round = msg_round(msg);
         self.joined = true;
         self.joining = None;
@@ -465,10 +486,11 @@ impl Member {
         nodes: &[Node],
         number: u64,
         workers: Vec<NodeId>,
+        ts: i32,
     ) -> Vec<MemberAction> {
         if self.round.as_ref().is_some_and(|(n, _)| *n >= number) {
             // The same round again (another customer's table), or an old one.
-            return self.update(nodes);
+            return self.update(nodes, ts);
         }
         if !nodes.iter().any(|n| n.id == self.me.id) || !nodes.iter().any(|n| n.id == SCHEDULER) {
             if self.me.role == Role::Worker {
@@ -494,6 +516,9 @@ impl Member {
             .map(|n| MemberAction::Connect(n.clone()))
             .collect();
         self.table = nodes.to_vec();
+        if ts != K_EMPTY {
+            self.set_at = nodes.iter().map(|n| (n.id, ts)).collect();
+        }
         let table = &self.table;
         self.dead.retain(|id, _| table.iter().any(|n| n.id == *id));
         self.given_up.retain(|id| table.iter().any(|n| n.id == *id));
@@ -502,13 +527,26 @@ impl Member {
         actions
     }
 
-    /// Entries of nodes that restarted and took over an id.
-    fn update(&mut self, nodes: &[Node]) -> Vec<MemberAction> {
+    /// Entries of nodes that restarted and took over an id, from the
+    /// scheduler's message with timestamp `ts`.
+    fn update(&mut self, nodes: &[Node], ts: i32) -> Vec<MemberAction> {
         let mut actions = Vec::new();
         let recovery = nodes.len() == 1;
         for node in nodes {
             if node.id == self.me.id || node.id == SCHEDULER {
                 continue;
+            }
+            if ts != K_EMPTY {
+                if let Some(&at) = self.set_at.get(&node.id) {
+                    if older(ts, at) {
+                        debug!(
+                            "ignoring a node table entry {node}: the scheduler sent a newer one \
+                             (timestamp {at}) before this one ({ts})"
+                        );
+                        continue;
+                    }
+                }
+                self.set_at.insert(node.id, ts);
             }
             if ids::role_of_id(node.id) != Some(node.role) {
                 debug!(
@@ -581,14 +619,27 @@ impl Member {
         self.given_up.retain(|id| dead.contains(id));
         for id in dead {
             if id != self.me.id && self.is_member(id) && !self.dead.contains_key(&id) {
-                warn!(
-                    "the scheduler declared node {id} dead: waiting up to {} s for a \
-                     replacement (PS_RECOVERY_TIMEOUT)",
-                    self.cfg.recovery_timeout.as_secs()
-                );
+                if self.servers_replicated && ids::role_of_id(id) == Some(Role::Server) {
+                    warn!(
+                        "the scheduler declared server {id} dead: its key ranges fail over to \
+                         their other replicas"
+                    );
+                } else {
+                    warn!(
+                        "the scheduler declared node {id} dead: waiting up to {} s for a \
+                         replacement (PS_RECOVERY_TIMEOUT)",
+                        self.cfg.recovery_timeout.as_secs()
+                    );
+                }
                 self.dead.insert(id, now);
             }
         }
+    }
+
+    /// Key ranges are replicated (the scheduler's table carried a range
+    /// map): a dead server's ranges fail over.
+    pub fn set_servers_replicated(&mut self) {
+        self.servers_replicated = true;
     }
 
     /// Starts waiting on a barrier over `group`, giving up after `timeout`
@@ -862,4 +913,11 @@ impl Member {
 fn msg_round(msg: &Message) -> Option<(u64, Vec<NodeId>)> {
     let c = &msg.meta.control;
     c.round.map(|n| (n, c.round_members.clone()))
+}
+
+/// Whether timestamp `a` comes before `b` (timestamps count up and wrap at
+/// `i32::MAX`).
+fn older(a: i32, b: i32) -> bool {
+    let ahead = b.wrapping_sub(a) & i32::MAX;
+    ahead != 0 && ahead < 1 << 30
 }

@@ -362,6 +362,20 @@ impl Resender {
         again
     }
 
+    /// Node `id` was replaced by a new process: forgets the control
+    /// messages still waiting for its predecessor's ACK (what was said to
+    /// that process is not for the new one, which starts from the
+    /// scheduler's current table and map; resent, an old node-table update
+    /// would overwrite a newer one).
+    pub fn forget_control_to(&mut self, id: NodeId) {
+        for ((recver, _), queue) in self.pending.iter_mut() {
+            if *recver == id {
+                queue.retain(|p| p.msg.meta.control.is_empty());
+            }
+        }
+        self.pending.retain(|_, q| !q.is_empty());
+    }
+
     /// Node `id` was replaced by a new process, whose timestamps start over:
     /// forgets what its predecessor sent, so that the newcomer's messages
     /// are not taken for duplicates of them.

@@ -74,13 +74,24 @@ pub struct DemoArgs {
     /// With --elastic: add a worker after this epoch (0: no worker is added).
     #[arg(long, default_value_t = 1, value_name = "EPOCH")]
     pub join_after: usize,
-    /// With --elastic: kill a worker after this epoch (0: none is killed).
+    /// With --elastic or --kill-server: kill after this epoch (0: none is
+    /// killed).
     #[arg(long, default_value_t = 2, value_name = "EPOCH")]
     pub kill_after: usize,
     /// With --elastic: which worker to kill, by its rank in the round
     /// running then (the round lines show each rank's node id).
     #[arg(long, default_value_t = 1, value_name = "RANK")]
     pub kill_worker: usize,
+    /// Copies of each key range, on that many servers (PS_REPLICAS): with
+    /// 2 or more, a server's death loses no update and the job goes on
+    /// with the others. 1 is ps-lite's way: one copy.
+    #[arg(long, default_value_t = 1, value_parser = positive, value_name = "K")]
+    pub replicas: usize,
+    /// Kill the server of this rank with SIGKILL after epoch --kill-after
+    /// (needs --replicas 2 or more); the output shows the failover: which
+    /// key ranges moved where, and when.
+    #[arg(long, value_name = "RANK")]
+    pub kill_server: Option<usize>,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
@@ -166,6 +177,22 @@ impl DemoArgs {
                 self.samples, self.test_fraction
             )));
         }
+        // The cluster's shape is the launching process's to check: a node
+        // learns it from its environment.
+        if !self.node {
+            self.check_cluster()?;
+        }
+        if self.nnz as u64 > self.features {
+            return Err(Error::InvalidInput(format!(
+                "--nnz {} is more than the {} features",
+                self.nnz, self.features
+            )));
+        }
+        Ok(())
+    }
+
+    /// The rules on `--servers`, `--workers` and what is killed.
+    fn check_cluster(&self) -> Result<(), Error> {
         if self.elastic && self.kill_after > 0 && self.kill_worker >= self.workers {
             return Err(Error::InvalidInput(format!(
                 "--kill-worker {} is not a rank of the {} workers started (0 to {})",
@@ -174,11 +201,35 @@ impl DemoArgs {
                 self.workers - 1
             )));
         }
-        if self.nnz as u64 > self.features {
+        if self.replicas > self.servers {
             return Err(Error::InvalidInput(format!(
-                "--nnz {} is more than the {} features",
-                self.nnz, self.features
+                "--replicas {} is more than the {} servers: each copy of a key range is on \
+                 another server (use --servers {} or more)",
+                self.replicas, self.servers, self.replicas
             )));
+        }
+        if let Some(rank) = self.kill_server {
+            if self.replicas < 2 {
+                return Err(Error::InvalidInput(format!(
+                    "--kill-server {rank} needs --replicas 2 or more: with one copy, the killed \
+                     server's key ranges are lost and the job fails"
+                )));
+            }
+            if rank >= self.servers {
+                return Err(Error::InvalidInput(format!(
+                    "--kill-server {rank} is not a rank of the {} servers (0 to {})",
+                    self.servers,
+                    self.servers - 1
+                )));
+            }
+            if self.kill_after == 0 || self.kill_after >= self.epochs {
+                return Err(Error::InvalidInput(format!(
+                    "--kill-server needs --kill-after between 1 and {} (the epochs before the \
+                     last), got {}",
+                    self.epochs.saturating_sub(1),
+                    self.kill_after
+                )));
+            }
         }
         Ok(())
     }
@@ -200,6 +251,7 @@ impl DemoArgs {
             ("--test-fraction", self.test_fraction.to_string()),
             ("--seed", self.seed.to_string()),
             ("--threshold", self.threshold.to_string()),
+            ("--replicas", self.replicas.to_string()),
         ] {
             args.extend([name.to_string(), value]);
         }
@@ -287,5 +339,37 @@ pub(crate) mod tests {
         assert!(tiny.check().is_err());
         let dense = parse(&["--features", "10", "--nnz", "11"]).unwrap();
         assert!(dense.check().is_err());
+        for bad in [
+            &["--replicas", "3"][..],
+            &["--kill-server", "0"],
+            &["--replicas", "2", "--kill-server", "2"],
+            &["--replicas", "2", "--kill-server", "0", "--kill-after", "0"],
+            &["--replicas", "2", "--kill-server", "0", "--kill-after", "5"],
+        ] {
+            let args = parse(bad).unwrap();
+            assert!(args.check().is_err(), "{bad:?} accepted");
+        }
+        let ok = parse(&[
+            "--servers",
+            "3",
+            "--replicas",
+            "3",
+            "--kill-server",
+            "1",
+            "--kill-after",
+            "2",
+        ])
+        .unwrap();
+        ok.check().unwrap();
+        // A node gets the options without the cluster's shape, and passes.
+        let node_args: Vec<String> = ok
+            .node_args("127.0.0.1:9")
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let refs: Vec<&str> = node_args[1..].iter().map(String::as_str).collect();
+        let node = parse(&refs).unwrap();
+        assert_eq!(node.replicas, 3);
+        node.check().unwrap();
     }
 }

@@ -132,6 +132,133 @@ impl Elastic {
     }
 }
 
+/// The launching process's part in `--replicas` and `--kill-server`: when to
+/// kill a server, and the range maps seen, to print the failover.
+struct Failover {
+    /// Server rank to kill, after epoch `kill_after`.
+    kill: Option<usize>,
+    kill_after: usize,
+    /// When the server was killed (ms since the Unix epoch).
+    killed_at_ms: Option<u64>,
+    /// The scheduler's last map: version, when made, replicas per range.
+    map: Option<(u64, u64, Vec<Vec<i32>>)>,
+    /// Maps worker 0 reported (version, when), not yet printed.
+    worker_seen: Vec<(u64, u64)>,
+    pending: Vec<Control>,
+}
+
+impl Failover {
+    fn new(args: &DemoArgs) -> Failover {
+        Failover {
+            kill: args.kill_server,
+            kill_after: args.kill_after,
+            killed_at_ms: None,
+            map: None,
+            worker_seen: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    fn killed(&self) -> usize {
+        usize::from(self.killed_at_ms.is_some())
+    }
+
+    /// Epoch `epoch` was evaluated: maybe kill the server.
+    fn epoch_done(&mut self, epoch: usize) -> Option<String> {
+        let rank = self.kill?;
+        if self.killed_at_ms.is_some() || epoch < self.kill_after {
+            return None;
+        }
+        self.killed_at_ms = Some(unix_ms());
+        let id = 8 + 2 * rank as i32;
+        self.pending.push(Control::SignalNode {
+            id,
+            signal: libc::SIGKILL,
+        });
+        Some(format!(
+            "killing server {rank} (node {id}) with SIGKILL after epoch {epoch}"
+        ))
+    }
+
+    /// A range map report: the lines to print.
+    fn ranges(
+        &mut self,
+        seen_by: &str,
+        version: u64,
+        at_ms: u64,
+        replicas: &[Vec<i32>],
+    ) -> Vec<String> {
+        if seen_by != "scheduler" {
+            // Worker 0 routes by the map the scheduler made; its report may
+            // arrive first (another connection).
+            self.worker_seen.push((version, at_ms));
+            return self.worker_lines();
+        }
+        let mut lines = match &self.map {
+            None => vec![format!(
+                "key ranges, {} copies each: {}",
+                replicas.iter().map(Vec::len).max().unwrap_or(0),
+                report::describe_ranges(replicas)
+            )],
+            Some((_, _, before)) => {
+                let when = match self.killed_at_ms {
+                    Some(killed) => format!(
+                        ", {:.3} s after the kill (the scheduler promotes the next replicas as it \
+                         declares the death)",
+                        at_ms.saturating_sub(killed) as f64 / 1e3
+                    ),
+                    None => String::new(),
+                };
+                let mut lines = vec![format!("failover: range map version {version}{when}")];
+                lines.extend(
+                    report::describe_moves(before, replicas)
+                        .into_iter()
+                        .map(|m| format!("  {m}")),
+                );
+                lines
+            }
+        };
+        self.map = Some((version, at_ms, replicas.to_vec()));
+        lines.extend(self.worker_lines());
+        lines
+    }
+
+    /// Worker 0's use of the scheduler's maps after a kill, once both are
+    /// known.
+    fn worker_lines(&mut self) -> Vec<String> {
+        let Some((made, made_ms, _)) = &self.map else {
+            return Vec::new();
+        };
+        let (made, made_ms) = (*made, *made_ms);
+        let killed = self.killed_at_ms.is_some();
+        let mut lines = Vec::new();
+        self.worker_seen.retain(|&(version, at_ms)| {
+            if version > made {
+                return true;
+            }
+            if version == made && killed && version > 1 {
+                lines.push(format!(
+                    "  worker 0 routes by map version {version} {} ms after the scheduler made it",
+                    at_ms.saturating_sub(made_ms)
+                ));
+            }
+            false
+        });
+        lines
+    }
+
+    /// What to ask of the launcher now.
+    fn requests(&mut self) -> Vec<Control> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Runs the cluster, prints its progress and summary; the exit code says
 /// whether training reached the threshold.
 pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
@@ -144,7 +271,10 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         .local_addr()
         .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
     let mut env = Vec::new();
-    if args.elastic {
+    if args.replicas >= 2 {
+        env.push(("PS_REPLICAS".to_string(), args.replicas.to_string()));
+    }
+    if args.elastic || args.kill_server.is_some() {
         // A killed worker is noticed by its missing heartbeats: soon.
         for (var, value) in [
             ("PS_HEARTBEAT_INTERVAL", "1"),
@@ -196,6 +326,7 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         let _ = tx.send(Event::Done(launch_with(&opts, &requests)));
     });
     let mut elastic = Elastic::new(args);
+    let mut failover = Failover::new(args);
 
     let mut epochs: Vec<(usize, f64, f64, f64)> = Vec::new();
     let mut progress = Progress::new(args.epochs);
@@ -225,6 +356,19 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                         progress.println(report.human(args.epochs));
                         epochs.push((*epoch, *loss, *accuracy, *secs));
                         elastic.epoch_done(*epoch);
+                        if let Some(line) = failover.epoch_done(*epoch) {
+                            progress.println(line);
+                        }
+                    }
+                    Report::Ranges {
+                        seen_by,
+                        version,
+                        at_ms,
+                        replicas,
+                    } => {
+                        for line in failover.ranges(seen_by, *version, *at_ms, replicas) {
+                            progress.println(line);
+                        }
                     }
                     Report::Round {
                         round,
@@ -261,17 +405,20 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                     }
                     let _ = control.send(request);
                 }
+                for request in failover.requests() {
+                    let _ = control.send(request);
+                }
                 if linger.is_some()
                     && workers.len() == elastic.workers_expected()
-                    && servers.len() == args.servers
+                    && servers.len() == args.servers - failover.killed()
                 {
                     break;
                 }
             }
             Event::Done(result) => {
                 let wall = started.elapsed();
-                let complete =
-                    workers.len() == elastic.workers_expected() && servers.len() == args.servers;
+                let complete = workers.len() == elastic.workers_expected()
+                    && servers.len() == args.servers - failover.killed();
                 let failed = !matches!(result, Ok(Outcome::Success));
                 outcome = Some((result, wall));
                 if complete || failed {
@@ -331,13 +478,32 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         (r + r2, a + a2, b + b2)
     });
     let training: f64 = epochs.iter().map(|e| e.3).sum();
-    println!(
-        "model: {} keys with a weight, held by {} server{} ({})",
-        group(servers.iter().map(|&(_, k)| k as u64).sum()),
-        args.servers,
-        plural(args.servers),
-        keys.join(" + ")
-    );
+    if args.replicas >= 2 {
+        let held: Vec<String> = servers
+            .iter()
+            .map(|&(rank, k)| format!("server {rank}: {}", group(k as u64)))
+            .collect();
+        println!(
+            "model: {} copies of each key range; keys with a weight held at the end by {} \
+             server{} ({}){}",
+            args.replicas,
+            servers.len(),
+            plural(servers.len()),
+            held.join(", "),
+            match (args.kill_server, failover.killed()) {
+                (Some(rank), 1) => format!("; server {rank} was killed"),
+                _ => String::new(),
+            }
+        );
+    } else {
+        println!(
+            "model: {} keys with a weight, held by {} server{} ({})",
+            group(servers.iter().map(|&(_, k)| k as u64).sum()),
+            args.servers,
+            plural(args.servers),
+            keys.join(" + ")
+        );
+    }
     println!(
         "moved {} of keys and values: pushes {}, pulls {} ({} requests from {} worker{}{})",
         megabytes(pushed + pulled),
@@ -400,11 +566,14 @@ fn print_header(args: &DemoArgs) {
         spec.label_noise * 100.0,
         spec.seed
     );
-    let elastic = if args.elastic {
+    let mut elastic = if args.elastic {
         format!(" (elastic, {}:{})", args.workers, args.workers + 2)
     } else {
         String::new()
     };
+    if args.replicas >= 2 {
+        elastic.push_str(&format!(", {} copies of each key range", args.replicas));
+    }
     println!(
         "cluster: 1 scheduler, {} server{}, {} worker{}{elastic} on this machine; \
          minibatches of {} samples per worker, {} epoch{}",

@@ -9,8 +9,9 @@
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use log::warn;
 use pslite::{Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
@@ -63,17 +64,80 @@ fn run_node_on(
             Ok(None)
         }
         Role::Worker => {
+            let watch = (args.replicas >= 2 && !po.is_elastic() && po.my_rank()? == 0)
+                .then(|| RangeWatch::start(po, "worker 0", reporter))
+                .transpose()?;
             let last = if po.is_elastic() {
                 train_elastic(po, args, reporter)?
             } else {
                 train(po, args, reporter)?
             };
             po.finalize(0, true)?;
+            drop(watch);
             Ok(last)
         }
         Role::Scheduler => {
+            let watch = (args.replicas >= 2)
+                .then(|| RangeWatch::start(po, "scheduler", reporter))
+                .transpose()?;
             po.finalize(0, true)?;
+            drop(watch);
             Ok(None)
+        }
+    }
+}
+
+/// Reports each change of the range map (`--replicas`) this node sees, from
+/// a thread that looks every [`RangeWatch::EVERY`], until dropped.
+struct RangeWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RangeWatch {
+    const EVERY: Duration = Duration::from_millis(2);
+
+    fn start(po: &Postoffice, seen_by: &str, reporter: &Reporter) -> Result<RangeWatch, Error> {
+        let van = po.van()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut reporter = reporter.for_thread();
+        let seen_by = seen_by.to_string();
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut version = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                if let Some(map) = van.range_map().filter(|m| m.version > version) {
+                    version = map.version;
+                    let at_ms = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let report = Report::Ranges {
+                        seen_by: seen_by.clone(),
+                        version,
+                        at_ms,
+                        replicas: map.ranges.iter().map(|r| r.replicas.clone()).collect(),
+                    };
+                    if let Some(reporter) = &mut reporter {
+                        if reporter.send(report).is_err() {
+                            return;
+                        }
+                    }
+                }
+                std::thread::sleep(Self::EVERY);
+            }
+        });
+        Ok(RangeWatch {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for RangeWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }

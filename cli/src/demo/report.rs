@@ -57,6 +57,20 @@ pub enum Report {
         /// Its workers' node ids, in rank order.
         workers: Vec<i32>,
     },
+    /// The range map of replicated key ranges (`--replicas`), when it
+    /// changed, as the scheduler (which makes it) or worker 0 (which routes
+    /// by it) saw it.
+    Ranges {
+        /// `scheduler` or `worker 0`.
+        seen_by: String,
+        /// The map's version.
+        version: u64,
+        /// When it was seen, in ms since the Unix epoch (the launching
+        /// process compares it with when it killed a server).
+        at_ms: u64,
+        /// Each range's replicas (node ids), primary first.
+        replicas: Vec<Vec<i32>>,
+    },
     /// A server's state, when it is done.
     Server {
         /// Its rank.
@@ -138,6 +152,15 @@ impl Report {
                     .collect();
                 format!("round {round} began {when}: {}", members.join(", "))
             }
+            Report::Ranges {
+                seen_by,
+                version,
+                replicas,
+                ..
+            } => format!(
+                "key ranges (map version {version}, as {seen_by} sees it): {}",
+                describe_ranges(replicas)
+            ),
             Report::Server {
                 rank,
                 keys,
@@ -151,6 +174,70 @@ impl Report {
             ),
         }
     }
+}
+
+/// `range 0 on nodes 8 (primary), 10; range 1 on ...`.
+pub fn describe_ranges(replicas: &[Vec<i32>]) -> String {
+    let ranges: Vec<String> = replicas
+        .iter()
+        .enumerate()
+        .map(|(r, nodes)| match nodes.split_first() {
+            None => format!("range {r} lost"),
+            Some((primary, [])) => format!("range {r} on node {primary} alone"),
+            Some((primary, backups)) => {
+                let backups: Vec<String> = backups.iter().map(i32::to_string).collect();
+                format!(
+                    "range {r} on node {primary} (primary), {}",
+                    backups.join(", ")
+                )
+            }
+        })
+        .collect();
+    ranges.join("; ")
+}
+
+/// What changed from `before` to `after` (each range's replicas, primary
+/// first): `range 0: primary node 8 -> node 10`, `range 1: node 8 dropped`.
+pub fn describe_moves(before: &[Vec<i32>], after: &[Vec<i32>]) -> Vec<String> {
+    let mut moves = Vec::new();
+    for (r, now) in after.iter().enumerate() {
+        let was: &[i32] = before.get(r).map_or(&[], Vec::as_slice);
+        if was == now.as_slice() {
+            continue;
+        }
+        if now.is_empty() {
+            let nodes: Vec<String> = was.iter().map(i32::to_string).collect();
+            moves.push(format!(
+                "range {r}: lost with its last replica (node {})",
+                nodes.join(", ")
+            ));
+            continue;
+        }
+        let mut changes = Vec::new();
+        if let (Some(a), Some(b)) = (was.first(), now.first()) {
+            if a != b {
+                changes.push(format!("primary node {a} -> node {b}"));
+            }
+        }
+        let gone: Vec<String> = was
+            .iter()
+            .filter(|n| !now.contains(n))
+            .map(|n| format!("node {n}"))
+            .collect();
+        if !gone.is_empty() {
+            changes.push(format!("{} dropped", gone.join(", ")));
+        }
+        let added: Vec<String> = now
+            .iter()
+            .filter(|n| !was.contains(n))
+            .map(|n| format!("node {n}"))
+            .collect();
+        if !added.is_empty() {
+            changes.push(format!("{} added", added.join(", ")));
+        }
+        moves.push(format!("range {r}: {}", changes.join(", ")));
+    }
+    moves
 }
 
 pub fn digits(n: usize) -> usize {
@@ -189,9 +276,23 @@ pub enum Reporter {
 }
 
 impl Reporter {
+    /// A second reporter to the same place, for another thread (none in
+    /// tests that collect).
+    pub fn for_thread(&self) -> Option<Reporter> {
+        match self {
+            Reporter::Launcher(stream) => stream.try_clone().ok().map(Reporter::Launcher),
+            Reporter::Print { epochs } => Some(Reporter::Print { epochs: *epochs }),
+            #[cfg(test)]
+            Reporter::Collect(_) => None,
+        }
+    }
+
     pub fn send(&mut self, report: Report) -> Result<(), Error> {
         match self {
-            Reporter::Launcher(stream) => writeln!(stream, "{}", report.to_line())
+            // One write per line: two threads may report on clones of
+            // the stream.
+            Reporter::Launcher(stream) => stream
+                .write_all(format!("{}\n", report.to_line()).as_bytes())
                 .and_then(|()| stream.flush())
                 .map_err(|e| Error::App(format!("cannot report to `pslite demo`: {e}"))),
             Reporter::Print { epochs } => {
@@ -272,6 +373,12 @@ mod tests {
                 pushes: 900,
                 pulls: 906,
             },
+            Report::Ranges {
+                seen_by: "scheduler".into(),
+                version: 3,
+                at_ms: 1_790_000_000_123,
+                replicas: vec![vec![10], vec![10]],
+            },
         ];
         for r in reports {
             assert_eq!(Report::from_line(&r.to_line()), Some(r));
@@ -306,6 +413,35 @@ mod tests {
             line,
             "epoch 2/5  test loss 0.3492  accuracy 0.8950   0.50 s"
         );
+    }
+
+    #[test]
+    fn range_maps_and_their_changes_are_described() {
+        let before = vec![vec![8, 10], vec![10, 8]];
+        assert_eq!(
+            describe_ranges(&before),
+            "range 0 on node 8 (primary), 10; range 1 on node 10 (primary), 8"
+        );
+        let after = vec![vec![10], vec![10]];
+        assert_eq!(
+            describe_ranges(&after),
+            "range 0 on node 10 alone; range 1 on node 10 alone"
+        );
+        assert_eq!(
+            describe_moves(&before, &after),
+            [
+                "range 0: primary node 8 -> node 10, node 8 dropped",
+                "range 1: node 8 dropped"
+            ]
+        );
+        assert_eq!(
+            describe_moves(&after, &[vec![10, 12], vec![]]),
+            [
+                "range 0: node 12 added",
+                "range 1: lost with its last replica (node 10)"
+            ]
+        );
+        assert!(describe_moves(&after, &after).is_empty());
     }
 
     #[test]

@@ -153,6 +153,18 @@ impl Default for LaunchOptions {
 /// cluster's shape (`servers=S workers=MIN:MAX`) for `--add-worker`.
 pub const LAUNCH_KEY: &str = "pslite.launch";
 
+/// `PS_REPLICAS` as the nodes get it (the options' environment, else this
+/// process's); 1 if unset. A bad value is the nodes' to report.
+fn replicas(env: &[(String, String)]) -> u32 {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == "PS_REPLICAS")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PS_REPLICAS").ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1)
+}
+
 /// The value of [`LAUNCH_KEY`] for a cluster of `servers` servers and
 /// `min`:`max` elastic workers.
 pub fn launch_record(servers: usize, min: usize, max: usize) -> String {
@@ -333,6 +345,7 @@ pub fn launch_with(
             restart_role: opts.restart_role,
             max_restarts: opts.max_restarts,
             elastic: opts.elastic.is_some() && !opts.join,
+            replicas: replicas(&opts.env),
         },
         cluster
             .nodes

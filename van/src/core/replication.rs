@@ -240,6 +240,7 @@ impl Core {
         if !self.member.is_joined() || me == K_EMPTY {
             return;
         }
+        self.member.set_servers_replicated();
         match &mut self.replication {
             Replication::Off => match self.cfg.role {
                 Role::Server => {

@@ -157,6 +157,130 @@ fn a_replaced_process_is_refused_by_its_peers() {
     assert!(net.nodes[worker].delivered.is_empty());
 }
 
+/// Found by replication's packet-fault property test: a late message of a
+/// dead process reached the scheduler after a restart at the same address
+/// took its place; the LEAVE fencing the old process went to that address,
+/// to the replacement, which stopped (and its ranges were lost).
+#[test]
+fn a_late_message_of_a_dead_process_does_not_fence_its_replacement_at_its_address() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 6);
+    assert!(net.form(SECOND * 5));
+    let server = net.index_of(8).unwrap();
+    let old_key = net.nodes[server].core.me().key;
+    net.kill(server);
+    net.restart(server);
+    net.register(server);
+    assert!(net.run_until(SECOND * 40, |n| n.nodes[server].core.is_joined()));
+    // A heartbeat the dead process sent before it died arrives late.
+    let late = Message::control(Command::Heartbeat, SCHEDULER);
+    assert!(inject(&mut net, 0, 8, Some(old_key), late).is_some());
+    net.run_for(SECOND);
+    assert!(
+        net.nodes[server].failures.is_empty(),
+        "{:?}",
+        net.nodes[server].failures
+    );
+    let waiters: Vec<(usize, u64)> = net
+        .members(ALL_GROUP)
+        .into_iter()
+        .map(|i| (i, net.barrier(i, ALL_GROUP)))
+        .collect();
+    assert!(net.run_until(SECOND, |n| waiters
+        .iter()
+        .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+}
+
+/// Found by replication's packet-fault property test: the scheduler's
+/// updates naming a replacement (its key) went to a dead node and stayed
+/// in the scheduler's resender; once that node was replaced too, they were
+/// resent to the new process, the oldest last (its backoff is the
+/// longest), which then took the older key for current and refused the
+/// node's messages for good.
+#[test]
+fn updates_meant_for_a_replaced_process_do_not_reach_its_replacement() {
+    let cfg = VanConfig {
+        heartbeat_interval: Some(Duration::from_millis(100)),
+        heartbeat_timeout: Some(Duration::from_millis(500)),
+        resend_timeout: Some(Duration::from_millis(50)),
+        max_resends: 1000,
+        ..VanConfig::default()
+    };
+    let mut net = Network::cluster(2, 1, cfg, 8);
+    assert!(net.form(SECOND * 5));
+    let (a, b) = (net.index_of(8).unwrap(), net.index_of(10).unwrap());
+    let worker = net.index_of(9).unwrap();
+    net.kill(b);
+    // Server 8 is replaced twice while server 10 is dead: both updates
+    // wait for 10's acknowledgement.
+    for _ in 0..2 {
+        net.kill(a);
+        net.restart(a);
+        net.register(a);
+        assert!(net.run_until(SECOND * 40, |n| n.nodes[a].core.is_joined()));
+        net.run_for(SECOND);
+    }
+    net.restart(b);
+    net.register(b);
+    assert!(net.run_until(SECOND * 40, |n| n.nodes[b].core.is_joined()));
+    net.run_for(SECOND * 30);
+    let key = net.nodes[a].core.me().key;
+    assert_eq!(net.nodes[b].core.node(8).map(|n| n.key), Some(key));
+    assert_eq!(net.nodes[worker].core.node(8).map(|n| n.key), Some(key));
+}
+
+/// Found by replication's packet-fault property test: an update naming a
+/// replacement's key was lost, the node was replaced again, and the first
+/// update, resent, arrived after the second: the worker took the older key
+/// for current and refused the server's answers for good.
+#[test]
+fn an_update_older_than_the_entry_it_would_replace_is_ignored() {
+    let mut net = Network::cluster(1, 1, VanConfig::default(), 9);
+    assert!(net.form(SECOND * 5));
+    let server = net.index_of(8).unwrap();
+    let worker = net.index_of(9).unwrap();
+    let old_key = net.nodes[server].core.me().key;
+    net.kill(server);
+    net.restart(server);
+    net.register(server);
+    assert!(net.run_until(SECOND * 5, |n| n.nodes[server].core.is_joined()));
+    let new_key = net.nodes[server].core.me().key;
+    let sched_key = net.key_of(SCHEDULER);
+    let entry = net.nodes[worker].core.node(8).cloned().unwrap();
+    assert_eq!(entry.key, new_key);
+    let update = |key: u64, ts: i32| {
+        let mut msg = Message::control(Command::AddNode, 9);
+        let mut node = entry.clone();
+        node.key = key;
+        msg.meta.control.node = vec![node];
+        msg.meta.timestamp = ts;
+        msg
+    };
+    inject(
+        &mut net,
+        worker,
+        SCHEDULER,
+        sched_key,
+        update(new_key, 100_000),
+    );
+    inject(
+        &mut net,
+        worker,
+        SCHEDULER,
+        sched_key,
+        update(old_key, 99_999),
+    );
+    assert_eq!(net.nodes[worker].core.node(8).map(|n| n.key), Some(new_key));
+    // A newer one is taken.
+    inject(
+        &mut net,
+        worker,
+        SCHEDULER,
+        sched_key,
+        update(old_key, 100_001),
+    );
+    assert_eq!(net.nodes[worker].core.node(8).map(|n| n.key), Some(old_key));
+}
+
 #[test]
 fn status_tables_carry_no_keys() {
     let mut net = Network::cluster(1, 1, VanConfig::default(), 6);

@@ -161,8 +161,8 @@ impl RangeClient {
         self.in_flight.contains_key(&key)
     }
 
-    /// A newer map: requests in flight to a range whose replicas changed go
-    /// to its primary again (a new one, or the same one after maps this
+    /// A newer map: requests in flight to a range whose replicas changed
+    /// (or all of them, after maps this node missed) go to its primary again (a new one, or the same one after maps this
     /// node missed: it may have been demoted meanwhile, dropping the answer
     /// it owed, and promoted again); those of a range with no replica left
     /// fail. A server applies a request sent again at most once.
@@ -172,6 +172,10 @@ impl RangeClient {
             return out;
         }
         let old = std::mem::replace(&mut self.map, map);
+        // Maps this node missed may have replaced a replica by a new
+        // process with its id (which dropped what it got as a joiner) and
+        // made it primary again: the same replicas say nothing then.
+        let skipped = self.map.version > old.version + 1;
         let done_below = self.done_below();
         let mut lost = Vec::new();
         for (key, f) in self.in_flight.iter_mut() {
@@ -180,7 +184,7 @@ impl RangeClient {
                 old.range(range).map(|e| &e.replicas) != self.map.range(range).map(|e| &e.replicas);
             match self.map.primary(range) {
                 None => lost.push(*key),
-                Some(p) if changed || f.targets.last() != Some(&p) => {
+                Some(p) if changed || skipped || f.targets.last() != Some(&p) => {
                     if f.targets.last() != Some(&p) {
                         f.targets.push(p);
                     }
@@ -210,5 +214,54 @@ impl RangeClient {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pslite_proto::replica::RangeEntry;
+
+    use super::*;
+
+    fn map(version: u64, replicas: &[NodeId]) -> RangeMap {
+        RangeMap {
+            version,
+            replicas: 2,
+            ranges: vec![RangeEntry {
+                begin: 0,
+                end: u64::MAX,
+                replicas: replicas.to_vec(),
+                joining: Vec::new(),
+                joined_at: Vec::new(),
+            }],
+        }
+    }
+
+    fn request(ts: i32) -> Message {
+        let mut msg = Message::default();
+        msg.meta.request = true;
+        msg.meta.pull = true;
+        msg.meta.timestamp = ts;
+        msg.meta.recver = ids::server_rank_to_id(0);
+        msg
+    }
+
+    /// Found by the packet-fault property test: a worker with map 2 sent a
+    /// pull to server 8; 8 was replaced meanwhile (the new process, a
+    /// joiner, dropped it), and the worker's next map was 7, with the same
+    /// replicas as map 2: the pull waited for good.
+    #[test]
+    fn after_missed_maps_requests_in_flight_are_sent_again() {
+        let mut c = RangeClient::new(map(2, &[8, 10]), 1);
+        assert!(c.route(request(3)).is_some());
+        let out = c.on_map(map(3, &[8, 10]));
+        assert!(out.resend.is_empty(), "the next map, the same replicas");
+        let out = c.on_map(map(7, &[8, 10]));
+        assert_eq!(out.resend.len(), 1);
+        assert_eq!(out.resend[0].meta.recver, 8);
+        assert_eq!(
+            out.resend[0].meta.replica.as_ref().map(|r| r.version),
+            Some(7)
+        );
     }
 }

@@ -895,6 +895,12 @@ impl ReplicaServer {
         let mut rep = ReplicaMsg::new(ReplicaOp::Applied, r);
         rep.version = self.map.version;
         rep.seq = state.held_upto();
+        if cfg!(test) {
+            self.trace.push(format!(
+                "ack r{r} seq {} to {primary} v{}",
+                rep.seq, rep.version
+            ));
+        }
         self.send_control(rep, primary, Vec::new());
     }
 
@@ -902,6 +908,12 @@ impl ReplicaServer {
         let Some((rep, r, sender)) = part(msg) else {
             return;
         };
+        if cfg!(test) {
+            self.trace.push(format!(
+                "applied r{r} seq {} from {sender} v{}",
+                rep.seq, rep.version
+            ));
+        }
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
