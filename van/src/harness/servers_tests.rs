@@ -343,10 +343,11 @@ proptest! {
 
     /// Random pushes, pulls, servers that join, servers that leave, and
     /// server deaths (k >= 2, never the last live replica of a range, a
-    /// leave counting as one going): every request is answered, every
-    /// replica holds exactly the acknowledged pushes, no value is applied
-    /// twice, and the final pull of every key is the sum of its
-    /// acknowledged pushes exactly. A server let go holds no range.
+    /// leave counting as one going), with and without PS_RESEND: every
+    /// request is answered, every replica holds exactly the acknowledged
+    /// pushes, no value is applied twice, and the final pull of every key
+    /// is the sum of its acknowledged pushes exactly. A server let go holds
+    /// no range.
     #[test]
     fn acknowledged_pushes_survive_joins_leaves_and_deaths(
         seed in 0..u64::MAX,
@@ -354,30 +355,11 @@ proptest! {
         more in 0..3i32,
         initial in 0..3i32,
         k in 1..4u32,
+        resend in any::<bool>(),
         steps in prop::collection::vec(step(), 1..40),
     ) {
         let (max, initial, k) = sizes(min, more, initial, k);
-        run_schedule(seed, min, max, initial, k, false, steps)?;
-    }
-
-    /// The same under PS_RESEND. Ignored: about 1 case in 1 000 leaves a
-    /// new primary's sync unanswered when two servers are replaced in
-    /// quick succession (one process keeps the other's old key and refuses
-    /// its messages), as the replication packet-fault test finds with
-    /// plain replacements; the seeds are kept in proptest-regressions. Run
-    /// it with `cargo test --release -p pslite-van -- --ignored resend_joins`.
-    #[test]
-    #[ignore = "finds failing schedules with PS_RESEND (issue 21 open)"]
-    fn acknowledged_pushes_survive_resend_joins_leaves_and_deaths(
-        seed in 0..u64::MAX,
-        min in 1..3i32,
-        more in 0..3i32,
-        initial in 0..3i32,
-        k in 1..4u32,
-        steps in prop::collection::vec(step(), 1..40),
-    ) {
-        let (max, initial, k) = sizes(min, more, initial, k);
-        run_schedule(seed, min, max, initial, k, true, steps)?;
+        run_schedule(seed, min, max, initial, k, resend, steps)?;
     }
 }
 
