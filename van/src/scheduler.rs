@@ -444,7 +444,14 @@ impl Scheduler {
 
     /// The dead processes, in id order.
     fn dead_list(&self) -> Vec<NodeId> {
-        let mut dead: Vec<NodeId> = self.dead_since.keys().copied().collect();
+        // A server that left is no death to the others: nothing waits for
+        // it, and its ranges moved before it went.
+        let mut dead: Vec<NodeId> = self
+            .dead_since
+            .keys()
+            .copied()
+            .filter(|id| !self.left.contains(id))
+            .collect();
         dead.sort_unstable();
         dead
     }
@@ -855,17 +862,15 @@ impl Scheduler {
     /// Server `id` left the job by itself, its ranges handed over (see
     /// `crate::replica::master`): it counts as dead for good, with nothing
     /// failing for it, and barriers stop waiting for it. A later server may
-    /// take its id. Returns the barriers this completes and the dead list
-    /// for the others.
+    /// take its id; the others are not told it died (see
+    /// `Scheduler::dead_list`). Returns the barriers this completes.
     pub fn server_left(&mut self, id: NodeId, now: Instant) -> Vec<Action> {
         if !self.left.insert(id) {
             return Vec::new();
         }
         info!("scheduler: server {id} left the job (its ranges moved to the others)");
         self.dead_since.insert(id, now);
-        let mut actions = self.set_failed_over(id, true);
-        actions.extend(self.tell_dead_nodes(now));
-        actions
+        self.set_failed_over(id, true)
     }
 
     /// Whether server `id` left the job (and nothing took its id since).

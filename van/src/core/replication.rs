@@ -342,7 +342,10 @@ impl Core {
         let Some(node) = msg.meta.control.node.iter().find(|n| !n.pslite) else {
             return false;
         };
-        if self.dropped.first((msg.meta.sender, "replicas")) && self.cfg.min_servers.is_some() {
+        if !self.dropped.first((msg.meta.sender, "replicas")) {
+            return true;
+        }
+        if self.cfg.min_servers.is_some() {
             error!(
                 "scheduler: refusing {} at {}: DMLC_NUM_SERVER=MIN:MAX (servers that join and \
                  leave, by the range map) is pslite-only, C++ ps-lite nodes cannot join such a \
@@ -350,7 +353,7 @@ impl Core {
                 node.role,
                 node.address(),
             );
-        } else if self.dropped.first((msg.meta.sender, "replicas")) {
+        } else {
             error!(
                 "scheduler: refusing {} at {}: PS_REPLICAS={} (replicated key ranges) is \
                  pslite-only, C++ ps-lite nodes cannot join such a cluster; run it with \
