@@ -163,6 +163,10 @@ pub struct ReplicaMsg {
     pub apps: Vec<i32>,
     /// [`ReplicaOp::Ready`]: the server that caught up.
     pub node: NodeId,
+    /// [`ReplicaOp::Entry`] with one backup: the backup answers the worker
+    /// itself, with the timestamp of its request and the map version it
+    /// was sent under.
+    pub answer: Option<(i32, u64)>,
 }
 
 impl ReplicaMsg {
@@ -201,6 +205,8 @@ impl ReplicaMsg {
                 .collect(),
             apps: self.apps.clone(),
             node: (self.node != K_EMPTY).then_some(self.node),
+            answer_ts: self.answer.map(|(ts, _)| ts),
+            answer_version: self.answer.map(|(_, v)| v),
         }
     }
 
@@ -227,6 +233,7 @@ impl ReplicaMsg {
                 .collect(),
             apps: pb.apps,
             node: pb.node.unwrap_or(K_EMPTY),
+            answer: pb.answer_ts.map(|ts| (ts, pb.answer_version.unwrap_or(0))),
         })
     }
 }
@@ -321,5 +328,19 @@ mod tests {
             r.op = Some(99);
         }
         assert!(Meta::from_pb(bad).is_err(), "an unknown op is refused");
+    }
+
+    #[test]
+    fn an_entry_the_backup_answers_carries_the_workers_timestamp_and_version() {
+        let mut msg = Message::control(Command::Replica, 10);
+        let mut rep = ReplicaMsg::new(ReplicaOp::Entry, 1);
+        rep.seq = 3;
+        rep.answer = Some((77, 5));
+        msg.meta.replica = Some(Box::new(rep));
+        let back = Meta::decode(&msg.meta.encode()).unwrap();
+        assert_eq!(back.replica.and_then(|r| r.answer), Some((77, 5)));
+        let mut plain = ReplicaMsg::new(ReplicaOp::Entry, 1);
+        plain.seq = 3;
+        assert_eq!(plain.to_pb().answer_ts, None);
     }
 }

@@ -180,14 +180,7 @@ fn a_late_message_of_a_dead_process_does_not_fence_its_replacement_at_its_addres
         "{:?}",
         net.nodes[server].failures
     );
-    let waiters: Vec<(usize, u64)> = net
-        .members(ALL_GROUP)
-        .into_iter()
-        .map(|i| (i, net.barrier(i, ALL_GROUP)))
-        .collect();
-    assert!(net.run_until(SECOND, |n| waiters
-        .iter()
-        .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+    assert!(net.barrier_over_all(SECOND));
 }
 
 /// Found by replication's packet-fault property test: the scheduler's

@@ -289,6 +289,27 @@ fn a_push_is_answered_once_every_replica_applied_it() {
         let i = net.index_of(s).unwrap();
         assert_eq!(net.nodes[i].app.as_ref().unwrap().store.len(), 6);
     }
+    // With one backup, the backup answered the worker (three hops).
+    for s in [8, 10] {
+        let i = net.index_of(s).unwrap();
+        let trace = net.nodes[i].core.describe_replicas();
+        assert!(trace.contains("answer r"), "{trace}");
+    }
+}
+
+#[test]
+fn with_two_backups_the_primary_answers() {
+    let mut net = cluster(3, 1, 3, false, 2);
+    let w = net.index_of(9).unwrap();
+    let mut job = Job::default();
+    job.push(&mut net, w, &keys(3));
+    settle(&mut net, &mut job, SECOND);
+    check_replicas(&net, &job);
+    for s in [8, 10, 12] {
+        let i = net.index_of(s).unwrap();
+        let trace = net.nodes[i].core.describe_replicas();
+        assert!(!trace.contains("answer r"), "{trace}");
+    }
 }
 
 #[test]

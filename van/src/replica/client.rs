@@ -7,8 +7,10 @@
 //!   a request id and `done_below`.
 //! - Request ids are unique per worker process: a random 32-bit
 //!   incarnation, then a counter. The request is kept until answered.
-//! - A response is taken from any server the request was sent to, once; the
-//!   apps see it as coming from the range's id.
+//! - A response is taken once, from any server the request was sent to or
+//!   (a push the range's only backup answers) from a replica of the range in
+//!   the current map naming the request's id; the apps see it as coming from
+//!   the range's id.
 //! - When a map arrives, every request still in flight whose range has
 //!   another primary is sent again, same id, to the new one (which applies
 //!   it at most once). A range with no replica left fails its requests.
@@ -129,8 +131,22 @@ impl RangeClient {
             rep.range,
         );
         let sender = msg.meta.sender;
+        // From a server it was sent to, or (a push the range's backup
+        // answers once it has it) from a replica of the range, for this
+        // very request.
+        let replica = |f: &InFlight| {
+            f.msg
+                .meta
+                .replica
+                .as_ref()
+                .is_some_and(|r| r.request_id == rep.request_id)
+                && self
+                    .map
+                    .range(rep.range)
+                    .is_some_and(|e| e.replicas.contains(&sender))
+        };
         match self.in_flight.get(&key) {
-            Some(f) if f.targets.contains(&sender) => {
+            Some(f) if f.targets.contains(&sender) || replica(f) => {
                 self.in_flight.remove(&key);
                 msg.meta.sender = ids::server_rank_to_id(rep.range as i32);
                 Some(msg)

@@ -7,6 +7,9 @@
 //!   logged, sent as an ENTRY to every other replica and joiner, and
 //!   delivered to the apps; its answer is held until the apps answered it
 //!   and every replica (and caught-up joiner) acknowledged `seq` (APPLIED).
+//!   With one backup and no joiner, a push's ENTRY asks the backup to
+//!   answer the worker itself once it delivered it (`answer`): the primary
+//!   then drops its held answer, unless that backup left the replicas.
 //!   A request applied before (same worker, same request id) is not applied
 //!   again: it is answered once every replica has its entry (a push-pull
 //!   then reads the values as they are).
@@ -70,6 +73,10 @@ struct Entry {
     request_id: u64,
     origin: NodeId,
     done_below: u64,
+    /// The backup answers the worker once it delivered this entry: the
+    /// worker's timestamp and map version (on the primary's first
+    /// forward only; never sent again from the log).
+    answer: Option<(i32, u64)>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -157,6 +164,9 @@ struct RangeState {
     catch_up: BTreeMap<NodeId, CatchUp>,
     /// Answers waiting for acknowledgements, by seq.
     pending: BTreeMap<u64, Vec<Message>>,
+    /// Seqs whose worker the (only) backup answers: the primary sends its
+    /// held answer only if that backup left the replicas meanwhile.
+    tail: BTreeMap<u64, NodeId>,
     /// Requests waiting for the sync to end.
     waiting: Vec<Message>,
     // Joiner only: the snapshot being restored.
@@ -182,6 +192,7 @@ impl RangeState {
             gating: BTreeSet::new(),
             catch_up: BTreeMap::new(),
             pending: BTreeMap::new(),
+            tail: BTreeMap::new(),
             waiting: Vec::new(),
             restoring: None,
             restored: false,
@@ -535,6 +546,7 @@ impl ReplicaServer {
                     // that had them may have lost their copy of one).
                     state.role = Role::Primary;
                     state.pending.clear();
+                    state.tail.clear();
                     state.catch_up.clear();
                     state.acked.clear();
                     state.gating = entry
@@ -566,6 +578,7 @@ impl ReplicaServer {
                     // new primary, which applies it at most once.
                     state.role = Role::Backup;
                     state.pending.clear();
+                    state.tail.clear();
                     state.waiting.clear();
                     state.catch_up.clear();
                     state.acked.clear();
@@ -669,17 +682,9 @@ impl ReplicaServer {
             // Sent again after a failover or a lost answer: applied
             // already. Answer once every replica has it.
             if !deliver.meta.pull {
-                let mut answer = Message::default();
-                answer.meta.app_id = deliver.meta.app_id;
-                answer.meta.customer_id = deliver.meta.customer_id;
-                answer.meta.push = true;
-                answer.meta.head = deliver.meta.head;
-                answer.meta.timestamp = ts;
-                answer.meta.recver = worker;
-                let mut out = ReplicaMsg::new(ReplicaOp::Response, r);
-                out.request_id = rep.request_id;
-                out.version = rep.version;
-                answer.meta.replica = Some(Box::new(out));
+                let answer = push_answer(&deliver.meta, worker, r, ts, rep.request_id, rep.version);
+                // The primary answers this one (and the first, again).
+                state.tail.remove(&seq);
                 state.pending.entry(seq).or_default().push(answer);
                 self.release(r);
                 return;
@@ -702,8 +707,18 @@ impl ReplicaServer {
                 request_id: rep.request_id,
                 origin: worker,
                 done_below: rep.done_below,
+                answer: None,
             };
             state.log.insert(seq, entry.clone());
+            // One backup and no joiner: the backup answers the worker once
+            // it has the entry (three hops instead of four; a push-pull's
+            // answer carries values, which the primary's apps give).
+            let tail = state.gating.first().copied().filter(|_| {
+                state.gating.len() == 1 && state.catch_up.is_empty() && !deliver.meta.pull
+            });
+            if let Some(b) = tail {
+                state.tail.insert(seq, b);
+            }
             let to: Vec<NodeId> = state
                 .gating
                 .iter()
@@ -712,7 +727,8 @@ impl ReplicaServer {
                 .collect();
             let (stable, version) = (state.stable, state.version);
             for s in to {
-                self.send_entry(r, seq, &entry, version, stable, s);
+                let answer = (Some(s) == tail).then_some((ts, rep.version));
+                self.send_entry(r, seq, &entry, (version, stable), s, answer);
             }
             Some(seq)
         };
@@ -745,9 +761,9 @@ impl ReplicaServer {
         r: u32,
         seq: u64,
         entry: &Entry,
-        version: u64,
-        stable: u64,
+        (version, stable): (u64, u64),
         to: NodeId,
+        answer: Option<(i32, u64)>,
     ) {
         let mut msg = Message::control(Command::Replica, to);
         msg.meta.app_id = entry.msg.meta.app_id;
@@ -764,6 +780,7 @@ impl ReplicaServer {
         rep.origin = entry.origin;
         rep.done_below = entry.done_below;
         rep.stable = stable;
+        rep.answer = answer;
         msg.meta.replica = Some(Box::new(rep));
         self.send(msg, to);
     }
@@ -803,6 +820,9 @@ impl ReplicaServer {
             request_id: rep.request_id,
             origin: rep.origin,
             done_below: rep.done_below,
+            answer: rep
+                .answer
+                .filter(|_| from_primary && state.role == Role::Backup),
         };
         if rep.seq <= state.delivered {
             // Seen before (or one of a copy's tail, applied by the copy:
@@ -855,6 +875,25 @@ impl ReplicaServer {
             state.delivered = next;
             let twice = state.applied_as(entry.origin, entry.request_id).is_some();
             state.record(entry.origin, entry.request_id, next, entry.done_below);
+            if let Some((ts, version)) = entry.answer.filter(|_| state.role == Role::Backup) {
+                // In the apps' queue here and at the primary, in order: the
+                // push is on both replicas.
+                let answer = push_answer(
+                    &entry.msg.meta,
+                    entry.origin,
+                    r,
+                    ts,
+                    entry.request_id,
+                    version,
+                );
+                self.out.push(ServerOut::Send(answer));
+                if cfg!(test) {
+                    self.trace
+                        .push(format!("answer r{r} seq {next} to {}", entry.origin));
+                }
+            }
+            let mut entry = entry;
+            entry.answer = None;
             state.log.insert(next, entry.clone());
             if twice {
                 // Applied before under another seq: keep the order, skip
@@ -977,7 +1016,15 @@ impl ReplicaServer {
                 for c in state.catch_up.values_mut().filter(|c| !c.gating) {
                     c.ungated_upto = c.ungated_upto.max(s);
                 }
-                sends.extend(answers);
+                // Its backup answered the worker (it acknowledged the
+                // entry), unless it left the replicas meanwhile.
+                let by_tail = state
+                    .tail
+                    .remove(&s)
+                    .is_some_and(|b| state.gating.contains(&b));
+                if !by_tail {
+                    sends.extend(answers);
+                }
             }
         }
         let stable = floor.min(state.answered);
@@ -1030,7 +1077,7 @@ impl ReplicaServer {
         }
         let (delivered, version, stable) = (state.delivered, self.map.version, state.stable);
         for (seq, entry) in entries {
-            self.send_entry(r, seq, &entry, version, stable, sender);
+            self.send_entry(r, seq, &entry, (version, stable), sender, None);
         }
         let mut reply = ReplicaMsg::new(ReplicaOp::SyncReply, r);
         reply.version = version;
@@ -1098,7 +1145,7 @@ impl ReplicaServer {
         );
         let waiting = std::mem::take(&mut state.waiting);
         for (seq, entry, to) in sends {
-            self.send_entry(r, seq, &entry, version, stable, to);
+            self.send_entry(r, seq, &entry, (version, stable), to, None);
         }
         for s in copies {
             self.copy_to(r, s, true);
@@ -1210,7 +1257,7 @@ impl ReplicaServer {
         let version = state.version;
         self.send_control(rep, j, data);
         for (seq, entry) in tail {
-            self.send_entry(r, seq, &entry, version, stable, j);
+            self.send_entry(r, seq, &entry, (version, stable), j, None);
         }
     }
 
@@ -1368,4 +1415,30 @@ impl ReplicaServer {
             }
         }
     }
+}
+
+/// The answer to a push from `worker` (its request `request_id`, timestamp
+/// `ts`, sent under map `version`) for range `r`: a push answer carries no
+/// values (what a primary sends for a push applied before, and a backup
+/// for a push it has).
+fn push_answer(
+    request: &pslite_proto::Meta,
+    worker: NodeId,
+    r: u32,
+    ts: i32,
+    request_id: u64,
+    version: u64,
+) -> Message {
+    let mut answer = Message::default();
+    answer.meta.app_id = request.app_id;
+    answer.meta.customer_id = request.customer_id;
+    answer.meta.push = true;
+    answer.meta.head = request.head;
+    answer.meta.timestamp = ts;
+    answer.meta.recver = worker;
+    let mut out = ReplicaMsg::new(ReplicaOp::Response, r);
+    out.request_id = request_id;
+    out.version = version;
+    answer.meta.replica = Some(Box::new(out));
+    answer
 }
