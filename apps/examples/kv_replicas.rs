@@ -15,6 +15,11 @@
 //! ```
 //!
 //! then `kill -9` one of the servers: the job finishes, exact.
+//!
+//! With `DMLC_NUM_SERVER=MIN:MAX` servers join and leave the running job:
+//! a server started later takes the ranges the map gives it, with their
+//! state, and SIGTERM makes a server leave (its ranges move to the others
+//! first, then it exits 0; the scheduler refuses below MIN).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -43,6 +48,9 @@ fn run() -> Result<(), Error> {
             me.id,
             if me.is_recovery { " (replacement)" } else { "" }
         );
+        if po.config().van.min_servers.is_some() {
+            leave_on_sigterm(&po, me.id)?;
+        }
         Some(server)
     } else {
         None
@@ -78,5 +86,27 @@ fn run() -> Result<(), Error> {
         println!("worker {rank} exact: {} keys hold {want}", keys.len());
     }
     po.finalize(0, true)?;
+    Ok(())
+}
+
+/// SIGTERM makes this server leave the job: the scheduler moves its ranges
+/// to the other servers, then lets it go; the barrier `main` waits on ends
+/// and the process exits 0. A refused leave (fewer than MIN would stay)
+/// exits 1.
+fn leave_on_sigterm(po: &Postoffice, id: i32) -> Result<(), Error> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM])
+        .map_err(|e| Error::App(format!("cannot handle SIGTERM: {e}")))?;
+    let po = po.clone();
+    std::thread::spawn(move || {
+        if signals.forever().next().is_none() {
+            return;
+        }
+        println!("server node {id} leaving the job");
+        if let Err(e) = po.leave_job(Duration::from_secs(60)) {
+            eprintln!("server node {id} cannot leave the job: {e}");
+            std::process::exit(1);
+        }
+        println!("server node {id} left the job");
+    });
     Ok(())
 }

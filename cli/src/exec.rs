@@ -20,7 +20,9 @@ use std::ffi::OsString;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use pslite::config::{parse_num_workers, parse_numeric, NumWorkers, Numeric, Unit};
+use pslite::config::{
+    parse_num_servers, parse_num_workers, parse_numeric, NodeCount, Numeric, Unit,
+};
 use pslite::ConfigError;
 
 /// The scheduler port when neither `--port`, `DMLC_PS_ROOT_PORT` nor a
@@ -231,6 +233,8 @@ fn check_numbers(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(), ExecErro
         };
         if var == "DMLC_NUM_WORKER" {
             parse_num_workers(&value)?;
+        } else if var == "DMLC_NUM_SERVER" {
+            parse_num_servers(&value)?;
         } else {
             parse_numeric(var, &value)?;
         }
@@ -267,7 +271,12 @@ fn check_sizes(
     };
     let workers = size - 1 - servers;
     if let Some(value) = lookup("DMLC_NUM_SERVER").filter(|v| !v.trim().is_empty()) {
-        if parse_numeric("DMLC_NUM_SERVER", &value)? != u64::from(servers) {
+        let fits = match parse_num_servers(&value)? {
+            NodeCount::Fixed(n) => n == u64::from(servers),
+            // Servers that join and leave: no more than MAX may start.
+            NodeCount::Elastic { max, .. } => u64::from(servers) <= max,
+        };
+        if !fits {
             return Err(ExecError::Disagrees {
                 var: "DMLC_NUM_SERVER",
                 value: value.trim().to_string(),
@@ -277,9 +286,9 @@ fn check_sizes(
     }
     if let Some(value) = lookup("DMLC_NUM_WORKER").filter(|v| !v.trim().is_empty()) {
         let fits = match parse_num_workers(&value)? {
-            NumWorkers::Fixed(n) => n == u64::from(workers),
+            NodeCount::Fixed(n) => n == u64::from(workers),
             // Elastic: more may join later, no more than MAX may start.
-            NumWorkers::Elastic { max, .. } => u64::from(workers) <= max,
+            NodeCount::Elastic { max, .. } => u64::from(workers) <= max,
         };
         if !fits {
             return Err(ExecError::Disagrees {
@@ -428,7 +437,10 @@ pub fn plan(
     }
     let servers = match (opts.servers, lookup("DMLC_NUM_SERVER")) {
         (Some(s), _) => s,
-        (None, Some(v)) if !v.trim().is_empty() => parse_numeric("DMLC_NUM_SERVER", &v)? as u32,
+        // Servers that join and leave: the job starts with MIN.
+        (None, Some(v)) if !v.trim().is_empty() => match parse_num_servers(&v)? {
+            NodeCount::Fixed(n) | NodeCount::Elastic { min: n, .. } => n as u32,
+        },
         (None, _) => 1,
     };
     if servers == 0 || size < servers + 2 {
@@ -706,7 +718,8 @@ mod tests {
             (
                 "DMLC_NUM_SERVER",
                 "two",
-                "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"two\"",
+                "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers \
+                 that join and leave, MIN <= MAX), got \"two\"",
             ),
             (
                 "PS_VERBOSE",

@@ -249,11 +249,13 @@ const MAX_BYTES: u64 = 1 << 40;
 /// Every numeric variable [`Config`] reads and the values it may take. One
 /// rule for all: a whole number in the range (bytes with an optional K, M
 /// or G), anything else fails naming the variable and the range.
-/// `DMLC_NUM_WORKER` also takes `MIN:MAX` (elastic mode), each in its range.
+/// `DMLC_NUM_WORKER` and `DMLC_NUM_SERVER` also take `MIN:MAX` (elastic
+/// workers, elastic servers), each in its range.
 pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
     (
         "DMLC_NUM_SERVER",
-        Numeric::new(Unit::Count, 1, MAX_NODES_PER_ROLE),
+        Numeric::new(Unit::Count, 1, MAX_NODES_PER_ROLE)
+            .note("or MIN:MAX for servers that join and leave, MIN <= MAX"),
     ),
     (
         "DMLC_NUM_WORKER",
@@ -348,50 +350,59 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
     ("PS_CHECKPOINT_KEEP", Numeric::new(Unit::Count, 1, 1_000)),
 ];
 
-/// `DMLC_NUM_WORKER`: a fixed number, or `MIN:MAX` (elastic workers).
+/// `DMLC_NUM_WORKER` or `DMLC_NUM_SERVER`: a fixed number, or `MIN:MAX`
+/// (elastic workers; servers that join and leave a running job).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NumWorkers {
-    /// ps-lite's fixed number of workers.
+pub enum NodeCount {
+    /// ps-lite's fixed number of nodes.
     Fixed(u64),
-    /// Elastic rounds of MIN to MAX workers.
+    /// From MIN to MAX nodes.
     Elastic {
-        /// Fewest workers a round runs with.
+        /// Fewest nodes the job runs with.
         min: u64,
-        /// Most workers at once.
+        /// Most nodes at once.
         max: u64,
     },
 }
 
-impl NumWorkers {
-    /// The most workers at once.
+impl NodeCount {
+    /// The most nodes at once.
     pub fn max(self) -> u64 {
         match self {
-            NumWorkers::Fixed(n) => n,
-            NumWorkers::Elastic { max, .. } => max,
+            NodeCount::Fixed(n) => n,
+            NodeCount::Elastic { max, .. } => max,
         }
     }
 }
 
 /// Reads a `DMLC_NUM_WORKER` value: a number in its range, or `MIN:MAX`
 /// with both in it and `MIN <= MAX`.
-pub fn parse_num_workers(value: &str) -> Result<NumWorkers, ConfigError> {
-    const VAR: &str = "DMLC_NUM_WORKER";
+pub fn parse_num_workers(value: &str) -> Result<NodeCount, ConfigError> {
+    parse_node_count("DMLC_NUM_WORKER", value)
+}
+
+/// Reads a `DMLC_NUM_SERVER` value, as [`parse_num_workers`] does.
+pub fn parse_num_servers(value: &str) -> Result<NodeCount, ConfigError> {
+    parse_node_count("DMLC_NUM_SERVER", value)
+}
+
+fn parse_node_count(var: &'static str, value: &str) -> Result<NodeCount, ConfigError> {
     let bad = || ConfigError::OutOfRange {
-        var: VAR,
+        var,
         value: value.to_string(),
-        range: numeric(VAR).unwrap_or(Numeric::new(Unit::Count, 1, MAX_NODES_PER_ROLE)),
+        range: numeric(var).unwrap_or(Numeric::new(Unit::Count, 1, MAX_NODES_PER_ROLE)),
     };
     let Some((min, max)) = value.split_once(':') else {
-        return Ok(NumWorkers::Fixed(
-            parse_numeric(VAR, value).map_err(|_| bad())?,
+        return Ok(NodeCount::Fixed(
+            parse_numeric(var, value).map_err(|_| bad())?,
         ));
     };
-    let min = parse_numeric(VAR, min).map_err(|_| bad())?;
-    let max = parse_numeric(VAR, max).map_err(|_| bad())?;
+    let min = parse_numeric(var, min).map_err(|_| bad())?;
+    let max = parse_numeric(var, max).map_err(|_| bad())?;
     if min > max {
         return Err(bad());
     }
-    Ok(NumWorkers::Elastic { min, max })
+    Ok(NodeCount::Elastic { min, max })
 }
 
 /// The range of numeric variable `var` (see [`NUMERIC_VARIABLES`]).
@@ -458,12 +469,19 @@ impl Config {
             value: role_value.clone(),
             expected: "scheduler, server or worker",
         })?;
-        let num_servers =
-            env.required_number("DMLC_NUM_SERVER", "set it to a positive integer")? as i32;
+        let (num_servers, min_servers) = env.servers()?;
         let (num_workers, elastic) = env.workers(
             Duration::from_secs(env.number("PS_RDZV_LAST_CALL", DEFAULT_RDZV_LAST_CALL_SECS)?),
             Duration::from_secs(env.number("PS_RDZV_TIMEOUT", DEFAULT_RDZV_TIMEOUT_SECS)?),
         )?;
+        if min_servers.is_some() && elastic.is_some() {
+            return Err(ConfigError::Invalid {
+                var: "DMLC_NUM_SERVER",
+                value: env.get("DMLC_NUM_SERVER").unwrap_or_default(),
+                expected: "a plain number when DMLC_NUM_WORKER is MIN:MAX (elastic workers and \
+                           servers that join and leave do not mix yet)",
+            });
+        }
         let scheduler_host = env.required(
             "DMLC_PS_ROOT_URI",
             "set it to the scheduler's IP or host name (e.g. 127.0.0.1)",
@@ -546,6 +564,7 @@ impl Config {
             van: VanConfig {
                 role,
                 num_servers,
+                min_servers,
                 num_workers,
                 elastic,
                 scheduler_host,
@@ -723,6 +742,17 @@ impl Env<'_> {
         self.get(var).ok_or(ConfigError::Missing { var, hint })
     }
 
+    /// `DMLC_NUM_SERVER`: a positive number, or `MIN:MAX` (servers that
+    /// join and leave a running job, `1 <= MIN <= MAX`). Returns the server
+    /// count (MAX, the number of key ranges, when elastic) and MIN.
+    fn servers(&self) -> Result<(i32, Option<i32>), ConfigError> {
+        let value = self.required("DMLC_NUM_SERVER", "set it to a positive integer or MIN:MAX")?;
+        Ok(match parse_num_servers(&value)? {
+            NodeCount::Fixed(n) => (n as i32, None),
+            NodeCount::Elastic { min, max } => (max as i32, Some(min as i32)),
+        })
+    }
+
     /// `DMLC_NUM_WORKER`: a positive number, or `MIN:MAX` (elastic mode,
     /// `1 <= MIN <= MAX`). Returns the worker count (MAX when elastic) and
     /// the rounds' configuration.
@@ -733,8 +763,8 @@ impl Env<'_> {
     ) -> Result<(i32, Option<RendezvousConfig>), ConfigError> {
         let value = self.required("DMLC_NUM_WORKER", "set it to a positive integer or MIN:MAX")?;
         let (min, max) = match parse_num_workers(&value)? {
-            NumWorkers::Fixed(n) => return Ok((n as i32, None)),
-            NumWorkers::Elastic { min, max } => (min as i32, max as i32),
+            NodeCount::Fixed(n) => return Ok((n as i32, None)),
+            NodeCount::Elastic { min, max } => (min as i32, max as i32),
         };
         Ok((
             max,
@@ -1043,14 +1073,40 @@ mod tests {
     }
 
     #[test]
+    fn min_max_servers_let_servers_join_and_leave() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.van.min_servers, None, "a plain number: a fixed job");
+        let c = parse(&[("DMLC_NUM_SERVER", "1:3"), ("PS_REPLICAS", "3")]).unwrap();
+        assert_eq!((c.van.num_servers, c.van.min_servers), (3, Some(1)));
+        assert_eq!(c.van.replicas, 3, "up to MAX copies");
+        for bad in ["3:1", "0:2", "a:b", "2:", "1:2:3", "1:2000000"] {
+            assert_eq!(
+                message(&[("DMLC_NUM_SERVER", bad)]),
+                format!(
+                    "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for \
+                     servers that join and leave, MIN <= MAX), got {bad:?}"
+                )
+            );
+        }
+        assert!(
+            message(&[("DMLC_NUM_SERVER", "1:2"), ("DMLC_NUM_WORKER", "1:2")])
+                .contains("elastic workers and servers that join and leave do not mix yet"),
+            "{}",
+            message(&[("DMLC_NUM_SERVER", "1:2"), ("DMLC_NUM_WORKER", "1:2")])
+        );
+    }
+
+    #[test]
     fn errors_name_the_variable_and_the_fix() {
         assert_eq!(
             message(&[("DMLC_NUM_SERVER", "x")]),
-            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"x\""
+            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers \
+             that join and leave, MIN <= MAX), got \"x\""
         );
         assert_eq!(
             message(&[("DMLC_NUM_SERVER", "0")]),
-            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"0\""
+            "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers \
+             that join and leave, MIN <= MAX), got \"0\""
         );
         assert_eq!(
             message(&[("DMLC_NUM_WORKER", "")]),

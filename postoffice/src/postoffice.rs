@@ -422,6 +422,18 @@ impl Postoffice {
         self.inner.config.van.num_servers
     }
 
+    /// On a server of a job whose servers join and leave
+    /// (`DMLC_NUM_SERVER=MIN:MAX`): leaves the running job. The scheduler
+    /// first moves this server's key ranges, with their state, to the other
+    /// servers (pushes go on meanwhile); once none is held here it lets the
+    /// server go, and this returns `Ok` (a barrier this node waits on ends
+    /// too). Then finalize without a barrier and exit. Fails if the
+    /// scheduler refuses (fewer than MIN servers would stay) or does not
+    /// let it go within `limit`; the server then goes on serving.
+    pub fn leave_job(&self, limit: Duration) -> Result<(), Error> {
+        Ok(self.van()?.leave_job(limit)?)
+    }
+
     /// Whether this node runs in elastic mode (`DMLC_NUM_WORKER=MIN:MAX`).
     pub fn is_elastic(&self) -> bool {
         self.inner.config.van.elastic.is_some()

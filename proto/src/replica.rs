@@ -29,6 +29,15 @@ pub enum ReplicaOp {
     Snapshot = 8,
     /// Primary to scheduler: a joining server has caught up.
     Ready = 9,
+    /// Server to scheduler: this server asks to leave the job (its ranges
+    /// move to the others first; `DMLC_NUM_SERVER=MIN:MAX`).
+    Leave = 10,
+    /// Scheduler to a server that asked to leave: it holds no range any
+    /// more and may exit.
+    Left = 11,
+    /// Scheduler to a server that asked to leave: refused (the job would
+    /// have fewer than MIN servers); `node` is MIN.
+    LeaveRefused = 12,
 }
 
 impl ReplicaOp {
@@ -44,6 +53,9 @@ impl ReplicaOp {
             7 => ReplicaOp::SyncReply,
             8 => ReplicaOp::Snapshot,
             9 => ReplicaOp::Ready,
+            10 => ReplicaOp::Leave,
+            11 => ReplicaOp::Left,
+            12 => ReplicaOp::LeaveRefused,
             _ => return None,
         })
     }

@@ -59,7 +59,8 @@ fn non_numeric_num_server() {
     let run = node("server", &[("DMLC_NUM_SERVER", "two")]);
     assert_config_error(
         &run,
-        "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"two\"",
+        "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers that \
+         join and leave, MIN <= MAX), got \"two\"",
     );
 }
 
@@ -68,7 +69,8 @@ fn zero_num_server() {
     let run = node("scheduler", &[("DMLC_NUM_SERVER", "0")]);
     assert_config_error(
         &run,
-        "DMLC_NUM_SERVER must be a whole number from 1 to 1000000, got \"0\"",
+        "DMLC_NUM_SERVER must be a whole number from 1 to 1000000 (or MIN:MAX for servers that \
+         join and leave, MIN <= MAX), got \"0\"",
     );
 }
 

@@ -15,6 +15,12 @@ pub struct VanConfig {
     pub role: Role,
     /// Servers in the cluster.
     pub num_servers: i32,
+    /// Servers that join and leave (`DMLC_NUM_SERVER=MIN:MAX`,
+    /// pslite-only): MIN, the fewest the job forms and runs with;
+    /// `num_servers` is then MAX, the number of key ranges. Turns on the
+    /// range map (`crate::replica`) even with `replicas` 1. `None`: a fixed
+    /// number of servers.
+    pub min_servers: Option<i32>,
     /// Workers in the cluster; in elastic mode, the most at once (MAX).
     pub num_workers: i32,
     /// Elastic mode (`DMLC_NUM_WORKER=MIN:MAX`, pslite-only): worker rounds
@@ -107,6 +113,7 @@ impl Default for VanConfig {
         VanConfig {
             role: Role::Worker,
             num_servers: 1,
+            min_servers: None,
             num_workers: 1,
             elastic: None,
             scheduler_host: "127.0.0.1".into(),

@@ -363,10 +363,13 @@ pub struct Core {
     replica_ts: i32,
     /// Checkpoints (`crate::checkpoint`).
     checkpoints: checkpoint::Checkpoints,
+    /// On a server: its leave from the job (`DMLC_NUM_SERVER=MIN:MAX`).
+    leave: servers::Leave,
 }
 
 mod checkpoint;
 mod replication;
+mod servers;
 
 /// The exit drain: a stopping node gives what it sent time to be
 /// acknowledged (the scheduler's last barrier release, say), up to 15 resend
@@ -456,6 +459,7 @@ impl Core {
             Scheduler::new(
                 SchedulerConfig {
                     num_servers: cfg.num_servers,
+                    min_servers: cfg.min_servers,
                     num_workers: cfg.num_workers,
                     me: me.clone(),
                     heartbeat_timeout: cfg.heartbeat_timeout,
@@ -516,7 +520,11 @@ impl Core {
             store_client: StoreClient::default(),
             store_dead: BTreeSet::new(),
             replication: if is_scheduler {
-                replication::Replication::for_scheduler(cfg.num_servers, cfg.replicas)
+                replication::Replication::for_scheduler(
+                    cfg.num_servers,
+                    cfg.replicas,
+                    cfg.min_servers.is_some(),
+                )
             } else {
                 replication::Replication::Off
             },
@@ -524,6 +532,7 @@ impl Core {
             replicated_apps: BTreeSet::from([0]),
             replica_ts: 0,
             checkpoints: checkpoint::Checkpoints::for_config(cfg),
+            leave: servers::Leave::No,
         };
         core.replica_ts = core.rng.random::<i32>() & i32::MAX;
         // The scheduler talks to itself through its own ROUTER; a node makes
@@ -638,7 +647,10 @@ impl Core {
             Some(s) => {
                 let missing = s.missing();
                 WaitingFor::Registrations {
-                    servers: (missing.servers, self.cfg.num_servers),
+                    servers: (
+                        missing.servers,
+                        self.cfg.min_servers.unwrap_or(self.cfg.num_servers),
+                    ),
                     workers: self
                         .cfg
                         .elastic
@@ -1633,9 +1645,20 @@ impl Core {
                     self.apply_member(actions, now);
                 }
                 Action::Ready => {
+                    let servers = match (&self.scheduler, self.cfg.min_servers) {
+                        // Servers that join and leave: as many as registered.
+                        (Some(s), Some(_)) => s
+                            .nodes()
+                            .iter()
+                            .filter(|n| n.role == Role::Server)
+                            .map(|n| n.id)
+                            .collect::<BTreeSet<_>>()
+                            .len() as i32,
+                        _ => self.cfg.num_servers,
+                    };
                     info!(
-                        "scheduler: cluster formed with {} servers and {} workers",
-                        self.cfg.num_servers, self.cfg.num_workers
+                        "scheduler: cluster formed with {servers} servers and {} workers",
+                        self.cfg.num_workers
                     );
                     let actions = self.member.formed(self.scheduler_table());
                     self.apply_member(actions, now);

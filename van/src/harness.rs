@@ -981,4 +981,6 @@ mod identity_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]
+mod servers_tests;
+#[cfg(test)]
 mod tests;

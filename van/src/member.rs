@@ -685,6 +685,14 @@ impl Member {
         self.barriers.retain(|w| w.token != token);
     }
 
+    /// Ends every barrier wait well (this server left the job: nothing
+    /// waits for it, and it waits for nothing).
+    pub fn release_barriers(&mut self) {
+        for w in &mut self.barriers {
+            w.outcome.get_or_insert(Ok(()));
+        }
+    }
+
     /// Barrier waiters still waiting.
     pub fn waiting_barriers(&self) -> usize {
         self.barriers.iter().filter(|w| w.outcome.is_none()).count()

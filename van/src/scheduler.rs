@@ -46,8 +46,15 @@ use crate::rendezvous::{Rendezvous, RendezvousConfig, RendezvousEvent};
 /// What the scheduler needs to know about the cluster it forms.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// `DMLC_NUM_SERVER`.
+    /// `DMLC_NUM_SERVER` (MAX, when servers join and leave).
     pub num_servers: i32,
+    /// Servers that join and leave (`DMLC_NUM_SERVER=MIN:MAX`): MIN. The
+    /// cluster forms once every worker and at least MIN servers registered;
+    /// a server registering later, with fewer than MAX in the table, gets
+    /// the next rank (is added like a replacement); one that left counts as
+    /// dead for good (its ranges moved first), and a later server may take
+    /// its id. `None`: ps-lite's fixed number of servers.
+    pub min_servers: Option<i32>,
     /// `DMLC_NUM_WORKER`.
     pub num_workers: i32,
     /// The scheduler's own node (role SCHEDULER, id 1, its host and port).
@@ -175,6 +182,9 @@ pub struct Scheduler {
     /// Replicated key ranges: dead servers whose ranges moved to others;
     /// barriers do not wait for them (see [`Scheduler::set_failed_over`]).
     failed_over: BTreeSet<NodeId>,
+    /// Servers that left the job by themselves (see
+    /// [`Scheduler::server_left`]): dead for good, with no failure.
+    left: BTreeSet<NodeId>,
     /// Since when the scheduler reads nothing (an app's queue is full): no
     /// node's silence counts meanwhile, and when it next tells the nodes it
     /// lives (it cannot answer their heartbeats).
@@ -218,6 +228,7 @@ impl Scheduler {
             dead_since: HashMap::new(),
             heartbeating: HashSet::new(),
             failed_over: BTreeSet::new(),
+            left: BTreeSet::new(),
             disconnected: HashMap::new(),
             replaced: Vec::new(),
             warned: HashSet::new(),
@@ -265,7 +276,9 @@ impl Scheduler {
         let known: BTreeSet<NodeId> = self.dead_since.keys().copied().collect();
         if dead != known {
             for &id in dead.difference(&known) {
-                if self.gone(id, now) {
+                if self.left.contains(&id) {
+                    info!("scheduler: server {id} left the job");
+                } else if self.gone(id, now) {
                     warn!(
                         "scheduler: node {id} is dead (its connection closed and its process \
                          accepts no new one)"
@@ -431,7 +444,14 @@ impl Scheduler {
 
     /// The dead processes, in id order.
     fn dead_list(&self) -> Vec<NodeId> {
-        let mut dead: Vec<NodeId> = self.dead_since.keys().copied().collect();
+        // A server that left is no death to the others: nothing waits for
+        // it, and its ranges moved before it went.
+        let mut dead: Vec<NodeId> = self
+            .dead_since
+            .keys()
+            .copied()
+            .filter(|id| !self.left.contains(id))
+            .collect();
         dead.sort_unstable();
         dead
     }
@@ -510,7 +530,8 @@ impl Scheduler {
     pub fn missing(&self) -> Missing {
         let count = |role| self.nodes.iter().filter(|n| n.role == role).count() as i32;
         Missing {
-            servers: (self.cfg.num_servers - count(Role::Server)).max(0),
+            servers: (self.cfg.min_servers.unwrap_or(self.cfg.num_servers) - count(Role::Server))
+                .max(0),
             workers: (self.cfg.num_workers - count(Role::Worker)).max(0),
         }
     }
@@ -676,7 +697,14 @@ impl Scheduler {
             node.customer_id
         );
         self.nodes.push(node);
-        if self.nodes.len() as i32 == self.cfg.num_servers + self.cfg.num_workers {
+        let complete = match self.cfg.min_servers {
+            // Every worker and at least MIN servers (more if present).
+            Some(min) => {
+                self.count(Role::Worker) == self.cfg.num_workers && self.count(Role::Server) >= min
+            }
+            None => self.nodes.len() as i32 == self.cfg.num_servers + self.cfg.num_workers,
+        };
+        if complete {
             self.form_cluster(now)
         } else {
             Vec::new()
@@ -774,6 +802,7 @@ impl Scheduler {
         }
         match self.dead_of_role(node.role, now) {
             Some(pid) => self.recover(pid, node, now),
+            None if node.role == Role::Server && self.server_room() => self.join_server(node, now),
             None if self.cfg.heartbeat_timeout.is_some() => {
                 info!(
                     "scheduler: {} waits to replace the next {} that stops sending heartbeats",
@@ -794,6 +823,59 @@ impl Scheduler {
                 Vec::new()
             }
         }
+    }
+
+    /// Servers that join and leave: whether the table has fewer than MAX
+    /// servers (a new one gets the next rank).
+    fn server_room(&self) -> bool {
+        self.cfg.min_servers.is_some()
+            && (self
+                .process_nodes()
+                .iter()
+                .filter(|n| n.role == Role::Server)
+                .count() as i32)
+                < self.cfg.num_servers
+    }
+
+    /// A server joins the running job with the next rank: an empty entry
+    /// for its id goes into the table, and it takes it as a replacement
+    /// would (so the range map copies its ranges to it, and it skips the
+    /// start barrier everyone else is past).
+    fn join_server(&mut self, node: &Node, now: Instant) -> Vec<Action> {
+        let rank = self
+            .process_nodes()
+            .iter()
+            .filter(|n| n.role == Role::Server)
+            .count() as i32;
+        let id = ids::server_rank_to_id(rank);
+        info!(
+            "scheduler: {} joins the running job as server {id} (rank {rank})",
+            node.address()
+        );
+        let mut entry = node.clone();
+        entry.id = id;
+        entry.key = 0;
+        self.nodes.push(entry);
+        self.recover(id, node, now)
+    }
+
+    /// Server `id` left the job by itself, its ranges handed over (see
+    /// `crate::replica::master`): it counts as dead for good, with nothing
+    /// failing for it, and barriers stop waiting for it. A later server may
+    /// take its id; the others are not told it died (see
+    /// `Scheduler::dead_list`). Returns the barriers this completes.
+    pub fn server_left(&mut self, id: NodeId, now: Instant) -> Vec<Action> {
+        if !self.left.insert(id) {
+            return Vec::new();
+        }
+        info!("scheduler: server {id} left the job (its ranges moved to the others)");
+        self.dead_since.insert(id, now);
+        self.set_failed_over(id, true)
+    }
+
+    /// Whether server `id` left the job (and nothing took its id since).
+    pub fn has_left(&self, id: NodeId) -> bool {
+        self.left.contains(&id)
     }
 
     /// Gives process `pid`'s id to `node` and tells everyone.
@@ -819,6 +901,7 @@ impl Scheduler {
             return Vec::new();
         };
         info!("scheduler: {} replaces node {pid}", recovered.address());
+        self.left.remove(&pid);
         self.recovered_customers
             .insert(pid, HashSet::from([node.customer_id]));
         // The counters were the dead process's.
@@ -1083,7 +1166,16 @@ impl Scheduler {
             size += 1;
         }
         if group & ids::SERVER_GROUP != 0 {
-            size += self.cfg.num_servers;
+            size += match self.cfg.min_servers {
+                // The servers in the table (those that left or failed over
+                // are not waited for: see `try_release`).
+                Some(_) => self
+                    .process_nodes()
+                    .iter()
+                    .filter(|n| n.role == Role::Server)
+                    .count() as i32,
+                None => self.cfg.num_servers,
+            };
         }
         if group & ids::WORKER_GROUP != 0 {
             size += self.cfg.num_workers;
@@ -1096,6 +1188,9 @@ impl Scheduler {
     }
 
     fn is_dead(&self, id: NodeId, now: Instant) -> bool {
+        if self.left.contains(&id) {
+            return true;
+        }
         let Some(timeout) = self.cfg.heartbeat_timeout else {
             return false;
         };

@@ -530,6 +530,39 @@ impl Van {
         Ok(())
     }
 
+    /// On a server of a job whose servers join and leave
+    /// (`DMLC_NUM_SERVER=MIN:MAX`): asks the scheduler to let it leave and
+    /// waits up to `limit` until its ranges are on the other servers. `Ok`:
+    /// it left, its waits (a barrier) ended, and it may stop. Fails if the
+    /// scheduler refuses (fewer than MIN servers would stay), does not
+    /// answer in time, or the node failed.
+    pub fn leave_job(&self, limit: Duration) -> Result<(), VanError> {
+        let shared = &self.shared;
+        shared.with_core(Mode::Wait, |core, now| core.leave_job(now))?;
+        let (locked, timed_out) =
+            wait_timeout_while(&shared.changed, lock(&shared.locked), limit, |l| {
+                l.core.leave_outcome().is_none() && l.core.failure().is_none()
+            });
+        if let Some(outcome) = locked.core.leave_outcome() {
+            return outcome.map_err(|detail| VanError::Setup {
+                what: "leave the job",
+                detail,
+            });
+        }
+        if let Some(f) = locked.core.failure() {
+            return Err(VanError::Failed(f.clone()));
+        }
+        debug_assert!(timed_out);
+        Err(VanError::Setup {
+            what: "leave the job",
+            detail: format!(
+                "the scheduler did not let this server go within {} s (its ranges are still \
+                 being copied to the other servers, or the scheduler is unreachable)",
+                limit.as_secs()
+            ),
+        })
+    }
+
     /// This node is finalizing: its next barrier is the last. Once that is
     /// released everyone leaves (the scheduler may exit first), so from then
     /// on a closed connection no longer means a death (see

@@ -63,6 +63,7 @@ proptest! {
         let t0 = Instant::now();
         let mut s = Scheduler::new(SchedulerConfig {
             num_servers: 2,
+            min_servers: None,
             num_workers: 2,
             me,
             heartbeat_timeout: heartbeats.then(|| Duration::from_secs(1)),

@@ -34,9 +34,15 @@ pub(crate) enum Replication {
 }
 
 impl Replication {
-    /// The scheduler's state for `cfg`: on with `PS_REPLICAS >= 2`.
-    pub(crate) fn for_scheduler(num_servers: i32, replicas: u32) -> Replication {
-        if replicas >= 2 {
+    /// The scheduler's state for `cfg`: on with `PS_REPLICAS >= 2`, or
+    /// when servers join and leave (`elastic_servers`: the range map moves
+    /// their ranges even with one copy).
+    pub(crate) fn for_scheduler(
+        num_servers: i32,
+        replicas: u32,
+        elastic_servers: bool,
+    ) -> Replication {
+        if replicas >= 2 || elastic_servers {
             Replication::Master(RangeMaster::new(
                 num_servers.max(1) as usize,
                 replicas as usize,
@@ -214,6 +220,14 @@ impl Core {
                     self.broadcast_map(now);
                 }
             }
+            (Replication::Master(_), ReplicaOp::Leave)
+                if ids::role_of_id(sender) == Some(Role::Server) =>
+            {
+                self.server_asks_to_leave(sender, now);
+            }
+            (_, ReplicaOp::Left | ReplicaOp::LeaveRefused) if sender == SCHEDULER => {
+                self.leave_answered(rep.op, rep.node, now);
+            }
             (_, ReplicaOp::Map) if sender == SCHEDULER => {
                 if let Some(map) = rep.map.clone() {
                     self.on_range_map(map, now);
@@ -335,7 +349,18 @@ impl Core {
         let Some(node) = msg.meta.control.node.iter().find(|n| !n.pslite) else {
             return false;
         };
-        if self.dropped.first((msg.meta.sender, "replicas")) {
+        if !self.dropped.first((msg.meta.sender, "replicas")) {
+            return true;
+        }
+        if self.cfg.min_servers.is_some() {
+            error!(
+                "scheduler: refusing {} at {}: DMLC_NUM_SERVER=MIN:MAX (servers that join and \
+                 leave, by the range map) is pslite-only, C++ ps-lite nodes cannot join such a \
+                 cluster; give DMLC_NUM_SERVER a plain number to mix in C++ nodes",
+                node.role,
+                node.address(),
+            );
+        } else {
             error!(
                 "scheduler: refusing {} at {}: PS_REPLICAS={} (replicated key ranges) is \
                  pslite-only, C++ ps-lite nodes cannot join such a cluster; run it with \
@@ -382,36 +407,46 @@ impl Core {
                 }
             );
         }
-        for action in actions {
-            let Action::Connect(node) = action else {
-                continue;
-            };
-            if !node.is_recovery || node.role != Role::Server {
-                continue;
+        let recovered: Vec<NodeId> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Connect(n) if n.is_recovery && n.role == Role::Server => Some(n.id),
+                _ => None,
+            })
+            .collect();
+        // A new process holds nothing of what the id held: the map without
+        // it goes out first, so that primaries drop what they were sending
+        // its predecessor, then (after the updates naming the new
+        // processes, see `replica_after`) the map with it joining. With
+        // several at once, every predecessor leaves before any joins: a map
+        // naming one as a joiner must not reach the primaries before its
+        // new address does.
+        let mut dead = false;
+        for &id in &recovered {
+            if let Replication::Master(m) = &mut self.replication {
+                dead |= m.server_dead(id);
             }
+        }
+        if dead {
+            self.broadcast_map(now);
+        }
+        for id in recovered {
             let Replication::Master(m) = &mut self.replication else {
                 return;
             };
-            // A new process holds nothing of what the id held: the map
-            // without it goes out first, so that primaries drop what they
-            // were sending its predecessor, then the map with it joining.
-            if m.server_dead(node.id) {
-                self.broadcast_map(now);
-            }
-            if let Replication::Master(m) = &mut self.replication {
-                m.server_live(node.id);
-            }
-            self.replica_dead.remove(&node.id);
-            info!(
-                "scheduler: node {} replaces a server: copies of its ranges start",
-                node.id
-            );
+            m.server_live(id);
+            self.replica_dead.remove(&id);
+            info!("scheduler: node {id} replaces a server: copies of its ranges start");
         }
     }
 
     /// On the scheduler: the map to attach to a node table it sends.
+    /// Not to the one-entry updates about a recovered server: when several
+    /// recover at once, the map names them all, and a primary must not
+    /// start a copy to one whose new address it has not got yet (the map
+    /// follows the updates, see `replica_after`).
     pub(super) fn replica_attach(&self, msg: &mut Message) {
-        if msg.meta.control.cmd != Command::AddNode {
+        if msg.meta.control.cmd != Command::AddNode || msg.meta.control.node.len() < 2 {
             return;
         }
         if let Replication::Master(m) = &self.replication {
@@ -480,8 +515,9 @@ impl Core {
         self.apply_scheduler(actions, now);
     }
 
-    /// On the scheduler: sends the map to every live server and worker.
-    fn broadcast_map(&mut self, now: Instant) {
+    /// On the scheduler: sends the map to every live server and worker
+    /// (then leaving servers that no range holds any more have left).
+    pub(super) fn broadcast_map(&mut self, now: Instant) {
         let (Replication::Master(m), Some(s)) = (&self.replication, &self.scheduler) else {
             return;
         };
@@ -504,5 +540,6 @@ impl Core {
         if let Some(map) = self.range_map().cloned() {
             self.out.push(Output::RangeMap(map));
         }
+        self.settle_leaving(now);
     }
 }

@@ -11,10 +11,10 @@ use pslite_proto::DataType;
 
 use super::*;
 
-const SECOND: Duration = Duration::from_secs(1);
-const MS: Duration = Duration::from_millis(1);
+pub(super) const SECOND: Duration = Duration::from_secs(1);
+pub(super) const MS: Duration = Duration::from_millis(1);
 
-fn config(k: u32, resend: bool) -> VanConfig {
+pub(super) fn config(k: u32, resend: bool) -> VanConfig {
     VanConfig {
         heartbeat_interval: Some(MS * 100),
         heartbeat_timeout: Some(MS * 500),
@@ -41,7 +41,7 @@ fn cluster(servers: i32, workers: i32, k: u32, resend: bool, seed: u64) -> Netwo
 }
 
 /// The scheduler's map.
-fn map(net: &Network) -> RangeMap {
+pub(super) fn map(net: &Network) -> RangeMap {
     net.nodes[0]
         .core
         .range_map()
@@ -50,7 +50,7 @@ fn map(net: &Network) -> RangeMap {
 }
 
 /// Whether every range with a replica has a live primary serving it.
-fn serving(net: &Network) -> bool {
+pub(super) fn serving(net: &Network) -> bool {
     let m = map(net);
     m.ranges.iter().enumerate().all(|(r, range)| {
         range.primary().is_none_or(|p| {
@@ -74,27 +74,27 @@ type Open = (BTreeSet<u32>, Vec<(u64, i64)>);
 
 /// What the workers did: pushes sent and acknowledged, the sums expected.
 #[derive(Default)]
-struct Job {
+pub(super) struct Job {
     next_ts: HashMap<usize, i32>,
     /// (worker, ts) -> ranges still to answer, and the pushed (key, value)s.
     open: HashMap<(usize, i32), Open>,
     /// Sums of acknowledged pushes per key.
-    acked: BTreeMap<u64, i64>,
+    pub(super) acked: BTreeMap<u64, i64>,
     /// Values pushed, for unique ones.
     next_value: i64,
     /// Answers to pulls: (worker, ts) -> (key, sum).
-    pulled: HashMap<(usize, i32), Vec<(u64, i64)>>,
+    pub(super) pulled: HashMap<(usize, i32), Vec<(u64, i64)>>,
     seen: HashMap<usize, usize>,
 }
 
 impl Job {
     /// Worker `w` pushes a fresh value to each of `keys` (sorted), one
     /// message per range, as `KVWorker` does.
-    fn push(&mut self, net: &mut Network, w: usize, keys: &[u64]) -> i32 {
+    pub(super) fn push(&mut self, net: &mut Network, w: usize, keys: &[u64]) -> i32 {
         self.request(net, w, keys, true)
     }
 
-    fn request(&mut self, net: &mut Network, w: usize, keys: &[u64], push: bool) -> i32 {
+    pub(super) fn request(&mut self, net: &mut Network, w: usize, keys: &[u64], push: bool) -> i32 {
         let ts = {
             let t = self.next_ts.entry(w).or_insert(0);
             *t += 1;
@@ -148,7 +148,7 @@ impl Job {
     }
 
     /// Takes in the answers the workers received.
-    fn collect(&mut self, net: &Network) {
+    pub(super) fn collect(&mut self, net: &Network) {
         let workers: BTreeSet<usize> = self.open.keys().map(|&(w, _)| w).collect();
         for w in workers {
             let seen = self.seen.entry(w).or_insert(0);
@@ -188,14 +188,14 @@ impl Job {
         }
     }
 
-    fn all_answered(&mut self, net: &Network) -> bool {
+    pub(super) fn all_answered(&mut self, net: &Network) -> bool {
         self.collect(net);
         self.open.is_empty()
     }
 }
 
 /// Runs until every request is answered.
-fn settle(net: &mut Network, job: &mut Job, limit: Duration) {
+pub(super) fn settle(net: &mut Network, job: &mut Job, limit: Duration) {
     let end = net.now + limit;
     while !job.all_answered(net) {
         if net.now < end && net.step() {
@@ -210,7 +210,7 @@ fn settle(net: &mut Network, job: &mut Job, limit: Duration) {
 }
 
 /// The scheduler's map and every server's replication state (failures).
-fn describe(net: &Network) -> String {
+pub(super) fn describe(net: &Network) -> String {
     let servers: Vec<String> = (1..net.nodes.len())
         .filter(|&i| net.nodes[i].app.is_some())
         .map(|i| {
@@ -227,7 +227,7 @@ fn describe(net: &Network) -> String {
 
 /// Every live replica of every range holds exactly the acknowledged sums,
 /// and no value was applied twice anywhere.
-fn check_replicas(net: &Network, job: &Job) {
+pub(super) fn check_replicas(net: &Network, job: &Job) {
     let m = map(net);
     for (r, range) in m.ranges.iter().enumerate() {
         for &s in &range.replicas {
@@ -257,7 +257,7 @@ fn check_replicas(net: &Network, job: &Job) {
 }
 
 /// Keys spread over every range of `n`.
-fn keys(n: usize) -> Vec<u64> {
+pub(super) fn keys(n: usize) -> Vec<u64> {
     crate::replica::key_ranges(n)
         .into_iter()
         .flat_map(|(b, _)| [b, b + 1, b + 7])
@@ -502,7 +502,7 @@ fn step() -> impl Strategy<Value = Step> {
 
 /// `PROPTEST_CASES` when set (a long run: `PROPTEST_CASES=20000`), else
 /// `default` (what CI runs).
-fn cases(default: u32) -> u32 {
+pub(super) fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -511,7 +511,7 @@ fn cases(default: u32) -> u32 {
 
 /// Whether killing server `id` leaves every range a live replica in the
 /// scheduler's current map (at most k-1 replicas of a range fail).
-fn may_kill(net: &Network, id: NodeId) -> bool {
+pub(super) fn may_kill(net: &Network, id: NodeId) -> bool {
     map(net).ranges.iter().all(|r| {
         r.replicas
             .iter()

@@ -18,6 +18,15 @@
 //!   replacement, or drop a survivor that held the range meanwhile).
 //! - A range whose every replica died is lost: its joiners are dropped
 //!   (there is nothing to copy) and its requests fail.
+//! - Servers that join and leave (`DMLC_NUM_SERVER=MIN:MAX`): there are
+//!   MAX ranges, so every rank a server can have (0..MAX) has a home range.
+//!   A server that joins is live like a replacement: the ranges whose
+//!   target now includes it copy to it. A server that asks to leave stays
+//!   live but *leaving*: targets are planned without it, so its ranges copy
+//!   to their new targets while it still serves them; once no range holds
+//!   it (as a replica or joiner) it has *left* ([`RangeMaster::take_left`])
+//!   and may exit. A leave that would leave fewer than MIN servers is
+//!   refused.
 //!
 //! Every change increments the version; the core broadcasts the map.
 
@@ -32,6 +41,22 @@ pub struct RangeMaster {
     k: usize,
     map: RangeMap,
     live: BTreeSet<NodeId>,
+    /// Live servers handing their ranges over before they exit.
+    leaving: BTreeSet<NodeId>,
+}
+
+/// Why a server may not leave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaveRefused {
+    /// The job would have fewer than `min` servers.
+    TooFew {
+        /// `DMLC_NUM_SERVER`'s MIN.
+        min: usize,
+        /// Servers that would stay.
+        staying: usize,
+    },
+    /// It is not a live server of the map.
+    NotLive,
 }
 
 impl RangeMaster {
@@ -54,6 +79,7 @@ impl RangeMaster {
                 ranges,
             },
             live: BTreeSet::new(),
+            leaving: BTreeSet::new(),
         }
     }
 
@@ -76,12 +102,20 @@ impl RangeMaster {
     }
 
     /// Range `r`'s target: the first `k` live servers from rank `r` on,
-    /// around the ring of ranks.
+    /// around the ring of ranks, leaving ones left out (unless only leaving
+    /// ones are live: then they keep the range until another joins).
     fn target(&self, r: usize) -> Vec<NodeId> {
         let n = self.map.ranges.len();
-        (0..n)
-            .map(|i| ids::server_rank_to_id(((r + i) % n) as i32))
-            .filter(|id| self.live.contains(id))
+        let ring = (0..n).map(|i| ids::server_rank_to_id(((r + i) % n) as i32));
+        let staying: Vec<NodeId> = ring
+            .clone()
+            .filter(|id| self.live.contains(id) && !self.leaving.contains(id))
+            .take(self.k)
+            .collect();
+        if !staying.is_empty() {
+            return staying;
+        }
+        ring.filter(|id| self.live.contains(id))
             .take(self.k)
             .collect()
     }
@@ -93,6 +127,7 @@ impl RangeMaster {
         if !self.live.remove(&id) || self.map.version == 0 {
             return false;
         }
+        self.leaving.remove(&id);
         for (r, range) in self.map.ranges.iter_mut().enumerate() {
             let held = range.replicas.contains(&id);
             range.replicas.retain(|&s| s != id);
@@ -121,6 +156,7 @@ impl RangeMaster {
         if self.map.version == 0 || !self.live.insert(id) {
             return false;
         }
+        self.leaving.remove(&id);
         // A replacement holds nothing of what its id held.
         for range in &mut self.map.ranges {
             range.replicas.retain(|&s| s != id);
@@ -159,6 +195,60 @@ impl RangeMaster {
         );
         self.map.version += 1;
         true
+    }
+
+    /// Server `id` asks to leave, with at least `min` servers staying: its
+    /// ranges are planned without it (copies start toward their new
+    /// targets) while it still serves them. Returns whether the map changed
+    /// (not when it is leaving already).
+    pub fn server_leaving(&mut self, id: NodeId, min: usize) -> Result<bool, LeaveRefused> {
+        if self.map.version == 0 || !self.live.contains(&id) {
+            return Err(LeaveRefused::NotLive);
+        }
+        if self.leaving.contains(&id) {
+            return Ok(false);
+        }
+        let staying = self.live.len() - self.leaving.len() - 1;
+        if staying < min.max(1) {
+            return Err(LeaveRefused::TooFew {
+                min: min.max(1),
+                staying,
+            });
+        }
+        self.leaving.insert(id);
+        info!("server {id} leaves: its ranges move to the others first");
+        self.plan();
+        self.map.version += 1;
+        Ok(true)
+    }
+
+    /// Leaving servers that no range holds any more (as a replica or a
+    /// joiner): they have left, and are no longer live. The map does not
+    /// change (it names them nowhere).
+    pub fn take_left(&mut self) -> Vec<NodeId> {
+        let held: BTreeSet<NodeId> = self
+            .map
+            .ranges
+            .iter()
+            .flat_map(|r| r.replicas.iter().chain(&r.joining))
+            .copied()
+            .collect();
+        let left: Vec<NodeId> = self
+            .leaving
+            .iter()
+            .copied()
+            .filter(|id| !held.contains(id))
+            .collect();
+        for id in &left {
+            self.leaving.remove(id);
+            self.live.remove(id);
+        }
+        left
+    }
+
+    /// Whether server `id` is handing its ranges over.
+    pub fn is_leaving(&self, id: NodeId) -> bool {
+        self.leaving.contains(&id)
     }
 
     /// Adds every live target server a range lacks to its joiners (ranges
@@ -232,6 +322,69 @@ mod tests {
         assert!(m.ready(12, 2, 8, 5));
         assert_eq!(replicas(&m), vec![vec![8, 10], vec![10, 12], vec![12, 8]]);
         assert!(joining(&m).iter().all(Vec::is_empty));
+    }
+
+    #[test]
+    fn a_leaving_server_keeps_its_ranges_until_their_new_targets_caught_up() {
+        // MAX 3 ranges, 2 servers live, one copy each.
+        let mut m = RangeMaster::new(3, 1);
+        m.formed(&[8, 10]);
+        assert_eq!(replicas(&m), vec![vec![8], vec![10], vec![8]]);
+        assert_eq!(m.server_leaving(8, 1), Ok(true));
+        // It still serves while its ranges copy to the server that stays.
+        assert_eq!(replicas(&m), vec![vec![8], vec![10], vec![8]]);
+        assert_eq!(joining(&m), vec![vec![10], vec![], vec![10]]);
+        assert!(m.take_left().is_empty(), "it holds ranges still");
+        assert_eq!(m.server_leaving(8, 1), Ok(false), "asked twice");
+        assert!(m.ready(8, 0, 10, 2));
+        assert!(m.take_left().is_empty());
+        assert!(m.ready(8, 2, 10, 2));
+        assert_eq!(replicas(&m), vec![vec![10], vec![10], vec![10]]);
+        assert_eq!(m.take_left(), vec![8]);
+        assert!(!m.is_leaving(8));
+        // Gone from the live servers: a joiner with its id starts empty.
+        assert!(m.server_live(8));
+        assert_eq!(joining(&m), vec![vec![8], vec![], vec![8]]);
+    }
+
+    #[test]
+    fn a_leave_below_min_is_refused() {
+        let mut m = RangeMaster::new(3, 2);
+        m.formed(&[8, 10]);
+        assert_eq!(
+            m.server_leaving(8, 2),
+            Err(LeaveRefused::TooFew { min: 2, staying: 1 })
+        );
+        assert_eq!(m.server_leaving(12, 1), Err(LeaveRefused::NotLive));
+        assert_eq!(m.server_leaving(8, 1), Ok(true));
+        assert_eq!(
+            m.server_leaving(10, 1),
+            Err(LeaveRefused::TooFew { min: 1, staying: 0 }),
+            "the other is leaving already"
+        );
+        // Both were replicas of every range: no copy is needed.
+        assert_eq!(replicas(&m), vec![vec![10], vec![10], vec![10]]);
+        assert_eq!(m.take_left(), vec![8]);
+    }
+
+    #[test]
+    fn a_leaver_whose_successor_dies_keeps_its_ranges() {
+        let mut m = RangeMaster::new(2, 1);
+        m.formed(&[8, 10]);
+        assert_eq!(m.server_leaving(8, 1), Ok(true));
+        assert_eq!(joining(&m), vec![vec![10], vec![]]);
+        m.server_dead(10);
+        // Nobody else is live: the leaver keeps its range (range 1 died
+        // with its only copy).
+        assert_eq!(replicas(&m), vec![vec![8], vec![]]);
+        assert!(m.take_left().is_empty());
+        // A joiner (with the dead one's id) takes it over; then the leaver
+        // may go.
+        m.server_live(10);
+        assert_eq!(joining(&m), vec![vec![10], vec![]]);
+        assert!(m.ready(8, 0, 10, m.map().version));
+        assert_eq!(replicas(&m), vec![vec![10], vec![]]);
+        assert_eq!(m.take_left(), vec![8]);
     }
 
     #[test]

@@ -11,6 +11,7 @@ fn scheduler(num_servers: i32, num_workers: i32, timeout: Option<u64>) -> Schedu
     Scheduler::new(
         SchedulerConfig {
             num_servers,
+            min_servers: None,
             num_workers,
             me,
             heartbeat_timeout: timeout.map(Duration::from_secs),
@@ -590,6 +591,7 @@ fn elastic_status_gives_round_ranks_and_lists_waiting_workers() {
     let mut s = Scheduler::new(
         SchedulerConfig {
             num_servers: 1,
+            min_servers: None,
             num_workers: 2,
             me,
             heartbeat_timeout: None,
