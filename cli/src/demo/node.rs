@@ -359,17 +359,42 @@ fn train(
         // With --checkpoint-dir, worker 0 asks for a checkpoint; it is taken
         // at this barrier (every push of the epoch applied, none in flight)
         // and complete when the barrier is released.
+        // A checkpoint that fails (a server died while writing, say, with
+        // --kill-server) is said and training goes on: the next epoch's is
+        // tried. Any other error ends the worker.
+        let checkpoint_failed =
+            |e: &Error| matches!(e.failure(), Some(pslite::Failure::Checkpoint { .. }));
         let ticket = match (&args.checkpoint_dir, rank) {
-            (Some(_), 0) => Some(po.van()?.checkpoint(&epoch_label(epoch), CHECKPOINT_WAIT)?),
+            (Some(_), 0) => match po
+                .van()?
+                .checkpoint(&epoch_label(epoch), CHECKPOINT_WAIT)
+                .map_err(Error::from)
+            {
+                Ok(ticket) => Some(ticket),
+                Err(e) if checkpoint_failed(&e) => {
+                    warn!("no checkpoint after epoch {epoch}: {e}; training goes on");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
             _ => None,
         };
         po.barrier(0, pslite::WORKER_GROUP)?;
         if let Some((ticket, _)) = ticket {
-            let done = po.van()?.checkpoint_result(ticket, CHECKPOINT_WAIT)?;
-            info!(
-                "checkpoint {} (epoch {epoch}) written to {}",
-                done.id, done.dir
-            );
+            match po
+                .van()?
+                .checkpoint_result(ticket, CHECKPOINT_WAIT)
+                .map_err(Error::from)
+            {
+                Ok(done) => info!(
+                    "checkpoint {} (epoch {epoch}) written to {}",
+                    done.id, done.dir
+                ),
+                Err(e) if checkpoint_failed(&e) => {
+                    warn!("no checkpoint after epoch {epoch}: {e}; training goes on")
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     reporter.send(Report::Worker {
