@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use pslite_tests::{free_port, pslite_command, run, spawn_node, wait_all_ok, Spawned};
+use pslite_tests::{free_port, pslite_command, run, spawn_node, wait_all_ok, Spawned, TempDir};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -192,10 +192,15 @@ fn a_replacement_receives_copies_of_its_ranges_while_workers_push() {
 
 /// `pslite demo --replicas 2 --kill-server 0 --kill-after 2`: server 0 is
 /// killed after epoch 2, the output says which ranges moved where and
-/// when, and training reaches its threshold with one server.
+/// when, and training reaches its threshold with one server. With
+/// `--checkpoint-dir`, the survivor alone writes the last epoch's
+/// checkpoint (the one of the kill's epoch may fail, and training goes
+/// on), and a new job of two servers resumes from it.
 #[test]
 fn the_demo_kills_a_server_prints_the_failover_and_reaches_its_threshold() {
     let _serial = one_at_a_time();
+    let dir = TempDir::new("demo-failover");
+    let dir_arg = dir.path().to_string_lossy().into_owned();
     let mut demo = pslite_command("demo");
     demo.args([
         "--replicas",
@@ -208,6 +213,8 @@ fn the_demo_kills_a_server_prints_the_failover_and_reaches_its_threshold() {
         "60000",
         "--epochs",
         "4",
+        "--checkpoint-dir",
+        &dir_arg,
     ]);
     let run = run(demo, LIMIT);
     run.assert_ok();
@@ -247,6 +254,32 @@ fn the_demo_kills_a_server_prints_the_failover_and_reaches_its_threshold() {
             .contains("server 0 (node 8) was killed by signal 9 (SIGKILL); the job goes on"),
         "{}",
         run.output()
+    );
+
+    let mut resume = pslite_command("demo");
+    resume.args([
+        "--replicas",
+        "2",
+        "--samples",
+        "60000",
+        "--epochs",
+        "5",
+        "--checkpoint-dir",
+        &dir_arg,
+        "--resume",
+    ]);
+    let resumed = pslite_tests::run(resume, LIMIT);
+    resumed.assert_ok();
+    assert!(
+        resumed.stdout.contains("(written after epoch 4) in "),
+        "{}",
+        resumed.output()
+    );
+    assert!(
+        resumed.stdout.contains("epoch 5/5  test loss")
+            && resumed.stdout.contains("(threshold 0.8): ok"),
+        "{}",
+        resumed.output()
     );
 }
 
