@@ -28,42 +28,19 @@ use pslite_proto::{Command, Message};
 use super::disk::{self, Io, IoResult};
 use super::format::{self, Section, ServerFile, Shape};
 use super::TOKEN_BIT;
+use crate::core::Output;
 
 /// What the server side asks the core to do.
 #[derive(Debug)]
 pub enum ServerOut {
     /// Send this message (a DONE to the scheduler).
     Send(Box<Message>),
-    /// Ask apps for a copy of a range (answered with
-    /// [`CheckpointServer::snapshot_taken`]).
-    Snapshot {
-        /// Pairs the answers with the request.
-        token: u64,
-        /// The range.
-        range: u32,
-        /// Its first key.
-        begin: u64,
-        /// One past its last key.
-        end: u64,
-        /// The apps.
-        apps: Vec<i32>,
-    },
-    /// Hand the apps a range's state (answered with
-    /// [`CheckpointServer::restored`]).
-    Restore {
-        /// Pairs the answers with the request.
-        token: u64,
-        /// The range.
-        range: u32,
-        /// Its first key.
-        begin: u64,
-        /// One past its last key.
-        end: u64,
-        /// The app of each copy.
-        apps: Vec<i32>,
-        /// The copies.
-        data: Vec<Bytes>,
-    },
+    /// Ask the apps for a copy of a range ([`Output::Snapshot`], answered
+    /// with [`CheckpointServer::snapshot_taken`]) or hand them a range's
+    /// state ([`Output::Restore`], answered with
+    /// [`CheckpointServer::restored`]): the requests replication's copies
+    /// make too.
+    Apps(Box<Output>),
     /// Carry out a file operation; answer with [`CheckpointServer::io_done`].
     Io {
         /// Pairs the result with the request.
@@ -224,13 +201,13 @@ impl CheckpointServer {
             let token = self.token();
             take.tokens.insert(token, r);
             let (begin, end) = msg.bounds[r as usize];
-            asks.push(ServerOut::Snapshot {
+            asks.push(ServerOut::Apps(Box::new(Output::Snapshot {
                 token,
                 range: r,
                 begin,
                 end,
                 apps: apps.clone(),
-            });
+            })));
         }
         self.take = Some(take);
         self.out.extend(asks);
@@ -485,14 +462,14 @@ impl CheckpointServer {
             if let Some(s) = &mut self.restoring {
                 s.left.extend(apps.iter().map(|&a| (token, a)));
             }
-            asks.push(ServerOut::Restore {
+            asks.push(ServerOut::Apps(Box::new(Output::Restore {
                 token,
                 range: r,
                 begin,
                 end,
                 apps: apps.clone(),
                 data,
-            });
+            })));
         }
         self.out.extend(asks);
         self.maybe_restored(now);

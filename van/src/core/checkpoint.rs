@@ -710,34 +710,7 @@ impl Core {
             for out in server {
                 match out {
                     ServerOut::Send(msg) => self.emit(*msg, now),
-                    ServerOut::Snapshot {
-                        token,
-                        range,
-                        begin,
-                        end,
-                        apps,
-                    } => self.out.push(Output::Snapshot {
-                        token,
-                        range,
-                        begin,
-                        end,
-                        apps,
-                    }),
-                    ServerOut::Restore {
-                        token,
-                        range,
-                        begin,
-                        end,
-                        apps,
-                        data,
-                    } => self.out.push(Output::Restore {
-                        token,
-                        range,
-                        begin,
-                        end,
-                        apps,
-                        data,
-                    }),
+                    ServerOut::Apps(out) => self.out.push(*out),
                     ServerOut::Io { token, io } => self.out.push(Output::Checkpoint { token, io }),
                     ServerOut::Failed(detail) => {
                         // Reported to the scheduler, which stops the job:
