@@ -14,15 +14,9 @@ use std::time::Duration;
 /// Options of `pslite checkpoint`.
 #[derive(clap::Args, Debug)]
 pub struct CheckpointArgs {
-    /// The scheduler's host [default: DMLC_PS_ROOT_URI, else 127.0.0.1].
-    #[arg(long)]
-    pub host: Option<String>,
-    /// The scheduler's port [default: DMLC_PS_ROOT_PORT].
-    #[arg(long)]
-    pub port: Option<u16>,
-    /// The address of this machine the scheduler answers to.
-    #[arg(long)]
-    pub reply_host: Option<String>,
+    /// Where the scheduler is.
+    #[command(flatten)]
+    pub scheduler: crate::status::SchedulerAddr,
     /// A label stored in the checkpoint's manifest (e.g. "epoch 3").
     #[arg(long, default_value = "pslite checkpoint")]
     pub label: String,
@@ -44,12 +38,7 @@ const ACCEPT: Duration = Duration::from_secs(5);
 
 /// Runs `pslite checkpoint`.
 pub fn main(args: &CheckpointArgs) -> ExitCode {
-    let (mut client, scheduler) = match crate::status::connect(
-        "checkpoint",
-        args.host.as_deref(),
-        args.port,
-        args.reply_host.as_deref(),
-    ) {
+    let (mut client, scheduler) = match crate::status::connect("checkpoint", &args.scheduler) {
         Ok(c) => c,
         Err(code) => return code,
     };

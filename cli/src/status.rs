@@ -18,19 +18,28 @@ use pslite::admin::{AdminClient, AdminError};
 use pslite::proto::K_EMPTY;
 use pslite::{ids, NodeStatus, Role};
 
-/// Options of `pslite status`.
-#[derive(clap::Args, Debug)]
-pub struct StatusArgs {
+/// Where the scheduler of a running cluster is: the options `pslite
+/// status`, `pslite store` and `pslite checkpoint` share.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SchedulerAddr {
     /// The scheduler's host [default: DMLC_PS_ROOT_URI, else 127.0.0.1].
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub host: Option<String>,
     /// The scheduler's port [default: DMLC_PS_ROOT_PORT].
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub port: Option<u16>,
     /// The address of this machine the scheduler answers to [default: the
     /// one on the route to the scheduler].
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub reply_host: Option<String>,
+}
+
+/// Options of `pslite status`.
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// Where the scheduler is.
+    #[command(flatten)]
+    pub scheduler: crate::status::SchedulerAddr,
     /// Seconds to wait for the scheduler's answer. (With DMLC_LOCAL=1 the
     /// scheduler is reached over ipc:///tmp/PORT.)
     #[arg(long, default_value_t = 2.0, value_parser = seconds)]
@@ -59,14 +68,11 @@ fn seconds(s: &str) -> Result<f64, String> {
 /// DMLC_PS_ROOT_URI, else 127.0.0.1, and DMLC_PS_ROOT_PORT; over IPC for a
 /// `DMLC_LOCAL=1` cluster), and the scheduler's address for messages. On a
 /// bad setting, says so as `pslite <command>` and gives the exit code.
-pub fn connect(
-    command: &str,
-    host: Option<&str>,
-    port: Option<u16>,
-    reply_host: Option<&str>,
-) -> Result<(AdminClient, String), ExitCode> {
-    let host = host
-        .map(str::to_string)
+pub fn connect(command: &str, at: &SchedulerAddr) -> Result<(AdminClient, String), ExitCode> {
+    let (port, reply_host) = (at.port, at.reply_host.as_deref());
+    let host = at
+        .host
+        .clone()
         .or_else(|| std::env::var("DMLC_PS_ROOT_URI").ok())
         .unwrap_or_else(|| "127.0.0.1".into());
     let port = match port {
@@ -106,12 +112,7 @@ pub fn connect(
 
 /// Runs `pslite status`.
 pub fn main(args: &StatusArgs) -> ExitCode {
-    let (mut client, scheduler) = match connect(
-        "status",
-        args.host.as_deref(),
-        args.port,
-        args.reply_host.as_deref(),
-    ) {
+    let (mut client, scheduler) = match connect("status", &args.scheduler) {
         Ok(c) => c,
         Err(code) => return code,
     };

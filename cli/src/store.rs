@@ -14,15 +14,9 @@ use pslite::proto::store::{Bytes, StoreMsg, StoreOp, StoreStatus};
 /// Options of `pslite store`.
 #[derive(clap::Args, Debug)]
 pub struct StoreArgs {
-    /// The scheduler's host [default: DMLC_PS_ROOT_URI, else 127.0.0.1].
-    #[arg(long, global = true)]
-    pub host: Option<String>,
-    /// The scheduler's port [default: DMLC_PS_ROOT_PORT].
-    #[arg(long, global = true)]
-    pub port: Option<u16>,
-    /// The address of this machine the scheduler answers to.
-    #[arg(long, global = true)]
-    pub reply_host: Option<String>,
+    /// Where the scheduler is.
+    #[command(flatten)]
+    pub scheduler: crate::status::SchedulerAddr,
     /// Seconds to wait: for keys to be set (get, wait), and for the answer.
     #[arg(long, global = true, default_value_t = 10.0, value_parser = seconds)]
     pub timeout: f64,
@@ -89,12 +83,7 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 /// Runs `pslite store`.
 pub fn main(args: &StoreArgs) -> ExitCode {
-    let (mut client, scheduler) = match crate::status::connect(
-        "store",
-        args.host.as_deref(),
-        args.port,
-        args.reply_host.as_deref(),
-    ) {
+    let (mut client, scheduler) = match crate::status::connect("store", &args.scheduler) {
         Ok(c) => c,
         Err(code) => return code,
     };
