@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
 use bytes::Bytes;
-use log::{debug, info, trace};
+use log::{debug, info, trace, warn};
 use pslite_proto::{lock, Message, Node, NodeId, K_EMPTY};
 
 use crate::config::VanConfig;
@@ -447,12 +447,18 @@ impl Links {
         self.waiting.load(Ordering::Relaxed) < before
     }
 
-    /// Closes every DEALER (what waits is dropped).
+    /// Closes every DEALER (what still waits is dropped, and said).
     pub(crate) fn clear(&self) {
         lock(&self.tags).clear();
-        let links: Vec<Arc<Link>> = lock(&self.links).drain().map(|(_, l)| l).collect();
-        for link in links {
+        let links: Vec<(NodeId, Arc<Link>)> = lock(&self.links).drain().collect();
+        for (id, link) in links {
             let lost = lock(&link.waiting).drain();
+            if !lost.is_empty() {
+                warn!(
+                    "closing the connection to node {id} with {} message(s) it never took",
+                    lost.len()
+                );
+            }
             self.waiting.fetch_sub(lost.len(), Ordering::Relaxed);
             self.discard(lost);
         }

@@ -614,6 +614,19 @@ impl Van {
         if thread.join().is_err() {
             error!("the receive thread panicked");
         }
+        // What waits in a link (written while another thread held its
+        // socket, or to a peer slow to read) goes out before the sockets
+        // close: the last barrier's release to a node, say. The receive
+        // thread, which retried it, is gone.
+        let flush_until = Instant::now() + EXIT_FLUSH;
+        if shared.links.any_waiting() {
+            debug!("stopping: writing the messages that wait for their peers");
+        }
+        while shared.links.any_waiting() && Instant::now() < flush_until {
+            if !shared.links.flush_waiting() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         shared.with_core(Mode::Wait, |core, now| core.stop(now));
         shared.links.clear();
         lock(&shared.replies).clear();
@@ -626,6 +639,9 @@ impl Van {
         }
     }
 }
+
+/// How long [`Van::stop`] keeps writing messages that wait in links.
+const EXIT_FLUSH: Duration = Duration::from_secs(1);
 
 impl Drop for Van {
     fn drop(&mut self) {
