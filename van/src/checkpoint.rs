@@ -8,7 +8,7 @@
 //!   which servers write which ranges, when it is complete, what to delete.
 //! - [`server::CheckpointServer`] (server): copies its ranges from its apps
 //!   into one file; restores the ranges it holds before serving.
-//! - [`format`]: the file format; [`disk`]: the only code that touches
+//! - [`format`](mod@format): the file format; [`disk`]: the only code that touches
 //!   files, carried out by the driver for the [`disk::Io`] the core asks for.
 //!
 //! Rules:

@@ -807,7 +807,7 @@ impl Core {
     /// What happened to this node's connection to `peer` (see
     /// [`LinkEvent`]): a connection that closes and stays closed, with
     /// nothing heard from the peer meanwhile, means its process is gone,
-    /// noticed within [`crate::member::LINK_GRACE`] instead of a heartbeat
+    /// noticed within `LINK_GRACE` (1 s) instead of a heartbeat
     /// timeout (the scheduler declares it dead; a node loses its
     /// scheduler). A refused handshake with the scheduler fails a node
     /// that has `PS_AUTH_TOKEN` at once.
