@@ -552,6 +552,37 @@ proptest! {
     }
 }
 
+/// The keys a property test's steps draw: byte `b` is key `b` of range
+/// `b % n` (keys of every range, a few per range).
+pub(super) struct DrawnKeys {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl DrawnKeys {
+    /// For `n` key ranges.
+    pub(super) fn new(n: usize) -> DrawnKeys {
+        DrawnKeys {
+            ranges: crate::replica::key_ranges(n),
+        }
+    }
+
+    fn key(&self, b: u8) -> u64 {
+        let (begin, _) = self.ranges[b as usize % self.ranges.len()];
+        begin + u64::from(b)
+    }
+
+    /// The keys of drawn bytes, sorted, once each (as a push sends them).
+    pub(super) fn keys(&self, drawn: &[u8]) -> Vec<u64> {
+        let keys: BTreeSet<u64> = drawn.iter().map(|&b| self.key(b)).collect();
+        keys.into_iter().collect()
+    }
+
+    /// Every key a step may draw (bytes 0 to 11), sorted.
+    pub(super) fn all(&self) -> Vec<u64> {
+        self.keys(&(0..12).collect::<Vec<u8>>())
+    }
+}
+
 /// One schedule of the property test (see below).
 fn run_schedule(
     seed: u64,
@@ -573,27 +604,15 @@ fn run_schedule(
     }
     let workers = [net.index_of(9).unwrap(), net.index_of(11).unwrap()];
     let n = servers as usize;
-    let ranges = crate::replica::key_ranges(n);
-    let key = |b: u8| {
-        let (begin, _) = ranges[b as usize % n];
-        begin + u64::from(b)
-    };
+    let drawn = DrawnKeys::new(n);
     let mut job = Job::default();
     for s in steps {
         match s {
             Step::Push { worker, keys } => {
-                let mut keys: Vec<u64> = keys.into_iter().map(key).collect();
-                keys.sort_unstable();
-                keys.dedup();
-                job.push(&mut net, workers[worker], &keys);
+                job.push(&mut net, workers[worker], &drawn.keys(&keys));
             }
             Step::Pull { worker } => {
-                let all: Vec<u64> = (0..12)
-                    .map(key)
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .collect();
-                job.request(&mut net, workers[worker], &all, false);
+                job.request(&mut net, workers[worker], &drawn.all(), false);
             }
             Step::Kill { server } => {
                 let i = 1 + server % n;
@@ -631,12 +650,7 @@ fn run_schedule(
     });
     prop_assert!(settled, "copies never ended: {}", describe(&net));
     check_replicas(&net, &job);
-    let all: Vec<u64> = (0..12)
-        .map(key)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let ts = job.request(&mut net, workers[0], &all, false);
+    let ts = job.request(&mut net, workers[0], &drawn.all(), false);
     settle(&mut net, &mut job, SECOND * 5);
     let pulled: BTreeMap<u64, i64> = job.pulled[&(workers[0], ts)]
         .iter()

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::replica_tests::{
-    cases, check_replicas, config, describe, keys, map, may_kill, serving, settle, Job, MS, SECOND,
+    cases, check_replicas, config, describe, keys, map, may_kill, serving, settle, DrawnKeys, Job,
+    MS, SECOND,
 };
 
 /// Runs `net` for `d`; a server the scheduler let go exits at once.
@@ -383,17 +384,8 @@ fn run_schedule(
         "seed {seed} min {min} max {max} initial {initial} k {k} resend {resend} {steps:?}"
     );
     let (mut net, workers) = job(min, max, initial, k, resend, seed);
-    let n = max as usize;
-    let ranges = crate::replica::key_ranges(n);
-    let key = |b: u8| {
-        let (begin, _) = ranges[b as usize % n];
-        begin + u64::from(b)
-    };
-    let all: Vec<u64> = (0..12)
-        .map(key)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let drawn = DrawnKeys::new(max as usize);
+    let all = drawn.all();
     let mut next_port = 10_100;
     // Servers that asked to leave (and were not refused).
     let mut leaving: BTreeSet<usize> = BTreeSet::new();
@@ -408,10 +400,7 @@ fn run_schedule(
     for s in steps {
         match s {
             Step::Push { worker, keys } => {
-                let mut keys: Vec<u64> = keys.into_iter().map(key).collect();
-                keys.sort_unstable();
-                keys.dedup();
-                job.push(&mut net, workers[worker], &keys);
+                job.push(&mut net, workers[worker], &drawn.keys(&keys));
             }
             Step::Pull { worker } => {
                 job.request(&mut net, workers[worker], &all, false);
