@@ -180,6 +180,9 @@ impl Postoffice {
                 }
             }
         };
+        if self.inner.config.role() == Role::Scheduler {
+            crate::launched::mark_scheduler(van.my_node().port);
+        }
         van.register(customer_id)?;
         self.start_metrics(&van);
         // A recovered node, and an elastic worker admitted after the first
