@@ -3,8 +3,8 @@
 a pslite scheduler, on 127.0.0.1.
 
 Builds dmlc/ps-lite's library and test programs (`tests/test_*.cc`) from a
-checkout (`--ps-lite DIR`, else PSLITE_CXX_SRC, else ../shared/third_party/
-ps-lite beside the clone) into target/ps-lite, as that checkout's README says
+checkout (`--ps-lite DIR`, else PSLITE_CXX_SRC, else shared/third_party/
+ps-lite beside the clone or its parent) into target/ps-lite, as that checkout's README says
 (`make ps test` against the system's libzmq and protobuf; Debian: g++ make
 libzmq3-dev libprotobuf-dev protobuf-compiler), once per checkout. Then:
 
@@ -216,9 +216,10 @@ def server_killed(bins, tests, logs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
+    beside = [up / "shared" / "third_party" / "ps-lite" for up in (ROOT.parent, ROOT.parent.parent)]
     parser.add_argument(
         "--ps-lite",
-        default=os.environ.get("PSLITE_CXX_SRC") or str(ROOT.parent / "shared" / "third_party" / "ps-lite"),
+        default=os.environ.get("PSLITE_CXX_SRC") or str(next((b for b in beside if b.exists()), beside[0])),
     )
     parser.add_argument("--bin-dir", default=str(ROOT / "target" / "release"))
     parser.add_argument("--only", default=None, help="run only the cases whose name contains this")

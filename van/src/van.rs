@@ -614,6 +614,8 @@ impl Van {
         if thread.join().is_err() {
             error!("the receive thread panicked");
         }
+        // The receive thread closed the ROUTER; an ipc socket file stays.
+        crate::bind::remove_ipc_file(shared.config.transport, self.my_node().port);
         // What waits in a link (written while another thread held its
         // socket, or to a peer slow to read) goes out before the sockets
         // close: the last barrier's release to a node, say. The receive
