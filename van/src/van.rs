@@ -49,6 +49,8 @@ mod receive;
 pub struct Van {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A scheduler's hold on its `PS_CHECKPOINT_DIR` (one job per directory).
+    _checkpoint_lock: Option<crate::checkpoint::disk::DirLock>,
 }
 
 /// The core and what the driver knows about the receive thread's sleep.
@@ -162,13 +164,13 @@ impl Van {
         };
         let mut core = Core::new(&config, port, Instant::now(), rand::random())
             .with_counters(Arc::clone(&counters));
+        let mut checkpoint_lock = None;
         if let (Some(ck), true) = (&config.checkpoint, is_scheduler) {
             // What to restore is decided before anyone can register.
-            let found = crate::checkpoint::disk::scan(&ck.dir)
-                .map_err(|detail| VanError::Failed(Failure::Checkpoint { detail }))?;
             let ranges = crate::replica::key_ranges(config.num_servers.max(1) as usize);
-            let catalog = crate::checkpoint::catalog(&found, &ranges)
+            let (catalog, lock) = crate::checkpoint::open_dir(ck, &ranges)
                 .map_err(|detail| VanError::Failed(Failure::Checkpoint { detail }))?;
+            checkpoint_lock = Some(lock);
             core.set_checkpoint_catalog(catalog);
         }
         info!("{} listening on {}", core.me().role, core.me().address());
@@ -234,6 +236,7 @@ impl Van {
         Ok(Van {
             shared,
             thread: Mutex::new(Some(thread)),
+            _checkpoint_lock: checkpoint_lock,
         })
     }
 
