@@ -563,8 +563,8 @@ mod tests {
         // slow to send its request.
         let mut other = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let from = |ip: &str| {
-            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-                .unwrap();
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
             sock.bind(&format!("{ip}:0").parse::<SocketAddr>().unwrap().into())
                 .unwrap();
             sock.connect(&server.addr().into()).unwrap();

@@ -376,7 +376,10 @@ fn a_deleted_newest_manifest_stops_the_next_job() {
     .wait();
     let all = outputs(&runs);
     assert!(runs.iter().all(Run::ok), "{all}");
-    assert!(runs[0].output().contains("starts without a checkpoint"), "{all}");
+    assert!(
+        runs[0].output().contains("starts without a checkpoint"),
+        "{all}"
+    );
 }
 
 #[test]

@@ -342,11 +342,13 @@ fn the_demo_plots_one_point_per_epoch() {
 fn try_scrape(addr: SocketAddr, limit: Duration) -> Result<String, String> {
     let mut s = TcpStream::connect_timeout(&addr, limit).map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(limit)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(limit)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(limit))
+        .map_err(|e| e.to_string())?;
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
         .map_err(|e| format!("write: {e}"))?;
     let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| format!("read: {e}"))?;
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("read: {e}"))?;
     if out.starts_with("HTTP/1.0 200 OK") {
         Ok(out)
     } else {
@@ -415,7 +417,8 @@ fn metrics_are_served_while_hundreds_of_idle_connections_are_held() {
         })
     };
     assert!(
-        pslite_tests::within(Duration::from_secs(20), || open.load(Ordering::SeqCst) >= IDLE),
+        pslite_tests::within(Duration::from_secs(20), || open.load(Ordering::SeqCst)
+            >= IDLE),
         "could not hold {IDLE} connections (held {})",
         open.load(Ordering::SeqCst)
     );

@@ -311,7 +311,14 @@ mod tests {
     fn run(found: &[Found], latest: Option<(&str, u64)>, fresh: bool) -> Result<Catalog, String> {
         let ranges = crate::replica::key_ranges(1);
         let latest = latest.map(|(j, id)| (j.to_string(), id));
-        catalog(Path::new("/ck"), found, latest, &ranges, fresh, "new".into())
+        catalog(
+            Path::new("/ck"),
+            found,
+            latest,
+            &ranges,
+            fresh,
+            "new".into(),
+        )
     }
 
     #[test]
@@ -325,11 +332,18 @@ mod tests {
         let c = run(&three, Some((JOB, 2)), false).unwrap();
         assert_eq!(c.restore.map(|m| m.id), Some(2));
         assert_eq!((c.job.as_str(), c.leftovers, c.next_id), (JOB, vec![3], 4));
-        assert!(c.said.contains("resuming job") && c.said.contains("checkpoint 2"), "{}", c.said);
+        assert!(
+            c.said.contains("resuming job") && c.said.contains("checkpoint 2"),
+            "{}",
+            c.said
+        );
         // The manifest LATEST names was deleted: an error naming it, not
         // checkpoint 1 and not a fresh start.
         let why = run(&three, Some((JOB, 3)), false).unwrap_err();
-        assert!(why.contains("checkpoint-000003/MANIFEST is missing"), "{why}");
+        assert!(
+            why.contains("checkpoint-000003/MANIFEST is missing"),
+            "{why}"
+        );
         assert!(why.contains("PS_CHECKPOINT_FRESH=1"), "{why}");
         // Another job's manifest under that number.
         let other = [found(2, Some(manifest(2, "ffff")))];

@@ -596,8 +596,10 @@ impl Network {
                 text,
             } => {
                 self.disk.insert(manifest.clone(), bytes.clone());
-                self.disk
-                    .insert(latest.clone(), bytes::Bytes::from(text.clone().into_bytes()));
+                self.disk.insert(
+                    latest.clone(),
+                    bytes::Bytes::from(text.clone().into_bytes()),
+                );
                 IoResult::Done
             }
             Io::Remove { dir } => {

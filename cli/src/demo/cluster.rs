@@ -293,7 +293,11 @@ fn resume_epoch(dir: &std::path::Path, resume: bool) -> Result<usize, Error> {
     }
     let path = disk::checkpoint_dir(dir, id).join(disk::MANIFEST);
     let shown = path.display();
-    let manifest = match found.iter().find(|f| f.id == id).and_then(|f| f.manifest.clone()) {
+    let manifest = match found
+        .iter()
+        .find(|f| f.id == id)
+        .and_then(|f| f.manifest.clone())
+    {
         Some(Ok(bytes)) => format::decode_manifest(&bytes)
             .map_err(|e| Error::App(format!("--resume: {shown}: {e}")))?,
         Some(Err(e)) => return Err(Error::App(format!("--resume: {shown}: {e}"))),

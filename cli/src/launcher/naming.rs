@@ -72,8 +72,7 @@ impl Drop for SchedulerMark {
 /// written by a pslite scheduler.
 pub fn scheduler_is_pslite(mark: Option<&Path>) -> bool {
     mark.is_none_or(|path| {
-        std::fs::read_to_string(path)
-            .is_ok_and(|text| text.starts_with("pslite scheduler "))
+        std::fs::read_to_string(path).is_ok_and(|text| text.starts_with("pslite scheduler "))
     })
 }
 

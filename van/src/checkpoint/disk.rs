@@ -410,7 +410,11 @@ mod tests {
         prune(&dir, 5, "0123456789");
         assert_eq!(scan(&dir).unwrap().len(), 2);
         prune(&dir, 4, "feedbeef00");
-        assert_eq!(scan(&dir).unwrap().len(), 2, "checkpoint 3's manifest is no manifest");
+        assert_eq!(
+            scan(&dir).unwrap().len(),
+            2,
+            "checkpoint 3's manifest is no manifest"
+        );
         fs::remove_file(checkpoint_dir(&dir, 3).join(MANIFEST)).unwrap();
         prune(&dir, 4, "feedbeef00");
         assert_eq!(

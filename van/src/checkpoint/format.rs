@@ -385,7 +385,15 @@ fn decode(data: &[u8], expected: Kind) -> Result<(PbCheckpointHeader, usize), Fo
 }
 
 /// The header's fields both kinds share.
-fn common(kind: Kind, job: &str, id: u64, created_ms: u64, writer: NodeId, label: &str, shape: &Shape) -> PbCheckpointHeader {
+fn common(
+    kind: Kind,
+    job: &str,
+    id: u64,
+    created_ms: u64,
+    writer: NodeId,
+    label: &str,
+    shape: &Shape,
+) -> PbCheckpointHeader {
     PbCheckpointHeader {
         kind: Some(kind as u32),
         job: Some(job.to_string()),
@@ -702,7 +710,10 @@ mod tests {
         assert_eq!(content_crc(&a), Some(le_u32(&a[a.len() - 4..])));
         assert_eq!(content_crc(b"abc"), None);
         let read = decode_server(&Bytes::from(b)).unwrap();
-        assert_eq!((read.job.as_str(), read.ranges.as_slice()), (other.job.as_str(), &[0, 1][..]));
+        assert_eq!(
+            (read.job.as_str(), read.ranges.as_slice()),
+            (other.job.as_str(), &[0, 1][..])
+        );
     }
 
     #[test]

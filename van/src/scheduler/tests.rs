@@ -405,7 +405,9 @@ fn a_node_without_heartbeats_whose_connection_stays_closed_is_dead() {
     assert!(s.dead_nodes(t0 + Duration::from_secs(2)).is_empty());
     let later = t0 + Duration::from_secs(2) + LINK_GRACE;
     assert_eq!(s.dead_nodes(later), vec![8]);
-    assert!(s.poll_timeout().is_some_and(|at| at <= later + Duration::from_millis(1)));
+    assert!(s
+        .poll_timeout()
+        .is_some_and(|at| at <= later + Duration::from_millis(1)));
     // Silence alone does not kill a node that never sent a heartbeat.
     assert_eq!(s.dead_nodes(t0 + Duration::from_secs(1000)), vec![8]);
     // PS_HEARTBEAT_TIMEOUT=0 turns both off.
