@@ -344,6 +344,9 @@ pub struct Core {
     /// Leaving (the last barrier was released): closed connections are no
     /// deaths.
     finalizing: bool,
+    /// On a leaving scheduler: the processes whose connection closed since
+    /// (they left). Its exit drain waits for them (see [`LEAVE_LAST`]).
+    left_at_exit: HashSet<NodeId>,
     changed: bool,
     out: Vec<Output>,
     /// On the scheduler: the key-value store it hosts.
@@ -382,6 +385,12 @@ struct Drain {
 
 /// The longest exit drain.
 pub const MAX_DRAIN: Duration = Duration::from_secs(30);
+/// How long a scheduler that released the last barrier waits, before it
+/// closes its sockets, for the nodes to leave (their connections to close):
+/// a node that has not read the release yet when the scheduler's
+/// connection closes would take that for a lost scheduler (a hundred nodes
+/// on a loaded machine: a node can wait a second for the CPU).
+pub const LEAVE_LAST: Duration = Duration::from_secs(5);
 /// Resend timeouts an exit drain lasts at most.
 pub const DRAIN_RESEND_TIMEOUTS: u32 = 15;
 
@@ -513,6 +522,7 @@ impl Core {
             stopped: false,
             drain: None,
             finalize_pending: false,
+            left_at_exit: HashSet::new(),
             finalizing: false,
             changed: false,
             out: Vec::new(),
@@ -847,6 +857,10 @@ impl Core {
             // scheduler before the scheduler listens.
             LinkEvent::Unreachable | LinkEvent::Down if self.finalizing => {
                 debug!("connection to node {peer} closed while finalizing");
+                if self.scheduler.is_some() {
+                    self.left_at_exit.insert(peer);
+                    self.check_drain(now);
+                }
             }
             LinkEvent::Unreachable => {
                 if let Some(s) = &mut self.scheduler {
@@ -1000,9 +1014,12 @@ impl Core {
         if self.drain.is_some() {
             return;
         }
-        let limit = self.cfg.resend_timeout.map_or(Duration::ZERO, |t| {
+        let mut limit = self.cfg.resend_timeout.map_or(Duration::ZERO, |t| {
             t.saturating_mul(DRAIN_RESEND_TIMEOUTS).min(MAX_DRAIN)
         });
+        if self.scheduler.is_some() && self.finalizing {
+            limit = limit.max(LEAVE_LAST);
+        }
         self.drain = Some(Drain {
             started: now,
             deadline: now + limit,
@@ -1029,7 +1046,8 @@ impl Core {
     /// deadline (saying what it waited for).
     fn check_drain(&mut self, now: Instant) {
         let failed = self.member.failure().is_some();
-        let flushed = !failed && !self.has_unacknowledged_at_exit();
+        let flushed =
+            !failed && !self.has_unacknowledged_at_exit() && self.nodes_still_here(now).is_empty();
         let left = if !failed && !flushed && self.drain.as_ref().is_some_and(|d| now >= d.deadline)
         {
             self.unacknowledged_at_exit()
@@ -1045,6 +1063,10 @@ impl Core {
         let outcome = if failed {
             DrainOutcome::Failed
         } else if flushed {
+            DrainOutcome::Flushed
+        } else if now >= drain.deadline && left.is_empty() {
+            // Only nodes that have not left yet: they had their release.
+            debug!("stopping while some nodes have not closed their connections yet");
             DrainOutcome::Flushed
         } else if now >= drain.deadline {
             let waited = now.saturating_duration_since(drain.started);
@@ -1163,6 +1185,22 @@ impl Core {
     }
 
     /// Whether [`Core::unacknowledged_at_exit`] is not empty.
+    /// On a scheduler that released the last barrier: the live processes
+    /// whose connection has not closed yet (they have not left).
+    fn nodes_still_here(&self, now: Instant) -> Vec<NodeId> {
+        let Some(s) = self.scheduler.as_ref().filter(|_| self.finalizing) else {
+            return Vec::new();
+        };
+        let dead = s.dead_nodes(now);
+        s.nodes()
+            .iter()
+            .map(|n| n.id)
+            .filter(|id| !dead.contains(id) && !self.left_at_exit.contains(id))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
     fn has_unacknowledged_at_exit(&self) -> bool {
         self.waited_for_at_exit().next().is_some()
     }
