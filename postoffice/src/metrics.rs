@@ -108,6 +108,10 @@ const MAX_CONNECTIONS: usize = 512;
 /// idle connections crowds out only itself.
 const MAX_PER_CLIENT: usize = 64;
 
+/// A connection younger than this that has sent nothing yet is no idle
+/// client: its request may be on the way (a scrape connects, then writes).
+const IDLE_GRACE: Duration = Duration::from_millis(500);
+
 /// The listen backlog: a client that opens hundreds of connections at once
 /// must not fill the kernel's queue of unaccepted ones, where a scrape's
 /// SYN would be dropped (and retried only a second later).
@@ -188,13 +192,13 @@ fn serve(listener: TcpListener, stopping: &AtomicBool, render: &Render) {
             !done[i - 1]
         });
         if fds[0].revents != 0 {
-            accept(&listener, &mut clients);
+            accept(&listener, &mut clients, render);
         }
     }
 }
 
 /// Takes every pending connection.
-fn accept(listener: &TcpListener, clients: &mut Vec<Client>) {
+fn accept(listener: &TcpListener, clients: &mut Vec<Client>, render: &Render) {
     loop {
         match listener.accept() {
             Ok((stream, from)) => {
@@ -204,9 +208,10 @@ fn accept(listener: &TcpListener, clients: &mut Vec<Client>) {
                 let peer = Some(from.ip());
                 let mine = clients.iter().filter(|c| c.peer == peer).count();
                 if mine >= MAX_PER_CLIENT {
-                    drop_oldest(clients, |c| c.peer == peer);
-                } else if clients.len() >= MAX_CONNECTIONS {
-                    drop_oldest(clients, |_| true);
+                    drop_idle(clients, |c| c.peer == peer, render);
+                }
+                if clients.len() >= MAX_CONNECTIONS && !drop_idle(clients, |_| true, render) {
+                    clients.remove(0);
                 }
                 clients.push(Client {
                     stream,
@@ -227,15 +232,30 @@ fn accept(listener: &TcpListener, clients: &mut Vec<Client>) {
     }
 }
 
-/// Drops the oldest of `clients` that `pick` picks, preferring one that has
-/// sent nothing yet (idle) over one being answered.
-fn drop_oldest(clients: &mut Vec<Client>, pick: impl Fn(&Client) -> bool) {
-    let idle = clients
-        .iter()
-        .position(|c| pick(c) && c.head.is_empty() && c.out.is_empty());
-    if let Some(i) = idle.or_else(|| clients.iter().position(&pick)) {
-        clients.remove(i);
+/// Frees a slot among the `clients` that `pick` picks: the oldest one that
+/// has sent nothing for [`IDLE_GRACE`] (what it sent meanwhile is read
+/// first: a scrape whose request arrived is served, not dropped). Returns
+/// whether one went.
+fn drop_idle(clients: &mut Vec<Client>, pick: impl Fn(&Client) -> bool, render: &Render) -> bool {
+    let now = Instant::now();
+    let mut i = 0;
+    while i < clients.len() {
+        let c = &clients[i];
+        let accepted = c.deadline.checked_sub(READ_TIMEOUT).unwrap_or(now);
+        let candidate = pick(c)
+            && c.head.is_empty()
+            && c.out.is_empty()
+            && now.saturating_duration_since(accepted) >= IDLE_GRACE;
+        if candidate {
+            let done = step(&mut clients[i], render);
+            if done || clients[i].head.is_empty() {
+                clients.remove(i);
+                return true;
+            }
+        }
+        i += 1;
     }
+    false
 }
 
 /// Reads what a client sent or writes what is left of its answer; true
@@ -570,9 +590,11 @@ mod tests {
             sock.connect(&server.addr().into()).unwrap();
             TcpStream::from(sock)
         };
-        let held: Vec<TcpStream> = (0..MAX_PER_CLIENT + 10)
-            .map(|_| from("127.0.0.2"))
-            .collect();
+        let mut held: Vec<TcpStream> = (0..MAX_PER_CLIENT).map(|_| from("127.0.0.2")).collect();
+        // Idle for longer than the grace (a connection's age is what is
+        // tested here, so this sleep is the subject, not synchronisation).
+        std::thread::sleep(IDLE_GRACE + Duration::from_millis(100));
+        held.extend((0..10).map(|_| from("127.0.0.2")));
         // The holder's 10 oldest were dropped, well before their deadline.
         let started = Instant::now();
         for mut s in held.iter().take(10) {
