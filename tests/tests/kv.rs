@@ -147,7 +147,7 @@ fn counting_servers(c: &LocalCluster) -> (Vec<KVServer<f32>>, Counters, Counters
             s.set_request_handle(move |meta, req, server| {
                 r.fetch_add(1, Ordering::SeqCst);
                 k.fetch_add(req.keys.len(), Ordering::SeqCst);
-                server.response(meta, store.apply(meta, &req)).unwrap();
+                server.answer(meta, store.apply(meta, &req)).unwrap();
             });
             s
         })
@@ -459,7 +459,7 @@ fn an_inline_handle_runs_on_the_receive_thread() {
             .unwrap_or_default()
             .to_string();
         seen.lock().unwrap().push(name);
-        server.response(meta, store.apply(meta, &req)).unwrap();
+        server.answer(meta, store.apply(meta, &req)).unwrap();
     });
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     w.push(&[4, 5], &[1.0, 2.0], KVOptions::new())
