@@ -195,6 +195,20 @@ impl PyKVServer {
         dispatch!(Server, self.server.get()?, s => respond(py, s, meta, pairs))
     }
 
+    /// Refuses request `meta` with `reason` (a request the handle cannot
+    /// take: an unknown command, values it cannot use): the worker's wait
+    /// raises `pslite.RequestRefused` with "app N: reason" at once. Apply
+    /// nothing of a request you refuse.
+    fn refuse(&self, py: Python<'_>, meta: &PyKVMeta, reason: String) -> PyResult<()> {
+        let refusal = pslite::Refusal::Other {
+            app: meta.meta.app_id,
+            reason,
+        };
+        let server = self.server.get()?;
+        py.detach(|| dispatch!(Server, server, s => s.refuse(&meta.meta, refusal)));
+        Ok(())
+    }
+
     /// Answers SimpleApp command `req` with `body`.
     #[pyo3(signature = (req, body = b"".as_slice()))]
     fn simple_response(&self, py: Python<'_>, req: &PySimpleData, body: &[u8]) -> PyResult<()> {

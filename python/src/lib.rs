@@ -19,6 +19,7 @@
 
 mod arrays;
 mod calls;
+mod cli;
 mod dtype;
 mod errors;
 mod kv_server;
@@ -100,6 +101,7 @@ fn _pslite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::ArrayView>()?;
     m.add_function(wrap_pyfunction!(frozen, m)?)?;
     m.add_function(wrap_pyfunction!(misaligned_copies, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::_cli, m)?)?;
     m.add("SCHEDULER_GROUP", pslite::SCHEDULER_GROUP)?;
     m.add("SERVER_GROUP", pslite::SERVER_GROUP)?;
     m.add("WORKER_GROUP", pslite::WORKER_GROUP)?;

@@ -82,6 +82,15 @@ impl PyKVPairs {
         }
     }
 
+    /// Pulled pairs whose values were copied into `vals` (an `out=`).
+    pub fn from_rust_into<V: Val + Elem>(pairs: KVPairs<V>, vals: Py<PyAny>) -> PyKVPairs {
+        PyKVPairs {
+            keys: Field::rust(u64::wrap(pairs.keys)),
+            vals: Field::py(vals),
+            lens: Field::rust(i32::wrap(pairs.lens)),
+        }
+    }
+
     /// The pairs as Rust arrays of value type `V` (no copies for arrays of
     /// the right dtypes).
     pub fn to_rust<V: Val + Elem>(&self, py: Python<'_>) -> PyResult<KVPairs<V>> {

@@ -14,13 +14,14 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use pslite::{Error, KVRequest, Val};
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
 
-use crate::arrays::Elem;
+use crate::arrays::{Elem, OutArray};
 use crate::calls::drop_detached;
 use crate::dtype::{dispatch, per_dtype};
 use crate::errors::invalid;
@@ -71,14 +72,22 @@ impl Handle {
     }
 }
 
-/// Waits for pull `r` in slices and hands over its pairs.
+/// Waits for pull `r` in slices and hands over its pairs; with `out`, its
+/// values are copied there (GIL released) and the pairs' values are `out`.
 fn take<V: Val + Elem>(
     py: Python<'_>,
     r: &KVRequest<V>,
     timeout: Option<f64>,
+    out: Option<&OutArray>,
 ) -> PyResult<PyKVPairs> {
     let pairs = wait_request(py, r.ts(), timeout, |slice| r.take_timeout(slice))?;
-    Ok(PyKVPairs::from_rust(pairs))
+    match out {
+        None => Ok(PyKVPairs::from_rust(pairs)),
+        Some(out) => {
+            py.detach(|| out.fill(&pairs.vals[..])).map_err(invalid)?;
+            Ok(PyKVPairs::from_rust_into(pairs, out.obj.clone_ref(py)))
+        }
+    }
 }
 
 /// A request sent by `KVWorker.push`, `pull`, `push_pull` or `request`, or
@@ -106,6 +115,10 @@ pub struct PyRequest {
     kind: &'static str,
     /// The timestamp has left the object: keep the request when it goes.
     escaped: AtomicBool,
+    /// `out=`: the caller's array the pulled values are copied into.
+    out: Option<OutArray>,
+    /// With `out=`: the pairs once the values are in `out`.
+    filled: OnceLock<Py<PyKVPairs>>,
 }
 
 impl PyRequest {
@@ -116,7 +129,15 @@ impl PyRequest {
             handle: ManuallyDrop::new(handle),
             kind,
             escaped: AtomicBool::new(false),
+            out: None,
+            filled: OnceLock::new(),
         }
+    }
+
+    /// The request fills `out` with its pulled values when waited on.
+    pub fn with_out(mut self, out: Option<OutArray>) -> PyRequest {
+        self.out = out;
+        self
     }
 
     /// The timestamp, which leaves the object (see the class docs).
@@ -125,16 +146,38 @@ impl PyRequest {
         self.ts
     }
 
-    /// Waits (GIL released, in slices) until the request has completed.
+    /// Waits (GIL released, in slices) until the request has completed
+    /// (and, with `out=`, its values are there).
     pub fn wait_for(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        if self.out.is_some() {
+            return self.fill(py, timeout).map(drop);
+        }
         let handle = &*self.handle;
         wait_request(py, self.ts, timeout, |slice| handle.wait_timeout(slice))
     }
 
+    /// With `out=`: waits for the values and copies them there, once; the
+    /// pairs (whose values are `out`).
+    fn fill(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyKVPairs>> {
+        if let Some(pairs) = self.filled.get() {
+            return Ok(pairs.clone_ref(py));
+        }
+        let Handle::Kv(h) = &*self.handle else {
+            return Err(invalid("a SimpleApp request has no values to pull"));
+        };
+        let out = self.out.as_ref();
+        let pairs = dispatch!(KvHandle, h, r => take(py, r, timeout, out))?;
+        let pairs = Py::new(py, pairs)?;
+        Ok(self.filled.get_or_init(|| pairs).clone_ref(py))
+    }
+
     /// Waits for a pull and hands over its pairs.
-    pub fn take_pairs(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyKVPairs> {
+    pub fn take_pairs(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyKVPairs>> {
+        if self.out.is_some() {
+            return self.fill(py, timeout);
+        }
         match &*self.handle {
-            Handle::Kv(h) => dispatch!(KvHandle, h, r => take(py, r, timeout)),
+            Handle::Kv(h) => Py::new(py, dispatch!(KvHandle, h, r => take(py, r, timeout, None))?),
             Handle::Simple(_) => Err(invalid(format!(
                 "request {} is a SimpleApp request: it has no pulled values to take",
                 self.ts
@@ -155,10 +198,12 @@ impl PyRequest {
     }
 
     /// Waits for a pull (or push-pull) and returns its `KVPairs`, in key
-    /// order: `vals` is a read-only NumPy array over the received buffer.
-    /// The values can be taken once (not if the request had a callback).
+    /// order: `vals` is a read-only NumPy array over the received buffer
+    /// (with `out=`, the `out` array or tensor, filled). The values can be
+    /// taken once (not if the request had a callback; with `out=`, again
+    /// and again).
     #[pyo3(signature = (timeout = None))]
-    fn take(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyKVPairs> {
+    fn take(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyKVPairs>> {
         self.take_pairs(py, timeout)
     }
 
