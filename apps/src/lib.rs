@@ -60,6 +60,7 @@
 //! (ZeroMQ transport, scheduler state machine), `pslite-postoffice`
 //! (configuration, node life cycle, barriers, routing to customers).
 
+mod all_reduce;
 mod customer;
 mod error;
 mod kv_pairs;
@@ -73,6 +74,7 @@ mod simple_app;
 
 use std::process::ExitCode;
 
+pub use all_reduce::AllReduceHandle;
 pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};

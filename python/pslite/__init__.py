@@ -36,6 +36,7 @@ from ._pslite import (
     SCHEDULER_GROUP,
     SERVER_GROUP,
     WORKER_GROUP,
+    AllReduceHandle,
     ArrayView,
     DefaultHandle,
     KVMeta,
@@ -57,7 +58,7 @@ from .errors import *  # noqa: F401,F403  (Error, Timeout, PeerDead, ...)
 
 __all__ = [
     "ALL_GROUP", "DTYPES", "SCHEDULER_GROUP", "SERVER_GROUP", "WORKER_GROUP",
-    "ArrayView", "DefaultHandle", "KVMeta", "KVPairs", "KVServer", "KVWorker",
+    "AllReduceHandle", "ArrayView", "DefaultHandle", "KVMeta", "KVPairs", "KVServer", "KVWorker",
     "Membership", "Postoffice", "Request", "SimpleApp", "SimpleData", "Store", "StoreEvent",
     "Watch", "errors", "frozen", "misaligned_copies",
 ] + errors.__all__

@@ -455,8 +455,8 @@ impl OutArray {
 }
 
 /// A read-only copy of `array` that pslite owns (see `pslite.frozen`).
-pub fn frozen<T: Elem>(obj: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-    let source = from_numpy::<T>(obj, "array")?;
+pub fn frozen<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Py<PyAny>> {
+    let source = from_numpy::<T>(obj, what)?;
     let copy = SArray::from_vec(source.to_vec());
     to_numpy(obj.py(), copy)
 }

@@ -1,6 +1,6 @@
 //! `KVServer`: answers the workers' pushes and pulls (see `pslite::KVServer`).
 
-use pslite::{DefaultHandle, KVMeta, KVPairs, KVServer, SimpleData, Val};
+use pslite::{AllReduceHandle, DefaultHandle, KVMeta, KVPairs, KVServer, SimpleData, Val};
 use pyo3::prelude::*;
 
 use crate::arrays::Elem;
@@ -32,6 +32,40 @@ impl PyDefaultHandle {
 
     fn __repr__(&self) -> &'static str {
         "DefaultHandle()"
+    }
+}
+
+/// Sums each key's pushes over a round of every worker, then answers them
+/// all with the sum (an all-reduce through the servers; the servers of
+/// `pslite.torch` run it). Runs in Rust without the GIL:
+/// `server.set_request_handle(AllReduceHandle(po.num_workers))`. Every
+/// worker pushes (or push-pulls) the same keys once per round; a pull
+/// alone, or other keys or lengths under a round's first key, are refused.
+#[pyclass(module = "pslite", frozen, name = "AllReduceHandle")]
+pub struct PyAllReduceHandle {
+    workers: usize,
+}
+
+#[pymethods]
+impl PyAllReduceHandle {
+    #[new]
+    fn new(num_workers: usize) -> PyResult<Self> {
+        if num_workers == 0 {
+            return Err(invalid("num_workers must be at least 1"));
+        }
+        Ok(PyAllReduceHandle {
+            workers: num_workers,
+        })
+    }
+
+    /// Workers per round.
+    #[getter]
+    fn num_workers(&self) -> usize {
+        self.workers
+    }
+
+    fn __repr__(&self) -> String {
+        format!("AllReduceHandle({})", self.workers)
     }
 }
 
@@ -84,6 +118,17 @@ fn set_handle<V: Val + Elem>(
 where
     Server: From<KVServer<V>>,
 {
+    if let Ok(all) = handle.cast::<PyAllReduceHandle>() {
+        let rust = AllReduceHandle::<V>::new(all.get().workers).into_handle();
+        py.detach(|| {
+            if inline {
+                server.set_request_handle_inline(rust)
+            } else {
+                server.set_request_handle(rust)
+            }
+        });
+        return Ok(());
+    }
     if handle.cast::<PyDefaultHandle>().is_ok() {
         let rust = DefaultHandle::<V>::new().into_handle();
         py.detach(|| {
@@ -102,7 +147,8 @@ where
     }
     if inline {
         return Err(invalid(
-            "inline=True is for DefaultHandle() only: a Python handle needs the GIL, which the \
+            "inline=True is for DefaultHandle() and AllReduceHandle() only: a Python handle needs \
+             the GIL, which the \
              node's receive thread must never wait for",
         ));
     }
