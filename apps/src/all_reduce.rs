@@ -12,12 +12,64 @@ use crate::kv_server::KVServer;
 use crate::sarray::SArray;
 use crate::Refusal;
 
-/// One key set's round: the sum so far and the requests waiting for it.
+/// One key set's round: the values pushed so far (summed once all are
+/// in: one pass over memory) and the requests waiting for the sum.
 struct Round<V: Val> {
     keys: SArray<Key>,
     lens: SArray<i32>,
-    sum: Vec<V>,
+    parts: Vec<SArray<V>>,
     waiting: Vec<KVMeta>,
+}
+
+/// The command (`cmd`) of a request whose round's sum is divided by the
+/// number of workers (the mean), for value types that can be divided
+/// ([`AllReduceHandle::averaging`]).
+pub const AVERAGE: i32 = 1;
+
+/// Value types whose sums [`AllReduceHandle`] can turn into means.
+pub trait Mean: Val {
+    /// Multiplies every value by `by`.
+    fn scale(values: &mut [Self], by: f64);
+}
+
+impl Mean for f32 {
+    fn scale(values: &mut [f32], by: f64) {
+        let by = by as f32;
+        values.iter_mut().for_each(|v| *v *= by);
+    }
+}
+
+impl Mean for f64 {
+    fn scale(values: &mut [f64], by: f64) {
+        values.iter_mut().for_each(|v| *v *= by);
+    }
+}
+
+/// Elements summed per block: the block of the sum stays in cache while
+/// every part is added and it is scaled.
+const BLOCK: usize = 16 * 1024;
+
+/// The sum of `parts` (all of one length), times `scale` if given.
+fn sum<V: Val>(parts: &[SArray<V>], scale: Option<(fn(&mut [V], f64), f64)>) -> Vec<V> {
+    let n = parts.first().map_or(0, |p| p.len());
+    let mut out = Vec::with_capacity(n);
+    let mut at = 0;
+    while at < n {
+        let end = (at + BLOCK).min(n);
+        let start = out.len();
+        out.extend_from_slice(&parts[0][at..end]);
+        let block = &mut out[start..];
+        for part in &parts[1..] {
+            for (s, v) in block.iter_mut().zip(&part[at..end]) {
+                *s += *v;
+            }
+        }
+        if let Some((f, by)) = scale {
+            f(block, by);
+        }
+        at = end;
+    }
+    out
 }
 
 /// Sums a round of pushes per key set: each of `workers` workers pushes (or
@@ -38,6 +90,8 @@ struct Round<V: Val> {
 pub struct AllReduceHandle<V: Val> {
     workers: usize,
     rounds: HashMap<Key, Round<V>>,
+    /// Set by [`AllReduceHandle::averaging`].
+    mean: Option<fn(&mut [V], f64)>,
 }
 
 impl<V: Val> AllReduceHandle<V> {
@@ -46,7 +100,18 @@ impl<V: Val> AllReduceHandle<V> {
         AllReduceHandle {
             workers: workers.max(1),
             rounds: HashMap::new(),
+            mean: None,
         }
+    }
+
+    /// Also answers rounds whose requests carry `cmd` [`AVERAGE`] with the
+    /// mean instead of the sum (summed and divided in one pass).
+    pub fn averaging(mut self) -> Self
+    where
+        V: Mean,
+    {
+        self.mean = Some(V::scale);
+        self
     }
 
     /// Adds request `req` to its round; when the round is complete, the
@@ -68,10 +133,15 @@ impl<V: Val> AllReduceHandle<V> {
         let Some(&first) = req.keys.first() else {
             return Ok(vec![(meta.clone(), KVPairs::default())]);
         };
+        if meta.cmd == AVERAGE && self.mean.is_none() {
+            return Err(refuse(
+                "this all-reduce server sums only: it cannot average values of this type".into(),
+            ));
+        }
         let round = self.rounds.entry(first).or_insert_with(|| Round {
             keys: req.keys.clone(),
             lens: req.lens.clone(),
-            sum: Vec::new(),
+            parts: Vec::new(),
             waiting: Vec::new(),
         });
         if round.keys[..] != req.keys[..] {
@@ -82,21 +152,19 @@ impl<V: Val> AllReduceHandle<V> {
                 req.keys.len()
             )));
         }
-        if round.waiting.is_empty() {
-            round.sum = req.vals.to_vec();
-            round.lens = req.lens.clone();
-        } else if round.sum.len() != req.vals.len() {
-            return Err(Refusal::Lengths {
-                app: meta.app_id,
-                key: first,
-                held: round.sum.len() as u64,
-                sent: req.vals.len() as u64,
-            });
-        } else {
-            for (s, v) in round.sum.iter_mut().zip(req.vals.iter()) {
-                *s += *v;
+        if let Some(held) = round.parts.first().map(|p| p.len()) {
+            if held != req.vals.len() {
+                return Err(Refusal::Lengths {
+                    app: meta.app_id,
+                    key: first,
+                    held: held as u64,
+                    sent: req.vals.len() as u64,
+                });
             }
+        } else {
+            round.lens = req.lens.clone();
         }
+        round.parts.push(req.vals);
         round.waiting.push(meta.clone());
         if round.waiting.len() < self.workers {
             return Ok(Vec::new());
@@ -104,9 +172,13 @@ impl<V: Val> AllReduceHandle<V> {
         let Some(round) = self.rounds.remove(&first) else {
             return Ok(Vec::new());
         };
+        let mean = match (self.mean, round.waiting.iter().any(|m| m.cmd == AVERAGE)) {
+            (Some(f), true) => Some((f, 1.0 / round.parts.len() as f64)),
+            _ => None,
+        };
         let sum = KVPairs {
             keys: round.keys,
-            vals: SArray::from_vec(round.sum),
+            vals: SArray::from_vec(sum(&round.parts, mean)),
             lens: round.lens,
         };
         Ok(round
@@ -167,6 +239,30 @@ mod tests {
         assert_eq!(&done[0].1.vals[..], &[11.0, 22.0]);
         assert!(done[1].1.vals.is_empty()); // a push alone gets no values
                                             // The next round starts from zero.
+        assert!(h
+            .apply(&meta(9, true), KVPairs::new(vec![5, 6], vec![1.0, 1.0]))
+            .unwrap()
+            .is_empty());
+        // The mean, summed and scaled in one pass.
+        let mut h = AllReduceHandle::<f64>::new(2).averaging();
+        let mut m = meta(9, true);
+        m.cmd = AVERAGE;
+        let big: Vec<f64> = (0..40_000).map(f64::from).collect();
+        assert!(h
+            .apply(&m, KVPairs::new(vec![1], big.clone()))
+            .unwrap()
+            .is_empty());
+        let done = h
+            .apply(&m, KVPairs::new(vec![1], vec![1.0; 40_000]))
+            .unwrap();
+        assert_eq!(done[0].1.vals[39_999], (39_999.0 + 1.0) / 2.0);
+        assert_eq!(
+            done[0].1.vals[..],
+            big.iter().map(|v| (v + 1.0) * 0.5).collect::<Vec<_>>()[..]
+        );
+        let mut h = AllReduceHandle::<f32>::new(2);
+        assert!(h.apply(&m, KVPairs::new(vec![1], vec![1.0])).is_err());
+        let mut h = AllReduceHandle::<f32>::new(2);
         assert!(h
             .apply(&meta(9, true), KVPairs::new(vec![5, 6], vec![1.0, 1.0]))
             .unwrap()

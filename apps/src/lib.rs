@@ -74,7 +74,7 @@ mod simple_app;
 
 use std::process::ExitCode;
 
-pub use all_reduce::AllReduceHandle;
+pub use all_reduce::{AllReduceHandle, Mean, AVERAGE};
 pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};

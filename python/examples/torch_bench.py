@@ -14,7 +14,9 @@ between the processes of this host), and pslite with PS_SHM=0 (ZeroMQ over
 TCP loopback only). Every process runs torch with one thread. A step is
 zero_grad, forward, backward (DDP and pslite both overlap the gradient
 exchange with it) and the optimizer step; the first --warmup steps are not
-timed, and each run reports rank 0's median step time:
+timed, and each run reports rank 0's median step time. The three run in
+turn --repeat times (so that a busy moment of a shared machine falls on
+all of them alike) and each figure is the median of its runs:
 
     RESULT torch <model> W=<n> ddp_ms=<..> pslite_ms=<..> pslite_shm0_ms=<..>
 
@@ -151,6 +153,7 @@ def main():
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--node", choices=["ddp", "pslite"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -162,9 +165,15 @@ def main():
     for model in args.models.split(","):
         args.model_one = model
         for workers in [int(w) for w in args.workers.split(",")]:
-            ddp = run_ddp(args, workers)
-            ps = run_pslite(args, workers, shm=True)
-            ps0 = run_pslite(args, workers, shm=False)
+            runs = {"ddp": [], "ps": [], "ps0": []}
+            for _ in range(args.repeat):
+                runs["ddp"].append(run_ddp(args, workers))
+                runs["ps"].append(run_pslite(args, workers, shm=True))
+                runs["ps0"].append(run_pslite(args, workers, shm=False))
+            print(f"# {model} W={workers} runs (ms): "
+                  + "  ".join(f"{k} {' '.join(f'{v:.0f}' for v in vs)}" for k, vs in runs.items()),
+                  flush=True)
+            ddp, ps, ps0 = (statistics.median(runs[k]) for k in ("ddp", "ps", "ps0"))
             print(f"RESULT torch {model} W={workers} ddp_ms={ddp:.1f} pslite_ms={ps:.1f} "
                   f"pslite_shm0_ms={ps0:.1f}  (pslite/DDP {ps / ddp:.2f}, "
                   f"PS_SHM=0 {ps0 / ddp:.2f})", flush=True)

@@ -25,9 +25,10 @@ bytes, `PSLITE_PARTITION_BYTES`) is cut into parts spread over every
 server; each request carries its layer's priority (earlier layers higher:
 the next forward pass needs them first) and `step()` collects them in that
 order. The servers sum each part over a round of every worker
-(`pslite.AllReduceHandle`, in Rust) and answer every worker with the sum,
-which lands in the gradient's own memory (CPU tensors go without a copy on
-the sending side; the sum is copied once into the gradient). CUDA tensors
+(`pslite.AllReduceHandle`, in Rust; divided by the number of workers in
+the same pass) and answer every worker, and the answer is copied into the
+gradient's own memory as it arrives, on pslite's thread, while the
+backward pass goes on (CPU tensors go without a copy on the sending side). CUDA tensors
 go through pinned host buffers (not tested here: this machine has no GPU).
 
 `broadcast_parameters` and `broadcast_optimizer_state` copy a root rank's
@@ -51,6 +52,8 @@ import pslite
 #: Apps on every server: float32 and float64 gradients, raw bytes (broadcasts).
 _APPS = {torch.float32: (0, "float32"), torch.float64: (2, "float64")}
 _RAW_APP = 1
+#: The command that asks the servers for the mean instead of the sum.
+_AVERAGE = 1
 #: BytePS's default partition size.
 DEFAULT_PARTITION_BYTES = 4_096_000
 
@@ -343,30 +346,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             flat = grad.detach().reshape(-1).numpy()
         priority = -entry.index
+        # cmd 1: the servers answer with the mean (summed and divided in one pass).
+        cmd = _AVERAGE if self._average else 0
         entry.requests = [
             entry.kv.push_pull(part.keys, flat[part.begin:part.end],
-                               out=flat[part.begin:part.end], priority=priority)
+                               out=flat[part.begin:part.end], cmd=cmd, priority=priority)
             for part in entry.parts]
 
     def synchronize(self):
         """Waits for every gradient's sum (pushing the gradients whose hook
         has not run: parameters without a gradient send zeros, so that every
         worker's round completes), earlier layers first."""
-        s = _st()
         for entry in self._plan:
             if entry.requests is None:
                 self._push(entry)
-        scale = 1.0 / s.size if self._average else None
         for entry in self._plan:
+            for req in entry.requests:
+                req.wait()  # its values are in the gradient already
             grad = entry.param.grad
-            host = entry.host if grad.device.type != "cpu" else None
-            flat = host.numpy() if host is not None else grad.detach().reshape(-1).numpy()
-            for part, req in zip(entry.parts, entry.requests):
-                req.wait()
-                if scale is not None:
-                    flat[part.begin:part.end] *= flat.dtype.type(scale)
-            if host is not None:
-                grad.copy_(host.view_as(grad))
+            if grad.device.type != "cpu":
+                grad.copy_(entry.host.view_as(grad))
             entry.requests = None
             entry.passes = 0
 

@@ -24,6 +24,7 @@
 //! free memory.
 
 use std::ops::AddAssign;
+use std::sync::Mutex;
 
 use bytemuck::{Pod, Zeroable};
 use pslite::{DataType, SArray, Val};
@@ -374,6 +375,9 @@ pub struct OutArray {
     ptr: usize,
     /// Elements.
     pub len: usize,
+    /// Once the pull completed: its keys and lens (the values are in the
+    /// array), or why they could not be placed there.
+    placed: Mutex<Option<Result<(SArray<u64>, SArray<i32>), String>>>,
 }
 
 impl OutArray {
@@ -429,7 +433,23 @@ impl OutArray {
             _view: view.unbind(),
             ptr: iface.ptr,
             len: iface.elems,
+            placed: Mutex::new(None),
         })
+    }
+
+    /// Places a completed pull's values in the array (on pslite's thread,
+    /// as the request completes: no GIL needed) and keeps its keys and lens.
+    pub fn place<T: Elem + pslite::Val>(&self, pairs: pslite::KVPairs<T>) {
+        let placed = self
+            .fill(&pairs.vals[..])
+            .map(|()| (pairs.keys, pairs.lens));
+        *pslite::proto::lock(&self.placed) = Some(placed);
+    }
+
+    /// What [`OutArray::place`] kept (`None`: the pull has not completed, or
+    /// failed).
+    pub fn placed(&self) -> Option<Result<(SArray<u64>, SArray<i32>), String>> {
+        pslite::proto::lock(&self.placed).clone()
     }
 
     /// Copies `vals` in (their number checked against the array's).

@@ -39,7 +39,8 @@ impl PyDefaultHandle {
 /// all with the sum (an all-reduce through the servers; the servers of
 /// `pslite.torch` run it). Runs in Rust without the GIL:
 /// `server.set_request_handle(AllReduceHandle(po.num_workers))`. Every
-/// worker pushes (or push-pulls) the same keys once per round; a pull
+/// worker pushes (or push-pulls) the same keys once per round (requests
+/// with `cmd=1` get the mean instead: float32 and float64); a pull
 /// alone, or other keys or lengths under a round's first key, are refused.
 #[pyclass(module = "pslite", frozen, name = "AllReduceHandle")]
 pub struct PyAllReduceHandle {
@@ -68,6 +69,30 @@ impl PyAllReduceHandle {
         format!("AllReduceHandle({})", self.workers)
     }
 }
+
+/// The all-reduce handle of a value type: averaging (`cmd=1`) where the
+/// type can be divided.
+pub trait AllReduceOf: Val + Sized {
+    /// The handle for rounds of `workers`.
+    fn all_reduce(workers: usize) -> AllReduceHandle<Self>;
+}
+
+macro_rules! all_reduce_of {
+    (mean: $($m:ty),*; sum: $($s:ty),*) => {
+        $(impl AllReduceOf for $m {
+            fn all_reduce(workers: usize) -> AllReduceHandle<Self> {
+                AllReduceHandle::new(workers).averaging()
+            }
+        })*
+        $(impl AllReduceOf for $s {
+            fn all_reduce(workers: usize) -> AllReduceHandle<Self> {
+                AllReduceHandle::new(workers)
+            }
+        })*
+    };
+}
+
+all_reduce_of!(mean: f32, f64; sum: i32, i64, crate::arrays::RawByte);
 
 /// A Python request handle: `handle(meta, pairs, server)` on the app's
 /// thread, with the GIL.
@@ -109,7 +134,7 @@ where
     }
 }
 
-fn set_handle<V: Val + Elem>(
+fn set_handle<V: Val + Elem + AllReduceOf>(
     py: Python<'_>,
     server: &KVServer<V>,
     handle: &Bound<'_, PyAny>,
@@ -119,7 +144,7 @@ where
     Server: From<KVServer<V>>,
 {
     if let Ok(all) = handle.cast::<PyAllReduceHandle>() {
-        let rust = AllReduceHandle::<V>::new(all.get().workers).into_handle();
+        let rust = V::all_reduce(all.get().workers).into_handle();
         py.detach(|| {
             if inline {
                 server.set_request_handle_inline(rust)

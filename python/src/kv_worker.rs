@@ -1,5 +1,7 @@
 //! `KVWorker`: pushes to and pulls from the servers (see `pslite::KVWorker`).
 
+use std::sync::Arc;
+
 use pslite::{Error, KVOptions, KVRequest, KVWorker, Val};
 use pyo3::prelude::*;
 
@@ -87,7 +89,7 @@ where
                 "out= and callback= do not go together: the callback gets the pulled values",
             ))
         }
-        Some(o) => Some(OutArray::of::<V>(o)?),
+        Some(o) => Some(Arc::new(OutArray::of::<V>(o)?)),
         None => None,
     };
     let keys = from_numpy::<u64>(req.keys, "keys")?;
@@ -98,6 +100,16 @@ where
     let mut opts = KVOptions::<V>::new().cmd(req.cmd).priority(req.priority);
     if let Some(lens) = req.lens.filter(|l| !l.is_none()) {
         opts = opts.zlens(from_numpy::<i32>(lens, "lens")?);
+    }
+    if let Some(out) = &out {
+        // The values go into `out` as the request completes, on pslite's
+        // thread, while the caller goes on (e.g. with its backward pass).
+        let out = Arc::clone(out);
+        opts = opts.callback(move |result| {
+            if let Ok(pairs) = result {
+                out.place(pairs);
+            }
+        });
     }
     if let Some(callback) = req.callback {
         opts = opts.callback(move |result| {

@@ -82,12 +82,12 @@ impl PyKVPairs {
         }
     }
 
-    /// Pulled pairs whose values were copied into `vals` (an `out=`).
-    pub fn from_rust_into<V: Val + Elem>(pairs: KVPairs<V>, vals: Py<PyAny>) -> PyKVPairs {
+    /// Pulled pairs whose values were placed in `vals` (an `out=`).
+    pub fn from_parts(keys: SArray<u64>, lens: SArray<i32>, vals: Py<PyAny>) -> PyKVPairs {
         PyKVPairs {
-            keys: Field::rust(u64::wrap(pairs.keys)),
+            keys: Field::rust(u64::wrap(keys)),
             vals: Field::py(vals),
-            lens: Field::rust(i32::wrap(pairs.lens)),
+            lens: Field::rust(i32::wrap(lens)),
         }
     }
 

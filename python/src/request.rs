@@ -14,7 +14,7 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pslite::{Error, KVRequest, Val};
@@ -72,22 +72,14 @@ impl Handle {
     }
 }
 
-/// Waits for pull `r` in slices and hands over its pairs; with `out`, its
-/// values are copied there (GIL released) and the pairs' values are `out`.
+/// Waits for pull `r` in slices and hands over its pairs.
 fn take<V: Val + Elem>(
     py: Python<'_>,
     r: &KVRequest<V>,
     timeout: Option<f64>,
-    out: Option<&OutArray>,
 ) -> PyResult<PyKVPairs> {
     let pairs = wait_request(py, r.ts(), timeout, |slice| r.take_timeout(slice))?;
-    match out {
-        None => Ok(PyKVPairs::from_rust(pairs)),
-        Some(out) => {
-            py.detach(|| out.fill(&pairs.vals[..])).map_err(invalid)?;
-            Ok(PyKVPairs::from_rust_into(pairs, out.obj.clone_ref(py)))
-        }
-    }
+    Ok(PyKVPairs::from_rust(pairs))
 }
 
 /// A request sent by `KVWorker.push`, `pull`, `push_pull` or `request`, or
@@ -115,8 +107,9 @@ pub struct PyRequest {
     kind: &'static str,
     /// The timestamp has left the object: keep the request when it goes.
     escaped: AtomicBool,
-    /// `out=`: the caller's array the pulled values are copied into.
-    out: Option<OutArray>,
+    /// `out=`: the caller's array the pulled values are placed in (by the
+    /// request's completion).
+    out: Option<Arc<OutArray>>,
     /// With `out=`: the pairs once the values are in `out`.
     filled: OnceLock<Py<PyKVPairs>>,
 }
@@ -135,7 +128,7 @@ impl PyRequest {
     }
 
     /// The request fills `out` with its pulled values when waited on.
-    pub fn with_out(mut self, out: Option<OutArray>) -> PyRequest {
+    pub fn with_out(mut self, out: Option<Arc<OutArray>>) -> PyRequest {
         self.out = out;
         self
     }
@@ -162,11 +155,22 @@ impl PyRequest {
         if let Some(pairs) = self.filled.get() {
             return Ok(pairs.clone_ref(py));
         }
-        let Handle::Kv(h) = &*self.handle else {
-            return Err(invalid("a SimpleApp request has no values to pull"));
+        let Some(out) = self.out.as_ref() else {
+            return Err(invalid("this request has no out="));
         };
-        let out = self.out.as_ref();
-        let pairs = dispatch!(KvHandle, h, r => take(py, r, timeout, out))?;
+        let handle = &*self.handle;
+        wait_request(py, self.ts, timeout, |slice| handle.wait_timeout(slice))?;
+        let (keys, lens) = match out.placed() {
+            Some(Ok(placed)) => placed,
+            Some(Err(why)) => return Err(invalid(why)),
+            None => {
+                return Err(invalid(format!(
+                    "request {} has no values for out=",
+                    self.ts
+                )))
+            }
+        };
+        let pairs = PyKVPairs::from_parts(keys, lens, out.obj.clone_ref(py));
         let pairs = Py::new(py, pairs)?;
         Ok(self.filled.get_or_init(|| pairs).clone_ref(py))
     }
@@ -177,7 +181,7 @@ impl PyRequest {
             return self.fill(py, timeout);
         }
         match &*self.handle {
-            Handle::Kv(h) => Py::new(py, dispatch!(KvHandle, h, r => take(py, r, timeout, None))?),
+            Handle::Kv(h) => Py::new(py, dispatch!(KvHandle, h, r => take(py, r, timeout))?),
             Handle::Simple(_) => Err(invalid(format!(
                 "request {} is a SimpleApp request: it has no pulled values to take",
                 self.ts
