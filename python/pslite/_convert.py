@@ -57,13 +57,13 @@ def _integers(obj, what, dtype, low, high):
     if a.dtype.kind not in "iu":
         raise InvalidInput(
             f"{what} must be integers (an array of an integer dtype, or Python ints), "
-            f"got {a.dtype.name} values such as {a[0]!r}")
+            f"got {a.dtype.name} values such as {a[0].item()!r}")
     if a.dtype.kind == "i" and (a < low).any():
         i = _first(a < low)
-        raise InvalidInput(f"{what} must be from {low} to {high}: {what}[{i}] = {a[i]}")
+        raise InvalidInput(f"{what} must be from {low} to {high}: {what}[{i}] = {a[i].item()}")
     if high < np.iinfo(a.dtype).max and (a > high).any():
         i = _first(a > high)
-        raise InvalidInput(f"{what} must be from {low} to {high}: {what}[{i}] = {a[i]}")
+        raise InvalidInput(f"{what} must be from {low} to {high}: {what}[{i}] = {a[i].item()}")
     return np.ascontiguousarray(a, dtype)
 
 
@@ -110,7 +110,7 @@ def values(obj, dtype, cast=False, what="vals"):
     if bad.any():
         i = _first(bad)
         raise InvalidInput(
-            f"{what}[{i}] = {a[i]!r} ({a.dtype.name}) is not exactly a {dtype.name} value "
-            f"(it would become {converted[i]!r}): pass {dtype.name} values, or cast=True to "
+            f"{what}[{i}] = {a[i].item()!r} ({a.dtype.name}) is not exactly a {dtype.name} value "
+            f"(it would become {converted[i].item()!r}): pass {dtype.name} values, or cast=True to "
             f"convert anyway")
     return np.ascontiguousarray(converted)

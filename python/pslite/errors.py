@@ -148,5 +148,35 @@ class StoreUnsupported(StoreError):
     """The scheduler is C++ ps-lite, which hosts no key-value store."""
 
 
-__all__ = [name for name, value in list(globals().items())
-           if isinstance(value, type) and issubclass(value, Error)]
+__all__ = [
+    "Error",
+    "ConfigError",
+    "InvalidInput",
+    "Timeout",
+    "NotStarted",
+    "Failure",
+    "SchedulerLost",
+    "NotAcknowledged",
+    "PeerDead",
+    "PeerRestarted",
+    "Stopped",
+    "HandlerPanicked",
+    "ReceiveThreadDied",
+    "SendFailed",
+    "BadResponse",
+    "AuthRefused",
+    "RendezvousFailed",
+    "LeftRound",
+    "Replaced",
+    "AppDropped",
+    "RangeLost",
+    "CheckpointFailed",
+    "RequestRefused",
+    "DtypeMismatch",
+    "LengthMismatch",
+    "UnknownApp",
+    "StoreError",
+    "TooLarge",
+    "Refused",
+    "StoreUnsupported",
+]

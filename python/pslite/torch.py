@@ -263,13 +263,14 @@ class _Param:
     """A parameter's place in the plan: its parts, and its gradient in
     flight."""
 
-    __slots__ = ("index", "name", "param", "parts", "kv", "passes", "requests", "host")
+    __slots__ = ("index", "name", "param", "parts", "kv", "passes", "requests", "host", "absent")
 
     def __init__(self, index, name, param, parts, kv):
         self.index, self.name, self.param, self.parts, self.kv = index, name, param, parts, kv
         self.passes = 0
         self.requests = None
         self.host = None
+        self.absent = False
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -332,7 +333,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(
                 f"the gradient of {entry.name} was computed again before step(): call step() "
                 f"(or synchronize()) after each backward_passes_per_step backward passes")
-        if p.grad is None:
+        entry.absent = p.grad is None
+        if entry.absent:
             p.grad = torch.zeros_like(p)
         elif not p.grad.is_contiguous():
             p.grad = p.grad.contiguous()
@@ -356,7 +358,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits for every gradient's sum (pushing the gradients whose hook
         has not run: parameters without a gradient send zeros, so that every
-        worker's round completes), earlier layers first."""
+        worker's round completes; one that no worker had a gradient for
+        keeps none), earlier layers first."""
         for entry in self._plan:
             if entry.requests is None:
                 self._push(entry)
@@ -366,6 +369,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad = entry.param.grad
             if grad.device.type != "cpu":
                 grad.copy_(entry.host.view_as(grad))
+            if entry.absent and not grad.any():
+                # No worker had a gradient: none, as alone (the optimizer
+                # skips it rather than stepping on zeros).
+                entry.param.grad = None
             entry.requests = None
             entry.passes = 0
 
