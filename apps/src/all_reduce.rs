@@ -49,8 +49,11 @@ impl Mean for f64 {
 /// every part is added and it is scaled.
 const BLOCK: usize = 16 * 1024;
 
-/// The sum of `parts` (all of one length), times `scale` if given.
-fn sum<V: Val>(parts: &[SArray<V>], scale: Option<(fn(&mut [V], f64), f64)>) -> Vec<V> {
+/// Multiplies values by a factor ([`Mean::scale`]), and the factor.
+type Scale<V> = (fn(&mut [V], f64), f64);
+
+/// The sum of `parts` (all of one length), times the scale if given.
+fn sum<V: Val>(parts: &[SArray<V>], scale: Option<Scale<V>>) -> Vec<V> {
     let n = parts.first().map_or(0, |p| p.len());
     let mut out = Vec::with_capacity(n);
     let mut at = 0;

@@ -432,30 +432,32 @@ const OWN_CORE: NodeId = -1;
 /// The meta of the request message `req` was read from (as much of it as
 /// an answer echoes).
 fn request_meta(req: &KVMeta) -> Meta {
-    let mut meta = Meta::default();
-    meta.app_id = req.app_id;
-    meta.customer_id = req.customer_id;
-    meta.request = true;
-    meta.push = req.push;
-    meta.pull = req.pull;
-    meta.head = req.cmd;
-    meta.priority = req.priority;
-    meta.timestamp = req.timestamp;
-    meta.sender = req.sender;
-    meta
+    Meta {
+        app_id: req.app_id,
+        customer_id: req.customer_id,
+        request: true,
+        push: req.push,
+        pull: req.pull,
+        head: req.cmd,
+        priority: req.priority,
+        timestamp: req.timestamp,
+        sender: req.sender,
+        ..Meta::default()
+    }
 }
 
 /// The meta of SimpleApp request `req` to app `app_id`.
 fn simple_meta(app_id: i32, req: &SimpleData) -> Meta {
-    let mut meta = Meta::default();
-    meta.app_id = app_id;
-    meta.customer_id = req.customer_id;
-    meta.request = true;
-    meta.simple_app = true;
-    meta.head = req.head;
-    meta.timestamp = req.timestamp;
-    meta.sender = req.sender;
-    meta
+    Meta {
+        app_id,
+        customer_id: req.customer_id,
+        request: true,
+        simple_app: true,
+        head: req.head,
+        timestamp: req.timestamp,
+        sender: req.sender,
+        ..Meta::default()
+    }
 }
 
 impl<V: Val> Handler for Inner<V> {

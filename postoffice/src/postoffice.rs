@@ -568,31 +568,6 @@ impl Postoffice {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_ranges_match_cxx() {
-        let r = key_ranges(1);
-        assert_eq!(
-            r,
-            vec![KeyRange {
-                begin: 0,
-                end: u64::MAX
-            }]
-        );
-        assert!(r[0].contains(u64::MAX));
-        let r = key_ranges(2);
-        assert_eq!(r[1].begin, 9_223_372_036_854_775_807);
-        assert_eq!(r[0].end, r[1].begin);
-        let r = key_ranges(3);
-        assert_eq!(r[1].begin, u64::MAX / 3);
-        assert_eq!(r[2].begin, u64::MAX / 3 * 2);
-        assert!(r[2].contains(u64::MAX) && !r[1].contains(r[2].begin));
-    }
-}
-
 /// The clock of requests held for apps this node does not have: refuses
 /// each once it has waited `PS_APP_WAIT` (or did not fit the hold), telling
 /// pslite requesters why; until `stop`.
@@ -625,5 +600,30 @@ fn app_clock(router: &CustomerRouter, van: &std::sync::Weak<Van>, stop: &AtomicB
             .next_expiry()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
         seen = router.wait_for_held(seen, next);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_ranges_match_cxx() {
+        let r = key_ranges(1);
+        assert_eq!(
+            r,
+            vec![KeyRange {
+                begin: 0,
+                end: u64::MAX
+            }]
+        );
+        assert!(r[0].contains(u64::MAX));
+        let r = key_ranges(2);
+        assert_eq!(r[1].begin, 9_223_372_036_854_775_807);
+        assert_eq!(r[0].end, r[1].begin);
+        let r = key_ranges(3);
+        assert_eq!(r[1].begin, u64::MAX / 3);
+        assert_eq!(r[2].begin, u64::MAX / 3 * 2);
+        assert!(r[2].contains(u64::MAX) && !r[1].contains(r[2].begin));
     }
 }

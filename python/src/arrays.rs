@@ -365,6 +365,10 @@ fn converter(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
         .bind(py))
 }
 
+/// What a completed pull left of itself beside the values it placed in
+/// an [`OutArray`]: its keys and lens, or why the values did not fit.
+pub type Placed = Result<(SArray<u64>, SArray<i32>), String>;
+
 /// A caller's writable array (or CPU tensor) that a pull fills: its memory,
 /// held while the request lives.
 pub struct OutArray {
@@ -377,7 +381,7 @@ pub struct OutArray {
     pub len: usize,
     /// Once the pull completed: its keys and lens (the values are in the
     /// array), or why they could not be placed there.
-    placed: Mutex<Option<Result<(SArray<u64>, SArray<i32>), String>>>,
+    placed: Mutex<Option<Placed>>,
 }
 
 impl OutArray {
@@ -448,7 +452,7 @@ impl OutArray {
 
     /// What [`OutArray::place`] kept (`None`: the pull has not completed, or
     /// failed).
-    pub fn placed(&self) -> Option<Result<(SArray<u64>, SArray<i32>), String>> {
+    pub fn placed(&self) -> Option<Placed> {
         pslite::proto::lock(&self.placed).clone()
     }
 

@@ -263,7 +263,7 @@ fn python_program(
     program: OsString,
     args: Vec<OsString>,
 ) -> (OsString, Vec<OsString>) {
-    if !Path::new(&program).extension().is_some_and(|e| e == "py") {
+    if Path::new(&program).extension().is_none_or(|e| e != "py") {
         return (program, args);
     }
     let interpreter =
