@@ -187,3 +187,21 @@ fn process_cluster_refuses_each_request_it_cannot_take() {
     );
     assert!(out.contains("there is no app 1 (waited"), "{out}");
 }
+
+#[test]
+fn a_key_value_request_to_a_simple_app_is_refused() {
+    let c = LocalCluster::start(1, 1);
+    let app = pslite::SimpleApp::new(&c.servers[0], 3, 3).unwrap();
+    app.set_request_handle(pslite::SimpleApp::reply_empty);
+    let w = KVWorker::<f32>::new(&c.workers[0], 3, 0).unwrap();
+    let (_, refusal) = refused(
+        w.push(&[1], &[1.0], KVOptions::new()).unwrap(),
+        Duration::from_secs(1),
+    );
+    assert!(
+        refusal
+            .to_string()
+            .contains("a key-value request to a SimpleApp"),
+        "{refusal}"
+    );
+}
