@@ -296,14 +296,18 @@ fn requests_waiting_for_a_handle_are_bounded_in_bytes() {
     let queued = server.queued_requests();
     assert!((1..10).contains(&queued), "{queued} of 10 queued");
     server.set_request_handle(DefaultHandle::new().into_handle());
-    // The queued ones are answered; the dropped ones never are.
+    // The queued ones are answered; those that did not fit were refused at
+    // once, saying why (never left waiting).
     for &t in &ts[..queued] {
         w.wait_timeout(t, T).unwrap();
     }
-    assert!(matches!(
-        w.wait_timeout(last, Duration::from_millis(100)),
-        Err(Error::Timeout { .. })
-    ));
+    match w.wait_timeout(last, T) {
+        Err(Error::RequestFailed {
+            cause: pslite::Failure::Refused { refusal, .. },
+            ..
+        }) => assert!(refusal.to_string().contains("PS_HOLD_LIMIT"), "{refusal}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
     drop((w, server));
     c.finalize();
 }
