@@ -33,15 +33,16 @@ use pslite_proto::store::{StoreMsg, StoreOp};
 use pslite_proto::{lock, wait_timeout_while, wait_while, Message, Node, NodeId, Role, K_EMPTY};
 
 use crate::bind::{bind_local, bind_router, Waker};
-use crate::config::VanConfig;
-use crate::core::{Core, LinkEvent, Output, Route};
 use crate::counters::Counters;
-use crate::dispatch::{describe, Delivered, Dispatch, Room};
-use crate::error::{Failure, VanError};
+use crate::describe;
+use crate::dispatch::{Delivered, Dispatch, Room};
 use crate::links::{zmq_err, Links, Mode};
 use crate::monitor::Monitors;
 use crate::shm::{self, ShmStats};
 use crate::transport::Transport;
+use crate::VanConfig;
+use crate::{Core, LinkEvent, Output, Route};
+use crate::{Failure, VanError};
 
 mod receive;
 
@@ -100,7 +101,7 @@ impl Van {
     /// A scheduler configured with port 0 binds a free port (see
     /// [`Van::my_node`]), which is handy for tests.
     pub fn start(config: VanConfig, dispatch: Arc<dyn Dispatch>) -> Result<Van, VanError> {
-        Van::start_with_counters(config, dispatch, Arc::new(Counters::new()))
+        Van::start_with_counters(config, dispatch, Arc::new(Counters::new(Instant::now())))
     }
 
     /// [`Van::start`], counting traffic, resends and drops in `counters`

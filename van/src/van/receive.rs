@@ -15,12 +15,12 @@ use pslite_proto::{lock, Message, Meta, NodeId, K_EMPTY};
 use super::Shared;
 use crate::bind::WAKE_IDENTITY;
 use crate::counters::DropReason;
-use crate::dispatch::describe;
-use crate::error::Failure;
+use crate::describe;
 use crate::links::Mode;
-use crate::log_once::LogOnce;
 use crate::shm::{self, ShmError};
 use crate::transport;
+use crate::Failure;
+use crate::LogOnce;
 
 /// Ends every wait if the receive thread ends without being asked to.
 struct ReceiveThreadGuard<'a>(&'a Shared);

@@ -264,7 +264,7 @@ impl Core {
                          PS_CHECKPOINT_DIR"
                             .to_string(),
                     ),
-                    Some(_) => self.checkpoint_refusal(),
+                    Some(_) => self.checkpoint_refusal(now),
                 };
                 let label = ck.label.clone();
                 match &mut self.checkpoints.master {
@@ -416,8 +416,8 @@ impl Core {
 
     /// On the scheduler: why no checkpoint can be taken in this cluster now
     /// (a C++ server, a dead one, a lost range), if so.
-    fn checkpoint_refusal(&self) -> Option<String> {
-        self.checkpoint_plan(Instant::now()).refused
+    fn checkpoint_refusal(&self, now: Instant) -> Option<String> {
+        self.checkpoint_plan(now).refused
     }
 
     /// On the scheduler: which server writes which ranges now.
@@ -521,7 +521,7 @@ impl Core {
             return;
         }
         let mut arrival = CheckpointMsg::new(CheckpointOp::Arrival, 0);
-        arrival.in_flight = self.counters.snapshot().requests_in_flight.max(0) as u64;
+        arrival.in_flight = self.counters.requests_in_flight().max(0) as u64;
         msg.meta.checkpoint = Some(Box::new(arrival));
     }
 

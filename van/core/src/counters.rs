@@ -84,17 +84,12 @@ pub struct Counters {
     handler_nanos: AtomicU64,
 }
 
-impl Default for Counters {
-    fn default() -> Self {
-        Counters::new()
-    }
-}
-
 impl Counters {
-    /// All counters at zero.
-    pub fn new() -> Counters {
+    /// All counters at zero, the node started at `started` (its uptime
+    /// counts from there).
+    pub fn new(started: Instant) -> Counters {
         Counters {
-            started: Instant::now(),
+            started,
             sent: Traffic::new(),
             received: Traffic::new(),
             resends: AtomicU64::new(0),
@@ -136,6 +131,11 @@ impl Counters {
         self.requests_in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// Requests counted by [`Counters::request_started`] not over yet.
+    pub fn requests_in_flight(&self) -> i64 {
+        self.requests_in_flight.load(Ordering::Relaxed)
+    }
+
     /// An app's handler ran for `elapsed` on one request.
     pub fn handled(&self, elapsed: Duration) {
         self.handler_calls.fetch_add(1, Ordering::Relaxed);
@@ -143,8 +143,8 @@ impl Counters {
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// Reads every counter.
-    pub fn snapshot(&self) -> NodeCounters {
+    /// Reads every counter at `now`.
+    pub fn snapshot(&self, now: Instant) -> NodeCounters {
         let peers = (0..MAX_PEER_ID)
             .filter_map(|slot| {
                 let (messages_sent, bytes_sent) = self.sent.get(slot);
@@ -169,7 +169,7 @@ impl Counters {
             requests_in_flight: self.requests_in_flight.load(Ordering::Relaxed),
             handler_calls: self.handler_calls.load(Ordering::Relaxed),
             handler_nanos: self.handler_nanos.load(Ordering::Relaxed),
-            uptime: self.started.elapsed(),
+            uptime: now.saturating_duration_since(self.started),
         }
     }
 }
@@ -180,13 +180,14 @@ mod tests {
 
     #[test]
     fn counts_per_peer_and_folds_unknown_ids() {
-        let c = Counters::new();
+        let t0 = Instant::now();
+        let c = Counters::new(t0);
         c.sent(8, 100);
         c.sent(8, 50);
         c.received(9, 7);
         c.received(pslite_proto::K_EMPTY, 3);
         c.sent(-5, 1);
-        let s = c.snapshot();
+        let s = c.snapshot(t0);
         assert_eq!(
             s.peers,
             vec![
@@ -217,7 +218,8 @@ mod tests {
 
     #[test]
     fn drops_requests_and_handlers() {
-        let c = Counters::new();
+        let t0 = Instant::now();
+        let c = Counters::new(t0);
         c.dropped(DropReason::Malformed);
         c.dropped(DropReason::Injected);
         c.dropped(DropReason::Injected);
@@ -226,7 +228,7 @@ mod tests {
         c.request_started();
         c.request_done();
         c.handled(Duration::from_micros(3));
-        let s = c.snapshot();
+        let s = c.snapshot(t0);
         assert_eq!(
             (
                 s.dropped_malformed,

@@ -2,12 +2,15 @@
 //! control messages from arbitrary senders never panic it, and whatever it
 //! does keeps its invariants (valid ids per role, one id per process).
 
+// The test takes its time origin from the clock.
+#![allow(clippy::disallowed_methods)]
+
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use pslite_proto::ids;
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
-use pslite_van::scheduler::{Action, Scheduler, SchedulerConfig};
+use pslite_van_core::scheduler::{Action, Scheduler, SchedulerConfig};
 
 fn config() -> ProptestConfig {
     ProptestConfig {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pslite_proto::Role;
 
-use crate::transport::Transport;
+use crate::address::Transport;
 
 /// What the Van needs to know to join (or, as scheduler, to form) a cluster.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,20 +80,20 @@ pub struct VanConfig {
     /// sends.
     pub store_limits: crate::store::StoreLimits,
     /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
-    /// unauthenticated wire (see [`crate::auth`]).
-    pub auth_token: Option<crate::AuthToken>,
+    /// unauthenticated wire (the driver's `auth` module).
+    pub auth_token: Option<AuthToken>,
     /// Send large data frames to same-host pslite peers through shared
-    /// memory (`PS_SHM`, default on; see [`crate::shm`]).
+    /// memory (`PS_SHM`, default on; the driver's `shm` module).
     pub shm: bool,
     /// This node's host identity and process id as advertised in its
     /// node-table entry (`PBNode.host`, `pid`): filled in by
-    /// [`crate::Van::start`] when `shm` is on and the host supports it;
+    /// the driver (`Van::start`) when `shm` is on and the host supports it;
     /// `None` advertises nothing (the entry is as C++ writes it).
     pub shm_identity: Option<(String, u32)>,
     /// Reach same-host pslite peers over an abstract Unix socket instead of
     /// loopback TCP (`PS_IPC`, default on; needs the host identity `shm`
     /// advertises, so `PS_SHM=0` turns it off too; see
-    /// [`crate::transport::local_endpoint`]).
+    /// [`crate::address::local_endpoint`]).
     pub ipc: bool,
     /// Replicas of each key range (`PS_REPLICAS`, pslite-only; default 1,
     /// ps-lite's one copy, nothing replicated and the wire unchanged). Read
@@ -154,5 +154,43 @@ impl VanConfig {
             scheduler_port,
             ..VanConfig::default()
         }
+    }
+}
+
+/// The shared secret of a cluster (`PS_AUTH_TOKEN`). Its `Debug` output
+/// hides the value, so configurations can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthToken(String);
+
+impl AuthToken {
+    /// A token, if `value` is usable as one: 1 to 255 bytes (PLAIN's
+    /// limit), no NUL byte.
+    pub fn new(value: &str) -> Option<AuthToken> {
+        (!value.is_empty() && value.len() <= 255 && !value.contains('\0'))
+            .then(|| AuthToken(value.to_string()))
+    }
+
+    /// Whether `offered` is this token, compared in time independent of
+    /// where they differ.
+    pub fn matches(&self, offered: &[u8]) -> bool {
+        let mine = self.0.as_bytes();
+        if mine.len() != offered.len() {
+            return false;
+        }
+        mine.iter()
+            .zip(offered)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
+    /// The secret itself (the password of ZeroMQ's PLAIN handshake).
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AuthToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthToken(<hidden>)")
     }
 }

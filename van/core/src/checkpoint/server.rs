@@ -28,7 +28,7 @@ use pslite_proto::{Command, Message};
 use super::disk::{self, Io, IoResult};
 use super::format::{self, Section, ServerFile, Shape};
 use super::TOKEN_BIT;
-use crate::core::Output;
+use crate::effects::Output;
 
 /// What the server side asks the core to do.
 #[derive(Debug)]

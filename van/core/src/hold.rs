@@ -43,7 +43,7 @@ struct Held<T> {
 /// sender (see the module docs).
 ///
 /// ```
-/// use pslite_van::HoldQueue;
+/// use pslite_van_core::HoldQueue;
 ///
 /// let mut q = HoldQueue::new(4000);
 /// // 436 bytes + 64 of overhead: two per sender fit in a quarter.

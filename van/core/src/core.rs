@@ -2,7 +2,7 @@
 //! scheduler the [`Scheduler`], and with `PS_RESEND=1` the [`Resender`],
 //! composed behind one interface with no sockets, no threads and no clock.
 //!
-//! The driver ([`crate::Van`]) feeds it what arrives ([`Core::handle`]),
+//! The driver (`pslite_van::Van`) feeds it what arrives ([`Core::handle`]),
 //! what the apps send ([`Core::send`]), the user's waits ([`Core::register`],
 //! [`Core::barrier`]) and the time ([`Core::tick`] at
 //! [`Core::poll_timeout`]); it collects [`Output`]s to carry out
@@ -22,8 +22,10 @@ use rand::{Rng, SeedableRng};
 
 use std::sync::Arc;
 
+use crate::address::Transport;
 use crate::config::VanConfig;
 use crate::counters::{Counters, DropReason};
+pub use crate::effects::{Output, Route, WaitingFor};
 use crate::error::{Failure, StartTimeout, VanError};
 use crate::hold::HoldQueue;
 use crate::log_once::LogOnce;
@@ -32,138 +34,7 @@ use crate::registration::{Offered, Registrations};
 use crate::resender::{Received, Resender};
 use crate::scheduler::{Action, Scheduler, SchedulerConfig};
 use crate::store::{ClientInput, Requester, StoreClient, StoreHost, StoreReply};
-use crate::transport::Transport;
 use pslite_proto::store::{OverLimit, StoreLimit, StoreMsg, StoreOp};
-
-/// Something the driver must do, in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Output {
-    /// Open (or replace) the connection to `node`, identified as `identity`
-    /// ([`K_EMPTY`]: anonymous, before this node has an id), the way
-    /// `route` says.
-    Connect {
-        /// The peer.
-        node: Node,
-        /// This node's identity on that connection.
-        identity: NodeId,
-        /// How to reach it.
-        route: Route,
-        /// The key to present with it (`ps<id>/<key>`, see
-        /// [`crate::transport::keyed_identity`]), when both entries carry one.
-        key: Option<u64>,
-    },
-    /// Close the connection to `id` (opened by [`Output::Connect`]).
-    Disconnect(NodeId),
-    /// Put this message on the connection to `meta.recver`.
-    Send(Message),
-    /// Hand this data message to the apps.
-    Deliver(Message),
-    /// A data message this node sent was given up on: its request failed.
-    Undeliverable(Message, Failure),
-    /// Node `id` died and nothing replaced it in time, or it restarted
-    /// without `PS_RESEND`: requests waiting on it fail with the failure.
-    PeerDead(NodeId, Failure),
-    /// The node cannot go on: every wait fails.
-    Failed(Failure),
-    /// Send this message to an admin client (`pslite status`, `pslite
-    /// store`), which is not a cluster member, back on the connection its
-    /// request came on: through this node's ROUTER, to routing id `route`.
-    /// `reserved` bytes were added to [`Core::reply_gauge`] for it; the
-    /// driver takes them off once ZeroMQ has written or dropped it.
-    Reply {
-        /// The client's connection (the routing id ZeroMQ generated).
-        route: bytes::Bytes,
-        /// The answer.
-        msg: Message,
-        /// Its share of the reply budget.
-        reserved: usize,
-    },
-    /// Elastic mode: a round began (or this node joined one): `workers`
-    /// in rank order.
-    RoundBegan {
-        /// The round number.
-        round: u64,
-        /// Its workers in rank order.
-        workers: Vec<NodeId>,
-    },
-    /// Replicated key ranges: ask app `apps[..]` for a copy of its state
-    /// of keys `[begin, end)` (range `range`), in request order; answer
-    /// with [`Core::snapshot_taken`], one part per app.
-    Snapshot {
-        /// Pairs the answers with the request.
-        token: u64,
-        /// The range.
-        range: u32,
-        /// Its first key.
-        begin: u64,
-        /// One past its last key (`u64::MAX`: every key from `begin` on).
-        end: u64,
-        /// The apps to ask.
-        apps: Vec<i32>,
-    },
-    /// Replicated key ranges: replace the apps' state of keys `[begin, end)`
-    /// by these copies (`data[i]` for app `apps[i]`); answer with
-    /// [`Core::restored`] per app.
-    Restore {
-        /// Pairs the answers with the request.
-        token: u64,
-        /// The range.
-        range: u32,
-        /// Its first key.
-        begin: u64,
-        /// One past its last key.
-        end: u64,
-        /// The app of each copy.
-        apps: Vec<i32>,
-        /// The copies.
-        data: Vec<bytes::Bytes>,
-    },
-    /// Replicated key ranges: a new range map (for observers).
-    RangeMap(pslite_proto::replica::RangeMap),
-    /// Checkpoints: carry out this file operation
-    /// ([`crate::checkpoint::disk::perform`]) and answer with
-    /// [`Core::checkpoint_io_done`] and `token`.
-    Checkpoint {
-        /// Pairs the result with the request.
-        token: u64,
-        /// What to do.
-        io: crate::checkpoint::disk::Io,
-    },
-    /// An event of a watched store key, for these watchers of this process
-    /// (see [`Core::store_watch`]); a watcher that is gone is reported back
-    /// with [`Core::store_watcher_gone`].
-    StoreEvent {
-        /// The watchers of the key.
-        watchers: Vec<u64>,
-        /// The event.
-        event: StoreMsg,
-    },
-    /// This node is still waiting to join (a log line for the operator).
-    Waiting {
-        /// How long it has waited.
-        waited: Duration,
-        /// The start timeout.
-        limit: Duration,
-        /// What it waits for (its `Display` is the log line's wording).
-        what: WaitingFor,
-    },
-}
-
-/// How to reach a peer, as the core chose it from the peer's node-table
-/// entry and this node's configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
-    /// The address the peer advertises (always works).
-    pub endpoint: String,
-    /// A same-host pslite peer's abstract Unix socket (`PS_IPC`), to use
-    /// instead when something listens on it (a peer with `PS_IPC=0` binds
-    /// none: the driver checks before connecting).
-    pub local: Option<String>,
-    /// The peer's process, when large frames to it go through shared memory
-    /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
-    /// that process's descriptors).
-    pub shm_pid: Option<u32>,
-}
 
 /// A message refused because its identity names a node of the table
 /// without that node's key: a stranger using a member's identity, or an
@@ -182,7 +53,7 @@ pub struct IdentityRefused {
 impl std::fmt::Display for IdentityRefused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let id = self.id;
-        let identity = crate::transport::keyed_identity(id, self.presented);
+        let identity = crate::address::keyed_identity(id, self.presented);
         write!(
             f,
             "ignoring messages with identity {identity}: it names node {id} without the key of \
@@ -209,79 +80,6 @@ pub enum LinkEvent {
     /// The peer refused the handshake (a wrong `PS_AUTH_TOKEN`, or a
     /// mechanism mismatch); with why, naming what to set.
     Refused(String),
-}
-
-/// What a node that has not joined yet waits for, worded for its log line.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WaitingFor {
-    /// The scheduler: servers and workers that have not registered yet.
-    Registrations {
-        /// Servers still to register, and `DMLC_NUM_SERVER`.
-        servers: (i32, i32),
-        /// Workers still to register, and `DMLC_NUM_WORKER`; `None` in
-        /// elastic mode (the first round's workers decide).
-        workers: Option<(i32, i32)>,
-    },
-    /// A server or worker: the node table, which the scheduler sends once
-    /// every node has registered (not only once the scheduler is up).
-    NodeTable {
-        /// The scheduler's address.
-        scheduler: String,
-        /// `DMLC_NUM_SERVER`.
-        servers: i32,
-        /// `DMLC_NUM_WORKER` (`MIN:MAX` in elastic mode).
-        workers: String,
-    },
-}
-
-impl std::fmt::Display for WaitingFor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let plural = |n: i32, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-        // "2 servers" when none registered yet, else "1 of 2 servers".
-        let of = |missing: i32, all: i32, what: &str| {
-            if missing == all {
-                plural(all, what)
-            } else {
-                format!("{missing} of {}", plural(all, what))
-            }
-        };
-        match self {
-            WaitingFor::Registrations {
-                servers: (missing_servers, servers),
-                workers,
-            } => {
-                let mut missing = Vec::new();
-                if *missing_servers > 0 {
-                    missing.push(of(*missing_servers, *servers, "server"));
-                }
-                match workers {
-                    Some((0, _)) => {}
-                    Some((missing_workers, workers)) => {
-                        missing.push(of(*missing_workers, *workers, "worker"))
-                    }
-                    None => {
-                        missing.push("the first round's workers (DMLC_NUM_WORKER=MIN:MAX)".into())
-                    }
-                }
-                if missing.is_empty() {
-                    f.write_str("waiting for the last registrations to be processed")
-                } else {
-                    write!(f, "waiting for {} to register", missing.join(" and "))
-                }
-            }
-            WaitingFor::NodeTable {
-                scheduler,
-                servers,
-                workers,
-            } => write!(
-                f,
-                "waiting for the node table from the scheduler at {scheduler} (sent once \
-                 {} and {workers} worker{} have registered)",
-                plural(*servers, "server"),
-                if workers == "1" { "" } else { "s" },
-            ),
-        }
-    }
 }
 
 /// One node's control plane.
@@ -492,7 +290,7 @@ impl Core {
                 .resend_timeout
                 .map(|t| Resender::new(t, cfg.max_resends)),
             rng,
-            counters: Arc::new(Counters::new()),
+            counters: Arc::new(Counters::new(now)),
             next_timestamp: 0,
             connected: HashSet::new(),
             heard: HashSet::new(),
@@ -772,7 +570,7 @@ impl Core {
         }
         let local = match (&self.cfg.shm_identity, self.cfg.transport) {
             (Some((host, _)), Transport::Tcp) if self.cfg.ipc && self.same_host(node) => {
-                Some(crate::transport::local_endpoint(host, node.pid, node.port))
+                Some(crate::address::local_endpoint(host, node.pid, node.port))
             }
             _ => None,
         };
@@ -1631,7 +1429,7 @@ impl Core {
                 Action::Reply { route, mut msg } => {
                     // The scheduler's own row carries its own counters.
                     if let Some(row) = msg.meta.status.iter_mut().find(|r| r.node.id == SCHEDULER) {
-                        row.counters = Some(self.counters.snapshot());
+                        row.counters = Some(self.counters.snapshot(now));
                         row.counters_age = Some(Duration::ZERO);
                     }
                     msg.meta.sender = SCHEDULER;
@@ -1688,7 +1486,7 @@ impl Core {
                     // pslite-only: a node's heartbeat carries its counters
                     // (C++ schedulers skip the field).
                     if msg.meta.control.cmd == Command::Heartbeat && self.scheduler.is_none() {
-                        msg.meta.counters = Some(Box::new(self.counters.snapshot()));
+                        msg.meta.counters = Some(Box::new(self.counters.snapshot(now)));
                     }
                     self.emit(msg, now)
                 }

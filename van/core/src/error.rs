@@ -259,6 +259,10 @@ pub fn identity_hint(ids: &[NodeId]) -> String {
     )
 }
 
+/// The transport's own error behind a [`VanError`] (ZeroMQ's, with the
+/// Van): shared, so errors stay cheap to clone.
+pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
 /// An error of the Van. Every variant says what failed and, where there is
 /// one, what to change.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -269,7 +273,7 @@ pub enum VanError {
         /// The endpoint we tried.
         endpoint: String,
         /// ZeroMQ's reason.
-        source: zmq::Error,
+        source: Cause,
     },
     /// A host name does not resolve to an address.
     #[error("host {host:?} does not resolve to an IP address")]
@@ -283,7 +287,7 @@ pub enum VanError {
         /// What we were doing.
         context: String,
         /// ZeroMQ's reason.
-        source: zmq::Error,
+        source: Cause,
     },
     /// Setting the node up failed outside ZeroMQ (a thread, a free port).
     #[error("cannot {what}: {detail}")]

@@ -15,7 +15,7 @@ pub const DEFAULT_KEYS: usize = 1024;
 ///
 /// ```
 /// use log::Level;
-/// use pslite_van::LogOnce;
+/// use pslite_van_core::LogOnce;
 ///
 /// let mut dropped = LogOnce::new(Level::Warn);
 /// assert!(dropped.log(("node 9", "malformed"), || "dropping a malformed frame from node 9".into()));

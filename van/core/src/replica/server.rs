@@ -50,7 +50,7 @@ use pslite_proto::ids::{NodeId, SCHEDULER};
 use pslite_proto::replica::{Applied, RangeMap, ReplicaMsg, ReplicaOp};
 use pslite_proto::{Command, Message, K_EMPTY};
 
-use crate::core::Output;
+use crate::effects::Output;
 
 /// What the server side asks the core to do.
 #[derive(Debug)]
