@@ -2,6 +2,8 @@
 //! is an `Instant` the test advances.
 
 use super::*;
+use pslite_proto::ids::{self, SCHEDULER};
+use pslite_proto::stats::NodeStatus;
 
 const HOST: &str = "127.0.0.1";
 
