@@ -48,10 +48,10 @@ mod van;
 
 pub use dispatch::{Delivered, Dispatch, Room};
 pub use pslite_van_core::{
-    counters, hold, rendezvous, replica, resender, scheduler, store, Action, AuthToken,
+    counters, effects, hold, rendezvous, replica, resender, scheduler, store, AuthToken,
     BarrierOutcome, Core, Counters, DrainOutcome, Failure, HoldQueue, LogOnce, Member,
-    MemberAction, MemberConfig, Output, Resender, Route, Scheduler, SchedulerConfig, StartTimeout,
-    VanConfig, VanError, WaitingFor, WAIT_LOG_INTERVAL,
+    MemberConfig, Output, Resender, Route, Scheduler, SchedulerConfig, StartTimeout, VanConfig,
+    VanError, WaitingFor, WAIT_LOG_INTERVAL,
 };
 pub use pslite_van_core::{describe, LinkEvent};
 pub use transport::Transport;

@@ -30,21 +30,24 @@ use bytes::Bytes;
 use log::{debug, error, info, warn};
 use pslite_proto::replica::RangeMap;
 use pslite_proto::store::{StoreMsg, StoreOp};
-use pslite_proto::{lock, wait_timeout_while, wait_while, Message, Node, NodeId, Role, K_EMPTY};
+use pslite_proto::{lock, wait_timeout_while, wait_while, Message, Node, NodeId, Role};
 
 use crate::bind::{bind_local, bind_router, Waker};
 use crate::counters::Counters;
-use crate::describe;
-use crate::dispatch::{Delivered, Dispatch, Room};
+use crate::dispatch::{Dispatch, Room};
 use crate::links::{zmq_err, Links, Mode};
 use crate::monitor::Monitors;
 use crate::shm::{self, ShmStats};
 use crate::transport::Transport;
 use crate::VanConfig;
-use crate::{Core, LinkEvent, Output, Route};
+use crate::{Core, LinkEvent, Output};
 use crate::{Failure, VanError};
+use pslite_van_core::carry;
 
+mod out;
 mod receive;
+
+use out::VanOut;
 
 /// A node's transport and control plane. Dropping it stops it.
 pub struct Van {
@@ -665,13 +668,7 @@ impl Shared {
             let outputs = locked.core.take_output();
             // In order, under the lock: a connection closed and opened again
             // in one batch ends up open.
-            for out in &outputs {
-                match out {
-                    Output::Connect { node, .. } => self.links.reserve(node.id),
-                    Output::Disconnect(id) => self.links.remove(*id),
-                    _ => {}
-                }
-            }
+            carry::links_first(&outputs, &mut VanOut { shared: self, mode });
             if locked.core.take_changed() {
                 self.changed.notify_all();
             }
@@ -690,177 +687,16 @@ impl Shared {
         if wake {
             self.waker.wake();
         }
-        self.carry_out(outputs, mode);
+        let refused = carry::carry_out(outputs, &mut VanOut { shared: self, mode });
+        if !refused.is_empty() {
+            self.park(refused, mode);
+        }
         value
     }
 
-    /// Carries out the outputs that need no lock.
-    fn carry_out(&self, outputs: Vec<Output>, mode: Mode) {
-        let mut refused = Vec::new();
-        for out in outputs {
-            match out {
-                Output::Connect {
-                    node,
-                    identity,
-                    route,
-                    key,
-                } => self.connect(node, identity, key, route, mode),
-                Output::Disconnect(_) => {}
-                Output::Send(msg) => {
-                    if let Err(e) = self.links.send(&msg, mode) {
-                        debug!("cannot send {}: {e}", describe(&msg));
-                    }
-                }
-                // In order: once one is refused, the rest wait behind it.
-                Output::Deliver(msg) if !refused.is_empty() => refused.push(Output::Deliver(msg)),
-                // A copy request is in request order too (replicated key
-                // ranges): it waits behind a refused message.
-                out @ (Output::Snapshot { .. } | Output::Restore { .. }) if !refused.is_empty() => {
-                    refused.push(out)
-                }
-                Output::Deliver(msg) => {
-                    if let Delivered::Full(msg) = self.dispatch.offer(msg, &self.room_signal) {
-                        refused.push(Output::Deliver(msg));
-                    }
-                }
-                Output::Reply {
-                    route,
-                    msg,
-                    reserved,
-                } => {
-                    lock(&self.replies).push((route, msg, reserved));
-                    if mode == Mode::Wait {
-                        self.waker.wake();
-                    }
-                }
-                Output::StoreEvent { watchers, event } => self.store_event(watchers, event, mode),
-                Output::Undeliverable(msg, failure) => self.dispatch.undeliverable(msg, failure),
-                Output::PeerDead(id, failure) => self.dispatch.peer_dead(id, &failure),
-                Output::RoundBegan { round, workers } => self.dispatch.membership(round, &workers),
-                Output::Snapshot {
-                    token,
-                    begin,
-                    end,
-                    apps,
-                    ..
-                } => {
-                    for app in apps {
-                        self.dispatch.snapshot(app, token, begin, end);
-                    }
-                }
-                Output::Restore {
-                    token,
-                    begin,
-                    end,
-                    apps,
-                    data,
-                    ..
-                } => {
-                    for (app, data) in apps.into_iter().zip(data) {
-                        self.dispatch.restore(app, token, begin, end, data);
-                    }
-                }
-                Output::RangeMap(map) => self.dispatch.range_map(&map),
-                Output::Checkpoint { token, io } => self.checkpoint_io(token, io),
-                Output::Failed(failure) => {
-                    if failure != Failure::Stopped {
-                        error!("{failure}");
-                    }
-                    self.dispatch.failed(&failure);
-                }
-                Output::Waiting {
-                    waited,
-                    limit,
-                    what,
-                } => log_waiting(&what, waited, limit),
-            }
-        }
-        if !refused.is_empty() {
-            self.with_core(mode, |core, now| core.park(refused, now));
-        }
-    }
-
-    /// Carries out a checkpoint's file operation in a thread of its own
-    /// (writes are fsynced: the receive thread never waits on the disk),
-    /// then hands the core its result.
-    fn checkpoint_io(&self, token: u64, io: crate::checkpoint::disk::Io) {
-        let weak = self.this.clone();
-        let spawned = std::thread::Builder::new()
-            .name("pslite-checkpoint".into())
-            .spawn(move || {
-                let result = crate::checkpoint::disk::perform(&io);
-                if let Some(shared) = weak.upgrade() {
-                    shared.with_core(Mode::Wait, |core, now| {
-                        core.checkpoint_io_done(token, result, now)
-                    });
-                }
-            });
-        if let Err(e) = spawned {
-            let result = crate::checkpoint::disk::IoResult::Failed(format!(
-                "cannot start a thread for the checkpoint's files: {e}"
-            ));
-            self.with_core(Mode::NoWait, |core, now| {
-                core.checkpoint_io_done(token, result, now)
-            });
-        }
-    }
-
-    /// Opens the connection the core asked for (see [`Links::open`]). A
-    /// registration's check to a host name is looked up first, in a thread
-    /// of its own: the name comes from whoever registered, and ZeroMQ would
-    /// look it up on its I/O thread, which a name that does not resolve
-    /// would stall.
-    fn connect(&self, node: Node, identity: NodeId, key: Option<u64>, route: Route, mode: Mode) {
-        if node.id < 0 && node.hostname.parse::<std::net::IpAddr>().is_err() {
-            self.connect_after_lookup(node);
-            return;
-        }
-        if let Err(e) = self.links.open(&node, identity, key, &route, mode) {
-            error!("cannot connect to {node}: {e}");
-        }
-    }
-
-    /// [`Shared::connect`] for a registration's check whose address is a
-    /// host name: a name that does not resolve refuses the check.
-    fn connect_after_lookup(&self, node: Node) {
-        let weak = self.this.clone();
-        let spawned = std::thread::Builder::new()
-            .name("pslite-lookup".into())
-            .spawn(move || {
-                let ip = crate::resolve::bind_ip(&node.hostname);
-                let Some(shared) = weak.upgrade() else {
-                    return;
-                };
-                // The check may have ended meanwhile (its deadline passed).
-                if !shared.with_core(Mode::Wait, |core, _| core.is_checking(node.id)) {
-                    return;
-                }
-                let result = match ip {
-                    Some(ip) => {
-                        let route = Route {
-                            endpoint: Transport::Tcp.connect_endpoint(&ip, node.port),
-                            local: None,
-                            shm_pid: None,
-                        };
-                        shared
-                            .links
-                            .open(&node, K_EMPTY, None, &route, Mode::Wait)
-                            .map_err(|e| e.to_string())
-                    }
-                    None => Err(format!(
-                        "its host name {:?} does not resolve",
-                        node.hostname
-                    )),
-                };
-                if let Err(why) = result {
-                    shared.with_core(Mode::Wait, |core, now| {
-                        core.link_event(node.id, LinkEvent::Refused(why), now)
-                    });
-                }
-            });
-        if let Err(e) = spawned {
-            debug!("cannot start a name lookup: {e}");
-        }
+    /// The apps refused these: the core keeps them until there is room.
+    fn park(&self, refused: Vec<Output>, mode: Mode) {
+        self.with_core(mode, |core, now| core.park(refused, now));
     }
 
     /// A watched DEALER's connection came up, closed or was refused: the
@@ -870,38 +706,5 @@ impl Shared {
             return; // a DEALER since replaced or closed
         };
         self.with_core(Mode::Wait, |core, now| core.link_event(peer, event, now));
-    }
-
-    /// Hands a store event to this process's watchers of its key; tells
-    /// the core of those that are gone.
-    fn store_event(&self, watchers: Vec<u64>, event: StoreMsg, mode: Mode) {
-        let gone: Vec<u64> = {
-            let mut senders = lock(&self.watchers);
-            watchers
-                .into_iter()
-                .filter(|w| {
-                    let sent = senders
-                        .get(w)
-                        .is_some_and(|tx| tx.send(event.clone()).is_ok());
-                    if !sent {
-                        senders.remove(w);
-                    }
-                    !sent
-                })
-                .collect()
-        };
-        for watcher in gone {
-            self.with_core(mode, |core, now| core.store_watcher_gone(watcher, now));
-        }
-    }
-}
-
-/// Logs a node's "still waiting to join" line.
-fn log_waiting(what: &crate::WaitingFor, waited: Duration, limit: Duration) {
-    let (secs, limit) = (waited.as_secs(), limit.as_secs());
-    if waited.is_zero() {
-        info!("{what} (up to {limit} s, PS_START_TIMEOUT)");
-    } else {
-        warn!("{what}: {secs} s of {limit} (PS_START_TIMEOUT)");
     }
 }

@@ -3,7 +3,8 @@
 //! (`pslite checkpoint`, the driver's `Van::checkpoint`) and every
 //! `PS_CHECKPOINT_INTERVAL` seconds; a job started with the same directory
 //! restores the last complete one before its servers serve. Socket-free
-//! state machines with time passed in, driven by [`crate::Core`]:
+//! state machines with time passed in, a component of the core together
+//! ([`checkpoints::Checkpoints`]):
 //! - [`master::CheckpointMaster`] (scheduler): when a checkpoint is taken,
 //!   which servers write which ranges, when it is complete, what to delete.
 //! - [`server::CheckpointServer`] (server): copies its ranges from its apps
@@ -46,6 +47,7 @@
 //!   apps restored. A bad file fails the server, naming the file and what is
 //!   wrong; nothing of it was loaded.
 
+pub mod checkpoints;
 pub mod disk;
 pub mod format;
 pub mod master;

@@ -1,14 +1,229 @@
-//! What the core asks its driver to do ([`Output`]), and the words for it:
-//! how to reach a peer ([`Route`]), what a joining node waits for
-//! ([`WaitingFor`]). A leaf: it names messages, nodes and failures, no
-//! state machine.
+//! What the parts of the core ask for, as values: a component emits
+//! [`Effect`]s (a message to send, a connection, something for the apps or
+//! the driver, an [`Event`] for the others); the core carries each out in
+//! order and hands the driver [`Output`]s. A leaf: it names messages,
+//! nodes and failures, no state machine, and no component is imported
+//! here.
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use pslite_proto::store::StoreMsg;
 use pslite_proto::{Message, Node, NodeId};
 
 use crate::error::Failure;
+
+/// Something a component asks for. The core carries effects out in the
+/// order they were emitted, each before the next: what carrying one out
+/// makes (another component's effects) comes first.
+// Most effects are sends that live only until the core takes them:
+// boxing the message would cost an allocation per send for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Send this message to `meta.recver`. It goes through the outgoing
+    /// pipeline from the stage after the component that made it: the
+    /// sender and (for control messages) a timestamp are stamped, the
+    /// connection is opened on first use, and it is kept for resending.
+    Send(Message),
+    /// Open (or replace) the connection to this node, under this node's
+    /// identity.
+    Connect(Node),
+    /// Open a connection to this node without an identity (the scheduler's
+    /// check of a registration's address).
+    ConnectAnonymous(Node),
+    /// Close the connection to this node (or check link).
+    Disconnect(NodeId),
+    /// Something for the apps ([`Output::Deliver`], [`Output::Snapshot`],
+    /// [`Output::Restore`]), in order: behind what the apps were not given
+    /// yet (see `crate::hold`).
+    ForApps(Output),
+    /// Something for the driver.
+    Out(Output),
+    /// An answer to an admin client (a status table) on connection
+    /// `route`, within the budget of unread answers; the scheduler's own
+    /// row gets its counters.
+    Reply(Bytes, Message),
+    /// Tell the components that take it.
+    Event(Event),
+    /// The node cannot go on: every wait fails with this.
+    Fail(Failure),
+    /// Something a waiter looks at changed.
+    Changed,
+    /// Route this message again through the core's table, as if it had
+    /// just arrived (past the transport's checks): a message released from
+    /// a hold.
+    Route(Message),
+}
+
+/// What a component announces for the others; the core routes each to the
+/// components that take it (see `core/events.rs`). Components never call
+/// each other: this is how one learns what another did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// This node joined: its id and node table are known (membership).
+    Joined,
+    /// This node took a node table from the scheduler (membership): what
+    /// came with it applies now.
+    TableTaken,
+    /// Node `id` restarted and took its old id (membership, or on the
+    /// scheduler its recovery): what it never answered goes to the new
+    /// process.
+    PeerReplaced(NodeId),
+    /// Node `id` died and nothing replaced it in time (membership).
+    PeerDead(NodeId),
+    /// Elastic mode: this node's round began (membership).
+    RoundBegan {
+        /// The round number.
+        round: u64,
+        /// Its workers in rank order.
+        workers: Vec<NodeId>,
+    },
+    /// This node still waits to join (membership): a log line.
+    Waiting {
+        /// How long it has waited.
+        waited: Duration,
+        /// The start timeout.
+        limit: Duration,
+    },
+    /// The scheduler is about to send the node tables that form the
+    /// cluster, to these servers (the range map forms first, so the tables
+    /// carry it).
+    Forming(Vec<NodeId>),
+    /// The scheduler formed the cluster: its table, this scheduler last.
+    Formed(Vec<Node>),
+    /// The scheduler's table changed after the cluster formed: its table,
+    /// this scheduler last.
+    TableChanged(Vec<Node>),
+    /// Restarted processes are about to take over these ids (the node
+    /// tables and updates naming them follow).
+    Replacing(Vec<NodeId>),
+    /// The processes that took over these ids have been told their table,
+    /// and the others the new addresses.
+    Replaced(Vec<NodeId>),
+    /// Elastic mode: the scheduler began a round.
+    Round {
+        /// The round number.
+        round: u64,
+        /// Its workers in rank order.
+        workers: Vec<NodeId>,
+    },
+    /// The scheduler is about to release the barrier over `group` to
+    /// `to` (the releases follow, one message each).
+    Releasing {
+        /// The barrier's group.
+        group: i32,
+        /// The nodes released.
+        to: Vec<NodeId>,
+    },
+    /// A registration whose address completed a handshake: the scheduler
+    /// takes it.
+    Registered(Box<Message>),
+    /// Replicated key ranges: server `server`'s ranges failed over (or a
+    /// replacement took its id again: `false`); barriers stop (or start
+    /// again) waiting for it.
+    FailedOver {
+        /// The server.
+        server: NodeId,
+        /// Whether its ranges moved to the others.
+        failed_over: bool,
+    },
+    /// A server left the job by itself, its ranges handed over.
+    ServerLeft(NodeId),
+    /// Key ranges are replicated in this cluster (a dead server's ranges
+    /// fail over; nothing waits for its replacement).
+    Replicated,
+    /// A worker's request was answered: copies of it still resent to
+    /// earlier primaries stop.
+    Answered {
+        /// Its app.
+        app: i32,
+        /// Its customer.
+        customer: i32,
+        /// Its timestamp.
+        timestamp: i32,
+        /// Its range.
+        range: u32,
+    },
+    /// This server left the job (its ranges are on the others): its waits
+    /// are over, and closed connections are no deaths any more.
+    Left,
+    /// The resender gave up on a data message (never acknowledged, or its
+    /// receiver is dead): its request fails, unless the range map decides
+    /// where it goes next.
+    GaveUp(Box<(Message, Failure)>),
+}
+
+/// The effects a component emitted, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Effects(Vec<Effect>);
+
+impl Effects {
+    /// Emits `effect`.
+    pub fn push(&mut self, effect: Effect) {
+        self.0.push(effect);
+    }
+
+    /// Sends `msg` (see [`Effect::Send`]).
+    pub fn send(&mut self, msg: Message) {
+        self.0.push(Effect::Send(msg));
+    }
+
+    /// Announces `event` (see [`Effect::Event`]).
+    pub fn event(&mut self, event: Event) {
+        self.0.push(Effect::Event(event));
+    }
+
+    /// Hands `out` to the driver.
+    pub fn out(&mut self, out: Output) {
+        self.0.push(Effect::Out(out));
+    }
+
+    /// Whether nothing was emitted.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many effects were emitted.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The effects, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Effect> {
+        self.0.iter()
+    }
+
+    /// Takes the effects, in order.
+    pub fn take(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.0)
+    }
+
+    /// The messages sent, in order.
+    pub fn sends(&self) -> Vec<&Message> {
+        self.0
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Send(m) => Some(m),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Extend<Effect> for Effects {
+    fn extend<I: IntoIterator<Item = Effect>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
+}
+
+impl IntoIterator for Effects {
+    type Item = Effect;
+    type IntoIter = std::vec::IntoIter<Effect>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
 
 /// Something the driver must do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,18 +5,24 @@
 //! killed and restarted, and a node's apps can stop taking messages
 //! ([`SimNode::app_capacity`]: the node then reads nothing and its packets
 //! wait in flight, as in a socket). Every meta frame goes through the
-//! codec, as on the wire.
+//! codec, as on the wire, and each node's outputs go through the Van's own
+//! interpreter (`crate::carry`).
+//!
+//! Built for tests, and with the crate's `harness` feature for simulations
+//! elsewhere; a step costs what it touches (see `net.rs`), so clusters of
+//! thousands of nodes run. `app.rs` holds the server app, `disk.rs` the
+//! file system checkpoints write to.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use pslite_proto::ids::{self, NodeId};
-use pslite_proto::{Message, Meta, Node, Role, K_EMPTY};
+use pslite_proto::{Message, Role, K_EMPTY};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::config::VanConfig;
-use crate::core::{Core, Output};
+use crate::core::Core;
 use crate::error::Failure;
 use crate::member::BarrierOutcome;
 
@@ -33,15 +39,6 @@ pub struct Faults {
     pub duplicate: f64,
     /// Each packet takes 1 ms plus up to this much more (reordering).
     pub max_delay: Duration,
-}
-
-struct Packet {
-    at: Instant,
-    seq: u64,
-    to: usize,
-    identity: NodeId,
-    key: Option<u64>,
-    msg: Message,
 }
 
 /// One node of the network: its core and what came out of it.
@@ -70,7 +67,7 @@ pub struct SimNode {
     /// "Still waiting to join" reports.
     pub waiting: Vec<Duration>,
     /// What each of those reports says it waits for.
-    pub waiting_for: Vec<crate::core::WaitingFor>,
+    pub waiting_for: Vec<crate::effects::WaitingFor>,
     /// Answers to admin clients (`pslite status`), with the connection
     /// (routing id) they went to, not read yet (their share of the reply
     /// budget stays taken until [`Network::read_answers`]).
@@ -85,7 +82,7 @@ pub struct SimNode {
     /// Store events handed to this process's watchers: (watcher, event).
     pub store_events: Vec<(u64, pslite_proto::store::StoreMsg)>,
     /// Connections: peer id -> (node index or none, identity and key used).
-    conns: HashMap<NodeId, (Option<usize>, NodeId, Option<u64>)>,
+    pub(crate) conns: HashMap<NodeId, (Option<usize>, NodeId, Option<u64>)>,
     /// Identities refused (a stranger's, or an earlier process's).
     pub refused: Vec<crate::core::IdentityRefused>,
 }
@@ -95,18 +92,16 @@ pub struct Network {
     /// The virtual time.
     pub now: Instant,
     /// The nodes; index 0 is the scheduler of clusters built here.
-    pub nodes: Vec<SimNode>,
+    pub nodes: Nodes,
     /// What happens to packets.
     pub faults: Faults,
     /// Template configuration of new nodes.
     pub config: VanConfig,
-    packets: Vec<Packet>,
-    /// Connection events due: (when, node, its peer, what), as a socket
-    /// monitor reports them (connections come up 1 ms after they are
-    /// opened to a live node; a killed node's connections close at once).
-    links: Vec<(Instant, usize, NodeId, crate::core::LinkEvent)>,
+    /// What is in flight, and when each node has work next.
+    queues: Queues,
+    /// The nodes by address.
+    by_address: HashMap<(String, i32), usize>,
     rng: StdRng,
-    seq: u64,
     /// Steps taken without the clock moving (a busy-loop detector).
     stalled_steps: u32,
     /// The files checkpoints wrote (one file system shared by every node).
@@ -124,9 +119,12 @@ pub const SCHEDULER_PORT: i32 = 9000;
 impl Network {
     /// An empty network whose nodes use `config` (role and port aside).
     pub fn new(config: VanConfig, seed: u64) -> Network {
+        // The simulation's origin of virtual time.
+        #[allow(clippy::disallowed_methods)]
+        let origin = Instant::now();
         Network {
-            now: Instant::now(),
-            nodes: Vec::new(),
+            now: origin,
+            nodes: Nodes::new(),
             faults: Faults::default(),
             config: VanConfig {
                 scheduler_host: "127.0.0.1".into(),
@@ -134,10 +132,9 @@ impl Network {
                 host: "127.0.0.1".into(),
                 ..config
             },
-            packets: Vec::new(),
-            links: Vec::new(),
+            queues: Queues::default(),
+            by_address: HashMap::new(),
             rng: StdRng::seed_from_u64(seed),
-            seq: 0,
             stalled_steps: 0,
             disk: std::collections::BTreeMap::new(),
         }
@@ -198,6 +195,7 @@ impl Network {
             reserved: 0,
         });
         let i = self.nodes.len() - 1;
+        self.by_address.insert(("127.0.0.1".to_string(), port), i);
         self.flush(i);
         i
     }
@@ -223,25 +221,7 @@ impl Network {
     pub fn resume(&mut self, i: usize) {
         self.nodes[i].alive = true;
         self.nodes[i].paused = false;
-        let now = self.now;
-        for p in &mut self.packets {
-            if p.to == i && p.at < now {
-                p.at = now;
-            }
-        }
-    }
-
-    /// Every connection to node `i` closes now.
-    fn close_links_to(&mut self, i: usize) {
-        let now = self.now;
-        for (j, n) in self.nodes.iter().enumerate() {
-            for (&peer, &(target, _, _)) in &n.conns {
-                if target == Some(i) {
-                    self.links
-                        .push((now, j, peer, crate::core::LinkEvent::Down));
-                }
-            }
-        }
+        self.arrived_by_now(i);
     }
 
     /// Replaces node `i` by a fresh process at the same address (a restart).
@@ -410,376 +390,6 @@ impl Network {
         self.flush(i);
     }
 
-    /// Carries out node `i`'s outputs (and its app's answers, at once).
-    pub(crate) fn flush(&mut self, i: usize) {
-        loop {
-            let outputs = self.nodes[i].core.take_output();
-            if outputs.is_empty() {
-                return;
-            }
-            // Connections (and disconnections, in order) at once, as the Van
-            // opens them under the core's lock: a send carried out meanwhile
-            // (an app's answer) finds them.
-            for out in &outputs {
-                match out {
-                    Output::Connect {
-                        node,
-                        identity,
-                        key,
-                        ..
-                    } => {
-                        let target = self
-                            .nodes
-                            .iter()
-                            .position(|n| n.host == node.hostname && n.port == node.port);
-                        if target.is_some_and(|t| self.nodes[t].alive) {
-                            let at = self.now + Duration::from_millis(1);
-                            self.links
-                                .push((at, i, node.id, crate::core::LinkEvent::Up));
-                        }
-                        self.nodes[i]
-                            .conns
-                            .insert(node.id, (target, *identity, *key));
-                    }
-                    Output::Disconnect(id) => {
-                        self.nodes[i].conns.remove(id);
-                    }
-                    _ => {}
-                }
-            }
-            self.carry_out(i, outputs);
-        }
-    }
-
-    fn carry_out(&mut self, i: usize, outputs: Vec<Output>) {
-        let now = self.now;
-        let mut refused = Vec::new();
-        for out in outputs {
-            match out {
-                Output::Deliver(msg)
-                    if !refused.is_empty()
-                        || self.nodes[i]
-                            .app_capacity
-                            .is_some_and(|cap| self.nodes[i].delivered.len() >= cap) =>
-                {
-                    refused.push(Output::Deliver(msg));
-                }
-                out @ (Output::Snapshot { .. } | Output::Restore { .. }) if !refused.is_empty() => {
-                    refused.push(out)
-                }
-                Output::Deliver(msg) if msg.meta.request && self.nodes[i].app.is_some() => {
-                    let node = &mut self.nodes[i];
-                    let Some(app) = node.app.as_mut() else {
-                        continue;
-                    };
-                    let answer = app.apply(&msg);
-                    node.delivered.push(msg);
-                    match node.core.send(answer, now) {
-                        Ok(Some(msg)) => {
-                            // Its connection first, as the Van opens it.
-                            self.flush(i);
-                            self.transmit(i, msg)
-                        }
-                        Ok(None) => {}
-                        // A node that failed (say, fenced: a replacement
-                        // took its place) sends nothing more; its app's
-                        // answers are dropped, as the Van drops them.
-                        Err(_) if node.core.failure().is_some() => {}
-                        Err(e) => panic!("the core refused an answer: {e}"),
-                    }
-                }
-                Output::Snapshot {
-                    token,
-                    begin,
-                    end,
-                    apps,
-                    ..
-                } => {
-                    let node = &mut self.nodes[i];
-                    if let Some(app) = &node.app {
-                        let data = app.snapshot(begin, end);
-                        for a in apps {
-                            node.core.snapshot_taken(token, a, data.clone(), now);
-                        }
-                    }
-                }
-                Output::Restore {
-                    token,
-                    begin,
-                    end,
-                    apps,
-                    data,
-                    ..
-                } => {
-                    let node = &mut self.nodes[i];
-                    if let Some(app) = node.app.as_mut() {
-                        for (a, d) in apps.into_iter().zip(data) {
-                            app.restore(begin, end, &d);
-                            node.core.restored(token, a, now);
-                        }
-                    }
-                }
-                Output::RangeMap(map) => self.nodes[i].maps.push(map),
-                Output::Checkpoint { token, io } => {
-                    let result = self.perform(&io);
-                    self.nodes[i].core.checkpoint_io_done(token, result, now);
-                }
-                Output::Connect { .. } | Output::Disconnect(_) => {} // carried out by flush
-                Output::Send(msg) => self.transmit(i, msg),
-                Output::Deliver(msg) => self.nodes[i].delivered.push(msg),
-                Output::Undeliverable(msg, f) => self.nodes[i].undeliverable.push((msg, f)),
-                Output::PeerDead(id, _) => self.nodes[i].peer_dead.push(id),
-                Output::Failed(f) => self.nodes[i].failures.push(f),
-                Output::Waiting { waited, what, .. } => {
-                    self.nodes[i].waiting.push(waited);
-                    self.nodes[i].waiting_for.push(what);
-                }
-                Output::Reply {
-                    route,
-                    msg,
-                    reserved,
-                } => {
-                    self.nodes[i].reserved += reserved;
-                    self.nodes[i].answers.push((route, msg));
-                }
-                Output::RoundBegan { round, workers } => {
-                    self.nodes[i].rounds.push((round, workers))
-                }
-                Output::StoreEvent { watchers, event } => {
-                    for w in watchers {
-                        self.nodes[i].store_events.push((w, event.clone()));
-                    }
-                }
-            }
-        }
-        if !refused.is_empty() {
-            let now = self.now;
-            self.nodes[i].core.park(refused, now);
-        }
-    }
-
-    /// Whether node `i` reads what arrives (a node that does not leaves
-    /// its packets in flight, as a socket keeps them).
-    fn reads(&self, i: usize) -> bool {
-        self.nodes[i].alive && self.nodes[i].core.is_listening()
-    }
-
-    /// Carries out a checkpoint's file operation on [`Network::disk`].
-    fn perform(&mut self, io: &crate::checkpoint::disk::Io) -> crate::checkpoint::disk::IoResult {
-        use crate::checkpoint::disk::{Io, IoResult};
-        match io {
-            Io::Write { path, bytes } => {
-                self.disk.insert(path.clone(), bytes.clone());
-                IoResult::Done
-            }
-            Io::Read { paths } => {
-                let mut out = Vec::new();
-                for candidates in paths {
-                    match candidates
-                        .iter()
-                        .find_map(|p| self.disk.get(p).map(|b| (p.clone(), b.clone())))
-                    {
-                        Some(found) => out.push(found),
-                        None => {
-                            return IoResult::Failed(format!(
-                                "checkpoint file {candidates:?} is missing"
-                            ))
-                        }
-                    }
-                }
-                IoResult::Read(out)
-            }
-            Io::Prune { dir, below } => {
-                self.disk.retain(|path, _| {
-                    path.strip_prefix(dir)
-                        .ok()
-                        .and_then(|p| p.components().next())
-                        .and_then(|c| {
-                            c.as_os_str()
-                                .to_str()?
-                                .strip_prefix("checkpoint-")?
-                                .parse::<u64>()
-                                .ok()
-                        })
-                        .is_none_or(|id| id >= *below)
-                });
-                IoResult::Done
-            }
-        }
-    }
-
-    /// The checkpoints on [`Network::disk`] under `dir`, as
-    /// [`crate::checkpoint::disk::scan`] finds them on a real one.
-    pub fn scan_checkpoints(&self, dir: &std::path::Path) -> Vec<crate::checkpoint::disk::Found> {
-        use crate::checkpoint::disk::{checkpoint_dir, Found, MANIFEST};
-        let mut ids: Vec<u64> = self
-            .disk
-            .keys()
-            .filter_map(|p| p.strip_prefix(dir).ok())
-            .filter_map(|p| p.components().next())
-            .filter_map(|c| {
-                c.as_os_str()
-                    .to_str()?
-                    .strip_prefix("checkpoint-")?
-                    .parse()
-                    .ok()
-            })
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.into_iter()
-            .map(|id| {
-                let manifest_path = checkpoint_dir(dir, id).join(MANIFEST);
-                Found {
-                    id,
-                    manifest: self.disk.get(&manifest_path).cloned().map(Ok),
-                    manifest_path,
-                }
-            })
-            .collect()
-    }
-
-    /// Puts a message from node `i` on the network, through its faults.
-    fn transmit(&mut self, i: usize, msg: Message) {
-        if !self.nodes[i].alive {
-            return;
-        }
-        let Some(&(Some(to), identity, key)) = self.nodes[i].conns.get(&msg.meta.recver) else {
-            return; // no connection, or to an address where nobody listens
-        };
-        let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
-        if faulty && self.rng.random_bool(self.faults.drop) {
-            return;
-        }
-        let copies = if faulty && self.rng.random_bool(self.faults.duplicate) {
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let extra = self.faults.max_delay.as_micros() as u64;
-            let delay = Duration::from_millis(1)
-                + Duration::from_micros(if extra > 0 {
-                    self.rng.random_range(0..extra)
-                } else {
-                    0
-                });
-            self.seq += 1;
-            self.packets.push(Packet {
-                at: self.now + delay,
-                seq: self.seq,
-                to,
-                identity,
-                key,
-                msg: msg.clone(),
-            });
-        }
-    }
-
-    /// The next time something happens: a packet arrives or a core's
-    /// deadline passes.
-    fn next_event(&self) -> Option<Instant> {
-        let packets = self
-            .packets
-            .iter()
-            .filter(|p| !self.nodes[p.to].paused && (self.reads(p.to) || !self.nodes[p.to].alive))
-            .map(|p| p.at)
-            .chain(self.links.iter().map(|l| l.0))
-            .min();
-        let timers = self
-            .nodes
-            .iter()
-            .filter(|n| n.alive)
-            .filter_map(|n| n.core.poll_timeout())
-            .min();
-        packets.into_iter().chain(timers).min()
-    }
-
-    /// Moves time to the next event and handles it; false if nothing is
-    /// left to happen.
-    pub fn step(&mut self) -> bool {
-        let Some(at) = self.next_event() else {
-            return false;
-        };
-        if at > self.now {
-            self.now = at;
-            self.stalled_steps = 0;
-        } else {
-            self.stalled_steps += 1;
-            assert!(
-                self.stalled_steps < MAX_STEPS_AT_ONE_INSTANT,
-                "busy loop: {MAX_STEPS_AT_ONE_INSTANT} steps without virtual time moving \
-                 (a core's poll_timeout stays in the past after tick, or packets bounce \
-                 with no delay)"
-            );
-        }
-        let now = self.now;
-        let mut due: Vec<Packet> = Vec::new();
-        let mut i = 0;
-        while i < self.packets.len() {
-            // A stopped node's packets wait in its socket, as do a full
-            // node's (it reads nothing).
-            let p = &self.packets[i];
-            if p.at <= now
-                && !self.nodes[p.to].paused
-                && (self.reads(p.to) || !self.nodes[p.to].alive)
-            {
-                due.push(self.packets.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        due.sort_by_key(|p| (p.at, p.seq));
-        let mut events = Vec::new();
-        let mut k = 0;
-        while k < self.links.len() {
-            if self.links[k].0 <= now {
-                events.push(self.links.remove(k));
-            } else {
-                k += 1;
-            }
-        }
-        for (_, i, peer, event) in events {
-            if self.nodes[i].alive {
-                self.nodes[i].core.link_event(peer, event, now);
-                self.flush(i);
-            }
-        }
-        for p in due {
-            if !self.nodes[p.to].alive {
-                continue;
-            }
-            if !self.reads(p.to) {
-                // It stopped reading meanwhile: the packet waits.
-                self.packets.push(p);
-                continue;
-            }
-            // Through the codec, as on the wire; the sender comes from the
-            // connection's identity.
-            let mut meta = Meta::decode(&p.msg.meta.encode()).expect("a meta we encoded decodes");
-            meta.sender = p.identity;
-            meta.sender_key = p.key;
-            let msg = Message {
-                meta,
-                data: p.msg.data,
-            };
-            if let Some(refused) = self.nodes[p.to].core.handle(msg, now) {
-                self.nodes[p.to].refused.push(refused);
-            }
-            self.flush(p.to);
-        }
-        for i in 0..self.nodes.len() {
-            if !self.nodes[i].alive {
-                continue;
-            }
-            if self.nodes[i].core.poll_timeout().is_some_and(|t| t <= now) {
-                self.nodes[i].core.tick(now);
-                self.flush(i);
-            }
-        }
-        true
-    }
-
     /// Runs until `done` holds (true) or `limit` of virtual time passes or
     /// nothing is left to happen (false).
     pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Network) -> bool) -> bool {
@@ -856,117 +466,18 @@ impl Network {
     }
 }
 
-/// A server app for the replication tests: sums pushed `i64` values per
-/// key, remembers every value applied (each push carries values never
-/// pushed before, so applying one twice shows), answers pulls with the sums,
-/// and copies and restores key ranges.
-#[derive(Clone, Debug, Default)]
-pub struct SumApp {
-    /// Per key: the values applied.
-    pub store: std::collections::BTreeMap<u64, Vec<i64>>,
-    /// Values applied a second time.
-    pub doubles: Vec<(u64, i64)>,
-    /// What it did, for test failures.
-    pub trace: Vec<String>,
-}
+mod app;
+mod disk;
+mod net;
 
-fn u64s(b: &[u8]) -> Vec<u64> {
-    b.chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
-        .collect()
-}
-
-fn i64s(b: &[u8]) -> Vec<i64> {
-    b.chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()))
-        .collect()
-}
-
-impl SumApp {
-    /// Applies a KV request; returns the answer (the core pairs it).
-    pub fn apply(&mut self, msg: &Message) -> Message {
-        let keys = msg.data.first().map(|b| u64s(b)).unwrap_or_default();
-        if msg.meta.push {
-            let vals = msg.data.get(1).map(|b| i64s(b)).unwrap_or_default();
-            self.trace.push(format!(
-                "apply from {} ts {} keys {keys:?} vals {vals:?}",
-                msg.meta.sender, msg.meta.timestamp
-            ));
-            for (k, v) in keys.iter().zip(vals) {
-                let slot = self.store.entry(*k).or_default();
-                if slot.contains(&v) {
-                    self.doubles.push((*k, v));
-                }
-                slot.push(v);
-            }
-        }
-        let mut answer = Message::default();
-        answer.meta.app_id = msg.meta.app_id;
-        answer.meta.customer_id = msg.meta.customer_id;
-        answer.meta.push = msg.meta.push;
-        answer.meta.pull = msg.meta.pull;
-        answer.meta.head = msg.meta.head;
-        answer.meta.timestamp = msg.meta.timestamp;
-        answer.meta.recver = msg.meta.sender;
-        if msg.meta.pull {
-            let sums: Vec<u8> = keys
-                .iter()
-                .flat_map(|k| self.sum(*k).to_le_bytes())
-                .collect();
-            let keys: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
-            answer.data = vec![keys.into(), sums.into()];
-            answer.meta.data_type = vec![
-                pslite_proto::DataType::UInt64,
-                pslite_proto::DataType::Int64,
-            ];
-        }
-        answer
-    }
-
-    /// The sum of key `k`'s values.
-    pub fn sum(&self, k: u64) -> i64 {
-        self.store.get(&k).map_or(0, |v| v.iter().sum())
-    }
-
-    /// The keys in `[begin, end)` with their values.
-    pub fn copy(&self, begin: u64, end: u64) -> Vec<(u64, Vec<i64>)> {
-        self.store
-            .iter()
-            .filter(|(&k, _)| k >= begin && (k < end || end == u64::MAX))
-            .map(|(&k, v)| (k, v.clone()))
-            .collect()
-    }
-
-    fn snapshot(&self, begin: u64, end: u64) -> bytes::Bytes {
-        let mut out = Vec::new();
-        for (k, vals) in self.copy(begin, end) {
-            out.extend(k.to_le_bytes());
-            out.extend((vals.len() as u64).to_le_bytes());
-            for v in vals {
-                out.extend(v.to_le_bytes());
-            }
-        }
-        out.into()
-    }
-
-    fn restore(&mut self, begin: u64, end: u64, data: &[u8]) {
-        self.trace
-            .push(format!("restore {begin}..{end}: {} bytes", data.len()));
-        self.store
-            .retain(|&k, _| !(k >= begin && (k < end || end == u64::MAX)));
-        let words = u64s(data);
-        let mut at = 0;
-        while at + 2 <= words.len() {
-            let (k, n) = (words[at], words[at + 1] as usize);
-            let vals = words[at + 2..at + 2 + n]
-                .iter()
-                .map(|&w| w as i64)
-                .collect();
-            self.store.insert(k, vals);
-            at += 2 + n;
-        }
-    }
-}
+pub use app::SumApp;
+// For the tests' `use super::*`.
+#[cfg(test)]
+use app::{i64s, u64s};
+pub use net::Nodes;
+use net::Queues;
+#[cfg(test)]
+use pslite_proto::Node;
 
 #[cfg(test)]
 mod backpressure_tests;

@@ -32,7 +32,9 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod address;
+pub mod carry;
 pub mod checkpoint;
+pub mod component;
 mod config;
 mod core;
 pub mod counters;
@@ -42,16 +44,20 @@ mod error;
 #[cfg(any(test, feature = "harness"))]
 pub mod harness;
 pub mod hold;
+mod leave;
 mod log_once;
 mod member;
-pub mod registration;
+mod registration;
 pub mod rendezvous;
 pub mod replica;
+mod reply;
 pub mod resender;
 pub mod scheduler;
 pub mod store;
 
-pub use crate::core::{Core, DrainOutcome, IdentityRefused, LinkEvent};
+pub use crate::core::{
+    Core, DrainOutcome, IdentityRefused, LinkEvent, DRAIN_RESEND_TIMEOUTS, MAX_DRAIN,
+};
 pub use config::{AuthToken, VanConfig};
 pub use counters::Counters;
 pub use describe::describe;
@@ -60,7 +66,7 @@ pub use error::{identity_hint, Cause, Failure, StartTimeout, VanError};
 pub use hold::HoldQueue;
 pub use log_once::LogOnce;
 pub use member::{
-    BarrierOutcome, Member, MemberAction, MemberConfig, LINK_GRACE, PAUSE_SLACK, WAIT_LOG_INTERVAL,
+    BarrierOutcome, Member, MemberConfig, LINK_GRACE, PAUSE_SLACK, WAIT_LOG_INTERVAL,
 };
 pub use resender::Resender;
-pub use scheduler::{Action, Scheduler, SchedulerConfig};
+pub use scheduler::{Scheduler, SchedulerConfig};

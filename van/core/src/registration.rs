@@ -14,9 +14,15 @@
 //! connection then; [`Registrations::tick`] refuses those still unchecked
 //! after [`REGISTRATION_CHECK`].
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use log::{debug, warn};
 use pslite_proto::{Message, Node, NodeId};
+
+use crate::component::{Component, Cx};
+use crate::effects::{Effect, Event};
+use crate::LinkEvent;
 
 /// How long an address a registration names may take to complete a
 /// handshake (a node listens before it registers; a dropped SYN costs
@@ -57,6 +63,8 @@ pub struct Registrations {
     checks: Vec<Check>,
     next_link: NodeId,
     refused: Vec<String>,
+    /// Refused registration addresses logged at warning level.
+    logged: HashSet<String>,
 }
 
 impl Registrations {
@@ -150,6 +158,71 @@ impl Registrations {
             self.refused.remove(0);
         }
         self.refused.push(format!("{node}: {why}"));
+    }
+}
+
+impl Registrations {
+    /// The check's connection `link` came up (its registrations count: the
+    /// scheduler takes them) or was refused (they are refused); either way
+    /// it closes.
+    pub fn link_event(&mut self, link: NodeId, event: &LinkEvent, cx: &mut Cx<'_>) {
+        match event {
+            LinkEvent::Up => {
+                for msg in self.link_up(link) {
+                    cx.event(Event::Registered(Box::new(msg)));
+                }
+            }
+            LinkEvent::Refused(why) => {
+                if let Some((node, why)) = self.link_refused(link, why) {
+                    self.log_refusal(&node, &why);
+                }
+            }
+            // ZeroMQ tries again until the check's deadline.
+            LinkEvent::Down | LinkEvent::Unreachable => return,
+        }
+        cx.fx.push(Effect::Disconnect(link));
+    }
+
+    fn log_refusal(&mut self, node: &Node, why: &str) {
+        let line = format!(
+            "scheduler: refusing the registration of {node}: {why} (a forged registration, or \
+             a node the scheduler cannot reach at the address it advertises: check \
+             DMLC_NODE_HOST)"
+        );
+        if self.logged.len() < 256 && self.logged.insert(node.address()) {
+            warn!("{line}");
+        } else {
+            debug!("{line}");
+        }
+    }
+}
+
+impl Component for Registrations {
+    /// On the scheduler, a registration (ADD_NODE from a process without an
+    /// id): it counts once its address completed a handshake; one naming no
+    /// usable address goes to the scheduler at once, which says why it
+    /// drops it.
+    fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
+        let node = match msg.meta.control.node.as_slice() {
+            [node] if !node.hostname.is_empty() && (1..=65535).contains(&node.port) => node.clone(),
+            _ => return cx.event(Event::Registered(Box::new(msg))),
+        };
+        match self.offer(msg, &node, now) {
+            Offered::Check(target) => cx.fx.push(Effect::ConnectAnonymous(target)),
+            Offered::Held => {}
+            Offered::Refused(why) => self.log_refusal(&node, &why),
+        }
+    }
+
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        for (link, node, why) in Registrations::tick(self, now) {
+            self.log_refusal(&node, &why);
+            cx.fx.push(Effect::Disconnect(link));
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        Registrations::poll_timeout(self)
     }
 }
 

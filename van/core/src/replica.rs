@@ -1,7 +1,7 @@
 //! Replicated key ranges (`PS_REPLICAS=k`, pslite-only): each key range is
 //! held by a primary and `k-1` backups, survives up to `k-1` failures, and
 //! moves to servers that replace dead ones. Socket-free state machines with
-//! no clock, driven by [`crate::Core`]:
+//! no clock, a component of the core together ([`replication::Replication`]):
 //! - [`master::RangeMaster`] (scheduler): the versioned range map, failover
 //!   (promote the next replica), copies toward each range's target servers.
 //! - [`server::ReplicaServer`] (server): sequencing, the log sent to backups,
@@ -16,6 +16,7 @@
 
 pub mod client;
 pub mod master;
+pub mod replication;
 pub mod server;
 
 /// The key ranges of `n` servers, `[begin, end)` as ps-lite computes them

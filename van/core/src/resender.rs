@@ -12,11 +12,22 @@
 //! pslite, by the customer id an ACK echoes. The duplicate filter forgets
 //! entries once no resend of them can still arrive, and never holds more
 //! than [`MAX_SEEN`] entries (C++'s grows without bound).
+//!
+//! As a component of the core it takes the acknowledgements, resends what
+//! is due and gives up on the rest; the core's way in asks it about every
+//! other message ([`Resender::on_receive`]) and its way out keeps a copy of
+//! every message sent ([`Resender::on_send`]).
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use pslite_proto::{Command, Message, Meta, NodeId, K_EMPTY};
+use log::{debug, warn};
+use pslite_proto::ids::SCHEDULER;
+use pslite_proto::{Command, Message, Meta, NodeId, Role, K_EMPTY};
+
+use crate::component::{Component, Cx};
+use crate::effects::{Event, Output};
+use crate::error::Failure;
 
 /// At most this many received signatures are remembered for de-duplication.
 pub const MAX_SEEN: usize = 1 << 20;
@@ -103,6 +114,9 @@ pub struct Resender {
     /// No unacknowledged message is due before this (a lower bound; exact
     /// after each [`Resender::tick`]).
     earliest: Option<Instant>,
+    /// Peers that acknowledged at least once (the others may never: a C++
+    /// node without `PS_RESEND`).
+    acked_by: HashSet<NodeId>,
 }
 
 impl Resender {
@@ -116,6 +130,7 @@ impl Resender {
             seen: HashSet::new(),
             seen_order: VecDeque::new(),
             earliest: None,
+            acked_by: HashSet::new(),
         }
     }
 
@@ -384,9 +399,81 @@ impl Resender {
         self.seen_order.retain(|&(_, (sender, ..))| sender != id);
     }
 
+    /// Whether node `id` acknowledged anything yet.
+    pub fn acknowledged_by(&self, id: NodeId) -> bool {
+        self.acked_by.contains(&id)
+    }
+
     /// Signatures remembered for de-duplication.
     pub fn remembered(&self) -> usize {
         self.seen.len()
+    }
+}
+
+impl Component for Resender {
+    /// An acknowledgement (every other message passed `on_receive` on its
+    /// way in: see `core/route.rs`).
+    fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
+        self.on_receive(&msg, now);
+        self.acked_by.insert(msg.meta.sender);
+        cx.changed();
+    }
+
+    /// Resends what is due, and gives up on what was resent too often: a
+    /// control message to a scheduler that acknowledges fails the node, a
+    /// data message fails its request (unless the range map decides).
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        let due = Resender::tick(self, now);
+        for msg in due.resend {
+            debug!("resending {}", crate::describe(&msg));
+            cx.facts.counters().resent();
+            cx.out(Output::Send(msg));
+        }
+        for msg in due.failed {
+            let failure = Failure::NotAcknowledged {
+                peer: msg.meta.recver,
+                tries: self.max_tries,
+                what: crate::describe(&msg),
+            };
+            if msg.is_control() {
+                // A scheduler that never acknowledged anything runs without
+                // PS_RESEND (a C++ one, say): its silence proves nothing.
+                let node = cx.facts.config().role != Role::Scheduler;
+                if msg.meta.recver == SCHEDULER && node && self.acknowledged_by(SCHEDULER) {
+                    warn!("{failure}");
+                    cx.fail(failure);
+                } else {
+                    debug!("{failure}");
+                }
+            } else {
+                cx.event(Event::GaveUp(Box::new((msg, failure))));
+            }
+            cx.changed();
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        Resender::poll_timeout(self)
+    }
+
+    /// A worker's request answered through the range map: copies still
+    /// resent to earlier primaries stop.
+    fn on_event(&mut self, event: &Event, _now: Instant, _cx: &mut Cx<'_>) {
+        if let Event::Answered {
+            app,
+            customer,
+            timestamp,
+            range,
+        } = *event
+        {
+            self.settle(|m| {
+                m.meta.request
+                    && m.meta.app_id == app
+                    && m.meta.customer_id == customer
+                    && m.meta.timestamp == timestamp
+                    && m.meta.replica.as_ref().is_some_and(|x| x.range == range)
+            });
+        }
     }
 }
 

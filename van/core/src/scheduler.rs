@@ -1,6 +1,6 @@
 //! The scheduler's control plane as a state machine, with no sockets and no
-//! clock: the Van feeds it each control message and the current time, and
-//! carries out the [`Action`]s it returns.
+//! clock: the core feeds it each control message and the current time, and
+//! carries out the [`Effect`]s it returns (a [`Component`] of the core).
 //!
 //! It collects ADD_NODE registrations until `num_servers + num_workers` have
 //! arrived, orders them by (hostname, port, customer id), assigns ids (server
@@ -43,7 +43,8 @@ use pslite_proto::ids::NodeId;
 use pslite_proto::stats::NodeCounters;
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
-use crate::error::Failure;
+use crate::component::{Component, Cx};
+use crate::effects::{Effect, Event};
 use crate::rendezvous::{Rendezvous, RendezvousConfig};
 
 /// What the scheduler needs to know about the cluster it forms.
@@ -76,37 +77,6 @@ pub struct SchedulerConfig {
     /// Elastic mode (`DMLC_NUM_WORKER=MIN:MAX`): the rounds' bounds and
     /// periods; `None` is ps-lite's fixed number of workers.
     pub elastic: Option<RendezvousConfig>,
-}
-
-/// Something the Van must do for the scheduler, in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
-    /// Open (or replace) the DEALER to this node before sending to it.
-    Connect(Node),
-    /// Send this message to `meta.recver`. The Van stamps the timestamp.
-    Send(Message),
-    /// Every node has registered and received its id.
-    Ready,
-    /// Elastic mode: the job failed (too few workers for too long); every
-    /// node has been told.
-    Failed(Failure),
-    /// Elastic mode: round `round` began with `workers` in rank order.
-    RoundBegan {
-        /// The round number.
-        round: u64,
-        /// Its workers in rank order.
-        workers: Vec<NodeId>,
-    },
-    /// Answer an admin client that is not a cluster member on the
-    /// connection its request came on (`route`, the routing id ZeroMQ gave
-    /// it): never to an address the client names. The Van adds its own
-    /// counters to the scheduler's row of a status table.
-    Reply {
-        /// The client's connection.
-        route: bytes::Bytes,
-        /// The answer.
-        msg: Message,
-    },
 }
 
 /// How many registrations are still missing, per role.
@@ -160,6 +130,12 @@ pub struct Scheduler {
     /// lives (it cannot answer their heartbeats).
     deaf_since: Option<Instant>,
     next_keepalive: Option<Instant>,
+    /// The table changed since it was last announced (after the cluster
+    /// formed).
+    table_changed: bool,
+    /// Ids restarted processes took over in the current call (announced
+    /// around its effects).
+    replacing: Vec<NodeId>,
 }
 
 /// The scheduler's elastic-mode state.
@@ -215,6 +191,8 @@ impl Scheduler {
             cfg,
             deaf_since: None,
             next_keepalive: None,
+            table_changed: false,
+            replacing: Vec::new(),
         }
     }
 
@@ -262,7 +240,7 @@ impl Scheduler {
     }
 
     /// Handles one control message addressed to the scheduler.
-    pub fn handle(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+    pub fn handle(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
         let sender = msg.meta.sender;
         let mut back = Vec::new();
         if sender != K_EMPTY && self.is_member(sender) {
@@ -277,10 +255,53 @@ impl Scheduler {
         }
         let mut actions = self.handle_command(msg, now);
         actions.extend(back);
-        actions
+        self.announce(actions)
     }
 
-    fn handle_command(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+    /// What others must learn of a call's `actions`: restarted processes
+    /// taking over ids (before anything else: the range map drops them
+    /// first), the table if it changed, and the takeovers done (last).
+    pub(super) fn announce(&mut self, actions: Vec<Effect>) -> Vec<Effect> {
+        let replacing = std::mem::take(&mut self.replacing);
+        let changed = std::mem::take(&mut self.table_changed) && self.ready;
+        if replacing.is_empty() && !changed {
+            return actions;
+        }
+        let mut out = Vec::with_capacity(actions.len() + 3);
+        if !replacing.is_empty() {
+            out.push(Effect::Event(Event::Replacing(replacing.clone())));
+        }
+        out.extend(actions);
+        if changed {
+            out.push(Effect::Event(Event::TableChanged(self.table())));
+        }
+        if !replacing.is_empty() {
+            out.push(Effect::Event(Event::Replaced(replacing)));
+        }
+        out
+    }
+
+    /// The node table as the nodes get it: every entry, this scheduler last.
+    pub fn table(&self) -> Vec<Node> {
+        let mut table = self.nodes.clone();
+        table.push(self.cfg.me.clone());
+        table
+    }
+
+    /// The servers' ids, ascending.
+    pub(super) fn server_ids(&self) -> Vec<NodeId> {
+        let mut servers: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|n| n.role == Role::Server)
+            .map(|n| n.id)
+            .collect();
+        servers.sort_unstable();
+        servers.dedup();
+        servers
+    }
+
+    fn handle_command(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
         let sender = msg.meta.sender;
         match msg.meta.control.cmd {
             Command::AddNode => self.add_node(msg, now),
@@ -299,6 +320,39 @@ impl Scheduler {
                 Vec::new()
             }
         }
+    }
+}
+
+impl Component for Scheduler {
+    /// A registration (checked), a barrier request, a heartbeat, a status
+    /// request, an elastic worker's LEAVE.
+    fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
+        let effects = Scheduler::handle(self, &msg, now);
+        cx.fx.extend(effects);
+    }
+
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        let effects = Scheduler::tick(self, now);
+        cx.fx.extend(effects);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        Scheduler::poll_timeout(self)
+    }
+
+    /// A registration whose address answered; replicated ranges failing
+    /// over, and servers leaving.
+    fn on_event(&mut self, event: &Event, now: Instant, cx: &mut Cx<'_>) {
+        let effects = match event {
+            Event::Registered(msg) => Scheduler::handle(self, msg, now),
+            Event::FailedOver {
+                server,
+                failed_over,
+            } => self.set_failed_over(*server, *failed_over),
+            Event::ServerLeft(id) => self.server_left(*id, now),
+            _ => return,
+        };
+        cx.fx.extend(effects);
     }
 }
 

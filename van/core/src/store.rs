@@ -11,6 +11,8 @@
 //!
 //! Sizes are bounded ([`StoreLimits`]): a request over a limit is refused
 //! with a clear error, never stored.
+//!
+//! [`component::Store`] makes host and client one component of the core.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -797,6 +799,8 @@ impl StoreClient {
         }
     }
 }
+
+pub mod component;
 
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use pslite_proto::ids;
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
-use pslite_van_core::scheduler::{Action, Scheduler, SchedulerConfig};
+use pslite_van_core::effects::Effect;
+use pslite_van_core::scheduler::{Scheduler, SchedulerConfig};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -80,7 +81,7 @@ proptest! {
             let mut actions = s.handle(&msg, now);
             actions.extend(s.tick(now));
             for a in actions {
-                if let Action::Send(m) = a {
+                if let Effect::Send(m) = a {
                     prop_assert!(m.meta.recver != K_EMPTY);
                 }
             }

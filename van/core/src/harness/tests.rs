@@ -87,7 +87,7 @@ fn a_node_waiting_to_join_says_so_every_ten_seconds_then_times_out() {
 
 #[test]
 fn waiting_lines_name_what_they_wait_for() {
-    use crate::core::WaitingFor;
+    use crate::effects::WaitingFor;
     // The scheduler and the server are up; the worker is late.
     let mut net = Network::cluster(1, 1, VanConfig::default(), 3);
     net.kill(2);

@@ -10,7 +10,8 @@ use log::{debug, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Role};
 
-use super::{Action, Scheduler};
+use super::Scheduler;
+use crate::effects::{Effect, Event};
 
 #[derive(Default)]
 pub(super) struct BarrierRound {
@@ -32,21 +33,25 @@ impl BarrierRound {
     }
 
     /// The release of this barrier over `group`, one message to each of `to`.
-    pub(super) fn release(&self, group: i32, to: BTreeSet<NodeId>) -> Vec<Action> {
-        to.into_iter()
-            .map(|id| {
+    pub(super) fn release(&self, group: i32, to: BTreeSet<NodeId>) -> Vec<Effect> {
+        let releasing = Event::Releasing {
+            group,
+            to: to.iter().copied().collect(),
+        };
+        std::iter::once(Effect::Event(releasing))
+            .chain(to.into_iter().map(|id| {
                 let mut reply = Message::control(Command::Barrier, id);
                 reply.meta.control.barrier_group = group;
                 reply.meta.app_id = self.app_id;
                 reply.meta.customer_id = self.customer_id;
-                Action::Send(reply)
-            })
+                Effect::Send(reply)
+            }))
             .collect()
     }
 }
 
 impl Scheduler {
-    pub(super) fn barrier(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+    pub(super) fn barrier(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
         let sender = msg.meta.sender;
         let group = msg.meta.control.barrier_group;
         if !msg.meta.request {
@@ -116,7 +121,7 @@ impl Scheduler {
 
     /// Releases the barrier over `group` if every member arrived (servers
     /// that failed over excepted).
-    pub(super) fn try_release(&mut self, group: i32) -> Vec<Action> {
+    pub(super) fn try_release(&mut self, group: i32) -> Vec<Effect> {
         let failed_over = self
             .failed_over
             .iter()
@@ -151,7 +156,7 @@ impl Scheduler {
     /// moved to the others, so barriers stop waiting for it) or a
     /// replacement took its id (it counts again). Returns the barriers
     /// this completes.
-    pub fn set_failed_over(&mut self, id: NodeId, failed_over: bool) -> Vec<Action> {
+    pub fn set_failed_over(&mut self, id: NodeId, failed_over: bool) -> Vec<Effect> {
         let changed = if failed_over {
             self.failed_over.insert(id)
         } else {
@@ -183,7 +188,7 @@ impl Scheduler {
 
     /// Ends the barrier round over `group`: its pslite waiters learn that
     /// node `dead` will not come (C++ nodes cannot be told; they wait).
-    pub(super) fn fail_barrier(&mut self, group: i32, dead: NodeId) -> Vec<Action> {
+    pub(super) fn fail_barrier(&mut self, group: i32, dead: NodeId) -> Vec<Effect> {
         let Some(round) = self.barriers.remove(&group) else {
             return Vec::new();
         };
@@ -206,13 +211,13 @@ impl Scheduler {
         group: i32,
         dead: NodeId,
         round: &BarrierRound,
-    ) -> Action {
+    ) -> Effect {
         let mut reply = Message::control(Command::Barrier, recver);
         reply.meta.control.barrier_group = group;
         reply.meta.control.failed_peer = Some(dead);
         reply.meta.app_id = round.app_id;
         reply.meta.customer_id = round.customer_id;
-        Action::Send(reply)
+        Effect::Send(reply)
     }
 
     /// The number of registrations a barrier over `group` waits for.
@@ -241,7 +246,7 @@ impl Scheduler {
 
     /// Elastic mode: releases every barrier whose arrivals are complete;
     /// waiting workers are admitted at a barrier over the workers first.
-    pub(super) fn settle_barriers(&mut self, now: Instant) -> Vec<Action> {
+    pub(super) fn settle_barriers(&mut self, now: Instant) -> Vec<Effect> {
         let mut actions = Vec::new();
         if !self.ready {
             return actions;
@@ -294,7 +299,7 @@ impl Scheduler {
 
     /// Elastic mode: releases the barrier over `group` to those that
     /// arrived at it and are still members.
-    pub(super) fn release_arrivals(&mut self, group: i32) -> Vec<Action> {
+    pub(super) fn release_arrivals(&mut self, group: i32) -> Vec<Effect> {
         let Some(round) = self.barriers.remove(&group) else {
             return Vec::new();
         };

@@ -11,7 +11,8 @@ use log::{debug, error, info, warn};
 use pslite_proto::ids::{self, NodeId};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
-use super::{Action, Scheduler};
+use super::Scheduler;
+use crate::effects::{Effect, Event};
 use crate::error::Failure;
 use crate::rendezvous::RendezvousEvent;
 
@@ -27,7 +28,7 @@ impl Scheduler {
     }
 
     /// Elastic mode: deaths of round members, the last call, the timeout.
-    pub(super) fn elastic_tick(&mut self, now: Instant) -> Vec<Action> {
+    pub(super) fn elastic_tick(&mut self, now: Instant) -> Vec<Effect> {
         let Some(e) = &self.elastic else {
             return Vec::new();
         };
@@ -71,7 +72,7 @@ impl Scheduler {
     }
 
     /// Elastic mode: worker `id` died or left.
-    pub(super) fn leave(&mut self, id: NodeId, now: Instant) -> Vec<Action> {
+    pub(super) fn leave(&mut self, id: NodeId, now: Instant) -> Vec<Effect> {
         let Some(e) = &mut self.elastic else {
             return Vec::new();
         };
@@ -87,6 +88,7 @@ impl Scheduler {
         let mut actions = self.on_rounds(events, now);
         // Not in the table any more (if the round went on without it).
         self.nodes.retain(|n| n.id != id);
+        self.table_changed = true;
         self.forget(id);
         actions.extend(self.settle_barriers(now));
         actions
@@ -107,7 +109,7 @@ impl Scheduler {
         node: &Node,
         sender: NodeId,
         now: Instant,
-    ) -> Vec<Action> {
+    ) -> Vec<Effect> {
         let servers = self.count(Role::Server);
         let Some(e) = &mut self.elastic else {
             return Vec::new();
@@ -155,12 +157,13 @@ impl Scheduler {
                 return Vec::new();
             }
             self.nodes.push(entry);
+            self.table_changed = true;
             if !self.ready {
                 return Vec::new();
             }
             let mut table = self.table_message();
             table.meta.recver = known.id;
-            return vec![Action::Send(table)];
+            return vec![Effect::Send(table)];
         }
         if let Some((have, min, secs)) = e.failed {
             let mut entry = node.clone();
@@ -195,6 +198,7 @@ impl Scheduler {
                 entry.id
             );
             self.nodes.push(entry);
+            self.table_changed = true;
             return self.maybe_form(now);
         }
         entry.id = ids::worker_rank_to_id(e.next_worker);
@@ -203,7 +207,7 @@ impl Scheduler {
         // Connected at once: a worker whose process dies while it waits
         // for a round is noticed by its closed connection (it sends no
         // heartbeat before it joins).
-        let link = e.linked.insert(id).then(|| Action::Connect(entry.clone()));
+        let link = e.linked.insert(id).then(|| Effect::Connect(entry.clone()));
         e.outside.push(entry);
         let events = e.rdzv.join(id, now);
         if e.rdzv.round().is_some() && e.rdzv.waiting().contains(&id) {
@@ -217,24 +221,24 @@ impl Scheduler {
                 node.address()
             );
         }
-        let mut actions: Vec<Action> = link.into_iter().collect();
+        let mut actions: Vec<Effect> = link.into_iter().collect();
         actions.extend(self.on_rounds(events, now));
         actions.extend(self.settle_barriers(now));
         actions
     }
 
     /// Elastic mode: carries out what the rounds decided.
-    pub(super) fn on_rounds(&mut self, events: Vec<RendezvousEvent>, now: Instant) -> Vec<Action> {
+    pub(super) fn on_rounds(&mut self, events: Vec<RendezvousEvent>, now: Instant) -> Vec<Effect> {
         let mut actions = Vec::new();
         for event in events {
             match event {
                 RendezvousEvent::RoundBegan { number, members } => {
                     info!("scheduler: elastic round {number} began with workers {members:?}");
                     actions.extend(self.round_began(&members, now));
-                    actions.push(Action::RoundBegan {
+                    actions.push(Effect::Event(Event::Round {
                         round: number,
                         workers: members,
-                    });
+                    }));
                 }
                 RendezvousEvent::RoundEnded { number, reason } => {
                     info!("scheduler: elastic round {number} ended ({reason:?})");
@@ -252,7 +256,7 @@ impl Scheduler {
                         e.failed = Some((have, min, waited.as_secs()));
                     }
                     actions.extend(self.tell_failure(&everyone, have, min, waited.as_secs(), now));
-                    actions.push(Action::Failed(failure));
+                    actions.push(Effect::Fail(failure));
                 }
             }
         }
@@ -267,7 +271,7 @@ impl Scheduler {
         min: usize,
         secs: u64,
         now: Instant,
-    ) -> Vec<Action> {
+    ) -> Vec<Effect> {
         let mut actions = Vec::new();
         let mut told = HashSet::new();
         for node in nodes {
@@ -282,22 +286,22 @@ impl Scheduler {
             msg.meta.control.node = vec![node.clone()];
             msg.meta.control.round = Some(secs);
             msg.meta.control.round_members = vec![have as NodeId, min as NodeId];
-            actions.push(Action::Send(msg));
+            actions.push(Effect::Send(msg));
         }
         actions
     }
 
     /// A connection to `node`, if none was opened yet.
-    pub(super) fn link(&mut self, node: &Node) -> Option<Action> {
+    pub(super) fn link(&mut self, node: &Node) -> Option<Effect> {
         let e = self.elastic.as_mut()?;
         e.linked
             .insert(node.id)
-            .then(|| Action::Connect(node.clone()))
+            .then(|| Effect::Connect(node.clone()))
     }
 
     /// Elastic mode: a round began with `members`: the table becomes the
     /// servers and the members, and everyone in it is told.
-    pub(super) fn round_began(&mut self, members: &[NodeId], now: Instant) -> Vec<Action> {
+    pub(super) fn round_began(&mut self, members: &[NodeId], now: Instant) -> Vec<Effect> {
         let Some(e) = &mut self.elastic else {
             return Vec::new();
         };
@@ -312,6 +316,7 @@ impl Scheduler {
             }
         }
         self.nodes.sort_by_key(|n| (n.id, n.customer_id));
+        self.table_changed = true;
         let before: HashSet<NodeId> = e.members.iter().copied().collect();
         let newcomers: Vec<NodeId> = members
             .iter()
@@ -352,7 +357,7 @@ impl Scheduler {
     }
 
     /// The table to every live process in it.
-    pub(super) fn send_table(&mut self, now: Instant) -> Vec<Action> {
+    pub(super) fn send_table(&mut self, now: Instant) -> Vec<Effect> {
         let table = self.table_message();
         let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
         let mut actions = Vec::new();
@@ -363,14 +368,14 @@ impl Scheduler {
             actions.extend(self.link(&node));
             let mut msg = table.clone();
             msg.meta.recver = node.id;
-            actions.push(Action::Send(msg));
+            actions.push(Effect::Send(msg));
         }
         actions
     }
 
     /// Elastic mode: the cluster forms once every server registered and
     /// the first round began.
-    pub(super) fn maybe_form(&mut self, now: Instant) -> Vec<Action> {
+    pub(super) fn maybe_form(&mut self, now: Instant) -> Vec<Effect> {
         if self.ready || self.round().is_none() || self.count(Role::Server) < self.cfg.num_servers {
             return Vec::new();
         }
@@ -381,8 +386,11 @@ impl Scheduler {
         for node in self.process_nodes() {
             info!("scheduler: assigned id {} to {}", node.id, node.address());
         }
-        let mut actions = self.send_table(now);
-        actions.push(Action::Ready);
+        // The range map forms before the tables that carry it.
+        let mut actions = vec![Effect::Event(Event::Forming(self.server_ids()))];
+        actions.extend(self.send_table(now));
+        self.table_changed = false;
+        actions.push(Effect::Event(Event::Formed(self.table())));
         actions
     }
 }

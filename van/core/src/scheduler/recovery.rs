@@ -11,7 +11,8 @@ use log::{debug, info, warn};
 use pslite_proto::ids::{self, NodeId};
 use pslite_proto::{Command, Message, Node, Role};
 
-use super::{Action, Scheduler};
+use super::Scheduler;
+use crate::effects::Effect;
 use crate::member::{LINK_GRACE, PAUSE_SLACK};
 
 impl Scheduler {
@@ -19,7 +20,12 @@ impl Scheduler {
     /// nodes that have died, tells the pslite nodes which nodes are dead,
     /// and fails the barriers that wait for a node dead for longer than the
     /// recovery timeout.
-    pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+    pub fn tick(&mut self, now: Instant) -> Vec<Effect> {
+        let actions = self.run_clock(now);
+        self.announce(actions)
+    }
+
+    fn run_clock(&mut self, now: Instant) -> Vec<Effect> {
         if let Some(due) = self.poll_timeout() {
             let late = now.saturating_duration_since(due);
             if late > PAUSE_SLACK {
@@ -100,7 +106,7 @@ impl Scheduler {
     /// While deaf: the nodes cannot hear it answer their heartbeats, so it
     /// tells the pslite ones it lives (the dead list, as every heartbeat
     /// answer), three times per heartbeat timeout.
-    pub(super) fn keepalive(&mut self, now: Instant) -> Vec<Action> {
+    pub(super) fn keepalive(&mut self, now: Instant) -> Vec<Effect> {
         let (Some(at), Some(timeout)) = (self.next_keepalive, self.cfg.heartbeat_timeout) else {
             return Vec::new();
         };
@@ -172,7 +178,7 @@ impl Scheduler {
     }
 
     /// The dead list, as a HEARTBEAT to every live pslite node.
-    pub(super) fn tell_dead_nodes(&self, now: Instant) -> Vec<Action> {
+    pub(super) fn tell_dead_nodes(&self, now: Instant) -> Vec<Effect> {
         let dead = self.dead_list();
         self.process_nodes()
             .into_iter()
@@ -181,7 +187,7 @@ impl Scheduler {
                 let mut msg = Message::control(Command::Heartbeat, n.id);
                 msg.meta.control.node = vec![self.cfg.me.clone()];
                 msg.meta.control.dead_nodes = dead.clone();
-                Action::Send(msg)
+                Effect::Send(msg)
             })
             .collect()
     }
@@ -229,7 +235,7 @@ impl Scheduler {
             .collect()
     }
 
-    pub(super) fn heartbeat(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+    pub(super) fn heartbeat(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
         let sender = msg.meta.sender;
         if !self.is_member(sender) {
             debug!("scheduler: dropping HEARTBEAT from unknown node {sender}");
@@ -244,7 +250,7 @@ impl Scheduler {
         if self.is_pslite(sender) {
             ack.meta.control.dead_nodes = self.dead_list();
         }
-        vec![Action::Send(ack)]
+        vec![Effect::Send(ack)]
     }
 
     pub(super) fn is_dead(&self, id: NodeId, now: Instant) -> bool {

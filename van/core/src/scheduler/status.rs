@@ -8,12 +8,13 @@ use log::debug;
 use pslite_proto::stats::NodeStatus;
 use pslite_proto::{Command, Message, Node, K_EMPTY};
 
-use super::{Action, Scheduler};
+use super::Scheduler;
+use crate::effects::Effect;
 
 impl Scheduler {
     /// An admin client's STATUS request: answer with
     /// [`Scheduler::status_table`] on the connection it came on.
-    pub(super) fn status(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+    pub(super) fn status(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
         if !msg.meta.request {
             debug!("scheduler: dropping a STATUS answer: the scheduler only answers them");
             return Vec::new();
@@ -30,7 +31,7 @@ impl Scheduler {
         let mut answer = Message::control(Command::Status, K_EMPTY);
         answer.meta.status = self.status_table(now);
         answer.meta.timestamp = msg.meta.timestamp;
-        vec![Action::Reply { route, msg: answer }]
+        vec![Effect::Reply(route, answer)]
     }
 
     /// The scheduler first, then every process (by id; before the cluster

@@ -10,10 +10,11 @@ use log::{debug, info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
-use super::{Action, Scheduler};
+use super::Scheduler;
+use crate::effects::{Effect, Event};
 
 impl Scheduler {
-    pub(super) fn add_node(&mut self, msg: &Message, now: Instant) -> Vec<Action> {
+    pub(super) fn add_node(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
         let sender = msg.meta.sender;
         let [node] = msg.meta.control.node.as_slice() else {
             self.dropped(
@@ -132,7 +133,7 @@ impl Scheduler {
     }
 
     /// Assigns ids in (hostname, port, customer) order and sends the table.
-    pub(super) fn form_cluster(&mut self, now: Instant) -> Vec<Action> {
+    pub(super) fn form_cluster(&mut self, now: Instant) -> Vec<Effect> {
         self.nodes.sort_by(|a, b| {
             (&a.hostname, a.port, a.customer_id).cmp(&(&b.hostname, b.port, b.customer_id))
         });
@@ -152,7 +153,8 @@ impl Scheduler {
                 debug!("scheduler: id {id} shares process {}", node.id);
             }
         }
-        let mut actions = Vec::new();
+        // The range map forms before the tables that carry it.
+        let mut actions = vec![Effect::Event(Event::Forming(self.server_ids()))];
         let table = self.table_message();
         let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
         for node in processes {
@@ -160,11 +162,12 @@ impl Scheduler {
             self.last_seen.insert(node.id, now);
             let mut msg = table.clone();
             msg.meta.recver = node.id;
-            actions.push(Action::Connect(node));
-            actions.push(Action::Send(msg));
+            actions.push(Effect::Connect(node));
+            actions.push(Effect::Send(msg));
         }
         self.ready = true;
-        actions.push(Action::Ready);
+        self.table_changed = false;
+        actions.push(Effect::Event(Event::Formed(self.table())));
         actions
     }
 
@@ -174,7 +177,7 @@ impl Scheduler {
         node: &Node,
         sender: NodeId,
         now: Instant,
-    ) -> Vec<Action> {
+    ) -> Vec<Effect> {
         // The same process (same address) registering again.
         if let Some(existing) = self.nodes.iter().find(|n| n.same_process(node)) {
             if existing.role != node.role {
@@ -211,7 +214,7 @@ impl Scheduler {
             seen.insert(node.customer_id);
             let mut table = self.table_message();
             table.meta.recver = pid;
-            return vec![Action::Send(table)];
+            return vec![Effect::Send(table)];
         }
         if sender != K_EMPTY {
             self.dropped(
@@ -262,7 +265,7 @@ impl Scheduler {
     /// for its id goes into the table, and it takes it as a replacement
     /// would (so the range map copies its ranges to it, and it skips the
     /// start barrier everyone else is past).
-    pub(super) fn join_server(&mut self, node: &Node, now: Instant) -> Vec<Action> {
+    pub(super) fn join_server(&mut self, node: &Node, now: Instant) -> Vec<Effect> {
         let rank = self
             .process_nodes()
             .iter()
@@ -277,6 +280,7 @@ impl Scheduler {
         entry.id = id;
         entry.key = 0;
         self.nodes.push(entry);
+        self.table_changed = true;
         self.recover(id, node, now)
     }
 
@@ -285,7 +289,7 @@ impl Scheduler {
     /// failing for it, and barriers stop waiting for it. A later server may
     /// take its id; the others are not told it died (see
     /// `Scheduler::dead_list`). Returns the barriers this completes.
-    pub fn server_left(&mut self, id: NodeId, now: Instant) -> Vec<Action> {
+    pub fn server_left(&mut self, id: NodeId, now: Instant) -> Vec<Effect> {
         if !self.left.insert(id) {
             return Vec::new();
         }
@@ -300,7 +304,7 @@ impl Scheduler {
     }
 
     /// Gives process `pid`'s id to `node` and tells everyone.
-    pub(super) fn recover(&mut self, pid: NodeId, node: &Node, now: Instant) -> Vec<Action> {
+    pub(super) fn recover(&mut self, pid: NodeId, node: &Node, now: Instant) -> Vec<Effect> {
         let mut recovered = None;
         if let Some(old) = self.nodes.iter().find(|n| n.id == pid && n.key != 0) {
             if self.replaced.len() >= 64 {
@@ -321,6 +325,8 @@ impl Scheduler {
         let Some(recovered) = recovered else {
             return Vec::new();
         };
+        self.table_changed = true;
+        self.replacing.push(pid);
         info!("scheduler: {} replaces node {pid}", recovered.address());
         self.left.remove(&pid);
         self.recovered_customers
@@ -334,17 +340,20 @@ impl Scheduler {
         // Barrier arrivals of the earlier incarnation still count: the new
         // one skips the start barrier, and arriving again at a later one
         // counts once (arrivals are a set).
-        let mut actions = vec![Action::Connect(recovered.clone())];
+        let mut actions = vec![
+            Effect::Connect(recovered.clone()),
+            Effect::Event(Event::PeerReplaced(pid)),
+        ];
         let mut table = self.table_message();
         table.meta.recver = pid;
-        actions.push(Action::Send(table));
+        actions.push(Effect::Send(table));
         for other in self.processes() {
             if other == pid || self.is_dead(other, now) {
                 continue;
             }
             let mut update = Message::control(Command::AddNode, other);
             update.meta.control.node = vec![recovered.clone()];
-            actions.push(Action::Send(update));
+            actions.push(Effect::Send(update));
         }
         actions
     }

@@ -2,6 +2,7 @@
 //! is an `Instant` the test advances.
 
 use super::*;
+use crate::effects::{Effect, Event};
 use pslite_proto::ids::{self, SCHEDULER};
 use pslite_proto::stats::NodeStatus;
 
@@ -43,22 +44,22 @@ fn barrier(sender: NodeId, customer_id: i32, group: i32) -> Message {
     msg
 }
 
-fn sends(actions: &[Action]) -> Vec<&Message> {
+fn sends(actions: &[Effect]) -> Vec<&Message> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Send(m) => Some(m),
+            Effect::Send(m) => Some(m),
             _ => None,
         })
         .collect()
 }
 
-fn recvers(actions: &[Action]) -> Vec<NodeId> {
+fn recvers(actions: &[Effect]) -> Vec<NodeId> {
     sends(actions).iter().map(|m| m.meta.recver).collect()
 }
 
 /// Registers every (role, host, port, customer) and returns the final actions.
-fn form(s: &mut Scheduler, regs: &[(Role, &str, i32, i32)], now: Instant) -> Vec<Action> {
+fn form(s: &mut Scheduler, regs: &[(Role, &str, i32, i32)], now: Instant) -> Vec<Effect> {
     let mut last = Vec::new();
     for (i, &(role, host, port, cid)) in regs.iter().enumerate() {
         last = s.handle(&add_node(role, host, port, cid), now);
@@ -89,7 +90,10 @@ fn ids_follow_hostname_then_numeric_port() {
         now,
     );
     assert!(s.is_ready());
-    assert_eq!(actions.last(), Some(&Action::Ready));
+    assert!(matches!(
+        actions.last(),
+        Some(Effect::Event(Event::Formed(_)))
+    ));
     // 9999 < 10000 numerically although "10000" < "9999" as text.
     assert_eq!(id_of(&s, 10000), 10);
     assert_eq!(
@@ -156,11 +160,11 @@ fn table_goes_to_every_process_after_connecting_to_it() {
     for id in [8, 9, 11] {
         let connect = actions
             .iter()
-            .position(|a| matches!(a, Action::Connect(n) if n.id == id))
+            .position(|a| matches!(a, Effect::Connect(n) if n.id == id))
             .unwrap();
         let send = actions
             .iter()
-            .position(|a| matches!(a, Action::Send(m) if m.meta.recver == id))
+            .position(|a| matches!(a, Effect::Send(m) if m.meta.recver == id))
             .unwrap();
         assert!(connect < send, "node {id}: send before connect");
     }
@@ -409,8 +413,10 @@ fn a_new_node_takes_over_a_dead_node_of_its_role() {
         .handle(&add_node(Role::Worker, HOST, 9500, 0), t2)
         .is_empty());
     let actions = s.handle(&add_node(Role::Server, HOST, 9600, 0), t2);
+    // Announced first, then connected to before anything is sent.
+    assert_eq!(actions[0], Effect::Event(Event::Replacing(vec![10])));
     assert!(
-        matches!(&actions[0], Action::Connect(n) if n.id == 10 && n.port == 9600 && n.is_recovery)
+        matches!(&actions[1], Effect::Connect(n) if n.id == 10 && n.port == 9600 && n.is_recovery)
     );
     let msgs = sends(&actions);
     // The recovered node gets the whole table, the live ones only its entry.
@@ -472,7 +478,8 @@ fn a_restarted_node_arriving_early_waits_for_a_death() {
     }
     // Server 8 is dead at 11 s: the waiting node takes its id.
     let actions = s.tick(t0 + Duration::from_secs(11));
-    assert!(matches!(&actions[0], Action::Connect(n) if n.id == 8 && n.port == 9600));
+    assert_eq!(actions[0], Effect::Event(Event::Replacing(vec![8])));
+    assert!(matches!(&actions[1], Effect::Connect(n) if n.id == 8 && n.port == 9600));
     assert_eq!(id_of(&s, 9600), 8);
     assert!(s.tick(t0 + Duration::from_secs(12)).is_empty());
 }
@@ -502,8 +509,8 @@ fn status_request(port: i32) -> Message {
 }
 
 /// The status table of the one Reply action a STATUS request produces.
-fn answered(actions: &[Action], port: i32) -> Vec<NodeStatus> {
-    let [Action::Reply { route, msg }] = actions else {
+fn answered(actions: &[Effect], port: i32) -> Vec<NodeStatus> {
+    let [Effect::Reply(route, msg)] = actions else {
         panic!("expected one Reply, got {actions:?}");
     };
     assert_eq!(&route[..], [0, port as u8, (port >> 8) as u8]);
