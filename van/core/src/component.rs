@@ -109,6 +109,10 @@ pub trait Facts {
     fn has_left(&self, id: NodeId) -> bool;
     /// The range map this node knows, when key ranges are replicated.
     fn range_map(&self) -> Option<&RangeMap>;
+    /// Wall-clock time at `now`, in ms since the Unix epoch: as the driver
+    /// last passed it in ([`crate::Core::tick`]), moved on by the
+    /// monotonic clock.
+    fn unix_ms(&self, now: Instant) -> u64;
 }
 
 /// What a component gets with each call: what it may read, where its

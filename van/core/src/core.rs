@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use log::debug;
 use pslite_proto::ids::{NodeId, SCHEDULER};
@@ -52,10 +52,12 @@ mod lifecycle;
 mod parts;
 mod pipeline;
 mod route;
+mod waits;
 
 pub use lifecycle::{DrainOutcome, DRAIN_RESEND_TIMEOUTS, MAX_DRAIN};
 use parts::{Origin, Parts};
 pub use route::{IdentityRefused, LinkEvent};
+pub use waits::{Done, Ticket, Wait, EXIT_FLUSH};
 
 /// One node's control plane.
 pub struct Core {
@@ -64,10 +66,15 @@ pub struct Core {
     /// with the driver and the apps.
     counters: Arc<Counters>,
     rng: StdRng,
+    /// Wall-clock time as the driver last passed it in, and the monotonic
+    /// time it was read with (see [`Core::tick`]).
+    wall: (Instant, SystemTime),
     /// The components.
     parts: Parts,
     /// The one place messages are held.
     holds: Holds,
+    /// What callers of the driver wait for.
+    waits: waits::Waits,
     /// Effects emitted and not carried out yet.
     fx: Effects,
     /// What the driver must do, in order.
@@ -110,9 +117,10 @@ pub struct Core {
 }
 
 impl Core {
-    /// The core of the node `cfg` describes, listening at `port`. The first
-    /// output connects to the scheduler (the scheduler to itself).
-    pub fn new(cfg: &VanConfig, port: i32, now: Instant, seed: u64) -> Core {
+    /// The core of the node `cfg` describes, listening at `port`, started
+    /// at `now` (wall-clock time `wall`). The first output connects to the
+    /// scheduler (the scheduler to itself).
+    pub fn new(cfg: &VanConfig, port: i32, now: Instant, wall: SystemTime, seed: u64) -> Core {
         let is_scheduler = cfg.role == Role::Scheduler;
         let host = if is_scheduler {
             cfg.scheduler_host.clone()
@@ -189,8 +197,10 @@ impl Core {
             cfg: cfg.clone(),
             counters: Arc::new(Counters::new(now)),
             rng,
+            wall: (now, wall),
             parts,
             holds: Holds::new(cfg.hold_limit),
+            waits: waits::Waits::default(),
             fx: Effects::default(),
             out: Vec::new(),
             blank: me.clone(),
@@ -252,12 +262,14 @@ impl Core {
             .as_ref()
             .filter(|_| self.deaf_since.is_none())
             .and_then(Resender::poll_timeout);
+        let waits = self.waits.poll_timeout();
         if let Some(drain) = &self.drain {
             let deadline = drain.outcome.is_none().then_some(drain.deadline);
-            return resends.into_iter().chain(deadline).min();
+            return [resends, deadline, waits].into_iter().flatten().min();
         }
         use crate::component::Component;
         [
+            waits,
             p.member.poll_timeout(),
             p.scheduler.as_ref().and_then(Component::poll_timeout),
             resends,
@@ -270,8 +282,11 @@ impl Core {
         .min()
     }
 
-    /// Clock-driven work at `now`: deadlines, heartbeats, resends.
-    pub fn tick(&mut self, now: Instant) {
+    /// Clock-driven work at `now`, when wall-clock time is `wall` (what
+    /// checkpoint files say they were made at): deadlines, heartbeats,
+    /// resends.
+    pub fn tick(&mut self, now: Instant, wall: SystemTime) {
+        self.wall = (now, wall);
         if self.drain.is_none() {
             for part in parts::Part::CLOCK {
                 self.call(part, now, |c, cx| c.tick(now, cx));
@@ -281,6 +296,9 @@ impl Core {
         }
         if self.deaf_since.is_none() {
             self.with_resender(now, |r, cx| crate::component::Component::tick(r, now, cx));
+        }
+        if self.waits.tick(now) {
+            self.changed = true;
         }
         self.check_drain(now);
     }

@@ -91,6 +91,8 @@ pub struct SimNode {
 pub struct Network {
     /// The virtual time.
     pub now: Instant,
+    /// Where virtual time began.
+    origin: Instant,
     /// The nodes; index 0 is the scheduler of clusters built here.
     pub nodes: Nodes,
     /// What happens to packets.
@@ -124,6 +126,7 @@ impl Network {
         let origin = Instant::now();
         Network {
             now: origin,
+            origin,
             nodes: Nodes::new(),
             faults: Faults::default(),
             config: VanConfig {
@@ -171,7 +174,7 @@ impl Network {
             ..self.config.clone()
         };
         let seed = self.rng.random();
-        let core = Core::new(&cfg, port, self.now, seed);
+        let core = Core::new(&cfg, port, self.now, self.wall(self.now), seed);
         self.nodes.push(SimNode {
             core,
             host: "127.0.0.1".into(),
@@ -224,6 +227,13 @@ impl Network {
         self.arrived_by_now(i);
     }
 
+    /// The virtual wall clock at `now`: it reads 2025-06-15 at the start.
+    pub fn wall(&self, now: Instant) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH
+            + Duration::from_secs(1_750_000_000)
+            + now.saturating_duration_since(self.origin)
+    }
+
     /// Replaces node `i` by a fresh process at the same address (a restart).
     pub fn restart(&mut self, i: usize) {
         let role = self.nodes[i].core.me().role;
@@ -235,8 +245,9 @@ impl Network {
         };
         let seed = self.rng.random();
         self.close_links_to(i);
+        let wall = self.wall(self.now);
         let node = &mut self.nodes[i];
-        node.core = Core::new(&cfg, port, self.now, seed);
+        node.core = Core::new(&cfg, port, self.now, wall, seed);
         node.alive = true;
         node.paused = false;
         node.conns.clear();

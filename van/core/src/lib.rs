@@ -56,7 +56,8 @@ pub mod scheduler;
 pub mod store;
 
 pub use crate::core::{
-    Core, DrainOutcome, IdentityRefused, LinkEvent, DRAIN_RESEND_TIMEOUTS, MAX_DRAIN,
+    Core, Done, DrainOutcome, IdentityRefused, LinkEvent, Ticket, Wait, DRAIN_RESEND_TIMEOUTS,
+    EXIT_FLUSH, MAX_DRAIN,
 };
 pub use config::{AuthToken, VanConfig};
 pub use counters::Counters;

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use log::{debug, error, trace, warn};
 use pslite_proto::shm::ShmFrame;
@@ -238,8 +238,12 @@ impl Shared {
             };
             rx.flush_at = None;
         }
+        // Stopping: the core waits until nothing waits in the links.
+        if self.flushing.load(Ordering::SeqCst) && !self.links.any_waiting() {
+            self.with_core(Mode::NoWait, |core, _| core.links_flushed());
+        }
         if next.is_some_and(|at| now >= at) {
-            self.with_core(Mode::NoWait, |core, now| core.tick(now));
+            self.with_core(Mode::NoWait, |core, now| core.tick(now, SystemTime::now()));
         }
         if rx.shm.mapped() > 0 {
             rx.shm.prune(now);

@@ -169,6 +169,7 @@ impl Checkpoints {
 
     /// A file operation the driver carried out for token `token`.
     pub fn io_done(&mut self, token: u64, result: IoResult, now: Instant, cx: &mut Cx<'_>) {
+        self.wall_clock(cx.facts, now);
         if let Some(m) = &mut self.master {
             m.io_done(token, result, now);
         } else if let Some(s) = &mut self.server {
@@ -187,6 +188,7 @@ impl Checkpoints {
         now: Instant,
         cx: &mut Cx<'_>,
     ) {
+        self.wall_clock(cx.facts, now);
         if let Some(s) = &mut self.server {
             match data {
                 Ok(data) => s.snapshot_taken(token, app, data),
@@ -219,6 +221,17 @@ impl Checkpoints {
     /// fails).
     pub fn abandon_restore(&mut self) {
         self.server = None;
+    }
+
+    /// The wall clock, for what the state machines write from now on.
+    fn wall_clock(&mut self, facts: &dyn Facts, now: Instant) {
+        let unix_ms = facts.unix_ms(now);
+        if let Some(m) = &mut self.master {
+            m.set_wall_clock(unix_ms);
+        }
+        if let Some(s) = &mut self.server {
+            s.set_wall_clock(unix_ms);
+        }
     }
 
     fn drop_logged(&mut self, sender: NodeId, why: &'static str) {
@@ -499,6 +512,7 @@ impl Component for Checkpoints {
     /// server's report, the scheduler's order to write, an answer to this
     /// node's request, or the scheduler's notice that the job stops.
     fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
+        self.wall_clock(cx.facts, now);
         let sender = msg.meta.sender;
         let Some(ck) = msg.meta.checkpoint.as_deref() else {
             self.drop_logged(sender, "it has no checkpoint part");
@@ -559,7 +573,9 @@ impl Component for Checkpoints {
                 }
             }
             CheckpointOp::Take if sender == SCHEDULER && cx.facts.config().role == Role::Server => {
-                self.server(cx.facts).on_take(ck);
+                let s = self.server(cx.facts);
+                s.set_wall_clock(cx.facts.unix_ms(now));
+                s.on_take(ck);
             }
             // The scheduler stops the job: a server could not restore.
             CheckpointOp::Result
@@ -592,6 +608,7 @@ impl Component for Checkpoints {
     /// Intervals, deadlines, servers that died during a checkpoint, and a
     /// job that stops.
     fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        self.wall_clock(cx.facts, now);
         let is_scheduler = cx.facts.config().role == Role::Scheduler;
         if let Some((why, at)) = &self.stopping {
             let due = if is_scheduler {

@@ -219,13 +219,6 @@ pub enum FormatError {
     Malformed(String),
 }
 
-/// The current time in ms since the Unix epoch (0 if the clock is before it).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 struct Writer(Vec<u8>);
 
 impl Writer {

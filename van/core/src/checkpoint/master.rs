@@ -117,6 +117,9 @@ pub struct CheckpointMaster {
     /// Each worker's requests in flight at its latest barrier arrival.
     arrivals: HashMap<NodeId, u64>,
     out: Vec<MasterOut>,
+    /// Wall-clock time in ms since the Unix epoch, as the core last said
+    /// (for the manifest's metadata).
+    unix_ms: u64,
 }
 
 impl CheckpointMaster {
@@ -146,7 +149,14 @@ impl CheckpointMaster {
             next_interval: None,
             arrivals: HashMap::new(),
             out: Vec::new(),
+            unix_ms: 0,
         }
+    }
+
+    /// Wall-clock time is `unix_ms` (ms since the Unix epoch): what the
+    /// manifests written from now on say they were made at.
+    pub fn set_wall_clock(&mut self, unix_ms: u64) {
+        self.unix_ms = unix_ms;
     }
 
     /// What to carry out, in order.
@@ -394,7 +404,7 @@ impl CheckpointMaster {
         run.files.sort_by_key(|f| f.node);
         let manifest = Manifest {
             id: run.id,
-            created_ms: format::now_ms(),
+            created_ms: self.unix_ms,
             label: run.label.clone(),
             shape: run.shape.clone(),
             files: run.files.clone(),

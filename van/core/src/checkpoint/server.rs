@@ -97,6 +97,9 @@ pub struct CheckpointServer {
     /// The restore failed: requests stay held until the node fails.
     refused: bool,
     out: Vec<ServerOut>,
+    /// Wall-clock time in ms since the Unix epoch, as the core last said
+    /// (for the files' metadata).
+    unix_ms: u64,
 }
 
 /// The token of the read of a restore (the write of a take uses the
@@ -118,6 +121,7 @@ impl CheckpointServer {
             restoring: None,
             refused: false,
             out: Vec::new(),
+            unix_ms: 0,
         }
     }
 
@@ -126,6 +130,12 @@ impl CheckpointServer {
         if !apps.is_empty() {
             self.apps = apps;
         }
+    }
+
+    /// Wall-clock time is `unix_ms` (ms since the Unix epoch): what the
+    /// files written from now on say they were made at.
+    pub fn set_wall_clock(&mut self, unix_ms: u64) {
+        self.unix_ms = unix_ms;
     }
 
     /// What to carry out, in order.
@@ -255,7 +265,7 @@ impl CheckpointServer {
             .collect();
         let file = ServerFile {
             id: take.id,
-            created_ms: format::now_ms(),
+            created_ms: self.unix_ms,
             writer: self.me,
             label: take.label.clone(),
             shape: take.shape.clone(),

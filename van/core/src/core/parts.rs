@@ -3,7 +3,7 @@
 //! components (never the one called, which knows its own state), then the
 //! effects it emitted carried out.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pslite_proto::replica::RangeMap;
 use pslite_proto::{Node, NodeId};
@@ -102,6 +102,7 @@ pub(crate) struct View<'a> {
     counters: &'a Counters,
     blank: &'a Node,
     listening: bool,
+    wall: (Instant, SystemTime),
     member: Option<&'a Member>,
     scheduler: Option<&'a Scheduler>,
     replication: Option<&'a Replication>,
@@ -147,6 +148,13 @@ impl Facts for View<'_> {
     fn range_map(&self) -> Option<&RangeMap> {
         self.replication.and_then(Replication::range_map)
     }
+    fn unix_ms(&self, now: Instant) -> u64 {
+        let (at, wall) = self.wall;
+        let moved = now.saturating_duration_since(at);
+        (wall + moved)
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
 }
 
 /// Runs `$body` with `$c` the component in field `$field` of the parts
@@ -161,9 +169,10 @@ macro_rules! with_part {
         ) -> Option<R> {
             let r = {
                 let listening = self.deaf_since.is_none();
+                let wall = self.wall;
                 let Core { parts, cfg, counters, blank, fx, holds, rng, .. } = self;
                 let c = parts.$field.as_mut()?;
-                let view = with_part!(@view cfg, counters, blank, listening, parts, [$($facts),*]);
+                let view = with_part!(@view cfg, counters, blank, listening, wall, parts, [$($facts),*]);
                 f(c, &mut Cx { facts: &view, fx, holds, rng })
             };
             self.settle(Origin::Part($part), now);
@@ -178,22 +187,24 @@ macro_rules! with_part {
         ) -> R {
             let r = {
                 let listening = self.deaf_since.is_none();
+                let wall = self.wall;
                 let Core { parts, cfg, counters, blank, fx, holds, rng, .. } = self;
                 let c = &mut parts.$field;
-                let view = with_part!(@view cfg, counters, blank, listening, parts, [$($facts),*]);
+                let view = with_part!(@view cfg, counters, blank, listening, wall, parts, [$($facts),*]);
                 f(c, &mut Cx { facts: &view, fx, holds, rng })
             };
             self.settle(Origin::Part($part), now);
             r
         }
     };
-    (@view $cfg:ident, $counters:ident, $blank:ident, $listening:ident, $parts:ident, [$($facts:ident),*]) => {{
+    (@view $cfg:ident, $counters:ident, $blank:ident, $listening:ident, $wall:ident, $parts:ident, [$($facts:ident),*]) => {{
         #[allow(unused_mut, unused_assignments)]
         let mut view = View {
             cfg: $cfg,
             counters: $counters,
             blank: $blank,
             listening: $listening,
+            wall: $wall,
             member: None,
             scheduler: None,
             replication: None,
@@ -282,6 +293,7 @@ impl Core {
             counters: &self.counters,
             blank: &self.blank,
             listening: self.deaf_since.is_none(),
+            wall: self.wall,
             member: Some(&self.parts.member),
             scheduler: self.parts.scheduler.as_ref(),
             replication: Some(&self.parts.replication),

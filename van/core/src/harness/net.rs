@@ -361,7 +361,8 @@ impl Network {
                 continue;
             }
             if self.nodes[i].core.poll_timeout().is_some_and(|t| t <= now) {
-                self.nodes[i].core.tick(now);
+                let wall = self.wall(now);
+                self.nodes[i].core.tick(now, wall);
                 self.flush(i);
             }
         }

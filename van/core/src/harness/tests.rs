@@ -328,7 +328,7 @@ fn by_default_only_nodes_that_send_heartbeats_can_be_declared_dead() {
         heartbeat_interval: None,
         ..net.config.clone()
     };
-    net.nodes[cpp].core = Core::new(&cfg, 10_000, net.now, 1);
+    net.nodes[cpp].core = Core::new(&cfg, 10_000, net.now, net.wall(net.now), 1);
     assert!(net.form(SECOND * 5));
     net.run_for(SECOND * 60);
     assert!(net
@@ -574,7 +574,7 @@ fn peers_that_never_acknowledge_are_not_waited_for_at_exit() {
         resend_timeout: Some(SECOND),
         ..net.config.clone()
     };
-    net.nodes[worker].core = Core::new(&cfg, 10_001, net.now, 1);
+    net.nodes[worker].core = Core::new(&cfg, 10_001, net.now, net.wall(net.now), 1);
     assert!(net.form(SECOND * 5));
     let waiters = enter(&mut net, ALL_GROUP);
     assert!(net.run_until(SECOND, |n| all_released(n, &waiters)));

@@ -518,7 +518,7 @@ mod cluster {
             ..VanConfig::default()
         };
         let now = t0();
-        let mut core = crate::Core::new(&cfg, 10_001, now, 1);
+        let mut core = crate::Core::new(&cfg, 10_001, now, std::time::SystemTime::UNIX_EPOCH, 1);
         core.register(0, now);
         // The table a C++ scheduler sends: its entries carry no pslite mark.
         let mut server = Node::new(Role::Server, "127.0.0.1", 10_000);
