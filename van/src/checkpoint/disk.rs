@@ -1,18 +1,9 @@
-//! Checkpoints on the file system: where each file goes, writing one
-//! atomically, reading one back, listing a directory, and deleting old
-//! checkpoints. The only code of the checkpoint protocol that does I/O; the
-//! driver ([`crate::Van`]) calls it for the core's [`Io`] requests, and the
-//! harness replaces it with a map of paths to bytes.
-//!
-//! Layout of `PS_CHECKPOINT_DIR`:
-//!
-//! ```text
-//! DIR/LOCK                              held (flock) by the job's scheduler
-//! DIR/LATEST                            "job JOB checkpoint 3": the one to resume
-//! DIR/checkpoint-000003/ckpt-000003.server-0.ranges-0.job-3f9a1c2e.ckpt
-//! DIR/checkpoint-000003/ckpt-000003.server-1.ranges-1.job-3f9a1c2e.ckpt
-//! DIR/checkpoint-000003/MANIFEST        written last: checkpoint 3 is complete
-//! ```
+//! Checkpoints on the file system: writing a file atomically, reading one
+//! back, listing a directory, and deleting old checkpoints. The only code
+//! of the checkpoint protocol that does I/O; the driver ([`crate::Van`])
+//! calls it for the core's [`Io`] requests (the layout and the requests are
+//! `pslite_van_core::checkpoint::disk`'s), and the harness replaces it with
+//! a map of paths to bytes.
 //!
 //! A file is written as `NAME.tmp` in its directory, flushed to disk
 //! (fsync), renamed to `NAME`, and the directory is flushed too, so after a
@@ -25,41 +16,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-
-/// The name of a checkpoint's manifest.
-pub const MANIFEST: &str = "MANIFEST";
-
-/// The directory of checkpoint `id` in `dir`.
-pub fn checkpoint_dir(dir: &Path, id: u64) -> PathBuf {
-    dir.join(format!("checkpoint-{id:06}"))
-}
-
-/// The file that names the checkpoint to resume.
-pub const LATEST: &str = "LATEST";
-
-/// The file the scheduler holds locked while its job runs.
-pub const LOCK: &str = "LOCK";
-
-/// The file name of server rank `rank`'s ranges `ranges` in checkpoint `id`
-/// of job `job`: it names all four.
-pub fn server_file_name(id: u64, rank: i32, ranges: &[u32], job: &str) -> String {
-    let ranges: Vec<String> = ranges.iter().map(u32::to_string).collect();
-    format!(
-        "ckpt-{id:06}.server-{rank}.ranges-{}.{}.ckpt",
-        ranges.join(","),
-        job_tag(job)
-    )
-}
-
-/// How file names name a job: `job-` and its first 8 hex digits.
-pub fn job_tag(job: &str) -> String {
-    format!("job-{}", job.get(..8).unwrap_or(job))
-}
-
-/// What `LATEST` holds.
-pub fn latest_text(job: &str, id: u64) -> String {
-    format!("job {job} checkpoint {id}\n")
-}
+pub use pslite_van_core::checkpoint::disk::*;
 
 /// Reads `dir/LATEST`: the job and checkpoint it names, `None` if there is
 /// none, an error naming it if it cannot be read or makes no sense.
@@ -120,65 +77,6 @@ pub fn lock(dir: &Path) -> Result<DirLock, String> {
     let _ = file.set_len(0);
     let _ = writeln!(file, "pid {}", std::process::id());
     Ok(DirLock { _file: file })
-}
-
-/// The checkpoint id of a directory name (`checkpoint-000003` is 3).
-fn id_of(name: &str) -> Option<u64> {
-    name.strip_prefix("checkpoint-")?.parse().ok()
-}
-
-/// A file operation the checkpoint protocol asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Io {
-    /// Write `bytes` to `path` atomically.
-    Write {
-        /// Where.
-        path: PathBuf,
-        /// What.
-        bytes: Bytes,
-    },
-    /// Read each of `paths` whole (the first that exists of each list).
-    Read {
-        /// Candidates per file wanted, in order of preference.
-        paths: Vec<Vec<PathBuf>>,
-    },
-    /// Delete the checkpoints of job `job` in `dir` below id `below`
-    /// (another job's are left alone).
-    Prune {
-        /// The checkpoint directory.
-        dir: PathBuf,
-        /// The oldest id to keep.
-        below: u64,
-        /// The job whose checkpoints go.
-        job: String,
-    },
-    /// Write a manifest, then `LATEST` naming its checkpoint.
-    Complete {
-        /// The manifest's path.
-        manifest: PathBuf,
-        /// Its bytes.
-        bytes: Bytes,
-        /// `LATEST`'s path.
-        latest: PathBuf,
-        /// What it holds ([`latest_text`]).
-        text: String,
-    },
-    /// Delete a checkpoint's directory (a failed one leaves nothing).
-    Remove {
-        /// The directory.
-        dir: PathBuf,
-    },
-}
-
-/// What came of an [`Io`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum IoResult {
-    /// Written (or pruned).
-    Done,
-    /// Read: for each list of candidates, the path read and its bytes.
-    Read(Vec<(PathBuf, Bytes)>),
-    /// It failed; says which file and why.
-    Failed(String),
 }
 
 /// Carries out `io` on the file system.
@@ -263,18 +161,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     result
-}
-
-/// One checkpoint directory found in `PS_CHECKPOINT_DIR`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Found {
-    /// Its id.
-    pub id: u64,
-    /// Where its manifest is.
-    pub manifest_path: PathBuf,
-    /// Its manifest's bytes: `None` if it has none (never completed),
-    /// `Some(Err)` if it cannot be read.
-    pub manifest: Option<Result<Bytes, String>>,
 }
 
 /// The checkpoints in `dir`, by id (none if `dir` does not exist).
