@@ -189,10 +189,15 @@ impl Van {
         if let (Some(ck), true) = (&config.checkpoint, is_scheduler) {
             // What to restore is decided before anyone can register.
             let ranges = crate::replica::key_ranges(config.num_servers.max(1) as usize);
-            let (catalog, lock) = crate::checkpoint::open_dir(ck, &ranges)
-                .map_err(|detail| VanError::Failed(Failure::Checkpoint { detail }))?;
-            checkpoint_lock = Some(lock);
-            core.set_checkpoint_catalog(catalog);
+            match crate::checkpoint::open_dir(ck, &ranges) {
+                Ok((catalog, lock)) => {
+                    checkpoint_lock = Some(lock);
+                    core.set_checkpoint_catalog(catalog);
+                }
+                // The job cannot start: every node that registers is told
+                // why before this scheduler exits with it.
+                Err(detail) => core.refuse_job(detail, Instant::now()),
+            }
         }
         info!("{} listening on {}", core.me().role, core.me().address());
         let reply_gauge = core.reply_gauge();

@@ -54,6 +54,7 @@ mod pipeline;
 mod route;
 mod waits;
 
+pub use features::REFUSAL_WAIT;
 pub use lifecycle::{DrainOutcome, DRAIN_RESEND_TIMEOUTS, LEAVE_LAST, MAX_DRAIN};
 use parts::{Origin, Parts};
 pub use route::{IdentityRefused, LinkEvent};

@@ -130,6 +130,13 @@ pub enum Event {
     },
     /// A server left the job by itself, its ranges handed over.
     ServerLeft(NodeId),
+    /// On the scheduler: the job cannot go on (a key range with no replica
+    /// left): every node is told why, then the scheduler fails.
+    StopJob(String),
+    /// On the scheduler: process `id`, held dead, was heard from again and
+    /// nothing took its place (a pause, lost heartbeats): it is taken back.
+    /// With replicated key ranges it rejoins as a fresh replica.
+    Back(NodeId),
     /// Key ranges are replicated in this cluster (a dead server's ranges
     /// fail over; nothing waits for its replacement).
     Replicated,

@@ -157,6 +157,14 @@ pub enum Failure {
         /// The range (its server rank).
         range: u32,
     },
+    /// The scheduler stopped the job and told every node why (a checkpoint
+    /// it refused at start, a key range with no replica left): nothing can
+    /// go on, so nothing waits.
+    #[error("the scheduler stopped the job: {reason}")]
+    JobStopped {
+        /// Why, as the scheduler said it.
+        reason: String,
+    },
     /// Checkpoints (`PS_CHECKPOINT_DIR`): a checkpoint request was refused
     /// or failed, or a server could not restore one (the message names the
     /// file and what is wrong with it).

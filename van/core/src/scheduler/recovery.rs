@@ -26,6 +26,9 @@ impl Scheduler {
     }
 
     fn run_clock(&mut self, now: Instant) -> Vec<Effect> {
+        if self.stopping.is_some() {
+            return self.stopping_tick(now);
+        }
         if let Some(due) = self.poll_timeout() {
             let late = now.saturating_duration_since(due);
             if late > PAUSE_SLACK {

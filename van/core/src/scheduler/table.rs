@@ -46,6 +46,9 @@ impl Scheduler {
             );
             return Vec::new();
         }
+        if self.stopping.is_some() {
+            return self.tell_registered(node, now);
+        }
         if self.elastic.is_some() && (node.role == Role::Worker || !self.ready) {
             return self.elastic_add_node(node, sender, now);
         }
