@@ -297,11 +297,82 @@ fn a_file_of_another_job_swapped_in_is_refused() {
     );
 }
 
+/// A whole job started on a checkpoint directory its scheduler refuses
+/// (`damage` makes it so) ends at once: the scheduler tells every node
+/// that registers why, and every process exits non-zero saying `why`
+/// (before, the servers and workers waited for their start timeout, 300 s,
+/// saying nothing).
+fn refused_at_start(damage: impl FnOnce(&Path) -> PathBuf, why: &str) {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-refused");
+    let path = damage(dir.path());
+    let started = std::time::Instant::now();
+    let runs = Job::start(Some(&path), 0, false, &[]).wait();
+    let took = started.elapsed();
+    let all = outputs(&runs);
+    assert!(
+        runs.iter().all(|r| !r.ok() && !r.timed_out),
+        "every process should exit non-zero, in time:\n{all}"
+    );
+    for (i, r) in runs.iter().enumerate() {
+        assert!(
+            r.output().contains(why),
+            "process {i} did not say {why:?}:\n{all}"
+        );
+    }
+    for r in &runs[1..] {
+        assert!(
+            r.output().contains("the scheduler stopped the job"),
+            "{all}"
+        );
+    }
+    eprintln!(
+        "the whole job ended {:.1} s after it started",
+        took.as_secs_f64()
+    );
+}
+
+/// (A path that is a file is refused by every node's configuration check
+/// already, at once.)
+#[test]
+fn a_deleted_manifest_stops_every_node_at_start() {
+    refused_at_start(
+        |dir| {
+            checkpointed_job(dir, &[]);
+            std::fs::remove_file(checkpoint_dir(dir, 1).join("MANIFEST"))
+                .expect("delete the manifest");
+            dir.to_path_buf()
+        },
+        "MANIFEST is missing",
+    );
+}
+
+#[test]
+fn a_corrupt_manifest_stops_every_node_at_start() {
+    refused_at_start(
+        |dir| {
+            checkpointed_job(dir, &[]);
+            let manifest = checkpoint_dir(dir, 1).join("MANIFEST");
+            let mut bytes = std::fs::read(&manifest).expect("read the manifest");
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
+            std::fs::write(&manifest, &bytes).expect("corrupt it");
+            dir.to_path_buf()
+        },
+        "cannot resume checkpoint 1",
+    );
+}
+
 /// Starts only the scheduler of a `kv_checkpoint` job on `dir` (with
 /// `extra`) and returns how it ended: it must refuse to start.
 fn scheduler_alone(dir: &Path, extra: &[(&str, &str)]) -> Run {
     let dir = dir.display().to_string();
-    let mut env = vec![("PS_CHECKPOINT_DIR", dir.as_str())];
+    // Alone, it waits for no registration long (it would tell each node
+    // why it refuses the job).
+    let mut env = vec![
+        ("PS_CHECKPOINT_DIR", dir.as_str()),
+        ("PS_START_TIMEOUT", "3"),
+    ];
     env.extend_from_slice(extra);
     let port = free_port();
     spawn_node("kv_checkpoint", "scheduler", SERVERS, WORKERS, port, &env).wait(LIMIT)
