@@ -46,8 +46,8 @@ use crate::monitor::Monitors;
 use crate::shm::{self, ShmStats};
 use crate::transport::Transport;
 use crate::VanConfig;
+use crate::VanError;
 use crate::{Core, LinkEvent, Output};
-use crate::{Failure, VanError};
 use pslite_van_core::carry;
 use pslite_van_core::{Done, Ticket, Wait};
 
@@ -328,7 +328,7 @@ impl Van {
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
     /// 4 workers) has called `barrier` for it; `timeout` bounds the wait.
-    /// Fails with [`Failure::PeerDead`] if a member died and nothing
+    /// Fails with [`Failure::PeerDead`](crate::Failure::PeerDead) if a member died and nothing
     /// replaced it within the recovery timeout (a pslite scheduler only).
     pub fn barrier(
         &self,
@@ -425,7 +425,7 @@ impl Van {
 
     /// Stops the receive thread and closes every socket, after the exit
     /// drain (see `Core::finish`). Waits in `register` or `barrier` fail with
-    /// [`Failure::Stopped`].
+    /// [`Failure::Stopped`](crate::Failure::Stopped).
     pub fn stop(&self) {
         let Some(thread) = lock(&self.thread).take() else {
             return;
