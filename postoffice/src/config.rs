@@ -653,16 +653,26 @@ fn store_limits(env: &Env, defaults: StoreLimits) -> Result<StoreLimits, ConfigE
 }
 
 /// `PS_CHECKPOINT_DIR` (where servers write their key ranges and the
-/// scheduler its manifests; a job started with it restores the newest
-/// complete checkpoint there), `PS_CHECKPOINT_INTERVAL` (seconds between
-/// automatic checkpoints; unset: on demand only), `PS_CHECKPOINT_TIMEOUT`
-/// and `PS_CHECKPOINT_KEEP`. The companions without the directory are an
+/// scheduler its manifests; a job started with it resumes the checkpoint
+/// its `LATEST` names), `PS_CHECKPOINT_INTERVAL` (seconds between
+/// automatic checkpoints; unset: on demand only), `PS_CHECKPOINT_TIMEOUT`,
+/// `PS_CHECKPOINT_KEEP` and `PS_CHECKPOINT_FRESH` (a new job even where
+/// the directory holds checkpoints). The companions without the directory are an
 /// error (they would do nothing).
 fn checkpoint(env: &Env) -> Result<Option<CheckpointConfig>, ConfigError> {
     let interval = env.optional_number("PS_CHECKPOINT_INTERVAL")?;
     let timeout = env.optional_number("PS_CHECKPOINT_TIMEOUT")?;
     let keep = env.optional_number("PS_CHECKPOINT_KEEP")?;
+    let fresh = env.flag("PS_CHECKPOINT_FRESH")?;
     let Some(dir) = env.get("PS_CHECKPOINT_DIR") else {
+        if fresh {
+            return Err(ConfigError::Invalid {
+                var: "PS_CHECKPOINT_FRESH",
+                value: "1".into(),
+                expected: "set only with PS_CHECKPOINT_DIR (the directory checkpoints are \
+                           written to)",
+            });
+        }
         for (var, value) in [
             ("PS_CHECKPOINT_INTERVAL", interval),
             ("PS_CHECKPOINT_TIMEOUT", timeout),
@@ -695,6 +705,7 @@ fn checkpoint(env: &Env) -> Result<Option<CheckpointConfig>, ConfigError> {
     if let Some(k) = keep {
         cfg.keep = k as usize;
     }
+    cfg.fresh = fresh;
     Ok(Some(cfg))
 }
 

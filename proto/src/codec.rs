@@ -190,6 +190,7 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
         dead_nodes: ctrl.dead_nodes.clone(),
         round: ctrl.round,
         round_members: ctrl.round_members.clone(),
+        stop: ctrl.stop.clone(),
     }
 }
 
@@ -209,6 +210,7 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         dead_nodes: pb.dead_nodes,
         round: pb.round,
         round_members: pb.round_members,
+        stop: pb.stop,
     })
 }
 

@@ -89,6 +89,9 @@ pub struct Control {
     /// pslite-only (field 103), elastic mode only: with `round`, the round's
     /// workers in rank order.
     pub round_members: Vec<NodeId>,
+    /// pslite-only (field 104): on a LEAVE from the scheduler, the job
+    /// stops, and why.
+    pub stop: Option<String>,
 }
 
 impl Control {

@@ -262,6 +262,9 @@ pub struct CheckpointConfig {
     pub timeout: Duration,
     /// `PS_CHECKPOINT_KEEP`: complete checkpoints kept.
     pub keep: usize,
+    /// `PS_CHECKPOINT_FRESH=1`: start a new job even where the directory
+    /// holds checkpoints (see [`crate::checkpoint::catalog`]).
+    pub fresh: bool,
 }
 
 impl CheckpointConfig {
@@ -273,6 +276,7 @@ impl CheckpointConfig {
             interval: None,
             timeout: DEFAULT_TIMEOUT,
             keep: DEFAULT_KEEP,
+            fresh: false,
         }
     }
 }

@@ -131,6 +131,13 @@ pub enum Event {
     },
     /// A server left the job by itself, its ranges handed over.
     ServerLeft(NodeId),
+    /// On the scheduler: the job cannot go on (a key range with no replica
+    /// left): every node is told why, then the scheduler fails.
+    StopJob(String),
+    /// On the scheduler: process `id`, held dead, was heard from again and
+    /// nothing took its place (a pause, lost heartbeats): it is taken back.
+    /// With replicated key ranges it rejoins as a fresh replica.
+    Back(NodeId),
     /// Key ranges are replicated in this cluster (a dead server's ranges
     /// fail over; nothing waits for its replacement).
     Replicated,
@@ -462,12 +469,31 @@ pub enum Io {
         /// Candidates per file wanted, in order of preference.
         paths: Vec<Vec<PathBuf>>,
     },
-    /// Delete the checkpoints of `dir` below id `below`.
+    /// Delete the checkpoints of job `job` in `dir` below id `below`
+    /// (another job's are left alone).
     Prune {
         /// The checkpoint directory.
         dir: PathBuf,
         /// The oldest id to keep.
         below: u64,
+        /// The job whose checkpoints go.
+        job: String,
+    },
+    /// Write a manifest, then `LATEST` naming its checkpoint.
+    Complete {
+        /// The manifest's path.
+        manifest: PathBuf,
+        /// Its bytes.
+        bytes: Bytes,
+        /// `LATEST`'s path.
+        latest: PathBuf,
+        /// What it holds (`checkpoint::disk::latest_text`).
+        text: String,
+    },
+    /// Delete a checkpoint's directory (a failed one leaves nothing).
+    Remove {
+        /// The directory.
+        dir: PathBuf,
     },
 }
 

@@ -57,7 +57,7 @@ pub mod store;
 
 pub use crate::core::{
     Core, Done, DrainOutcome, IdentityRefused, Ticket, Wait, DRAIN_RESEND_TIMEOUTS, EXIT_FLUSH,
-    MAX_DRAIN,
+    LEAVE_LAST, MAX_DRAIN, REFUSAL_WAIT,
 };
 pub use config::{AuthToken, VanConfig};
 pub use counters::Counters;

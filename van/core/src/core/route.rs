@@ -458,6 +458,10 @@ impl Core {
             // scheduler before the scheduler listens.
             LinkEvent::Unreachable | LinkEvent::Down if self.finalizing => {
                 debug!("connection to node {peer} closed while finalizing");
+                if self.parts.scheduler.is_some() {
+                    self.left_at_exit.insert(peer);
+                    self.check_drain(now);
+                }
             }
             LinkEvent::Unreachable => {
                 if let Some(s) = &mut self.parts.scheduler {

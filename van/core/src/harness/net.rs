@@ -227,6 +227,10 @@ impl Network {
         let Some(&(Some(to), identity, key)) = self.nodes[i].conns.get(&msg.meta.recver) else {
             return; // no connection, or to an address where nobody listens
         };
+        let heartbeat = msg.meta.control.cmd == pslite_proto::Command::Heartbeat;
+        if heartbeat && (self.heartbeats_lost.contains(&i) || self.heartbeats_lost.contains(&to)) {
+            return;
+        }
         let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
         if faulty && self.rng.random_bool(self.faults.drop) {
             return;

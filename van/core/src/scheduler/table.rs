@@ -46,6 +46,9 @@ impl Scheduler {
             );
             return Vec::new();
         }
+        if self.stopping.is_some() {
+            return self.tell_registered(node, now);
+        }
         if self.elastic.is_some() && (node.role == Role::Worker || !self.ready) {
             return self.elastic_add_node(node, sender, now);
         }
@@ -61,7 +64,8 @@ impl Scheduler {
                 sender,
                 "ADD_NODE from node _ before the cluster formed",
                 format!(
-                    "scheduler: dropping ADD_NODE from node {sender}: no node has an id before                      the cluster forms (a stranger using a member's identity)"
+                    "scheduler: dropping ADD_NODE from node {sender}: no node has an id before \
+                     the cluster forms (a stranger using a member's identity)"
                 ),
             );
             return Vec::new();
