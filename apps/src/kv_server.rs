@@ -351,6 +351,10 @@ impl<V: Val> KVServer<V> {
             let (frames, types) = res.to_frames();
             msg.data = frames;
             msg.meta.data_type = types;
+            // The worker asked for its answer compressed (it reads them).
+            if let Some(c) = &req.compression {
+                crate::compression::compress_answer::<V>(c, &mut msg);
+            }
         }
         msg
     }
@@ -390,8 +394,17 @@ const OWN_CORE: NodeId = -1;
 impl<V: Val> Handler for Inner<V> {
     type Payload = ();
 
-    fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message) {
+    fn on_request(&self, customer: &Arc<Customer<Self>>, mut msg: Message) {
         let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));
+        // Compressed values (a pslite worker that knows this server reads
+        // them): the handle sees them decompressed.
+        if let Err(e) = crate::compression::expand::<V>(&mut msg) {
+            warn!(
+                "KVServer app {}: dropping a request from node {sender}: {e}",
+                self.app_id
+            );
+            return;
+        }
         let req = if msg.meta.simple_app {
             Queued::Simple(SimpleData::of(&msg))
         } else {

@@ -60,6 +60,7 @@
 //! (ZeroMQ transport, scheduler state machine), `pslite-postoffice`
 //! (configuration, node life cycle, barriers, routing to customers).
 
+pub mod compression;
 mod customer;
 mod error;
 mod kv_pairs;
@@ -72,6 +73,7 @@ mod simple_app;
 
 use std::process::ExitCode;
 
+pub use compression::{parse_compression, Compression, CompressionKind};
 pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};

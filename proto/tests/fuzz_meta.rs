@@ -58,6 +58,7 @@ fn node() -> impl Strategy<Value = Node> {
                 host: String::new(),
                 pid: 0,
                 key: 0,
+                features: 0,
             },
         )
 }
@@ -106,6 +107,8 @@ prop_compose! {
             store: None,
             replica: None,
             checkpoint: None,
+            partition: None,
+            compression: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

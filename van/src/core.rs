@@ -442,6 +442,9 @@ impl Core {
         // The key this process presents in its identity to pslite peers:
         // random, never 0 (0 means "no key").
         me.key = rng.random::<u64>() | 1;
+        // What this node reads beyond ps-lite's messages (pslite peers send
+        // partitioned and compressed messages only to entries that say so).
+        me.features = pslite_proto::FEATURE_PARTITION | pslite_proto::FEATURE_COMPRESSION;
         if let Some((host, pid)) = &cfg.shm_identity {
             me.host = host.clone();
             me.pid = *pid;

@@ -512,6 +512,14 @@ impl Van {
         self.read(Core::nodes)
     }
 
+    /// What node `id` can receive beyond ps-lite's messages
+    /// ([`pslite_proto::FEATURE_PARTITION`], ...): its table entry's
+    /// features; 0 for a node not in the table, a C++ node, or any node
+    /// under a C++ scheduler.
+    pub fn peer_features(&self, id: NodeId) -> u32 {
+        self.read(|core| core.node(id).map_or(0, |n| n.features))
+    }
+
     /// Elastic mode: the current round and its workers in rank order.
     pub fn round(&self) -> Option<(u64, Vec<NodeId>)> {
         self.read(Core::round)

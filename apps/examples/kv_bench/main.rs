@@ -83,7 +83,7 @@ pub(crate) struct Args {
     /// Run only one part: cxx, sweep, rtt, startup, replicas, raw.
     #[arg(long)]
     only: Option<String>,
-    /// (node mode) what the worker measures: cxx, sweep, rtt, startup.
+    /// (node mode) what the worker measures: cxx, cxx_fresh, sweep, rtt, startup.
     #[arg(long, default_value = "cxx")]
     mode: String,
     /// Servers answer on the receive thread (KVServer::set_request_handle_inline)
