@@ -177,7 +177,10 @@ impl Compression {
     /// `k` of `topk`/`randomk` for `n` values.
     fn k_for(&self, n: usize) -> usize {
         if self.param < 1.0 {
-            ((self.param as f64 * n as f64).ceil() as usize).clamp(1, n.max(1))
+            // The fraction is an f32 (0.05 is 0.0500000007): a relative
+            // tolerance keeps 5% of 2000 at 100.
+            let exact = f64::from(self.param) * n as f64;
+            ((exact * (1.0 - 1e-6)).ceil() as usize).clamp(1, n.max(1))
         } else {
             (self.param as usize).min(n)
         }
