@@ -75,6 +75,13 @@ pub struct VanConfig {
     /// Bytes of data messages held before this node joined, in total and
     /// per sender (`PS_HOLD_LIMIT`).
     pub hold_limit: usize,
+    /// Data messages to pslite peers over the network are cut into parts of
+    /// at most this many bytes, and each peer's connection is given about
+    /// this much at a time, so that a message of higher priority waits for
+    /// at most one part of a lower one (`PS_PARTITION_BYTES`; 0 = off:
+    /// messages go whole and straight to ZeroMQ, as before priorities were
+    /// scheduled; see [`crate::schedule`], [`crate::partition`]).
+    pub partition_bytes: usize,
     /// On the scheduler: the bounds of the key-value store it hosts
     /// (`PS_STORE_MAX_*`); on a node, the largest value its `Store` handle
     /// sends.
@@ -106,6 +113,10 @@ pub struct VanConfig {
     pub checkpoint: Option<crate::checkpoint::CheckpointConfig>,
 }
 
+/// The default `PS_PARTITION_BYTES` (see docs/BENCHMARKS.md for how it
+/// was chosen).
+pub const DEFAULT_PARTITION_BYTES: usize = 1 << 20;
+
 impl Default for VanConfig {
     /// A worker of a 1 + 1 cluster around a scheduler on 127.0.0.1:9091,
     /// with ps-lite's defaults.
@@ -133,6 +144,7 @@ impl Default for VanConfig {
             drop_percent: 0,
             max_message_size: Some(i64::from(i32::MAX)),
             hold_limit: 256 << 20,
+            partition_bytes: DEFAULT_PARTITION_BYTES,
             store_limits: crate::store::StoreLimits::default(),
             auth_token: None,
             shm: true,

@@ -365,6 +365,9 @@ pub struct Core {
     checkpoints: checkpoint::Checkpoints,
     /// On a server: its leave from the job (`DMLC_NUM_SERVER=MIN:MAX`).
     leave: servers::Leave,
+    /// Messages to pslite peers cut into parts, and parts put back together
+    /// ([`crate::partition`]).
+    parts: crate::partition::Parts,
 }
 
 mod checkpoint;
@@ -378,6 +381,15 @@ struct Drain {
     started: Instant,
     deadline: Instant,
     outcome: Option<DrainOutcome>,
+}
+
+/// How long an incomplete message waits for its next part: longer than a
+/// lost part's resends take (`PS_RESEND`), at least a minute.
+fn parts_idle(cfg: &VanConfig) -> Duration {
+    let resends = cfg
+        .resend_timeout
+        .map_or(Duration::ZERO, |t| t * 8 * (cfg.max_resends + 2));
+    resends.max(Duration::from_secs(60))
 }
 
 /// The longest exit drain.
@@ -487,6 +499,7 @@ impl Core {
             },
             now,
         );
+        let me_key = me.key;
         let mut core = Core {
             cfg: cfg.clone(),
             member,
@@ -536,6 +549,14 @@ impl Core {
             replica_ts: 0,
             checkpoints: checkpoint::Checkpoints::for_config(cfg),
             leave: servers::Leave::No,
+            // Message numbers from the process's random key (no draw from
+            // the core's generator, whose sequence the harness's seeds fix).
+            parts: crate::partition::Parts::new(
+                cfg.partition_bytes,
+                cfg.max_message_size.map_or(u64::MAX, |m| m.max(0) as u64),
+                parts_idle(cfg),
+                me_key.rotate_left(29),
+            ),
         };
         core.replica_ts = core.rng.random::<i32>() & i32::MAX;
         // The scheduler talks to itself through its own ROUTER; a node makes
@@ -565,6 +586,13 @@ impl Core {
     /// This node as the cluster knows it (its id once joined).
     pub fn me(&self) -> &Node {
         self.member.me()
+    }
+
+    /// Tests: this node advertises `features` in its entry (as an older
+    /// pslite node, `0`, would); before it registers.
+    #[cfg(test)]
+    pub(crate) fn set_features(&mut self, features: u32) {
+        self.member.set_features(features);
     }
 
     /// The entry of node `id` in the node table, if it has one.
@@ -698,16 +726,21 @@ impl Core {
     /// Prepares a message an app sends: checks that the node can send it,
     /// opens the connection on first use, stamps the sender and records it
     /// for resending. Returns the message to put on the wire.
-    /// Returns `None` when there is nothing to send now (replicated key
-    /// ranges: an answer held until the backups have the push).
-    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Option<Message>, VanError> {
+    /// Returns nothing when there is nothing to send now (replicated key
+    /// ranges: an answer held until the backups have the push), several
+    /// messages when it goes in parts ([`crate::partition`]).
+    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Vec<Message>, VanError> {
         if let Some(f) = self.member.failure() {
             return Err(f.clone().into());
         }
         let Some(msg) = self.replica_outgoing(msg, now)? else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
-        self.prepare(msg, now).map(Some)
+        // A large message to a pslite peer over the network goes in parts.
+        let peer = self.member.node(msg.meta.recver);
+        let by_shm = peer.is_some_and(|n| self.shm_peer_node(n).is_some());
+        let parts = self.parts.outgoing(msg, peer, by_shm);
+        parts.into_iter().map(|m| self.prepare(m, now)).collect()
     }
 
     /// A message [`Core::send`] prepared could not be put on the wire.
@@ -1211,6 +1244,7 @@ impl Core {
             self.store_host.as_ref().and_then(StoreHost::poll_timeout),
             self.checkpoint_poll(),
             self.store_client.poll_timeout(),
+            self.parts.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -1239,6 +1273,7 @@ impl Core {
                 self.store_forget_dead(now);
             }
             self.changed |= self.store_client.tick(now);
+            self.parts.tick(now);
         }
         if let Some(host) = &mut self.store_host {
             let replies = host.tick(now);
@@ -1431,7 +1466,13 @@ impl Core {
     fn dispatch(&mut self, msg: Message, now: Instant) {
         let is_scheduler = self.scheduler.is_some();
         match msg.meta.control.cmd {
-            Command::Empty => self.data(msg, now),
+            Command::Empty => {
+                // A part is acknowledged on its own; the message goes on
+                // once its last part arrived.
+                if let Some(msg) = self.parts.incoming(msg, now) {
+                    self.data(msg, now)
+                }
+            }
             // Never obeyed from the wire: a node stops itself in-process.
             Command::Terminate => {
                 self.drop_logged(msg.meta.sender, "TERMINATE", "nodes stop themselves")
@@ -1707,6 +1748,7 @@ impl Core {
                 }
                 MemberAction::PeerReplaced(id) => self.peer_replaced(id, now),
                 MemberAction::PeerDead(id) => {
+                    self.parts.forget(id);
                     let failure = Failure::PeerDead {
                         id,
                         secs: self.cfg.recovery_timeout.as_secs(),
@@ -1757,6 +1799,7 @@ impl Core {
     /// process (the old one may have taken them to its grave); without a
     /// resender they cannot, and fail instead of waiting forever.
     fn peer_replaced(&mut self, id: NodeId, now: Instant) {
+        self.parts.forget(id);
         self.store_forget(id, "was replaced by a restarted process");
         if let Some(r) = &mut self.resender {
             // The new process's timestamps start over.

@@ -111,6 +111,8 @@ pub struct Network {
     stalled_steps: u32,
     /// The files checkpoints wrote (one file system shared by every node).
     pub disk: std::collections::BTreeMap<std::path::PathBuf, bytes::Bytes>,
+    /// Parts of messages put on the wire, by receiving node.
+    pub parts_sent_to: HashMap<usize, usize>,
 }
 
 /// Steps at one virtual instant after which the harness calls it a busy
@@ -140,6 +142,7 @@ impl Network {
             seq: 0,
             stalled_steps: 0,
             disk: std::collections::BTreeMap::new(),
+            parts_sent_to: HashMap::new(),
         }
     }
 
@@ -347,7 +350,7 @@ impl Network {
             .send(msg, now)
             .expect("the core refused to send");
         self.flush(i);
-        if let Some(msg) = msg {
+        for msg in msg {
             self.transmit(i, msg);
         }
     }
@@ -475,12 +478,13 @@ impl Network {
                     let answer = app.apply(&msg);
                     node.delivered.push(msg);
                     match node.core.send(answer, now) {
-                        Ok(Some(msg)) => {
+                        Ok(msgs) => {
                             // Its connection first, as the Van opens it.
                             self.flush(i);
-                            self.transmit(i, msg)
+                            for msg in msgs {
+                                self.transmit(i, msg)
+                            }
                         }
-                        Ok(None) => {}
                         // A node that failed (say, fenced: a replacement
                         // took its place) sends nothing more; its app's
                         // answers are dropped, as the Van drops them.
@@ -647,6 +651,9 @@ impl Network {
         let Some(&(Some(to), identity, key)) = self.nodes[i].conns.get(&msg.meta.recver) else {
             return; // no connection, or to an address where nobody listens
         };
+        if msg.meta.partition.is_some() {
+            *self.parts_sent_to.entry(to).or_default() += 1;
+        }
         let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
         if faulty && self.rng.random_bool(self.faults.drop) {
             return;
@@ -978,6 +985,8 @@ mod deadline_tests;
 mod elastic_tests;
 #[cfg(test)]
 mod identity_tests;
+#[cfg(test)]
+mod partition_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]

@@ -266,14 +266,24 @@ impl Van {
     pub fn send(&self, msg: Message) -> Result<usize, VanError> {
         let shared = &self.shared;
         let mode = Self::mode();
-        let Some(msg) = shared.with_core(mode, |core, now| core.send(msg, now))? else {
-            return Ok(0); // held (replicated key ranges), or sent by the core
-        };
-        let sent = shared.links.send(&msg, mode);
-        if sent.is_err() {
-            shared.with_core(mode, |core, _| core.send_failed(&msg));
+        // Nothing: held (replicated key ranges), or sent by the core; more
+        // than one: parts.
+        let msgs = shared.with_core(mode, |core, now| core.send(msg, now))?;
+        let mut bytes = 0;
+        for msg in &msgs {
+            match shared.links.send(msg, mode) {
+                Ok(n) => bytes += n,
+                Err(e) => {
+                    shared.with_core(mode, |core, _| {
+                        for m in &msgs {
+                            core.send_failed(m);
+                        }
+                    });
+                    return Err(e);
+                }
+            }
         }
-        sent
+        Ok(bytes)
     }
 
     /// Replicated key ranges: the range map this node knows, if the cluster
