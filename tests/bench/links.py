@@ -217,6 +217,9 @@ class Bench:
         self.pslite = self.bins / "pslite"
         self.port = 9100
         self.runs = 0
+        # --env VAR=VALUE: for every node of every cluster (pslite's; C++
+        # ps-lite ignores PS_* variables it does not know).
+        self.pslite_env = dict(kv.split("=", 1) for kv in args.env or [])
 
     def cluster(self, servers, workers, argv, env=None, timeout=600, programs=None, label="run"):
         """Runs one ps-lite job: scheduler in namespace 0, servers in 1..S,
@@ -229,6 +232,7 @@ class Bench:
             "PS_START_TIMEOUT": 120,
         }
         common.update(env or {})
+        common.update(self.pslite_env)
         roles = ["scheduler"] + ["server"] * servers + ["worker"] * workers
         nodes = []
         try:
@@ -342,6 +346,47 @@ class Bench:
         return results
 
 
+    # -- priority -----------------------------------------------------------
+
+    def priority(self, rate):
+        """kv_bench --mode layers: per step, first layer's answer and the
+        whole step, first come first served against P3's priorities."""
+        rows, results = [], []
+        for s, w in CLUSTERS:
+            log(f"priority: rate {rate} Gbit/s, {s}+{w}")
+            outs = self.cluster(s, w, [self.kv_bench, "--mode", "layers", "--keys", self.args.layer_values,
+                                       "--repeat", self.args.steps], label=f"layers-{s}+{w}")
+            got = {"fifo": {"first": [], "step": []}, "priority": {"first": [], "step": []}}
+            for out in outs:
+                for line in out.splitlines():
+                    if "BENCH layers " not in line:
+                        continue
+                    f = summary.fields(line.split("BENCH ", 1)[1])
+                    got[f["order"]]["first"].append(float(f["first_ms"]))
+                    got[f["order"]]["step"].append(float(f["step_ms"]))
+            if not got["fifo"]["first"] or not got["priority"]["first"]:
+                raise RuntimeError("no BENCH layers lines:\n" + "\n".join(outs)[-2000:])
+            m = {o: {k: statistics.median(v) for k, v in d.items()} for o, d in got.items()}
+            rows.append((s, w, m))
+            results.append(
+                f"RESULT priority rate={rate} {s}+{w} fifo_first_ms={m['fifo']['first']:.1f} "
+                f"priority_first_ms={m['priority']['first']:.1f} "
+                f"first_speedup={m['fifo']['first'] / m['priority']['first']:.2f} "
+                f"fifo_step_ms={m['fifo']['step']:.1f} priority_step_ms={m['priority']['step']:.1f} "
+                f"step_ratio={m['priority']['step'] / m['fifo']['step']:.2f}")
+        mb = self.args.layer_values * 4 / 1e6
+        print(f"\n## Priority at {rate} Gbit/s: 10 layers, {mb:.0f} MB of gradients a step pushed back to "
+              f"front, answers needed front to back (medians of {self.args.steps} steps per worker and order)\n")
+        print("| cluster | first layer, FIFO | first layer, priority | sooner by | step, FIFO | step, priority "
+              "| priority / FIFO, step |")
+        print("|---|---|---|---|---|---|---|")
+        for s, w, m in rows:
+            print(f"| {s}+{w} | {m['fifo']['first']:.0f} ms | {m['priority']['first']:.0f} ms "
+                  f"| {m['fifo']['first'] / m['priority']['first']:.1f}x | {m['fifo']['step']:.0f} ms "
+                  f"| {m['priority']['step']:.0f} ms | {m['priority']['step'] / m['fifo']['step']:.2f} |")
+        return results
+
+
 def endpoint(node):
     line = node.proc.stdout.readline()
     if not line.startswith("ENDPOINT "):
@@ -395,7 +440,10 @@ def main():
     parser.add_argument("--rate", action="append", help="link rate in Gbit/s (repeat or comma-separate; default 1)")
     parser.add_argument("--only", choices=["links", "priority", "compression"])
     parser.add_argument("--keys", type=int, default=10_000_000, help="keys of the bulk push and pull")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the bulk push and pull per run")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the bulk push and pull per run")
+    parser.add_argument("--layer-values", type=int, default=25_000_000,
+                        help="f32 values of the layer-wise model (priority part), over 10 layers")
+    parser.add_argument("--steps", type=int, default=6, help="steps of the layer-wise model per order")
     parser.add_argument("--ps-lite", default=os.environ.get("PSLITE_CXX_SRC"),
                         help="a checkout (or git clone) of github.com/dmlc/ps-lite for the C++ column")
     parser.add_argument("--ps-lite-rev", default="15b8adf")
@@ -403,10 +451,15 @@ def main():
     parser.add_argument("--small", action="store_true",
                         help="CI: a small size of every part, to show it runs (figures mean little)")
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument("--env", action="append", metavar="VAR=VALUE",
+                        help="an environment variable for every node (e.g. PS_PARTITION_BYTES=4M)")
     args = parser.parse_args()
     if args.small:
-        args.keys, args.rounds = 100_000, 2
+        args.keys, args.rounds, args.layer_values, args.steps = 100_000, 2, 1_000_000, 2
     rates = parse_rates(args.rate)
+    for kv in args.env or []:
+        if "=" not in kv:
+            sys.exit(f"--env {kv}: expected VAR=VALUE")
     if os.geteuid() != 0:
         sys.exit("links.py needs root (ip netns, tc)")
     bins = pathlib.Path(args.bin_dir)
@@ -446,6 +499,8 @@ def main():
         net.limit(rate)
         if want("links"):
             results += bench.links(rate, binary)
+        if want("priority"):
+            results += bench.priority(rate)
     print(f"\nload average at the end: {summary.load()}\n\n## Machine-readable\n\n```text")
     print("\n".join(results))
     print("```")

@@ -63,7 +63,7 @@ struct Shared {
     config: VanConfig,
     locked: Mutex<Locked>,
     changed: Condvar,
-    links: Links,
+    links: Arc<Links>,
     /// Answers to admin clients for the receive thread to send through the
     /// ROUTER (the thread that owns it), each back on the connection its
     /// request came on: routing id, message, and its share of the core's
@@ -185,13 +185,13 @@ impl Van {
             let this = me.clone();
             let me = me.clone();
             Shared {
-                links: Links::new(
+                links: Arc::new(Links::new(
                     ctx.clone(),
                     config.clone(),
                     Arc::clone(&counters),
                     pool.clone(),
                     monitors,
-                ),
+                )),
                 config,
                 locked: Mutex::new(Locked {
                     core,
@@ -223,6 +223,7 @@ impl Van {
         // PS_AUTH_TOKEN, a refusal fails the node at once, not at the start
         // timeout; see Core::link_event).
         shared.with_core(Mode::Wait, |_, _| ());
+        shared.links.start_pump()?;
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("pslite-van-{}", shared.config.role))
@@ -637,10 +638,10 @@ impl Van {
         // close: the last barrier's release to a node, say. The receive
         // thread, which retried it, is gone.
         let flush_until = Instant::now() + EXIT_FLUSH;
-        if shared.links.any_waiting() {
+        if shared.links.any_queued() {
             debug!("stopping: writing the messages that wait for their peers");
         }
-        while shared.links.any_waiting() && Instant::now() < flush_until {
+        while shared.links.any_queued() && Instant::now() < flush_until {
             if !shared.links.flush_waiting() {
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -24,10 +24,10 @@ pub(crate) fn node(args: &Args) -> Result<(), Error> {
             .unwrap_or(0);
         println!("BENCH ready_us={}", now.saturating_sub(launched) / 1000);
     }
-    let _server = if po.is_server() {
-        Some(empty_server(&po, args.inline_server, args.repeat)?)
-    } else {
-        None
+    let _server = match (po.is_server(), args.mode.as_str()) {
+        (true, "layers") => Some(crate::layers::echo_server(&po)?),
+        (true, _) => Some(empty_server(&po, args.inline_server, args.repeat)?),
+        _ => None,
     };
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
@@ -36,6 +36,7 @@ pub(crate) fn node(args: &Args) -> Result<(), Error> {
             // Fresh values only (tests/bench/links.py: a slow link makes
             // the same-arrays pass cost as much and say nothing new).
             "cxx_fresh" => cxx_workload(&po, &kv, args, &[true])?,
+            "layers" => crate::layers::layers(&po, &kv, args)?,
             "sweep" => sweep(&po, &kv, args)?,
             "rtt" => sweep_size(&po, &kv, 1, args)?,
             "replicas" => {
