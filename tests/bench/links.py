@@ -51,6 +51,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import summary  # noqa: E402  (build_cxx: how the project builds C++ ps-lite)
 
 PREFIX = "plk"
+# The demo's compressors, with the parameters its gradients need (2bit's
+# threshold and randomk's fraction depend on the gradients' scale; MXNet's
+# default threshold 0.5 is far above this model's per-feature gradients).
+COMPRESSORS = ["none", "onebit", "topk:0.01", "randomk:0.05", "2bit:0.02"]
 CLUSTERS = [(1, 1), (2, 2)]
 # Names of our namespaces: plk<pid>n<i> (node i) and plk<pid>sw (the bridge).
 OURS = re.compile(rf"^{PREFIX}(\d+)(?:n\d+|sw)$")
@@ -387,6 +391,49 @@ class Bench:
         return results
 
 
+    # -- compression --------------------------------------------------------
+
+    def compression(self, rate):
+        """pslite demo (2 servers, 2 workers) with each compressor: bytes on
+        the wire between workers and servers, time per epoch, final accuracy."""
+        results, rows = [], []
+        extra = ["--samples", str(self.args.demo_samples), "--epochs", str(self.args.demo_epochs),
+                 "--threshold", str(self.args.demo_threshold)]
+        for name in COMPRESSORS:
+            log(f"compression: rate {rate} Gbit/s, {name}")
+            argv = [self.pslite, "demo", "--node", *extra]
+            if name != "none":
+                argv += ["--compression", name]
+            outs = self.cluster(2, 2, argv, label=f"demo-{name.replace(':', '_')}")
+            epochs, wire, accuracy = [], 0, None
+            for out in outs:
+                for line in out.splitlines():
+                    m = re.search(r"epoch\s+(\d+)/\d+\s+test loss [\d.]+\s+accuracy ([\d.]+)\s+([\d.]+) s", line)
+                    if m and int(m.group(1)) > 0:
+                        epochs.append(float(m.group(3)))
+                        accuracy = float(m.group(2))
+                    m = re.search(r"worker \d+: .* ([\d.]+) MB on the wire", line)
+                    if m:
+                        wire += float(m.group(1))
+            if accuracy is None or not epochs:
+                raise RuntimeError(f"the demo with {name} printed no epochs:\n" + "\n".join(outs)[-2000:])
+            epoch_s = statistics.median(epochs)
+            rows.append((name, wire, epoch_s, accuracy))
+            results.append(f"RESULT compression rate={rate} 2+2 compressor={name} wire_mb={wire:.1f} "
+                           f"epoch_s={epoch_s:.3f} accuracy={accuracy:.4f} "
+                           f"threshold={self.args.demo_threshold} passed={int(accuracy >= self.args.demo_threshold)}")
+        base = rows[0]
+        print(f"\n## Gradient compression at {rate} Gbit/s: the demo (2 servers, 2 workers, "
+              f"{self.args.demo_samples} samples, {self.args.demo_epochs} epochs)\n")
+        print("| compressor | MB on the wire | / uncompressed | s per epoch (median) | / uncompressed "
+              f"| final accuracy (threshold {self.args.demo_threshold}) |")
+        print("|---|---|---|---|---|---|")
+        for name, wire, epoch_s, accuracy in rows:
+            print(f"| {name} | {wire:.1f} | {wire / base[1]:.2f} | {epoch_s:.2f} | {epoch_s / base[2]:.2f} "
+                  f"| {accuracy:.4f} |")
+        return results
+
+
 def endpoint(node):
     line = node.proc.stdout.readline()
     if not line.startswith("ENDPOINT "):
@@ -444,6 +491,10 @@ def main():
     parser.add_argument("--layer-values", type=int, default=25_000_000,
                         help="f32 values of the layer-wise model (priority part), over 10 layers")
     parser.add_argument("--steps", type=int, default=6, help="steps of the layer-wise model per order")
+    parser.add_argument("--demo-samples", type=int, default=200_000, help="the demo's samples (compression part)")
+    parser.add_argument("--demo-epochs", type=int, default=5, help="the demo's epochs (compression part)")
+    parser.add_argument("--demo-threshold", type=float, default=0.8,
+                        help="the accuracy the demo must reach (its nodes fail below it)")
     parser.add_argument("--ps-lite", default=os.environ.get("PSLITE_CXX_SRC"),
                         help="a checkout (or git clone) of github.com/dmlc/ps-lite for the C++ column")
     parser.add_argument("--ps-lite-rev", default="15b8adf")
@@ -456,11 +507,16 @@ def main():
     args = parser.parse_args()
     if args.small:
         args.keys, args.rounds, args.layer_values, args.steps = 100_000, 2, 1_000_000, 2
+        # Two short epochs: the small data set gets to about 0.8-0.85.
+        args.demo_samples, args.demo_epochs, args.demo_threshold = 40_000, 2, 0.7
     rates = parse_rates(args.rate)
     for kv in args.env or []:
         if "=" not in kv:
             sys.exit(f"--env {kv}: expected VAR=VALUE")
     if os.geteuid() != 0:
+        if args.small:
+            print("SKIP links.py --small: needs root (ip netns, tc)")
+            return
         sys.exit("links.py needs root (ip netns, tc)")
     bins = pathlib.Path(args.bin_dir)
     for b in (bins / "pslite", bins / "examples" / "kv_bench"):
@@ -501,6 +557,8 @@ def main():
             results += bench.links(rate, binary)
         if want("priority"):
             results += bench.priority(rate)
+        if want("compression"):
+            results += bench.compression(rate)
     print(f"\nload average at the end: {summary.load()}\n\n## Machine-readable\n\n```text")
     print("\n".join(results))
     print("```")

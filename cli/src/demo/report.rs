@@ -133,13 +133,14 @@ impl Report {
                 requests,
                 pushed,
                 pulled,
-                ..
+                wire,
             } => format!(
-                "worker {rank}: {} samples, {} requests, pushed {}, pulled {}",
+                "worker {rank}: {} samples, {} requests, pushed {}, pulled {}, {} on the wire",
                 group(*samples as u64),
                 group(*requests),
                 megabytes(*pushed),
-                megabytes(*pulled)
+                megabytes(*pulled),
+                megabytes(*wire)
             ),
             Report::Round {
                 round,
