@@ -22,7 +22,7 @@
 //! [`MIN_VALUES`] values, or that compression would not make smaller, goes
 //! uncompressed (its residuals are sent along and cleared).
 //!
-//! The wire form is `PBMeta.compression` (field 121) with the values frame
+//! The wire form is `PBMeta.compression` (field 131) with the values frame
 //! replaced by the compressed bytes, typed `OTHER`; see docs/PROTOCOL.md.
 //! The compressors themselves are pure code over `f32` slices
 //! (`compression/*.rs`), tested on their own.

@@ -1,5 +1,5 @@
 //! pslite-only: how a KV message's values are compressed
-//! (`PBMeta.compression`, field 121). The compressors live in the `pslite`
+//! (`PBMeta.compression`, field 131). The compressors live in the `pslite`
 //! crate (`pslite::compression`); this is only the wire form. Every field
 //! comes from the network: the receiver checks all of them.
 

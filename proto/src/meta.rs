@@ -216,10 +216,10 @@ pub struct Meta {
     /// order to write one, a report, the restore plan, a worker's requests
     /// in flight on its BARRIER).
     pub checkpoint: Option<Box<CheckpointMsg>>,
-    /// pslite-only (field 120): which part of a data message cut into
+    /// pslite-only (field 130): which part of a data message cut into
     /// parts this is (priority scheduling, `PS_PARTITION_BYTES`).
     pub partition: Option<Box<Partition>>,
-    /// pslite-only (field 121): how the values are compressed, or are to
+    /// pslite-only (field 131): how the values are compressed, or are to
     /// be in the answer.
     pub compression: Option<Box<CompressionMsg>>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).

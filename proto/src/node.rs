@@ -88,7 +88,7 @@ pub struct Node {
     /// pslite-only (field 103): the random key the node's process presents
     /// in its ZeroMQ identity to pslite peers (`ps<id>/<key>`); 0 if none.
     pub key: u64,
-    /// pslite-only (field 120): what the node can receive beyond ps-lite's
+    /// pslite-only (field 130): what the node can receive beyond ps-lite's
     /// messages ([`FEATURE_PARTITION`], [`FEATURE_COMPRESSION`]); 0 for C++
     /// nodes and under a C++ scheduler.
     pub features: u32,

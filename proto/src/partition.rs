@@ -1,5 +1,5 @@
 //! pslite-only: one part of a data message cut into parts
-//! (`PBMeta.partition`, field 120). The cutting and the reassembly live in
+//! (`PBMeta.partition`, field 130). The cutting and the reassembly live in
 //! the van (`pslite_van::partition`); this is only the wire form. Every
 //! field comes from the network: the receiver checks all of them.
 
