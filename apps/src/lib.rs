@@ -60,6 +60,7 @@
 //! (ZeroMQ transport, scheduler state machine), `pslite-postoffice`
 //! (configuration, node life cycle, barriers, routing to customers).
 
+mod all_reduce;
 pub mod compression;
 mod customer;
 mod error;
@@ -67,12 +68,14 @@ mod kv_pairs;
 mod kv_server;
 mod kv_worker;
 mod logging;
+mod refusal;
 mod request;
 mod sarray;
 mod simple_app;
 
 use std::process::ExitCode;
 
+pub use all_reduce::{AllReduceHandle, Mean, AVERAGE};
 pub use compression::{parse_compression, Compression, CompressionKind};
 pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
@@ -88,6 +91,7 @@ pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membershi
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};
+pub use pslite_proto::refusal::Refusal;
 pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
 /// Talking to a running cluster's scheduler from outside it (`pslite status`).

@@ -92,10 +92,18 @@ pub struct Config {
     /// is logged as a warning naming the nodes that owe one, and again each
     /// time its wait doubles.
     pub request_warn: Duration,
+    /// `PS_APP_WAIT` (milliseconds): how long a request for an app (a
+    /// customer) this node does not have waits for it to be created; then
+    /// it is refused, and the requester's wait fails saying so (C++
+    /// ps-lite waits 5 s, then aborts the node).
+    pub app_wait: Duration,
 }
 
 /// The default `PS_QUEUE_LIMIT`.
 pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
+
+/// The default `PS_APP_WAIT`, in milliseconds.
+pub const DEFAULT_APP_WAIT_MS: u64 = 5_000;
 
 /// The default `PS_REQUEST_WARN`, in seconds.
 pub const DEFAULT_REQUEST_WARN_SECS: u64 = 30;
@@ -312,6 +320,10 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
     ),
     ("PS_QUEUE_LIMIT", Numeric::new(Unit::Count, 1, MAX_COUNT)),
     (
+        "PS_APP_WAIT",
+        Numeric::new(Unit::Milliseconds, 0, 3_600_000).note("0 = refuse at once"),
+    ),
+    (
         "PS_REQUEST_WARN",
         Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
     ),
@@ -450,6 +462,7 @@ impl Config {
             queue_limit: DEFAULT_QUEUE_LIMIT,
             metrics_port: None,
             request_warn: Duration::from_secs(DEFAULT_REQUEST_WARN_SECS),
+            app_wait: Duration::from_millis(DEFAULT_APP_WAIT_MS),
         }
     }
 
@@ -573,6 +586,7 @@ impl Config {
         let queue_limit = env.number("PS_QUEUE_LIMIT", DEFAULT_QUEUE_LIMIT as u64)? as usize;
         let request_warn =
             Duration::from_secs(env.number("PS_REQUEST_WARN", DEFAULT_REQUEST_WARN_SECS)?);
+        let app_wait = Duration::from_millis(env.number("PS_APP_WAIT", DEFAULT_APP_WAIT_MS)?);
         Ok(Config {
             van: VanConfig {
                 role,
@@ -629,6 +643,7 @@ impl Config {
             queue_limit,
             metrics_port: env.optional_number("PS_METRICS_PORT")?.map(|p| p as u16),
             request_warn,
+            app_wait,
         })
     }
 }

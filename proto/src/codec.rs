@@ -16,6 +16,7 @@ use crate::compression::CompressionMsg;
 use crate::partition::Partition;
 use crate::ids::K_EMPTY;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
+use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::shm::ShmFrame;
 use crate::stats::{NodeCounters, NodeStatus};
@@ -122,6 +123,7 @@ impl Meta {
             shm: None,
             replica: self.replica.as_deref().map(ReplicaMsg::to_pb),
             checkpoint: self.checkpoint.as_deref().map(CheckpointMsg::to_pb),
+            refusal: self.refusal.as_deref().map(Refusal::to_pb),
             partition: self.partition.as_deref().map(Partition::to_pb),
             compression: self.compression.as_deref().map(CompressionMsg::to_pb),
         }
@@ -176,6 +178,7 @@ impl Meta {
                 )),
                 None => None,
             },
+            refusal: pb.refusal.map(|r| Box::new(Refusal::from_pb(r))),
             partition: pb.partition.map(|p| Box::new(Partition::from_pb(p))),
             compression: match pb.compression {
                 Some(c) => Some(Box::new(

@@ -32,6 +32,7 @@ mod message;
 mod meta;
 mod node;
 pub mod partition;
+pub mod refusal;
 pub mod replica;
 pub mod shm;
 pub mod stats;

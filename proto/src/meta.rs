@@ -6,6 +6,7 @@ use crate::checkpoint::CheckpointMsg;
 use crate::compression::CompressionMsg;
 use crate::partition::Partition;
 use crate::ids::{NodeId, K_EMPTY};
+use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
@@ -156,6 +157,25 @@ impl DataType {
         })
     }
 
+    /// Its name as NumPy calls the element type (`float32`, `uint64`);
+    /// `char` and `raw bytes` for the two C++ types NumPy has no name for.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Char => "char",
+            DataType::Int8 => "int8",
+            DataType::Int16 => "int16",
+            DataType::Int32 => "int32",
+            DataType::Int64 => "int64",
+            DataType::UInt8 => "uint8",
+            DataType::UInt16 => "uint16",
+            DataType::UInt32 => "uint32",
+            DataType::UInt64 => "uint64",
+            DataType::Float => "float32",
+            DataType::Double => "float64",
+            DataType::Other => "raw bytes",
+        }
+    }
+
     /// Bytes per element (1 for `Char`, `Other`).
     pub fn size(self) -> usize {
         match self {
@@ -216,6 +236,9 @@ pub struct Meta {
     /// order to write one, a report, the restore plan, a worker's requests
     /// in flight on its BARRIER).
     pub checkpoint: Option<Box<CheckpointMsg>>,
+    /// pslite-only (field 120): on a response, the responder refused the
+    /// request (nothing of it was applied), and why.
+    pub refusal: Option<Box<Refusal>>,
     /// pslite-only (field 130): which part of a data message cut into
     /// parts this is (priority scheduling, `PS_PARTITION_BYTES`).
     pub partition: Option<Box<Partition>>,
@@ -258,6 +281,7 @@ impl Default for Meta {
             store: None,
             replica: None,
             checkpoint: None,
+            refusal: None,
             partition: None,
             compression: None,
             sender: K_EMPTY,

@@ -107,6 +107,7 @@ prop_compose! {
             store: None,
             replica: None,
             checkpoint: None,
+            refusal: None,
             partition: None,
             compression: None,
             sender: K_EMPTY,

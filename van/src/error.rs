@@ -164,6 +164,16 @@ pub enum Failure {
         /// What failed and why.
         detail: String,
     },
+    /// A node could not take the request and answered with why (values of
+    /// another type than its app's, value lengths its app cannot take, no
+    /// such app); nothing of the request was applied there.
+    #[error("node {node} refused the request: {refusal}")]
+    Refused {
+        /// The node that refused it.
+        node: NodeId,
+        /// Why.
+        refusal: pslite_proto::refusal::Refusal,
+    },
     /// A barrier was not released before its waiter's deadline (the Van
     /// reports it as [`VanError::BarrierTimeout`], with the identities
     /// heard from too early).
