@@ -710,10 +710,9 @@ impl<V: Val> Handler for Inner<V> {
             let mut m = msg.clone();
             if let Err(e) = crate::compression::expand::<V>(&mut m) {
                 warn!("malformed answer from node {sender}: {e}");
-                pending.error.get_or_insert(Failure::BadResponse {
-                    sender,
-                    what: e,
-                });
+                pending
+                    .error
+                    .get_or_insert(Failure::BadResponse { sender, what: e });
                 return true;
             }
             expanded = m;

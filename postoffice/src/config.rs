@@ -986,7 +986,10 @@ mod tests {
         assert_eq!(c.hold_limit, 5000);
         assert_eq!(c.partition_bytes, 256 << 10);
         assert_eq!(
-            parse(&[("PS_PARTITION_BYTES", "0")]).unwrap().van.partition_bytes,
+            parse(&[("PS_PARTITION_BYTES", "0")])
+                .unwrap()
+                .van
+                .partition_bytes,
             0
         );
         assert!(parse(&[("PS_PARTITION_BYTES", "100")]).is_err());

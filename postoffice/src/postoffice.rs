@@ -146,7 +146,7 @@ impl Postoffice {
                 router,
                 app_clock: Mutex::new(None),
                 van: Mutex::new(None),
-                counters: Arc::new(Counters::new()),
+                counters: Arc::new(Counters::new(Instant::now())),
                 metrics: Mutex::new(None),
             }),
         }
@@ -246,7 +246,9 @@ impl Postoffice {
         let node = van.my_node();
         let counters = Arc::clone(&self.inner.counters);
         let shm = van.shm_stats();
-        let render = Arc::new(move || metrics::render(&node, &counters.snapshot(), shm.as_deref()));
+        let render = Arc::new(move || {
+            metrics::render(&node, &counters.snapshot(Instant::now()), shm.as_deref())
+        });
         match MetricsServer::start(&ip, port, render) {
             Ok(server) => *slot = Some(server),
             Err(e) => error!("PS_METRICS_PORT: cannot serve metrics on {ip}:{port}: {e}"),
@@ -256,7 +258,7 @@ impl Postoffice {
     /// This node's counters now: messages and bytes per peer, resends, drops
     /// by reason, requests in flight, handler time. Cheap enough to call often.
     pub fn counters(&self) -> NodeCounters {
-        self.inner.counters.snapshot()
+        self.inner.counters.snapshot(Instant::now())
     }
 
     /// The live counters, for apps that count their requests and handlers.

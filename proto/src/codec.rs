@@ -13,8 +13,8 @@ use prost::Message as _;
 
 use crate::checkpoint::CheckpointMsg;
 use crate::compression::CompressionMsg;
-use crate::partition::Partition;
 use crate::ids::K_EMPTY;
+use crate::partition::Partition;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;

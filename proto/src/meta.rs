@@ -4,8 +4,8 @@ use bytes::Bytes;
 
 use crate::checkpoint::CheckpointMsg;
 use crate::compression::CompressionMsg;
-use crate::partition::Partition;
 use crate::ids::{NodeId, K_EMPTY};
+use crate::partition::Partition;
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::stats::{NodeCounters, NodeStatus};

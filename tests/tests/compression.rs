@@ -64,7 +64,9 @@ fn each_compressor_reaches_the_handle_decompressed_and_saves_bytes() {
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     // 8 keys of 500 values each: 4 keys (2000 values) per server.
     let keys = spread(8);
-    let vals: Vec<f32> = (0..4000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    let vals: Vec<f32> = (0..4000)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+        .collect();
     let lens = [500; 8];
     let before = sent_to_servers(&c.workers[0]);
     w.push(&keys, &vals, KVOptions::new().lens(&lens).compression(None))
@@ -104,7 +106,8 @@ fn each_compressor_reaches_the_handle_decompressed_and_saves_bytes() {
             match compression.kind() {
                 pslite::CompressionKind::OneBit => {
                     let scale = v[0].abs();
-                    let mean = original.iter().map(|x| x.abs()).sum::<f32>() / original.len() as f32;
+                    let mean =
+                        original.iter().map(|x| x.abs()).sum::<f32>() / original.len() as f32;
                     assert!((scale - mean).abs() < 1e-3 * mean.max(1.0), "{spec}");
                     for (g, o) in v.iter().zip(original) {
                         assert_eq!(g.abs(), scale);
@@ -113,13 +116,23 @@ fn each_compressor_reaches_the_handle_decompressed_and_saves_bytes() {
                 }
                 pslite::CompressionKind::TwoBit => {
                     for (g, o) in v.iter().zip(original) {
-                        let want = if *o >= 1.0 { 1.0 } else if *o <= -1.0 { -1.0 } else { 0.0 };
+                        let want = if *o >= 1.0 {
+                            1.0
+                        } else if *o <= -1.0 {
+                            -1.0
+                        } else {
+                            0.0
+                        };
                         assert_eq!(*g, want, "{spec}");
                     }
                 }
                 _ => {
                     let kept: Vec<usize> = (0..v.len()).filter(|&i| v[i] != 0.0).collect();
-                    assert!(!kept.is_empty() && kept.len() <= v.len() / 20, "{spec}: {}", kept.len());
+                    assert!(
+                        !kept.is_empty() && kept.len() <= v.len() / 20,
+                        "{spec}: {}",
+                        kept.len()
+                    );
                     for i in kept {
                         assert_eq!(v[i], original[i], "{spec}");
                     }
@@ -152,7 +165,11 @@ fn error_feedback_delivers_every_value_over_many_pushes() {
                 .wait_timeout(T)
                 .unwrap();
         }
-        let pulled = w.pull(&key, KVOptions::new()).unwrap().take_timeout(T).unwrap();
+        let pulled = w
+            .pull(&key, KVOptions::new())
+            .unwrap()
+            .take_timeout(T)
+            .unwrap();
         let worst = pulled
             .vals
             .iter()
@@ -162,8 +179,16 @@ fn error_feedback_delivers_every_value_over_many_pushes() {
         errors.push(worst);
     }
     // With feedback, what is still held back is at most a few pushes' worth.
-    assert!(errors[0] < 0.25, "with error feedback: worst relative error {}", errors[0]);
-    assert!(errors[1] > 0.9, "without: values never sent ({})", errors[1]);
+    assert!(
+        errors[0] < 0.25,
+        "with error feedback: worst relative error {}",
+        errors[0]
+    );
+    assert!(
+        errors[1] > 0.9,
+        "without: values never sent ({})",
+        errors[1]
+    );
     drop(w);
     c.finalize();
 }
@@ -179,10 +204,18 @@ fn answers_come_back_compressed_when_asked() {
         .map(|po| KVWorker::<f32>::new(po, 0, 0).unwrap())
         .collect();
     let key = [7u64];
-    let g: Vec<f32> = (0..64).map(|i| if i % 2 == 0 { 2.0 } else { -1.0 }).collect();
+    let g: Vec<f32> = (0..64)
+        .map(|i| if i % 2 == 0 { 2.0 } else { -1.0 })
+        .collect();
     // Worker 0 pushes plainly; worker 1 push-pulls with onebit answers.
-    workers[0].push(&key, &g, KVOptions::new()).unwrap().wait_timeout(T).unwrap();
-    let onebit = Compression::onebit().error_feedback(false).compress_answers(true);
+    workers[0]
+        .push(&key, &g, KVOptions::new())
+        .unwrap()
+        .wait_timeout(T)
+        .unwrap();
+    let onebit = Compression::onebit()
+        .error_feedback(false)
+        .compress_answers(true);
     let got = workers[1]
         .push_pull(&key, &g, KVOptions::new().compression(Some(onebit)))
         .unwrap()
@@ -195,7 +228,11 @@ fn answers_come_back_compressed_when_asked() {
         assert_eq!(*v, if *x > 0.0 { 3.0 } else { -3.0 });
     }
     // A plain pull reads the store as it is.
-    let plain = workers[0].pull(&key, KVOptions::new()).unwrap().take_timeout(T).unwrap();
+    let plain = workers[0]
+        .pull(&key, KVOptions::new())
+        .unwrap()
+        .take_timeout(T)
+        .unwrap();
     assert_eq!(plain.vals[0], 3.5);
     assert_eq!(plain.vals[1], -2.5);
     drop(workers);
@@ -208,7 +245,11 @@ fn compression_is_refused_for_integer_values() {
     let w = KVWorker::<i32>::new(&c.workers[0], 0, 0).unwrap();
     assert!(w.set_compression(Some(Compression::onebit())).is_err());
     let err = w
-        .push(&[1], &[1; 32], KVOptions::new().compression(Some(Compression::onebit())))
+        .push(
+            &[1],
+            &[1; 32],
+            KVOptions::new().compression(Some(Compression::onebit())),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("f32 and f64"), "{err}");
     let f = KVWorker::<f64>::new(&c.workers[0], 1, 0).unwrap();

@@ -42,14 +42,14 @@ use bytes::Bytes;
 use log::{debug, info, trace, warn};
 use pslite_proto::{lock, wait_while, Message, Node, NodeId, K_EMPTY};
 
-use crate::config::VanConfig;
-use crate::core::Route;
 use crate::counters::Counters;
-use crate::log_once::LogOnce;
 use crate::monitor::Monitors;
 use crate::schedule::{Queued, SendQueue, CONTROL_PRIORITY};
 use crate::shm;
 use crate::transport;
+use crate::LogOnce;
+use crate::Route;
+use crate::VanConfig;
 use crate::VanError;
 
 /// How long DEALERs keep unsent messages when closed.
@@ -66,10 +66,7 @@ pub(crate) const MAX_QUEUED: usize = 1000;
 /// What a queued message counts beyond its bytes (its bookkeeping).
 const OVERHEAD: usize = 64;
 
-pub(crate) fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> VanError {
-    let context = context.into();
-    move |source| VanError::Zmq { context, source }
-}
+pub(crate) use crate::transport::zmq_err;
 
 /// Whether a write may wait for the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,9 +270,7 @@ impl Links {
         monitors: Monitors,
     ) -> Links {
         let budget = config.hold_limit / 4;
-        let max_queued = config
-            .water_mark
-            .map_or(MAX_QUEUED, |w| w.max(1) as usize);
+        let max_queued = config.water_mark.map_or(MAX_QUEUED, |w| w.max(1) as usize);
         Links {
             ctx,
             config,
@@ -302,9 +297,7 @@ impl Links {
             .name("pslite-send".into())
             .spawn(move || loop {
                 let peers = {
-                    let w = wait_while(&pump.ready, lock(&pump.wanted), |w| {
-                        !w.0 && w.1.is_empty()
-                    });
+                    let w = wait_while(&pump.ready, lock(&pump.wanted), |w| !w.0 && w.1.is_empty());
                     let mut w = w;
                     if w.0 {
                         return;
@@ -792,7 +785,7 @@ mod tests {
         let links = Links::new(
             ctx.clone(),
             config,
-            Arc::new(Counters::new()),
+            Arc::new(Counters::new(std::time::Instant::now())),
             None,
             monitors,
         );

@@ -166,7 +166,14 @@ mod tests {
     fn higher_first_and_first_come_first_served_among_equals() {
         let now = Instant::now();
         let mut q = SendQueue::default();
-        for (i, p) in [(0, 0), (1, 5), (2, 0), (3, 5), (4, -3), (5, CONTROL_PRIORITY)] {
+        for (i, p) in [
+            (0, 0),
+            (1, 5),
+            (2, 0),
+            (3, 5),
+            (4, -3),
+            (5, CONTROL_PRIORITY),
+        ] {
             q.push(i, p, 10, now);
         }
         assert_eq!(q.bytes(), 60);

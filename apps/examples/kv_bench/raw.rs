@@ -311,9 +311,7 @@ pub(crate) fn raw_router(ctx: &zmq::Context, ipc: bool) -> Result<(zmq::Socket, 
     // KV_BENCH_RAW_HOST: the address to listen on (tests/bench/links.py
     // runs raw nodes in network namespaces of their own); loopback by default.
     let host = std::env::var("KV_BENCH_RAW_HOST").unwrap_or_else(|_| "127.0.0.1".into());
-    router
-        .bind(&format!("tcp://{host}:*"))
-        .map_err(raw_err)?;
+    router.bind(&format!("tcp://{host}:*")).map_err(raw_err)?;
     let endpoint = router
         .get_last_endpoint()
         .map_err(raw_err)?

@@ -136,7 +136,12 @@ proptest! {
 
 /// One push of `g` for `keys` (one value each) through `state`, read back
 /// as a server reads it: the message and the values it got.
-fn push_through(state: &WorkerState, c: &Compression, keys: &[u64], g: &[f32]) -> (Message, Vec<f32>) {
+fn push_through(
+    state: &WorkerState,
+    c: &Compression,
+    keys: &[u64],
+    g: &[f32],
+) -> (Message, Vec<f32>) {
     let slice = KVPairs::new(keys.to_vec(), g.to_vec());
     let (mut frames, types) = slice.to_frames();
     let mut msg = Message::default();
@@ -173,7 +178,15 @@ fn names_parse_and_print() {
         assert_eq!(shown.parse::<Compression>().unwrap(), c);
     }
     for bad in [
-        "", "zip", "topk:0", "topk:-1", "topk:1.5", "topk:x", "randomk:nan", "2bit:0", "2bit:-1",
+        "",
+        "zip",
+        "topk:0",
+        "topk:-1",
+        "topk:1.5",
+        "topk:x",
+        "randomk:nan",
+        "2bit:0",
+        "2bit:-1",
         "onebit:3",
     ] {
         assert!(bad.parse::<Compression>().is_err(), "{bad:?} accepted");
@@ -222,7 +235,11 @@ fn answers_are_compressed_only_when_asked_and_read_back() {
     expand::<f32>(&mut answer).unwrap();
     let got = KVPairs::<f32>::from_message(&answer).unwrap();
     assert_eq!(got.vals.len(), 40);
-    assert!(got.vals.iter().zip(&vals).all(|(g, v)| (*g >= 0.0) == (*v >= 0.0)));
+    assert!(got
+        .vals
+        .iter()
+        .zip(&vals)
+        .all(|(g, v)| (*g >= 0.0) == (*v >= 0.0)));
     // Not asked: nothing.
     let plain = Compression::onebit();
     let mut req = Message::default();

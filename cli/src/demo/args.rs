@@ -355,7 +355,10 @@ pub(crate) mod tests {
         assert_eq!(node.report.as_deref(), Some("127.0.0.1:9"));
         assert_eq!(node.data_spec(), args.data_spec());
         assert_eq!(node.compression, args.compression);
-        assert_eq!(node.compression.map(|c| c.to_string()).as_deref(), Some("topk:0.1"));
+        assert_eq!(
+            node.compression.map(|c| c.to_string()).as_deref(),
+            Some("topk:0.1")
+        );
         assert_eq!(
             (
                 node.optimizer,

@@ -432,7 +432,10 @@ fn partition_compression_and_features_round_trip_and_are_absent_by_default() {
         answer: true,
     }));
     let bytes = meta.encode();
-    assert!(bytes.starts_with(&unhex(golden::PUSH_REQUEST)), "appended after ps-lite's fields");
+    assert!(
+        bytes.starts_with(&unhex(golden::PUSH_REQUEST)),
+        "appended after ps-lite's fields"
+    );
     assert_eq!(Meta::decode(&bytes).unwrap(), meta);
     // An unknown compressor is refused with its own error.
     let mut pb = meta.to_pb();
@@ -451,10 +454,19 @@ fn partition_compression_and_features_round_trip_and_are_absent_by_default() {
     n.features = crate::FEATURE_PARTITION | crate::FEATURE_COMPRESSION;
     let with = control(Command::AddNode, vec![n], 0);
     let (a, b) = (
-        Meta { control: plain, ..Meta::default() },
-        Meta { control: with, ..Meta::default() },
+        Meta {
+            control: plain,
+            ..Meta::default()
+        },
+        Meta {
+            control: with,
+            ..Meta::default()
+        },
     );
     assert!(b.encode().len() > a.encode().len());
     assert_eq!(Meta::decode(&b.encode()).unwrap(), b);
-    assert_eq!(Meta::decode(&a.encode()).unwrap().control.node[0].features, 0);
+    assert_eq!(
+        Meta::decode(&a.encode()).unwrap().control.node[0].features,
+        0
+    );
 }

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use log::{debug, error, trace, warn};
 use pslite_proto::shm::ShmFrame;
@@ -15,12 +15,12 @@ use pslite_proto::{lock, Message, Meta, NodeId, K_EMPTY};
 use super::Shared;
 use crate::bind::WAKE_IDENTITY;
 use crate::counters::DropReason;
-use crate::dispatch::describe;
-use crate::error::Failure;
+use crate::describe;
 use crate::links::Mode;
-use crate::log_once::LogOnce;
 use crate::shm::{self, ShmError};
 use crate::transport;
+use crate::Failure;
+use crate::LogOnce;
 
 /// Ends every wait if the receive thread ends without being asked to.
 struct ReceiveThreadGuard<'a>(&'a Shared);
@@ -142,7 +142,10 @@ impl Shared {
                 locked.sleeping_until = next;
                 (next, locked.core.is_listening())
             };
-            if !self.links.any_waiting() {
+            // Stopping: also while the sending thread still writes what
+            // is queued (the loop looks again on the same short timer).
+            let flushing = self.flushing.load(Ordering::SeqCst) && self.links.any_queued();
+            if !self.links.any_waiting() && !flushing {
                 (rx.flush_at, rx.flush_every) = (None, FLUSH_FIRST);
             } else if rx.flush_at.is_none() {
                 rx.flush_at = Some(Instant::now() + rx.flush_every);
@@ -238,8 +241,12 @@ impl Shared {
             };
             rx.flush_at = None;
         }
+        // Stopping: the core waits until nothing waits in the links.
+        if self.flushing.load(Ordering::SeqCst) && !self.links.any_queued() {
+            self.with_core(Mode::NoWait, |core, _| core.links_flushed());
+        }
         if next.is_some_and(|at| now >= at) {
-            self.with_core(Mode::NoWait, |core, now| core.tick(now));
+            self.with_core(Mode::NoWait, |core, now| core.tick(now, SystemTime::now()));
         }
         if rx.shm.mapped() > 0 {
             rx.shm.prune(now);
