@@ -14,7 +14,9 @@ side:
   same bytes over the same sockets) and C++ ps-lite (`tests/bench/
   cxx_kv_bench.cc`, built from a ps-lite checkout as tests/bench/summary.py
   builds it; without one that column is left out). `limit_ms` is the wire's
-  limit: the bytes the busiest link carries x 8 / RATE.
+  limit: the bytes the busiest link carries x 8 / RATE; for a pull also
+  `pull_serial_limit_ms`, its request's and its answer's in turn (an answer
+  starts only once its request has arrived whole).
 - priority: a layer-wise step (`kv_bench --mode layers`: 10 layers whose
   gradients are pushed back to front, then pulled front to back) with every
   request at priority 0 (first come, first served) and with P3's priorities
@@ -328,8 +330,9 @@ class Bench:
         print(f"\n## Links at {rate} Gbit/s: push and pull of {keys * 12 / 1e6:.0f} MB "
               f"({keys} keys, fresh values; medians of {self.args.rounds} rounds per worker)\n")
         print("| cluster | limit ms | pslite push | pslite pull | raw push | raw pull | C++ push | C++ pull "
-              "| pslite / limit, push | pslite / limit, pull | pslite / C++, push | pslite / C++, pull |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| pslite / limit, push | pslite / limit, pull | pslite / serial limit, pull "
+              "| pslite / C++, push | pslite / C++, pull |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         results = []
         for s, w, ours, raw, cxx, limit in rows:
             def f(d, k):
@@ -340,9 +343,11 @@ class Bench:
             print(f"| {s}+{w} | {limit['push']:.0f} / {limit['pull']:.0f} | {f(ours, 'push')} | {f(ours, 'pull')} "
                   f"| {f(raw, 'push')} | {f(raw, 'pull')} | {f(cxx, 'push')} | {f(cxx, 'pull')} "
                   f"| {ratio(ours['push'], limit['push'])} | {ratio(ours['pull'], limit['pull'])} "
+                  f"| {ratio(ours['pull'], limit['pull_serial'])} "
                   f"| {ratio(ours['push'], cxx.get('push'))} | {ratio(ours['pull'], cxx.get('pull'))} |")
             line = (f"RESULT links rate={rate} {s}+{w} push_ms={ours['push']:.1f} pull_ms={ours['pull']:.1f} "
                     f"limit_ms={limit['push']:.1f} pull_limit_ms={limit['pull']:.1f} "
+                    f"pull_serial_limit_ms={limit['pull_serial']:.1f} "
                     f"raw_push_ms={raw['push']:.1f} raw_pull_ms={raw['pull']:.1f}")
             if cxx:
                 line += f" cxx_push_ms={cxx['push']:.1f} cxx_pull_ms={cxx['pull']:.1f}"
@@ -462,10 +467,17 @@ def limit_ms(keys, s, w, gbit):
     busiest link (one direction of one node's link) x 8 / rate. A push: the
     worker sends keys and values, each server receives its share from every
     worker. A pull: the worker sends keys, each server answers keys and
-    values."""
+    values; `pull_serial` adds the request's and the answer's, since an
+    answer starts only once its request has arrived whole."""
     push = max(keys * 12, w * keys * 12 / s)
-    pull = max(keys * 8, w * keys * 8 / s, keys * 12, w * keys * 12 / s)
-    return {k: v * 8 / (gbit * 1e9) * 1e3 for k, v in (("push", push), ("pull", pull))}
+    request = max(keys * 8, w * keys * 8 / s)
+    answer = max(keys * 12, w * keys * 12 / s)
+    pull = max(request, answer)
+    # A pull's answer cannot leave before its request (all its keys) has
+    # arrived: one request and its answer take at least both in turn.
+    serial = request + answer
+    return {k: v * 8 / (gbit * 1e9) * 1e3
+            for k, v in (("push", push), ("pull", pull), ("pull_serial", serial))}
 
 
 def parse_rates(values):

@@ -113,12 +113,13 @@ pub struct VanConfig {
     pub checkpoint: Option<crate::checkpoint::CheckpointConfig>,
 }
 
-/// The default `PS_PARTITION_BYTES`: on a 1 Gbit/s link, the first layer
-/// of a layer-wise step arrived 5.3x sooner with priorities at 256 KiB
-/// (4.9x at 1 MiB) and bulk transfers took as long as unpartitioned ones;
-/// at 5 Gbit/s on a busy 2-core machine, parts cost 10-25% of bulk
-/// throughput (1 MiB: about 10%). See docs/BENCHMARKS.md.
-pub const DEFAULT_PARTITION_BYTES: usize = 256 << 10;
+/// The default `PS_PARTITION_BYTES`: on a 1 Gbit/s link the first layer of
+/// a layer-wise step arrived as much sooner with priorities at 1 MiB as at
+/// 256 KiB (5.2x and 3.3x at 1+1 and 2+2, against 4.8x and 3.5x) and bulk
+/// transfers took as long as unpartitioned ones, while at 5 Gbit/s on a
+/// busy 2-core machine 256 KiB parts made a 120 MB push 1.6x slower than
+/// without parts and 1 MiB parts 1.05x (links.py; see docs/BENCHMARKS.md).
+pub const DEFAULT_PARTITION_BYTES: usize = 1 << 20;
 
 impl Default for VanConfig {
     /// A worker of a 1 + 1 cluster around a scheduler on 127.0.0.1:9091,
