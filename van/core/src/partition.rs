@@ -12,7 +12,10 @@
 //! - Only data messages to a pslite peer whose node-table entry has
 //!   [`pslite_proto::FEATURE_PARTITION`], reached over the network (not
 //!   through shared memory), with more data bytes than the part size, are
-//!   cut. A C++ peer never sees a part.
+//!   cut, and only once this node has sent a data message of non-zero
+//!   priority (its apps use priorities): among equal priorities the queue
+//!   goes first come first served, so parts would only cost (cutting,
+//!   reassembling: a copy of every byte). A C++ peer never sees a part.
 //! - The message's data frames, back to back, are cut in order into parts
 //!   of at most the part size; a part's data frames are slices of the
 //!   message's (no copy). Each part is a message with the routing fields of
@@ -150,6 +153,8 @@ impl Partitioner {
 pub struct Partitions {
     cut: Partitioner,
     reassembly: Reassembly,
+    /// This node has sent a data message of non-zero priority.
+    prioritized: bool,
 }
 
 impl Partitions {
@@ -161,15 +166,19 @@ impl Partitions {
         Partitions {
             cut: Partitioner::new(part_bytes, first_id),
             reassembly: Reassembly::new(max_message, idle),
+            prioritized: false,
         }
     }
 
     /// `msg` for `peer` (its node-table entry), in parts if the peer
-    /// reassembles and is reached over the network (`by_shm` false), else
-    /// whole.
+    /// reassembles and is reached over the network (`by_shm` false) and
+    /// this node's apps use priorities, else whole.
     pub fn cut(&mut self, msg: Message, peer: Option<&Node>, by_shm: bool) -> Vec<Message> {
+        if msg.meta.priority != 0 && msg.meta.control.is_empty() {
+            self.prioritized = true;
+        }
         let reassembles = peer.is_some_and(|n| n.pslite && n.features & FEATURE_PARTITION != 0);
-        if reassembles && !by_shm {
+        if reassembles && !by_shm && self.prioritized {
             self.cut.split(msg)
         } else {
             vec![msg]

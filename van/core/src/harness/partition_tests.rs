@@ -1,7 +1,9 @@
 //! Large messages in parts (`PS_PARTITION_BYTES`) through whole clusters of
 //! cores in the in-memory network: exactly once and exact under loss,
-//! duplication and reordering with `PS_RESEND`, answers in parts, and peers
-//! that do not reassemble (C++, older pslite) getting whole messages.
+//! duplication and reordering with `PS_RESEND`, answers in parts, peers
+//! that do not reassemble (C++, older pslite) getting whole messages, and
+//! nodes whose apps use no priorities sending whole messages.
+//! (Requests carry priority -1: a node cuts once its apps use priorities.)
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -31,6 +33,7 @@ fn big_request(net: &Network, from: usize, to: usize, ts: i32, len: usize) -> Me
         ),
     ];
     msg.meta.data_type = vec![DataType::Int32, DataType::UInt8];
+    msg.meta.priority = -1;
     msg
 }
 
@@ -137,6 +140,7 @@ fn answers_in_parts_come_back_whole() {
             ),
         ];
         push.meta.data_type = vec![DataType::UInt64, DataType::Int64];
+        push.meta.priority = -1;
         net.send(worker, push);
     }
     let mut pull = net.request(worker, server, 2);
@@ -144,6 +148,7 @@ fn answers_in_parts_come_back_whole() {
     pull.meta.pull = true;
     pull.data = vec![Bytes::from(key_bytes.clone())];
     pull.meta.data_type = vec![DataType::UInt64];
+    pull.meta.priority = -1;
     // The pull goes after both pushes are answered (as a worker would).
     assert!(net.run_until(SECOND * 60, |n| n.nodes[worker].delivered.len() >= 2));
     net.send(worker, pull);
@@ -197,4 +202,28 @@ fn partition_off_sends_whole_messages() {
     assert!(net.form(SECOND * 5));
     exchange_big(&mut net, 3, 10 * PART, SECOND * 10);
     assert!(net.parts_sent_to.is_empty());
+}
+
+#[test]
+fn without_priorities_messages_go_whole() {
+    let mut net = Network::cluster(1, 2, parted(VanConfig::default()), 45);
+    assert!(net.form(SECOND * 5));
+    let (server, worker) = (1, 2);
+    // Equal priorities: first come first served, parts would gain nothing.
+    for ts in 0..3 {
+        let mut msg = big_request(&net, worker, server, ts, 10 * PART);
+        msg.meta.priority = 0;
+        net.send(worker, msg);
+    }
+    assert!(net.run_until(SECOND * 10, |n| n.nodes[server].delivered.len() >= 3));
+    assert!(net.parts_sent_to.is_empty(), "{:?}", net.parts_sent_to);
+    // The first request of another priority: from then on, large ones are
+    // cut (priority 0 ones too: they may be the bulk a later one passes).
+    net.send(worker, big_request(&net, worker, server, 3, 10 * PART));
+    let mut last = big_request(&net, worker, server, 4, 10 * PART);
+    last.meta.priority = 0;
+    net.send(worker, last);
+    assert!(net.run_until(SECOND * 10, |n| n.nodes[server].delivered.len() >= 5));
+    // 11 parts each (10 parts of values, and the timestamp frame's 4 bytes).
+    assert_eq!(net.parts_sent_to.get(&server).copied(), Some(22));
 }
