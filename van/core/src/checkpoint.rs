@@ -53,54 +53,11 @@ pub mod format;
 pub mod master;
 pub mod server;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use self::disk::Found;
 use self::format::Manifest;
 
-/// Tokens of the apps' snapshot and restore requests made for checkpoints
-/// have this bit set (replication's never do).
-pub const TOKEN_BIT: u64 = 1 << 63;
-
-/// Whether an apps' request token is a checkpoint's.
-pub fn is_checkpoint_token(token: u64) -> bool {
-    token & TOKEN_BIT != 0
-}
-
-/// The default `PS_CHECKPOINT_TIMEOUT`: how long a checkpoint may take.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
-/// The default `PS_CHECKPOINT_KEEP`: complete checkpoints kept.
-pub const DEFAULT_KEEP: usize = 3;
-
-/// How a scheduler (or a server writing its own files) checkpoints.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointConfig {
-    /// `PS_CHECKPOINT_DIR`.
-    pub dir: PathBuf,
-    /// `PS_CHECKPOINT_INTERVAL`: a checkpoint at the first qualifying
-    /// barrier after each interval (`None`: on demand only).
-    pub interval: Option<Duration>,
-    /// `PS_CHECKPOINT_TIMEOUT`: a checkpoint not complete this long after
-    /// its barrier fails; a restore not done this long after the node
-    /// table fails the server.
-    pub timeout: Duration,
-    /// `PS_CHECKPOINT_KEEP`: complete checkpoints kept.
-    pub keep: usize,
-}
-
-impl CheckpointConfig {
-    /// Checkpoints in `dir`, on demand only, with the default timeout and
-    /// number kept.
-    pub fn new(dir: impl Into<PathBuf>) -> CheckpointConfig {
-        CheckpointConfig {
-            dir: dir.into(),
-            interval: None,
-            timeout: DEFAULT_TIMEOUT,
-            keep: DEFAULT_KEEP,
-        }
-    }
-}
+pub use crate::config::{CheckpointConfig, DEFAULT_KEEP, DEFAULT_TIMEOUT};
+pub use crate::effects::{is_checkpoint_token, TOKEN_BIT};
 
 /// What a starting scheduler finds in its `PS_CHECKPOINT_DIR`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

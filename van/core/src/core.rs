@@ -57,7 +57,7 @@ mod waits;
 
 pub use lifecycle::{DrainOutcome, DRAIN_RESEND_TIMEOUTS, MAX_DRAIN};
 use parts::{Origin, Parts};
-pub use route::{IdentityRefused, LinkEvent};
+pub use route::IdentityRefused;
 pub use waits::{Done, Ticket, Wait, EXIT_FLUSH};
 
 /// One node's control plane.

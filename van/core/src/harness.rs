@@ -510,4 +510,6 @@ mod replica_tests;
 #[cfg(test)]
 mod servers_tests;
 #[cfg(test)]
+mod store_tests;
+#[cfg(test)]
 mod tests;

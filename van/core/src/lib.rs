@@ -59,13 +59,13 @@ pub mod scheduler;
 pub mod store;
 
 pub use crate::core::{
-    Core, Done, DrainOutcome, IdentityRefused, LinkEvent, Ticket, Wait, DRAIN_RESEND_TIMEOUTS,
-    EXIT_FLUSH, MAX_DRAIN,
+    Core, Done, DrainOutcome, IdentityRefused, Ticket, Wait, DRAIN_RESEND_TIMEOUTS, EXIT_FLUSH,
+    MAX_DRAIN,
 };
 pub use config::{AuthToken, VanConfig, DEFAULT_PARTITION_BYTES};
 pub use counters::Counters;
 pub use describe::describe;
-pub use effects::{Output, Route, WaitingFor};
+pub use effects::{LinkEvent, Output, Route, WaitingFor};
 pub use error::{identity_hint, Cause, Failure, StartTimeout, VanError};
 pub use hold::HoldQueue;
 pub use log_once::LogOnce;

@@ -21,8 +21,8 @@ use log::{debug, warn};
 use pslite_proto::{Message, Node, NodeId};
 
 use crate::component::{Component, Cx};
+use crate::effects::LinkEvent;
 use crate::effects::{Effect, Event};
-use crate::LinkEvent;
 
 /// How long an address a registration names may take to complete a
 /// handshake (a node listens before it registers; a dropped SYN costs

@@ -33,40 +33,7 @@ pub fn id_of(name: &str) -> Option<u64> {
     name.strip_prefix("checkpoint-")?.parse().ok()
 }
 
-/// A file operation the checkpoint protocol asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Io {
-    /// Write `bytes` to `path` atomically.
-    Write {
-        /// Where.
-        path: PathBuf,
-        /// What.
-        bytes: Bytes,
-    },
-    /// Read each of `paths` whole (the first that exists of each list).
-    Read {
-        /// Candidates per file wanted, in order of preference.
-        paths: Vec<Vec<PathBuf>>,
-    },
-    /// Delete the checkpoints of `dir` below id `below`.
-    Prune {
-        /// The checkpoint directory.
-        dir: PathBuf,
-        /// The oldest id to keep.
-        below: u64,
-    },
-}
-
-/// What came of an [`Io`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum IoResult {
-    /// Written (or pruned).
-    Done,
-    /// Read: for each list of candidates, the path read and its bytes.
-    Read(Vec<(PathBuf, Bytes)>),
-    /// It failed; says which file and why.
-    Failed(String),
-}
+pub use crate::effects::{Io, IoResult};
 
 /// One checkpoint directory found in `PS_CHECKPOINT_DIR`.
 #[derive(Clone, Debug, PartialEq, Eq)]

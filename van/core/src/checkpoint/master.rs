@@ -54,8 +54,12 @@ pub enum Requester {
 /// What the scheduler's side asks the core to do.
 #[derive(Debug)]
 pub enum MasterOut {
-    /// Send this message (a TAKE, or a barrier release held until now).
+    /// Send this message (a TAKE).
     Send(Message),
+    /// The running checkpoint ended (complete or failed): the releases of
+    /// the barrier it was taken at, held for it (`crate::hold`'s
+    /// [`Reason::Checkpoint`](crate::hold::Reason::Checkpoint)), go out.
+    Release,
     /// Answer a requester.
     Answer(Requester, CheckpointMsg),
     /// Carry out a file operation; answer with
@@ -96,8 +100,6 @@ struct Running {
     deadline: Instant,
     waiting: BTreeSet<NodeId>,
     files: Vec<CheckpointFile>,
-    /// Barrier releases held until the checkpoint ends.
-    held: Vec<Message>,
     shape: Shape,
     /// The manifest is being written.
     writing: bool,
@@ -239,14 +241,15 @@ impl CheckpointMaster {
     }
 
     /// The releases of the barrier over `group` (one message per member
-    /// released): true if they are held, and a checkpoint started (one is
-    /// pending and the barrier qualifies); false if they go out now.
+    /// released): true if the caller holds them until [`MasterOut::Release`],
+    /// and a checkpoint started (one is pending and the barrier qualifies);
+    /// false if they go out now.
     /// `pslite(id)` tells pslite workers (which report their requests in
     /// flight) from C++ ones.
     pub fn releases(
         &mut self,
         group: i32,
-        releases: Vec<Message>,
+        releases: &[Message],
         plan: impl FnOnce() -> Plan,
         pslite: impl Fn(NodeId) -> bool,
         now: Instant,
@@ -347,7 +350,6 @@ impl CheckpointMaster {
             deadline: now + self.cfg.timeout,
             waiting: plan.servers.iter().map(|s| s.0).collect(),
             files: Vec::new(),
-            held: releases,
             shape: plan.shape,
             writing: false,
         });
@@ -456,7 +458,7 @@ impl CheckpointMaster {
         for r in &run.requesters {
             self.out.push(MasterOut::Answer(r.clone(), result.clone()));
         }
-        self.out.extend(run.held.into_iter().map(MasterOut::Send));
+        self.out.push(MasterOut::Release);
         let below = self.keep_from(run.id);
         if below > 0 {
             self.out.push(MasterOut::Io {
@@ -480,7 +482,7 @@ impl CheckpointMaster {
             now.saturating_duration_since(run.started).as_millis()
         );
         self.answer_all(&run.requesters, run.id, &run.label, Err(why), 0);
-        self.out.extend(run.held.into_iter().map(MasterOut::Send));
+        self.out.push(MasterOut::Release);
     }
 
     fn answer_all(

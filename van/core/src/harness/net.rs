@@ -20,7 +20,7 @@ use rand::Rng;
 use super::{Network, SimNode, MAX_STEPS_AT_ONE_INSTANT};
 use crate::carry::{self, Backend};
 use crate::checkpoint::disk::Io;
-use crate::core::LinkEvent;
+use crate::effects::LinkEvent;
 use crate::effects::{Route, WaitingFor};
 use crate::error::Failure;
 
