@@ -34,7 +34,7 @@ fn recording_servers(c: &LocalCluster) -> (Vec<KVServer<f32>>, Seen) {
                         .push((req.keys.to_vec(), req.vals.to_vec()));
                 }
                 let res = store.apply(meta, &req);
-                server.response(meta, res).unwrap();
+                server.answer(meta, res).unwrap();
             });
             s
         })
