@@ -845,7 +845,7 @@ mod tests {
         let links = Arc::new(Links::new(
             ctx.clone(),
             config,
-            Arc::new(Counters::new()),
+            Arc::new(Counters::new(std::time::Instant::now())),
             None,
             monitors,
         ));
