@@ -155,8 +155,10 @@ fn push_through(
 }
 
 fn kv_message(keys: &[u64], vals: Bytes) -> Message {
-    let mut m = Message::default();
-    m.data = vec![SArray::from_vec(keys.to_vec()).bytes().clone(), vals];
+    let mut m = Message {
+        data: vec![SArray::from_vec(keys.to_vec()).bytes().clone(), vals],
+        ..Message::default()
+    };
     m.meta.data_type = vec![DataType::UInt64, DataType::Other];
     m
 }

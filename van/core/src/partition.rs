@@ -297,6 +297,9 @@ pub struct Dropped {
 }
 
 /// What became of a part handed to [`Reassembly::accept`].
+// Lives only until the caller matches it: boxing the message would cost
+// an allocation per complete message for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Accepted {
     /// The last missing part: the whole message.
