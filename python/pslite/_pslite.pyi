@@ -136,7 +136,6 @@ class Request:
 Ts = Union[Request, int]
 
 @final
-@final
 class Compression:
     """Gradient compression of a worker's pushes: onebit, topk[:K], randomk[:K], 2bit[:T]."""
     def __new__(cls, spec: str, error_feedback: bool = True, compress_answers: bool = False,
@@ -147,11 +146,12 @@ class Compression:
     def error_feedback(self) -> bool: ...
     @property
     def compress_answers(self) -> bool: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
 
 #: A `compression=` argument: a Compression, its spec ("none": off), None or False.
 CompressionArg = Union[Compression, str, bool, None]
 
+@final
 class KVWorker:
     """A worker's key-value app."""
     def __new__(cls, po: Postoffice, app_id: int = 0, customer_id: int = 0,
