@@ -227,6 +227,7 @@ mod tests {
             customer_id: 0,
             app_id: 0,
             priority: 0,
+            compression: None,
         }
     }
 

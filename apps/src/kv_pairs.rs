@@ -258,6 +258,10 @@ pub struct KVMeta {
     pub app_id: i32,
     /// The request's priority.
     pub priority: i32,
+    /// How the worker asked the answer's values to be compressed
+    /// ([`Compression::compress_answers`](crate::Compression::compress_answers));
+    /// [`KVServer::response`](crate::KVServer::response) does it.
+    pub compression: Option<crate::Compression>,
 }
 
 impl KVMeta {
@@ -272,6 +276,11 @@ impl KVMeta {
             customer_id: msg.meta.customer_id,
             app_id: msg.meta.app_id,
             priority: msg.meta.priority,
+            compression: msg
+                .meta
+                .compression
+                .as_deref()
+                .and_then(crate::Compression::for_answer),
         }
     }
 }

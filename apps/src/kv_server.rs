@@ -379,6 +379,10 @@ impl<V: Val> KVServer<V> {
             let (frames, types) = res.to_frames();
             msg.data = frames;
             msg.meta.data_type = types;
+            // The worker asked for its answer compressed (it reads them).
+            if let Some(c) = &req.compression {
+                crate::compression::compress_answer::<V>(c, &mut msg);
+            }
         }
         msg
     }
@@ -463,9 +467,19 @@ fn simple_meta(app_id: i32, req: &SimpleData) -> Meta {
 impl<V: Val> Handler for Inner<V> {
     type Payload = ();
 
-    fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message) {
+    fn on_request(&self, customer: &Arc<Customer<Self>>, mut msg: Message) {
         let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));
+        // Compressed values (a pslite worker that knows this server reads
+        // them): the handle sees them decompressed.
+        let expanded = crate::compression::expand::<V>(&mut msg);
         let refuse = |refusal| crate::refusal::refuse(&self.po, &msg.meta, refusal);
+        if let Err(e) = expanded {
+            refuse(Refusal::Other {
+                app: self.app_id,
+                reason: format!("its compressed values cannot be read: {e}"),
+            });
+            return;
+        }
         let req = if msg.meta.simple_app {
             Queued::Simple(SimpleData::of(&msg))
         } else {

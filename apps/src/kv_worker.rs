@@ -33,9 +33,10 @@ use std::time::Duration;
 
 use log::warn;
 use pslite_postoffice::{KeyRange, Postoffice};
-use pslite_proto::{ids, Message, NodeId};
+use pslite_proto::{ids, Message, NodeId, FEATURE_COMPRESSION};
 use pslite_van::Failure;
 
+use crate::compression::{Compression, WorkerState};
 use crate::customer::{Customer, Handler, Request};
 use crate::kv_pairs::{KVPairs, Key, Val};
 use crate::sarray::SArray;
@@ -50,12 +51,15 @@ pub type Slicer<V> = Box<dyn Fn(&KVPairs<V>, &[KeyRange]) -> Vec<Option<KVPairs<
 /// why it failed.
 pub type Callback<V> = Box<dyn FnOnce(Result<KVPairs<V>, Error>) + Send>;
 
-/// Options of a request: command, priority, lens and callback.
+/// Options of a request: command, priority, lens, callback and
+/// compression.
 pub struct KVOptions<V: Val> {
     cmd: i32,
     priority: i32,
     lens: Option<SArray<i32>>,
     callback: Option<Callback<V>>,
+    /// `None`: the worker's ([`KVWorker::set_compression`]).
+    compression: Option<Option<Compression>>,
 }
 
 impl<V: Val> Default for KVOptions<V> {
@@ -65,6 +69,7 @@ impl<V: Val> Default for KVOptions<V> {
             priority: 0,
             lens: None,
             callback: None,
+            compression: None,
         }
     }
 }
@@ -81,9 +86,22 @@ impl<V: Val> KVOptions<V> {
         self
     }
 
-    /// The request's priority.
+    /// The request's priority: what this node sends to a server goes
+    /// higher priority first, first come first served among equals (large
+    /// values in parts, so a request waits for at most one part of a lower
+    /// one); the server's answer goes back with it. ps-lite's meta field.
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// Compresses this request's values (and asks for a compressed answer,
+    /// if `compression` says so) with `compression` (`None`: sends them as
+    /// they are), instead of the worker's
+    /// ([`KVWorker::set_compression`]). Servers that do not read
+    /// compressed values (C++ ones) get them as they are.
+    pub fn compression(mut self, compression: Option<Compression>) -> Self {
+        self.compression = Some(compression);
         self
     }
 
@@ -192,6 +210,10 @@ struct Inner<V: Val> {
     customer_id: i32,
     po: Postoffice,
     slicer: RwLock<Slicer<V>>,
+    /// What requests are compressed with unless their options say.
+    compression: RwLock<Option<Compression>>,
+    /// Error feedback and `randomk` seeds.
+    compressed: WorkerState,
 }
 
 /// A push, pull or push-pull sent by a [`KVWorker`]: wait for it, and take
@@ -311,6 +333,8 @@ impl<V: Val> KVWorker<V> {
             customer_id,
             po: po.clone(),
             slicer: RwLock::new(Box::new(default_slicer::<V>)),
+            compression: RwLock::new(None),
+            compressed: WorkerState::default(),
         };
         Ok(KVWorker {
             customer: Customer::new(po, app_id, customer_id, inner)?,
@@ -336,6 +360,36 @@ impl<V: Val> KVWorker<V> {
             .slicer
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Box::new(slicer);
+    }
+
+    /// Compresses the values of this worker's pushes (and, if `compression`
+    /// says so, asks for compressed answers) with `compression`, or not
+    /// (`None`, the default); see [`crate::compression`]. A request's
+    /// [`KVOptions::compression`] overrides it. Servers that do not read
+    /// compressed values (C++ ones) get them as they are. For `f32` and
+    /// `f64` values only.
+    pub fn set_compression(&self, compression: Option<Compression>) -> Result<(), Error> {
+        if compression.is_some() && !crate::compression::applies_to::<V>() {
+            return Err(Error::InvalidInput(format!(
+                "gradient compression applies to f32 and f64 values, not {:?}",
+                V::DATA_TYPE
+            )));
+        }
+        *self
+            .inner()
+            .compression
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = compression;
+        Ok(())
+    }
+
+    /// The compression requests use unless their options say otherwise.
+    pub fn compression(&self) -> Option<Compression> {
+        *self
+            .inner()
+            .compression
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Pushes `vals` for `keys` (copied once). Returns the request to wait
@@ -452,6 +506,16 @@ impl<V: Val> KVWorker<V> {
             lens: opts.lens.unwrap_or_default(),
         };
         kvs.validate(push)?;
+        let compression = match opts.compression {
+            Some(c) => c,
+            None => self.compression(),
+        };
+        if compression.is_some() && !crate::compression::applies_to::<V>() {
+            return Err(Error::InvalidInput(format!(
+                "gradient compression applies to f32 and f64 values, not {:?}",
+                V::DATA_TYPE
+            )));
+        }
         let ranges = inner.po.server_key_ranges();
         let sliced = {
             let slicer = inner.slicer.read().unwrap_or_else(|e| e.into_inner());
@@ -504,9 +568,17 @@ impl<V: Val> KVWorker<V> {
                     lens: SArray::new(),
                 }
             };
-            let (frames, types) = slice.to_frames();
-            msg.data = frames;
+            let (mut frames, types) = slice.to_frames();
             msg.meta.data_type = types;
+            // Only to servers that read compressed values.
+            if let Some(c) = &compression {
+                if inner.po.peer_features(msg.meta.recver) & FEATURE_COMPRESSION != 0 {
+                    inner
+                        .compressed
+                        .prepare(c, push, pull, &slice, &mut msg.meta, &mut frames);
+                }
+            }
+            msg.data = frames;
             let recver = msg.meta.recver;
             if let Err(e) = inner.po.send(msg) {
                 let failure = Failure::SendFailed {
@@ -632,6 +704,22 @@ impl<V: Val> Handler for Inner<V> {
             return true; // a command's or a push's answer: counted
         }
         let sender = msg.meta.sender;
+        // An answer compressed as the request asked.
+        let expanded;
+        let msg = if msg.meta.compression.is_some() {
+            let mut m = msg.clone();
+            if let Err(e) = crate::compression::expand::<V>(&mut m) {
+                warn!("malformed answer from node {sender}: {e}");
+                pending
+                    .error
+                    .get_or_insert(Failure::BadResponse { sender, what: e });
+                return true;
+            }
+            expanded = m;
+            &expanded
+        } else {
+            msg
+        };
         match KVPairs::from_message(msg) {
             Ok(kvs) => pending.parts.push((sender, kvs)),
             Err(e) => {

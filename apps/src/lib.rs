@@ -61,6 +61,7 @@
 //! (configuration, node life cycle, barriers, routing to customers).
 
 mod all_reduce;
+pub mod compression;
 mod customer;
 mod error;
 mod kv_pairs;
@@ -75,6 +76,7 @@ mod simple_app;
 use std::process::ExitCode;
 
 pub use all_reduce::{AllReduceHandle, Mean, AVERAGE};
+pub use compression::{parse_compression, Compression, CompressionKind};
 pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};

@@ -74,7 +74,7 @@ pub struct Config {
     /// address), `PS_BIND_HOST`, `PORT`, `DMLC_LOCAL`, `DMLC_PS_WATER_MARK`,
     /// `PS_START_TIMEOUT`, `PS_HEARTBEAT_INTERVAL`/`_TIMEOUT`,
     /// `PS_RECOVERY_TIMEOUT`, `PS_RESEND`/`_TIMEOUT`, `PS_DROP_MSG`,
-    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_SHM`, `PS_IPC`, `PS_STORE_MAX_KEY`/
+    /// `PS_MAX_MESSAGE_SIZE`, `PS_HOLD_LIMIT`, `PS_PARTITION_BYTES`, `PS_SHM`, `PS_IPC`, `PS_STORE_MAX_KEY`/
     /// `_VALUE`/`_BYTES`/`_KEYS`/`_WAITS`/`_WATCHES`.
     pub van: VanConfig,
     /// `PS_VERBOSE`: 0 quiet, 1 connections, 2 every message (3, which
@@ -332,6 +332,10 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
         Numeric::new(Unit::Bytes, 1, MAX_BYTES),
     ),
     ("PS_HOLD_LIMIT", Numeric::new(Unit::Bytes, 1, MAX_BYTES)),
+    (
+        "PS_PARTITION_BYTES",
+        Numeric::new(Unit::Bytes, 0, 1 << 30).note("0 = off; otherwise at least 4K"),
+    ),
     ("PS_STORE_MAX_KEY", Numeric::new(Unit::Bytes, 1, 1 << 20)),
     (
         "PS_STORE_MAX_VALUE",
@@ -570,6 +574,15 @@ impl Config {
             .map(|n| n as i64)
             .or(defaults.max_message_size);
         let hold_limit = env.number("PS_HOLD_LIMIT", defaults.hold_limit as u64)? as usize;
+        let partition_bytes =
+            env.number("PS_PARTITION_BYTES", defaults.partition_bytes as u64)? as usize;
+        if partition_bytes > 0 && partition_bytes < 4096 {
+            return Err(ConfigError::Invalid {
+                var: "PS_PARTITION_BYTES",
+                value: partition_bytes.to_string(),
+                expected: "0 (off) or at least 4K: parts of a few bytes would cost a message each",
+            });
+        }
         let queue_limit = env.number("PS_QUEUE_LIMIT", DEFAULT_QUEUE_LIMIT as u64)? as usize;
         let request_warn =
             Duration::from_secs(env.number("PS_REQUEST_WARN", DEFAULT_REQUEST_WARN_SECS)?);
@@ -603,6 +616,7 @@ impl Config {
                 replicas: replicas(&env, num_servers)?,
                 max_message_size,
                 hold_limit,
+                partition_bytes,
                 store_limits: store_limits(&env, defaults.store_limits)?,
                 auth_token: env
                     .get("PS_AUTH_TOKEN")

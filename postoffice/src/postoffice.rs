@@ -441,6 +441,12 @@ impl Postoffice {
             .is_ok_and(|v| v.nodes().iter().any(|n| n.id == id && n.pslite))
     }
 
+    /// What node `id` can receive beyond ps-lite's messages (see
+    /// [`pslite_van::Van::peer_features`]); 0 when unknown.
+    pub fn peer_features(&self, id: NodeId) -> u32 {
+        self.van().map_or(0, |v| v.peer_features(id))
+    }
+
     /// Whether this node replaced a dead one.
     pub fn is_recovery(&self) -> bool {
         self.van().is_ok_and(|v| v.my_node().is_recovery)

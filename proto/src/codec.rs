@@ -12,7 +12,9 @@
 use prost::Message as _;
 
 use crate::checkpoint::CheckpointMsg;
+use crate::compression::CompressionMsg;
 use crate::ids::K_EMPTY;
+use crate::partition::Partition;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
@@ -48,6 +50,9 @@ pub enum DecodeError {
     /// A pslite-only checkpoint message names an unknown op.
     #[error("meta frame carries a checkpoint message with an unknown op")]
     UnknownCheckpointOp,
+    /// A pslite-only compressed message names an unknown compressor.
+    #[error("meta frame names an unknown compressor")]
+    UnknownCompression,
 }
 
 impl Meta {
@@ -119,6 +124,8 @@ impl Meta {
             replica: self.replica.as_deref().map(ReplicaMsg::to_pb),
             checkpoint: self.checkpoint.as_deref().map(CheckpointMsg::to_pb),
             refusal: self.refusal.as_deref().map(Refusal::to_pb),
+            partition: self.partition.as_deref().map(Partition::to_pb),
+            compression: self.compression.as_deref().map(CompressionMsg::to_pb),
         }
     }
 
@@ -172,6 +179,13 @@ impl Meta {
                 None => None,
             },
             refusal: pb.refusal.map(|r| Box::new(Refusal::from_pb(r))),
+            partition: pb.partition.map(|p| Box::new(Partition::from_pb(p))),
+            compression: match pb.compression {
+                Some(c) => Some(Box::new(
+                    CompressionMsg::from_pb(c).ok_or(DecodeError::UnknownCompression)?,
+                )),
+                None => None,
+            },
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,
@@ -226,6 +240,7 @@ pub(crate) fn node_to_pb(node: &Node) -> PbNode {
         host: (!node.host.is_empty()).then(|| node.host.clone()),
         pid: (node.pid != 0).then_some(node.pid),
         key: (node.key != 0).then_some(node.key),
+        features: (node.features != 0).then_some(node.features),
     }
 }
 
@@ -241,6 +256,7 @@ pub(crate) fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
         host: pb.host.unwrap_or_default(),
         pid: pb.pid.unwrap_or(0),
         key: pb.key.unwrap_or(0),
+        features: pb.features.unwrap_or(0),
     })
 }
 

@@ -25,11 +25,13 @@
 
 pub mod checkpoint;
 mod codec;
+pub mod compression;
 pub mod golden;
 pub mod ids;
 mod message;
 mod meta;
 mod node;
+pub mod partition;
 pub mod refusal;
 pub mod replica;
 pub mod shm;
@@ -47,7 +49,7 @@ pub use codec::DecodeError;
 pub use ids::{NodeId, K_EMPTY};
 pub use message::Message;
 pub use meta::{Command, Control, DataType, Meta};
-pub use node::{Node, ParseRoleError, Role};
+pub use node::{Node, ParseRoleError, Role, FEATURE_COMPRESSION, FEATURE_PARTITION};
 
 /// Locks `mutex`, recovering the data if a thread panicked while holding
 /// it: every lock in pslite guards state that stays consistent between

@@ -3,7 +3,9 @@
 use bytes::Bytes;
 
 use crate::checkpoint::CheckpointMsg;
+use crate::compression::CompressionMsg;
 use crate::ids::{NodeId, K_EMPTY};
+use crate::partition::Partition;
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::stats::{NodeCounters, NodeStatus};
@@ -217,7 +219,8 @@ pub struct Meta {
     pub timestamp: i32,
     /// One entry per data frame.
     pub data_type: Vec<DataType>,
-    /// Scheduling priority (higher first); carried, not interpreted.
+    /// Scheduling priority: what a node sends to a peer goes higher first,
+    /// first come first served among equals (see `pslite_van::schedule`).
     pub priority: i32,
     /// pslite-only (field 100): the sender's counters, on a HEARTBEAT.
     pub counters: Option<Box<NodeCounters>>,
@@ -239,6 +242,12 @@ pub struct Meta {
     /// pslite-only (field 120): on a response, the responder refused the
     /// request (nothing of it was applied), and why.
     pub refusal: Option<Box<Refusal>>,
+    /// pslite-only (field 130): which part of a data message cut into
+    /// parts this is (priority scheduling, `PS_PARTITION_BYTES`).
+    pub partition: Option<Box<Partition>>,
+    /// pslite-only (field 131): how the values are compressed, or are to
+    /// be in the answer.
+    pub compression: Option<Box<CompressionMsg>>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -276,6 +285,8 @@ impl Default for Meta {
             replica: None,
             checkpoint: None,
             refusal: None,
+            partition: None,
+            compression: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

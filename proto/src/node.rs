@@ -88,7 +88,18 @@ pub struct Node {
     /// pslite-only (field 103): the random key the node's process presents
     /// in its ZeroMQ identity to pslite peers (`ps<id>/<key>`); 0 if none.
     pub key: u64,
+    /// pslite-only (field 130): what the node can receive beyond ps-lite's
+    /// messages ([`FEATURE_PARTITION`], [`FEATURE_COMPRESSION`]); 0 for C++
+    /// nodes and under a C++ scheduler.
+    pub features: u32,
 }
+
+/// [`Node::features`]: the node reassembles messages cut into parts
+/// (`PBMeta.partition`).
+pub const FEATURE_PARTITION: u32 = 1;
+/// [`Node::features`]: the node reads compressed values
+/// (`PBMeta.compression`).
+pub const FEATURE_COMPRESSION: u32 = 2;
 
 impl Node {
     /// A node that has no id yet.
@@ -104,6 +115,7 @@ impl Node {
             host: String::new(),
             pid: 0,
             key: 0,
+            features: 0,
         }
     }
 

@@ -58,6 +58,7 @@ fn node() -> impl Strategy<Value = Node> {
                 host: String::new(),
                 pid: 0,
                 key: 0,
+                features: 0,
             },
         )
 }
@@ -108,6 +109,8 @@ prop_compose! {
             replica: None,
             checkpoint: None,
             refusal: None,
+            partition: None,
+            compression: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

@@ -13,7 +13,8 @@ step is one step of the global batch (--batch images over all workers).
 Rank 0's initial model and optimizer state are broadcast first, so every
 worker holds the same model throughout. After training each worker
 measures test accuracy and the job exits 0 only if it reaches --threshold
-(0.95; an untrained network gets about 0.1).
+(0.95; an untrained network gets about 0.1). With --compression NAME the
+gradients travel compressed (see `pslite.Compression`).
 
 Needs torch and scikit-learn (``pip install torch scikit-learn``).
 """
@@ -66,6 +67,10 @@ def main():
     ap.add_argument("--batch", type=int, default=64, help="global batch (all workers)")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--threshold", type=float, default=0.95)
+    ap.add_argument("--compression", default=None,
+                    help="compress the gradients: onebit, topk[:K], randomk[:K] or 2bit[:T] "
+                         "(error feedback on the workers; the servers' sums come back "
+                         "compressed too)")
     args = ap.parse_args()
 
     pt.init()  # servers and the scheduler serve here, then exit
@@ -85,7 +90,8 @@ def main():
     local = max(1, args.batch // size)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  compression=args.compression)
     pt.broadcast_parameters(model.state_dict(), root_rank=0)
     pt.broadcast_optimizer_state(opt, root_rank=0)
     log(f"{len(y)} training images in my shard, batches of {local} (global {local * size}); "

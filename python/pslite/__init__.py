@@ -38,6 +38,7 @@ from ._pslite import (
     WORKER_GROUP,
     AllReduceHandle,
     ArrayView,
+    Compression,
     DefaultHandle,
     KVMeta,
     KVPairs,
@@ -89,7 +90,8 @@ from .errors import (  # noqa: F401
 
 __all__ = [
     "ALL_GROUP", "DTYPES", "SCHEDULER_GROUP", "SERVER_GROUP", "WORKER_GROUP",
-    "AllReduceHandle", "ArrayView", "DefaultHandle", "KVMeta", "KVPairs", "KVServer", "KVWorker",
+    "AllReduceHandle", "ArrayView", "Compression", "DefaultHandle", "KVMeta", "KVPairs", "KVServer",
+    "KVWorker",
     "Membership", "Postoffice", "Request", "SimpleApp", "SimpleData", "Store", "StoreEvent",
     "Watch", "errors", "frozen", "misaligned_copies",
     "Error",

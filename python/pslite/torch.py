@@ -277,10 +277,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  average):
         super(self.__class__, self).__init__(params)
-        if compression is not None:
-            raise NotImplementedError(
-                "compression= is not built yet (gradient compression comes with issue 30): "
-                "leave it None")
+        self._compression = _compression_of(compression)
         if backward_passes_per_step < 1:
             raise pslite.InvalidInput("backward_passes_per_step must be at least 1")
         s = _st()
@@ -350,9 +347,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         priority = -entry.index
         # cmd 1: the servers answer with the mean (summed and divided in one pass).
         cmd = _AVERAGE if self._average else 0
+        compression = self._compression or "none"
         entry.requests = [
             entry.kv.push_pull(part.keys, flat[part.begin:part.end],
-                               out=flat[part.begin:part.end], cmd=cmd, priority=priority)
+                               out=flat[part.begin:part.end], cmd=cmd, priority=priority,
+                               compression=compression)
             for part in entry.parts]
 
     def synchronize(self):
@@ -386,6 +385,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
+def _compression_of(compression):
+    """DistributedOptimizer's `compression=`: None (or "none") for none; a
+    spec string compresses the pushes and the servers' sums
+    (``pslite.Compression(spec, compress_answers=True)``, as BytePS
+    compresses both ways); a `pslite.Compression` as it is."""
+    if compression is None or isinstance(compression, pslite.Compression):
+        return compression
+    if isinstance(compression, str):
+        if compression.strip().lower() in ("", "none"):
+            return None
+        return pslite.Compression(compression, compress_answers=True)
+    raise pslite.InvalidInput(
+        f"compression must be a pslite.Compression, a string such as 'topk:0.01' or None, "
+        f"not {type(compression).__name__}")
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, average=True):
     """`optimizer` made data-parallel: before each `step()`, every
@@ -396,8 +411,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     `named_parameters` (e.g. ``model.named_parameters()``) names them;
     every worker must build the same model and optimizer in the same order.
     With ``backward_passes_per_step=N`` gradients accumulate over N backward
-    passes before they are sent. `compression` must be None (gradient
-    compression is not built yet). The result is an instance of the
+    passes before they are sent. With `compression` (``"onebit"``,
+    ``"topk:0.01"``, ``"randomk:0.01"``, ``"2bit:0.5"``, or a
+    `pslite.Compression`), gradients go compressed, with error feedback on
+    each worker, and a spec string also has the servers compress the
+    averaged gradients they answer (every worker gets the same values, so
+    the models stay identical). The result is an instance of the
     optimizer's own class (LR schedulers take it)."""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))

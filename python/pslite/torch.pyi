@@ -3,7 +3,7 @@ from typing import Any, Iterable, Mapping, Optional, TypeVar, Union
 import numpy.typing as npt
 import torch
 
-from ._pslite import KVWorker, Postoffice
+from ._pslite import Compression, KVWorker, Postoffice
 
 DEFAULT_PARTITION_BYTES: int
 
@@ -16,7 +16,8 @@ def size() -> int: ...
 def local_rank() -> int: ...
 def DistributedOptimizer(optimizer: Opt,
                          named_parameters: Optional[Iterable[tuple[str, torch.Tensor]]] = None,
-                         compression: None = None, backward_passes_per_step: int = 1,
+                         compression: Union[Compression, str, None] = None,
+                         backward_passes_per_step: int = 1,
                          average: bool = True) -> Opt: ...
 def broadcast_parameters(params: Union[Mapping[str, Any], Iterable[tuple[str, torch.Tensor]]],
                          root_rank: int = 0) -> None: ...

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 use crate::arrays::{from_numpy, from_numpy_cast, Elem, OutArray};
 use crate::calls::{call_python, Closable};
+use crate::compression::{self, PyCompression};
 use crate::dtype::{dispatch, make, per_dtype, Dtype};
 use crate::errors::{invalid, to_py, IntoPy};
 use crate::pairs::PyKVPairs;
@@ -33,6 +34,8 @@ struct Request<'a, 'py> {
     out: Option<&'a Bound<'py, PyAny>>,
     /// `cast=`: convert values of another dtype even when inexactly.
     cast: bool,
+    /// `compression=`: this request's, instead of the worker's.
+    compression: Option<&'a Bound<'py, PyAny>>,
 }
 
 impl Request<'_, '_> {
@@ -69,6 +72,7 @@ impl<'a, 'py> Request<'a, 'py> {
             pull,
             out: None,
             cast,
+            compression: None,
         }
     }
 }
@@ -100,6 +104,9 @@ where
     let mut opts = KVOptions::<V>::new().cmd(req.cmd).priority(req.priority);
     if let Some(lens) = req.lens.filter(|l| !l.is_none()) {
         opts = opts.zlens(from_numpy::<i32>(lens, "lens")?);
+    }
+    if let Some(c) = req.compression {
+        opts = opts.compression(compression::parse(c)?);
     }
     if let Some(out) = &out {
         // The values go into `out` as the request completes, on pslite's
@@ -172,23 +179,53 @@ impl PyKVWorker {
     /// A worker app `app_id`, customer `customer_id` of `po`, carrying
     /// values of `dtype` (float32, float64, int32, int64, or "raw" bytes
     /// typed as C++ `KVWorker<char>` types them).
+    /// With `compression` (a `Compression`, or its spec string such as
+    /// `"topk:0.01"`), the values of its pushes are compressed (float32
+    /// and float64 workers only).
     #[new]
-    #[pyo3(signature = (po, app_id = 0, customer_id = 0, dtype = None))]
+    #[pyo3(signature = (po, app_id = 0, customer_id = 0, dtype = None, compression = None))]
     fn new(
         py: Python<'_>,
         po: &PyPostoffice,
         app_id: i32,
         customer_id: i32,
         dtype: Option<&Bound<'_, PyAny>>,
+        compression: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyKVWorker> {
         let dtype = Dtype::parse(dtype)?;
+        let compression = match compression {
+            Some(c) => compression::parse(c)?,
+            None => None,
+        };
         let po = po.po.clone();
         let worker = py.detach(|| -> Result<Worker, Error> {
-            Ok(make!(Worker, dtype, T => KVWorker::<T>::new(&po, app_id, customer_id)?))
+            Ok(make!(Worker, dtype, T => {
+                let kv = KVWorker::<T>::new(&po, app_id, customer_id)?;
+                kv.set_compression(compression)?;
+                kv
+            }))
         });
         Ok(PyKVWorker {
             worker: Closable::new(worker.py()?, "KVWorker"),
         })
+    }
+
+    /// How the values of this worker's pushes are compressed (a
+    /// `Compression`), or `None`; a request's `compression=` overrides it.
+    /// Set it to a `Compression`, a spec string or `None`.
+    #[getter]
+    fn get_compression(&self, py: Python<'_>) -> PyResult<Option<Py<PyCompression>>> {
+        let c = dispatch!(Worker, self.worker.get()?, kv => kv.compression());
+        compression::to_py(py, c)
+    }
+
+    #[setter]
+    fn set_compression(&self, value: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let c = match value {
+            Some(v) => compression::parse(v)?,
+            None => None,
+        };
+        dispatch!(Worker, self.worker.get()?, kv => kv.set_compression(c)).py()
     }
 
     /// The value type: "float32", "float64", "int32", "int64" or "raw".
@@ -202,8 +239,11 @@ impl PyKVWorker {
     /// (`result` is an empty `KVPairs`, or the `pslite.Error`), on the
     /// app's thread. Keys must be integers >= 0; values of another dtype
     /// than the worker's are converted only when exactly (else
-    /// `InvalidInput`), or in any case with `cast=True`.
-    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None, cast = false))]
+    /// `InvalidInput`), or in any case with `cast=True`. `priority`:
+    /// what this node sends to a server goes higher priority first.
+    /// `compression`: this push's (a `Compression`, a spec string, or
+    /// `"none"`) instead of the worker's.
+    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None, cast = false, compression = None))]
     #[allow(clippy::too_many_arguments)] // ps-lite's Push arguments, as Python keywords
     fn push(
         &self,
@@ -215,8 +255,10 @@ impl PyKVWorker {
         priority: i32,
         callback: Option<Py<PyAny>>,
         cast: bool,
+        compression: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRequest> {
-        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, false, cast);
+        let mut req = Request::with_vals(keys, vals, lens, cmd, priority, callback, false, cast);
+        req.compression = compression;
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
@@ -226,8 +268,10 @@ impl PyKVWorker {
     /// `out` (a writable C-contiguous array, or CPU tensor, of the worker's
     /// dtype and of as many elements as the pull returns), waiting on the
     /// request copies the values there once, without the GIL, and `take()`
-    /// returns `out` as the values.
-    #[pyo3(signature = (keys, cmd = 0, priority = 0, callback = None, out = None))]
+    /// returns `out` as the values. `compression`: with
+    /// `compress_answers`, the answer comes compressed (instead of as the
+    /// worker's compression says).
+    #[pyo3(signature = (keys, cmd = 0, priority = 0, callback = None, out = None, compression = None))]
     #[allow(clippy::too_many_arguments)]
     fn pull(
         &self,
@@ -237,6 +281,7 @@ impl PyKVWorker {
         priority: i32,
         callback: Option<Py<PyAny>>,
         out: Option<&Bound<'_, PyAny>>,
+        compression: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRequest> {
         let req = Request {
             keys,
@@ -248,6 +293,7 @@ impl PyKVWorker {
             pull: true,
             out,
             cast: false,
+            compression,
         };
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
@@ -255,8 +301,8 @@ impl PyKVWorker {
     /// Pushes and pulls in one request: the pulled values include this
     /// push. Returns the `Request` to `take()` them from. `out` and `cast`
     /// as for `pull` and `push` (`out` may be `vals` itself: the values go
-    /// out before the answer comes back).
-    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None, out = None, cast = false))]
+    /// out before the answer comes back). `compression` as for `push`.
+    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None, out = None, cast = false, compression = None))]
     #[allow(clippy::too_many_arguments)] // ps-lite's PushPull arguments, as Python keywords
     fn push_pull(
         &self,
@@ -269,9 +315,11 @@ impl PyKVWorker {
         callback: Option<Py<PyAny>>,
         out: Option<&Bound<'_, PyAny>>,
         cast: bool,
+        compression: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRequest> {
         let mut req = Request::with_vals(keys, vals, lens, cmd, priority, callback, true, cast);
         req.out = out;
+        req.compression = compression;
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 

@@ -20,6 +20,7 @@
 mod arrays;
 mod calls;
 mod cli;
+mod compression;
 mod dtype;
 mod errors;
 mod kv_server;
@@ -89,6 +90,7 @@ fn _pslite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<postoffice::PyPostoffice>()?;
     m.add_class::<postoffice::PyMembership>()?;
     m.add_class::<kv_worker::PyKVWorker>()?;
+    m.add_class::<compression::PyCompression>()?;
     m.add_class::<kv_server::PyKVServer>()?;
     m.add_class::<kv_server::PyDefaultHandle>()?;
     m.add_class::<kv_server::PyAllReduceHandle>()?;

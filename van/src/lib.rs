@@ -42,17 +42,18 @@ mod dispatch;
 mod links;
 mod monitor;
 pub mod resolve;
+pub mod schedule;
 pub mod shm;
 pub mod transport;
 mod van;
 
 pub use dispatch::{Delivered, Dispatch, Room};
 pub use pslite_van_core::{
-    counters, effects, hold, rendezvous, replica, resender, scheduler, store, AuthToken,
+    counters, effects, hold, partition, rendezvous, replica, resender, scheduler, store, AuthToken,
     BarrierOutcome, Core, Counters, DrainOutcome, Failure, HoldQueue, LogOnce, Member,
     MemberConfig, Output, Resender, Route, Scheduler, SchedulerConfig, StartTimeout, VanConfig,
     VanError, WaitingFor, WAIT_LOG_INTERVAL,
 };
-pub use pslite_van_core::{describe, LinkEvent};
+pub use pslite_van_core::{describe, LinkEvent, DEFAULT_PARTITION_BYTES};
 pub use transport::Transport;
 pub use van::Van;

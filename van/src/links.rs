@@ -1,16 +1,31 @@
 //! This node's connections to its peers: one DEALER per peer, opened the
-//! way the core's [`Route`] says, and the messages put on them.
+//! way the core's [`Route`] says, and the messages put on them in priority
+//! order.
 //!
-//! A write never blocks the receive thread. Each link keeps the messages
-//! that could not be written yet, in order, within a byte budget
-//! ([`HoldQueue`], `PS_HOLD_LIMIT`): those sent while the link is being
-//! opened, and those the receive thread could not write at once (the peer's
-//! high-water mark is reached, or an app thread is writing to it). The
-//! receive loop tries them again ([`Links::flush_waiting`]) at its next wake
-//! and on a short timer while any wait. An app thread's write
-//! ([`Mode::Wait`]) writes what waits first, then its own message, and may
-//! block on a slow peer: that is back-pressure to the app, and it never
-//! holds the core's lock.
+//! Each link hands ZeroMQ about `PS_PARTITION_BYTES` at a time: what
+//! ZeroMQ still holds of a link's large frames is counted (each frame
+//! handed over by reference carries a guard that ZeroMQ drops once it has
+//! written the frame to the kernel), and further messages wait in the
+//! link's [`SendQueue`] ([`crate::schedule`]: higher priority first, first
+//! come first served among equals, nothing waits forever) until it drops
+//! below. With large messages cut into parts ([`crate::partition`]), a
+//! message of higher priority waits for at most about one part of a lower
+//! one. A message that finds its link's queue empty and room in ZeroMQ is
+//! written at once, by the thread that sends it (the fast path of small
+//! requests). When ZeroMQ has written enough, the link's next messages are
+//! written by this node's sending thread ([`Links::start_pump`]), woken
+//! from ZeroMQ's I/O thread (which only counts and wakes: it never touches
+//! a socket). `PS_PARTITION_BYTES=0` gives ZeroMQ everything at once.
+//!
+//! A write never blocks the receive thread: what it cannot write at once
+//! (the peer's high-water mark is reached, another thread is writing to
+//! the peer, the link is being opened) waits in the queue, within a byte
+//! budget (`PS_HOLD_LIMIT / 4` per peer), and the receive loop tries again
+//! ([`Links::flush_waiting`]) at its next wake and on a short timer while
+//! any is stuck. An app thread ([`Mode::Wait`]) writes what waits first,
+//! in order, then its own message, and may block on a slow peer: when a
+//! link holds [`MAX_QUEUED`] messages (or `DMLC_PS_WATER_MARK`), it waits
+//! for room (back-pressure to the app); it never holds the core's lock.
 //!
 //! Sockets are created outside the core's lock: the core only reserves the
 //! link ([`Links::reserve`]) when it asks for a connection, so that a
@@ -20,15 +35,16 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
+use std::time::Instant;
 
 use bytes::Bytes;
 use log::{debug, info, trace, warn};
-use pslite_proto::{lock, Message, Node, NodeId, K_EMPTY};
+use pslite_proto::{lock, wait_while, Message, Node, NodeId, K_EMPTY};
 
 use crate::counters::Counters;
-use crate::hold::HoldQueue;
 use crate::monitor::Monitors;
+use crate::schedule::{Queued, SendQueue, CONTROL_PRIORITY};
 use crate::shm;
 use crate::transport;
 use crate::LogOnce;
@@ -43,6 +59,12 @@ const LINGER_MS: i32 = 1000;
 /// 100 ms by default). Loopback and LAN connections take well under a
 /// millisecond; a longer wait means the SYN was dropped.
 const CONNECT_TIMEOUT_MS: i32 = 500;
+/// Messages a link may hold before an app thread's send waits for room
+/// (unless `DMLC_PS_WATER_MARK` says otherwise): ZeroMQ's own default
+/// high-water mark, which bounded the same wait before links queued.
+pub(crate) const MAX_QUEUED: usize = 1000;
+/// What a queued message counts beyond its bytes (its bookkeeping).
+const OVERHEAD: usize = 64;
 
 pub(crate) use crate::transport::zmq_err;
 
@@ -63,6 +85,8 @@ struct Outgoing<'a> {
     data: Cow<'a, [Bytes]>,
     /// Its frames moved into shared memory, given back if it never leaves.
     staged: Option<shm::Staged>,
+    /// Queued by the receive thread: counts against the link's budget.
+    budgeted: bool,
 }
 
 impl Outgoing<'_> {
@@ -72,7 +96,86 @@ impl Outgoing<'_> {
             meta: self.meta,
             data: Cow::Owned(self.data.into_owned()),
             staged: self.staged,
+            budgeted: self.budgeted,
         }
+    }
+
+    /// Bytes on the wire (meta and data frames; shared-memory frames are
+    /// empty there).
+    fn bytes(&self) -> usize {
+        self.meta.len() + self.data.iter().map(Bytes::len).sum::<usize>()
+    }
+}
+
+/// A link's queue and what ZeroMQ holds of it.
+struct SchedState {
+    queue: SendQueue<Outgoing<'static>>,
+    /// Bytes of large frames handed to ZeroMQ and not written yet.
+    in_flight: usize,
+    /// Bytes queued by the receive thread (within the budget).
+    budgeted: usize,
+    /// Something waits for a retry (a write that would have blocked, or a
+    /// socket another thread held or that is not open yet).
+    stuck: bool,
+    /// The link is gone: nothing more is queued, waiters leave.
+    closed: bool,
+}
+
+/// A link's scheduling, shared with the guards of the frames ZeroMQ holds.
+struct Sched {
+    state: Mutex<SchedState>,
+    /// An app thread waiting for room in the queue.
+    room: Condvar,
+    /// ZeroMQ may hold this many bytes of the link's large frames.
+    window: usize,
+    /// The node's sending thread, woken when ZeroMQ has room again.
+    pump: Arc<Pump>,
+    /// This link's peer, for the pump.
+    peer: NodeId,
+}
+
+/// One large frame ZeroMQ holds: its bytes count against the window until
+/// ZeroMQ drops it (it was written, or failed).
+struct Credit {
+    sched: Arc<Sched>,
+    bytes: usize,
+}
+
+impl Drop for Credit {
+    fn drop(&mut self) {
+        // Runs on ZeroMQ's I/O thread (or the sender's, on a failed send):
+        // count and wake, never touch a socket.
+        let wake = {
+            let mut st = lock(&self.sched.state);
+            st.in_flight = st.in_flight.saturating_sub(self.bytes);
+            !st.queue.is_empty() && st.in_flight < self.sched.window && !st.closed
+        };
+        if wake {
+            self.sched.pump.wake(self.sched.peer);
+        }
+    }
+}
+
+/// The node's sending thread's wake-ups: the links whose ZeroMQ has room
+/// and whose queues wait.
+#[derive(Default)]
+struct Pump {
+    wanted: Mutex<(bool, Vec<NodeId>)>,
+    ready: Condvar,
+}
+
+impl Pump {
+    fn wake(&self, peer: NodeId) {
+        let mut w = lock(&self.wanted);
+        if !w.1.contains(&peer) {
+            w.1.push(peer);
+        }
+        self.ready.notify_one();
+    }
+
+    fn stop(&self) {
+        lock(&self.wanted).0 = true;
+        self.ready.notify_all();
     }
 }
 
@@ -81,8 +184,8 @@ struct Link {
     /// The DEALER; `None` until the thread carrying out the connection has
     /// opened it.
     socket: Mutex<Option<zmq::Socket>>,
-    /// Messages not written yet, in order.
-    waiting: Mutex<HoldQueue<Outgoing<'static>>>,
+    /// Messages not written yet, in sending order.
+    sched: Arc<Sched>,
     /// The peer's process, when large frames go through shared memory (0:
     /// they do not).
     shm_pid: AtomicU32,
@@ -93,8 +196,8 @@ pub(crate) struct Links {
     ctx: zmq::Context,
     config: VanConfig,
     links: Mutex<HashMap<NodeId, Arc<Link>>>,
-    /// Messages waiting in all links.
-    waiting: AtomicUsize,
+    /// Links whose queue is stuck (see [`SchedState::stuck`]).
+    stuck: AtomicUsize,
     counters: Arc<Counters>,
     pool: Option<Arc<shm::Pool>>,
     /// Peers whose messages were dropped for want of room, warned about.
@@ -104,6 +207,11 @@ pub(crate) struct Links {
     /// Which peer each watched DEALER reaches, by its watch's tag (only the
     /// current DEALER of each peer).
     tags: Mutex<HashMap<u64, NodeId>>,
+    pump: Arc<Pump>,
+    /// Each link's byte budget for what the receive thread queues.
+    budget: usize,
+    /// Messages a link may hold before an app thread waits.
+    max_queued: usize,
 }
 
 /// Opens a DEALER connected to `endpoint` as `ps<identity>` or
@@ -161,17 +269,53 @@ impl Links {
         pool: Option<Arc<shm::Pool>>,
         monitors: Monitors,
     ) -> Links {
+        let budget = config.hold_limit / 4;
+        let max_queued = config.water_mark.map_or(MAX_QUEUED, |w| w.max(1) as usize);
         Links {
             ctx,
             config,
             links: Mutex::new(HashMap::new()),
-            waiting: AtomicUsize::new(0),
+            stuck: AtomicUsize::new(0),
             counters,
             pool,
             dropped: Mutex::new(LogOnce::new(log::Level::Warn)),
             monitors,
             tags: Mutex::new(HashMap::new()),
+            pump: Arc::new(Pump::default()),
+            budget,
+            max_queued,
         }
+    }
+
+    /// Starts this node's sending thread: it writes what waits in a link
+    /// once ZeroMQ has written enough of what it holds ([`Credit`]), and
+    /// ends with [`Links::clear`] or when the links are dropped.
+    pub(crate) fn start_pump(self: &Arc<Self>) -> Result<(), VanError> {
+        let links: Weak<Links> = Arc::downgrade(self);
+        let pump = Arc::clone(&self.pump);
+        std::thread::Builder::new()
+            .name("pslite-send".into())
+            .spawn(move || loop {
+                let peers = {
+                    let w = wait_while(&pump.ready, lock(&pump.wanted), |w| !w.0 && w.1.is_empty());
+                    let mut w = w;
+                    if w.0 {
+                        return;
+                    }
+                    std::mem::take(&mut w.1)
+                };
+                let Some(links) = links.upgrade() else { return };
+                for peer in peers {
+                    if let Some(link) = links.link(peer) {
+                        links.pump_if_free(&link);
+                    }
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| VanError::Setup {
+                what: "start the sending thread",
+                detail: e.to_string(),
+            })
     }
 
     /// The peer whose current DEALER the watch `tag` is on (`None`: a
@@ -184,8 +328,7 @@ impl Links {
     pub(crate) fn remove(&self, id: NodeId) {
         lock(&self.tags).retain(|_, p| *p != id);
         if let Some(old) = lock(&self.links).remove(&id) {
-            let lost = lock(&old.waiting).drain();
-            self.waiting.fetch_sub(lost.len(), Ordering::Relaxed);
+            let lost = self.close(&old);
             self.discard(lost);
         }
     }
@@ -194,16 +337,48 @@ impl Links {
     /// opened by [`Links::open`]: messages to it wait until then. Cheap:
     /// called under the core's lock.
     pub(crate) fn reserve(&self, id: NodeId) {
+        // ZeroMQ holds at most about one part beyond what it writes (0:
+        // no limit, everything goes to ZeroMQ at once).
+        let window = match self.config.partition_bytes {
+            0 => usize::MAX,
+            n => n,
+        };
         let link = Arc::new(Link {
             socket: Mutex::new(None),
-            waiting: Mutex::new(HoldQueue::new(self.config.hold_limit)),
+            sched: Arc::new(Sched {
+                state: Mutex::new(SchedState {
+                    queue: SendQueue::default(),
+                    in_flight: 0,
+                    budgeted: 0,
+                    stuck: false,
+                    closed: false,
+                }),
+                room: Condvar::new(),
+                window,
+                pump: Arc::clone(&self.pump),
+                peer: id,
+            }),
             shm_pid: AtomicU32::new(0),
         });
         if let Some(old) = lock(&self.links).insert(id, link) {
-            let lost = lock(&old.waiting).drain();
-            self.waiting.fetch_sub(lost.len(), Ordering::Relaxed);
+            let lost = self.close(&old);
             self.discard(lost);
         }
+    }
+
+    /// Marks `link` closed and takes what waits in it.
+    fn close(&self, link: &Link) -> Vec<Outgoing<'static>> {
+        let mut st = lock(&link.sched.state);
+        st.closed = true;
+        if st.stuck {
+            st.stuck = false;
+            self.stuck.fetch_sub(1, Ordering::Relaxed);
+        }
+        st.budgeted = 0;
+        let lost = st.queue.drain(Instant::now());
+        drop(st);
+        link.sched.room.notify_all();
+        lost
     }
 
     /// Opens the DEALER to `node` reserved by [`Links::reserve`], as
@@ -262,7 +437,7 @@ impl Links {
         let mut slot = lock(&link.socket);
         *slot = Some(socket);
         if let Some(socket) = slot.as_mut() {
-            self.write_waiting(&link, socket, mode);
+            self.pump(&link, socket, mode);
         }
         Ok(())
     }
@@ -274,8 +449,7 @@ impl Links {
             links.remove(&id);
         }
         drop(links);
-        let lost = lock(&link.waiting).drain();
-        self.waiting.fetch_sub(lost.len(), Ordering::Relaxed);
+        let lost = self.close(link);
         self.discard(lost);
     }
 
@@ -288,6 +462,9 @@ impl Links {
     pub(crate) fn send(&self, msg: &Message, mode: Mode) -> Result<usize, VanError> {
         let recver = msg.meta.recver;
         let link = self.link(recver).ok_or(VanError::UnknownPeer(recver))?;
+        if mode == Mode::Wait {
+            self.wait_for_room(&link);
+        }
         let shm_pid = link.shm_pid.load(Ordering::Relaxed);
         let staged = match &self.pool {
             Some(pool) if shm_pid != 0 => pool.stage(&msg.data, shm_pid),
@@ -299,41 +476,81 @@ impl Links {
                 meta: msg.meta.encode_with_shm(&st.frames),
                 data: Cow::Owned(std::mem::take(&mut st.data)),
                 staged: Some(st),
+                budgeted: false,
             },
             None => Outgoing {
                 recver,
                 meta: msg.meta.encode(),
                 data: Cow::Borrowed(&msg.data),
                 staged: None,
+                budgeted: false,
             },
         };
-        self.write(&link, out, mode)
+        // Control messages go before any data; data by its priority.
+        let priority = if msg.meta.control.is_empty() {
+            i64::from(msg.meta.priority)
+        } else {
+            CONTROL_PRIORITY
+        };
+        self.write(&link, out, priority, mode)
     }
 
-    /// Writes `out` on `link`: behind what waits there, and into the wait
-    /// if it cannot go now without blocking (`NoWait`).
-    fn write(&self, link: &Link, out: Outgoing<'_>, mode: Mode) -> Result<usize, VanError> {
+    /// An app thread waits while `link` holds its most messages (the
+    /// sending thread and ZeroMQ's progress make room).
+    fn wait_for_room(&self, link: &Link) {
+        let st = lock(&link.sched.state);
+        if st.queue.len() < self.max_queued {
+            return;
+        }
+        let max = self.max_queued;
+        drop(wait_while(&link.sched.room, st, |st| {
+            st.queue.len() >= max && !st.closed
+        }));
+    }
+
+    /// Writes `out` on `link`: at once if nothing waits there and ZeroMQ
+    /// has room, else in its place in the queue, then what may go.
+    fn write(
+        &self,
+        link: &Link,
+        out: Outgoing<'_>,
+        priority: i64,
+        mode: Mode,
+    ) -> Result<usize, VanError> {
+        let bytes = out.bytes();
         let mut guard = match mode {
             Mode::Wait => lock(&link.socket),
             Mode::NoWait => match link.socket.try_lock() {
                 Ok(guard) => guard,
                 Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => return Ok(self.hold(link, out)),
+                Err(TryLockError::WouldBlock) => {
+                    // Another thread writes to this peer: it writes what
+                    // waits after its own message; the receive loop
+                    // retries if that one finished first.
+                    self.enqueue(link, out, priority, mode, true);
+                    return Ok(bytes);
+                }
             },
         };
         let Some(socket) = guard.as_mut() else {
-            return Ok(self.hold(link, out)); // being opened
+            self.enqueue(link, out, priority, mode, false); // being opened
+            return Ok(bytes);
         };
-        if !self.write_waiting(link, socket, mode) {
-            return Ok(self.hold(link, out));
+        let direct = {
+            let st = lock(&link.sched.state);
+            st.queue.is_empty() && st.in_flight < link.sched.window
+        };
+        if !direct {
+            self.enqueue(link, out, priority, mode, false);
+            self.pump(link, socket, mode);
+            return Ok(bytes);
         }
-        let flags = match mode {
-            Mode::Wait => 0,
-            Mode::NoWait => zmq::DONTWAIT,
-        };
-        match transport::send_message_with(socket, &out.meta, &out.data, flags) {
+        match self.put(link, socket, &out, mode) {
             Ok(sent) => Ok(self.sent(&out, sent)),
-            Err(zmq::Error::EAGAIN) if mode == Mode::NoWait => Ok(self.hold(link, out)),
+            Err(zmq::Error::EAGAIN) if mode == Mode::NoWait => {
+                self.enqueue(link, out, priority, mode, true);
+                Ok(bytes)
+            }
             Err(e) => {
                 let recver = out.recver;
                 if let Some(st) = out.staged {
@@ -344,63 +561,136 @@ impl Links {
         }
     }
 
-    /// Writes what waits on `link` (in order); whether nothing is left. The
-    /// caller holds the link's socket; the wait itself is locked only
-    /// between writes, never across a write that may block.
-    fn write_waiting(&self, link: &Link, socket: &mut zmq::Socket, mode: Mode) -> bool {
-        if !self.any_waiting() {
-            return true;
-        }
-        let flags = match mode {
-            Mode::Wait => 0,
-            Mode::NoWait => zmq::DONTWAIT,
-        };
-        loop {
-            let Some(out) = lock(&link.waiting).pop_front() else {
-                return true;
-            };
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-            match transport::send_message_with(socket, &out.meta, &out.data, flags) {
-                Ok(sent) => {
-                    self.sent(&out, sent);
-                }
-                Err(zmq::Error::EAGAIN) if mode == Mode::NoWait => {
-                    // Back at the front: nothing can have overtaken it, as
-                    // the caller holds the socket.
-                    self.waiting.fetch_add(1, Ordering::Relaxed);
-                    let bytes = out.meta.len() + out.data.iter().map(Bytes::len).sum::<usize>();
-                    lock(&link.waiting).push_front(out.recver, bytes, out);
-                    return false;
-                }
-                Err(e) => {
-                    debug!("cannot send to node {}: {e}", out.recver);
-                    self.discard(vec![out]);
-                }
-            }
-        }
-    }
-
-    /// Keeps `out` in `link`'s wait (or drops it, warning once per peer,
-    /// when the wait holds its budget); returns the bytes it carries.
-    fn hold(&self, link: &Link, out: Outgoing<'_>) -> usize {
-        let bytes = out.meta.len() + out.data.iter().map(Bytes::len).sum::<usize>();
+    /// Queues `out` on `link` (or drops it, warning once per peer, when the
+    /// receive thread's budget for the link is spent); `stuck`: the
+    /// receive loop must try again.
+    fn enqueue(&self, link: &Link, out: Outgoing<'_>, priority: i64, mode: Mode, stuck: bool) {
+        let bytes = out.bytes() + OVERHEAD;
         let recver = out.recver;
-        match lock(&link.waiting).push(recver, bytes, out.into_owned()) {
-            Ok(()) => {
-                self.waiting.fetch_add(1, Ordering::Relaxed);
-                trace!("node {recver} cannot take more now: a message waits");
-            }
-            Err(refused) => {
+        let mut out = out.into_owned();
+        let mut st = lock(&link.sched.state);
+        if st.closed {
+            drop(st);
+            self.discard(vec![out]);
+            return;
+        }
+        if mode == Mode::NoWait {
+            if st.budgeted + bytes > self.budget {
+                drop(st);
                 lock(&self.dropped).log(recver, || {
                     format!(
                         "dropping a message to node {recver}: it has not read what was sent \
                          to it (PS_HOLD_LIMIT / 4 bytes wait)"
                     )
                 });
-                self.discard(vec![refused.item]);
+                self.discard(vec![out]);
+                return;
+            }
+            st.budgeted += bytes;
+            out.budgeted = true;
+        }
+        st.queue.push(out, priority, bytes, Instant::now());
+        if stuck && !st.stuck {
+            st.stuck = true;
+            self.stuck.fetch_add(1, Ordering::Relaxed);
+        }
+        trace!("a message to node {recver} waits in its link");
+    }
+
+    /// Writes what waits on `link`, in sending order, while ZeroMQ has
+    /// room. The caller holds the link's socket.
+    fn pump(&self, link: &Link, socket: &mut zmq::Socket, mode: Mode) {
+        loop {
+            let q = {
+                let mut st = lock(&link.sched.state);
+                if st.queue.is_empty() || st.in_flight >= link.sched.window {
+                    if st.queue.is_empty() && st.stuck {
+                        st.stuck = false;
+                        self.stuck.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    return;
+                }
+                let Some(q) = st.queue.pop(Instant::now()) else {
+                    return;
+                };
+                if q.item.budgeted {
+                    st.budgeted = st.budgeted.saturating_sub(q.bytes);
+                }
+                q
+            };
+            link.sched.room.notify_all();
+            match self.put(link, socket, &q.item, mode) {
+                Ok(sent) => {
+                    self.sent(&q.item, sent);
+                }
+                Err(zmq::Error::EAGAIN) if mode == Mode::NoWait => {
+                    // Back in its place: nothing overtakes it, as the
+                    // caller holds the socket.
+                    self.put_back(link, q);
+                    return;
+                }
+                Err(e) => {
+                    debug!("cannot send to node {}: {e}", q.item.recver);
+                    self.discard(vec![q.item]);
+                }
             }
         }
-        bytes
+    }
+
+    /// Puts a message that would have blocked back in its place; the
+    /// receive loop tries again.
+    fn put_back(&self, link: &Link, q: Queued<Outgoing<'static>>) {
+        let mut st = lock(&link.sched.state);
+        if st.closed {
+            drop(st);
+            self.discard(vec![q.item]);
+            return;
+        }
+        if q.item.budgeted {
+            st.budgeted += q.bytes;
+        }
+        st.queue.put_back(q);
+        if !st.stuck {
+            st.stuck = true;
+            self.stuck.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes what waits on `link` unless another thread holds its socket
+    /// (that thread writes it).
+    fn pump_if_free(&self, link: &Link) {
+        if let Ok(mut socket) = link.socket.try_lock() {
+            if let Some(socket) = socket.as_mut() {
+                self.pump(link, socket, Mode::NoWait);
+            }
+        }
+    }
+
+    /// Hands `out` to ZeroMQ, its large frames counted against `link`'s
+    /// window until ZeroMQ drops them.
+    fn put(
+        &self,
+        link: &Link,
+        socket: &mut zmq::Socket,
+        out: &Outgoing<'_>,
+        mode: Mode,
+    ) -> zmq::Result<usize> {
+        let flags = match mode {
+            Mode::Wait => 0,
+            Mode::NoWait => zmq::DONTWAIT,
+        };
+        let sched = &link.sched;
+        let mut credit = |bytes: usize| -> Option<Box<dyn Send>> {
+            if sched.window == usize::MAX {
+                return None;
+            }
+            lock(&sched.state).in_flight += bytes;
+            Some(Box::new(Credit {
+                sched: Arc::clone(sched),
+                bytes,
+            }))
+        };
+        transport::send_message_guarded(socket, &out.meta, &out.data, flags, &mut credit)
     }
 
     fn sent(&self, out: &Outgoing<'_>, sent: usize) -> usize {
@@ -417,48 +707,58 @@ impl Links {
         }
     }
 
-    /// Whether any message waits.
+    /// Whether a message waits for a retry (see [`Links::flush_waiting`]).
     pub(crate) fn any_waiting(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed) > 0
+        self.stuck.load(Ordering::Relaxed) > 0
+    }
+
+    /// Whether any link holds a message (stuck, or waiting for ZeroMQ to
+    /// write what it holds).
+    pub(crate) fn any_queued(&self) -> bool {
+        lock(&self.links)
+            .values()
+            .any(|l| !lock(&l.sched.state).queue.is_empty())
     }
 
     /// Writes what waits on every link without blocking; whether any
     /// message went.
     pub(crate) fn flush_waiting(&self) -> bool {
-        if !self.any_waiting() {
-            return false;
-        }
-        let before = self.waiting.load(Ordering::Relaxed);
         let links: Vec<Arc<Link>> = lock(&self.links).values().cloned().collect();
+        let mut progress = false;
         for link in links {
-            if lock(&link.waiting).is_empty() {
+            let before = lock(&link.sched.state).queue.len();
+            if before == 0 {
                 continue;
             }
             // An app thread writing to this peer writes what waits itself.
-            if let Ok(mut socket) = link.socket.try_lock() {
-                if let Some(socket) = socket.as_mut() {
-                    self.write_waiting(&link, socket, Mode::NoWait);
-                }
-            }
+            self.pump_if_free(&link);
+            progress |= lock(&link.sched.state).queue.len() < before;
         }
-        self.waiting.load(Ordering::Relaxed) < before
+        progress
     }
 
-    /// Closes every DEALER (what still waits is dropped, and said).
+    /// Closes every DEALER (what still waits is dropped, and said) and
+    /// stops the sending thread.
     pub(crate) fn clear(&self) {
+        self.pump.stop();
         lock(&self.tags).clear();
         let links: Vec<(NodeId, Arc<Link>)> = lock(&self.links).drain().collect();
         for (id, link) in links {
-            let lost = lock(&link.waiting).drain();
+            let lost = self.close(&link);
             if !lost.is_empty() {
                 warn!(
                     "closing the connection to node {id} with {} message(s) it never took",
                     lost.len()
                 );
             }
-            self.waiting.fetch_sub(lost.len(), Ordering::Relaxed);
             self.discard(lost);
         }
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        self.pump.stop();
     }
 }
 
@@ -526,6 +826,75 @@ mod tests {
         }
         assert_eq!(got, (0..2000).collect::<Vec<_>>());
         assert!(!links.any_waiting());
+        links.clear();
+    }
+
+    /// A link to a peer that is not listening yet: ZeroMQ holds the first
+    /// large message, so the rest wait in the link, and go in priority
+    /// order once the peer is there.
+    #[test]
+    fn what_waits_goes_higher_priority_first_and_in_order_among_equals() {
+        let ctx = zmq::Context::new();
+        let router = ctx.socket(zmq::ROUTER).unwrap();
+        let endpoint = format!("ipc://@pslite-links-priority-{}", std::process::id());
+        let config = VanConfig {
+            partition_bytes: 64 << 10,
+            ..VanConfig::default()
+        };
+        let monitors = Monitors::start(&ctx, |_, _| {}).unwrap();
+        let links = Arc::new(Links::new(
+            ctx.clone(),
+            config,
+            Arc::new(Counters::new(std::time::Instant::now())),
+            None,
+            monitors,
+        ));
+        links.start_pump().unwrap();
+        let mut peer = Node::new(Role::Server, "127.0.0.1", 1);
+        peer.id = 8;
+        let route = Route {
+            endpoint,
+            local: None,
+            shm_pid: None,
+        };
+        links.reserve(8);
+        links.open(&peer, 9, None, &route, Mode::Wait).unwrap();
+        let send = |ts: i32, priority: i32, control: bool| {
+            let mut msg = Message::default();
+            msg.meta.recver = 8;
+            msg.meta.timestamp = ts;
+            msg.meta.priority = priority;
+            if control {
+                msg.meta.control = pslite_proto::Control::new(pslite_proto::Command::Heartbeat);
+            }
+            msg.data = vec![Bytes::from(vec![ts as u8; 1 << 20])];
+            links.send(&msg, Mode::Wait).unwrap();
+        };
+        send(0, 0, false); // handed to ZeroMQ at once
+        for ts in 1..4 {
+            send(ts, 0, false);
+        }
+        send(4, 7, false);
+        send(5, -1, false);
+        send(6, 7, false);
+        send(7, 0, true);
+        assert!(links.any_queued());
+        router.bind(&route.endpoint).unwrap();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while got.len() < 8 && Instant::now() < deadline {
+            if router.poll(zmq::POLLIN, 10).unwrap_or(0) == 0 {
+                continue;
+            }
+            while let Ok(frames) = router.recv_multipart(zmq::DONTWAIT) {
+                let meta = Meta::decode(&frames[1]).unwrap();
+                assert_eq!(frames[2].len(), 1 << 20);
+                got.push(meta.timestamp);
+            }
+        }
+        // 0 was in ZeroMQ already; then control, the two of priority 7 in
+        // order, the three of 0 in order, the one of -1.
+        assert_eq!(got, vec![0, 7, 4, 6, 1, 2, 3, 5]);
         links.clear();
     }
 }

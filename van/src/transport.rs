@@ -237,10 +237,19 @@ pub fn frame_to_bytes(msg: zmq::Message) -> Bytes {
     }
 }
 
+/// What ZeroMQ keeps of a frame handed to it by reference: the bytes, and
+/// a guard dropped with them once ZeroMQ is done with the frame (written
+/// to the kernel, or dropped): the sender's way to know how much ZeroMQ
+/// still holds.
+struct Owned {
+    bytes: Bytes,
+    _guard: Option<Box<dyn Send>>,
+}
+
 unsafe extern "C" fn release_bytes(_data: *mut c_void, hint: *mut c_void) {
-    // SAFETY: `hint` is the `Box<Bytes>` leaked in `send_frame`; ZeroMQ calls
-    // this exactly once, when it no longer needs the data.
-    drop(unsafe { Box::from_raw(hint as *mut Bytes) });
+    // SAFETY: `hint` is the `Box<Owned>` leaked in `send_frame_guarded`;
+    // ZeroMQ calls this exactly once, when it no longer needs the data.
+    drop(unsafe { Box::from_raw(hint as *mut Owned) });
 }
 
 /// Sends one frame (`flags`: 0 or `zmq::DONTWAIT`, with `SNDMORE` added
@@ -252,13 +261,30 @@ pub fn send_frame(
     more: bool,
     flags: i32,
 ) -> zmq::Result<()> {
+    send_frame_guarded(socket, frame, more, flags, &mut |_| None)
+}
+
+/// [`send_frame`], and for a frame handed over by reference (above
+/// [`COPY_LIMIT`] bytes), `guard(len)` is called just before and what it
+/// returns is dropped when ZeroMQ is done with the frame (also when the
+/// send fails).
+pub fn send_frame_guarded(
+    socket: &mut zmq::Socket,
+    frame: &Bytes,
+    more: bool,
+    flags: i32,
+    guard: &mut dyn FnMut(usize) -> Option<Box<dyn Send>>,
+) -> zmq::Result<()> {
     let flags = if more { flags | zmq::SNDMORE } else { flags };
     if frame.len() <= COPY_LIMIT {
         return socket.send(&frame[..], flags);
     }
-    let owner = Box::new(frame.clone());
-    let data = owner.as_ptr() as *mut c_void;
-    let len = owner.len();
+    let owner = Box::new(Owned {
+        bytes: frame.clone(),
+        _guard: guard(frame.len()),
+    });
+    let data = owner.bytes.as_ptr() as *mut c_void;
+    let len = owner.bytes.len();
     let hint = Box::into_raw(owner) as *mut c_void;
     let mut msg = zmq_sys::zmq_msg_t { __: [0; 64] };
     // SAFETY: `data` stays valid until `release_bytes` frees its owner, which
@@ -266,7 +292,7 @@ pub fn send_frame(
     // zmq_msg_close). The socket pointer is live for the borrow of `socket`.
     unsafe {
         if zmq_sys::zmq_msg_init_data(&mut msg, data, len, Some(release_bytes), hint) != 0 {
-            drop(Box::from_raw(hint as *mut Bytes));
+            drop(Box::from_raw(hint as *mut Owned));
             return Err(zmq::Error::from_raw(zmq_sys::zmq_errno()));
         }
         if zmq_sys::zmq_msg_send(&mut msg, socket.as_mut_ptr(), flags) < 0 {
@@ -294,11 +320,23 @@ pub fn send_message_with(
     data: &[Bytes],
     flags: i32,
 ) -> zmq::Result<usize> {
+    send_message_guarded(socket, meta, data, flags, &mut |_| None)
+}
+
+/// [`send_message_with`], with `guard` called for each data frame handed
+/// over by reference (see [`send_frame_guarded`]).
+pub fn send_message_guarded(
+    socket: &mut zmq::Socket,
+    meta: &[u8],
+    data: &[Bytes],
+    flags: i32,
+    guard: &mut dyn FnMut(usize) -> Option<Box<dyn Send>>,
+) -> zmq::Result<usize> {
     let more = if data.is_empty() { 0 } else { zmq::SNDMORE };
     socket.send(meta, flags | more)?;
     let mut sent = meta.len();
     for (i, frame) in data.iter().enumerate() {
-        send_frame(socket, frame, i + 1 < data.len(), flags)?;
+        send_frame_guarded(socket, frame, i + 1 < data.len(), flags, guard)?;
         sent += frame.len();
     }
     Ok(sent)

@@ -77,7 +77,7 @@ struct Shared {
     config: VanConfig,
     locked: Mutex<Locked>,
     changed: Condvar,
-    links: Links,
+    links: Arc<Links>,
     /// Answers to admin clients for the receive thread to send through the
     /// ROUTER (the thread that owns it), each back on the connection its
     /// request came on: routing id, message, and its share of the core's
@@ -213,13 +213,13 @@ impl Van {
             let this = me.clone();
             let me = me.clone();
             Shared {
-                links: Links::new(
+                links: Arc::new(Links::new(
                     ctx.clone(),
                     config.clone(),
                     Arc::clone(&counters),
                     pool.clone(),
                     monitors,
-                ),
+                )),
                 config,
                 locked: Mutex::new(Locked {
                     core,
@@ -252,6 +252,7 @@ impl Van {
         // PS_AUTH_TOKEN, a refusal fails the node at once, not at the start
         // timeout; see Core::link_event).
         shared.with_core(Mode::Wait, |_, _| ());
+        shared.links.start_pump()?;
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("pslite-van-{}", shared.config.role))
@@ -316,14 +317,24 @@ impl Van {
     pub fn send(&self, msg: Message) -> Result<usize, VanError> {
         let shared = &self.shared;
         let mode = Self::mode();
-        let Some(msg) = shared.with_core(mode, |core, now| core.send(msg, now))? else {
-            return Ok(0); // held (replicated key ranges), or sent by the core
-        };
-        let sent = shared.links.send(&msg, mode);
-        if sent.is_err() {
-            shared.with_core(mode, |core, _| core.send_failed(&msg));
+        // Nothing: held (replicated key ranges), or sent by the core; more
+        // than one: parts.
+        let msgs = shared.with_core(mode, |core, now| core.send(msg, now))?;
+        let mut bytes = 0;
+        for msg in &msgs {
+            match shared.links.send(msg, mode) {
+                Ok(n) => bytes += n,
+                Err(e) => {
+                    shared.with_core(mode, |core, _| {
+                        for m in &msgs {
+                            core.send_failed(m);
+                        }
+                    });
+                    return Err(e);
+                }
+            }
         }
-        sent
+        Ok(bytes)
     }
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
@@ -372,6 +383,14 @@ impl Van {
     /// The node table: every server and worker entry and the scheduler.
     pub fn nodes(&self) -> Vec<Node> {
         self.read(Core::nodes)
+    }
+
+    /// What node `id` can receive beyond ps-lite's messages
+    /// ([`pslite_proto::FEATURE_PARTITION`], ...): its table entry's
+    /// features; 0 for a node not in the table, a C++ node, or any node
+    /// under a C++ scheduler.
+    pub fn peer_features(&self, id: NodeId) -> u32 {
+        self.read(|core| core.node(id).map_or(0, |n| n.features))
     }
 
     /// Elastic mode: the current round and its workers in rank order.
@@ -438,13 +457,14 @@ impl Van {
             core.finish(now);
             Ok(core.wait(Wait::Drain, None, now))
         });
-        // What waits in a link (written while another thread held its
+        // What waits in a link (queued behind higher priorities or what
+        // ZeroMQ still writes, written while another thread held its
         // socket, or to a peer slow to read) goes out before the sockets
         // close: the last barrier's release to a node, say. The receive
         // thread retries it and says when nothing waits (up to EXIT_FLUSH).
         shared.flushing.store(true, Ordering::SeqCst);
         let _ = self.wait(|core, now| {
-            let waiting = shared.links.any_waiting();
+            let waiting = shared.links.any_queued();
             if waiting {
                 debug!("stopping: writing the messages that wait for their peers");
             }

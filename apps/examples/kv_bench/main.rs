@@ -57,6 +57,7 @@
 
 mod alloc;
 mod driver;
+mod layers;
 mod node;
 mod raw;
 
@@ -83,7 +84,8 @@ pub(crate) struct Args {
     /// Run only one part: cxx, sweep, rtt, startup, replicas, raw.
     #[arg(long)]
     only: Option<String>,
-    /// (node mode) what the worker measures: cxx, sweep, rtt, startup.
+    /// (node mode) what the worker measures: cxx, cxx_fresh, sweep, rtt, startup,
+    /// layers (see layers.rs).
     #[arg(long, default_value = "cxx")]
     mode: String,
     /// Servers answer on the receive thread (KVServer::set_request_handle_inline)

@@ -24,15 +24,19 @@ pub(crate) fn node(args: &Args) -> Result<(), Error> {
             .unwrap_or(0);
         println!("BENCH ready_us={}", now.saturating_sub(launched) / 1000);
     }
-    let _server = if po.is_server() {
-        Some(empty_server(&po, args.inline_server, args.repeat)?)
-    } else {
-        None
+    let _server = match (po.is_server(), args.mode.as_str()) {
+        (true, "layers") => Some(crate::layers::echo_server(&po)?),
+        (true, _) => Some(empty_server(&po, args.inline_server, args.repeat)?),
+        _ => None,
     };
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
         match args.mode.as_str() {
-            "cxx" => cxx_workload(&po, &kv, args)?,
+            "cxx" => cxx_workload(&po, &kv, args, &[false, true])?,
+            // Fresh values only (tests/bench/links.py: a slow link makes
+            // the same-arrays pass cost as much and say nothing new).
+            "cxx_fresh" => cxx_workload(&po, &kv, args, &[true])?,
+            "layers" => crate::layers::layers(&po, &kv, args)?,
             "sweep" => sweep(&po, &kv, args)?,
             "rtt" => sweep_size(&po, &kv, 1, args)?,
             "replicas" => {
@@ -182,10 +186,15 @@ pub(crate) fn millis(d: Duration) -> f64 {
 /// C++ ps-lite's workload, then the same with a fresh value array per push
 /// (gradients change every step; made before the timer starts), the keys
 /// the same array every time: `BENCH cxx ...` and `BENCH cxx_fresh ...`.
-pub(crate) fn cxx_workload(po: &Postoffice, kv: &KVWorker<f32>, args: &Args) -> Result<(), Error> {
+pub(crate) fn cxx_workload(
+    po: &Postoffice,
+    kv: &KVWorker<f32>,
+    args: &Args,
+    passes: &[bool],
+) -> Result<(), Error> {
     let keys = spread_keys(args.keys);
     let vals = SArray::from_vec(vec![1.0f32; args.keys]);
-    for fresh in [false, true] {
+    for &fresh in passes {
         let (mut push, mut pull) = (Vec::new(), Vec::new());
         let pull_cmd = if fresh {
             // Every server makes its fresh answers now, outside the timer.

@@ -308,7 +308,10 @@ pub(crate) fn raw_router(ctx: &zmq::Context, ipc: bool) -> Result<(zmq::Socket, 
         router.bind(&endpoint).map_err(raw_err)?;
         return Ok((router, endpoint));
     }
-    router.bind("tcp://127.0.0.1:*").map_err(raw_err)?;
+    // KV_BENCH_RAW_HOST: the address to listen on (tests/bench/links.py
+    // runs raw nodes in network namespaces of their own); loopback by default.
+    let host = std::env::var("KV_BENCH_RAW_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    router.bind(&format!("tcp://{host}:*")).map_err(raw_err)?;
     let endpoint = router
         .get_last_endpoint()
         .map_err(raw_err)?

@@ -105,12 +105,21 @@ pub struct DemoArgs {
     /// demo --resume` itself).
     #[arg(long, hide = true, default_value_t = 0)]
     pub resume_epoch: usize,
+    /// Compress the workers' gradients: onebit, topk[:K], randomk[:K] or
+    /// 2bit[:THRESHOLD] (K a fraction below 1 or a count; error feedback
+    /// on). The output then says how many bytes crossed the wire.
+    #[arg(long, value_name = "NAME", value_parser = compression)]
+    pub compression: Option<pslite::Compression>,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
     /// Where a node sends its reports (host:port of the launching process).
     #[arg(long, hide = true, value_name = "ADDR")]
     pub report: Option<String>,
+}
+
+fn compression(s: &str) -> Result<pslite::Compression, String> {
+    s.parse().map_err(|e: Error| e.to_string())
 }
 
 fn positive(s: &str) -> Result<usize, String> {
@@ -278,6 +287,9 @@ impl DemoArgs {
         ] {
             args.extend([name.to_string(), value]);
         }
+        if let Some(c) = &self.compression {
+            args.extend(["--compression".into(), c.to_string()]);
+        }
         if let Some(dir) = &self.checkpoint_dir {
             args.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
             args.extend(["--resume-epoch".into(), self.resume_epoch.to_string()]);
@@ -316,7 +328,17 @@ pub(crate) mod tests {
         assert!(!args.node);
         args.check().unwrap();
 
-        let args = parse(&["--optimizer", "adagrad", "--seed", "7", "-e", "3"]).unwrap();
+        let args = parse(&[
+            "--optimizer",
+            "adagrad",
+            "--seed",
+            "7",
+            "-e",
+            "3",
+            "--compression",
+            "topk:0.1",
+        ])
+        .unwrap();
         assert_eq!(args.learning_rate(), 0.03);
         let node_args: Vec<String> = args
             .node_args("127.0.0.1:9")
@@ -332,6 +354,11 @@ pub(crate) mod tests {
         assert!(node.node);
         assert_eq!(node.report.as_deref(), Some("127.0.0.1:9"));
         assert_eq!(node.data_spec(), args.data_spec());
+        assert_eq!(node.compression, args.compression);
+        assert_eq!(
+            node.compression.map(|c| c.to_string()).as_deref(),
+            Some("topk:0.1")
+        );
         assert_eq!(
             (
                 node.optimizer,
@@ -359,6 +386,8 @@ pub(crate) mod tests {
             &["--test-fraction", "1"],
             &["--threshold", "1.5"],
             &["--optimizer", "adam"],
+            &["--compression", "zip"],
+            &["--compression", "topk:0"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -404,6 +404,7 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     let mut progress = Progress::new(args.epochs);
     let mut workers: Vec<(u64, u64, u64)> = Vec::new();
     let mut servers: Vec<(usize, usize)> = Vec::new();
+    let mut wire_bytes = 0u64;
     let mut outcome = None;
     let mut linger = None;
     loop {
@@ -458,8 +459,12 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                         requests,
                         pushed,
                         pulled,
+                        wire,
                         ..
-                    } => workers.push((*requests, *pushed, *pulled)),
+                    } => {
+                        workers.push((*requests, *pushed, *pulled));
+                        wire_bytes += wire;
+                    }
                     Report::Server { rank, keys, .. } => servers.push((*rank, *keys)),
                 }
                 for request in elastic.requests() {
@@ -590,6 +595,12 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
             ""
         }
     );
+    if let Some(c) = &args.compression {
+        println!(
+            "gradients compressed with {c}: {} on the wire between workers and servers",
+            megabytes(wire_bytes)
+        );
+    }
     println!(
         "wall time {:.1} s (training and evaluation {training:.1} s)",
         wall.as_secs_f64()

@@ -275,6 +275,23 @@ impl Traffic {
     }
 }
 
+/// Bytes this worker sent to and received from servers on the wire.
+fn wire_bytes(po: &Postoffice) -> u64 {
+    po.counters()
+        .peers
+        .iter()
+        .filter(|p| p.peer >= 8 && p.peer % 2 == 0)
+        .map(|p| p.bytes_sent + p.bytes_received)
+        .sum()
+}
+
+/// A worker's KV app, compressing its gradients as `--compression` says.
+fn kv_worker(po: &Postoffice, args: &DemoArgs) -> Result<KVWorker<f32>, Error> {
+    let kv = KVWorker::<f32>::new(po, 0, 0)?;
+    kv.set_compression(args.compression)?;
+    Ok(kv)
+}
+
 /// Pulls the weights of `keys`, one per key.
 fn pull_weights(
     kv: &KVWorker<f32>,
@@ -324,7 +341,7 @@ fn train(
     let spec = args.data_spec();
     let shard = spec.shard(rank, workers);
     let test = (rank == 0).then(|| TestSet::new(spec.test_set()));
-    let kv = KVWorker::<f32>::new(po, 0, 0)?;
+    let kv = kv_worker(po, args)?;
     let mut traffic = Traffic::default();
     let mut last = None;
     // A resumed run (--resume) starts after the restored checkpoint's epoch.
@@ -403,6 +420,7 @@ fn train(
         requests: traffic.requests,
         pushed: traffic.pushed,
         pulled: traffic.pulled,
+        wire: wire_bytes(po),
     })?;
     Ok(last)
 }
@@ -473,7 +491,7 @@ fn train_elastic(
     let me = po.my_id()?;
     let store = po.store()?;
     let spec = args.data_spec();
-    let kv = KVWorker::<f32>::new(po, 0, 0)?;
+    let kv = kv_worker(po, args)?;
     let mut traffic = Traffic::default();
     let mut last = None;
     let mut test: Option<TestSet> = None;
@@ -545,6 +563,7 @@ fn train_elastic(
         requests: traffic.requests,
         pushed: traffic.pushed,
         pulled: traffic.pulled,
+        wire: wire_bytes(po),
     })?;
     Ok(last)
 }

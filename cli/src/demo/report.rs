@@ -46,6 +46,10 @@ pub enum Report {
         pushed: u64,
         /// Bytes of keys it sent in pulls and of keys and values it got back.
         pulled: u64,
+        /// Bytes it sent to and received from the servers on the wire
+        /// (metas and compressed values included).
+        #[serde(default)]
+        wire: u64,
     },
     /// The rank 0 of a new elastic round saw it begin (the launching
     /// process prints each round once).
@@ -129,12 +133,14 @@ impl Report {
                 requests,
                 pushed,
                 pulled,
+                wire,
             } => format!(
-                "worker {rank}: {} samples, {} requests, pushed {}, pulled {}",
+                "worker {rank}: {} samples, {} requests, pushed {}, pulled {}, {} on the wire",
                 group(*samples as u64),
                 group(*requests),
                 megabytes(*pushed),
-                megabytes(*pulled)
+                megabytes(*pulled),
+                megabytes(*wire)
             ),
             Report::Round {
                 round,
@@ -366,6 +372,7 @@ mod tests {
                 requests: 905,
                 pushed: 76_000_000,
                 pulled: 140_000_000,
+                wire: 150_000_000,
             },
             Report::Server {
                 rank: 0,

@@ -100,6 +100,7 @@ fn every_variable_is_read() {
         ("PS_RECOVERY_TIMEOUT", "9"),
         ("PS_MAX_MESSAGE_SIZE", "1000000"),
         ("PS_HOLD_LIMIT", "5000"),
+        ("PS_PARTITION_BYTES", "256K"),
         ("PS_QUEUE_LIMIT", "17"),
         ("PS_REQUEST_WARN", "2"),
         ("PS_AUTH_TOKEN", "s3cret"),
@@ -137,6 +138,16 @@ fn every_variable_is_read() {
     assert_eq!(c.recovery_timeout, Duration::from_secs(9));
     assert_eq!(c.max_message_size, Some(1_000_000));
     assert_eq!(c.hold_limit, 5000);
+    assert_eq!(c.partition_bytes, 256 << 10);
+    assert_eq!(
+        parse(&[("PS_PARTITION_BYTES", "0")])
+            .unwrap()
+            .van
+            .partition_bytes,
+        0
+    );
+    assert!(parse(&[("PS_PARTITION_BYTES", "100")]).is_err());
+    assert!(parse(&[("PS_PARTITION_BYTES", "2G")]).is_err());
 }
 
 #[test]

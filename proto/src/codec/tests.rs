@@ -24,6 +24,7 @@ fn node(role: Role, id: i32, port: i32, customer_id: i32) -> Node {
         host: String::new(),
         pid: 0,
         key: 0,
+        features: 0,
     }
 }
 
@@ -397,4 +398,76 @@ fn shm_fields_round_trip_and_stay_off_the_wire_when_unused() {
     let back = Meta::decode(&with).unwrap();
     assert_eq!(back.control.node[0].host, "boot/uid/ns");
     assert_eq!(back.control.node[0].pid, 4242);
+}
+
+#[test]
+fn partition_compression_and_features_round_trip_and_are_absent_by_default() {
+    use crate::compression::{CompressionKind, CompressionMsg};
+    use crate::partition::Partition;
+    // A C++ push's bytes are unchanged until a field is set.
+    let mut meta = Meta {
+        app_id: 0,
+        timestamp: 3,
+        request: true,
+        push: true,
+        customer_id: 0,
+        head: 0,
+        data_type: vec![DataType::UInt64, DataType::Other, DataType::Int32],
+        ..Meta::default()
+    };
+    assert_eq!(hex(&meta.encode()), golden::PUSH_REQUEST);
+    meta.partition = Some(Box::new(Partition {
+        id: 77,
+        index: 0,
+        count: 3,
+        total: 3_000_000,
+        offset: 0,
+        frames: vec![8, 2_999_992],
+    }));
+    meta.compression = Some(Box::new(CompressionMsg {
+        kind: CompressionKind::TopK,
+        param: 0.01,
+        count: Some(1000),
+        k: 10,
+        seed: 0,
+        answer: true,
+    }));
+    let bytes = meta.encode();
+    assert!(
+        bytes.starts_with(&unhex(golden::PUSH_REQUEST)),
+        "appended after ps-lite's fields"
+    );
+    assert_eq!(Meta::decode(&bytes).unwrap(), meta);
+    // An unknown compressor is refused with its own error.
+    let mut pb = meta.to_pb();
+    if let Some(c) = pb.compression.as_mut() {
+        c.kind = Some(9);
+    }
+    let mut buf = Vec::new();
+    prost::Message::encode(&pb, &mut buf).unwrap();
+    assert!(matches!(
+        Meta::decode(&buf),
+        Err(DecodeError::UnknownCompression)
+    ));
+    // A node's features travel with its entry, and only when set.
+    let mut n = node(Role::Server, 8, 9092, 0);
+    let plain = control(Command::AddNode, vec![n.clone()], 0);
+    n.features = crate::FEATURE_PARTITION | crate::FEATURE_COMPRESSION;
+    let with = control(Command::AddNode, vec![n], 0);
+    let (a, b) = (
+        Meta {
+            control: plain,
+            ..Meta::default()
+        },
+        Meta {
+            control: with,
+            ..Meta::default()
+        },
+    );
+    assert!(b.encode().len() > a.encode().len());
+    assert_eq!(Meta::decode(&b.encode()).unwrap(), b);
+    assert_eq!(
+        Meta::decode(&a.encode()).unwrap().control.node[0].features,
+        0
+    );
 }

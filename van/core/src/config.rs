@@ -76,6 +76,13 @@ pub struct VanConfig {
     /// Bytes of data messages held before this node joined, in total and
     /// per sender (`PS_HOLD_LIMIT`).
     pub hold_limit: usize,
+    /// Data messages to pslite peers over the network are cut into parts of
+    /// at most this many bytes, and each peer's connection is given about
+    /// this much at a time, so that a message of higher priority waits for
+    /// at most one part of a lower one (`PS_PARTITION_BYTES`; 0 = off:
+    /// messages go whole and straight to ZeroMQ, as before priorities were
+    /// scheduled; see `schedule.rs` in `pslite-van`, [`crate::partition`]).
+    pub partition_bytes: usize,
     /// On the scheduler: the bounds of the key-value store it hosts
     /// (`PS_STORE_MAX_*`); on a node, the largest value its `Store` handle
     /// sends.
@@ -107,6 +114,14 @@ pub struct VanConfig {
     pub checkpoint: Option<CheckpointConfig>,
 }
 
+/// The default `PS_PARTITION_BYTES`: on a 1 Gbit/s link the first layer of
+/// a layer-wise step arrived as much sooner with priorities at 1 MiB as at
+/// 256 KiB (5.2x and 3.3x at 1+1 and 2+2, against 4.8x and 3.5x) and bulk
+/// transfers took as long as unpartitioned ones, while at 5 Gbit/s on a
+/// busy 2-core machine 256 KiB parts made a 120 MB push 1.6x slower than
+/// without parts and 1 MiB parts 1.05x (links.py; see docs/BENCHMARKS.md).
+pub const DEFAULT_PARTITION_BYTES: usize = 1 << 20;
+
 impl Default for VanConfig {
     /// A worker of a 1 + 1 cluster around a scheduler on 127.0.0.1:9091,
     /// with ps-lite's defaults.
@@ -134,6 +149,7 @@ impl Default for VanConfig {
             drop_percent: 0,
             max_message_size: Some(i64::from(i32::MAX)),
             hold_limit: 256 << 20,
+            partition_bytes: DEFAULT_PARTITION_BYTES,
             store_limits: StoreLimits::default(),
             auth_token: None,
             shm: true,

@@ -37,6 +37,7 @@ use crate::hold::{ForApps, Holds};
 use crate::leave::Leave;
 use crate::log_once::LogOnce;
 use crate::member::{Member, MemberConfig};
+use crate::partition::Partitions;
 use crate::registration::Registrations;
 use crate::replica::replication::Replication;
 use crate::reply::Replies;
@@ -120,6 +121,15 @@ pub struct Core {
     changed: bool,
 }
 
+/// How long an incomplete message waits for its next part: longer than a
+/// lost part's resends take (`PS_RESEND`), at least a minute.
+fn parts_idle(cfg: &VanConfig) -> Duration {
+    let resends = cfg
+        .resend_timeout
+        .map_or(Duration::ZERO, |t| t * 8 * (cfg.max_resends + 2));
+    resends.max(Duration::from_secs(60))
+}
+
 impl Core {
     /// The core of the node `cfg` describes, listening at `port`, started
     /// at `now` (wall-clock time `wall`). The first output connects to the
@@ -137,6 +147,9 @@ impl Core {
         // The key this process presents in its identity to pslite peers:
         // random, never 0 (0 means "no key").
         me.key = rng.random::<u64>() | 1;
+        // What this node reads beyond ps-lite's messages (pslite peers send
+        // partitioned and compressed messages only to entries that say so).
+        me.features = pslite_proto::FEATURE_PARTITION | pslite_proto::FEATURE_COMPRESSION;
         if let Some((host, pid)) = &cfg.shm_identity {
             me.host = host.clone();
             me.pid = *pid;
@@ -196,6 +209,14 @@ impl Core {
             resender: cfg
                 .resend_timeout
                 .map(|t| Resender::new(t, cfg.max_resends)),
+            // Message numbers from the process's random key (no draw from
+            // the generator, whose sequence the harness's seeds fix).
+            partition: Partitions::new(
+                cfg.partition_bytes,
+                cfg.max_message_size.map_or(u64::MAX, |m| m.max(0) as u64),
+                parts_idle(cfg),
+                me.key.rotate_left(29),
+            ),
         };
         let mut core = Core {
             cfg: cfg.clone(),
@@ -241,6 +262,14 @@ impl Core {
         self
     }
 
+    /// Tests: this node advertises `features` in its entry (as an older
+    /// pslite node, `0`, would); before it registers.
+    #[cfg(any(test, feature = "harness"))]
+    pub fn set_features(&mut self, features: u32) {
+        self.parts.member.set_features(features);
+        self.blank.features = features;
+    }
+
     /// What the driver must do now, in order.
     pub fn take_output(&mut self) -> Vec<Output> {
         std::mem::take(&mut self.out)
@@ -281,6 +310,7 @@ impl Core {
             p.registrations.poll_timeout(),
             p.store.poll_timeout(),
             p.checkpoints.poll_timeout(),
+            p.partition.poll_timeout(),
         ]
         .into_iter()
         .flatten()

@@ -111,6 +111,8 @@ pub struct Network {
     /// Nodes whose heartbeats (sent or answered) are lost for now; what
     /// else they send and receive goes through.
     pub heartbeats_lost: std::collections::HashSet<usize>,
+    /// Parts of messages put on the wire, by receiving node.
+    pub parts_sent_to: HashMap<usize, usize>,
 }
 
 /// Steps at one virtual instant after which the harness calls it a busy
@@ -144,6 +146,7 @@ impl Network {
             stalled_steps: 0,
             disk: std::collections::BTreeMap::new(),
             heartbeats_lost: std::collections::HashSet::new(),
+            parts_sent_to: HashMap::new(),
         }
     }
 
@@ -342,7 +345,7 @@ impl Network {
             .send(msg, now)
             .expect("the core refused to send");
         self.flush(i);
-        if let Some(msg) = msg {
+        for msg in msg {
             self.transmit(i, msg);
         }
     }
@@ -504,6 +507,8 @@ mod deadline_tests;
 mod elastic_tests;
 #[cfg(test)]
 mod identity_tests;
+#[cfg(test)]
+mod partition_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //!   and the node side of it ([`store::StoreClient`]).
 //! - `rendezvous.rs`: elastic worker rounds ([`rendezvous::Rendezvous`]).
 //! - [`replica`]: replicated key ranges; [`checkpoint`]: checkpoints.
+//! - [`partition`]: large data messages cut into parts for pslite peers
+//!   and put back together ([`partition::Partitions`]).
 //! - `core.rs`: the parts composed behind one interface ([`Core`]); it
 //!   decides what to accept, hold back, send, deliver or give up, and every
 //!   deadline a caller waits under. Each effect for the driver is an
@@ -47,6 +49,7 @@ pub mod hold;
 mod leave;
 mod log_once;
 mod member;
+pub mod partition;
 mod registration;
 pub mod rendezvous;
 pub mod replica;
@@ -59,7 +62,7 @@ pub use crate::core::{
     Core, Done, DrainOutcome, IdentityRefused, Ticket, Wait, DRAIN_RESEND_TIMEOUTS, EXIT_FLUSH,
     LEAVE_LAST, MAX_DRAIN, REFUSAL_WAIT,
 };
-pub use config::{AuthToken, VanConfig};
+pub use config::{AuthToken, VanConfig, DEFAULT_PARTITION_BYTES};
 pub use counters::Counters;
 pub use describe::describe;
 pub use effects::{LinkEvent, Output, Route, WaitingFor};

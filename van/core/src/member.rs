@@ -159,6 +159,13 @@ impl Member {
         &self.me
     }
 
+    /// Tests: this node advertises `features` (as an older pslite node,
+    /// `0`, would).
+    #[cfg(any(test, feature = "harness"))]
+    pub(crate) fn set_features(&mut self, features: u32) {
+        self.me.features = features;
+    }
+
     /// The node table (servers, workers and the scheduler) once joined.
     pub fn table(&self) -> &[Node] {
         &self.table

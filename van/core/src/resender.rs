@@ -18,7 +18,7 @@
 //! other message ([`Resender::on_receive`]) and its way out keeps a copy of
 //! every message sent ([`Resender::on_send`]).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use log::{debug, warn};
@@ -36,8 +36,25 @@ pub const MAX_SEEN: usize = 1 << 20;
 const MAX_BACKOFF: u32 = 8;
 
 /// C++ ps-lite's message signature, bit for bit (ids and timestamps are
-/// sign-extended C `int`s shifted into a `uint64_t`).
+/// sign-extended C `int`s shifted into a `uint64_t`). pslite-only: a part of
+/// a message cut into parts (`PBMeta.partition`, between pslite nodes) mixes
+/// in its message number and index, so each part is acknowledged, resent
+/// and recognised on its own.
 pub fn signature(meta: &Meta) -> u64 {
+    let sig = whole_signature(meta);
+    match &meta.partition {
+        Some(p) if meta.control.is_empty() => {
+            let salt = (p.id.wrapping_add(1)).wrapping_mul(0xD6E8_FEB8_6659_FD93)
+                ^ (u64::from(p.index) + 1).wrapping_mul(0xA076_1D64_78BD_642F);
+            sig ^ (salt & !1)
+        }
+        _ => sig,
+    }
+}
+
+/// [`signature`] of the whole message a part belongs to (of the message
+/// itself when it is no part).
+fn whole_signature(meta: &Meta) -> u64 {
     let widen = |v: i32| v as i64 as u64;
     let sig = (widen(meta.app_id) << 48)
         | (widen(meta.sender) << 40)
@@ -77,9 +94,15 @@ struct Pending {
     acked: bool,
 }
 
-/// Whether a message is a data request, kept until its response arrives.
+/// Whether a message is a data request (or a part of one), kept until its
+/// response arrives.
 fn awaits_response(msg: &Message) -> bool {
     msg.meta.control.is_empty() && msg.meta.request
+}
+
+/// A part's message number, if it is one.
+fn part_of(msg: &Message) -> Option<u64> {
+    msg.meta.partition.as_ref().map(|p| p.id)
 }
 
 /// What to do with a received message.
@@ -114,6 +137,9 @@ pub struct Resender {
     /// No unacknowledged message is due before this (a lower bound; exact
     /// after each [`Resender::tick`]).
     earliest: Option<Instant>,
+    /// The pending keys of the parts of requests, by (receiver, the whole
+    /// request's signature): its response settles them all.
+    parts: HashMap<(NodeId, u64), Vec<u64>>,
     /// Peers that acknowledged at least once (the others may never: a C++
     /// node without `PS_RESEND`).
     acked_by: HashSet<NodeId>,
@@ -130,6 +156,7 @@ impl Resender {
             seen: HashSet::new(),
             seen_order: VecDeque::new(),
             earliest: None,
+            parts: HashMap::new(),
             acked_by: HashSet::new(),
         }
     }
@@ -155,6 +182,10 @@ impl Resender {
             return;
         }
         let key = (msg.meta.recver, signature(&msg.meta));
+        if part_of(msg).is_some() && awaits_response(msg) {
+            let whole = (msg.meta.recver, whole_signature(&msg.meta));
+            self.parts.entry(whole).or_default().push(key.1);
+        }
         let next = now + self.timeout;
         self.earliest = Some(self.earliest.map_or(next, |e| e.min(next)));
         self.pending.entry(key).or_default().push_back(Pending {
@@ -232,6 +263,52 @@ impl Resender {
                 self.pending.remove(&key);
             }
         }
+        // The parts of a request sent in parts: every part of the
+        // customer's request arrived.
+        if let Some(sigs) = self.parts.get_mut(&key) {
+            let customer = response.customer_id;
+            sigs.retain(|&sig| {
+                let part = (key.0, sig);
+                let Some(queue) = self.pending.get_mut(&part) else {
+                    return false;
+                };
+                queue.retain(|p| p.msg.meta.customer_id != customer);
+                let empty = queue.is_empty();
+                if empty {
+                    self.pending.remove(&part);
+                }
+                !empty
+            });
+            if sigs.is_empty() {
+                self.parts.remove(&key);
+            }
+        }
+    }
+
+    /// Drops the other parts of the message part `failed` belongs to (it
+    /// was given up on: the request fails as a whole).
+    fn drop_siblings(&mut self, failed: &Message) {
+        let Some(id) = part_of(failed) else { return };
+        let whole = (failed.meta.recver, whole_signature(&failed.meta));
+        let Some(sigs) = self.parts.get_mut(&whole) else {
+            return;
+        };
+        let customer = failed.meta.customer_id;
+        sigs.retain(|&sig| {
+            let key = (whole.0, sig);
+            let Some(queue) = self.pending.get_mut(&key) else {
+                return false;
+            };
+            queue.retain(|p| part_of(&p.msg) != Some(id) || p.msg.meta.customer_id != customer);
+            let empty = queue.is_empty();
+            if empty {
+                self.pending.remove(&key);
+            }
+            !empty
+        });
+        if sigs.is_empty() {
+            self.parts.remove(&whole);
+        }
     }
 
     fn on_ack(&mut self, ack: &Meta) {
@@ -306,6 +383,14 @@ impl Resender {
             }
         }
         self.pending.retain(|_, q| !q.is_empty());
+        // A request sent in parts fails once, with its first part given up.
+        let mut parts_failed = HashSet::new();
+        due.failed.retain(|m| {
+            part_of(m).is_none_or(|id| parts_failed.insert((m.meta.recver, id, m.meta.customer_id)))
+        });
+        for failed in &due.failed {
+            self.drop_siblings(failed);
+        }
         self.earliest = earliest;
         due
     }
@@ -334,6 +419,7 @@ impl Resender {
     /// Drops every message waiting for `id` (it is dead for good): the
     /// data requests among them are returned, to be failed.
     pub fn forget_peer(&mut self, id: NodeId) -> Vec<Message> {
+        self.parts.retain(|(recver, _), _| *recver != id);
         let mut dropped = Vec::new();
         self.pending.retain(|(recver, _), queue| {
             if *recver != id {
@@ -342,6 +428,9 @@ impl Resender {
             dropped.extend(queue.drain(..).map(|p| p.msg).filter(awaits_response));
             false
         });
+        // One message per request sent in parts: it fails once.
+        let mut parts_seen = HashSet::new();
+        dropped.retain(|m| part_of(m).is_none_or(|id| parts_seen.insert((id, m.meta.customer_id))));
         dropped
     }
 
@@ -649,5 +738,69 @@ mod tests {
         assert!(needs_ack(&b));
         b.meta.timestamp = K_EMPTY;
         assert!(!needs_ack(&b));
+    }
+
+    /// A request from 9 to 8 (ts 4) cut into `n` parts.
+    fn request_parts(n: u32) -> Vec<Message> {
+        let mut whole = data(9, 8, 4, 0);
+        whole.data = vec![bytes::Bytes::from(vec![0u8; 100 * n as usize])];
+        let parts = crate::partition::Partitioner::new(100, 5).split(whole);
+        assert_eq!(parts.len(), n as usize);
+        parts
+    }
+
+    #[test]
+    fn parts_are_acknowledged_resent_and_recognised_one_by_one() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T, 3);
+        let parts = request_parts(3);
+        let sigs: HashSet<u64> = parts.iter().map(|p| signature(&p.meta)).collect();
+        assert_eq!(sigs.len(), 3, "each part its own signature");
+        assert!(!sigs.contains(&signature(&data(9, 8, 4, 0).meta)));
+        for p in &parts {
+            r.on_send(p, t0);
+        }
+        // The receiver acknowledges parts 0 and 2; part 1 was lost.
+        let mut rx = Resender::new(T, 3);
+        for i in [0, 2] {
+            let (got, ack) = rx.on_receive(&parts[i], t0);
+            assert_eq!(got, Received::Deliver);
+            let mut ack = ack.unwrap();
+            ack.meta.sender = 8;
+            r.on_receive(&ack, t0);
+        }
+        let due = r.tick(t0 + T);
+        assert_eq!(due.resend.len(), 1);
+        assert_eq!(due.resend[0].meta.partition.as_ref().unwrap().index, 1);
+        // A second copy of part 2 is a duplicate; part 1's resend is not.
+        assert_eq!(rx.on_receive(&parts[2], t0).0, Received::Duplicate);
+        assert_eq!(rx.on_receive(&due.resend[0], t0).0, Received::Deliver);
+        // The response settles every part, acknowledged or not.
+        let mut response = data(8, 9, 4, 0);
+        response.meta.request = false;
+        r.on_receive(&response, t0 + T);
+        assert_eq!(r.unacknowledged(), 0);
+        assert!(r.pending.is_empty() && r.parts.is_empty());
+    }
+
+    #[test]
+    fn a_part_given_up_on_fails_its_request_once() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T, 1);
+        for p in request_parts(4) {
+            r.on_send(&p, t0);
+        }
+        r.tick(t0 + T);
+        let due = r.tick(t0 + T * 10);
+        // Every part timed out at once: the first fails the request, its
+        // siblings go with it.
+        assert_eq!(due.failed.len(), 1, "{:?}", due.failed.len());
+        assert!(r.pending.is_empty() && r.parts.is_empty());
+        // A dead peer's parts fail the request once too.
+        for p in request_parts(4) {
+            r.on_send(&p, t0);
+        }
+        assert_eq!(r.forget_peer(8).len(), 1);
+        assert!(r.parts.is_empty());
     }
 }

@@ -146,7 +146,10 @@ impl Shared {
                 locked.sleeping_until = next;
                 (next, locked.core.is_listening())
             };
-            if !self.links.any_waiting() {
+            // Stopping: also while the sending thread still writes what
+            // is queued (the loop looks again on the same short timer).
+            let flushing = self.flushing.load(Ordering::SeqCst) && self.links.any_queued();
+            if !self.links.any_waiting() && !flushing {
                 (rx.flush_at, rx.flush_every) = (None, FLUSH_FIRST);
             } else if rx.flush_at.is_none() {
                 rx.flush_at = Some(Instant::now() + rx.flush_every);
@@ -243,7 +246,7 @@ impl Shared {
             rx.flush_at = None;
         }
         // Stopping: the core waits until nothing waits in the links.
-        if self.flushing.load(Ordering::SeqCst) && !self.links.any_waiting() {
+        if self.flushing.load(Ordering::SeqCst) && !self.links.any_queued() {
             self.with_core(Mode::NoWait, |core, _| core.links_flushed());
         }
         if next.is_some_and(|at| now >= at) {

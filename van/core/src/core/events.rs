@@ -23,7 +23,8 @@ fn listeners(event: &Event) -> &'static [Part] {
         | Event::Replacing(_)
         | Event::Replaced(_)
         | Event::Back(_) => &[Part::Replication],
-        Event::PeerReplaced(_) => &[Part::Store],
+        Event::PeerReplaced(_) => &[Part::Store, Part::Partition],
+        Event::PeerDead(_) => &[Part::Partition],
         Event::Formed(_) => &[Part::Member, Part::Checkpoints],
         Event::TableChanged(_) | Event::Round { .. } | Event::Replicated | Event::Left => {
             &[Part::Member]
@@ -34,11 +35,7 @@ fn listeners(event: &Event) -> &'static [Part] {
         | Event::ServerLeft(_)
         | Event::StopJob(_) => &[Part::Scheduler],
         Event::Answered { .. } => &[Part::Resender],
-        Event::Joined
-        | Event::PeerDead(_)
-        | Event::RoundBegan { .. }
-        | Event::Waiting { .. }
-        | Event::GaveUp(_) => &[],
+        Event::Joined | Event::RoundBegan { .. } | Event::Waiting { .. } | Event::GaveUp(_) => &[],
     }
 }
 

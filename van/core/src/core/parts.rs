@@ -16,6 +16,7 @@ use crate::counters::Counters;
 use crate::error::Failure;
 use crate::leave::Leave;
 use crate::member::Member;
+use crate::partition::Partitions;
 use crate::registration::Registrations;
 use crate::replica::replication::Replication;
 use crate::resender::Resender;
@@ -40,6 +41,9 @@ pub(crate) struct Parts {
     pub(crate) checkpoints: Checkpoints,
     /// With `PS_RESEND=1`: acknowledgements and resends.
     pub(crate) resender: Option<Resender>,
+    /// Large data messages in parts: the wire's cut of what goes to
+    /// pslite peers, and the reassembly of what arrives.
+    pub(crate) partition: Partitions,
 }
 
 /// A component, by name.
@@ -53,6 +57,7 @@ pub(crate) enum Part {
     Leave,
     Checkpoints,
     Resender,
+    Partition,
 }
 
 impl Part {
@@ -63,13 +68,14 @@ impl Part {
     /// `pipeline.rs`), in order.
     pub(crate) const ATTACHMENTS: [Part; 2] = [Part::Replication, Part::Checkpoints];
     /// The clock, in order (the resender's goes last, while listening).
-    pub(crate) const CLOCK: [Part; 6] = [
+    pub(crate) const CLOCK: [Part; 7] = [
         Part::Member,
         Part::Scheduler,
         Part::Replication,
         Part::Checkpoints,
         Part::Registrations,
         Part::Store,
+        Part::Partition,
     ];
 }
 
@@ -277,6 +283,13 @@ impl Core {
         [member, scheduler, replication]
     );
     with_part!(
+        with_partition,
+        Partitions,
+        Part::Partition,
+        partition,
+        [member]
+    );
+    with_part!(
         with_resender,
         Resender,
         Part::Resender,
@@ -312,6 +325,7 @@ impl Core {
             Part::Leave => Some(&p.leave),
             Part::Checkpoints => Some(&p.checkpoints),
             Part::Resender => p.resender.as_ref().map(|r| r as &dyn Component),
+            Part::Partition => Some(&p.partition),
         }
     }
 
@@ -331,6 +345,7 @@ impl Core {
             Part::Leave => self.with_leave(now, |c, cx| f(c, cx)),
             Part::Checkpoints => self.with_checkpoints(now, |c, cx| f(c, cx)),
             Part::Resender => self.with_resender(now, |c, cx| f(c, cx)).unwrap_or(()),
+            Part::Partition => self.with_partition(now, |c, cx| f(c, cx)),
         }
     }
 }

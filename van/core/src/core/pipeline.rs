@@ -35,18 +35,22 @@ use crate::error::{Failure, VanError};
 impl Core {
     /// Prepares a message an app sends: checks that the node can send it,
     /// passes it through the pipeline, opens the connection on first use,
-    /// stamps the sender and records it for resending. Returns the message
-    /// to put on the wire; `None` when there is nothing to send now
-    /// (replicated key ranges: an answer held until the backups have the
-    /// push).
-    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Option<Message>, VanError> {
+    /// stamps the sender and records it for resending. Returns the
+    /// messages to put on the wire, in order: none when there is nothing to
+    /// send now (replicated key ranges: an answer held until the backups
+    /// have the push), several when a large message goes in parts to a
+    /// pslite peer (the cut, after the stages: see `crate::partition`).
+    pub fn send(&mut self, msg: Message, now: Instant) -> Result<Vec<Message>, VanError> {
         if let Some(f) = self.parts.member.failure() {
             return Err(f.clone().into());
         }
         let Some(msg) = self.stages(msg, 0, now).map_err(VanError::Failed)? else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
-        self.wire(msg, now).map(Some)
+        let peer = self.parts.member.node(msg.meta.recver);
+        let by_shm = peer.is_some_and(|n| self.shm_peer_node(n).is_some());
+        let parts = self.parts.partition.cut(msg, peer, by_shm);
+        parts.into_iter().map(|m| self.wire(m, now)).collect()
     }
 
     /// A message [`Core::send`] prepared could not be put on the wire.

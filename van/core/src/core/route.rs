@@ -144,6 +144,9 @@ impl Core {
         let is_scheduler = self.parts.scheduler.is_some();
         let sender = msg.meta.sender;
         match msg.meta.control.cmd {
+            // A part of a message cut into parts (acknowledged on its own
+            // above): the whole message comes back here once complete.
+            Command::Empty if msg.meta.partition.is_some() => self.to(Part::Partition, msg, now),
             Command::Empty => self.data(msg, now),
             // Never obeyed from the wire: a node stops itself in-process.
             Command::Terminate => self.drop_logged(sender, "TERMINATE", "nodes stop themselves"),

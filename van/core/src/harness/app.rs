@@ -54,6 +54,7 @@ impl SumApp {
         answer.meta.push = msg.meta.push;
         answer.meta.pull = msg.meta.pull;
         answer.meta.head = msg.meta.head;
+        answer.meta.priority = msg.meta.priority;
         answer.meta.timestamp = msg.meta.timestamp;
         answer.meta.recver = msg.meta.sender;
         if msg.meta.pull {

@@ -231,6 +231,9 @@ impl Network {
         if heartbeat && (self.heartbeats_lost.contains(&i) || self.heartbeats_lost.contains(&to)) {
             return;
         }
+        if msg.meta.partition.is_some() {
+            *self.parts_sent_to.entry(to).or_default() += 1;
+        }
         let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
         if faulty && self.rng.random_bool(self.faults.drop) {
             return;
@@ -425,12 +428,13 @@ impl Backend for SimOut<'_> {
         let answer = app.apply(&msg);
         node.delivered.push(msg);
         match node.core.send(answer, now) {
-            Ok(Some(msg)) => {
+            Ok(msgs) => {
                 // Its connection first, as the Van opens it.
                 net.flush(i);
-                net.transmit(i, msg);
+                for msg in msgs {
+                    net.transmit(i, msg);
+                }
             }
-            Ok(None) => {}
             // A node that failed (say, fenced: a replacement took its
             // place) sends nothing more; its app's answers are dropped, as
             // the Van drops them.

@@ -258,6 +258,7 @@ impl Member {
                 // shared-memory segments are.
                 entry.pslite = node.pslite;
                 entry.key = node.key;
+                entry.features = node.features;
                 entry.host = node.host.clone();
                 entry.pid = node.pid;
             }

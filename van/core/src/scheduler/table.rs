@@ -323,6 +323,7 @@ impl Scheduler {
             entry.pid = node.pid;
             entry.pslite = node.pslite;
             entry.key = node.key;
+            entry.features = node.features;
             entry.is_recovery = true;
             recovered.get_or_insert_with(|| entry.clone());
         }

@@ -1,0 +1,511 @@
+//! Gradient compression, negotiated per request: a worker compresses the
+//! values of a push for a server whose node-table entry says it reads
+//! compressed values ([`pslite_proto::FEATURE_COMPRESSION`], every pslite
+//! node of this version); C++ servers and older pslite ones get the values
+//! as they are. The server's [`KVServer`](crate::KVServer) decompresses
+//! before its request handle runs (handles see ordinary values, and
+//! [`DefaultHandle`](crate::DefaultHandle) sums them), and, when the request
+//! asks ([`Compression::compress_answers`]), compresses its answer the same
+//! way (without error feedback).
+//!
+//! Compressors, as BytePS and MXNet have them:
+//! - `onebit`: each value's sign and one scale, the mean magnitude (32x);
+//! - `topk[:K]`: the K values of largest magnitude and their positions;
+//! - `randomk[:K]`: K values at positions drawn from a seed both ends derive
+//!   alike (only the values travel);
+//! - `2bit[:T]`: MXNet's 2-bit quantisation with threshold T (16x).
+//!
+//! K is a fraction of the values (below 1; default 0.01) or a number of
+//! them (1 and more); T defaults to 0.5. With error feedback (on by
+//! default) the worker keeps, per key, what compression left out and adds
+//! it to the key's next values. A message with fewer than
+//! [`MIN_VALUES`] values, or that compression would not make smaller, goes
+//! uncompressed (its residuals are sent along and cleared).
+//!
+//! The wire form is `PBMeta.compression` (field 131) with the values frame
+//! replaced by the compressed bytes, typed `OTHER`; see docs/PROTOCOL.md.
+//! The compressors themselves are pure code over `f32` slices
+//! (`compression/*.rs`), tested on their own.
+
+mod feedback;
+mod onebit;
+mod randomk;
+mod topk;
+mod twobit;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+pub use pslite_proto::compression::CompressionKind;
+use pslite_proto::compression::CompressionMsg;
+use pslite_proto::{lock, DataType, Message};
+
+use crate::kv_pairs::{KVPairs, Key, Val};
+use crate::Error;
+
+pub(crate) use feedback::{ErrorFeedback, Layout};
+
+/// Messages with fewer values go uncompressed.
+pub const MIN_VALUES: usize = 16;
+/// The most values one compressed message may stand for (4 GiB of `f32`):
+/// a receiver refuses more, so a forged count cannot make it allocate
+/// without bound.
+pub const MAX_VALUES: u64 = 1 << 30;
+/// `topk` and `randomk` keep this fraction unless told otherwise.
+pub const DEFAULT_FRACTION: f32 = 0.01;
+/// `2bit`'s threshold unless told otherwise (MXNet's default).
+pub const DEFAULT_THRESHOLD: f32 = 0.5;
+/// The seed `randomk` positions derive from unless told otherwise: the
+/// same on every node, so workers pushing the same keys in step draw the
+/// same positions.
+pub const DEFAULT_SEED: u64 = 0x7073_6c69_7465_6b21;
+
+/// A compressor and its options, for a [`KVWorker`](crate::KVWorker)
+/// ([`KVWorker::set_compression`](crate::KVWorker::set_compression)) or one
+/// request ([`KVOptions::compression`](crate::KVOptions::compression)).
+///
+/// ```
+/// use pslite::Compression;
+/// let c: Compression = "topk:0.05".parse().unwrap();
+/// assert_eq!(c.to_string(), "topk:0.05");
+/// let c = Compression::two_bit(0.1).unwrap().compress_answers(true);
+/// assert!(c.answers());
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Compression {
+    kind: CompressionKind,
+    param: f32,
+    error_feedback: bool,
+    answers: bool,
+    seed: u64,
+}
+
+impl PartialEq for Compression {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.param.to_bits() == other.param.to_bits()
+            && self.error_feedback == other.error_feedback
+            && self.answers == other.answers
+            && self.seed == other.seed
+    }
+}
+
+impl Eq for Compression {}
+
+impl Compression {
+    fn new(kind: CompressionKind, param: f32) -> Compression {
+        Compression {
+            kind,
+            param,
+            error_feedback: true,
+            answers: false,
+            seed: DEFAULT_SEED,
+        }
+    }
+
+    /// `onebit`: signs and one scale.
+    pub fn onebit() -> Compression {
+        Compression::new(CompressionKind::OneBit, 0.0)
+    }
+
+    /// `topk`: the `k` values of largest magnitude: a fraction (below 1) or
+    /// a number (1 and more).
+    pub fn topk(k: f32) -> Result<Compression, Error> {
+        Ok(Compression::new(CompressionKind::TopK, check_k("topk", k)?))
+    }
+
+    /// `randomk`: `k` values at seeded positions: a fraction (below 1) or a
+    /// number (1 and more).
+    pub fn randomk(k: f32) -> Result<Compression, Error> {
+        Ok(Compression::new(
+            CompressionKind::RandomK,
+            check_k("randomk", k)?,
+        ))
+    }
+
+    /// `2bit`: MXNet's 2-bit quantisation with `threshold` (positive).
+    pub fn two_bit(threshold: f32) -> Result<Compression, Error> {
+        if !(threshold.is_finite() && threshold > 0.0) {
+            return Err(Error::InvalidInput(format!(
+                "2bit's threshold must be a positive number, got {threshold}"
+            )));
+        }
+        Ok(Compression::new(CompressionKind::TwoBit, threshold))
+    }
+
+    /// Keeps what compression leaves out of each key's values and adds it
+    /// to the key's next values (on by default).
+    pub fn error_feedback(mut self, on: bool) -> Compression {
+        self.error_feedback = on;
+        self
+    }
+
+    /// Asks servers to compress their answers to pulls and push-pulls the
+    /// same way (off by default: for answers that are gradients, e.g. a
+    /// sum of the workers' pushes; never for model weights).
+    pub fn compress_answers(mut self, on: bool) -> Compression {
+        self.answers = on;
+        self
+    }
+
+    /// The seed `randomk` positions derive from (default [`DEFAULT_SEED`];
+    /// give every node the same one).
+    pub fn seed(mut self, seed: u64) -> Compression {
+        self.seed = seed;
+        self
+    }
+
+    /// The compressor.
+    pub fn kind(&self) -> CompressionKind {
+        self.kind
+    }
+
+    /// Whether error feedback is on.
+    pub fn has_error_feedback(&self) -> bool {
+        self.error_feedback
+    }
+
+    /// Whether answers are to be compressed too.
+    pub fn answers(&self) -> bool {
+        self.answers
+    }
+
+    /// `k` of `topk`/`randomk` for `n` values.
+    fn k_for(&self, n: usize) -> usize {
+        if self.param < 1.0 {
+            // The fraction is an f32 (0.05 is 0.0500000007): a relative
+            // tolerance keeps 5% of 2000 at 100.
+            let exact = f64::from(self.param) * n as f64;
+            ((exact * (1.0 - 1e-6)).ceil() as usize).clamp(1, n.max(1))
+        } else {
+            (self.param as usize).min(n)
+        }
+    }
+
+    /// The request's part of the meta (values not compressed).
+    fn msg(&self, seed: u64) -> CompressionMsg {
+        CompressionMsg {
+            kind: self.kind,
+            param: self.param,
+            count: None,
+            k: 0,
+            seed: if self.kind == CompressionKind::RandomK {
+                seed
+            } else {
+                0
+            },
+            answer: self.answers,
+        }
+    }
+
+    /// The options a received request asks its answer to be compressed
+    /// with, if any.
+    pub(crate) fn for_answer(msg: &CompressionMsg) -> Option<Compression> {
+        if !msg.answer {
+            return None;
+        }
+        let c = match msg.kind {
+            CompressionKind::OneBit => Compression::onebit(),
+            CompressionKind::TopK => Compression::topk(msg.param).ok()?,
+            CompressionKind::RandomK => Compression::randomk(msg.param).ok()?,
+            CompressionKind::TwoBit => Compression::two_bit(msg.param).ok()?,
+        };
+        // Every worker's request of these keys in step carries the same
+        // seed: their answers draw the same positions.
+        Some(c.seed(msg.seed ^ ANSWER_SALT).error_feedback(false))
+    }
+}
+
+/// Mixed into a request's seed for its answer's positions.
+const ANSWER_SALT: u64 = 0xa5a5_5a5a_c3c3_3c3c;
+
+fn check_k(name: &str, k: f32) -> Result<f32, Error> {
+    if k.is_finite() && k > 0.0 && (k < 1.0 || k.fract() == 0.0) {
+        Ok(k)
+    } else {
+        Err(Error::InvalidInput(format!(
+            "{name}'s k must be a fraction of the values (0 < k < 1) or a whole number of them \
+             (1 and more), got {k}"
+        )))
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            CompressionKind::OneBit => f.write_str("onebit"),
+            CompressionKind::TopK => write!(f, "topk:{}", self.param),
+            CompressionKind::RandomK => write!(f, "randomk:{}", self.param),
+            CompressionKind::TwoBit => write!(f, "2bit:{}", self.param),
+        }
+    }
+}
+
+impl FromStr for Compression {
+    type Err = Error;
+
+    /// `onebit`, `topk[:K]`, `randomk[:K]` or `2bit[:THRESHOLD]`.
+    fn from_str(s: &str) -> Result<Compression, Error> {
+        let s = s.trim();
+        let (name, param) = match s.split_once(':') {
+            Some((name, param)) => (name, Some(param)),
+            None => (s, None),
+        };
+        let number = |default: f32| -> Result<f32, Error> {
+            match param {
+                None => Ok(default),
+                Some(p) => p.trim().parse::<f32>().map_err(|_| {
+                    Error::InvalidInput(format!("compression {s:?}: {p:?} is not a number"))
+                }),
+            }
+        };
+        match name.to_ascii_lowercase().as_str() {
+            "onebit" if param.is_none() => Ok(Compression::onebit()),
+            "topk" => Compression::topk(number(DEFAULT_FRACTION)?),
+            "randomk" => Compression::randomk(number(DEFAULT_FRACTION)?),
+            "2bit" | "twobit" => Compression::two_bit(number(DEFAULT_THRESHOLD)?),
+            _ => Err(Error::InvalidInput(format!(
+                "unknown compression {s:?}: expected onebit, topk[:K], randomk[:K] or \
+                 2bit[:THRESHOLD] (K a fraction below 1 or a count)"
+            ))),
+        }
+    }
+}
+
+/// `none` (or an empty string) is `None`; anything else as
+/// [`Compression::from_str`]. For command lines.
+pub fn parse_compression(s: &str) -> Result<Option<Compression>, Error> {
+    match s.trim() {
+        "" | "none" => Ok(None),
+        other => other.parse().map(Some),
+    }
+}
+
+/// Values compressed for the wire: the meta part, the payload, and what the
+/// receiver will read back (for error feedback).
+pub(crate) struct Encoded {
+    pub(crate) msg: CompressionMsg,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) sent: Vec<f32>,
+}
+
+/// Compresses `values` with `c` (randomk positions from `seed`); `None`
+/// when it is not worth it (too few values, or no smaller).
+pub(crate) fn encode(c: &Compression, values: &[f32], seed: u64) -> Option<Encoded> {
+    let n = values.len();
+    if n < MIN_VALUES || n as u64 > MAX_VALUES {
+        return None;
+    }
+    let mut msg = c.msg(seed);
+    msg.count = Some(n as u64);
+    let payload = match c.kind {
+        CompressionKind::OneBit => onebit::compress(values),
+        CompressionKind::TwoBit => twobit::compress(values, c.param),
+        CompressionKind::TopK => {
+            msg.k = c.k_for(n) as u64;
+            topk::compress(values, msg.k as usize)
+        }
+        CompressionKind::RandomK => {
+            msg.k = c.k_for(n) as u64;
+            randomk::compress(values, msg.k as usize, seed)
+        }
+    };
+    if payload.len() >= n * 4 {
+        return None;
+    }
+    let sent = decode(&msg, &payload).ok()?;
+    Some(Encoded { msg, payload, sent })
+}
+
+/// The values compressed `payload` stands for, as `msg` describes them;
+/// every field is checked (they come from the network).
+pub(crate) fn decode(msg: &CompressionMsg, payload: &[u8]) -> Result<Vec<f32>, String> {
+    let count = msg
+        .count
+        .ok_or("the values are not compressed (no count)")?;
+    if count > MAX_VALUES {
+        return Err(format!(
+            "compressed values stand for {count} values (at most {MAX_VALUES})"
+        ));
+    }
+    let count = count as usize;
+    let k = usize::try_from(msg.k).unwrap_or(usize::MAX);
+    match msg.kind {
+        CompressionKind::OneBit => onebit::decompress(payload, count),
+        CompressionKind::TwoBit => twobit::decompress(payload, count, msg.param),
+        CompressionKind::TopK => topk::decompress(payload, count, k),
+        CompressionKind::RandomK => randomk::decompress(payload, count, k, msg.seed),
+    }
+}
+
+/// `vals` as `f32` (borrowed for `f32` values, converted for `f64`);
+/// `None` for value types compression does not apply to.
+fn as_f32<V: Val>(vals: &[V]) -> Option<Cow<'_, [f32]>> {
+    match V::DATA_TYPE {
+        DataType::Float => Some(Cow::Borrowed(bytemuck::cast_slice(vals))),
+        DataType::Double => Some(Cow::Owned(
+            bytemuck::cast_slice::<V, f64>(vals)
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+        )),
+        _ => None,
+    }
+}
+
+/// `f32` values as `V`'s bytes (`V` is `f32` or `f64`).
+fn from_f32<V: Val>(vals: Vec<f32>) -> Bytes {
+    match V::DATA_TYPE {
+        DataType::Double => {
+            let wide: Vec<f64> = vals.into_iter().map(f64::from).collect();
+            Bytes::from(bytemuck::cast_slice::<f64, u8>(&wide).to_vec())
+        }
+        _ => Bytes::from(bytemuck::cast_slice::<f32, u8>(&vals).to_vec()),
+    }
+}
+
+/// Whether compression applies to values of type `V` (`f32`, `f64`).
+pub(crate) fn applies_to<V: Val>() -> bool {
+    matches!(V::DATA_TYPE, DataType::Float | DataType::Double)
+}
+
+/// A worker's compression state: error feedback and the push counts
+/// `randomk` seeds derive from.
+#[derive(Default)]
+pub(crate) struct WorkerState {
+    feedback: Mutex<ErrorFeedback>,
+    /// Messages compressed so far per first key (so workers pushing the
+    /// same keys in step derive the same seeds).
+    counts: Mutex<HashMap<Key, u64>>,
+}
+
+impl WorkerState {
+    /// The seed of the next message whose first key is `first`.
+    fn next_seed(&self, c: &Compression, first: Key) -> u64 {
+        let mut counts = lock(&self.counts);
+        let n = counts.entry(first).or_insert(0);
+        *n += 1;
+        let mut mix = randomk::SplitMix64::new(c.seed ^ first.rotate_left(17) ^ n.rotate_left(43));
+        mix.next_u64()
+    }
+
+    /// Prepares one server's share of a request: compresses a push's values
+    /// (with error feedback) and asks for a compressed answer, as `c` says.
+    /// The caller checked that the server reads compressed values.
+    pub(crate) fn prepare<V: Val>(
+        &self,
+        c: &Compression,
+        push: bool,
+        pull: bool,
+        slice: &KVPairs<V>,
+        meta: &mut pslite_proto::Meta,
+        frames: &mut [Bytes],
+    ) {
+        let Some(first) = slice.keys.first().copied() else {
+            return;
+        };
+        let needs_seed = c.kind == CompressionKind::RandomK;
+        let seed = if needs_seed {
+            self.next_seed(c, first)
+        } else {
+            0
+        };
+        let mut msg = (c.answers && pull).then(|| c.msg(seed));
+        if push && !slice.vals.is_empty() {
+            if let Some(values) = as_f32(&slice.vals) {
+                let layout = if slice.lens.is_empty() {
+                    Layout::Uniform(slice.vals.len() / slice.keys.len().max(1))
+                } else {
+                    Layout::Lens(&slice.lens)
+                };
+                let with_residuals = if c.error_feedback {
+                    lock(&self.feedback).corrected(&slice.keys, layout, &values)
+                } else {
+                    None
+                };
+                let corrected: &[f32] = with_residuals.as_deref().unwrap_or(&values);
+                let encoded = encode(c, corrected, seed);
+                if c.error_feedback {
+                    let sent = encoded.as_ref().map(|e| &e.sent[..]);
+                    lock(&self.feedback).keep(&slice.keys, layout, corrected, sent);
+                }
+                match (encoded, with_residuals) {
+                    (Some(e), _) => {
+                        let mut m = e.msg;
+                        m.answer = c.answers && pull;
+                        msg = Some(m);
+                        frames[1] = Bytes::from(e.payload);
+                        meta.data_type[1] = DataType::Other;
+                    }
+                    // Uncompressed, with the residuals it carries.
+                    (None, Some(v)) => frames[1] = from_f32::<V>(v),
+                    (None, None) => {}
+                }
+            }
+        }
+        meta.compression = msg.map(Box::new);
+    }
+
+    /// The residual error feedback keeps for `key`.
+    #[cfg(test)]
+    fn residual(&self, key: Key) -> Option<Vec<f32>> {
+        lock(&self.feedback).residual(key).map(<[f32]>::to_vec)
+    }
+}
+
+/// Decompresses a received KV message's values in place (its meta then says
+/// the values are plain; the answer request, if any, stays). Does nothing
+/// to a message whose values are not compressed.
+pub(crate) fn expand<V: Val>(msg: &mut Message) -> Result<(), String> {
+    let Some(c) = msg.meta.compression.as_deref_mut() else {
+        return Ok(());
+    };
+    if c.count.is_none() {
+        return Ok(());
+    }
+    if !applies_to::<V>() {
+        return Err(format!(
+            "compressed values for an app of {:?} values (compression applies to f32 and f64)",
+            V::DATA_TYPE
+        ));
+    }
+    let payload = msg
+        .data
+        .get(1)
+        .ok_or("compressed values without a values frame")?;
+    let values = decode(c, payload)?;
+    c.count = None;
+    c.k = 0;
+    msg.data[1] = from_f32::<V>(values);
+    if let Some(t) = msg.meta.data_type.get_mut(1) {
+        *t = V::DATA_TYPE;
+    }
+    Ok(())
+}
+
+/// Compresses an answer's values as the request asked (`c` from
+/// [`Compression::for_answer`]): sets the meta and replaces the values
+/// frame, or leaves both when it is not worth it.
+pub(crate) fn compress_answer<V: Val>(c: &Compression, msg: &mut Message) {
+    let Some(vals) = msg.data.get(1) else { return };
+    let Ok(vals) = crate::sarray::SArray::<V>::from_bytes(vals.clone()) else {
+        return;
+    };
+    let Some(values) = as_f32(&vals) else { return };
+    if let Some(e) = encode(c, &values, c.seed) {
+        let mut m = e.msg;
+        m.answer = false;
+        msg.meta.compression = Some(Box::new(m));
+        msg.data[1] = Bytes::from(e.payload);
+        if let Some(t) = msg.meta.data_type.get_mut(1) {
+            *t = DataType::Other;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

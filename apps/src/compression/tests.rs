@@ -1,0 +1,304 @@
+//! The compressors and error feedback as pure code: round trips, the
+//! feedback's sums, the message transforms, and hostile input.
+
+use proptest::prelude::*;
+use pslite_proto::compression::{CompressionKind, CompressionMsg};
+use pslite_proto::{DataType, Message};
+
+use super::*;
+use crate::sarray::SArray;
+
+fn gradient() -> impl Strategy<Value = Vec<f32>> {
+    prop::collection::vec(-100.0f32..100.0, MIN_VALUES..400)
+}
+
+fn kinds() -> Vec<Compression> {
+    vec![
+        Compression::onebit(),
+        Compression::topk(0.1).unwrap(),
+        Compression::topk(7.0).unwrap(),
+        Compression::randomk(0.25).unwrap(),
+        Compression::two_bit(0.5).unwrap(),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn round_trips_keep_what_each_compressor_promises(values in gradient(), seed in any::<u64>()) {
+        let n = values.len();
+        for c in kinds() {
+            let Some(e) = encode(&c, &values, seed) else {
+                prop_assert!(false, "{c} did not compress {n} values");
+                unreachable!()
+            };
+            prop_assert!(e.payload.len() < n * 4, "{c}: not smaller");
+            let back = decode(&e.msg, &e.payload).unwrap();
+            prop_assert_eq!(back.len(), n);
+            prop_assert_eq!(&back, &e.sent);
+            match c.kind() {
+                CompressionKind::OneBit => {
+                    let scale = values.iter().map(|v| f64::from(v.abs())).sum::<f64>() / n as f64;
+                    for (x, y) in values.iter().zip(&back) {
+                        prop_assert!((f64::from(y.abs()) - scale).abs() <= 1e-4 * scale.max(1.0));
+                        prop_assert_eq!(*x >= 0.0, *y >= 0.0);
+                    }
+                }
+                CompressionKind::TwoBit => {
+                    for (x, y) in values.iter().zip(&back) {
+                        let want = if *x >= 0.5 { 0.5 } else if *x <= -0.5 { -0.5 } else { 0.0 };
+                        prop_assert_eq!(*y, want);
+                    }
+                }
+                CompressionKind::TopK => {
+                    let k = e.msg.k as usize;
+                    let kept: Vec<usize> = (0..n).filter(|&i| back[i] != 0.0).collect();
+                    prop_assert!(kept.len() <= k);
+                    let smallest_kept = kept.iter().map(|&i| values[i].abs()).fold(f32::INFINITY, f32::min);
+                    for i in 0..n {
+                        if back[i] != 0.0 {
+                            prop_assert_eq!(back[i], values[i]);
+                        } else if values[i] != 0.0 && kept.len() == k {
+                            prop_assert!(values[i].abs() <= smallest_kept);
+                        }
+                    }
+                }
+                CompressionKind::RandomK => {
+                    let k = e.msg.k as usize;
+                    let at = randomk::positions(n, k, e.msg.seed);
+                    for i in 0..n {
+                        let want = if at.binary_search(&i).is_ok() { values[i] } else { 0.0 };
+                        prop_assert_eq!(back[i], want);
+                    }
+                }
+            }
+        }
+    }
+
+    /// With error feedback, what the server reads over many pushes plus
+    /// what the worker still holds is what the worker pushed.
+    #[test]
+    fn error_feedback_loses_nothing(steps in prop::collection::vec(gradient(), 1..8)) {
+        let n = steps.iter().map(Vec::len).min().unwrap_or(0);
+        let keys: Vec<u64> = (0..n as u64).map(|k| k * 3 + 1).collect();
+        for c in kinds() {
+            let state = WorkerState::default();
+            let mut received = vec![0.0f64; n];
+            let mut pushed = vec![0.0f64; n];
+            for g in &steps {
+                let g = &g[..n];
+                let (msg, vals) = push_through(&state, &c, &keys, g);
+                for (r, v) in received.iter_mut().zip(&vals) {
+                    *r += f64::from(*v);
+                }
+                for (p, v) in pushed.iter_mut().zip(g) {
+                    *p += f64::from(*v);
+                }
+                prop_assert!(msg.meta.compression.is_some(), "{c}: compressed");
+            }
+            for (i, key) in keys.iter().enumerate() {
+                let held = state.residual(*key).map_or(0.0, |r| f64::from(r[0]));
+                let total = received[i] + held;
+                prop_assert!(
+                    (total - pushed[i]).abs() <= 1e-3 * (1.0 + pushed[i].abs()),
+                    "{c}: key {key}: received {} + held {held} != pushed {}", received[i], pushed[i]
+                );
+            }
+        }
+    }
+
+    /// Whatever a peer sends as compressed values, the receiver refuses it
+    /// with an error or reads the count it claims; it never panics.
+    #[test]
+    fn hostile_compressed_values_never_panic(
+        kind in 1i32..5,
+        param in any::<f32>(),
+        count in prop_oneof![0u64..2000, Just(MAX_VALUES + 1), any::<u64>()],
+        k in prop_oneof![0u64..300, any::<u64>()],
+        seed in any::<u64>(),
+        payload in prop::collection::vec(any::<u8>(), 0..600),
+    ) {
+        let msg = CompressionMsg {
+            kind: CompressionKind::from_i32(kind).unwrap(),
+            param,
+            count: Some(count),
+            k,
+            seed,
+            answer: false,
+        };
+        if let Ok(v) = decode(&msg, &payload) {
+            prop_assert_eq!(v.len() as u64, count);
+        }
+        let mut m = kv_message(&[1, 2], Bytes::from(payload));
+        m.meta.compression = Some(Box::new(msg));
+        let _ = expand::<f32>(&mut m);
+    }
+}
+
+/// One push of `g` for `keys` (one value each) through `state`, read back
+/// as a server reads it: the message and the values it got.
+fn push_through(
+    state: &WorkerState,
+    c: &Compression,
+    keys: &[u64],
+    g: &[f32],
+) -> (Message, Vec<f32>) {
+    let slice = KVPairs::new(keys.to_vec(), g.to_vec());
+    let (mut frames, types) = slice.to_frames();
+    let mut msg = Message::default();
+    msg.meta.data_type = types;
+    state.prepare(c, true, false, &slice, &mut msg.meta, &mut frames);
+    msg.data = frames;
+    let sent = msg.clone();
+    expand::<f32>(&mut msg).unwrap();
+    let got = KVPairs::<f32>::from_message(&msg).unwrap();
+    (sent, got.vals.to_vec())
+}
+
+fn kv_message(keys: &[u64], vals: Bytes) -> Message {
+    let mut m = Message {
+        data: vec![SArray::from_vec(keys.to_vec()).bytes().clone(), vals],
+        ..Message::default()
+    };
+    m.meta.data_type = vec![DataType::UInt64, DataType::Other];
+    m
+}
+
+#[test]
+fn names_parse_and_print() {
+    for (s, shown) in [
+        ("onebit", "onebit"),
+        ("topk", "topk:0.01"),
+        ("topk:0.2", "topk:0.2"),
+        ("topk:100", "topk:100"),
+        ("randomk:0.05", "randomk:0.05"),
+        ("2bit", "2bit:0.5"),
+        ("2bit:0.1", "2bit:0.1"),
+        (" TopK:0.3 ", "topk:0.3"),
+    ] {
+        let c: Compression = s.parse().unwrap();
+        assert_eq!(c.to_string(), shown);
+        assert_eq!(shown.parse::<Compression>().unwrap(), c);
+    }
+    for bad in [
+        "",
+        "zip",
+        "topk:0",
+        "topk:-1",
+        "topk:1.5",
+        "topk:x",
+        "randomk:nan",
+        "2bit:0",
+        "2bit:-1",
+        "onebit:3",
+    ] {
+        assert!(bad.parse::<Compression>().is_err(), "{bad:?} accepted");
+    }
+    assert_eq!(parse_compression("none").unwrap(), None);
+    assert!(parse_compression("onebit").unwrap().is_some());
+}
+
+#[test]
+fn small_messages_go_uncompressed_with_their_residuals() {
+    let state = WorkerState::default();
+    let c = Compression::topk(1.0).unwrap();
+    let keys: Vec<u64> = (0..20).collect();
+    let g: Vec<f32> = (0..20).map(|i| i as f32).collect();
+    let (msg, _) = push_through(&state, &c, &keys, &g);
+    assert!(msg.meta.compression.is_some());
+    // Key 19 went; key 18's value waits.
+    assert_eq!(state.residual(18), Some(vec![18.0]));
+    // A push of key 18 alone is too small to compress: it carries the
+    // residual, which is cleared.
+    let (msg, got) = push_through(&state, &c, &[18], &[1.0]);
+    assert!(msg.meta.compression.is_none());
+    assert_eq!(got, vec![19.0]);
+    assert_eq!(state.residual(18), None);
+}
+
+#[test]
+fn answers_are_compressed_only_when_asked_and_read_back() {
+    let state = WorkerState::default();
+    let c = Compression::onebit().compress_answers(true);
+    let slice = KVPairs::<f32>::new(vec![1u64, 2], Vec::<f32>::new());
+    let (mut frames, types) = slice.to_frames();
+    let mut req = Message::default();
+    req.meta.data_type = types;
+    state.prepare(&c, false, true, &slice, &mut req.meta, &mut frames);
+    let asked = req.meta.compression.as_deref().unwrap();
+    assert!(asked.answer && asked.count.is_none());
+    let answer_with = Compression::for_answer(asked).unwrap();
+    // The server's answer of 40 values, compressed, and read back.
+    let vals: Vec<f32> = (0..40).map(|i| i as f32 - 20.0).collect();
+    let mut answer = kv_message(&[1, 2], SArray::from_vec(vals.clone()).bytes().clone());
+    answer.meta.data_type[1] = DataType::Float;
+    compress_answer::<f32>(&answer_with, &mut answer);
+    assert_eq!(answer.data[1].len(), 4 + 5);
+    assert_eq!(answer.meta.data_type[1], DataType::Other);
+    expand::<f32>(&mut answer).unwrap();
+    let got = KVPairs::<f32>::from_message(&answer).unwrap();
+    assert_eq!(got.vals.len(), 40);
+    assert!(got
+        .vals
+        .iter()
+        .zip(&vals)
+        .all(|(g, v)| (*g >= 0.0) == (*v >= 0.0)));
+    // Not asked: nothing.
+    let plain = Compression::onebit();
+    let mut req = Message::default();
+    let (mut frames, types) = slice.to_frames();
+    req.meta.data_type = types;
+    state.prepare(&plain, false, true, &slice, &mut req.meta, &mut frames);
+    assert!(req.meta.compression.is_none());
+}
+
+#[test]
+fn f64_values_compress_and_expand() {
+    let state = WorkerState::default();
+    let c = Compression::two_bit(0.25).unwrap();
+    let slice = KVPairs::<f64>::new(vec![5u64], vec![1.0f64; 32]);
+    let (mut frames, types) = slice.to_frames();
+    let mut msg = Message::default();
+    msg.meta.data_type = types;
+    state.prepare(&c, true, false, &slice, &mut msg.meta, &mut frames);
+    msg.data = frames;
+    assert_eq!(msg.data[1].len(), 8);
+    expand::<f64>(&mut msg).unwrap();
+    let got = KVPairs::<f64>::from_message(&msg).unwrap();
+    assert_eq!(&got.vals[..], &[0.25f64; 32][..]);
+    // Integer apps are refused.
+    let mut m = kv_message(&[1], Bytes::from_static(&[0u8; 8]));
+    m.meta.compression = Some(Box::new(CompressionMsg {
+        kind: CompressionKind::TwoBit,
+        param: 0.5,
+        count: Some(32),
+        k: 0,
+        seed: 0,
+        answer: false,
+    }));
+    assert!(expand::<i32>(&mut m).is_err());
+    assert!(expand::<f32>(&mut m).is_ok());
+}
+
+#[test]
+fn randomk_workers_in_step_draw_the_same_positions() {
+    let c = Compression::randomk(0.1).unwrap();
+    let (a, b) = (WorkerState::default(), WorkerState::default());
+    let keys: Vec<u64> = (100..200).collect();
+    for step in 0..3 {
+        let g: Vec<f32> = (0..100).map(|i| (i * (step + 1)) as f32).collect();
+        let (ma, _) = push_through(&a, &c, &keys, &g);
+        let (mb, _) = push_through(&b, &c, &keys, &g);
+        let (sa, sb) = (
+            ma.meta.compression.as_ref().unwrap().seed,
+            mb.meta.compression.as_ref().unwrap().seed,
+        );
+        assert_eq!(sa, sb, "step {step}");
+    }
+    let other = Compression::randomk(0.1).unwrap().seed(1);
+    let (mc, _) = push_through(&WorkerState::default(), &other, &keys, &[1.0; 100]);
+    let (md, _) = push_through(&WorkerState::default(), &c, &keys, &[1.0; 100]);
+    assert_ne!(
+        mc.meta.compression.as_ref().unwrap().seed,
+        md.meta.compression.as_ref().unwrap().seed
+    );
+}

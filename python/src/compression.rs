@@ -1,0 +1,111 @@
+//! `Compression`: gradient compression of a worker's pushes (see
+//! `pslite::compression`), and how a `compression=` argument is read.
+
+use pslite::{Compression, CompressionKind};
+use pyo3::prelude::*;
+
+use crate::errors::{invalid, IntoPy};
+
+/// Gradient compression of a `KVWorker`'s pushes: `spec` is `"onebit"`,
+/// `"topk[:K]"`, `"randomk[:K]"` or `"2bit[:THRESHOLD]"` (K a fraction of
+/// the values below 1, default 0.01, or a whole number of them; THRESHOLD
+/// default 0.5). With `error_feedback` (default) the worker adds what
+/// compression left out of a key's values to the key's next ones. With
+/// `compress_answers` the servers compress their answers to pulls and
+/// push-pulls the same way (for answers that are gradients, e.g. a sum of
+/// the workers' pushes; never for model weights). `randomk` draws its
+/// positions from `seed` (the same on every worker; default pslite's).
+/// float32 and float64 values only; servers that do not read compressed
+/// values (C++ ones) get them as they are.
+#[pyclass(module = "pslite", name = "Compression", frozen, eq)]
+#[derive(Clone, PartialEq)]
+pub struct PyCompression {
+    pub(crate) inner: Compression,
+}
+
+#[pymethods]
+impl PyCompression {
+    #[new]
+    #[pyo3(signature = (spec, error_feedback = true, compress_answers = false, seed = None))]
+    fn new(
+        spec: &str,
+        error_feedback: bool,
+        compress_answers: bool,
+        seed: Option<u64>,
+    ) -> PyResult<PyCompression> {
+        let mut c: Compression = spec.parse().py()?;
+        c = c
+            .error_feedback(error_feedback)
+            .compress_answers(compress_answers);
+        if let Some(seed) = seed {
+            c = c.seed(seed);
+        }
+        Ok(PyCompression { inner: c })
+    }
+
+    /// The compressor: "onebit", "topk", "randomk" or "2bit".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.inner.kind() {
+            CompressionKind::OneBit => "onebit",
+            CompressionKind::TopK => "topk",
+            CompressionKind::RandomK => "randomk",
+            CompressionKind::TwoBit => "2bit",
+        }
+    }
+
+    /// Whether error feedback is on.
+    #[getter]
+    fn error_feedback(&self) -> bool {
+        self.inner.has_error_feedback()
+    }
+
+    /// Whether the servers compress their answers.
+    #[getter]
+    fn compress_answers(&self) -> bool {
+        self.inner.answers()
+    }
+
+    /// The compressor and its parameter, as `spec` takes it.
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        let py_bool = |b: bool| if b { "True" } else { "False" };
+        format!(
+            "pslite.Compression({:?}, error_feedback={}, compress_answers={})",
+            self.inner.to_string(),
+            py_bool(self.inner.has_error_feedback()),
+            py_bool(self.inner.answers())
+        )
+    }
+}
+
+/// A `compression=` argument: a `Compression`, a spec string (`"none"` or
+/// `""`: off), `None` or `False` (off).
+pub(crate) fn parse(arg: &Bound<'_, PyAny>) -> PyResult<Option<Compression>> {
+    if arg.is_none() {
+        return Ok(None);
+    }
+    if let Ok(c) = arg.cast::<PyCompression>() {
+        return Ok(Some(c.get().inner));
+    }
+    if let Ok(false) = arg.extract::<bool>() {
+        return Ok(None);
+    }
+    if let Ok(spec) = arg.extract::<String>() {
+        return pslite::parse_compression(&spec).py();
+    }
+    Err(invalid(format!(
+        "compression must be a pslite.Compression, a string such as \"topk:0.01\" or None, \
+         not {}",
+        arg.get_type().name()?
+    )))
+}
+
+/// The Python object for `c`.
+pub(crate) fn to_py(py: Python<'_>, c: Option<Compression>) -> PyResult<Option<Py<PyCompression>>> {
+    c.map(|inner| Py::new(py, PyCompression { inner }))
+        .transpose()
+}

@@ -1,0 +1,229 @@
+//! Large messages in parts (`PS_PARTITION_BYTES`) through whole clusters of
+//! cores in the in-memory network: exactly once and exact under loss,
+//! duplication and reordering with `PS_RESEND`, answers in parts, peers
+//! that do not reassemble (C++, older pslite) getting whole messages, and
+//! nodes whose apps use no priorities sending whole messages.
+//! (Requests carry priority -1: a node cuts once its apps use priorities.)
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pslite_proto::ids::{SERVER_GROUP, WORKER_GROUP};
+use pslite_proto::{DataType, Message};
+
+use super::tests::resend;
+use super::{Faults, Network, SumApp};
+use crate::config::VanConfig;
+
+const SECOND: Duration = Duration::from_secs(1);
+const PART: usize = 4096;
+
+/// A push from node `from` to node `to` with timestamp `ts` whose payload
+/// (`len` bytes) says who sent it and when.
+fn big_request(net: &Network, from: usize, to: usize, ts: i32, len: usize) -> Message {
+    let mut msg = net.request(from, to, ts);
+    let tag = (net.id(from) as u8) ^ (ts as u8).wrapping_mul(7);
+    msg.data = vec![
+        Bytes::from(ts.to_le_bytes().to_vec()),
+        Bytes::from(
+            (0..len)
+                .map(|i| (i as u8).wrapping_mul(13) ^ tag)
+                .collect::<Vec<u8>>(),
+        ),
+    ];
+    msg.meta.data_type = vec![DataType::Int32, DataType::UInt8];
+    msg.meta.priority = -1;
+    msg
+}
+
+fn parted(cfg: VanConfig) -> VanConfig {
+    VanConfig {
+        partition_bytes: PART,
+        ..cfg
+    }
+}
+
+/// Every worker sends `count` requests of `len` bytes to every server;
+/// returns once every server has delivered each exactly once, checking
+/// every byte.
+fn exchange_big(net: &mut Network, count: i32, len: usize, limit: Duration) {
+    let servers = net.members(SERVER_GROUP);
+    let workers = net.members(WORKER_GROUP);
+    let mut sent = Vec::new();
+    for &w in &workers {
+        for &s in &servers {
+            for ts in 0..count {
+                let msg = big_request(net, w, s, ts, len);
+                sent.push((s, msg.clone()));
+                net.send(w, msg);
+            }
+        }
+    }
+    let expected = workers.len() * count as usize;
+    let arrived = net.run_until(limit, |n| {
+        servers
+            .iter()
+            .all(|&s| n.nodes[s].delivered.len() >= expected)
+    });
+    assert!(arrived, "requests lost");
+    for &s in &servers {
+        let mut seen = HashSet::new();
+        for m in &net.nodes[s].delivered {
+            assert!(
+                seen.insert((m.meta.sender, m.meta.timestamp)),
+                "delivered twice: {}",
+                crate::describe(m)
+            );
+            assert!(m.meta.partition.is_none(), "a part delivered");
+            let original = sent
+                .iter()
+                .find(|(to, o)| {
+                    *to == s
+                        && o.meta.sender == m.meta.sender
+                        && o.meta.timestamp == m.meta.timestamp
+                })
+                .map(|(_, o)| o)
+                .expect("delivered a message nobody sent");
+            assert_eq!(m.data, original.data, "{}", crate::describe(m));
+            assert_eq!(m.meta.data_type, original.meta.data_type);
+        }
+        assert_eq!(seen.len(), expected);
+    }
+}
+
+#[test]
+fn parts_arrive_whole_and_exactly_once_under_loss_duplication_and_reordering() {
+    let mut net = Network::cluster(2, 2, parted(resend(50)), 40);
+    net.faults = Faults {
+        drop: 0.2,
+        duplicate: 0.2,
+        max_delay: Duration::from_millis(30),
+    };
+    assert!(net.form(SECOND * 30));
+    // 20 000 bytes: 5 parts each, every one at risk.
+    exchange_big(&mut net, 20, 20_000, SECOND * 120);
+    let parts: usize = net.parts_sent_to.values().sum();
+    assert!(parts >= 2 * 2 * 20 * 5, "{parts} parts on the wire");
+}
+
+#[test]
+fn parts_arrive_whole_without_resend() {
+    let mut net = Network::cluster(1, 2, parted(VanConfig::default()), 41);
+    assert!(net.form(SECOND * 5));
+    exchange_big(&mut net, 10, 3 * PART + 17, SECOND * 10);
+}
+
+#[test]
+fn answers_in_parts_come_back_whole() {
+    let mut net = Network::cluster(1, 1, parted(resend(50)), 42);
+    net.faults = Faults {
+        drop: 0.1,
+        duplicate: 0.1,
+        max_delay: Duration::from_millis(10),
+    };
+    assert!(net.form(SECOND * 30));
+    let (server, worker) = (1, 2);
+    net.nodes[server].app = Some(SumApp::default());
+    // 3000 keys, 2 values pushed each: 48 KB requests, and a pull's answer
+    // of keys and sums as large.
+    let keys: Vec<u64> = (0..3000).map(|k| k * 5 + 1).collect();
+    let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+    for (ts, value) in [(0, 3i64), (1, 4)] {
+        let mut push = net.request(worker, server, ts);
+        push.data = vec![
+            Bytes::from(key_bytes.clone()),
+            Bytes::from(
+                keys.iter()
+                    .flat_map(|k| (*k as i64 * value).to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+        ];
+        push.meta.data_type = vec![DataType::UInt64, DataType::Int64];
+        push.meta.priority = -1;
+        net.send(worker, push);
+    }
+    let mut pull = net.request(worker, server, 2);
+    pull.meta.push = false;
+    pull.meta.pull = true;
+    pull.data = vec![Bytes::from(key_bytes.clone())];
+    pull.meta.data_type = vec![DataType::UInt64];
+    pull.meta.priority = -1;
+    // The pull goes after both pushes are answered (as a worker would).
+    assert!(net.run_until(SECOND * 60, |n| n.nodes[worker].delivered.len() >= 2));
+    net.send(worker, pull);
+    let answered = net.run_until(SECOND * 60, |n| {
+        n.nodes[worker]
+            .delivered
+            .iter()
+            .any(|m| m.meta.timestamp == 2)
+    });
+    assert!(answered, "no answer to the pull");
+    let answers: Vec<&Message> = net.nodes[worker]
+        .delivered
+        .iter()
+        .filter(|m| m.meta.timestamp == 2)
+        .collect();
+    assert_eq!(answers.len(), 1, "one answer");
+    let answer = answers[0];
+    assert_eq!(answer.data[0], Bytes::from(key_bytes));
+    let sums: Vec<i64> = answer.data[1]
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<i64> = keys.iter().map(|k| *k as i64 * 7).collect();
+    assert_eq!(sums, want);
+    assert!(net.parts_sent_to.get(&worker).copied().unwrap_or(0) >= 12);
+    assert!(net.parts_sent_to.get(&server).copied().unwrap_or(0) >= 24);
+}
+
+#[test]
+fn peers_that_do_not_reassemble_get_whole_messages() {
+    let mut net = Network::cluster(2, 1, parted(VanConfig::default()), 43);
+    // Server 1 advertises nothing, as a C++ node (or an older pslite one).
+    net.nodes[1].core.set_features(0);
+    assert!(net.form(SECOND * 5));
+    exchange_big(&mut net, 5, 5 * PART, SECOND * 10);
+    assert_eq!(net.parts_sent_to.get(&1), None, "a part reached server 1");
+    assert!(net.parts_sent_to.get(&2).copied().unwrap_or(0) >= 25);
+}
+
+#[test]
+fn partition_off_sends_whole_messages() {
+    let mut net = Network::cluster(
+        1,
+        1,
+        VanConfig {
+            partition_bytes: 0,
+            ..VanConfig::default()
+        },
+        44,
+    );
+    assert!(net.form(SECOND * 5));
+    exchange_big(&mut net, 3, 10 * PART, SECOND * 10);
+    assert!(net.parts_sent_to.is_empty());
+}
+
+#[test]
+fn without_priorities_messages_go_whole() {
+    let mut net = Network::cluster(1, 2, parted(VanConfig::default()), 45);
+    assert!(net.form(SECOND * 5));
+    let (server, worker) = (1, 2);
+    // Equal priorities: first come first served, parts would gain nothing.
+    for ts in 0..3 {
+        let mut msg = big_request(&net, worker, server, ts, 10 * PART);
+        msg.meta.priority = 0;
+        net.send(worker, msg);
+    }
+    assert!(net.run_until(SECOND * 10, |n| n.nodes[server].delivered.len() >= 3));
+    assert!(net.parts_sent_to.is_empty(), "{:?}", net.parts_sent_to);
+    // The first request of another priority: from then on, large ones are
+    // cut (priority 0 ones too: they may be the bulk a later one passes).
+    net.send(worker, big_request(&net, worker, server, 3, 10 * PART));
+    let mut last = big_request(&net, worker, server, 4, 10 * PART);
+    last.meta.priority = 0;
+    net.send(worker, last);
+    assert!(net.run_until(SECOND * 10, |n| n.nodes[server].delivered.len() >= 5));
+    // 11 parts each (10 parts of values, and the timestamp frame's 4 bytes).
+    assert_eq!(net.parts_sent_to.get(&server).copied(), Some(22));
+}

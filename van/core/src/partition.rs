@@ -1,0 +1,507 @@
+//! Large data messages cut into parts, and put back together, with no
+//! sockets and no clock: the sender's [`Partitioner`] and the receiver's
+//! [`Reassembly`].
+//!
+//! Why: a node sends to each peer in priority order (the Van's links,
+//! `schedule.rs` in `pslite-van`),
+//! but a message that has started to leave goes out whole. Cut into parts
+//! of `PS_PARTITION_BYTES`, a large message of low priority holds a
+//! message of higher priority back by at most one part.
+//!
+//! The rules:
+//! - Only data messages to a pslite peer whose node-table entry has
+//!   [`pslite_proto::FEATURE_PARTITION`], reached over the network (not
+//!   through shared memory), with more data bytes than the part size, are
+//!   cut, and only once this node has sent a data message of non-zero
+//!   priority (its apps use priorities): among equal priorities the queue
+//!   goes first come first served, so parts would only cost (cutting,
+//!   reassembling: a copy of every byte). A C++ peer never sees a part.
+//! - The message's data frames, back to back, are cut in order into parts
+//!   of at most the part size; a part's data frames are slices of the
+//!   message's (no copy). Each part is a message with the routing fields of
+//!   the original (app, customer, timestamp, request, push, pull,
+//!   simple_app, head, priority) and `PBMeta.partition`: the message's
+//!   number (unique per sender and receiver), the part's index, the number
+//!   of parts, the total bytes and where the part's bytes start; part 0
+//!   also carries the whole meta and every frame's length.
+//! - The receiver copies each part's bytes into one buffer per message and
+//!   hands the message on when every part arrived, its frames slices of
+//!   that buffer. Parts may arrive in any order and more than once (a
+//!   resend): a part seen before is ignored. Each part is acknowledged and
+//!   resent on its own under `PS_RESEND` (the resender tells parts apart by
+//!   their index), so a lost part costs one part.
+//! - Nothing from the network is trusted: a part whose fields disagree
+//!   with its message's earlier parts, or that claims more than
+//!   `PS_MAX_MESSAGE_SIZE` bytes, or more messages at once from one sender
+//!   than [`MAX_PARTIAL_PER_SENDER`], is dropped with a reason; a message
+//!   whose parts stopped arriving is dropped after `idle` (its sender died,
+//!   or a part was lost without `PS_RESEND`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use log::warn;
+use pslite_proto::partition::Partition;
+use pslite_proto::{Message, Meta, Node, NodeId, FEATURE_PARTITION};
+
+use crate::component::{Component, Cx};
+use crate::counters::DropReason;
+use crate::effects::{Effect, Event};
+
+/// Messages one sender may have partly received at once.
+pub const MAX_PARTIAL_PER_SENDER: usize = 256;
+
+/// Cuts large messages into parts (the sender's side).
+#[derive(Debug)]
+pub struct Partitioner {
+    part_bytes: usize,
+    next_id: u64,
+}
+
+impl Partitioner {
+    /// Parts of at most `part_bytes` (0: never cut); message numbers start
+    /// at `first_id` (random: a restarted process does not reuse its
+    /// predecessor's).
+    pub fn new(part_bytes: usize, first_id: u64) -> Partitioner {
+        Partitioner {
+            part_bytes,
+            next_id: first_id,
+        }
+    }
+
+    /// The part size (0: off).
+    pub fn part_bytes(&self) -> usize {
+        self.part_bytes
+    }
+
+    /// Whether `msg` has more data bytes than one part.
+    pub fn would_cut(&self, msg: &Message) -> bool {
+        self.part_bytes > 0
+            && msg.meta.control.is_empty()
+            && msg.meta.partition.is_none()
+            && data_bytes(msg) > self.part_bytes
+    }
+
+    /// `msg` cut into parts, or `[msg]` if it fits one (see the module
+    /// docs for who should be sent parts).
+    pub fn split(&mut self, msg: Message) -> Vec<Message> {
+        if !self.would_cut(&msg) {
+            return vec![msg];
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let total = data_bytes(&msg);
+        let count = total.div_ceil(self.part_bytes);
+        let frames: Vec<u64> = msg.data.iter().map(|f| f.len() as u64).collect();
+        let mut parts = Vec::with_capacity(count);
+        let (mut frame, mut at) = (0usize, 0usize);
+        for index in 0..count {
+            let offset = index * self.part_bytes;
+            let mut want = self.part_bytes.min(total - offset);
+            let mut data = Vec::new();
+            while want > 0 {
+                let f = &msg.data[frame];
+                let take = want.min(f.len() - at);
+                if take > 0 {
+                    data.push(f.slice(at..at + take));
+                }
+                at += take;
+                want -= take;
+                if at == f.len() {
+                    frame += 1;
+                    at = 0;
+                }
+            }
+            let mut meta = if index == 0 {
+                msg.meta.clone()
+            } else {
+                routing(&msg.meta)
+            };
+            meta.partition = Some(Box::new(Partition {
+                id,
+                index: index as u32,
+                count: count as u32,
+                total: total as u64,
+                offset: offset as u64,
+                frames: if index == 0 {
+                    frames.clone()
+                } else {
+                    Vec::new()
+                },
+            }));
+            meta.data_type = if index == 0 {
+                msg.meta.data_type.clone()
+            } else {
+                Vec::new()
+            };
+            parts.push(Message { meta, data });
+        }
+        parts
+    }
+}
+
+/// The core's component for parts (`Part::Partition`):
+/// the wire's cut of what this node sends to peers that reassemble (see
+/// the module docs for which; [`Partitions::cut`], called by the core's
+/// way out once a message has passed the pipeline's stages, since one
+/// message becomes several) and, behind the component contract, the
+/// reassembly of what arrives: the core routes every part here; the whole
+/// message goes back through the core's table ([`Effect::Route`]) once its
+/// last part arrived.
+#[derive(Debug)]
+pub struct Partitions {
+    cut: Partitioner,
+    reassembly: Reassembly,
+    /// This node has sent a data message of non-zero priority.
+    prioritized: bool,
+}
+
+impl Partitions {
+    /// Parts of `part_bytes` (0: this node cuts nothing; it still
+    /// reassembles), messages of at most `max_message` bytes, incomplete
+    /// ones dropped after `idle` without a new part; message numbers from
+    /// `first_id`.
+    pub fn new(part_bytes: usize, max_message: u64, idle: Duration, first_id: u64) -> Partitions {
+        Partitions {
+            cut: Partitioner::new(part_bytes, first_id),
+            reassembly: Reassembly::new(max_message, idle),
+            prioritized: false,
+        }
+    }
+
+    /// `msg` for `peer` (its node-table entry), in parts if the peer
+    /// reassembles and is reached over the network (`by_shm` false) and
+    /// this node's apps use priorities, else whole.
+    pub fn cut(&mut self, msg: Message, peer: Option<&Node>, by_shm: bool) -> Vec<Message> {
+        if msg.meta.priority != 0 && msg.meta.control.is_empty() {
+            self.prioritized = true;
+        }
+        let reassembles = peer.is_some_and(|n| n.pslite && n.features & FEATURE_PARTITION != 0);
+        if reassembles && !by_shm && self.prioritized {
+            self.cut.split(msg)
+        } else {
+            vec![msg]
+        }
+    }
+
+    /// Messages partly received.
+    pub fn incomplete(&self) -> usize {
+        self.reassembly.incomplete()
+    }
+}
+
+impl Component for Partitions {
+    /// A part (the core routes only data messages with
+    /// `PBMeta.partition` here): the whole message goes back through the
+    /// core's table once its last part arrived.
+    fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
+        match self.reassembly.accept(msg, now) {
+            Accepted::Complete(whole) => cx.fx.push(Effect::Route(whole)),
+            Accepted::Pending => {}
+            Accepted::Dropped(d) => {
+                cx.facts.counters().dropped(DropReason::Malformed);
+                warn!("dropping a part from node {}: {}", d.sender, d.why);
+            }
+        }
+    }
+
+    /// Drops incomplete messages whose parts stopped coming (logged).
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        for d in self.reassembly.tick(now) {
+            cx.facts.counters().dropped(DropReason::Malformed);
+            warn!(
+                "dropping an incomplete message from node {}: {}",
+                d.sender, d.why
+            );
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.reassembly.poll_timeout()
+    }
+
+    /// A peer died or a new process took its id: its incomplete messages
+    /// go (the new process starts its messages over).
+    fn on_event(&mut self, event: &Event, _now: Instant, _cx: &mut Cx<'_>) {
+        if let Event::PeerDead(id) | Event::PeerReplaced(id) = event {
+            self.reassembly.forget(*id);
+        }
+    }
+}
+
+/// Bytes in a message's data frames.
+pub fn data_bytes(msg: &Message) -> usize {
+    msg.data.iter().map(Bytes::len).sum()
+}
+
+/// The fields every part carries: those the receiver routes and
+/// acknowledges by.
+fn routing(meta: &Meta) -> Meta {
+    Meta {
+        head: meta.head,
+        request: meta.request,
+        push: meta.push,
+        pull: meta.pull,
+        simple_app: meta.simple_app,
+        app_id: meta.app_id,
+        customer_id: meta.customer_id,
+        timestamp: meta.timestamp,
+        priority: meta.priority,
+        replica: meta.replica.clone(),
+        sender: meta.sender,
+        recver: meta.recver,
+        ..Meta::default()
+    }
+}
+
+/// `n` zero bytes, or `None` if they cannot be allocated. Large buffers
+/// come zeroed from the kernel, page by page as they are written (calloc),
+/// not cleared up front.
+fn zeroed(n: usize) -> Option<Vec<u8>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout
+    // of `n` bytes (what a Vec<u8> of capacity `n` uses), and its `n` bytes
+    // are initialised (zeroed).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// A message some of whose parts arrived.
+#[derive(Debug)]
+struct Partial {
+    count: u32,
+    total: u64,
+    /// Part 0's meta and frame lengths, once it arrived.
+    head: Option<(Meta, Vec<u64>)>,
+    got: Vec<bool>,
+    missing: u32,
+    buf: Vec<u8>,
+    last: Instant,
+}
+
+/// Why a part was dropped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// Its sender.
+    pub sender: NodeId,
+    /// What was wrong, for the log line.
+    pub why: String,
+}
+
+/// What became of a part handed to [`Reassembly::accept`].
+// Lives only until the caller matches it: boxing the message would cost
+// an allocation per complete message for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Accepted {
+    /// The last missing part: the whole message.
+    Complete(Message),
+    /// Kept; more parts to come (or a part seen before, ignored).
+    Pending,
+    /// Refused.
+    Dropped(Dropped),
+}
+
+/// Puts parts back together (the receiver's side), per sender and message
+/// number, within the bounds of the module docs.
+#[derive(Debug)]
+pub struct Reassembly {
+    partial: HashMap<(NodeId, u64), Partial>,
+    /// Messages completed lately (a resend of one of their parts may still
+    /// come), oldest first, at most [`MAX_DONE`].
+    done: VecDeque<((NodeId, u64), Instant)>,
+    done_set: HashSet<(NodeId, u64)>,
+    max_message: u64,
+    idle: Duration,
+}
+
+/// Completed messages remembered, so a late resend of one of their parts
+/// is not taken for a new message.
+pub const MAX_DONE: usize = 4096;
+
+impl Reassembly {
+    /// Messages of at most `max_message` bytes (`PS_MAX_MESSAGE_SIZE`); a
+    /// message with no new part for `idle` is dropped.
+    pub fn new(max_message: u64, idle: Duration) -> Reassembly {
+        Reassembly {
+            partial: HashMap::new(),
+            done: VecDeque::new(),
+            done_set: HashSet::new(),
+            max_message,
+            idle,
+        }
+    }
+
+    /// Takes one part (`meta.partition` set, `meta.sender` from the
+    /// transport).
+    pub fn accept(&mut self, part: Message, now: Instant) -> Accepted {
+        let sender = part.meta.sender;
+        let drop = |why: String| Accepted::Dropped(Dropped { sender, why });
+        let Some(p) = part.meta.partition.as_deref() else {
+            return drop("not a part".into());
+        };
+        let (id, index, count, total, offset) = (p.id, p.index, p.count, p.total, p.offset);
+        let len = data_bytes(&part) as u64;
+        if count == 0 || index >= count || total > self.max_message {
+            return drop(format!(
+                "part {index} of {count} of message {id}, {total} bytes (at most {})",
+                self.max_message
+            ));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > total) || (len == 0 && total > 0) {
+            return drop(format!(
+                "part {index} of message {id}: {len} bytes at {offset} of {total}"
+            ));
+        }
+        if index == 0 {
+            let sum = p.frames.iter().try_fold(0u64, |a, &f| a.checked_add(f));
+            if sum != Some(total) || p.frames.len() > 64 {
+                return drop(format!(
+                    "part 0 of message {id}: frame lengths {:?} for {total} bytes",
+                    p.frames
+                ));
+            }
+        }
+        let key = (sender, id);
+        if self.done_set.contains(&key) {
+            return Accepted::Pending; // a late resend of a part of a message done
+        }
+        if !self.partial.contains_key(&key) {
+            let open = self.partial.keys().filter(|(s, _)| *s == sender).count();
+            if open >= MAX_PARTIAL_PER_SENDER {
+                return drop(format!(
+                    "message {id}: {open} messages of node {sender} are incomplete already"
+                ));
+            }
+            let Some(buf) = zeroed(total as usize) else {
+                return drop(format!("message {id}: cannot allocate {total} bytes"));
+            };
+            self.partial.insert(
+                key,
+                Partial {
+                    count,
+                    total,
+                    head: None,
+                    got: vec![false; count as usize],
+                    missing: count,
+                    buf,
+                    last: now,
+                },
+            );
+        }
+        let Some(entry) = self.partial.get_mut(&key) else {
+            return Accepted::Pending;
+        };
+        if entry.count != count || entry.total != total {
+            return drop(format!(
+                "part {index} of message {id} says {count} parts of {total} bytes, earlier \
+                 parts {} of {}",
+                entry.count, entry.total
+            ));
+        }
+        if entry.got[index as usize] {
+            return Accepted::Pending; // a resend of a part already here
+        }
+        let mut at = offset as usize;
+        for frame in &part.data {
+            entry.buf[at..at + frame.len()].copy_from_slice(frame);
+            at += frame.len();
+        }
+        entry.got[index as usize] = true;
+        entry.missing -= 1;
+        entry.last = now;
+        if index == 0 {
+            let mut meta = part.meta.clone();
+            meta.partition = None;
+            entry.head = Some((meta, p.frames.clone()));
+        }
+        if entry.missing > 0 {
+            return Accepted::Pending;
+        }
+        let Some(done) = self.partial.remove(&key) else {
+            return Accepted::Pending;
+        };
+        if self.done.len() >= MAX_DONE {
+            if let Some((old, _)) = self.done.pop_front() {
+                self.done_set.remove(&old);
+            }
+        }
+        self.done.push_back((key, now));
+        self.done_set.insert(key);
+        let Some((mut meta, frames)) = done.head else {
+            return drop(format!("message {id}: complete without part 0"));
+        };
+        meta.sender = sender;
+        meta.recver = part.meta.recver;
+        meta.sender_key = part.meta.sender_key;
+        let buf = Bytes::from(done.buf);
+        let mut data = Vec::with_capacity(frames.len());
+        let mut start = 0usize;
+        for len in frames {
+            let end = start + len as usize;
+            data.push(buf.slice(start..end));
+            start = end;
+        }
+        Accepted::Complete(Message { meta, data })
+    }
+
+    /// When the next incomplete message may time out.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let partial = self.partial.values().map(|p| p.last + self.idle).min();
+        let done = self.done.front().map(|&(_, at)| at + self.idle);
+        partial.into_iter().chain(done).min()
+    }
+
+    /// Drops the messages with no new part for `idle`.
+    pub fn tick(&mut self, now: Instant) -> Vec<Dropped> {
+        let idle = self.idle;
+        while let Some(&(key, at)) = self.done.front() {
+            if now < at + idle {
+                break;
+            }
+            self.done.pop_front();
+            self.done_set.remove(&key);
+        }
+        let mut dropped = Vec::new();
+        self.partial.retain(|&(sender, id), p| {
+            let keep = now < p.last + idle;
+            if !keep {
+                dropped.push(Dropped {
+                    sender,
+                    why: format!(
+                        "message {id}: {} of {} parts arrived, none for {:.0} s",
+                        p.count - p.missing,
+                        p.count,
+                        idle.as_secs_f64()
+                    ),
+                });
+            }
+            keep
+        });
+        dropped
+    }
+
+    /// Forgets node `id`'s incomplete messages (it died, or a new process
+    /// took its id).
+    pub fn forget(&mut self, id: NodeId) {
+        self.partial.retain(|&(sender, _), _| sender != id);
+        self.done.retain(|&((sender, _), _)| sender != id);
+        self.done_set.retain(|&(sender, _)| sender != id);
+    }
+
+    /// Messages partly received.
+    pub fn incomplete(&self) -> usize {
+        self.partial.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

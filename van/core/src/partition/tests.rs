@@ -1,0 +1,298 @@
+//! Cutting and reassembly as pure code: round trips in any order with
+//! resends, and parts a hostile peer could send.
+
+use proptest::prelude::*;
+use pslite_proto::DataType;
+
+use super::*;
+
+const IDLE: Duration = Duration::from_secs(60);
+
+fn message(frames: &[usize], seed: u8) -> Message {
+    let mut m = Message::default();
+    m.meta.app_id = 0;
+    m.meta.customer_id = 3;
+    m.meta.timestamp = 17;
+    m.meta.request = true;
+    m.meta.push = true;
+    m.meta.head = 5;
+    m.meta.priority = -2;
+    m.meta.sender = 9;
+    m.meta.recver = 8;
+    m.meta.body = Bytes::from_static(b"body");
+    m.data = frames
+        .iter()
+        .enumerate()
+        .map(|(f, &n)| {
+            Bytes::from(
+                (0..n)
+                    .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed ^ f as u8))
+                    .collect::<Vec<u8>>(),
+            )
+        })
+        .collect();
+    m.meta.data_type = vec![DataType::UInt64; frames.len()];
+    m
+}
+
+/// `msg` as it arrives: the receiver's fields from the transport.
+fn arrived(mut m: Message) -> Message {
+    m.meta.sender = 9;
+    m.meta.recver = 8;
+    m
+}
+
+#[test]
+fn small_and_control_messages_are_not_cut() {
+    let mut p = Partitioner::new(100, 1);
+    assert_eq!(p.split(message(&[40, 60], 0)).len(), 1);
+    let mut control = message(&[400], 0);
+    control.meta.control = pslite_proto::Control::new(pslite_proto::Command::Barrier);
+    assert_eq!(p.split(control).len(), 1);
+    let mut off = Partitioner::new(0, 1);
+    assert_eq!(off.split(message(&[10_000], 0)).len(), 1);
+}
+
+#[test]
+fn parts_carry_slices_and_routing_fields() {
+    let mut p = Partitioner::new(100, 7);
+    let m = message(&[80, 150, 20], 1);
+    let parts = p.split(m.clone());
+    assert_eq!(parts.len(), 3);
+    for (i, part) in parts.iter().enumerate() {
+        let info = part.meta.partition.as_deref().unwrap();
+        assert_eq!(
+            (info.id, info.index, info.count, info.total),
+            (7, i as u32, 3, 250)
+        );
+        assert_eq!(info.offset, 100 * i as u64);
+        assert_eq!(data_bytes(part), if i < 2 { 100 } else { 50 });
+        assert_eq!(
+            (
+                part.meta.timestamp,
+                part.meta.app_id,
+                part.meta.customer_id,
+                part.meta.priority
+            ),
+            (17, 0, 3, -2)
+        );
+        assert!(part.meta.request && part.meta.push);
+        if i == 0 {
+            assert_eq!(info.frames, vec![80, 150, 20]);
+            assert_eq!(part.meta.body, m.meta.body);
+        } else {
+            assert!(info.frames.is_empty() && part.meta.body.is_empty());
+        }
+    }
+    // No copy: part 1's first frame points into the message's frame 1.
+    assert_eq!(parts[1].data[0].as_ptr(), m.data[1][20..].as_ptr());
+    // The next message gets the next number.
+    assert_eq!(
+        p.split(m)
+            .first()
+            .unwrap()
+            .meta
+            .partition
+            .as_ref()
+            .unwrap()
+            .id,
+        8
+    );
+}
+
+proptest! {
+    /// Whatever the frames, the part size, the order of arrival and the
+    /// resends, the receiver gets the message back exactly, once.
+    #[test]
+    fn any_order_with_resends_reassembles_exactly(
+        frames in prop::collection::vec(0usize..3000, 1..4),
+        part in 1usize..1500,
+        order in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
+        seed in any::<u8>(),
+    ) {
+        let m = message(&frames, seed);
+        prop_assume!(data_bytes(&m) > part);
+        let parts = Partitioner::new(part, 1).split(m.clone());
+        prop_assert!(parts.len() >= 2);
+        // Arrival order: a shuffle (by `order`), with resends of some parts.
+        let mut arrivals: Vec<usize> = (0..parts.len()).collect();
+        for (i, ix) in order.iter().enumerate() {
+            let j = ix.index(arrivals.len());
+            if i % 3 == 0 {
+                arrivals.push(arrivals[j]);
+            } else {
+                let k = i % arrivals.len();
+                arrivals.swap(j, k);
+            }
+        }
+        let mut r = Reassembly::new(1 << 30, IDLE);
+        let now = Instant::now();
+        let mut done = Vec::new();
+        for &a in &arrivals {
+            match r.accept(arrived(parts[a].clone()), now) {
+                Accepted::Complete(whole) => done.push(whole),
+                Accepted::Pending => {}
+                Accepted::Dropped(d) => prop_assert!(false, "dropped: {}", d.why),
+            }
+        }
+        prop_assert_eq!(done.len(), 1);
+        let whole = &done[0];
+        prop_assert_eq!(&whole.data, &m.data);
+        let mut want = m.meta.clone();
+        want.sender = 9;
+        want.recver = 8;
+        prop_assert_eq!(&whole.meta, &want);
+        prop_assert_eq!(r.incomplete(), 0);
+    }
+
+    /// Parts with any fields never panic the receiver, and whatever
+    /// completes has the size it claimed.
+    #[test]
+    fn hostile_parts_never_panic(
+        parts in prop::collection::vec(
+            (0u64..3, any::<u32>(), 0u32..5, any::<u64>(), 0u64..400, prop::collection::vec(0u64..300, 0..4), 0usize..300),
+            1..30,
+        ),
+    ) {
+        let mut r = Reassembly::new(10_000, IDLE);
+        let now = Instant::now();
+        for (id, index, count, total, offset, frames, len) in parts {
+            let mut m = Message::default();
+            m.meta.sender = 11;
+            m.meta.partition = Some(Box::new(Partition {
+                id,
+                index: index % 6,
+                count,
+                total: total % 1000,
+                offset,
+                frames,
+            }));
+            m.data = vec![Bytes::from(vec![1u8; len])];
+            if let Accepted::Complete(whole) = r.accept(m, now) {
+                let claimed: usize = whole.data.iter().map(Bytes::len).sum();
+                prop_assert!(claimed <= 1000);
+            }
+        }
+    }
+}
+
+#[test]
+fn inconsistent_and_oversized_parts_are_dropped() {
+    let m = message(&[500], 0);
+    let parts = Partitioner::new(200, 1).split(m);
+    let now = Instant::now();
+    let mut r = Reassembly::new(400, IDLE);
+    // Claims more than PS_MAX_MESSAGE_SIZE.
+    assert!(matches!(
+        r.accept(arrived(parts[0].clone()), now),
+        Accepted::Dropped(_)
+    ));
+    let mut r = Reassembly::new(1 << 20, IDLE);
+    assert!(matches!(
+        r.accept(arrived(parts[1].clone()), now),
+        Accepted::Pending
+    ));
+    // Another count for the same message.
+    let mut liar = arrived(parts[2].clone());
+    if let Some(p) = liar.meta.partition.as_mut() {
+        p.count = 4;
+    }
+    assert!(matches!(r.accept(liar, now), Accepted::Dropped(_)));
+    // Bytes beyond the message's end.
+    let mut beyond = arrived(parts[2].clone());
+    if let Some(p) = beyond.meta.partition.as_mut() {
+        p.offset = 450;
+    }
+    assert!(matches!(r.accept(beyond, now), Accepted::Dropped(_)));
+    // Part 0 whose frames do not add up.
+    let mut frames = arrived(parts[0].clone());
+    if let Some(p) = frames.meta.partition.as_mut() {
+        p.frames = vec![10];
+    }
+    assert!(matches!(r.accept(frames, now), Accepted::Dropped(_)));
+    // The honest parts still complete it.
+    assert!(matches!(
+        r.accept(arrived(parts[0].clone()), now),
+        Accepted::Pending
+    ));
+    assert!(matches!(
+        r.accept(arrived(parts[2].clone()), now),
+        Accepted::Complete(_)
+    ));
+}
+
+#[test]
+fn one_sender_cannot_open_unbounded_messages() {
+    let mut r = Reassembly::new(1 << 20, IDLE);
+    let now = Instant::now();
+    let mut p = Partitioner::new(10, 0);
+    for i in 0..MAX_PARTIAL_PER_SENDER {
+        let parts = p.split(message(&[100], i as u8));
+        assert!(matches!(
+            r.accept(arrived(parts[1].clone()), now),
+            Accepted::Pending
+        ));
+    }
+    let parts = p.split(message(&[100], 0));
+    assert!(matches!(
+        r.accept(arrived(parts[1].clone()), now),
+        Accepted::Dropped(_)
+    ));
+    // Another sender is not affected.
+    let mut other = arrived(parts[1].clone());
+    other.meta.sender = 13;
+    assert!(matches!(r.accept(other, now), Accepted::Pending));
+    r.forget(9);
+    assert_eq!(r.incomplete(), 1);
+}
+
+#[test]
+fn stalled_messages_time_out() {
+    let mut r = Reassembly::new(1 << 20, IDLE);
+    let now = Instant::now();
+    let parts = Partitioner::new(100, 0).split(message(&[300], 0));
+    assert!(matches!(
+        r.accept(arrived(parts[0].clone()), now),
+        Accepted::Pending
+    ));
+    assert_eq!(r.poll_timeout(), Some(now + IDLE));
+    assert!(r.tick(now + IDLE / 2).is_empty());
+    // A part keeps it alive.
+    assert!(matches!(
+        r.accept(arrived(parts[1].clone()), now + IDLE / 2),
+        Accepted::Pending
+    ));
+    assert!(r.tick(now + IDLE).is_empty());
+    let dropped = r.tick(now + IDLE * 2);
+    assert_eq!(dropped.len(), 1);
+    assert!(
+        dropped[0].why.contains("2 of 3 parts"),
+        "{}",
+        dropped[0].why
+    );
+    assert_eq!(r.poll_timeout(), None);
+}
+
+#[test]
+fn a_late_resend_of_a_part_is_not_a_new_message() {
+    let mut r = Reassembly::new(1 << 20, IDLE);
+    let now = Instant::now();
+    let parts = Partitioner::new(100, 0).split(message(&[200], 0));
+    assert!(matches!(
+        r.accept(arrived(parts[0].clone()), now),
+        Accepted::Pending
+    ));
+    assert!(matches!(
+        r.accept(arrived(parts[1].clone()), now),
+        Accepted::Complete(_)
+    ));
+    assert!(matches!(
+        r.accept(arrived(parts[1].clone()), now),
+        Accepted::Pending
+    ));
+    assert_eq!(r.incomplete(), 0);
+    // Remembered for `idle`, then forgotten.
+    assert_eq!(r.poll_timeout(), Some(now + IDLE));
+    assert!(r.tick(now + IDLE).is_empty());
+    assert_eq!(r.poll_timeout(), None);
+}
