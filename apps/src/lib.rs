@@ -93,6 +93,9 @@ pub use pslite_van::admin;
 /// Checkpoints of the servers' key ranges (`PS_CHECKPOINT_DIR`): the file format
 /// and the directory scans.
 pub use pslite_van::checkpoint;
+/// The process's file descriptor limit, raised for a large job (see
+/// `pslite_van::context`).
+pub use pslite_van::context::{fit_descriptor_limit, DescriptorFit};
 pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 

@@ -163,6 +163,11 @@ pub struct Route {
     /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
     /// that process's descriptors).
     pub shm_pid: Option<u32>,
+    /// Whether the core wants this connection's [`LinkEvent`]s: every
+    /// connection of the scheduler (deaths, registration checks), and a
+    /// node's connection to its scheduler. A socket monitor costs the
+    /// driver two sockets, so nothing else is watched.
+    pub watch: bool,
 }
 
 /// A message refused because its identity names a node of the table
@@ -768,6 +773,7 @@ impl Core {
                 endpoint,
                 local: None,
                 shm_pid: None,
+                watch: true,
             };
         }
         let local = match (&self.cfg.shm_identity, self.cfg.transport) {
@@ -780,6 +786,7 @@ impl Core {
             endpoint,
             local,
             shm_pid: self.shm_peer_node(node),
+            watch: self.scheduler.is_some() || node.id == SCHEDULER,
         }
     }
 
@@ -818,13 +825,13 @@ impl Core {
                     for msg in self.registrations.link_up(peer) {
                         self.run_scheduler(&msg, now);
                     }
-                    self.end_check(peer);
+                    self.end_check(peer, now);
                 }
                 LinkEvent::Refused(why) => {
                     if let Some((node, why)) = self.registrations.link_refused(peer, &why) {
                         self.registration_refused(&node, &why);
                     }
-                    self.end_check(peer);
+                    self.end_check(peer, now);
                 }
                 // ZeroMQ tries again until the check's deadline.
                 LinkEvent::Down | LinkEvent::Unreachable => {}
@@ -1230,7 +1237,7 @@ impl Core {
             self.checkpoint_tick(now);
             for (link, node, why) in self.registrations.tick(now) {
                 self.registration_refused(&node, &why);
-                self.end_check(link);
+                self.end_check(link, now);
             }
             if self.deaf_since.is_none() {
                 self.store_forget_dead(now);
@@ -1554,7 +1561,7 @@ impl Core {
         };
         match self.registrations.offer(msg, &node, now) {
             Offered::Check(target) => self.connect(target, K_EMPTY),
-            Offered::Held => {}
+            Offered::Held | Offered::Queued => {}
             Offered::Refused(why) => self.registration_refused(&node, &why),
         }
     }
@@ -1578,9 +1585,12 @@ impl Core {
     }
 
     /// Closes the connection of a registration check.
-    fn end_check(&mut self, link: NodeId) {
+    fn end_check(&mut self, link: NodeId, now: Instant) {
         self.connected.remove(&link);
         self.out.push(Output::Disconnect(link));
+        for target in self.registrations.start_queued(now) {
+            self.connect(target, K_EMPTY);
+        }
     }
 
     fn run_scheduler(&mut self, msg: &Message, now: Instant) {

@@ -57,6 +57,7 @@ pub mod auth;
 mod bind;
 pub mod checkpoint;
 mod config;
+pub mod context;
 mod core;
 pub mod counters;
 mod dispatch;

@@ -13,6 +13,12 @@
 //! holds the registrations until [`Registrations::link_up`] and drops the
 //! connection then; [`Registrations::tick`] refuses those still unchecked
 //! after [`REGISTRATION_CHECK`].
+//!
+//! At most [`MAX_CHECKS`] checks run at once (each costs the scheduler a
+//! connection and three sockets); the registrations of other processes
+//! wait in line ([`Offered::Queued`], up to [`MAX_QUEUED`]) and their check
+//! starts when one ends ([`Registrations::start_queued`]): a thousand nodes
+//! registering within a second all get in.
 
 use std::time::{Duration, Instant};
 
@@ -23,8 +29,11 @@ use pslite_proto::{Message, Node, NodeId};
 /// ZeroMQ 0.5 s plus 0.1 s before it retries).
 pub const REGISTRATION_CHECK: Duration = Duration::from_secs(5);
 
-/// Addresses checked at once; registrations beyond are refused at once.
-const MAX_CHECKS: usize = 256;
+/// Addresses checked at once; registrations beyond wait in line.
+pub(crate) const MAX_CHECKS: usize = 256;
+/// Processes whose registrations wait for a check to start; beyond, they
+/// are refused at once.
+pub const MAX_QUEUED: usize = 16_384;
 /// Registrations held per address (a process's customers, resends).
 const MAX_HELD: usize = 64;
 /// Refused registrations remembered for the start error.
@@ -47,6 +56,8 @@ pub enum Offered {
     Check(Node),
     /// It waits for a check of its address already under way.
     Held,
+    /// It waits for its check to start (too many under way).
+    Queued,
     /// Refused now (too many checks under way), with why.
     Refused(String),
 }
@@ -55,6 +66,9 @@ pub enum Offered {
 #[derive(Default)]
 pub struct Registrations {
     checks: Vec<Check>,
+    /// Registrations of processes whose check has not started, in order of
+    /// arrival (one entry per process; `since` unused until it starts).
+    queued: std::collections::VecDeque<Check>,
     next_link: NodeId,
     refused: Vec<String>,
 }
@@ -68,11 +82,46 @@ impl Registrations {
             }
             return Offered::Held;
         }
-        if self.checks.len() >= MAX_CHECKS {
-            return Offered::Refused(format!(
-                "{MAX_CHECKS} registrations are being checked already"
-            ));
+        if let Some(check) = self.queued.iter_mut().find(|c| c.node.same_process(node)) {
+            if check.held.len() < MAX_HELD {
+                check.held.push(msg);
+            }
+            return Offered::Queued;
         }
+        if self.checks.len() >= MAX_CHECKS {
+            if self.queued.len() >= MAX_QUEUED {
+                return Offered::Refused(format!(
+                    "{MAX_CHECKS} registrations are being checked and {MAX_QUEUED} more wait"
+                ));
+            }
+            self.queued.push_back(Check {
+                link: 0,
+                node: node.clone(),
+                since: now,
+                held: vec![msg],
+            });
+            return Offered::Queued;
+        }
+        Offered::Check(self.start(node.clone(), vec![msg], now))
+    }
+
+    /// Starts the checks of queued registrations while fewer than
+    /// [`MAX_CHECKS`] run: the nodes to connect to (see [`Offered::Check`]).
+    /// Call when a check ended.
+    pub fn start_queued(&mut self, now: Instant) -> Vec<Node> {
+        let mut started = Vec::new();
+        while self.checks.len() < MAX_CHECKS {
+            let Some(check) = self.queued.pop_front() else {
+                break;
+            };
+            started.push(self.start(check.node, check.held, now));
+        }
+        started
+    }
+
+    /// Starts checking `node`'s address for registrations `held`: the node
+    /// to connect to, whose id is the check's link.
+    fn start(&mut self, node: Node, held: Vec<Message>, now: Instant) -> Node {
         if self.next_link >= 0 || self.next_link < FIRST_LINK - 1_000_000 {
             self.next_link = FIRST_LINK;
         }
@@ -82,11 +131,11 @@ impl Registrations {
         target.id = link;
         self.checks.push(Check {
             link,
-            node: node.clone(),
+            node,
             since: now,
-            held: vec![msg],
+            held,
         });
-        Offered::Check(target)
+        target
     }
 
     /// Whether `link` is a check's connection.
@@ -199,14 +248,47 @@ mod tests {
     }
 
     #[test]
-    fn checks_are_bounded() {
+    fn checks_are_bounded_and_the_others_wait_in_line() {
         let mut r = Registrations::default();
         let now = Instant::now();
+        let mut links = Vec::new();
         for port in 0..MAX_CHECKS as i32 {
             let (msg, node) = reg(10_000 + port);
-            assert!(matches!(r.offer(msg, &node, now), Offered::Check(_)));
+            let Offered::Check(target) = r.offer(msg, &node, now) else {
+                panic!("expected a check");
+            };
+            links.push(target.id);
         }
-        let (msg, node) = reg(9);
+        // A thousand more processes register at once: they wait in line,
+        // another customer of a waiting process with them.
+        for port in 0..1000 {
+            let (msg, node) = reg(20_000 + port);
+            assert_eq!(r.offer(msg, &node, now), Offered::Queued);
+        }
+        let (msg, node) = reg(20_000);
+        assert_eq!(r.offer(msg, &node, now), Offered::Queued);
+        assert!(r.start_queued(now).is_empty(), "no check ended");
+        // Each check that ends lets one more start, in order of arrival,
+        // with its own deadline.
+        let later = now + REGISTRATION_CHECK / 2;
+        assert_eq!(r.link_up(links[0]).len(), 1);
+        let started = r.start_queued(later);
+        assert_eq!(started.len(), 1);
+        assert_eq!(started[0].port, 20_000);
+        assert_eq!(r.link_up(started[0].id).len(), 2, "both customers count");
+        assert_eq!(r.poll_timeout(), Some(now + REGISTRATION_CHECK));
+        let late = r.tick(now + REGISTRATION_CHECK);
+        assert_eq!(late.len(), MAX_CHECKS - 1, "the first checks, late");
+        let started = r.start_queued(now + REGISTRATION_CHECK);
+        assert_eq!(started.len(), MAX_CHECKS);
+        assert_eq!(started[0].port, 20_001);
+        // Beyond the line, refused at once.
+        let mut r = Registrations::default();
+        for port in 0..(MAX_CHECKS + MAX_QUEUED) as i32 {
+            let (msg, node) = reg(port);
+            assert!(!matches!(r.offer(msg, &node, now), Offered::Refused(_)));
+        }
+        let (msg, node) = reg(-1);
         assert!(matches!(r.offer(msg, &node, now), Offered::Refused(_)));
     }
 }

@@ -34,6 +34,7 @@ use pslite_proto::{lock, wait_timeout_while, wait_while, Message, Node, NodeId, 
 
 use crate::bind::{bind_local, bind_router, Waker};
 use crate::config::VanConfig;
+use crate::context::{self, Context, DescriptorFit};
 use crate::core::{Core, LinkEvent, Output, Route};
 use crate::counters::Counters;
 use crate::dispatch::{describe, Delivered, Dispatch, Room};
@@ -89,7 +90,7 @@ struct Shared {
     /// The segments this node sends from (shared memory on, `PS_SHM`).
     pool: Option<Arc<shm::Pool>>,
     /// Dropped last: every socket above belongs to it.
-    _ctx: zmq::Context,
+    _ctx: Context,
 }
 
 impl Van {
@@ -110,7 +111,7 @@ impl Van {
         dispatch: Arc<dyn Dispatch>,
         counters: Arc<Counters>,
     ) -> Result<Van, VanError> {
-        let ctx = zmq::Context::new();
+        let ctx = sized_context(&config)?;
         let is_scheduler = config.role == Role::Scheduler;
         let router = ctx
             .socket(zmq::ROUTER)
@@ -815,8 +816,48 @@ impl Shared {
             return;
         }
         if let Err(e) = self.links.open(&node, identity, key, &route, mode) {
-            error!("cannot connect to {node}: {e}");
+            self.connect_failed(&node, &route, e, mode);
         }
+    }
+
+    /// A connection the core asked for could not be opened. Out of
+    /// descriptors or sockets (or memory), the node fails naming the limit
+    /// to raise; so does the scheduler for any reason (the job cannot form
+    /// or go on without its connection to a member). A registration's check
+    /// that cannot connect for another reason refuses the registration; a
+    /// server or worker fails what it sends to that peer (as to an unknown
+    /// one).
+    fn connect_failed(&self, node: &Node, route: &Route, e: VanError, mode: Mode) {
+        let exhausted = match &e {
+            VanError::Zmq { source, .. } if context::is_exhaustion(*source) => Some(*source),
+            _ => None,
+        };
+        let failure = match exhausted {
+            Some(source) => Failure::Resources {
+                peer: if node.id < 0 {
+                    format!("{} (to check its registration)", route.endpoint)
+                } else {
+                    format!("node {} at {}", node.id, route.endpoint)
+                },
+                detail: context::exhaustion_advice(source, self.links.max_sockets()),
+            },
+            None if node.id < 0 => {
+                let why = e.to_string();
+                self.with_core(mode, |core, now| {
+                    core.link_event(node.id, LinkEvent::Refused(why), now)
+                });
+                return;
+            }
+            None if self.config.role == Role::Scheduler => Failure::SendFailed {
+                peer: node.id,
+                reason: format!("cannot open a connection to it at {}: {e}", route.endpoint),
+            },
+            None => {
+                error!("cannot connect to {node}: {e} (messages to it fail)");
+                return;
+            }
+        };
+        self.with_core(mode, |core, now| core.fail(failure, now));
     }
 
     /// [`Shared::connect`] for a registration's check whose address is a
@@ -840,6 +881,7 @@ impl Shared {
                             endpoint: Transport::Tcp.connect_endpoint(&ip, node.port),
                             local: None,
                             shm_pid: None,
+                            watch: true,
                         };
                         shared
                             .links
@@ -893,6 +935,35 @@ impl Shared {
             self.with_core(mode, |core, now| core.store_watcher_gone(watcher, now));
         }
     }
+}
+
+/// The ZeroMQ context of the node `config` describes, holding as many
+/// sockets as its job may need, with the descriptor limit raised towards
+/// that need (said; see [`crate::context`]).
+fn sized_context(config: &VanConfig) -> Result<Context, VanError> {
+    let need = context::needed_descriptors(config);
+    let nodes = format!(
+        "a {} of a job of {} servers and {} workers",
+        config.role, config.num_servers, config.num_workers
+    );
+    match context::fit_descriptor_limit(need) {
+        DescriptorFit::Enough => {}
+        DescriptorFit::Raised { from, to } => info!(
+            "raised this process's file descriptor limit (ulimit -n) from {from} to {to}: {nodes} \
+             may need {need}"
+        ),
+        DescriptorFit::Short { limit, raised } => warn!(
+            "{nodes} may need {need} file descriptors, and this process may open {limit}{}: \
+             raise the hard limit (ulimit -Hn, LimitNOFILE= in systemd, --ulimit nofile= in \
+             Docker) if it runs out",
+            if raised {
+                " (raised to the hard limit)"
+            } else {
+                ""
+            }
+        ),
+    }
+    Context::new(context::needed_sockets(config))
 }
 
 /// Logs a node's "still waiting to join" line.
