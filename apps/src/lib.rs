@@ -61,6 +61,7 @@
 //! (configuration, node life cycle, barriers, routing to customers).
 
 mod customer;
+mod engine;
 mod error;
 mod kv_pairs;
 mod kv_server;
@@ -76,6 +77,8 @@ pub use customer::{Customer, Handler, Request};
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer, ReplicatedHandle};
+/// Which engine thread owns a key (`PS_SERVER_THREADS`).
+pub use engine::shard_of;
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer};
 pub use logging::init_logging;
 /// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric

@@ -92,7 +92,15 @@ pub struct Config {
     /// is logged as a warning naming the nodes that owe one, and again each
     /// time its wait doubles.
     pub request_warn: Duration,
+    /// `PS_SERVER_THREADS`: threads a server runs a concurrent request
+    /// handle on (`KVServer::set_concurrent_request_handle`, the sum store
+    /// `DefaultHandle`): requests on disjoint keys in parallel, on the same
+    /// key in arrival order. Default 1 (the app's thread).
+    pub server_threads: usize,
 }
+
+/// The most `PS_SERVER_THREADS`.
+pub const MAX_SERVER_THREADS: u64 = 256;
 
 /// The default `PS_QUEUE_LIMIT`.
 pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
@@ -312,6 +320,10 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
     ),
     ("PS_QUEUE_LIMIT", Numeric::new(Unit::Count, 1, MAX_COUNT)),
     (
+        "PS_SERVER_THREADS",
+        Numeric::new(Unit::Count, 1, MAX_SERVER_THREADS),
+    ),
+    (
         "PS_REQUEST_WARN",
         Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
     ),
@@ -446,6 +458,7 @@ impl Config {
             queue_limit: DEFAULT_QUEUE_LIMIT,
             metrics_port: None,
             request_warn: Duration::from_secs(DEFAULT_REQUEST_WARN_SECS),
+            server_threads: 1,
         }
     }
 
@@ -615,6 +628,7 @@ impl Config {
             queue_limit,
             metrics_port: env.optional_number("PS_METRICS_PORT")?.map(|p| p as u16),
             request_warn,
+            server_threads: env.number("PS_SERVER_THREADS", 1)? as usize,
         })
     }
 }

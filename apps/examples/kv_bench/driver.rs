@@ -80,7 +80,7 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
 }
 
 pub(crate) struct Launched {
-    lines: Vec<String>,
+    pub(crate) lines: Vec<String>,
 }
 
 pub(crate) fn launch(
@@ -113,6 +113,7 @@ pub(crate) fn launch_with(
         .args(["--keys", &args.keys.to_string()])
         .args(["--repeat", &args.repeat.to_string()])
         .args(["--window", &args.window.to_string()])
+        .args(["--threads-keys", &args.threads_keys.to_string()])
         .args(args.inline_server.then_some("--inline-server"))
         .output()
         .map_err(|e| Error::App(format!("cannot run pslite launch: {e}")))?;
@@ -371,6 +372,9 @@ pub(crate) fn driver(args: &Args) -> Result<(), Error> {
     }
     if only == Some("scale") {
         crate::scale::scale(args, &mut results)?;
+    }
+    if only == Some("server_threads") {
+        crate::threads::server_threads(args, &mut results)?;
     }
     if !results.is_empty() {
         println!(
