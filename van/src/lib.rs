@@ -76,6 +76,7 @@ pub mod resender;
 pub mod resolve;
 pub mod scheduler;
 pub mod shm;
+pub mod staleness;
 pub mod store;
 pub mod transport;
 mod van;
