@@ -74,11 +74,11 @@ mod simple_app;
 use std::process::ExitCode;
 
 pub use customer::{Customer, Handler, Request};
+/// Which engine thread owns a key (`PS_SERVER_THREADS`).
+pub use engine::shard_of;
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer, ReplicatedHandle};
-/// Which engine thread owns a key (`PS_SERVER_THREADS`).
-pub use engine::shard_of;
 pub use kv_worker::{default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer};
 pub use logging::init_logging;
 /// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric

@@ -167,7 +167,11 @@ fn a_part_that_panics_fails_its_request_once() {
     // The other threads' parts of the failed push were applied (at most
     // once, as a failed request may be); thread 1's keys were not.
     for (k, v) in pulled.keys.iter().zip(pulled.vals.iter()) {
-        let expected = if shard_of(*k, THREADS) == 1 { 2.0 } else { 15.0 };
+        let expected = if shard_of(*k, THREADS) == 1 {
+            2.0
+        } else {
+            15.0
+        };
         assert_eq!(*v, expected, "key {k}");
     }
 }

@@ -176,7 +176,11 @@ impl<R> Gate<R> {
 
     /// Clocks every worker of the bound has finished here (the slowest's).
     pub fn floor(&self) -> u64 {
-        self.workers.values().map(|p| p.finished).min().unwrap_or(u64::MAX)
+        self.workers
+            .values()
+            .map(|p| p.finished)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// Pulls held back.
@@ -310,7 +314,10 @@ mod tests {
         w.pushed(8);
         w.pushed(8);
         w.pushed(10);
-        assert_eq!(w.advance(&[8, 10, 12]), vec![(8, 6, 2), (10, 6, 1), (12, 6, 0)]);
+        assert_eq!(
+            w.advance(&[8, 10, 12]),
+            vec![(8, 6, 2), (10, 6, 1), (12, 6, 0)]
+        );
         assert_eq!(w.clock(), 6);
     }
 

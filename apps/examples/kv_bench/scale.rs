@@ -36,6 +36,10 @@ use crate::Args;
 /// Servers (and as many workers) of each cluster, by default.
 pub(crate) const SIZES: [usize; 3] = [100, 250, 500];
 
+/// About the peak memory of a node that holds nothing yet (either library's,
+/// in a cluster of 1+10+10 on this machine: 7-10 MB), in kB.
+const BARE_PROCESS_KB: f64 = 8.0 * 1024.0;
+
 /// A small cluster run first (also when sizes are given), so that the
 /// memory each library's nodes need is known at two sizes before a large
 /// one is tried.
@@ -247,9 +251,12 @@ fn too_big(n: usize, seen: Option<&[(usize, f64)]>) -> Option<String> {
     let per_node_kb = match seen {
         [] => return None,
         [.., (n0, m0), (n1, m1)] if n1 > n0 => m1 + (m1 - m0) / (n1 - n0) as f64 * (n - n1) as f64,
-        // One size known: as if its nodes' memory grew in proportion (an
-        // over-estimate; the calibration run gives a second point).
-        [.., (n1, m1)] => *m1 * (n as f64 / *n1 as f64).max(1.0),
+        // One size known: as if what its nodes hold above a bare process's
+        // memory grew in proportion to the job.
+        [.., (n1, m1)] => {
+            let base = BARE_PROCESS_KB.min(*m1);
+            base + (m1 - base) * (n as f64 / *n1 as f64).max(1.0)
+        }
     };
     let need_gb = per_node_kb * (2 * n + 1) as f64 / 1024.0 / 1024.0;
     let available_gb = available_memory_gb()?;

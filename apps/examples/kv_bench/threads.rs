@@ -100,10 +100,13 @@ pub(crate) fn server_threads(args: &Args, results: &mut Vec<String>) -> Result<(
                     args,
                     &[("PS_SERVER_THREADS", &t)],
                 )?;
-                let lines: Vec<&String> =
-                    run.lines.iter().filter(|l| l.starts_with("threads")).collect();
-                exact &= lines.len() == WORKERS
-                    && lines.iter().all(|l| field(l, "exact") == Some("1"));
+                let lines: Vec<&String> = run
+                    .lines
+                    .iter()
+                    .filter(|l| l.starts_with("threads"))
+                    .collect();
+                exact &=
+                    lines.len() == WORKERS && lines.iter().all(|l| field(l, "exact") == Some("1"));
                 let slowest = |f: &str| {
                     lines
                         .iter()
