@@ -384,7 +384,11 @@ fn launch(
     nodes: usize,
 ) -> Job {
     let mut cmd = Command::new(pslite);
+    // --exit-grace: C++ nodes of 1+250+250 under a loaded machine took
+    // more than the default 30 s to exit after the first one did, which the
+    // launcher counts as a failure (a server that forgot to finalize).
     cmd.args(["launch", "--timeout", &JOB_TIMEOUT.as_secs().to_string()])
+        .args(["--exit-grace", &JOB_TIMEOUT.as_secs().to_string()])
         .args(["--servers", &n.to_string(), "--workers", &n.to_string()]);
     if let Some(s) = scheduler {
         cmd.arg("--scheduler-program").arg(s);
