@@ -77,7 +77,7 @@ fn serve_leaving_unanswered(po: &Postoffice, unanswered: usize) -> Result<KVServ
             return;
         }
         let res = store.apply(meta, &req);
-        if let Err(e) = server.response(meta, res) {
+        if let Err(e) = server.answer(meta, res) {
             eprintln!("cannot answer node {}: {e}", meta.sender);
         }
     });

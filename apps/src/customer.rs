@@ -540,12 +540,16 @@ impl<H: Handler> Customer<H> {
                     if inline && !self.handler.handles_inline(&msg, Some(payload)) {
                         return None;
                     }
-                    Some(match &msg.meta.handler_panic {
-                        Some(message) => Err(Failure::HandlerPanicked {
+                    Some(match (&msg.meta.handler_panic, &msg.meta.refusal) {
+                        (Some(message), _) => Err(Failure::HandlerPanicked {
                             node: sender,
                             message: message.to_string(),
                         }),
-                        None => Ok(self.handler.on_response(&msg, payload)),
+                        (None, Some(refusal)) => Err(Failure::Refused {
+                            node: sender,
+                            refusal: (**refusal).clone(),
+                        }),
+                        (None, None) => Ok(self.handler.on_response(&msg, payload)),
                     })
                 })
             }));
@@ -572,7 +576,8 @@ impl<H: Handler> Customer<H> {
             Answer::Declined => return None,
             Answer::Counted => None,
             Answer::Completed(completion) if completion.failure.is_some() => {
-                // Failed (a remote handler panicked): the app sees no data.
+                // Failed (a remote handler panicked, or the request was
+                // refused): the app sees no data.
                 self.complete(completion);
                 return None;
             }

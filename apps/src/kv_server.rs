@@ -21,13 +21,14 @@ use dashmap::DashMap;
 
 use log::{error, warn};
 use pslite_postoffice::Postoffice;
-use pslite_proto::{lock, Message, NodeId};
+use pslite_proto::refusal::Refusal;
+use pslite_proto::{lock, Message, Meta, NodeId};
 use pslite_van::hold::message_bytes;
 use pslite_van::{HoldQueue, LogOnce};
 
 use crate::customer::{Customer, Handler};
 use crate::engine::{Collected, Engine};
-use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
+use crate::kv_pairs::{accepts, KVMeta, KVPairs, Key, Val};
 use crate::sarray::SArray;
 use crate::simple_app::SimpleData;
 use crate::Error;
@@ -83,19 +84,24 @@ impl<V: Val> Handles<V> {
     }
 
     /// Queues `req` from `sender` (`bytes` of payload) until its handle is
-    /// set; drops it with a warning if too much waits already.
-    fn queue(&mut self, sender: NodeId, bytes: usize, req: Queued<V>) {
-        if let Err(refused) = self.queued.push(sender, bytes, req) {
-            let waiting = self.queued.len();
-            let limit = self.queued.limit();
-            drop(refused);
-            self.dropped.log(sender, || {
-                format!(
-                    "dropping a request from node {sender}: {waiting} requests already wait \
-                     for this server's request handle (PS_HOLD_LIMIT is {limit} bytes)"
-                )
-            });
-        }
+    /// set; if too much waits already, hands it back with why (to refuse).
+    fn queue(
+        &mut self,
+        sender: NodeId,
+        bytes: usize,
+        req: Queued<V>,
+    ) -> Option<(Queued<V>, String)> {
+        let refused = self.queued.push(sender, bytes, req).err()?;
+        let waiting = self.queued.len();
+        let limit = self.queued.limit();
+        let why = format!(
+            "{waiting} requests already wait for this server's request handle (PS_HOLD_LIMIT \
+             is {limit} bytes): set the handle sooner, or raise PS_HOLD_LIMIT"
+        );
+        self.dropped.log(sender, || {
+            format!("refusing requests from node {sender}: {why}")
+        });
+        Some((refused.item, why))
     }
 }
 
@@ -422,6 +428,36 @@ impl<V: Val> KVServer<V> {
         Ok(())
     }
 
+    /// Refuses request `req`: the worker's wait fails at once with
+    /// [`Failure::Refused`](crate::Failure::Refused) carrying `refusal`
+    /// (for a request the handle cannot take: values it cannot use, a
+    /// command it does not know). Apply nothing of a request you refuse.
+    /// A C++ worker cannot be told: the refusal is logged instead.
+    pub fn refuse(&self, req: &KVMeta, refusal: Refusal) {
+        // On engine threads, a part of a request refused refuses the
+        // request once; its other parts' answers are dropped (the parts
+        // on other threads may have been applied).
+        if let Some(engine) = self.inner().engine.get() {
+            if !engine.part_failed(req) {
+                return;
+            }
+        }
+        crate::refusal::refuse(&self.inner().po, &request_meta(req), refusal);
+    }
+
+    /// Answers request `req` with `result`: [`KVServer::response`] with the
+    /// pairs, or [`KVServer::refuse`] (e.g. with [`DefaultHandle::apply`]'s
+    /// result).
+    pub fn answer(&self, req: &KVMeta, result: Result<KVPairs<V>, Refusal>) -> Result<(), Error> {
+        match result {
+            Ok(res) => self.response(req, res),
+            Err(refusal) => {
+                self.refuse(req, refusal);
+                Ok(())
+            }
+        }
+    }
+
     /// The response to `req` carrying `res`.
     fn response_message(&self, req: &KVMeta, res: KVPairs<V>) -> Message {
         let mut msg = Message::default();
@@ -458,9 +494,23 @@ impl<V: Val> Inner<V> {
         let mut handles = lock(&self.handles);
         if handles.queued.is_empty() && handles.ready_for(&req) {
             server.dispatch(&mut handles, req);
-        } else {
-            handles.queue(sender, bytes, req);
+            return;
         }
+        let Some((refused, why)) = handles.queue(sender, bytes, req) else {
+            return;
+        };
+        drop(handles);
+        let meta = match &refused {
+            Queued::Kv(meta, _) => request_meta(meta),
+            Queued::Simple(data) => simple_meta(self.app_id, data),
+            // This node's own copies count no payload: never refused.
+            Queued::Snapshot { .. } | Queued::Restore { .. } => return,
+        };
+        let refusal = Refusal::Other {
+            app: self.app_id,
+            reason: why,
+        };
+        crate::refusal::refuse(&self.po, &meta, refusal);
     }
 
     /// Queues a key-range copy or restore request, which this node's own
@@ -474,25 +524,69 @@ impl<V: Val> Inner<V> {
 /// The sender of copy and restore requests (this node's core; no peer).
 const OWN_CORE: NodeId = -1;
 
+/// The meta of the request message `req` was read from (as much of it as
+/// an answer echoes).
+fn request_meta(req: &KVMeta) -> Meta {
+    Meta {
+        app_id: req.app_id,
+        customer_id: req.customer_id,
+        request: true,
+        push: req.push,
+        pull: req.pull,
+        head: req.cmd,
+        priority: req.priority,
+        timestamp: req.timestamp,
+        sender: req.sender,
+        ..Meta::default()
+    }
+}
+
+/// The meta of SimpleApp request `req` to app `app_id`.
+fn simple_meta(app_id: i32, req: &SimpleData) -> Meta {
+    Meta {
+        app_id,
+        customer_id: req.customer_id,
+        request: true,
+        simple_app: true,
+        head: req.head,
+        timestamp: req.timestamp,
+        sender: req.sender,
+        ..Meta::default()
+    }
+}
+
 impl<V: Val> Handler for Inner<V> {
     type Payload = ();
 
     fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message) {
         let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));
+        let refuse = |refusal| crate::refusal::refuse(&self.po, &msg.meta, refusal);
         let req = if msg.meta.simple_app {
             Queued::Simple(SimpleData::of(&msg))
         } else {
+            // The values frame's type (a pull sends an empty one, typed too).
+            if let Some(&sent) = msg.meta.data_type.get(1).filter(|&&t| !accepts::<V>(t)) {
+                refuse(Refusal::DataType {
+                    app: self.app_id,
+                    held: V::DATA_TYPE,
+                    sent,
+                });
+                return;
+            }
             match KVPairs::<V>::from_message(&msg) {
                 Ok(kvs) if msg.meta.push && kvs.vals.is_empty() && !kvs.keys.is_empty() => {
-                    warn!(
-                        "dropping a push without values from node {}",
-                        msg.meta.sender
-                    );
+                    refuse(Refusal::Other {
+                        app: self.app_id,
+                        reason: "a push without values".into(),
+                    });
                     return;
                 }
                 Ok(kvs) => Queued::Kv(KVMeta::of(&msg), kvs),
                 Err(e) => {
-                    warn!("KVServer app {}: {e}; dropped", self.app_id);
+                    refuse(Refusal::Other {
+                        app: self.app_id,
+                        reason: e.to_string(),
+                    });
                     return;
                 }
             }
@@ -597,25 +691,41 @@ impl<V: Val> DefaultHandle<V> {
     }
 
     /// Applies one request to the store and returns the response pairs
-    /// (callable from several threads at once).
-    pub fn apply(&self, meta: &KVMeta, req: &KVPairs<V>) -> KVPairs<V> {
+    /// (answer with them: [`KVServer::answer`]; callable from several
+    /// threads at once). A push that sends a key another number of values
+    /// than the key holds is refused whole ([`Refusal::Lengths`], naming
+    /// the first such key): nothing of it is applied. A key's first push
+    /// sets its number of values.
+    pub fn apply(&self, meta: &KVMeta, req: &KVPairs<V>) -> Result<KVPairs<V>, Refusal> {
         if meta.push {
             let per_key = req.values_per_key();
+            let mismatch = req.keys.iter().zip(&per_key).find_map(|(&key, &n)| {
+                let held = self.store.get(&key)?.len();
+                (held != n).then_some((key, held, n))
+            });
+            if let Some((key, held, sent)) = mismatch {
+                return Err(Refusal::Lengths {
+                    app: meta.app_id,
+                    key,
+                    held: held as u64,
+                    sent: sent as u64,
+                });
+            }
             let mut offset = 0;
             for (&key, &n) in req.keys.iter().zip(&per_key) {
                 let vals = &req.vals[offset..offset + n];
                 offset += n;
-                let mut slot = self.store.entry(key).or_default();
-                if slot.len() < vals.len() {
-                    slot.resize(vals.len(), V::default());
-                }
+                let mut slot = self
+                    .store
+                    .entry(key)
+                    .or_insert_with(|| vec![V::default(); n]);
                 for (s, v) in slot.iter_mut().zip(vals) {
                     *s += *v;
                 }
             }
         }
         if !meta.pull {
-            return KVPairs::default();
+            return Ok(KVPairs::default());
         }
         let mut vals = Vec::new();
         let mut lens = Vec::with_capacity(req.keys.len());
@@ -632,7 +742,7 @@ impl<V: Val> DefaultHandle<V> {
             }
         }
         let uniform = lens.windows(2).all(|w| w[0] == w[1]);
-        KVPairs {
+        Ok(KVPairs {
             keys: req.keys.clone(),
             vals: SArray::from_vec(vals),
             lens: if uniform {
@@ -640,7 +750,7 @@ impl<V: Val> DefaultHandle<V> {
             } else {
                 SArray::from_vec(lens)
             },
-        }
+        })
     }
 
     /// The stored keys in `[begin, end)` with their values (key order).
@@ -660,7 +770,7 @@ impl<V: Val> DefaultHandle<V> {
     pub fn into_handle(self) -> impl Fn(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + Sync + 'static {
         move |meta, req, server| {
             let res = self.apply(meta, &req);
-            if let Err(e) = server.response(meta, res) {
+            if let Err(e) = server.answer(meta, res) {
                 warn!("cannot answer node {}: {e}", meta.sender);
             }
         }
@@ -672,7 +782,7 @@ impl<V: Val> DefaultHandle<V> {
 impl<V: Val> ReplicatedHandle<V> for DefaultHandle<V> {
     fn handle(&mut self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
         let res = self.apply(meta, &req);
-        if let Err(e) = server.response(meta, res) {
+        if let Err(e) = server.answer(meta, res) {
             warn!("cannot answer node {}: {e}", meta.sender);
         }
     }

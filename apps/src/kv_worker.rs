@@ -620,10 +620,11 @@ impl<V: Val> Handler for Inner<V> {
             }
             return;
         }
-        warn!(
-            "KVWorker app {} dropping a KV request from node {}: workers serve no KV requests",
-            self.app_id, msg.meta.sender
-        );
+        let refusal = pslite_proto::refusal::Refusal::Other {
+            app: self.app_id,
+            reason: "a key-value request to a worker (workers serve none)".into(),
+        };
+        crate::refusal::refuse(&self.po, &msg.meta, refusal);
     }
 
     fn on_response(&self, msg: &Message, pending: &mut Pending<V>) -> bool {

@@ -60,6 +60,7 @@
 //! (ZeroMQ transport, scheduler state machine), `pslite-postoffice`
 //! (configuration, node life cycle, barriers, routing to customers).
 
+mod all_reduce;
 mod customer;
 mod engine;
 mod error;
@@ -67,12 +68,14 @@ mod kv_pairs;
 mod kv_server;
 mod kv_worker;
 mod logging;
+mod refusal;
 mod request;
 mod sarray;
 mod simple_app;
 
 use std::process::ExitCode;
 
+pub use all_reduce::{AllReduceHandle, Mean, AVERAGE};
 pub use customer::{Customer, Handler, Request};
 /// Which engine thread owns a key (`PS_SERVER_THREADS`).
 pub use engine::shard_of;
@@ -89,6 +92,7 @@ pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membershi
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};
+pub use pslite_proto::refusal::Refusal;
 pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
 /// Talking to a running cluster's scheduler from outside it (`pslite status`).

@@ -273,10 +273,11 @@ impl Handler for Inner {
 
     fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message) {
         if !msg.meta.simple_app {
-            warn!(
-                "SimpleApp {} dropping a non-SimpleApp request from node {}",
-                self.app_id, msg.meta.sender
-            );
+            let refusal = pslite_proto::refusal::Refusal::Other {
+                app: self.app_id,
+                reason: "a key-value request to a SimpleApp (no KVServer has this app id)".into(),
+            };
+            crate::refusal::refuse(&self.po, &msg.meta, refusal);
             return;
         }
         let app = SimpleApp {
@@ -292,13 +293,23 @@ impl Handler for Inner {
                 let sender = req.sender;
                 if waiting.push(sender, req.body.len(), req).is_err() {
                     let (n, limit) = (waiting.len(), waiting.limit());
+                    let why = format!(
+                        "{n} requests already wait for its request handle (PS_HOLD_LIMIT is \
+                         {limit} bytes): set the handle sooner, or raise PS_HOLD_LIMIT"
+                    );
                     dropped.log(sender, || {
                         format!(
-                            "SimpleApp {} dropping a request from node {sender}: {n} requests \
-                             already wait for its request handle (PS_HOLD_LIMIT is {limit} bytes)",
+                            "SimpleApp {} refusing requests from node {sender}: {why}",
                             self.app_id
                         )
                     });
+                    drop(queued);
+                    drop(slot);
+                    let refusal = pslite_proto::refusal::Refusal::Other {
+                        app: self.app_id,
+                        reason: why,
+                    };
+                    crate::refusal::refuse(&self.po, &msg.meta, refusal);
                 }
             }
         }

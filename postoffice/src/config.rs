@@ -97,6 +97,11 @@ pub struct Config {
     /// `DefaultHandle`): requests on disjoint keys in parallel, on the same
     /// key in arrival order. Default 1 (the app's thread).
     pub server_threads: usize,
+    /// `PS_APP_WAIT` (milliseconds): how long a request for an app (a
+    /// customer) this node does not have waits for it to be created; then
+    /// it is refused, and the requester's wait fails saying so (C++
+    /// ps-lite waits 5 s, then aborts the node).
+    pub app_wait: Duration,
 }
 
 /// The most `PS_SERVER_THREADS`.
@@ -104,6 +109,9 @@ pub const MAX_SERVER_THREADS: u64 = 256;
 
 /// The default `PS_QUEUE_LIMIT`.
 pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
+
+/// The default `PS_APP_WAIT`, in milliseconds.
+pub const DEFAULT_APP_WAIT_MS: u64 = 5_000;
 
 /// The default `PS_REQUEST_WARN`, in seconds.
 pub const DEFAULT_REQUEST_WARN_SECS: u64 = 30;
@@ -324,6 +332,10 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
         Numeric::new(Unit::Count, 1, MAX_SERVER_THREADS),
     ),
     (
+        "PS_APP_WAIT",
+        Numeric::new(Unit::Milliseconds, 0, 3_600_000).note("0 = refuse at once"),
+    ),
+    (
         "PS_REQUEST_WARN",
         Numeric::new(Unit::Seconds, 1, MAX_SECONDS),
     ),
@@ -459,6 +471,7 @@ impl Config {
             metrics_port: None,
             request_warn: Duration::from_secs(DEFAULT_REQUEST_WARN_SECS),
             server_threads: 1,
+            app_wait: Duration::from_millis(DEFAULT_APP_WAIT_MS),
         }
     }
 
@@ -573,6 +586,7 @@ impl Config {
         let queue_limit = env.number("PS_QUEUE_LIMIT", DEFAULT_QUEUE_LIMIT as u64)? as usize;
         let request_warn =
             Duration::from_secs(env.number("PS_REQUEST_WARN", DEFAULT_REQUEST_WARN_SECS)?);
+        let app_wait = Duration::from_millis(env.number("PS_APP_WAIT", DEFAULT_APP_WAIT_MS)?);
         Ok(Config {
             van: VanConfig {
                 role,
@@ -629,6 +643,7 @@ impl Config {
             metrics_port: env.optional_number("PS_METRICS_PORT")?.map(|p| p as u16),
             request_warn,
             server_threads: env.number("PS_SERVER_THREADS", 1)? as usize,
+            app_wait,
         })
     }
 }

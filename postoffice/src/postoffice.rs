@@ -5,10 +5,11 @@
 //! several nodes can live in one process (tests do that). Clones share the
 //! same node.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use log::{debug, error};
+use log::{debug, error, warn};
 use pslite_proto::ids::{self, NodeId};
 use pslite_proto::stats::NodeCounters;
 use pslite_proto::{lock, Message, Node, Role};
@@ -118,6 +119,9 @@ pub(crate) type MembershipCallback = Arc<dyn Fn(&Membership) + Send + Sync>;
 struct Inner {
     config: Config,
     router: Arc<CustomerRouter>,
+    /// The thread that refuses requests held for apps that never came
+    /// (`PS_APP_WAIT`), and its stop flag.
+    app_clock: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
     van: Mutex<Option<Arc<Van>>>,
     counters: Arc<Counters>,
     metrics: Mutex<Option<MetricsServer>>,
@@ -132,17 +136,17 @@ pub struct Postoffice {
 impl Postoffice {
     /// A node configured by `config`; nothing is started yet.
     pub fn new(config: Config) -> Postoffice {
-        let router = Arc::new(CustomerRouter::new(
-            config.van.role,
-            config.queue_limit,
-            config.van.hold_limit,
-        ));
+        let router = Arc::new(
+            CustomerRouter::new(config.van.role, config.queue_limit, config.van.hold_limit)
+                .with_app_wait(config.app_wait),
+        );
         Postoffice {
             inner: Arc::new(Inner {
                 config,
                 router,
+                app_clock: Mutex::new(None),
                 van: Mutex::new(None),
-                counters: Arc::new(Counters::new()),
+                counters: Arc::new(Counters::new(Instant::now())),
                 metrics: Mutex::new(None),
             }),
         }
@@ -182,6 +186,7 @@ impl Postoffice {
         };
         van.register(customer_id)?;
         self.start_metrics(&van);
+        self.start_app_clock(&van);
         // A recovered node, and an elastic worker admitted after the first
         // round, skip the start barrier: the others are past it.
         let late = self.is_worker() && van.joined_round().is_some_and(|r| r > 0);
@@ -194,6 +199,29 @@ impl Postoffice {
         }
         debug!("customer {customer_id} started");
         Ok(())
+    }
+
+    /// Starts, once, the thread that refuses requests held for apps this
+    /// node never created (see [`CustomerRouter::expire_held`]).
+    fn start_app_clock(&self, van: &Arc<Van>) {
+        let mut slot = lock(&self.inner.app_clock);
+        if slot.is_some() {
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let router = Arc::clone(&self.inner.router);
+        let van = Arc::downgrade(van);
+        let stopped = Arc::clone(&stop);
+        let spawned = std::thread::Builder::new()
+            .name("pslite-app-wait".into())
+            .spawn(move || app_clock(&router, &van, &stopped));
+        match spawned {
+            Ok(thread) => *slot = Some((stop, thread)),
+            Err(e) => warn!(
+                "cannot start the thread that refuses requests for apps this node lacks: {e}; \
+                 such requests wait"
+            ),
+        }
     }
 
     /// Starts the metrics endpoint once, if `PS_METRICS_PORT` is set. A node
@@ -218,7 +246,9 @@ impl Postoffice {
         let node = van.my_node();
         let counters = Arc::clone(&self.inner.counters);
         let shm = van.shm_stats();
-        let render = Arc::new(move || metrics::render(&node, &counters.snapshot(), shm.as_deref()));
+        let render = Arc::new(move || {
+            metrics::render(&node, &counters.snapshot(Instant::now()), shm.as_deref())
+        });
         match MetricsServer::start(&ip, port, render) {
             Ok(server) => *slot = Some(server),
             Err(e) => error!("PS_METRICS_PORT: cannot serve metrics on {ip}:{port}: {e}"),
@@ -228,7 +258,7 @@ impl Postoffice {
     /// This node's counters now: messages and bytes per peer, resends, drops
     /// by reason, requests in flight, handler time. Cheap enough to call often.
     pub fn counters(&self) -> NodeCounters {
-        self.inner.counters.snapshot()
+        self.inner.counters.snapshot(Instant::now())
     }
 
     /// The live counters, for apps that count their requests and handlers.
@@ -266,6 +296,11 @@ impl Postoffice {
                 van.stop();
             }
             lock(&self.inner.metrics).take();
+            if let Some((stop, thread)) = lock(&self.inner.app_clock).take() {
+                stop.store(true, Ordering::SeqCst);
+                self.inner.router.wake();
+                let _ = thread.join();
+            }
         }
         result
     }
@@ -532,6 +567,41 @@ impl Postoffice {
             VanError::Resolve { host } => Error::BindHost { host },
             other => Error::Van(other),
         }
+    }
+}
+
+/// The clock of requests held for apps this node does not have: refuses
+/// each once it has waited `PS_APP_WAIT` (or did not fit the hold), telling
+/// pslite requesters why; until `stop`.
+fn app_clock(router: &CustomerRouter, van: &std::sync::Weak<Van>, stop: &AtomicBool) {
+    let mut seen = 0;
+    // Ends with the node too when it is dropped without finalize.
+    while !stop.load(Ordering::SeqCst) && van.strong_count() > 0 {
+        let refusals = router.expire_held(Instant::now());
+        if !refusals.is_empty() {
+            let Some(van) = van.upgrade() else { return };
+            for msg in refusals {
+                let requester = msg.meta.recver;
+                let refusal = msg.meta.refusal.as_deref().map(ToString::to_string);
+                let refusal = refusal.unwrap_or_default();
+                let pslite = van.nodes().iter().any(|n| n.id == requester && n.pslite);
+                if !pslite {
+                    warn!(
+                        "dropping a request from node {requester}, which is not a pslite node \
+                         and cannot be told why: {refusal}"
+                    );
+                    continue;
+                }
+                warn!("refusing a request from node {requester}: {refusal}");
+                if let Err(e) = van.send(msg) {
+                    warn!("cannot tell node {requester} that its request was refused: {e}");
+                }
+            }
+        }
+        let next = router
+            .next_expiry()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
+        seen = router.wait_for_held(seen, next);
     }
 }
 

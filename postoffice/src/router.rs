@@ -6,7 +6,12 @@
 //! held, in order, and handed over when it registers: a server may receive
 //! pushes before its `KVServer` exists (C++ ps-lite aborts after 5 s there).
 //! What is held is bounded in bytes, in total and per sender
-//! (`PS_HOLD_LIMIT`), so strangers cannot pin memory.
+//! (`PS_HOLD_LIMIT`), so strangers cannot pin memory. A request held longer
+//! than `PS_APP_WAIT` (or one that does not fit) is refused: the requester
+//! is answered with [`Refusal::NoApp`] (or why it did not fit) and its wait
+//! fails, rather than waiting for an app that may never exist
+//! ([`CustomerRouter::expire_held`] and [`CustomerRouter::take_refusals`],
+//! driven by the Postoffice's clock thread).
 //!
 //! Each customer's queue holds at most `PS_QUEUE_LIMIT` data messages
 //! ([`CustomerQueue`]): when a handler falls behind, the next message is
@@ -14,10 +19,12 @@
 //! until the queue is half empty (back-pressure on the senders), without
 //! the receive thread ever waiting: heartbeats go on.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use log::{debug, warn};
+use pslite_proto::refusal::{self, Refusal};
 use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
 use pslite_van::hold::message_bytes;
 use pslite_van::{Delivered, Dispatch, Failure, HoldQueue, Room};
@@ -92,7 +99,14 @@ struct Routes {
     /// in arrival order: messages, and (replicated key ranges) copy and
     /// restore requests for server apps (a server that replaces a dead one
     /// gets its copies as soon as it joins, before its `KVServer` exists).
-    held: HoldQueue<(CustomerKey, Delivery)>,
+    held: HoldQueue<(CustomerKey, Delivery, Instant)>,
+    /// When each held request arrived, oldest first (a request delivered
+    /// since leaves its instant behind: it only costs a wake-up).
+    held_requests: VecDeque<Instant>,
+    /// Refusals to send (requests that did not fit the hold).
+    refusals: Vec<Message>,
+    /// Counts requests held and refusals queued (wakes the clock thread).
+    generation: u64,
 }
 
 /// The sender copy and restore requests are held under: this node's own
@@ -106,7 +120,11 @@ const OWN_CORE: NodeId = -1;
 pub struct CustomerRouter {
     role: Role,
     queue_limit: usize,
+    /// `PS_APP_WAIT`.
+    app_wait: Duration,
     routes: Mutex<Routes>,
+    /// Notified when a request is held or a refusal waits to be sent.
+    held_changed: Condvar,
     /// Elastic mode: called when a round begins.
     membership_callbacks: Mutex<Vec<crate::postoffice::MembershipCallback>>,
 }
@@ -130,13 +148,89 @@ impl CustomerRouter {
         CustomerRouter {
             role,
             queue_limit: queue_limit.max(1),
+            app_wait: Duration::from_millis(crate::config::DEFAULT_APP_WAIT_MS),
             routes: Mutex::new(Routes {
                 customers: HashMap::new(),
                 failure: None,
                 held: HoldQueue::new(hold_limit),
+                held_requests: VecDeque::new(),
+                refusals: Vec::new(),
+                generation: 0,
             }),
+            held_changed: Condvar::new(),
             membership_callbacks: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Requests for a customer that does not exist are refused after
+    /// `wait` (`PS_APP_WAIT`; 5 s by default).
+    pub fn with_app_wait(mut self, wait: Duration) -> CustomerRouter {
+        self.app_wait = wait;
+        self
+    }
+
+    /// Takes the held requests that have waited `PS_APP_WAIT` by `now`,
+    /// and returns their refusals (to send), with those of requests that
+    /// did not fit the hold.
+    pub fn expire_held(&self, now: Instant) -> Vec<Message> {
+        let mut routes = self.routes();
+        let wait = self.app_wait;
+        let due = |since: &Instant| now.saturating_duration_since(*since) >= wait;
+        let mut out = std::mem::take(&mut routes.refusals);
+        if routes.held_requests.front().is_some_and(due) {
+            while routes.held_requests.front().is_some_and(due) {
+                routes.held_requests.pop_front();
+            }
+            let expired = routes.held.take_if(|(_, delivery, since)| {
+                matches!(delivery, Delivery::Message(m) if m.meta.request) && due(since)
+            });
+            for ((app, customer), delivery, since) in expired {
+                let Delivery::Message(msg) = delivery else {
+                    continue;
+                };
+                let waited_ms = now.saturating_duration_since(since).as_millis() as u64;
+                out.push(refusal::response(
+                    &msg.meta,
+                    Refusal::NoApp {
+                        app,
+                        customer,
+                        waited_ms,
+                    },
+                ));
+            }
+        }
+        out
+    }
+
+    /// When [`CustomerRouter::expire_held`] has something to do next (now,
+    /// if refusals wait); `None` while nothing is held.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        let routes = self.routes();
+        if !routes.refusals.is_empty() {
+            return Some(Instant::now());
+        }
+        routes
+            .held_requests
+            .front()
+            .map(|since| *since + self.app_wait)
+    }
+
+    /// Waits until a request is held or a refusal queued after generation
+    /// `seen` (0 at first), at most until `deadline`; returns the
+    /// generation now (for the clock thread).
+    pub fn wait_for_held(&self, seen: u64, deadline: Instant) -> u64 {
+        let routes = self.routes();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (routes, _) = self
+            .held_changed
+            .wait_timeout_while(routes, left, |r| r.generation == seen)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        routes.generation
+    }
+
+    /// Wakes [`CustomerRouter::wait_for_held`] (to stop the clock thread).
+    pub fn wake(&self) {
+        self.held_changed.notify_all();
     }
 
     /// Calls `f` each time an elastic round begins.
@@ -170,7 +264,7 @@ impl CustomerRouter {
         if routes.customers.contains_key(&key) {
             return None;
         }
-        let held = routes.held.take_if(|(k, _)| *k == key);
+        let held = routes.held.take_if(|(k, _, _)| *k == key);
         let (tx, rx) = customer_queue(self.queue_limit);
         if let Some(failure) = &routes.failure {
             tx.push(Delivery::NodeFailed(failure.clone()));
@@ -184,7 +278,7 @@ impl CustomerRouter {
             );
         }
         // What was held goes in whatever the limit.
-        for (_, delivery) in held {
+        for (_, delivery, _) in held {
             tx.push(delivery);
         }
         let queue = Arc::new(tx);
@@ -214,7 +308,10 @@ impl CustomerRouter {
     fn to_app(&self, app: i32, what: Delivery) {
         let mut routes = self.routes();
         let Some(queue) = routes.customers.get(&(app, app)).map(|r| r.queue.clone()) else {
-            match routes.held.push(OWN_CORE, 0, ((app, app), what)) {
+            match routes
+                .held
+                .push(OWN_CORE, 0, ((app, app), what, Instant::now()))
+            {
                 Ok(()) => debug!("holding a key-range copy request until app {app} registers"),
                 Err(_) => warn!(
                     "dropping a key-range copy request: app {app} never registered and too \
@@ -286,21 +383,55 @@ impl Dispatch for CustomerRouter {
         }
         let sender = msg.meta.sender;
         let bytes = message_bytes(&msg);
+        let request = msg.meta.request;
+        let now = Instant::now();
+        if request && self.app_wait.is_zero() {
+            let refusal = Refusal::NoApp {
+                app: key.0,
+                customer: key.1,
+                waited_ms: 0,
+            };
+            routes.refusals.push(refusal::response(&msg.meta, refusal));
+            routes.generation += 1;
+            drop(routes);
+            self.held_changed.notify_all();
+            return Delivered::Taken;
+        }
         match routes
             .held
-            .push(sender, bytes, (key, Delivery::Message(msg)))
+            .push(sender, bytes, (key, Delivery::Message(msg), now))
         {
-            Ok(()) => debug!(
-                "holding a message for app {} customer {} until it registers",
-                key.0, key.1
-            ),
-            Err(_) => warn!(
-                "dropping a message from node {sender} for app {} customer {}: too much data \
-                 waits for customers that never registered (PS_HOLD_LIMIT is {} bytes)",
-                key.0,
-                key.1,
-                routes.held.limit()
-            ),
+            Ok(()) => {
+                debug!(
+                    "holding a message for app {} customer {} until it registers",
+                    key.0, key.1
+                );
+                if request {
+                    routes.held_requests.push_back(now);
+                    routes.generation += 1;
+                    drop(routes);
+                    self.held_changed.notify_all();
+                }
+            }
+            Err(refused) => {
+                let limit = routes.held.limit();
+                let reason = format!(
+                    "there is no app {} customer {} yet, and too much data waits for apps \
+                     that were not created (PS_HOLD_LIMIT is {limit} bytes)",
+                    key.0, key.1
+                );
+                warn!("refusing a message from node {sender}: {reason}");
+                let (_, delivery, _) = refused.item;
+                if let Delivery::Message(msg) = delivery {
+                    if msg.meta.request {
+                        let refusal = Refusal::Other { app: key.0, reason };
+                        routes.refusals.push(refusal::response(&msg.meta, refusal));
+                        routes.generation += 1;
+                        drop(routes);
+                        self.held_changed.notify_all();
+                    }
+                }
+            }
         }
         Delivered::Taken
     }

@@ -14,6 +14,7 @@ use prost::Message as _;
 use crate::checkpoint::CheckpointMsg;
 use crate::ids::K_EMPTY;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
+use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::shm::ShmFrame;
 use crate::stats::{NodeCounters, NodeStatus};
@@ -117,6 +118,7 @@ impl Meta {
             shm: None,
             replica: self.replica.as_deref().map(ReplicaMsg::to_pb),
             checkpoint: self.checkpoint.as_deref().map(CheckpointMsg::to_pb),
+            refusal: self.refusal.as_deref().map(Refusal::to_pb),
         }
     }
 
@@ -169,6 +171,7 @@ impl Meta {
                 )),
                 None => None,
             },
+            refusal: pb.refusal.map(|r| Box::new(Refusal::from_pb(r))),
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

@@ -30,6 +30,7 @@ pub mod ids;
 mod message;
 mod meta;
 mod node;
+pub mod refusal;
 pub mod replica;
 pub mod shm;
 pub mod stats;

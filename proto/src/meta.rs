@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use crate::checkpoint::CheckpointMsg;
 use crate::ids::{NodeId, K_EMPTY};
+use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
@@ -154,6 +155,25 @@ impl DataType {
         })
     }
 
+    /// Its name as NumPy calls the element type (`float32`, `uint64`);
+    /// `char` and `raw bytes` for the two C++ types NumPy has no name for.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Char => "char",
+            DataType::Int8 => "int8",
+            DataType::Int16 => "int16",
+            DataType::Int32 => "int32",
+            DataType::Int64 => "int64",
+            DataType::UInt8 => "uint8",
+            DataType::UInt16 => "uint16",
+            DataType::UInt32 => "uint32",
+            DataType::UInt64 => "uint64",
+            DataType::Float => "float32",
+            DataType::Double => "float64",
+            DataType::Other => "raw bytes",
+        }
+    }
+
     /// Bytes per element (1 for `Char`, `Other`).
     pub fn size(self) -> usize {
         match self {
@@ -213,6 +233,9 @@ pub struct Meta {
     /// order to write one, a report, the restore plan, a worker's requests
     /// in flight on its BARRIER).
     pub checkpoint: Option<Box<CheckpointMsg>>,
+    /// pslite-only (field 120): on a response, the responder refused the
+    /// request (nothing of it was applied), and why.
+    pub refusal: Option<Box<Refusal>>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -249,6 +272,7 @@ impl Default for Meta {
             store: None,
             replica: None,
             checkpoint: None,
+            refusal: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

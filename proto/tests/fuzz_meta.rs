@@ -106,6 +106,7 @@ prop_compose! {
             store: None,
             replica: None,
             checkpoint: None,
+            refusal: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

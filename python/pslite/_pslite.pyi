@@ -1,6 +1,6 @@
 """Type stubs of pslite's native module (see the package docstring)."""
 
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -10,6 +10,8 @@ from . import errors
 ArrayLike = npt.ArrayLike
 DType = Union[str, type, np.dtype]
 Bytes = Union[str, bytes]
+#: What out= fills: a writable C-contiguous NumPy array, or a CPU torch.Tensor.
+Out = Any
 
 SCHEDULER_GROUP: int
 SERVER_GROUP: int
@@ -17,12 +19,16 @@ WORKER_GROUP: int
 ALL_GROUP: int
 DTYPES: list[str]
 
+def _cli(argv: list[str], python: str) -> NoReturn:
+    """Runs the `pslite` command (`pslite.__main__`) and exits the process."""
+
 def frozen(array: ArrayLike, dtype: Optional[DType] = None) -> np.ndarray:
     """A read-only copy that pslite owns: pushed again and again without a copy."""
 
 def misaligned_copies() -> int:
     """Received frames copied because they were misaligned (process-wide)."""
 
+@final
 class ArrayView:
     """The base of every array pslite hands out: a view of an SArray."""
     @property
@@ -31,11 +37,13 @@ class ArrayView:
     def __array_interface__(self) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
 
+@final
 class Membership:
     """The workers of the current elastic round, in rank order."""
     round: int
     workers: list[int]
 
+@final
 class Postoffice:
     """A node of a ps-lite cluster."""
     @staticmethod
@@ -70,9 +78,10 @@ class Postoffice:
     def store(self, timeout: Optional[float] = 300.0) -> Store: ...
     def counters(self) -> dict[str, Any]: ...
 
+@final
 class KVPairs:
     """Keys, their values and optionally values per key, as NumPy arrays."""
-    def __init__(self, keys: ArrayLike, vals: ArrayLike, lens: Optional[ArrayLike] = None) -> None: ...
+    def __new__(cls, keys: ArrayLike, vals: ArrayLike, lens: Optional[ArrayLike] = None) -> KVPairs: ...
     @property
     def keys(self) -> np.ndarray: ...
     @property
@@ -80,6 +89,7 @@ class KVPairs:
     @property
     def lens(self) -> np.ndarray: ...
 
+@final
 class KVMeta:
     """What a server's request handle learns about a request."""
     @property
@@ -101,6 +111,7 @@ class KVMeta:
 
 Callback = Callable[[Union[KVPairs, errors.Error]], None]
 
+@final
 class Request:
     """A request sent by KVWorker.push/pull/push_pull/request or SimpleApp.request.
 
@@ -124,28 +135,40 @@ class Request:
 
 Ts = Union[Request, int]
 
+@final
 class KVWorker:
     """A worker's key-value app."""
-    def __init__(self, po: Postoffice, app_id: int = 0, customer_id: int = 0,
-                 dtype: Optional[DType] = None) -> None: ...
+    def __new__(cls, po: Postoffice, app_id: int = 0, customer_id: int = 0,
+                 dtype: Optional[DType] = None) -> KVWorker: ...
     @property
     def dtype(self) -> str: ...
     def push(self, keys: ArrayLike, vals: ArrayLike, lens: Optional[ArrayLike] = None,
-             cmd: int = 0, priority: int = 0, callback: Optional[Callback] = None) -> Request: ...
+             cmd: int = 0, priority: int = 0, callback: Optional[Callback] = None,
+             cast: bool = False) -> Request: ...
     def pull(self, keys: ArrayLike, cmd: int = 0, priority: int = 0,
-             callback: Optional[Callback] = None) -> Request: ...
+             callback: Optional[Callback] = None, out: Optional[Out] = None) -> Request: ...
     def push_pull(self, keys: ArrayLike, vals: ArrayLike, lens: Optional[ArrayLike] = None,
-                  cmd: int = 0, priority: int = 0, callback: Optional[Callback] = None) -> Request: ...
+                  cmd: int = 0, priority: int = 0, callback: Optional[Callback] = None,
+                  out: Optional[Out] = None, cast: bool = False) -> Request: ...
     def wait(self, ts: Ts, timeout: Optional[float] = None) -> None: ...
     def take_pull(self, ts: Ts, timeout: Optional[float] = None) -> KVPairs: ...
-    def request(self, head: int, body: bytes = b"", recv: int = ...) -> Request: ...
+    def request(self, head: int, body: bytes = ..., recv: int = ...) -> Request: ...
     def membership(self) -> Membership: ...
     def close(self) -> None: ...
 
+@final
 class DefaultHandle:
     """ps-lite's sum store, run in Rust without the GIL."""
-    def __init__(self) -> None: ...
+    def __new__(cls) -> DefaultHandle: ...
 
+@final
+class AllReduceHandle:
+    """Sums each key's pushes over a round of every worker, then answers them all (in Rust)."""
+    def __new__(cls, num_workers: int) -> AllReduceHandle: ...
+    @property
+    def num_workers(self) -> int: ...
+
+@final
 class SimpleData:
     """A SimpleApp message."""
     @property
@@ -159,26 +182,30 @@ class SimpleData:
     @property
     def customer_id(self) -> int: ...
 
+@final
 class KVServer:
     """A server's key-value app."""
-    def __init__(self, po: Postoffice, app_id: int = 0, dtype: Optional[DType] = None) -> None: ...
+    def __new__(cls, po: Postoffice, app_id: int = 0, dtype: Optional[DType] = None) -> KVServer: ...
     @property
     def dtype(self) -> str: ...
-    def set_request_handle(self, handle: Union[DefaultHandle, Callable[[KVMeta, KVPairs, KVServer], None]],
+    def set_request_handle(self, handle: Union[DefaultHandle, AllReduceHandle,
+                                               Callable[[KVMeta, KVPairs, KVServer], None]],
                            inline: bool = False) -> None: ...
     def set_simple_request_handle(self, handle: Callable[[SimpleData, KVServer], None]) -> None: ...
     def response(self, meta: KVMeta, pairs: Optional[KVPairs] = None) -> None: ...
-    def simple_response(self, req: SimpleData, body: bytes = b"") -> None: ...
+    def refuse(self, meta: KVMeta, reason: str) -> None: ...
+    def simple_response(self, req: SimpleData, body: bytes = ...) -> None: ...
     def queued_requests(self) -> int: ...
     @property
     def app_id(self) -> int: ...
     def close(self) -> None: ...
 
+@final
 class SimpleApp:
     """Requests with an integer head and a byte body."""
-    def __init__(self, po: Postoffice, app_id: int = 0, customer_id: int = 0) -> None: ...
-    def request(self, head: int, body: bytes = b"", recv: int = ...) -> Request: ...
-    def response(self, req: SimpleData, body: bytes = b"") -> None: ...
+    def __new__(cls, po: Postoffice, app_id: int = 0, customer_id: int = 0) -> SimpleApp: ...
+    def request(self, head: int, body: bytes = ..., recv: int = ...) -> Request: ...
+    def response(self, req: SimpleData, body: bytes = ...) -> None: ...
     def wait(self, ts: Ts, timeout: Optional[float] = None) -> None: ...
     def set_request_handle(self, handle: Callable[[SimpleData, SimpleApp], None]) -> None: ...
     def set_response_handle(self, handle: Callable[[SimpleData, SimpleApp], None]) -> None: ...
@@ -188,6 +215,7 @@ class SimpleApp:
     def customer_id(self) -> int: ...
     def close(self) -> None: ...
 
+@final
 class StoreEvent:
     """One change of a watched key."""
     @property
@@ -197,6 +225,7 @@ class StoreEvent:
     @property
     def version(self) -> int: ...
 
+@final
 class Watch(Iterator[StoreEvent]):
     """The changes of one watched key, in order."""
     @property
@@ -205,6 +234,7 @@ class Watch(Iterator[StoreEvent]):
     def __iter__(self) -> Watch: ...
     def __next__(self) -> StoreEvent: ...
 
+@final
 class Store:
     """The job's key-value store, with torch.distributed.Store's method names."""
     def set(self, key: str, value: Bytes) -> None: ...

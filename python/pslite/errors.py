@@ -111,6 +111,26 @@ class CheckpointFailed(Failure):
     or a server could not restore one (the message names the file)."""
 
 
+class RequestRefused(Failure):
+    """A node could not take the request and said why (nothing of it was
+    applied there): the message names the app and what to change."""
+
+
+class DtypeMismatch(RequestRefused, TypeError):
+    """The request's values are of another dtype than the server's app
+    (the message names both): use a KVWorker of the server's dtype."""
+
+
+class LengthMismatch(RequestRefused, ValueError):
+    """The request sent a key another number of values than the server
+    holds for it (the message names the key and both numbers)."""
+
+
+class UnknownApp(RequestRefused, LookupError):
+    """The node has no such app (or customer): nothing created it within
+    PS_APP_WAIT."""
+
+
 class StoreError(Error):
     """A store call failed."""
 
@@ -128,5 +148,35 @@ class StoreUnsupported(StoreError):
     """The scheduler is C++ ps-lite, which hosts no key-value store."""
 
 
-__all__ = [name for name, value in list(globals().items())
-           if isinstance(value, type) and issubclass(value, Error)]
+__all__ = [
+    "Error",
+    "ConfigError",
+    "InvalidInput",
+    "Timeout",
+    "NotStarted",
+    "Failure",
+    "SchedulerLost",
+    "NotAcknowledged",
+    "PeerDead",
+    "PeerRestarted",
+    "Stopped",
+    "HandlerPanicked",
+    "ReceiveThreadDied",
+    "SendFailed",
+    "BadResponse",
+    "AuthRefused",
+    "RendezvousFailed",
+    "LeftRound",
+    "Replaced",
+    "AppDropped",
+    "RangeLost",
+    "CheckpointFailed",
+    "RequestRefused",
+    "DtypeMismatch",
+    "LengthMismatch",
+    "UnknownApp",
+    "StoreError",
+    "TooLarge",
+    "Refused",
+    "StoreUnsupported",
+]

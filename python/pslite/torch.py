@@ -1,40 +1,437 @@
-"""An optional PyTorch helper: embedding rows that live on pslite's servers.
+"""pslite for PyTorch: data-parallel training through parameter servers, as
+BytePS users know it, and embedding rows that live on the servers.
 
     import pslite.torch as pt
-    rows = pt.embedding(kv, keys, dim)   # pulls the rows of `keys`
-    loss(model(rows)).backward()         # pushes d loss / d rows for `keys`
 
-`embedding` pulls the values of `keys` (sorted, unique `numpy.uint64`; each
-key a row of `dim` float32) from the servers as a `(len(keys), dim)` tensor
-that requires grad; its backward pushes the rows' gradient for the same
-keys, and the servers' request handle applies it (an optimizer on the
-servers, as `train_ctr.py`'s AdaGrad). The backward waits for its push, so
-the next step's pull sees it on the servers that applied it. Needs
-`torch`; pslite itself and its tests do not.
+    pt.init()                      # on servers and the scheduler: serves, then exits
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    pt.broadcast_parameters(model.state_dict(), root_rank=0)
+    pt.broadcast_optimizer_state(opt, root_rank=0)
+    for x, y in batches:           # this worker's shard
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()   # each gradient is pushed as soon as it is ready
+        opt.step()                        # waits for the sums, then steps
+
+Run every role from one script: ``pslite launch -s 2 -w 2 -- python train.py``.
+
+`DistributedOptimizer` averages (or sums) every parameter's gradient over
+the workers through the servers before each step, like
+`byteps.torch.DistributedOptimizer`: a backward hook pushes each gradient
+as soon as autograd has accumulated it, so communication overlaps the rest
+of the backward pass; a gradient larger than the partition size (4 096 000
+bytes, `PSLITE_PARTITION_BYTES`) is cut into parts spread over every
+server; each request carries its layer's priority (earlier layers higher:
+the next forward pass needs them first) and `step()` collects them in that
+order. The servers sum each part over a round of every worker
+(`pslite.AllReduceHandle`, in Rust; divided by the number of workers in
+the same pass) and answer every worker, and the answer is copied into the
+gradient's own memory as it arrives, on pslite's thread, while the
+backward pass goes on (CPU tensors go without a copy on the sending side). CUDA tensors
+go through pinned host buffers (not tested here: this machine has no GPU).
+
+`broadcast_parameters` and `broadcast_optimizer_state` copy a root rank's
+model and optimizer state to every worker, exactly (bytes).
+
+`embedding(kv, keys, dim)` is an autograd function whose rows live on the
+servers (an optimizer there applies the pushed gradients): see
+`python/examples/train_ctr.py --torch`.
 """
+
+import atexit
+import io
+import os
+import sys
 
 import numpy as np
 import torch
 
+import pslite
+
+#: Apps on every server: float32 and float64 gradients, raw bytes (broadcasts).
+_APPS = {torch.float32: (0, "float32"), torch.float64: (2, "float64")}
+_RAW_APP = 1
+#: The command that asks the servers for the mean instead of the sum.
+_AVERAGE = 1
+#: BytePS's default partition size.
+DEFAULT_PARTITION_BYTES = 4_096_000
+
+
+class _State:
+    def __init__(self, po):
+        self.po = po
+        self.rank = po.my_rank()
+        self.size = po.num_workers
+        self.ranges = po.server_key_ranges()
+        self.workers = {}
+        for dtype, (app, name) in _APPS.items():
+            self.workers[dtype] = pslite.KVWorker(po, app_id=app, dtype=name)
+        self.raw = pslite.KVWorker(po, app_id=_RAW_APP, dtype="raw")
+        # Parts handed out so far, per app: part n goes to server n % S.
+        self.parts = {app: 0 for app, _ in _APPS.values()}
+        self.failed = False
+        self.closed = False
+
+    def new_key(self, app):
+        """The next part's key of `app`: parts spread over the servers."""
+        n = self.parts[app]
+        self.parts[app] = n + 1
+        servers = len(self.ranges)
+        begin, _ = self.ranges[n % servers]
+        return begin + n // servers
+
+
+_state = None
+
+
+def _partition_bytes():
+    raw = os.environ.get("PSLITE_PARTITION_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_PARTITION_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 64:
+        raise pslite.ConfigError(
+            f"PSLITE_PARTITION_BYTES must be a whole number of bytes, at least 64, got {raw!r}")
+    return value
+
+
+def init(po=None):
+    """Joins the job (`pslite launch` sets its DMLC_* variables; or pass a
+    Postoffice). On a server it serves the workers' sums (float32 and
+    float64 gradients, and broadcasts), on the scheduler it runs the job,
+    and both exit the process with code 0 once every node has finalized:
+    the code after `init()` runs on workers only. Workers finalize at
+    `shutdown()` (called at exit)."""
+    global _state
+    if _state is not None:
+        return
+    po = po or pslite.Postoffice.from_env()
+    po.start()
+    if po.is_server:
+        servers = [pslite.KVServer(po, app_id=app, dtype=name) for app, name in _APPS.values()]
+        servers.append(pslite.KVServer(po, app_id=_RAW_APP, dtype="raw"))
+        for server in servers:
+            server.set_request_handle(pslite.AllReduceHandle(po.num_workers))
+        po.finalize()
+        for server in servers:
+            server.close()
+        sys.exit(0)
+    if not po.is_worker:
+        po.finalize()
+        sys.exit(0)
+    _state = _State(po)
+    hook = sys.excepthook
+
+    def failed(*args):
+        # An uncaught exception: exit without the final barrier, which the
+        # other nodes may never reach (the launcher stops them).
+        if _state is not None:
+            _state.failed = True
+        hook(*args)
+
+    sys.excepthook = failed
+    atexit.register(shutdown)
+
+
+def _st():
+    if _state is None:
+        raise pslite.NotStarted("call pslite.torch.init() first")
+    return _state
+
+
+def shutdown():
+    """Leaves the job (the last barrier with every node); called at exit."""
+    s = _state
+    if s is None or s.closed:
+        return
+    s.closed = True
+    if s.failed:
+        return
+    for kv in [*s.workers.values(), s.raw]:
+        kv.close()
+    s.po.finalize()
+
+
+def rank():
+    """This worker's rank, 0 to size() - 1."""
+    return _st().rank
+
+
+def size():
+    """The number of workers."""
+    return _st().size
+
+
+def local_rank():
+    """This worker's rank on its machine (`pslite launch` runs one machine)."""
+    return int(os.environ.get("PSLITE_LOCAL_RANK", rank()))
+
+
+def _flat_bytes(t):
+    """A contiguous CPU tensor's memory as a writable uint8 NumPy array."""
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _host(t):
+    if t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+    host.copy_(t)
+    return host
+
+
+def _broadcast_tensors(tensors, root_rank):
+    """Replaces every tensor's contents by root_rank's, exactly: non-root
+    workers send zeros, and the servers' byte-wise sum is the root's bytes."""
+    s = _st()
+    if not 0 <= root_rank < s.size:
+        raise pslite.InvalidInput(f"root_rank must be from 0 to {s.size - 1}, got {root_rank}")
+    part = _partition_bytes()
+    servers = len(s.ranges)
+    pending = []
+    n = 0
+    with torch.no_grad():
+        for t in tensors:
+            host = _host(t.detach()).contiguous()
+            data = _flat_bytes(host)
+            if s.rank != root_rank:
+                data[:] = 0
+            for at in range(0, data.size, part):
+                begin, _ = s.ranges[n % servers]
+                keys = np.array([begin + n // servers], dtype=np.uint64)
+                n += 1
+                chunk = data[at:at + part]
+                pending.append(s.raw.push_pull(keys, chunk, out=chunk))
+            pending.append((t, host))
+        for item in pending:
+            if isinstance(item, tuple):
+                t, host = item
+                if host.data_ptr() != t.data_ptr():
+                    t.copy_(host)
+            else:
+                item.wait()
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Copies root_rank's parameters and buffers to every worker: `params`
+    is a `state_dict()` or `named_parameters()` (same names on every
+    worker); tensors go in name order."""
+    items = params.items() if isinstance(params, dict) else params
+    named = sorted(((name, t) for name, t in items if torch.is_tensor(t)), key=lambda x: x[0])
+    _broadcast_tensors([t for _, t in named], root_rank)
+
+
+def broadcast_object(obj, root_rank=0):
+    """root_rank's `obj` (anything `torch.save` takes) on every worker."""
+    s = _st()
+    if s.rank == root_rank:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        payload = np.frombuffer(buf.getvalue(), dtype=np.uint8).copy()
+    else:
+        payload = np.zeros(0, dtype=np.uint8)
+    length = torch.tensor([payload.size], dtype=torch.int64)
+    _broadcast_tensors([length], root_rank)
+    data = torch.zeros(int(length.item()), dtype=torch.uint8)
+    if s.rank == root_rank:
+        data.copy_(torch.from_numpy(payload))
+    _broadcast_tensors([data], root_rank)
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Copies root_rank's optimizer state (its state tensors, step counts
+    and hyper-parameters: `state_dict()`) to every worker."""
+    state = broadcast_object(optimizer.state_dict() if rank() == root_rank else None, root_rank)
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+class _Part:
+    __slots__ = ("keys", "begin", "end")
+
+    def __init__(self, key, begin, end):
+        self.keys = pslite.frozen(np.array([key], dtype=np.uint64))
+        self.begin, self.end = begin, end
+
+
+class _Param:
+    """A parameter's place in the plan: its parts, and its gradient in
+    flight."""
+
+    __slots__ = ("index", "name", "param", "parts", "kv", "passes", "requests", "host", "absent")
+
+    def __init__(self, index, name, param, parts, kv):
+        self.index, self.name, self.param, self.parts, self.kv = index, name, param, parts, kv
+        self.passes = 0
+        self.requests = None
+        self.host = None
+        self.absent = False
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 average):
+        super(self.__class__, self).__init__(params)
+        if compression is not None:
+            raise NotImplementedError(
+                "compression= is not built yet (gradient compression comes with issue 30): "
+                "leave it None")
+        if backward_passes_per_step < 1:
+            raise pslite.InvalidInput("backward_passes_per_step must be at least 1")
+        s = _st()
+        self._passes = backward_passes_per_step
+        self._average = average
+        in_groups = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is None:
+            named = [(f"param.{i}", p) for i, p in enumerate(in_groups)]
+        else:
+            named = list(named_parameters)
+            names = [n for n, _ in named]
+            if len(set(names)) != len(names):
+                raise pslite.InvalidInput("named_parameters has a name twice")
+            known = {id(p) for _, p in named}
+            missing = [i for i, p in enumerate(in_groups) if id(p) not in known]
+            if missing:
+                raise pslite.InvalidInput(
+                    f"{len(missing)} parameters of the optimizer are not in named_parameters")
+        ours = {id(p) for p in in_groups}
+        part_bytes = _partition_bytes()
+        self._plan = []
+        self._by_param = {}
+        # Model order: earlier layers first (highest priority).
+        for name, p in named:
+            if id(p) not in ours or id(p) in self._by_param or not p.requires_grad:
+                continue
+            if p.dtype not in _APPS:
+                raise pslite.InvalidInput(
+                    f"parameter {name} is {p.dtype}: DistributedOptimizer sums float32 and "
+                    f"float64 gradients")
+            app, _ = _APPS[p.dtype]
+            per_part = max(1, part_bytes // p.element_size())
+            parts = [_Part(s.new_key(app), at, min(at + per_part, p.numel()))
+                     for at in range(0, p.numel(), per_part)]
+            entry = _Param(len(self._plan), name, p, parts, s.workers[p.dtype])
+            self._plan.append(entry)
+            self._by_param[id(p)] = entry
+            p.register_post_accumulate_grad_hook(self._hook_of(entry))
+
+    def _hook_of(self, entry):
+        def hook(p):
+            entry.passes += 1
+            if entry.passes == self._passes:
+                self._push(entry)
+        return hook
+
+    def _push(self, entry):
+        p = entry.param
+        if entry.requests is not None:
+            raise RuntimeError(
+                f"the gradient of {entry.name} was computed again before step(): call step() "
+                f"(or synchronize()) after each backward_passes_per_step backward passes")
+        entry.absent = p.grad is None
+        if entry.absent:
+            p.grad = torch.zeros_like(p)
+        elif not p.grad.is_contiguous():
+            p.grad = p.grad.contiguous()
+        grad = p.grad
+        if grad.device.type != "cpu":
+            if entry.host is None:
+                entry.host = torch.empty(grad.numel(), dtype=grad.dtype,
+                                         pin_memory=torch.cuda.is_available())
+            entry.host.copy_(grad.reshape(-1))
+            flat = entry.host.numpy()
+        else:
+            flat = grad.detach().reshape(-1).numpy()
+        priority = -entry.index
+        # cmd 1: the servers answer with the mean (summed and divided in one pass).
+        cmd = _AVERAGE if self._average else 0
+        entry.requests = [
+            entry.kv.push_pull(part.keys, flat[part.begin:part.end],
+                               out=flat[part.begin:part.end], cmd=cmd, priority=priority)
+            for part in entry.parts]
+
+    def synchronize(self):
+        """Waits for every gradient's sum (pushing the gradients whose hook
+        has not run: parameters without a gradient send zeros, so that every
+        worker's round completes; one that no worker had a gradient for
+        keeps none), earlier layers first."""
+        for entry in self._plan:
+            if entry.requests is None:
+                self._push(entry)
+        for entry in self._plan:
+            for req in entry.requests:
+                req.wait()  # its values are in the gradient already
+            grad = entry.param.grad
+            if grad.device.type != "cpu":
+                grad.copy_(entry.host.view_as(grad))
+            if entry.absent and not grad.any():
+                # No worker had a gradient: none, as alone (the optimizer
+                # skips it rather than stepping on zeros).
+                entry.param.grad = None
+            entry.requests = None
+            entry.passes = 0
+
+    def step(self, closure=None):
+        self.synchronize()
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if any(e.requests is not None for e in self._plan):
+            raise RuntimeError("zero_grad() while gradients are in flight: call step() first")
+        return super(self.__class__, self).zero_grad(set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, average=True):
+    """`optimizer` made data-parallel: before each `step()`, every
+    parameter's gradient is averaged (summed with ``average=False``) over
+    the workers through the servers. Gradients are pushed from backward
+    hooks as soon as each is ready, cut into parts of at most
+    PSLITE_PARTITION_BYTES spread over the servers, earlier layers first.
+    `named_parameters` (e.g. ``model.named_parameters()``) names them;
+    every worker must build the same model and optimizer in the same order.
+    With ``backward_passes_per_step=N`` gradients accumulate over N backward
+    passes before they are sent. `compression` must be None (gradient
+    compression is not built yet). The result is an instance of the
+    optimizer's own class (LR schedulers take it)."""
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               average)
+    dist.load_state_dict(optimizer.state_dict())
+    return dist
+
+
+# ------------------------------------------------------------- embeddings
 
 class _PullPush(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, kv, keys, dim):
-        pulled = kv.pull(keys).take().vals
+        rows = torch.empty((keys.size, dim), dtype=torch.float32)
+        kv.pull(keys, out=rows).wait()
         ctx.kv, ctx.keys = kv, keys
-        # A writable copy: the pulled array is a read-only view of the
-        # received buffer, and torch tensors must be writable.
-        return torch.from_numpy(np.array(pulled, dtype=np.float32).reshape(-1, dim))
+        return rows
 
     @staticmethod
     def backward(ctx, grad):
-        g = np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32).ravel()
-        ctx.kv.push(ctx.keys, g).wait()
+        g = grad.detach().to(torch.float32).contiguous().reshape(-1)
+        ctx.kv.push(ctx.keys, g.numpy()).wait()
         return None, None, None, None
 
 
 def embedding(kv, keys, dim):
-    """The rows of `keys` from the servers, as a tensor whose gradient is
-    pushed back to them on backward."""
+    """The rows of `keys` (integers >= 0, sorted, unique; each key a row of
+    `dim` float32 values on the servers) as a `(len(keys), dim)` tensor
+    that requires grad; its backward pushes the rows' gradient for the same
+    keys, and the servers' request handle applies it (an optimizer there,
+    as `train_ctr.py`'s AdaGrad). The backward waits for its push, so the
+    next pull sees it applied."""
+    keys = pslite.frozen(np.asarray(keys), dtype=np.uint64) if not (
+        isinstance(keys, np.ndarray) and keys.dtype == np.uint64) else keys
     anchor = torch.zeros((), requires_grad=True)
-    return _PullPush.apply(anchor, kv, np.asarray(keys, dtype=np.uint64), int(dim))
+    return _PullPush.apply(anchor, kv, keys, int(dim))

@@ -24,6 +24,7 @@
 //! free memory.
 
 use std::ops::AddAssign;
+use std::sync::Mutex;
 
 use bytemuck::{Pod, Zeroable};
 use pslite::{DataType, SArray, Val};
@@ -309,8 +310,20 @@ fn handed_out<T: Elem + Pod>(obj: &Bound<'_, PyAny>, iface: &Interface) -> Optio
 
 /// `obj` (a NumPy array, or anything `numpy.ascontiguousarray` takes) as
 /// an `SArray<T>`: without a copy when it is a C-contiguous array of dtype
-/// `T`; `what` names the argument in errors.
+/// `T`; `what` names the argument in errors and picks the rule of
+/// conversion for anything else (`pslite/_convert.py`: keys, lens, or
+/// values converted only when exact).
 pub fn from_numpy<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SArray<T>> {
+    from_numpy_cast(obj, what, false)
+}
+
+/// [`from_numpy`]; with `cast`, values of another dtype are converted even
+/// when inexactly (as `numpy.ndarray.astype`).
+pub fn from_numpy_cast<T: Elem>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    cast: bool,
+) -> PyResult<SArray<T>> {
     let py = obj.py();
     if let Some(iface) = interface(obj)? {
         if iface.typestr == T::TYPESTR && iface.contiguous {
@@ -325,30 +338,149 @@ pub fn from_numpy<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SArra
             return SArray::from_owner(held).map_err(|e| invalid(format!("{what}: {e}")));
         }
     }
-    // One copy into a fresh contiguous array of the right dtype.
-    let converted = numpy(py)?
-        .call_method1("ascontiguousarray", (obj, T::DTYPE))
-        .map_err(|e| {
-            invalid(format!(
-                "{what} must be an array of {} (or convertible to one): {e}",
-                T::DTYPE
-            ))
-        })?;
+    // One conversion, by the rule for `what`.
+    let convert = converter(py)?;
+    let converted = match what {
+        "keys" => convert.call_method1("keys", (obj,))?,
+        "lens" => convert.call_method1("lens", (obj,))?,
+        _ => convert.call_method1("values", (obj, T::DTYPE, cast, what))?,
+    };
     let iface = interface(&converted)?
         .filter(|i| i.typestr == T::TYPESTR && i.contiguous)
         .ok_or_else(|| invalid(format!("{what}: numpy gave no contiguous {}", T::DTYPE)))?;
-    let flat = converted.call_method1("reshape", (-1,))?;
     let held = Held {
-        _array: flat.unbind(),
+        _array: converted.unbind(),
         ptr: iface.ptr as *const u8,
         len: iface.elems * std::mem::size_of::<T>(),
     };
     SArray::from_owner(held).map_err(|e| invalid(format!("{what}: {e}")))
 }
 
+static CONVERT: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The `pslite._convert` module.
+fn converter(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(CONVERT
+        .get_or_try_init(py, || py.import("pslite._convert").map(Bound::unbind))?
+        .bind(py))
+}
+
+/// What a completed pull left of itself beside the values it placed in
+/// an [`OutArray`]: its keys and lens, or why the values did not fit.
+pub type Placed = Result<(SArray<u64>, SArray<i32>), String>;
+
+/// A caller's writable array (or CPU tensor) that a pull fills: its memory,
+/// held while the request lives.
+pub struct OutArray {
+    /// The caller's object (returned as the pulled values).
+    pub obj: Py<PyAny>,
+    /// Keeps the memory alive (a torch tensor's NumPy view, or `obj`).
+    _view: Py<PyAny>,
+    ptr: usize,
+    /// Elements.
+    pub len: usize,
+    /// Once the pull completed: its keys and lens (the values are in the
+    /// array), or why they could not be placed there.
+    placed: Mutex<Option<Placed>>,
+}
+
+impl OutArray {
+    /// `obj` as the target of a pull of `T` values: a writable C-contiguous
+    /// NumPy array of dtype `T`, or a CPU `torch.Tensor` of that dtype.
+    pub fn of<T: Elem>(obj: &Bound<'_, PyAny>) -> PyResult<OutArray> {
+        let is_tensor = obj.hasattr("detach")?
+            && obj.hasattr("numpy")?
+            && !obj.hasattr("__array_interface__")?;
+        let view = if is_tensor {
+            let device: String = obj.getattr("device")?.getattr("type")?.extract()?;
+            if device != "cpu" {
+                return Err(invalid(format!(
+                    "out= must be in host memory: this tensor is on {device} (pull into a \
+                     pinned CPU tensor, then copy it over)"
+                )));
+            }
+            obj.call_method0("detach")?.call_method0("numpy")?
+        } else {
+            obj.clone()
+        };
+        let data = view
+            .getattr("__array_interface__")
+            .ok()
+            .and_then(|i| i.cast_into::<PyDict>().ok())
+            .and_then(|i| i.get_item("data").ok().flatten());
+        let readonly = data
+            .as_ref()
+            .and_then(|d| d.cast::<PyTuple>().ok().and_then(|t| t.get_item(1).ok()))
+            .and_then(|r| r.extract::<bool>().ok())
+            .unwrap_or(true);
+        let Some(iface) = interface(&view)? else {
+            return Err(invalid(format!(
+                "out= must be a NumPy array or a CPU torch.Tensor, got {}",
+                obj.get_type().name()?
+            )));
+        };
+        if iface.typestr != T::TYPESTR {
+            return Err(invalid(format!(
+                "out= must be of dtype {} (the worker's), got {}",
+                T::DTYPE,
+                view.getattr("dtype")?
+            )));
+        }
+        if !iface.contiguous {
+            return Err(invalid("out= must be C-contiguous"));
+        }
+        if readonly {
+            return Err(invalid("out= must be writable (this array is read-only)"));
+        }
+        Ok(OutArray {
+            obj: obj.clone().unbind(),
+            _view: view.unbind(),
+            ptr: iface.ptr,
+            len: iface.elems,
+            placed: Mutex::new(None),
+        })
+    }
+
+    /// Places a completed pull's values in the array (on pslite's thread,
+    /// as the request completes: no GIL needed) and keeps its keys and lens.
+    pub fn place<T: Elem + pslite::Val>(&self, pairs: pslite::KVPairs<T>) {
+        let placed = self
+            .fill(&pairs.vals[..])
+            .map(|()| (pairs.keys, pairs.lens));
+        *pslite::proto::lock(&self.placed) = Some(placed);
+    }
+
+    /// What [`OutArray::place`] kept (`None`: the pull has not completed, or
+    /// failed).
+    pub fn placed(&self) -> Option<Placed> {
+        pslite::proto::lock(&self.placed).clone()
+    }
+
+    /// Copies `vals` in (their number checked against the array's).
+    pub fn fill<T: Elem>(&self, vals: &[T]) -> Result<(), String> {
+        if vals.len() != self.len {
+            return Err(format!(
+                "out= has {} elements and the pull returned {} values",
+                self.len,
+                vals.len()
+            ));
+        }
+        if !vals.is_empty() {
+            // SAFETY: `ptr..ptr + len * size_of::<T>()` is the writable,
+            // contiguous memory of an array of T that `_view` keeps alive
+            // (checked in `of`); `vals` is a received buffer, another
+            // allocation, so the two do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr as *mut T, vals.len());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A read-only copy of `array` that pslite owns (see `pslite.frozen`).
-pub fn frozen<T: Elem>(obj: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-    let source = from_numpy::<T>(obj, "array")?;
+pub fn frozen<T: Elem>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Py<PyAny>> {
+    let source = from_numpy::<T>(obj, what)?;
     let copy = SArray::from_vec(source.to_vec());
     to_numpy(obj.py(), copy)
 }

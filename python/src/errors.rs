@@ -7,7 +7,7 @@
 //! as the class named after its [`Failure`] kind (`PeerDead`,
 //! `SchedulerLost`, ...), all under `pslite.Failure` and `pslite.Error`.
 
-use pslite::{Error, Failure, StoreError};
+use pslite::{Error, Failure, Refusal, StoreError};
 use pslite_postoffice::Error as PoError;
 use pslite_van::VanError;
 use pyo3::prelude::*;
@@ -33,6 +33,12 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
         Failure::AppDropped => "AppDropped",
         Failure::RangeLost { .. } => "RangeLost",
         Failure::Checkpoint { .. } => "CheckpointFailed",
+        Failure::Refused { refusal, .. } => match refusal {
+            Refusal::DataType { .. } => "DtypeMismatch",
+            Refusal::Lengths { .. } => "LengthMismatch",
+            Refusal::NoApp { .. } => "UnknownApp",
+            Refusal::Other { .. } => "RequestRefused",
+        },
         // The Van reports these as VanError::BarrierTimeout/StoreNoAnswer.
         Failure::BarrierTimeout { .. } | Failure::StoreNoAnswer { .. } => "Timeout",
     }
@@ -46,7 +52,7 @@ fn failure_node(failure: &Failure) -> Option<i32> {
         | Failure::PeerRestarted { id }
         | Failure::LeftRound { id, .. }
         | Failure::Replaced { id, .. } => Some(*id),
-        Failure::HandlerPanicked { node, .. } => Some(*node),
+        Failure::HandlerPanicked { node, .. } | Failure::Refused { node, .. } => Some(*node),
         Failure::BadResponse { sender, .. } => Some(*sender),
         _ => None,
     }

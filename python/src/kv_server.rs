@@ -1,6 +1,6 @@
 //! `KVServer`: answers the workers' pushes and pulls (see `pslite::KVServer`).
 
-use pslite::{DefaultHandle, KVMeta, KVPairs, KVServer, SimpleData, Val};
+use pslite::{AllReduceHandle, DefaultHandle, KVMeta, KVPairs, KVServer, SimpleData, Val};
 use pyo3::prelude::*;
 
 use crate::arrays::Elem;
@@ -34,6 +34,65 @@ impl PyDefaultHandle {
         "DefaultHandle()"
     }
 }
+
+/// Sums each key's pushes over a round of every worker, then answers them
+/// all with the sum (an all-reduce through the servers; the servers of
+/// `pslite.torch` run it). Runs in Rust without the GIL:
+/// `server.set_request_handle(AllReduceHandle(po.num_workers))`. Every
+/// worker pushes (or push-pulls) the same keys once per round (requests
+/// with `cmd=1` get the mean instead: float32 and float64); a pull
+/// alone, or other keys or lengths under a round's first key, are refused.
+#[pyclass(module = "pslite", frozen, name = "AllReduceHandle")]
+pub struct PyAllReduceHandle {
+    workers: usize,
+}
+
+#[pymethods]
+impl PyAllReduceHandle {
+    #[new]
+    fn new(num_workers: usize) -> PyResult<Self> {
+        if num_workers == 0 {
+            return Err(invalid("num_workers must be at least 1"));
+        }
+        Ok(PyAllReduceHandle {
+            workers: num_workers,
+        })
+    }
+
+    /// Workers per round.
+    #[getter]
+    fn num_workers(&self) -> usize {
+        self.workers
+    }
+
+    fn __repr__(&self) -> String {
+        format!("AllReduceHandle({})", self.workers)
+    }
+}
+
+/// The all-reduce handle of a value type: averaging (`cmd=1`) where the
+/// type can be divided.
+pub trait AllReduceOf: Val + Sized {
+    /// The handle for rounds of `workers`.
+    fn all_reduce(workers: usize) -> AllReduceHandle<Self>;
+}
+
+macro_rules! all_reduce_of {
+    (mean: $($m:ty),*; sum: $($s:ty),*) => {
+        $(impl AllReduceOf for $m {
+            fn all_reduce(workers: usize) -> AllReduceHandle<Self> {
+                AllReduceHandle::new(workers).averaging()
+            }
+        })*
+        $(impl AllReduceOf for $s {
+            fn all_reduce(workers: usize) -> AllReduceHandle<Self> {
+                AllReduceHandle::new(workers)
+            }
+        })*
+    };
+}
+
+all_reduce_of!(mean: f32, f64; sum: i32, i64, crate::arrays::RawByte);
 
 /// A Python request handle: `handle(meta, pairs, server)` on the app's
 /// thread, with the GIL.
@@ -75,7 +134,7 @@ where
     }
 }
 
-fn set_handle<V: Val + Elem>(
+fn set_handle<V: Val + Elem + AllReduceOf>(
     py: Python<'_>,
     server: &KVServer<V>,
     handle: &Bound<'_, PyAny>,
@@ -84,6 +143,17 @@ fn set_handle<V: Val + Elem>(
 where
     Server: From<KVServer<V>>,
 {
+    if let Ok(all) = handle.cast::<PyAllReduceHandle>() {
+        let rust = V::all_reduce(all.get().workers).into_handle();
+        py.detach(|| {
+            if inline {
+                server.set_request_handle_inline(rust)
+            } else {
+                server.set_request_handle(rust)
+            }
+        });
+        return Ok(());
+    }
     if handle.cast::<PyDefaultHandle>().is_ok() {
         let rust = DefaultHandle::<V>::new().into_handle();
         py.detach(|| {
@@ -102,7 +172,8 @@ where
     }
     if inline {
         return Err(invalid(
-            "inline=True is for DefaultHandle() only: a Python handle needs the GIL, which the \
+            "inline=True is for DefaultHandle() and AllReduceHandle() only: a Python handle needs \
+             the GIL, which the \
              node's receive thread must never wait for",
         ));
     }
@@ -193,6 +264,20 @@ impl PyKVServer {
     #[pyo3(signature = (meta, pairs = None))]
     fn response(&self, py: Python<'_>, meta: &PyKVMeta, pairs: Option<&PyKVPairs>) -> PyResult<()> {
         dispatch!(Server, self.server.get()?, s => respond(py, s, meta, pairs))
+    }
+
+    /// Refuses request `meta` with `reason` (a request the handle cannot
+    /// take: an unknown command, values it cannot use): the worker's wait
+    /// raises `pslite.RequestRefused` with "app N: reason" at once. Apply
+    /// nothing of a request you refuse.
+    fn refuse(&self, py: Python<'_>, meta: &PyKVMeta, reason: String) -> PyResult<()> {
+        let refusal = pslite::Refusal::Other {
+            app: meta.meta.app_id,
+            reason,
+        };
+        let server = self.server.get()?;
+        py.detach(|| dispatch!(Server, server, s => s.refuse(&meta.meta, refusal)));
+        Ok(())
     }
 
     /// Answers SimpleApp command `req` with `body`.

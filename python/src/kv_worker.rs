@@ -1,12 +1,14 @@
 //! `KVWorker`: pushes to and pulls from the servers (see `pslite::KVWorker`).
 
+use std::sync::Arc;
+
 use pslite::{Error, KVOptions, KVRequest, KVWorker, Val};
 use pyo3::prelude::*;
 
-use crate::arrays::{from_numpy, Elem};
+use crate::arrays::{from_numpy, from_numpy_cast, Elem, OutArray};
 use crate::calls::{call_python, Closable};
 use crate::dtype::{dispatch, make, per_dtype, Dtype};
-use crate::errors::{to_py, IntoPy};
+use crate::errors::{invalid, to_py, IntoPy};
 use crate::pairs::PyKVPairs;
 use crate::postoffice::{PyMembership, PyPostoffice};
 use crate::request::{Handle, KvHandle, PyRequest, Target};
@@ -27,6 +29,10 @@ struct Request<'a, 'py> {
     priority: i32,
     callback: Option<Py<PyAny>>,
     pull: bool,
+    /// `out=`: where the pulled values go.
+    out: Option<&'a Bound<'py, PyAny>>,
+    /// `cast=`: convert values of another dtype even when inexactly.
+    cast: bool,
 }
 
 impl Request<'_, '_> {
@@ -42,6 +48,7 @@ impl Request<'_, '_> {
 
 impl<'a, 'py> Request<'a, 'py> {
     /// A push (or push-pull) request.
+    #[allow(clippy::too_many_arguments)]
     fn with_vals(
         keys: &'a Bound<'py, PyAny>,
         vals: &'a Bound<'py, PyAny>,
@@ -50,6 +57,7 @@ impl<'a, 'py> Request<'a, 'py> {
         priority: i32,
         callback: Option<Py<PyAny>>,
         pull: bool,
+        cast: bool,
     ) -> Self {
         Request {
             keys,
@@ -59,6 +67,8 @@ impl<'a, 'py> Request<'a, 'py> {
             priority,
             callback,
             pull,
+            out: None,
+            cast,
         }
     }
 }
@@ -73,14 +83,33 @@ where
     KvHandle: From<KVRequest<V>>,
 {
     let kind = req.kind();
+    let out = match req.out.filter(|o| !o.is_none()) {
+        Some(_) if req.callback.is_some() => {
+            return Err(invalid(
+                "out= and callback= do not go together: the callback gets the pulled values",
+            ))
+        }
+        Some(o) => Some(Arc::new(OutArray::of::<V>(o)?)),
+        None => None,
+    };
     let keys = from_numpy::<u64>(req.keys, "keys")?;
     let vals = match req.vals {
-        Some(v) => Some(from_numpy::<V>(v, "vals")?),
+        Some(v) => Some(from_numpy_cast::<V>(v, "vals", req.cast)?),
         None => None,
     };
     let mut opts = KVOptions::<V>::new().cmd(req.cmd).priority(req.priority);
     if let Some(lens) = req.lens.filter(|l| !l.is_none()) {
         opts = opts.zlens(from_numpy::<i32>(lens, "lens")?);
+    }
+    if let Some(out) = &out {
+        // The values go into `out` as the request completes, on pslite's
+        // thread, while the caller goes on (e.g. with its backward pass).
+        let out = Arc::clone(out);
+        opts = opts.callback(move |result| {
+            if let Ok(pairs) = result {
+                out.place(pairs);
+            }
+        });
     }
     if let Some(callback) = req.callback {
         opts = opts.callback(move |result| {
@@ -102,7 +131,7 @@ where
             (None, _) => kv.zpull(keys, opts),
         })
         .py()?;
-    Ok(PyRequest::new(Handle::Kv(request.into()), kind))
+    Ok(PyRequest::new(Handle::Kv(request.into()), kind).with_out(out))
 }
 
 /// Waits for request `ts` in slices (Ctrl-C raises `KeyboardInterrupt`).
@@ -171,8 +200,10 @@ impl PyKVWorker {
     /// Pushes `vals` for `keys`; returns the `Request` to wait on. With
     /// `callback`, calls `callback(result)` when the request completes
     /// (`result` is an empty `KVPairs`, or the `pslite.Error`), on the
-    /// app's thread.
-    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
+    /// app's thread. Keys must be integers >= 0; values of another dtype
+    /// than the worker's are converted only when exactly (else
+    /// `InvalidInput`), or in any case with `cast=True`.
+    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None, cast = false))]
     #[allow(clippy::too_many_arguments)] // ps-lite's Push arguments, as Python keywords
     fn push(
         &self,
@@ -183,15 +214,21 @@ impl PyKVWorker {
         cmd: i32,
         priority: i32,
         callback: Option<Py<PyAny>>,
+        cast: bool,
     ) -> PyResult<PyRequest> {
-        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, false);
+        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, false, cast);
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
     /// Pulls the values of `keys`; returns the `Request` whose `take()`
     /// (or `kv.take_pull(req)`) gives the `KVPairs`. With `callback`,
-    /// `callback(result)` gets the `KVPairs` (or the error) instead.
-    #[pyo3(signature = (keys, cmd = 0, priority = 0, callback = None))]
+    /// `callback(result)` gets the `KVPairs` (or the error) instead. With
+    /// `out` (a writable C-contiguous array, or CPU tensor, of the worker's
+    /// dtype and of as many elements as the pull returns), waiting on the
+    /// request copies the values there once, without the GIL, and `take()`
+    /// returns `out` as the values.
+    #[pyo3(signature = (keys, cmd = 0, priority = 0, callback = None, out = None))]
+    #[allow(clippy::too_many_arguments)]
     fn pull(
         &self,
         py: Python<'_>,
@@ -199,6 +236,7 @@ impl PyKVWorker {
         cmd: i32,
         priority: i32,
         callback: Option<Py<PyAny>>,
+        out: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRequest> {
         let req = Request {
             keys,
@@ -208,13 +246,17 @@ impl PyKVWorker {
             priority,
             callback,
             pull: true,
+            out,
+            cast: false,
         };
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
     /// Pushes and pulls in one request: the pulled values include this
-    /// push. Returns the `Request` to `take()` them from.
-    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None))]
+    /// push. Returns the `Request` to `take()` them from. `out` and `cast`
+    /// as for `pull` and `push` (`out` may be `vals` itself: the values go
+    /// out before the answer comes back).
+    #[pyo3(signature = (keys, vals, lens = None, cmd = 0, priority = 0, callback = None, out = None, cast = false))]
     #[allow(clippy::too_many_arguments)] // ps-lite's PushPull arguments, as Python keywords
     fn push_pull(
         &self,
@@ -225,8 +267,11 @@ impl PyKVWorker {
         cmd: i32,
         priority: i32,
         callback: Option<Py<PyAny>>,
+        out: Option<&Bound<'_, PyAny>>,
+        cast: bool,
     ) -> PyResult<PyRequest> {
-        let req = Request::with_vals(keys, vals, lens, cmd, priority, callback, true);
+        let mut req = Request::with_vals(keys, vals, lens, cmd, priority, callback, true, cast);
+        req.out = out;
         dispatch!(Worker, self.worker.get()?, kv => send(py, kv, req))
     }
 
@@ -252,12 +297,13 @@ impl PyKVWorker {
         py: Python<'_>,
         ts: &Bound<'_, PyAny>,
         timeout: Option<f64>,
-    ) -> PyResult<PyKVPairs> {
+    ) -> PyResult<Py<PyKVPairs>> {
         match Target::of(ts)? {
             Target::Request(r) => r.get().take_pairs(py, timeout),
-            Target::Ts(ts) => {
-                dispatch!(Worker, self.worker.get()?, kv => take_pull(py, kv, ts, timeout))
-            }
+            Target::Ts(ts) => Py::new(
+                py,
+                dispatch!(Worker, self.worker.get()?, kv => take_pull(py, kv, ts, timeout))?,
+            ),
         }
     }
 

@@ -19,6 +19,7 @@
 
 mod arrays;
 mod calls;
+mod cli;
 mod dtype;
 mod errors;
 mod kv_server;
@@ -60,12 +61,13 @@ fn frozen(
             .extract()?,
     };
     match name.as_str() {
-        "uint64" => arrays::frozen::<u64>(array),
-        "int32" => arrays::frozen::<i32>(array),
-        "int64" => arrays::frozen::<i64>(array),
-        "float32" => arrays::frozen::<f32>(array),
-        "float64" => arrays::frozen::<f64>(array),
-        "uint8" => arrays::frozen::<arrays::RawByte>(array),
+        // uint64 arrays are keys: integers >= 0, nothing else converted.
+        "uint64" => arrays::frozen::<u64>(array, "keys"),
+        "int32" => arrays::frozen::<i32>(array, "array"),
+        "int64" => arrays::frozen::<i64>(array, "array"),
+        "float32" => arrays::frozen::<f32>(array, "array"),
+        "float64" => arrays::frozen::<f64>(array, "array"),
+        "uint8" => arrays::frozen::<arrays::RawByte>(array, "array"),
         other => Err(errors::invalid(format!(
             "frozen arrays of {other} are not supported: use uint64 (keys), int32 (lens), \
              float32, float64, int32, int64 or uint8"
@@ -89,6 +91,7 @@ fn _pslite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv_worker::PyKVWorker>()?;
     m.add_class::<kv_server::PyKVServer>()?;
     m.add_class::<kv_server::PyDefaultHandle>()?;
+    m.add_class::<kv_server::PyAllReduceHandle>()?;
     m.add_class::<pairs::PyKVPairs>()?;
     m.add_class::<pairs::PyKVMeta>()?;
     m.add_class::<request::PyRequest>()?;
@@ -100,6 +103,7 @@ fn _pslite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::ArrayView>()?;
     m.add_function(wrap_pyfunction!(frozen, m)?)?;
     m.add_function(wrap_pyfunction!(misaligned_copies, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::_cli, m)?)?;
     m.add("SCHEDULER_GROUP", pslite::SCHEDULER_GROUP)?;
     m.add("SERVER_GROUP", pslite::SERVER_GROUP)?;
     m.add("WORKER_GROUP", pslite::WORKER_GROUP)?;

@@ -82,6 +82,15 @@ impl PyKVPairs {
         }
     }
 
+    /// Pulled pairs whose values were placed in `vals` (an `out=`).
+    pub fn from_parts(keys: SArray<u64>, lens: SArray<i32>, vals: Py<PyAny>) -> PyKVPairs {
+        PyKVPairs {
+            keys: Field::rust(u64::wrap(keys)),
+            vals: Field::py(vals),
+            lens: Field::rust(i32::wrap(lens)),
+        }
+    }
+
     /// The pairs as Rust arrays of value type `V` (no copies for arrays of
     /// the right dtypes).
     pub fn to_rust<V: Val + Elem>(&self, py: Python<'_>) -> PyResult<KVPairs<V>> {

@@ -14,13 +14,14 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pslite::{Error, KVRequest, Val};
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
 
-use crate::arrays::Elem;
+use crate::arrays::{Elem, OutArray};
 use crate::calls::drop_detached;
 use crate::dtype::{dispatch, per_dtype};
 use crate::errors::invalid;
@@ -106,6 +107,11 @@ pub struct PyRequest {
     kind: &'static str,
     /// The timestamp has left the object: keep the request when it goes.
     escaped: AtomicBool,
+    /// `out=`: the caller's array the pulled values are placed in (by the
+    /// request's completion).
+    out: Option<Arc<OutArray>>,
+    /// With `out=`: the pairs once the values are in `out`.
+    filled: OnceLock<Py<PyKVPairs>>,
 }
 
 impl PyRequest {
@@ -116,7 +122,15 @@ impl PyRequest {
             handle: ManuallyDrop::new(handle),
             kind,
             escaped: AtomicBool::new(false),
+            out: None,
+            filled: OnceLock::new(),
         }
+    }
+
+    /// The request fills `out` with its pulled values when waited on.
+    pub fn with_out(mut self, out: Option<Arc<OutArray>>) -> PyRequest {
+        self.out = out;
+        self
     }
 
     /// The timestamp, which leaves the object (see the class docs).
@@ -125,16 +139,49 @@ impl PyRequest {
         self.ts
     }
 
-    /// Waits (GIL released, in slices) until the request has completed.
+    /// Waits (GIL released, in slices) until the request has completed
+    /// (and, with `out=`, its values are there).
     pub fn wait_for(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        if self.out.is_some() {
+            return self.fill(py, timeout).map(drop);
+        }
         let handle = &*self.handle;
         wait_request(py, self.ts, timeout, |slice| handle.wait_timeout(slice))
     }
 
+    /// With `out=`: waits for the values and copies them there, once; the
+    /// pairs (whose values are `out`).
+    fn fill(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyKVPairs>> {
+        if let Some(pairs) = self.filled.get() {
+            return Ok(pairs.clone_ref(py));
+        }
+        let Some(out) = self.out.as_ref() else {
+            return Err(invalid("this request has no out="));
+        };
+        let handle = &*self.handle;
+        wait_request(py, self.ts, timeout, |slice| handle.wait_timeout(slice))?;
+        let (keys, lens) = match out.placed() {
+            Some(Ok(placed)) => placed,
+            Some(Err(why)) => return Err(invalid(why)),
+            None => {
+                return Err(invalid(format!(
+                    "request {} has no values for out=",
+                    self.ts
+                )))
+            }
+        };
+        let pairs = PyKVPairs::from_parts(keys, lens, out.obj.clone_ref(py));
+        let pairs = Py::new(py, pairs)?;
+        Ok(self.filled.get_or_init(|| pairs).clone_ref(py))
+    }
+
     /// Waits for a pull and hands over its pairs.
-    pub fn take_pairs(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyKVPairs> {
+    pub fn take_pairs(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyKVPairs>> {
+        if self.out.is_some() {
+            return self.fill(py, timeout);
+        }
         match &*self.handle {
-            Handle::Kv(h) => dispatch!(KvHandle, h, r => take(py, r, timeout)),
+            Handle::Kv(h) => Py::new(py, dispatch!(KvHandle, h, r => take(py, r, timeout))?),
             Handle::Simple(_) => Err(invalid(format!(
                 "request {} is a SimpleApp request: it has no pulled values to take",
                 self.ts
@@ -155,10 +202,12 @@ impl PyRequest {
     }
 
     /// Waits for a pull (or push-pull) and returns its `KVPairs`, in key
-    /// order: `vals` is a read-only NumPy array over the received buffer.
-    /// The values can be taken once (not if the request had a callback).
+    /// order: `vals` is a read-only NumPy array over the received buffer
+    /// (with `out=`, the `out` array or tensor, filled). The values can be
+    /// taken once (not if the request had a callback; with `out=`, again
+    /// and again).
     #[pyo3(signature = (timeout = None))]
-    fn take(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyKVPairs> {
+    fn take(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyKVPairs>> {
         self.take_pairs(py, timeout)
     }
 

@@ -20,7 +20,7 @@ fn a_handle_that_panics_on_every_tenth_request_fails_exactly_those() {
             panic!("request {seen} refused on purpose");
         }
         let res = store.apply(meta, &req);
-        srv.response(meta, res).unwrap();
+        srv.answer(meta, res).unwrap();
     });
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     let server_id = c.servers[0].my_id().unwrap();

@@ -147,7 +147,7 @@ fn counting_servers(c: &LocalCluster) -> (Vec<KVServer<f32>>, Counters, Counters
             s.set_request_handle(move |meta, req, server| {
                 r.fetch_add(1, Ordering::SeqCst);
                 k.fetch_add(req.keys.len(), Ordering::SeqCst);
-                server.response(meta, store.apply(meta, &req)).unwrap();
+                server.answer(meta, store.apply(meta, &req)).unwrap();
             });
             s
         })
@@ -296,14 +296,18 @@ fn requests_waiting_for_a_handle_are_bounded_in_bytes() {
     let queued = server.queued_requests();
     assert!((1..10).contains(&queued), "{queued} of 10 queued");
     server.set_request_handle(DefaultHandle::new().into_handle());
-    // The queued ones are answered; the dropped ones never are.
+    // The queued ones are answered; those that did not fit were refused at
+    // once, saying why (never left waiting).
     for &t in &ts[..queued] {
         w.wait_timeout(t, T).unwrap();
     }
-    assert!(matches!(
-        w.wait_timeout(last, Duration::from_millis(100)),
-        Err(Error::Timeout { .. })
-    ));
+    match w.wait_timeout(last, T) {
+        Err(Error::RequestFailed {
+            cause: pslite::Failure::Refused { refusal, .. },
+            ..
+        }) => assert!(refusal.to_string().contains("PS_HOLD_LIMIT"), "{refusal}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
     drop((w, server));
     c.finalize();
 }
@@ -459,7 +463,7 @@ fn an_inline_handle_runs_on_the_receive_thread() {
             .unwrap_or_default()
             .to_string();
         seen.lock().unwrap().push(name);
-        server.response(meta, store.apply(meta, &req)).unwrap();
+        server.answer(meta, store.apply(meta, &req)).unwrap();
     });
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     w.push(&[4, 5], &[1.0, 2.0], KVOptions::new())

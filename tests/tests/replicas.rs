@@ -20,7 +20,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 fn env(k: &str) -> [(&'static str, String); 6] {
     [
-        ("RUST_LOG", "warn,pslite_van::replica=info".to_string()),
+        ("RUST_LOG", "warn,pslite_van_core::replica=info".to_string()),
         ("PS_REPLICAS", k.to_string()),
         ("PS_HEARTBEAT_INTERVAL", "1".to_string()),
         ("PS_HEARTBEAT_TIMEOUT", "3".to_string()),

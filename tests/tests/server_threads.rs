@@ -135,7 +135,7 @@ fn a_part_that_panics_fails_its_request_once() {
             panic!("part refused on purpose");
         }
         let res = store.apply(meta, &req);
-        srv.response(meta, res).unwrap();
+        srv.answer(meta, res).unwrap();
     });
     let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
     let keys = spread(64);

@@ -15,7 +15,7 @@ fn node(role: &str, port: u16) -> Spawned {
     let extra = [
         (
             "RUST_LOG",
-            "warn,pslite_van::replica=info,pslite_van::core::servers=info,pslite_van::scheduler=info",
+            "warn,pslite_van_core::replica=info,pslite_van_core::leave=info,pslite_van_core::scheduler=info",
         ),
         ("DMLC_NUM_SERVER", "1:2"),
         ("PS_HEARTBEAT_INTERVAL", "1"),

@@ -19,10 +19,11 @@
 //! to the context, so dropping the context (when the Van stops) makes them
 //! fail with `ETERM` and the thread closes them and ends.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use log::{debug, warn};
+
+pub use pslite_van_core::AuthToken;
 
 use crate::{LogOnce, VanError};
 
@@ -38,45 +39,7 @@ const MAX_LOGGED_PEERS: usize = 256;
 /// libzmq's protocol error for a peer speaking another security mechanism.
 pub(crate) const ZMTP_MECHANISM_MISMATCH: u32 = 0x1100_0002;
 
-/// The shared secret of a cluster (`PS_AUTH_TOKEN`). Its `Debug` output
-/// hides the value, so configurations can be logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct AuthToken(String);
-
-impl AuthToken {
-    /// A token, if `value` is usable as one: 1 to 255 bytes (PLAIN's
-    /// limit), no NUL byte.
-    pub fn new(value: &str) -> Option<AuthToken> {
-        (!value.is_empty() && value.len() <= 255 && !value.contains('\0'))
-            .then(|| AuthToken(value.to_string()))
-    }
-
-    /// Whether `offered` is this token, compared in time independent of
-    /// where they differ.
-    fn matches(&self, offered: &[u8]) -> bool {
-        let mine = self.0.as_bytes();
-        if mine.len() != offered.len() {
-            return false;
-        }
-        mine.iter()
-            .zip(offered)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-    }
-}
-
-impl fmt::Debug for AuthToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AuthToken(<hidden>)")
-    }
-}
-
-fn zmq_err(context: &'static str) -> impl FnOnce(zmq::Error) -> VanError {
-    move |source| VanError::Zmq {
-        context: context.into(),
-        source,
-    }
-}
+use crate::transport::zmq_err;
 
 /// A fresh in-process endpoint for a socket monitor.
 pub(crate) fn monitor_endpoint(what: &str) -> String {
@@ -147,7 +110,7 @@ pub fn secure_dealer(dealer: &zmq::Socket, token: Option<&AuthToken>) -> Result<
         .set_plain_username(Some(USERNAME))
         .map_err(zmq_err("setting the PLAIN user name"))?;
     dealer
-        .set_plain_password(Some(&token.0))
+        .set_plain_password(Some(token.secret()))
         .map_err(zmq_err("setting the PLAIN password"))
 }
 

@@ -9,10 +9,10 @@ use std::sync::Mutex;
 use log::{debug, info};
 use pslite_proto::lock;
 
-use crate::config::VanConfig;
 use crate::context::{Context, Socket};
 use crate::links::zmq_err;
 use crate::transport::{self, Transport};
+use crate::VanConfig;
 use crate::VanError;
 
 /// Pending connections a ROUTER accepts before the kernel drops SYNs.
@@ -121,9 +121,10 @@ pub(crate) fn bind_router(router: &zmq::Socket, config: &VanConfig) -> Result<i3
     if config.transport == Transport::Ipc {
         if let Some(port) = port {
             let endpoint = Transport::Ipc.bind_endpoint("", port);
-            router
-                .bind(&endpoint)
-                .map_err(|source| VanError::Bind { endpoint, source })?;
+            router.bind(&endpoint).map_err(|source| VanError::Bind {
+                endpoint,
+                source: std::sync::Arc::new(source),
+            })?;
             return Ok(port);
         }
         // Pick an unused socket name; ps-lite names them after a port.
@@ -153,16 +154,17 @@ pub(crate) fn bind_router(router: &zmq::Socket, config: &VanConfig) -> Result<i3
     match port {
         Some(port) => {
             let endpoint = Transport::Tcp.bind_endpoint(&ip, port);
-            router
-                .bind(&endpoint)
-                .map_err(|source| VanError::Bind { endpoint, source })?;
+            router.bind(&endpoint).map_err(|source| VanError::Bind {
+                endpoint,
+                source: std::sync::Arc::new(source),
+            })?;
             Ok(port)
         }
         None => {
             let endpoint = Transport::Tcp.bind_endpoint(&ip, 0).replace(":0", ":*");
             router.bind(&endpoint).map_err(|source| VanError::Bind {
                 endpoint: endpoint.clone(),
-                source,
+                source: std::sync::Arc::new(source),
             })?;
             let bound = router
                 .get_last_endpoint()

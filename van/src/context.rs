@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use pslite_proto::Role;
 
-use crate::config::VanConfig;
+use crate::VanConfig;
 use crate::VanError;
 
 /// ZeroMQ's default `ZMQ_MAX_SOCKETS`: a context never gets fewer.
@@ -52,7 +52,7 @@ const WATCHED_DEALER: u64 = 3 * PER_SOCKET;
 
 /// Registration checks the scheduler runs at once (see
 /// `crate::registration`), each a watched DEALER and its connection.
-const CHECK_DESCRIPTORS: u64 = (WATCHED_DEALER + 1) * crate::registration::MAX_CHECKS as u64;
+const CHECK_DESCRIPTORS: u64 = (WATCHED_DEALER + 1) * pslite_van_core::MAX_CHECKS as u64;
 
 /// The descriptors a node of the job `config` describes may need at once
 /// (measured: a scheduler of 1+250+250 held 4 036, 8 per node):

@@ -12,7 +12,7 @@ use log::error;
 use pslite_proto::replica::RangeMap;
 use pslite_proto::{Message, NodeId};
 
-use crate::error::Failure;
+use crate::Failure;
 
 /// What became of a message offered to [`Dispatch::offer`].
 // A refused message is handed back as it came: boxing it would cost an
@@ -119,43 +119,4 @@ pub trait Dispatch: Send + Sync + 'static {
     fn range_map(&self, map: &RangeMap) {
         let _ = map;
     }
-}
-
-/// A one-line description of a message for logs.
-pub fn describe(msg: &Message) -> String {
-    use pslite_proto::{Command, K_EMPTY};
-    let m = &msg.meta;
-    let mut s = format!("{} -> {}", m.sender, m.recver);
-    if !m.control.is_empty() {
-        s += &format!(" {:?}", m.control.cmd);
-        if m.control.cmd == Command::Barrier {
-            s += &format!(" group {}", m.control.barrier_group);
-        }
-        if !m.control.node.is_empty() {
-            s += &format!(" {} node(s)", m.control.node.len());
-        }
-    } else {
-        s += &format!(" app {} customer {}", m.app_id, m.customer_id);
-        if m.simple_app {
-            s += " simple";
-        }
-        if m.push {
-            s += " push";
-        }
-        if m.pull {
-            s += " pull";
-        }
-        s += &format!(" head {}", m.head);
-    }
-    s += if m.request { " request" } else { " response" };
-    if m.timestamp != K_EMPTY {
-        s += &format!(" ts {}", m.timestamp);
-    }
-    if !msg.data.is_empty() {
-        s += &format!(
-            " data {:?}",
-            msg.data.iter().map(bytes::Bytes::len).collect::<Vec<_>>()
-        );
-    }
-    s
 }

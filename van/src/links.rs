@@ -26,15 +26,15 @@ use bytes::Bytes;
 use log::{debug, info, trace, warn};
 use pslite_proto::{lock, Message, Node, NodeId, K_EMPTY};
 
-use crate::config::VanConfig;
 use crate::context::{Context, Socket};
-use crate::core::Route;
 use crate::counters::Counters;
 use crate::hold::HoldQueue;
-use crate::log_once::LogOnce;
 use crate::monitor::Monitors;
 use crate::shm;
 use crate::transport;
+use crate::LogOnce;
+use crate::Route;
+use crate::VanConfig;
 use crate::VanError;
 
 /// How long DEALERs keep unsent messages when closed.
@@ -45,10 +45,7 @@ const LINGER_MS: i32 = 1000;
 /// millisecond; a longer wait means the SYN was dropped.
 const CONNECT_TIMEOUT_MS: i32 = 500;
 
-pub(crate) fn zmq_err(context: impl Into<String>) -> impl FnOnce(zmq::Error) -> VanError {
-    let context = context.into();
-    move |source| VanError::Zmq { context, source }
-}
+pub(crate) use crate::transport::zmq_err;
 
 /// Whether a write may wait for the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -501,7 +498,7 @@ mod tests {
         let links = Links::new(
             ctx.clone(),
             config,
-            Arc::new(Counters::new()),
+            Arc::new(Counters::new(std::time::Instant::now())),
             None,
             monitors,
         );

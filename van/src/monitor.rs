@@ -18,7 +18,7 @@ use pslite_proto::lock;
 
 use crate::auth::{detached_socket, read_event, MonitorEvent};
 use crate::context::Context;
-pub use crate::core::LinkEvent;
+pub use crate::LinkEvent;
 use crate::VanError;
 
 /// Which events a watch asks libzmq for.
@@ -100,10 +100,7 @@ impl Monitors {
 }
 
 fn zmq_err(context: &'static str) -> impl FnOnce(zmq::Error) -> VanError {
-    move |source| VanError::Zmq {
-        context: format!("{context} (socket monitors)"),
-        source,
-    }
+    crate::transport::zmq_err(format!("{context} (socket monitors)"))
 }
 
 /// The monitor thread: polls every watch and the wake-up socket until the

@@ -309,8 +309,11 @@ fn resume_epoch(dir: &std::path::Path, resume: bool) -> Result<usize, Error> {
 /// Runs the cluster, prints its progress and summary; the exit code says
 /// whether training reached the threshold.
 pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
-    let program = std::env::current_exe()
-        .map_err(|e| Error::App(format!("cannot find this program to launch it: {e}")))?;
+    let mut program = crate::self_program()
+        .map_err(|e| Error::App(format!("cannot find this program to launch it: {e}")))?
+        .into_iter();
+    let program_name = program.next().unwrap_or_default();
+    let leading: Vec<std::ffi::OsString> = program.collect();
     let host = "127.0.0.1";
     let listener = TcpListener::bind((host, 0))
         .map_err(|e| Error::App(format!("cannot listen for reports on {host}: {e}")))?;
@@ -361,8 +364,11 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         host: host.into(),
         port: Some(port),
         timeout: Some(Duration::from_secs_f64(args.timeout)),
-        program: program.into_os_string(),
-        args: args.node_args(&addr.to_string()),
+        program: program_name,
+        args: leading
+            .into_iter()
+            .chain(args.node_args(&addr.to_string()))
+            .collect(),
         announce: false,
         ..LaunchOptions::default()
     };

@@ -118,6 +118,11 @@ pub struct LaunchOptions {
     /// Print the scheduler's address and the status command before the
     /// nodes start (the demo says it in its own words).
     pub announce: bool,
+    /// The Python interpreter the launcher runs in (`pslite` from pip):
+    /// its directory goes first on every node's PATH (a venv's `bin/`) and
+    /// a `.py` program runs under it. Without it, a `.py` program runs
+    /// under `python3` from the PATH.
+    pub python: Option<PathBuf>,
 }
 
 impl Default for LaunchOptions {
@@ -145,6 +150,7 @@ impl Default for LaunchOptions {
             join: false,
             log_dir: None,
             announce: true,
+            python: None,
         }
     }
 }
@@ -544,7 +550,7 @@ pub fn status_command(host: &str, port: u16, env: &[(String, String)]) -> String
     if local {
         command += "DMLC_LOCAL=1 ";
     }
-    command += &shell_word(&self_command());
+    command += &self_command();
     command += &format!(" status --port {port}");
     if host != "127.0.0.1" {
         command += &format!(" --host {}", shell_word(host));
@@ -552,8 +558,37 @@ pub fn status_command(host: &str, port: u16, env: &[(String, String)]) -> String
     command
 }
 
-/// How to run this program from the current directory's shell.
+/// How to run this program from the current directory's shell (quoted).
 fn self_command() -> String {
+    let invocation = crate::invocation();
+    if let Some(python) = &invocation.python {
+        // From pip: the `pslite` script beside the interpreter (bare if the
+        // PATH finds it there), else `python -m pslite`.
+        if let Some(bin) = python.parent() {
+            let script = bin.join("pslite");
+            if script.is_file() {
+                let first_on_path = std::env::var_os("PATH").and_then(|path| {
+                    std::env::split_paths(&path).find(|d| d.join("pslite").is_file())
+                });
+                return if first_on_path.is_some_and(|d| d == bin) {
+                    "pslite".into()
+                } else {
+                    shell_word(&script.display().to_string())
+                };
+            }
+        }
+        return invocation
+            .program
+            .iter()
+            .map(|w| shell_word(&w.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(" ");
+    }
+    shell_word(&native_command())
+}
+
+/// How to run this executable from the current directory's shell.
+fn native_command() -> String {
     let Ok(me) = std::env::current_exe().and_then(|p| p.canonicalize()) else {
         return "pslite".into();
     };

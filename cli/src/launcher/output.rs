@@ -7,7 +7,10 @@
 //! learned the node's id ([`naming`](super::naming)); until then (at most
 //! the hold given at start) its lines are held, so that a node's lines carry
 //! one name. The launcher also keeps, for the failure summary, the first
-//! line on stderr that reads like an error and the last one.
+//! line on stderr that reads like an error and the last one, and for a
+//! Python traceback its exception line (`ValueError: ...`): a node whose
+//! errors begin or end with a traceback is summed up by that line, the
+//! traceback itself staying in its output and log.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -45,7 +48,17 @@ struct State {
     first_error: Option<String>,
     /// The last non-blank line on stderr.
     last_stderr: Option<String>,
+    /// Inside a Python traceback (after its `Traceback (most recent call
+    /// last):` line, before its exception line).
+    in_traceback: bool,
+    /// The exception line of the last Python traceback.
+    exception: Option<String>,
+    /// Whether nothing that reads like an error came after that line.
+    ends_in_traceback: bool,
 }
+
+/// The line that starts a Python traceback.
+const TRACEBACK: &str = "Traceback (most recent call last):";
 
 /// Whether a line reads like an error (`error: ...`, a Rust panic, a
 /// Python traceback, a C++ `FATAL`).
@@ -71,6 +84,9 @@ impl NodeOutput {
                 opened: Vec::new(),
                 first_error: None,
                 last_stderr: None,
+                in_traceback: false,
+                exception: None,
+                ends_in_traceback: false,
             }),
         }
     }
@@ -85,6 +101,9 @@ impl NodeOutput {
         state.hold_until = hold_until;
         state.first_error = None;
         state.last_stderr = None;
+        state.in_traceback = false;
+        state.exception = None;
+        state.ends_in_traceback = false;
     }
 
     /// The node's final name: its lines (held ones first) carry it.
@@ -108,9 +127,17 @@ impl NodeOutput {
         }
     }
 
-    /// The first line on stderr that reads like an error, else the last.
+    /// The first line on stderr that reads like an error, else the last;
+    /// a Python traceback's exception line instead when the node's errors
+    /// begin or end with that traceback.
     pub fn first_error(&self) -> Option<String> {
         let state = lock(&self.state);
+        let traceback_first = state.first_error.as_deref() == Some(TRACEBACK);
+        if let Some(exception) = &state.exception {
+            if traceback_first || state.ends_in_traceback {
+                return Some(exception.clone());
+            }
+        }
         state
             .first_error
             .clone()
@@ -130,6 +157,7 @@ impl NodeOutput {
                 state.first_error = Some(text.to_string());
             }
             state.last_stderr = Some(text.to_string());
+            state.traceback_line(text);
         }
         if state.hold_until.is_some() {
             state.held.push((stderr, text.to_string()));
@@ -148,6 +176,22 @@ impl NodeOutput {
 }
 
 impl State {
+    /// Follows Python tracebacks in the node's stderr: frames are indented,
+    /// the first line after them that is not is the exception.
+    fn traceback_line(&mut self, text: &str) {
+        if text.starts_with(TRACEBACK) {
+            self.in_traceback = true;
+        } else if self.in_traceback {
+            if !text.starts_with(' ') && !text.starts_with('\t') {
+                self.exception = Some(text.to_string());
+                self.in_traceback = false;
+                self.ends_in_traceback = true;
+            }
+        } else if is_error(text) {
+            self.ends_in_traceback = false;
+        }
+    }
+
     /// Stops holding: writes the held lines.
     fn release(&mut self) {
         self.hold_until = None;
@@ -264,6 +308,60 @@ mod tests {
         out.line("bye", true);
         assert_eq!(out.first_error().as_deref(), Some("bye"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_python_traceback_is_summed_up_by_its_exception() {
+        let out = NodeOutput::new("worker 0", "worker-0", None);
+        for line in [
+            "starting",
+            "Traceback (most recent call last):",
+            "  File \"train.py\", line 3, in <module>",
+            "    main()",
+            "  File \"train.py\", line 2, in main",
+            "    raise ValueError(\"bad learning rate: -1\")",
+            "ValueError: bad learning rate: -1",
+        ] {
+            out.line(line, true);
+        }
+        assert_eq!(
+            out.first_error().as_deref(),
+            Some("ValueError: bad learning rate: -1")
+        );
+        // Chained: the last exception is the one that ended the program.
+        let out = NodeOutput::new("worker 0", "worker-0", None);
+        for line in [
+            "Traceback (most recent call last):",
+            "  File \"a.py\", line 1, in <module>",
+            "KeyError: 'lr'",
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+            "Traceback (most recent call last):",
+            "  File \"a.py\", line 3, in <module>",
+            "pslite.errors.DtypeMismatch: node 8 refused the request: app 0 holds float32",
+        ] {
+            out.line(line, true);
+        }
+        assert_eq!(
+            out.first_error().as_deref(),
+            Some("pslite.errors.DtypeMismatch: node 8 refused the request: app 0 holds float32")
+        );
+        // An error before a traceback that did not end the output stays first.
+        let out = NodeOutput::new("server 0", "server-0", None);
+        for line in [
+            "error: lost the scheduler",
+            "Traceback (most recent call last):",
+            "  File \"h.py\", line 1, in handle",
+            "RuntimeError: handler",
+            "error: the node failed",
+        ] {
+            out.line(line, true);
+        }
+        assert_eq!(
+            out.first_error().as_deref(),
+            Some("error: lost the scheduler")
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! servers, the workers.
 
 use std::ffi::OsString;
+use std::path::Path;
 
 use pslite_proto::Role;
 
@@ -145,6 +146,7 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
         if std::env::var_os("GLIBC_TUNABLES").is_none() {
             env.push(("GLIBC_TUNABLES".into(), MALLOC_TUNABLES.into()));
         }
+        env.extend(python_env(opts.python.as_deref()));
         if role == Role::Worker && opts.worker_procs.is_some() {
             env.push((
                 "PSLITE_WORKERS_PER_PROCESS".into(),
@@ -163,9 +165,12 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
             .map(|(_, v)| v.clone())
             .or_else(|| std::env::var(name).ok())
     })?;
-    let command = |own: &Option<Vec<OsString>>| match own.as_deref() {
-        Some([program, args @ ..]) => (program.clone(), args.to_vec()),
-        _ => (opts.program.clone(), opts.args.clone()),
+    let command = |own: &Option<Vec<OsString>>| {
+        let (program, args) = match own.as_deref() {
+            Some([program, args @ ..]) => (program.clone(), args.to_vec()),
+            _ => (opts.program.clone(), opts.args.clone()),
+        };
+        python_program(opts.python.as_deref(), program, args)
     };
     let mut nodes = Vec::new();
     let mut add = |name: String, role: Role, own: &Option<Vec<OsString>>, rank: Option<usize>| {
@@ -227,6 +232,45 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
     Ok(nodes)
 }
 
+/// The variables that make a node's `python` the launcher's: its
+/// interpreter's directory first on PATH (a venv's `bin/`, where pip put
+/// `pslite` and the venv's scripts), and `VIRTUAL_ENV` when that is a venv.
+fn python_env(python: Option<&Path>) -> Vec<(String, String)> {
+    let Some(bin) = python
+        .and_then(Path::parent)
+        .filter(|b| !b.as_os_str().is_empty())
+    else {
+        return Vec::new();
+    };
+    let mut dirs = vec![bin.to_path_buf()];
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path).filter(|d| d != bin));
+    }
+    let mut env = Vec::new();
+    if let Ok(path) = std::env::join_paths(dirs) {
+        env.push(("PATH".to_string(), path.to_string_lossy().into_owned()));
+    }
+    if let Some(venv) = bin.parent().filter(|v| v.join("pyvenv.cfg").is_file()) {
+        env.push(("VIRTUAL_ENV".to_string(), venv.display().to_string()));
+    }
+    env
+}
+
+/// A node's program and arguments: a `.py` file runs under the launcher's
+/// Python (else `python3` from the PATH), whatever its first line says.
+fn python_program(
+    python: Option<&Path>,
+    program: OsString,
+    args: Vec<OsString>,
+) -> (OsString, Vec<OsString>) {
+    if Path::new(&program).extension().is_none_or(|e| e != "py") {
+        return (program, args);
+    }
+    let interpreter =
+        python.map_or_else(|| OsString::from("python3"), |p| p.as_os_str().to_owned());
+    (interpreter, std::iter::once(program).chain(args).collect())
+}
+
 /// Whether the nodes log connections (`PS_VERBOSE` 1 or more, in the
 /// launcher's environment or `opts.env`): then the launcher says which
 /// process is which node, too.
@@ -250,6 +294,48 @@ mod tests {
             program: "true".into(),
             ..LaunchOptions::default()
         }
+    }
+
+    #[test]
+    fn python_programs_run_under_the_launchers_python_with_its_bin_first_on_path() {
+        let dir = std::env::temp_dir().join(format!("pslite-venv-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::write(dir.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        let python = dir.join("bin").join("python");
+        let mut o = opts();
+        o.program = "train.py".into();
+        o.args = vec!["--epochs".into(), "3".into()];
+        o.python = Some(python.clone());
+        o.worker_program = Some(vec!["python".into(), "-c".into(), "pass".into()]);
+        let nodes = plan(&o, 9000).unwrap();
+        let server = &nodes[1];
+        assert_eq!(server.program, python.as_os_str());
+        assert_eq!(
+            server.args,
+            ["train.py", "--epochs", "3"].map(OsString::from)
+        );
+        // Not a .py file: as given (found on the node's PATH).
+        assert_eq!(nodes[2].program, "python");
+        let var = |k: &str| {
+            server
+                .env
+                .iter()
+                .rev()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        let path = var("PATH").unwrap();
+        assert!(
+            path.starts_with(&format!("{}:", dir.join("bin").display())),
+            "{path}"
+        );
+        assert_eq!(var("VIRTUAL_ENV").unwrap(), dir.display().to_string());
+        // Without a known Python: python3 from the PATH, and PATH untouched.
+        o.python = None;
+        let nodes = plan(&o, 9000).unwrap();
+        assert_eq!(nodes[1].program, "python3");
+        assert!(nodes[1].env.iter().all(|(k, _)| k != "PATH"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use log::{debug, error, trace, warn};
 use pslite_proto::shm::ShmFrame;
@@ -15,12 +15,12 @@ use pslite_proto::{lock, Message, Meta, NodeId, K_EMPTY};
 use super::Shared;
 use crate::bind::WAKE_IDENTITY;
 use crate::counters::DropReason;
-use crate::dispatch::describe;
-use crate::error::Failure;
+use crate::describe;
 use crate::links::Mode;
-use crate::log_once::LogOnce;
 use crate::shm::{self, ShmError};
 use crate::transport;
+use crate::Failure;
+use crate::LogOnce;
 
 /// Ends every wait if the receive thread ends without being asked to.
 struct ReceiveThreadGuard<'a>(&'a Shared);
@@ -242,8 +242,12 @@ impl Shared {
             };
             rx.flush_at = None;
         }
+        // Stopping: the core waits until nothing waits in the links.
+        if self.flushing.load(Ordering::SeqCst) && !self.links.any_waiting() {
+            self.with_core(Mode::NoWait, |core, _| core.links_flushed());
+        }
         if next.is_some_and(|at| now >= at) {
-            self.with_core(Mode::NoWait, |core, now| core.tick(now));
+            self.with_core(Mode::NoWait, |core, now| core.tick(now, SystemTime::now()));
         }
         if rx.shm.mapped() > 0 {
             rx.shm.prune(now);

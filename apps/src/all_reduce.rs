@@ -1,0 +1,292 @@
+//! [`AllReduceHandle`]: a server request handle that sums each key's pushes
+//! over one round of every worker and then answers them all with the sum:
+//! an all-reduce through the servers, as BytePS's servers do for
+//! data-parallel training (`pslite.torch.DistributedOptimizer` runs on it).
+
+use std::collections::HashMap;
+
+use log::warn;
+
+use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
+use crate::kv_server::KVServer;
+use crate::sarray::SArray;
+use crate::Refusal;
+
+/// One key set's round: the values pushed so far (summed once all are
+/// in: one pass over memory) and the requests waiting for the sum.
+struct Round<V: Val> {
+    keys: SArray<Key>,
+    lens: SArray<i32>,
+    parts: Vec<SArray<V>>,
+    waiting: Vec<KVMeta>,
+}
+
+/// The command (`cmd`) of a request whose round's sum is divided by the
+/// number of workers (the mean), for value types that can be divided
+/// ([`AllReduceHandle::averaging`]).
+pub const AVERAGE: i32 = 1;
+
+/// Value types whose sums [`AllReduceHandle`] can turn into means.
+pub trait Mean: Val {
+    /// Multiplies every value by `by`.
+    fn scale(values: &mut [Self], by: f64);
+}
+
+impl Mean for f32 {
+    fn scale(values: &mut [f32], by: f64) {
+        let by = by as f32;
+        values.iter_mut().for_each(|v| *v *= by);
+    }
+}
+
+impl Mean for f64 {
+    fn scale(values: &mut [f64], by: f64) {
+        values.iter_mut().for_each(|v| *v *= by);
+    }
+}
+
+/// Elements summed per block: the block of the sum stays in cache while
+/// every part is added and it is scaled.
+const BLOCK: usize = 16 * 1024;
+
+/// Multiplies values by a factor ([`Mean::scale`]), and the factor.
+type Scale<V> = (fn(&mut [V], f64), f64);
+
+/// The sum of `parts` (all of one length), times the scale if given.
+fn sum<V: Val>(parts: &[SArray<V>], scale: Option<Scale<V>>) -> Vec<V> {
+    let n = parts.first().map_or(0, |p| p.len());
+    let mut out = Vec::with_capacity(n);
+    let mut at = 0;
+    while at < n {
+        let end = (at + BLOCK).min(n);
+        let start = out.len();
+        out.extend_from_slice(&parts[0][at..end]);
+        let block = &mut out[start..];
+        for part in &parts[1..] {
+            for (s, v) in block.iter_mut().zip(&part[at..end]) {
+                *s += *v;
+            }
+        }
+        if let Some((f, by)) = scale {
+            f(block, by);
+        }
+        at = end;
+    }
+    out
+}
+
+/// Sums a round of pushes per key set: each of `workers` workers pushes (or
+/// push-pulls) the same keys once per round; when the last one is in, every
+/// request of the round is answered (a push-pull with the sum, a push
+/// empty) and the next round starts from zero. A round is named by its
+/// first key: a request whose keys or value counts differ from its round's
+/// is refused ([`Refusal::Lengths`]), and so is a pull alone (there is
+/// nothing to pull between rounds). Every answer of a round shares one
+/// buffer (no copies).
+///
+/// ```no_run
+/// # fn demo(po: &pslite::Postoffice) -> Result<(), pslite::Error> {
+/// let server = pslite::KVServer::<f32>::new(po, 0)?;
+/// server.set_request_handle(pslite::AllReduceHandle::new(po.num_workers() as usize).into_handle());
+/// # Ok(()) }
+/// ```
+pub struct AllReduceHandle<V: Val> {
+    workers: usize,
+    rounds: HashMap<Key, Round<V>>,
+    /// Set by [`AllReduceHandle::averaging`].
+    mean: Option<fn(&mut [V], f64)>,
+}
+
+impl<V: Val> AllReduceHandle<V> {
+    /// Rounds of `workers` pushes (at least 1).
+    pub fn new(workers: usize) -> Self {
+        AllReduceHandle {
+            workers: workers.max(1),
+            rounds: HashMap::new(),
+            mean: None,
+        }
+    }
+
+    /// Also answers rounds whose requests carry `cmd` [`AVERAGE`] with the
+    /// mean instead of the sum (summed and divided in one pass).
+    pub fn averaging(mut self) -> Self
+    where
+        V: Mean,
+    {
+        self.mean = Some(V::scale);
+        self
+    }
+
+    /// Adds request `req` to its round; when the round is complete, the
+    /// answers to send (each request's meta and pairs).
+    pub fn apply(
+        &mut self,
+        meta: &KVMeta,
+        req: KVPairs<V>,
+    ) -> Result<Vec<(KVMeta, KVPairs<V>)>, Refusal> {
+        let refuse = |reason: String| Refusal::Other {
+            app: meta.app_id,
+            reason,
+        };
+        if !meta.push {
+            return Err(refuse(
+                "an all-reduce server answers pushes and push-pulls, not pulls alone".into(),
+            ));
+        }
+        let Some(&first) = req.keys.first() else {
+            return Ok(vec![(meta.clone(), KVPairs::default())]);
+        };
+        if meta.cmd == AVERAGE && self.mean.is_none() {
+            return Err(refuse(
+                "this all-reduce server sums only: it cannot average values of this type".into(),
+            ));
+        }
+        let round = self.rounds.entry(first).or_insert_with(|| Round {
+            keys: req.keys.clone(),
+            lens: req.lens.clone(),
+            parts: Vec::new(),
+            waiting: Vec::new(),
+        });
+        if round.keys[..] != req.keys[..] {
+            return Err(refuse(format!(
+                "the round of key {first} sums {} keys and this request sends {}: every worker \
+                 must push the same keys",
+                round.keys.len(),
+                req.keys.len()
+            )));
+        }
+        if let Some(held) = round.parts.first().map(|p| p.len()) {
+            if held != req.vals.len() {
+                return Err(Refusal::Lengths {
+                    app: meta.app_id,
+                    key: first,
+                    held: held as u64,
+                    sent: req.vals.len() as u64,
+                });
+            }
+        } else {
+            round.lens = req.lens.clone();
+        }
+        round.parts.push(req.vals);
+        round.waiting.push(meta.clone());
+        if round.waiting.len() < self.workers {
+            return Ok(Vec::new());
+        }
+        let Some(round) = self.rounds.remove(&first) else {
+            return Ok(Vec::new());
+        };
+        let mean = match (self.mean, round.waiting.iter().any(|m| m.cmd == AVERAGE)) {
+            (Some(f), true) => Some((f, 1.0 / round.parts.len() as f64)),
+            _ => None,
+        };
+        let sum = KVPairs {
+            keys: round.keys,
+            vals: SArray::from_vec(sum(&round.parts, mean)),
+            lens: round.lens,
+        };
+        Ok(round
+            .waiting
+            .into_iter()
+            .map(|m| {
+                let pairs = if m.pull {
+                    sum.clone()
+                } else {
+                    KVPairs::default()
+                };
+                (m, pairs)
+            })
+            .collect())
+    }
+
+    /// The handle as a closure for [`KVServer::set_request_handle`].
+    pub fn into_handle(mut self) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static {
+        move |meta, req, server| match self.apply(meta, req) {
+            Ok(answers) => {
+                for (m, pairs) in answers {
+                    if let Err(e) = server.response(&m, pairs) {
+                        warn!("cannot answer node {}: {e}", m.sender);
+                    }
+                }
+            }
+            Err(refusal) => server.refuse(meta, refusal),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(sender: i32, pull: bool) -> KVMeta {
+        KVMeta {
+            cmd: 0,
+            push: true,
+            pull,
+            sender,
+            timestamp: 0,
+            customer_id: 0,
+            app_id: 0,
+            priority: 0,
+        }
+    }
+
+    #[test]
+    fn a_round_answers_every_worker_with_the_sum_then_starts_again() {
+        let mut h = AllReduceHandle::<f32>::new(2);
+        let a = h.apply(&meta(9, true), KVPairs::new(vec![5, 6], vec![1.0, 2.0]));
+        assert!(a.unwrap().is_empty());
+        let done = h
+            .apply(&meta(11, false), KVPairs::new(vec![5, 6], vec![10.0, 20.0]))
+            .unwrap();
+        assert_eq!(done.len(), 2);
+        assert_eq!(&done[0].1.vals[..], &[11.0, 22.0]);
+        assert!(done[1].1.vals.is_empty()); // a push alone gets no values
+                                            // The next round starts from zero.
+        assert!(h
+            .apply(&meta(9, true), KVPairs::new(vec![5, 6], vec![1.0, 1.0]))
+            .unwrap()
+            .is_empty());
+        // The mean, summed and scaled in one pass.
+        let mut h = AllReduceHandle::<f64>::new(2).averaging();
+        let mut m = meta(9, true);
+        m.cmd = AVERAGE;
+        let big: Vec<f64> = (0..40_000).map(f64::from).collect();
+        assert!(h
+            .apply(&m, KVPairs::new(vec![1], big.clone()))
+            .unwrap()
+            .is_empty());
+        let done = h
+            .apply(&m, KVPairs::new(vec![1], vec![1.0; 40_000]))
+            .unwrap();
+        assert_eq!(done[0].1.vals[39_999], (39_999.0 + 1.0) / 2.0);
+        assert_eq!(
+            done[0].1.vals[..],
+            big.iter().map(|v| (v + 1.0) * 0.5).collect::<Vec<_>>()[..]
+        );
+        let mut h = AllReduceHandle::<f32>::new(2);
+        assert!(h.apply(&m, KVPairs::new(vec![1], vec![1.0])).is_err());
+        let mut h = AllReduceHandle::<f32>::new(2);
+        assert!(h
+            .apply(&meta(9, true), KVPairs::new(vec![5, 6], vec![1.0, 1.0]))
+            .unwrap()
+            .is_empty());
+        // Other keys under the same first key, or other lengths: refused.
+        assert!(h
+            .apply(&meta(11, true), KVPairs::new(vec![5], vec![1.0]))
+            .is_err());
+        assert!(matches!(
+            h.apply(&meta(11, true), KVPairs::new(vec![5, 6], vec![1.0; 4])),
+            Err(Refusal::Lengths {
+                key: 5,
+                held: 2,
+                sent: 4,
+                ..
+            })
+        ));
+        let mut pull = meta(11, true);
+        pull.push = false;
+        assert!(h
+            .apply(&pull, KVPairs::new(vec![5, 6], Vec::new()))
+            .is_err());
+    }
+}

@@ -1,0 +1,754 @@
+//! Checkpoints as a component of the core: which state machine a node runs
+//! (the scheduler's [`CheckpointMaster`], a server's [`CheckpointServer`]),
+//! this node's own requests and their answers, and where checkpoints meet
+//! the other components. Off unless the scheduler has
+//! `PS_CHECKPOINT_DIR`; nodes learn it from the node table.
+//!
+//! Where it meets the others:
+//! - the node-table attachments: the scheduler's tables carry the
+//!   checkpoint to restore; a server joining with one restores it before
+//!   its apps get anything (they are held meanwhile, see `crate::hold`); a
+//!   worker's BARRIER request carries its requests in flight, which the
+//!   scheduler reads for the cut;
+//! - the outgoing pipeline: the releases of the barrier a checkpoint is
+//!   taken at are held until every server wrote its file
+//!   ([`Event::Releasing`] says which releases follow);
+//! - facts: which servers hold which ranges (the scheduler's table, the
+//!   dead, the range map) make the plan.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use bytes::Bytes;
+use log::{debug, error};
+use pslite_proto::checkpoint::{CheckpointMsg, CheckpointOp};
+use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::{Command, Message, Role, K_EMPTY};
+
+use super::disk::IoResult;
+use super::format::Shape;
+use super::master::{CheckpointMaster, MasterOut, Plan, Requester};
+use super::server::{CheckpointServer, ServerOut};
+use super::{Catalog, DEFAULT_TIMEOUT};
+use crate::component::{Component, Cx, Facts};
+use crate::config::VanConfig;
+use crate::effects::{Event, Output};
+use crate::error::{Failure, VanError};
+use crate::log_once::LogOnce;
+use crate::reply::Replies;
+
+/// How long a scheduler stopping the job (a server could not restore)
+/// waits for its members to leave before it fails.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The answers kept for a node's own requests at most.
+const MAX_ANSWERS: usize = 64;
+
+/// The releases of one barrier on their way out, until all have come.
+struct Releasing {
+    group: i32,
+    to: Vec<NodeId>,
+    releases: Vec<Message>,
+}
+
+/// This node's checkpoint state.
+pub struct Checkpoints {
+    /// On a scheduler with `PS_CHECKPOINT_DIR`.
+    master: Option<CheckpointMaster>,
+    /// On a server of a checkpointing cluster.
+    server: Option<CheckpointServer>,
+    /// The cluster checkpoints (its node table said so).
+    on: bool,
+    /// This node's requests: ticket -> (ACCEPTED, RESULT) once here.
+    answers: HashMap<u64, (Option<CheckpointMsg>, Option<CheckpointMsg>)>,
+    next_ticket: u64,
+    /// The apps of a server (copied and restored); app 0 unless set.
+    apps: BTreeSet<i32>,
+    /// The job stops (why, and when this node fails at the latest): on the
+    /// scheduler, a server could not restore; on that server, its restore
+    /// failed and it waits for the scheduler's notice.
+    stopping: Option<(String, Instant)>,
+    /// On the scheduler: a barrier's releases coming through the pipeline.
+    releasing: Option<Releasing>,
+    /// Drops already warned about, by sender and cause.
+    dropped: LogOnce<(NodeId, &'static str)>,
+}
+
+/// Whether `msg` is a barrier release (not a failure reply).
+fn is_release(msg: &Message) -> bool {
+    msg.meta.control.cmd == Command::Barrier
+        && !msg.meta.request
+        && msg.meta.control.failed_peer.is_none()
+}
+
+impl Checkpoints {
+    /// The state for `cfg` (on the scheduler, before its directory was
+    /// scanned; checkpoints off without a directory).
+    pub fn for_config(cfg: &VanConfig) -> Checkpoints {
+        let master = match (&cfg.checkpoint, cfg.role) {
+            (Some(c), Role::Scheduler) => {
+                Some(CheckpointMaster::new(c.clone(), Catalog::default()))
+            }
+            _ => None,
+        };
+        Checkpoints {
+            on: master.is_some(),
+            master,
+            server: None,
+            answers: HashMap::new(),
+            next_ticket: 1,
+            apps: BTreeSet::from([0]),
+            stopping: None,
+            releasing: None,
+            dropped: LogOnce::new(log::Level::Warn),
+        }
+    }
+
+    /// On the scheduler: what the scan of `PS_CHECKPOINT_DIR` found.
+    pub fn set_catalog(&mut self, cfg: &VanConfig, catalog: Catalog) {
+        if let (Some(c), Role::Scheduler) = (&cfg.checkpoint, cfg.role) {
+            self.master = Some(CheckpointMaster::new(c.clone(), catalog));
+        }
+    }
+
+    /// Whether this node's cluster takes checkpoints (known once joined).
+    pub fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// Asks the scheduler for a checkpoint (see `Core::checkpoint_request`).
+    pub fn request(&mut self, label: &str, cx: &mut Cx<'_>) -> Result<u64, VanError> {
+        if let Some(f) = cx.facts.failure() {
+            return Err(f.clone().into());
+        }
+        if !cx.facts.is_joined() {
+            return Err(VanError::NotReady);
+        }
+        if !self.on {
+            return Err(VanError::Failed(Failure::Checkpoint {
+                detail: "this cluster takes no checkpoints: its scheduler has no \
+                         PS_CHECKPOINT_DIR"
+                    .into(),
+            }));
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        if self.answers.len() >= MAX_ANSWERS {
+            if let Some(&oldest) = self.answers.keys().min() {
+                self.answers.remove(&oldest);
+            }
+        }
+        self.answers.insert(ticket, (None, None));
+        let mut req = CheckpointMsg::new(CheckpointOp::Request, 0);
+        req.label = label.to_string();
+        req.ticket = ticket;
+        let mut msg = Message::control(Command::Checkpoint, SCHEDULER);
+        msg.meta.request = true;
+        msg.meta.checkpoint = Some(Box::new(req));
+        cx.send(msg);
+        Ok(ticket)
+    }
+
+    /// The answers to request `ticket` so far (ACCEPTED, RESULT).
+    pub fn answer(&self, ticket: u64) -> (Option<CheckpointMsg>, Option<CheckpointMsg>) {
+        self.answers.get(&ticket).cloned().unwrap_or_default()
+    }
+
+    /// Forgets request `ticket` (its waiter returned).
+    pub fn end(&mut self, ticket: u64) {
+        self.answers.remove(&ticket);
+    }
+
+    /// On a server: the apps whose state is checkpointed.
+    pub fn set_apps(&mut self, apps: BTreeSet<i32>) {
+        if let Some(s) = &mut self.server {
+            s.set_apps(apps.clone());
+        }
+        self.apps = apps;
+    }
+
+    /// A file operation the driver carried out for token `token`.
+    pub fn io_done(&mut self, token: u64, result: IoResult, now: Instant, cx: &mut Cx<'_>) {
+        self.wall_clock(cx.facts, now);
+        if let Some(m) = &mut self.master {
+            m.io_done(token, result, now);
+        } else if let Some(s) = &mut self.server {
+            s.io_done(token, result, now);
+        }
+        self.flush(now, cx);
+    }
+
+    /// App `app`'s answer to snapshot request `token`: its state, or why
+    /// it cannot copy it.
+    pub fn snapshot(
+        &mut self,
+        token: u64,
+        app: i32,
+        data: Result<Bytes, String>,
+        now: Instant,
+        cx: &mut Cx<'_>,
+    ) {
+        self.wall_clock(cx.facts, now);
+        if let Some(s) = &mut self.server {
+            match data {
+                Ok(data) => s.snapshot_taken(token, app, data),
+                Err(why) => s.snapshot_failed(token, app, &why),
+            }
+        }
+        self.flush(now, cx);
+    }
+
+    /// App `app`'s answer to restore request `token`: restored, or why it
+    /// refused.
+    pub fn restored(
+        &mut self,
+        token: u64,
+        app: i32,
+        result: Result<(), String>,
+        now: Instant,
+        cx: &mut Cx<'_>,
+    ) {
+        if let Some(s) = &mut self.server {
+            match result {
+                Ok(()) => s.restored(token, app, now),
+                Err(why) => s.restore_failed(token, app, &why),
+            }
+        }
+        self.flush(now, cx);
+    }
+
+    /// The restore is abandoned (too much arrived meanwhile: the node
+    /// fails).
+    pub fn abandon_restore(&mut self) {
+        self.server = None;
+    }
+
+    /// The wall clock, for what the state machines write from now on.
+    fn wall_clock(&mut self, facts: &dyn Facts, now: Instant) {
+        let unix_ms = facts.unix_ms(now);
+        if let Some(m) = &mut self.master {
+            m.set_wall_clock(unix_ms);
+        }
+        if let Some(s) = &mut self.server {
+            s.set_wall_clock(unix_ms);
+        }
+    }
+
+    fn drop_logged(&mut self, sender: NodeId, why: &'static str) {
+        self.dropped.log((sender, why), || {
+            format!("dropping CHECKPOINT from node {sender}: {why}")
+        });
+    }
+
+    /// On the scheduler: tells every pslite member that the job stops
+    /// because checkpoint `id` cannot be restored (`why`): a RESULT with no
+    /// ticket. Sent before the scheduler fails, so a node that joined too
+    /// recently to watch the scheduler's connection does not wait on.
+    fn stop_job(&mut self, id: u64, why: &str, now: Instant, cx: &mut Cx<'_>) {
+        let members: BTreeSet<NodeId> = cx
+            .facts
+            .registered()
+            .iter()
+            .filter(|n| n.pslite && n.id != SCHEDULER)
+            .map(|n| n.id)
+            .collect();
+        if self.stopping.is_some() {
+            return;
+        }
+        error!("{why}: the job stops");
+        for to in members {
+            let mut stop = CheckpointMsg::new(CheckpointOp::Result, id);
+            stop.error = why.to_string();
+            let mut msg = Message::control(Command::Checkpoint, to);
+            msg.meta.checkpoint = Some(Box::new(stop));
+            cx.send(msg);
+        }
+        self.stopping = Some((why.to_string(), now + STOP_GRACE));
+    }
+
+    /// This server's checkpoint state (made on first use).
+    fn server(&mut self, facts: &dyn Facts) -> &mut CheckpointServer {
+        let me = facts.me().id;
+        let own = facts.config().checkpoint.as_ref().map(|c| c.dir.clone());
+        let timeout = facts
+            .config()
+            .checkpoint
+            .as_ref()
+            .map_or(DEFAULT_TIMEOUT, |c| c.timeout);
+        let apps = self.apps.clone();
+        self.server.get_or_insert_with(|| {
+            let mut s = CheckpointServer::new(me, ids::id_to_rank(me), own, timeout);
+            s.set_apps(apps);
+            s
+        })
+    }
+
+    /// On a node, before membership takes in a node table from the
+    /// scheduler: the cluster checkpoints if the table says so, and a
+    /// server joining with it restores the checkpoint it names (its apps
+    /// get nothing else until then).
+    fn table(&mut self, msg: &Message, now: Instant, cx: &mut Cx<'_>) {
+        let Some(info) = msg.meta.checkpoint.as_deref() else {
+            return;
+        };
+        if info.op != CheckpointOp::Info || msg.meta.sender != SCHEDULER {
+            return;
+        }
+        self.on = true;
+        let first = !cx.facts.is_joined();
+        if cx.facts.config().role != Role::Server || !first || info.id == 0 {
+            return;
+        }
+        let Some(mine) = cx.facts.my_entry(&msg.meta.control.node) else {
+            return;
+        };
+        let me = mine.id;
+        let ranges: Vec<u32> = match msg.meta.replica.as_ref().and_then(|r| r.map.as_ref()) {
+            Some(map) => (0..map.ranges.len() as u32)
+                .filter(|&r| map.ranges[r as usize].replicas.contains(&me))
+                .collect(),
+            None => vec![ids::id_to_rank(me) as u32],
+        };
+        let cfg = cx.facts.config();
+        let own = cfg.checkpoint.as_ref().map(|c| c.dir.clone());
+        let timeout = cfg
+            .checkpoint
+            .as_ref()
+            .map_or(DEFAULT_TIMEOUT, |c| c.timeout);
+        let mut s = CheckpointServer::new(me, ids::id_to_rank(me), own, timeout);
+        s.set_apps(self.apps.clone());
+        s.on_info(info, ranges, true, now);
+        if s.holds() {
+            cx.holds.start_restore();
+        }
+        self.server = Some(s);
+        self.flush(now, cx);
+    }
+
+    /// On the scheduler: which server writes which ranges now, or why no
+    /// checkpoint can be taken (a C++ server, a dead one, a lost range).
+    fn plan(facts: &dyn Facts, now: Instant) -> Plan {
+        if facts.config().role != Role::Scheduler {
+            return Plan::default();
+        }
+        let mut servers: Vec<_> = facts
+            .registered()
+            .iter()
+            .filter(|n| n.role == Role::Server)
+            .cloned()
+            .collect();
+        servers.sort_by_key(|n| n.id);
+        servers.dedup_by_key(|n| n.id);
+        if let Some(cxx) = servers.iter().find(|n| !n.pslite) {
+            return Plan {
+                refused: Some(format!(
+                    "server {} is C++ ps-lite, which cannot write checkpoints (only pslite \
+                     servers can)",
+                    cxx.id
+                )),
+                ..Plan::default()
+            };
+        }
+        let dead: BTreeSet<NodeId> = facts.dead_nodes(now).into_iter().collect();
+        if let Some(map) = facts.range_map() {
+            let mut plan = Plan {
+                shape: Shape {
+                    ranges: map.ranges.iter().map(|r| (r.begin, r.end)).collect(),
+                    replicas: map.replicas,
+                    map_version: map.version,
+                },
+                ..Plan::default()
+            };
+            for (r, range) in map.ranges.iter().enumerate() {
+                if range.replicas.is_empty() {
+                    plan.refused = Some(format!(
+                        "key range {r} has no replica left: its state is gone"
+                    ));
+                    return plan;
+                }
+            }
+            for n in &servers {
+                let held: Vec<u32> = (0..map.ranges.len() as u32)
+                    .filter(|&r| map.ranges[r as usize].replicas.contains(&n.id))
+                    .collect();
+                if !held.is_empty() && !dead.contains(&n.id) {
+                    plan.servers.push((n.id, ids::id_to_rank(n.id), held));
+                }
+            }
+            return plan;
+        }
+        let ranges = crate::replica::key_ranges(facts.config().num_servers.max(1) as usize);
+        let mut plan = Plan {
+            shape: Shape {
+                ranges,
+                replicas: 1,
+                map_version: 0,
+            },
+            ..Plan::default()
+        };
+        for n in &servers {
+            if dead.contains(&n.id) {
+                plan.refused = Some(format!(
+                    "server {} is dead and not replaced: its key range cannot be written",
+                    n.id
+                ));
+                return plan;
+            }
+            let rank = ids::id_to_rank(n.id);
+            plan.servers.push((n.id, rank, vec![rank as u32]));
+        }
+        plan
+    }
+
+    /// On the scheduler, once every release of a barrier came through the
+    /// pipeline: held if a pending checkpoint is taken at it, else sent.
+    fn released(&mut self, releasing: Releasing, now: Instant, cx: &mut Cx<'_>) {
+        let Releasing {
+            group, releases, ..
+        } = releasing;
+        let Some(m) = &mut self.master else {
+            return;
+        };
+        let plan = if m.is_pending() {
+            Self::plan(cx.facts, now)
+        } else {
+            Plan::default()
+        };
+        let pslite: BTreeSet<NodeId> = cx
+            .facts
+            .registered()
+            .iter()
+            .filter(|n| n.pslite)
+            .map(|n| n.id)
+            .collect();
+        let held = m.releases(
+            group,
+            releases.clone(),
+            || plan,
+            |id| pslite.contains(&id),
+            now,
+        );
+        if !held {
+            for msg in releases {
+                cx.send(msg);
+            }
+        }
+        self.flush(now, cx);
+    }
+
+    /// Sends a requester its answer.
+    fn answer_requester(to: Requester, mut ck: CheckpointMsg, cx: &mut Cx<'_>) {
+        match to {
+            Requester::Member { id, ticket } => {
+                ck.ticket = ticket;
+                let mut msg = Message::control(Command::Checkpoint, id);
+                msg.meta.checkpoint = Some(Box::new(ck));
+                cx.send(msg);
+            }
+            Requester::Admin { route, ts } => {
+                let mut msg = Message::control(Command::Checkpoint, K_EMPTY);
+                msg.meta.timestamp = ts;
+                msg.meta.sender = SCHEDULER;
+                msg.meta.checkpoint = Some(Box::new(ck));
+                // Small (no file list is long): outside the answers' budget.
+                cx.out(Replies::unbudgeted(route, msg));
+            }
+            Requester::Interval => {}
+        }
+    }
+
+    /// Carries out what the checkpoint state machines asked for.
+    fn flush(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        loop {
+            let master = self
+                .master
+                .as_mut()
+                .map(CheckpointMaster::take_output)
+                .unwrap_or_default();
+            let server = self
+                .server
+                .as_mut()
+                .map(CheckpointServer::take_output)
+                .unwrap_or_default();
+            if master.is_empty() && server.is_empty() {
+                return;
+            }
+            for out in master {
+                match out {
+                    MasterOut::Send(msg) => cx.send(msg),
+                    MasterOut::Answer(to, ck) => Self::answer_requester(to, ck, cx),
+                    MasterOut::Io { token, io } => cx.out(Output::Checkpoint { token, io }),
+                }
+            }
+            for out in server {
+                match out {
+                    ServerOut::Send(msg) => cx.send(*msg),
+                    ServerOut::Apps(out) => cx.for_apps(*out),
+                    ServerOut::Io { token, io } => cx.out(Output::Checkpoint { token, io }),
+                    ServerOut::Failed(detail) => {
+                        // Reported to the scheduler, which stops the job:
+                        // this server fails on its notice (so the report is
+                        // not lost with it), or after STOP_GRACE; it serves
+                        // nothing meanwhile.
+                        error!("{detail}");
+                        cx.holds.drop_restore_held();
+                        self.stopping = Some((detail, now + STOP_GRACE));
+                    }
+                    ServerOut::Restored => {
+                        let held = cx.holds.restored();
+                        debug!("delivering {} messages held while restoring", held.len());
+                        for out in held {
+                            cx.for_apps(out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Component for Checkpoints {
+    /// A CHECKPOINT control message: a request (on the scheduler), a
+    /// server's report, the scheduler's order to write, an answer to this
+    /// node's request, or the scheduler's notice that the job stops.
+    fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
+        self.wall_clock(cx.facts, now);
+        let sender = msg.meta.sender;
+        let Some(ck) = msg.meta.checkpoint.as_deref() else {
+            self.drop_logged(sender, "it has no checkpoint part");
+            return;
+        };
+        let is_scheduler = cx.facts.config().role == Role::Scheduler;
+        match ck.op {
+            CheckpointOp::Request if msg.meta.request && is_scheduler => {
+                let from = if sender == K_EMPTY {
+                    // An admin client: answered on its connection.
+                    match msg.meta.route.clone() {
+                        Some(route) => Requester::Admin {
+                            route,
+                            ts: msg.meta.timestamp,
+                        },
+                        None => {
+                            self.drop_logged(sender, "it came from an unknown peer");
+                            return;
+                        }
+                    }
+                } else if sender == SCHEDULER || cx.facts.node(sender).is_some() {
+                    Requester::Member {
+                        id: sender,
+                        ticket: ck.ticket,
+                    }
+                } else {
+                    self.drop_logged(sender, "its sender is not a member");
+                    return;
+                };
+                let label = ck.label.clone();
+                match &mut self.master {
+                    Some(m) => m.request(from, &label, Self::plan(cx.facts, now).refused),
+                    None => {
+                        let mut no = CheckpointMsg::new(CheckpointOp::Accepted, 0);
+                        no.error = "this cluster takes no checkpoints: its scheduler has no \
+                                    PS_CHECKPOINT_DIR"
+                            .to_string();
+                        return Self::answer_requester(from, no, cx);
+                    }
+                }
+            }
+            CheckpointOp::Done if is_scheduler => {
+                if ids::role_of_id(sender) != Some(Role::Server) {
+                    self.drop_logged(sender, "only servers report checkpoints");
+                    return;
+                }
+                let restore_failed = self
+                    .master
+                    .as_ref()
+                    .is_some_and(|m| m.is_restore_failure(ck));
+                if restore_failed {
+                    let detail = format!("server {sender}: {}", ck.error);
+                    self.stop_job(ck.id, &detail, now, cx);
+                    return;
+                }
+                if let Some(m) = &mut self.master {
+                    m.done(sender, ck, now);
+                }
+            }
+            CheckpointOp::Take if sender == SCHEDULER && cx.facts.config().role == Role::Server => {
+                let s = self.server(cx.facts);
+                s.set_wall_clock(cx.facts.unix_ms(now));
+                s.on_take(ck);
+            }
+            // The scheduler stops the job: a server could not restore.
+            CheckpointOp::Result
+                if sender == SCHEDULER
+                    && !msg.meta.request
+                    && ck.ticket == 0
+                    && !ck.error.is_empty() =>
+            {
+                cx.fail(Failure::Checkpoint {
+                    detail: ck.error.clone(),
+                });
+            }
+            CheckpointOp::Accepted | CheckpointOp::Result
+                if sender == SCHEDULER && !msg.meta.request =>
+            {
+                if let Some(slot) = self.answers.get_mut(&ck.ticket) {
+                    if ck.op == CheckpointOp::Accepted {
+                        slot.0 = Some(ck.clone());
+                    } else {
+                        slot.1 = Some(ck.clone());
+                    }
+                    cx.changed();
+                }
+            }
+            _ => self.drop_logged(sender, "not for this node"),
+        }
+        self.flush(now, cx);
+    }
+
+    /// Intervals, deadlines, servers that died during a checkpoint, and a
+    /// job that stops.
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        self.wall_clock(cx.facts, now);
+        let is_scheduler = cx.facts.config().role == Role::Scheduler;
+        if let Some((why, at)) = &self.stopping {
+            let due = if is_scheduler {
+                let dead: BTreeSet<NodeId> = cx.facts.dead_nodes(now).into_iter().collect();
+                let left = cx
+                    .facts
+                    .registered()
+                    .iter()
+                    .filter(|n| n.id != SCHEDULER && !dead.contains(&n.id))
+                    .count();
+                left == 0 || *at <= now
+            } else {
+                *at <= now
+            };
+            if due {
+                let detail = why.clone();
+                self.stopping = None;
+                cx.fail(Failure::Checkpoint { detail });
+            }
+        }
+        if let Some(m) = &mut self.master {
+            let dead = cx.facts.dead_nodes(now);
+            m.servers_dead(&dead, now);
+            m.tick(now);
+        }
+        if let Some(s) = &mut self.server {
+            s.tick(now);
+        }
+        self.flush(now, cx);
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.master
+                .as_ref()
+                .and_then(CheckpointMaster::poll_timeout),
+            self.server
+                .as_ref()
+                .and_then(CheckpointServer::poll_timeout),
+            self.stopping.as_ref().map(|s| s.1),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The cluster formed (the tables that restore went out); a barrier's
+    /// releases follow.
+    fn on_event(&mut self, event: &Event, now: Instant, cx: &mut Cx<'_>) {
+        match event {
+            Event::Formed(_) => {
+                if let Some(m) = &mut self.master {
+                    m.formed(now);
+                }
+                self.flush(now, cx);
+            }
+            Event::Releasing { group, to } if self.master.is_some() && !to.is_empty() => {
+                self.releasing = Some(Releasing {
+                    group: *group,
+                    to: to.clone(),
+                    releases: Vec::with_capacity(to.len()),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// On the scheduler: a barrier's releases are gathered (see
+    /// [`Checkpoints::released`]).
+    fn outgoing(
+        &mut self,
+        msg: Message,
+        now: Instant,
+        cx: &mut Cx<'_>,
+    ) -> Result<Option<Message>, Failure> {
+        let Some(r) = &mut self.releasing else {
+            return Ok(Some(msg));
+        };
+        if !is_release(&msg)
+            || msg.meta.control.barrier_group != r.group
+            || !r.to.contains(&msg.meta.recver)
+        {
+            return Ok(Some(msg));
+        }
+        r.releases.push(msg);
+        if r.releases.len() == r.to.len() {
+            if let Some(releasing) = self.releasing.take() {
+                self.released(releasing, now, cx);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The scheduler's node tables carry the checkpoint to restore; a
+    /// worker's BARRIER request says how many of its requests are
+    /// unanswered.
+    fn attach(&self, msg: &mut Message, facts: &dyn Facts) {
+        let role = facts.config().role;
+        match msg.meta.control.cmd {
+            Command::AddNode if role == Role::Scheduler => {
+                if let Some(m) = &self.master {
+                    let ranges =
+                        crate::replica::key_ranges(facts.config().num_servers.max(1) as usize);
+                    msg.meta.checkpoint = Some(Box::new(m.info(&ranges)));
+                }
+            }
+            Command::Barrier if msg.meta.request && self.on && role == Role::Worker => {
+                let mut arrival = CheckpointMsg::new(CheckpointOp::Arrival, 0);
+                arrival.in_flight = facts.counters().requests_in_flight().max(0) as u64;
+                msg.meta.checkpoint = Some(Box::new(arrival));
+            }
+            _ => {}
+        }
+    }
+
+    /// On the scheduler, a worker's BARRIER request: its requests in
+    /// flight, for the cut. On a server, the scheduler's node table: the
+    /// checkpoint to restore.
+    fn attached(&mut self, msg: &Message, now: Instant, cx: &mut Cx<'_>) {
+        match msg.meta.control.cmd {
+            Command::Barrier if msg.meta.request => {
+                let Some(m) = &mut self.master else {
+                    return;
+                };
+                if ids::role_of_id(msg.meta.sender) != Some(Role::Worker) {
+                    return;
+                }
+                if let Some(ck) = msg
+                    .meta
+                    .checkpoint
+                    .as_deref()
+                    .filter(|c| c.op == CheckpointOp::Arrival)
+                {
+                    m.arrival(msg.meta.sender, ck.in_flight);
+                }
+            }
+            Command::AddNode if cx.facts.config().role != Role::Scheduler => {
+                self.table(msg, now, cx)
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! What a caller asks the core directly about the node: who it is, what
+//! it knows of the cluster, joining, barriers. Each call goes to the
+//! component it concerns; the features' own calls (the store,
+//! checkpoints, replication, a server's leave) are in `features.rs`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::{Command, Message, Node, Role};
+
+use super::Core;
+use crate::counters::Counters;
+use crate::effects::{Effect, WaitingFor};
+use crate::error::{Failure, StartTimeout, VanError};
+use crate::member::BarrierOutcome;
+
+impl Core {
+    /// What this node counts.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// This node as the cluster knows it (its id once joined).
+    pub fn me(&self) -> &Node {
+        self.parts.member.me()
+    }
+
+    /// The entry of node `id` in the node table, if it has one.
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.parts.member.node(id)
+    }
+
+    /// The node table: servers, workers and the scheduler, once joined.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.parts.member.table().to_vec()
+    }
+
+    /// Whether this node has joined the cluster.
+    pub fn is_joined(&self) -> bool {
+        self.parts.member.is_joined()
+    }
+
+    /// Elastic mode: the current round and its workers in rank order, once
+    /// known.
+    pub fn round(&self) -> Option<(u64, Vec<NodeId>)> {
+        self.parts.member.round().map(|(n, m)| (n, m.to_vec()))
+    }
+
+    /// Elastic mode: the round this node joined in (a worker admitted after
+    /// the first round skips the start barrier: the others are past it).
+    pub fn joined_round(&self) -> Option<u64> {
+        self.parts.member.joined_round()
+    }
+
+    /// Elastic mode, on a worker: leaves the job (its round ends).
+    pub fn leave(&mut self, now: Instant) {
+        if self.cfg.elastic.is_none() || self.cfg.role != Role::Worker || !self.is_joined() {
+            return;
+        }
+        let msg = Message::control(Command::Leave, SCHEDULER);
+        self.emit(msg, now);
+    }
+
+    /// Why the node failed, if it did.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.parts.member.failure()
+    }
+
+    /// Identities heard from before they could have been assigned: a hint
+    /// of an identity conflict when the cluster does not form.
+    pub fn identity_conflicts(&self) -> Vec<NodeId> {
+        self.early_ids.iter().copied().collect()
+    }
+
+    /// Data messages dropped because their sender may not send them.
+    pub fn rejected(&self) -> u64 {
+        self.rejected
+    }
+
+    /// Starts joining the cluster as `customer_id` (see [`Core::join_status`]).
+    pub fn register(&mut self, customer_id: i32, now: Instant) {
+        self.with_member(now, |m, cx| cx.fx.extend(m.register(customer_id, now)));
+    }
+
+    /// What this node waits for while it joins.
+    pub(super) fn waiting_for(&self) -> WaitingFor {
+        match &self.parts.scheduler {
+            Some(s) => {
+                let missing = s.missing();
+                WaitingFor::Registrations {
+                    servers: (
+                        missing.servers,
+                        self.cfg.min_servers.unwrap_or(self.cfg.num_servers),
+                    ),
+                    workers: self
+                        .cfg
+                        .elastic
+                        .is_none()
+                        .then_some((missing.workers, self.cfg.num_workers)),
+                }
+            }
+            None => WaitingFor::NodeTable {
+                scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
+                servers: self.cfg.num_servers,
+                workers: match &self.cfg.elastic {
+                    Some(e) => format!("{}:{}", e.min, e.max),
+                    None => self.cfg.num_workers.to_string(),
+                },
+            },
+        }
+    }
+
+    /// `None` while joining; then joined, or why not.
+    pub fn join_status(&self) -> Option<Result<(), VanError>> {
+        let member = &self.parts.member;
+        if member.is_joined() {
+            return Some(Ok(()));
+        }
+        if let Some(f) = member.failure() {
+            return Some(Err(f.clone().into()));
+        }
+        let waited = member.timed_out()?;
+        let missing = self.parts.scheduler.as_ref().map(|s| s.missing());
+        Some(Err(VanError::StartTimeout(Box::new(StartTimeout {
+            waited,
+            missing_servers: missing.map(|m| m.servers),
+            missing_workers: missing.map(|m| m.workers),
+            num_servers: self.cfg.num_servers,
+            num_workers: self.cfg.num_workers,
+            scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
+            advertised: member.me().address(),
+            identity_conflicts: self.identity_conflicts(),
+            refused_registrations: self.parts.registrations.refused().into(),
+        }))))
+    }
+
+    /// Starts waiting on a barrier over `group` as `customer_id`; ask
+    /// [`Core::barrier_outcome`] with the token.
+    /// [`Core::tick`] ends it with [`Failure::BarrierTimeout`] once `timeout`
+    /// has passed.
+    pub fn barrier(
+        &mut self,
+        customer_id: i32,
+        group: i32,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Result<u64, VanError> {
+        let role = self.cfg.role;
+        if !ids::is_role_group(group) || group & ids::role_group(role) == 0 {
+            return Err(VanError::InvalidGroup(group));
+        }
+        if !self.is_joined() {
+            return Err(VanError::NotReady);
+        }
+        Ok(self.with_member(now, |m, cx| {
+            let (token, request) = m.barrier(customer_id, group, timeout, now);
+            cx.fx.push(Effect::Send(request));
+            token
+        }))
+    }
+
+    /// How barrier `token` ended, if it has.
+    pub fn barrier_outcome(&self, token: u64) -> Option<BarrierOutcome> {
+        self.parts.member.barrier_outcome(token)
+    }
+
+    /// Forgets barrier `token` (its waiter returned).
+    pub fn end_barrier(&mut self, token: u64) {
+        self.parts.member.end_barrier(token);
+    }
+}

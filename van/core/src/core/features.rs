@@ -1,0 +1,207 @@
+//! What a caller asks of the features: the key-value store, checkpoints,
+//! replicated key ranges (and the apps' answers to their copy requests),
+//! a server's leave. Each goes to its component; the core only decides
+//! which one (an app's answer by its token).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use log::warn;
+use pslite_proto::checkpoint::CheckpointMsg;
+use pslite_proto::replica::RangeMap;
+use pslite_proto::store::StoreMsg;
+
+use super::Core;
+use crate::checkpoint::disk::IoResult;
+use crate::checkpoint::{is_checkpoint_token, Catalog};
+use crate::error::{Failure, VanError};
+
+impl Core {
+    /// Sends store request `req` to the scheduler; ask
+    /// [`Core::store_answer`] with the id it returns (it fails with
+    /// [`Failure::StoreNoAnswer`] once `limit` has passed). Fails if this
+    /// node has not joined or the scheduler is not pslite (C++ ps-lite has
+    /// no store).
+    pub fn store_request(
+        &mut self,
+        req: StoreMsg,
+        limit: Duration,
+        now: Instant,
+    ) -> Result<u64, VanError> {
+        self.with_store(now, |s, cx| s.request(req, limit, now, cx))
+    }
+
+    /// The answer to store request `id`, once here; the node's failure if
+    /// it failed (the scheduler was lost, say).
+    pub fn store_answer(&self, id: u64) -> Option<Result<StoreMsg, Failure>> {
+        self.parts
+            .store
+            .answer(id)
+            .or_else(|| self.failure().map(|f| Err(f.clone())))
+    }
+
+    /// On the scheduler: how many store requests wait for keys (0 elsewhere).
+    pub fn store_waiting(&self) -> usize {
+        self.parts.store.waiting()
+    }
+
+    /// On the scheduler: how many store watches there are (0 elsewhere).
+    pub fn store_watches(&self) -> usize {
+        self.parts.store.watch_count()
+    }
+
+    /// This node is leaving (finalized): if it watches keys, tells the
+    /// scheduler to drop its watches (one UNWATCH without a key), so no
+    /// event goes to a process that is gone.
+    pub fn store_leave(&mut self, now: Instant) {
+        self.with_store(now, |s, cx| s.leave(cx));
+    }
+
+    /// Forgets store request `id` (its waiter returned).
+    pub fn end_store(&mut self, id: u64) {
+        self.parts.store.end(id);
+    }
+
+    /// A new watcher of `key` in this process: every later change of it
+    /// comes as [`crate::Output::StoreEvent`] for the returned watcher (call
+    /// before the WATCH request, so no change slips between them).
+    pub fn store_watch(&mut self, key: &str) -> u64 {
+        self.parts.store.watch(key)
+    }
+
+    /// Watcher `watcher` is gone (its receiver was dropped): if nobody in
+    /// this process watches its key any more, tells the scheduler.
+    pub fn store_watcher_gone(&mut self, watcher: u64, now: Instant) {
+        self.with_store(now, |s, cx| s.watcher_gone(watcher, cx));
+    }
+
+    /// Bytes of answers to admin clients that ZeroMQ has not written (or
+    /// dropped) yet: the driver takes each [`crate::Output::Reply`]'s
+    /// `reserved` off once it has.
+    pub fn reply_gauge(&self) -> Arc<AtomicUsize> {
+        self.replies.gauge()
+    }
+
+    /// On the scheduler: what the scan of `PS_CHECKPOINT_DIR` found
+    /// (see [`crate::checkpoint::catalog`]); call before the cluster forms.
+    pub fn set_checkpoint_catalog(&mut self, catalog: Catalog) {
+        self.parts.checkpoints.set_catalog(&self.cfg, catalog);
+    }
+
+    /// Whether this node's cluster takes checkpoints (known once joined).
+    pub fn checkpointing(&self) -> bool {
+        self.parts.checkpoints.is_on()
+    }
+
+    /// Asks the scheduler for a checkpoint at the workers' next barrier
+    /// (labelled `label`); ask [`Core::checkpoint_answer`] with the ticket.
+    pub fn checkpoint_request(&mut self, label: &str, now: Instant) -> Result<u64, VanError> {
+        self.with_checkpoints(now, |c, cx| c.request(label, cx))
+    }
+
+    /// The answers to request `ticket` so far (ACCEPTED, RESULT); the node's
+    /// failure if it failed.
+    pub fn checkpoint_answer(
+        &self,
+        ticket: u64,
+    ) -> Result<(Option<CheckpointMsg>, Option<CheckpointMsg>), Failure> {
+        if let Some(f) = self.failure() {
+            return Err(f.clone());
+        }
+        Ok(self.parts.checkpoints.answer(ticket))
+    }
+
+    /// Forgets request `ticket` (its waiter returned).
+    pub fn end_checkpoint(&mut self, ticket: u64) {
+        self.parts.checkpoints.end(ticket);
+    }
+
+    /// A file operation the driver carried out for token `token`.
+    pub fn checkpoint_io_done(&mut self, token: u64, result: IoResult, now: Instant) {
+        self.with_checkpoints(now, |c, cx| c.io_done(token, result, now, cx));
+    }
+
+    /// The range map this node knows, when key ranges are replicated.
+    pub fn range_map(&self) -> Option<&RangeMap> {
+        self.parts.replication.range_map()
+    }
+
+    /// On a server: its ranges' replication state, described for logs.
+    pub fn describe_replicas(&self) -> String {
+        self.parts.replication.describe(&self.holds)
+    }
+
+    /// On a server: whether it is the serving primary of range `r`.
+    pub fn serves_range(&self, r: u32) -> bool {
+        self.parts.replication.serves(r)
+    }
+
+    /// Whether key ranges are replicated in this cluster (known on a node
+    /// once it joined).
+    pub fn replicated(&self) -> bool {
+        self.parts.replication.is_on()
+    }
+
+    /// On a server: the apps whose state is copied to joining servers and
+    /// checkpointed (each answers [`crate::Output::Snapshot`] and
+    /// [`crate::Output::Restore`]); app 0 unless set.
+    pub fn set_replicated_apps(&mut self, apps: BTreeSet<i32>) {
+        self.parts.checkpoints.set_apps(apps.clone());
+        self.parts.replication.set_apps(apps);
+    }
+
+    /// App `app` answered snapshot request `token` with `data`.
+    pub fn snapshot_taken(&mut self, token: u64, app: i32, data: Bytes, now: Instant) {
+        if is_checkpoint_token(token) {
+            self.with_checkpoints(now, |c, cx| c.snapshot(token, app, Ok(data), now, cx));
+        } else {
+            self.with_replication(now, |r, cx| r.snapshot_taken(token, app, data, cx));
+        }
+    }
+
+    /// App `app` finished restore request `token`.
+    pub fn restored(&mut self, token: u64, app: i32, now: Instant) {
+        if is_checkpoint_token(token) {
+            self.with_checkpoints(now, |c, cx| c.restored(token, app, Ok(()), now, cx));
+        } else {
+            self.with_replication(now, |r, cx| r.restored(token, app, cx));
+        }
+    }
+
+    /// App `app` could not answer snapshot request `token` (its handle
+    /// cannot copy its state).
+    pub fn snapshot_failed(&mut self, token: u64, app: i32, why: &str, now: Instant) {
+        if is_checkpoint_token(token) {
+            let failed = Err(why.to_string());
+            self.with_checkpoints(now, |c, cx| c.snapshot(token, app, failed, now, cx));
+        } else {
+            warn!("app {app} cannot copy its state to a joining server: {why}");
+        }
+    }
+
+    /// App `app` refused restore request `token` (nothing of it changed).
+    pub fn restore_failed(&mut self, token: u64, app: i32, why: &str, now: Instant) {
+        if is_checkpoint_token(token) {
+            let failed = Err(why.to_string());
+            self.with_checkpoints(now, |c, cx| c.restored(token, app, failed, now, cx));
+        } else {
+            warn!("app {app} refused a copy of its state: {why}");
+        }
+    }
+
+    /// On a server of a job whose servers join and leave: asks the
+    /// scheduler to let this server leave. Its ranges move to the other
+    /// servers first; [`Core::leave_outcome`] tells when it may exit.
+    pub fn leave_job(&mut self, now: Instant) -> Result<(), VanError> {
+        self.with_leave(now, |l, cx| l.ask(cx))
+    }
+
+    /// How this server's leave ended: `None` while the scheduler has not
+    /// answered (or it was not asked); `Some(Err)` says why it was refused.
+    pub fn leave_outcome(&self) -> Option<Result<(), String>> {
+        self.parts.leave.outcome()
+    }
+}

@@ -1,0 +1,394 @@
+//! Ids and the node table: registrations before the cluster forms, ids
+//! assigned in (hostname, port, customer) order, the table sent to every
+//! process, and afterwards a restarted process taking over a dead one's id
+//! (recovery) or a late server joining with the next rank.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use log::{debug, info, warn};
+use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
+
+use super::Scheduler;
+use crate::effects::{Effect, Event};
+
+impl Scheduler {
+    pub(super) fn add_node(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+        let sender = msg.meta.sender;
+        let [node] = msg.meta.control.node.as_slice() else {
+            self.dropped(
+                sender,
+                "ADD_NODE from _ with _ nodes (expected 1)",
+                format!(
+                    "scheduler: dropping ADD_NODE from {sender} with {} nodes (expected 1)",
+                    msg.meta.control.node.len()
+                ),
+            );
+            return Vec::new();
+        };
+        if node.role == Role::Scheduler {
+            self.dropped(
+                sender,
+                "ADD_NODE from _: a second scheduler cannot join",
+                format!("scheduler: dropping ADD_NODE from {node}: a second scheduler cannot join"),
+            );
+            return Vec::new();
+        }
+        if node.hostname.is_empty() || !(1..=65535).contains(&node.port) {
+            self.dropped(
+                sender,
+                "ADD_NODE with an unusable address _",
+                format!(
+                    "scheduler: dropping ADD_NODE with an unusable address {:?}",
+                    node.address()
+                ),
+            );
+            return Vec::new();
+        }
+        if self.elastic.is_some() && (node.role == Role::Worker || !self.ready) {
+            return self.elastic_add_node(node, sender, now);
+        }
+        if self.ready {
+            return self.late_add_node(node, sender, now);
+        }
+        if sender != K_EMPTY {
+            // No process has an id before the cluster forms: a registration
+            // comes from a connection without one (and is checked first,
+            // see crate::registration). One that presents an id is a
+            // stranger using a member's identity.
+            self.dropped(
+                sender,
+                "ADD_NODE from node _ before the cluster formed",
+                format!(
+                    "scheduler: dropping ADD_NODE from node {sender}: no node has an id before                      the cluster forms (a stranger using a member's identity)"
+                ),
+            );
+            return Vec::new();
+        }
+        if self
+            .nodes
+            .iter()
+            .any(|n| n.same_process(node) && n.role != node.role)
+        {
+            self.dropped(
+                sender,
+                "ADD_NODE from _: _ registered with another role",
+                format!(
+                    "scheduler: dropping ADD_NODE from {node}: {} registered with another role",
+                    node.address()
+                ),
+            );
+            return Vec::new();
+        }
+        let duplicate = self
+            .nodes
+            .iter()
+            .any(|n| n.same_process(node) && n.customer_id == node.customer_id);
+        if duplicate {
+            debug!("scheduler: ignoring a repeated ADD_NODE from {node}");
+            return Vec::new();
+        }
+        let (have, want) = match node.role {
+            Role::Server => (self.count(Role::Server), self.cfg.num_servers),
+            _ => (self.count(Role::Worker), self.cfg.num_workers),
+        };
+        if have >= want {
+            self.dropped(
+                sender,
+                "ADD_NODE from _: all _ _s have registered",
+                format!(
+                    "scheduler: dropping ADD_NODE from {node}: all {want} {}s have registered \
+                 (is DMLC_NUM_{} right?)",
+                    node.role,
+                    node.role.as_str().to_uppercase()
+                ),
+            );
+            return Vec::new();
+        }
+        let mut node = node.clone();
+        node.id = K_EMPTY;
+        node.is_recovery = false;
+        debug!(
+            "scheduler: {node} registered (customer {})",
+            node.customer_id
+        );
+        self.nodes.push(node);
+        let complete = match self.cfg.min_servers {
+            // Every worker and at least MIN servers (more if present).
+            Some(min) => {
+                self.count(Role::Worker) == self.cfg.num_workers && self.count(Role::Server) >= min
+            }
+            None => self.nodes.len() as i32 == self.cfg.num_servers + self.cfg.num_workers,
+        };
+        if complete {
+            self.form_cluster(now)
+        } else {
+            Vec::new()
+        }
+    }
+
+    pub(super) fn count(&self, role: Role) -> i32 {
+        self.nodes.iter().filter(|n| n.role == role).count() as i32
+    }
+
+    /// Assigns ids in (hostname, port, customer) order and sends the table.
+    pub(super) fn form_cluster(&mut self, now: Instant) -> Vec<Effect> {
+        self.nodes.sort_by(|a, b| {
+            (&a.hostname, a.port, a.customer_id).cmp(&(&b.hostname, b.port, b.customer_id))
+        });
+        let (mut servers, mut workers) = (0, 0);
+        let mut process_ids: HashMap<(String, i32), NodeId> = HashMap::new();
+        for node in &mut self.nodes {
+            let id = if node.role == Role::Server {
+                servers += 1;
+                ids::server_rank_to_id(servers - 1)
+            } else {
+                workers += 1;
+                ids::worker_rank_to_id(workers - 1)
+            };
+            let key = (node.hostname.clone(), node.port);
+            node.id = *process_ids.entry(key).or_insert(id);
+            if node.id != id {
+                debug!("scheduler: id {id} shares process {}", node.id);
+            }
+        }
+        // The range map forms before the tables that carry it.
+        let mut actions = vec![Effect::Event(Event::Forming(self.server_ids()))];
+        let table = self.table_message();
+        let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
+        for node in processes {
+            info!("scheduler: assigned id {} to {}", node.id, node.address());
+            self.last_seen.insert(node.id, now);
+            let mut msg = table.clone();
+            msg.meta.recver = node.id;
+            actions.push(Effect::Connect(node));
+            actions.push(Effect::Send(msg));
+        }
+        self.ready = true;
+        self.table_changed = false;
+        actions.push(Effect::Event(Event::Formed(self.table())));
+        actions
+    }
+
+    /// An ADD_NODE after the cluster formed: a restarted node recovering.
+    pub(super) fn late_add_node(
+        &mut self,
+        node: &Node,
+        sender: NodeId,
+        now: Instant,
+    ) -> Vec<Effect> {
+        // The same process (same address) registering again.
+        if let Some(existing) = self.nodes.iter().find(|n| n.same_process(node)) {
+            if existing.role != node.role {
+                self.dropped(
+                    sender,
+                    "ADD_NODE from _: _ is a _ in the table",
+                    format!(
+                        "scheduler: dropping ADD_NODE from {node}: {} is a {} in the table",
+                        node.address(),
+                        existing.role
+                    ),
+                );
+                return Vec::new();
+            }
+            let pid = existing.id;
+            if sender != K_EMPTY && sender != pid {
+                self.dropped(
+                    sender,
+                    "ADD_NODE for _ sent by node _",
+                    format!(
+                        "scheduler: dropping ADD_NODE for {} sent by node {sender}",
+                        node.address()
+                    ),
+                );
+                return Vec::new();
+            }
+            let seen = self.recovered_customers.entry(pid).or_default();
+            let restarted = seen.is_empty() || seen.contains(&node.customer_id);
+            if sender == K_EMPTY && restarted {
+                // First contact from a known address: the process restarted.
+                return self.recover(pid, node, now);
+            }
+            // Another customer of a process that already has its id.
+            seen.insert(node.customer_id);
+            let mut table = self.table_message();
+            table.meta.recver = pid;
+            return vec![Effect::Send(table)];
+        }
+        if sender != K_EMPTY {
+            self.dropped(
+                sender,
+                "ADD_NODE from node _: it is not in the table",
+                format!("scheduler: dropping ADD_NODE from node {sender}: it is not in the table"),
+            );
+            return Vec::new();
+        }
+        match self.dead_of_role(node.role, now) {
+            Some(pid) => self.recover(pid, node, now),
+            None if node.role == Role::Server && self.server_room() => self.join_server(node, now),
+            None if self.cfg.heartbeat_timeout.is_some() => {
+                info!(
+                    "scheduler: {} waits to replace the next {} that stops sending heartbeats",
+                    node.address(),
+                    node.role
+                );
+                self.waiting.retain(|n| !n.same_process(node));
+                self.waiting.push(node.clone());
+                Vec::new()
+            }
+            None => {
+                warn!(
+                    "scheduler: the cluster is full and, without heartbeats \
+                     (PS_HEARTBEAT_TIMEOUT), no {} can be found dead: ignoring ADD_NODE from {}",
+                    node.role,
+                    node.address()
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Servers that join and leave: whether the table has fewer than MAX
+    /// servers (a new one gets the next rank).
+    pub(super) fn server_room(&self) -> bool {
+        self.cfg.min_servers.is_some()
+            && (self
+                .process_nodes()
+                .iter()
+                .filter(|n| n.role == Role::Server)
+                .count() as i32)
+                < self.cfg.num_servers
+    }
+
+    /// A server joins the running job with the next rank: an empty entry
+    /// for its id goes into the table, and it takes it as a replacement
+    /// would (so the range map copies its ranges to it, and it skips the
+    /// start barrier everyone else is past).
+    pub(super) fn join_server(&mut self, node: &Node, now: Instant) -> Vec<Effect> {
+        let rank = self
+            .process_nodes()
+            .iter()
+            .filter(|n| n.role == Role::Server)
+            .count() as i32;
+        let id = ids::server_rank_to_id(rank);
+        info!(
+            "scheduler: {} joins the running job as server {id} (rank {rank})",
+            node.address()
+        );
+        let mut entry = node.clone();
+        entry.id = id;
+        entry.key = 0;
+        self.nodes.push(entry);
+        self.table_changed = true;
+        self.recover(id, node, now)
+    }
+
+    /// Server `id` left the job by itself, its ranges handed over (see
+    /// `crate::replica::master`): it counts as dead for good, with nothing
+    /// failing for it, and barriers stop waiting for it. A later server may
+    /// take its id; the others are not told it died (see
+    /// `Scheduler::dead_list`). Returns the barriers this completes.
+    pub fn server_left(&mut self, id: NodeId, now: Instant) -> Vec<Effect> {
+        if !self.left.insert(id) {
+            return Vec::new();
+        }
+        info!("scheduler: server {id} left the job (its ranges moved to the others)");
+        self.dead_since.insert(id, now);
+        self.set_failed_over(id, true)
+    }
+
+    /// Whether server `id` left the job (and nothing took its id since).
+    pub fn has_left(&self, id: NodeId) -> bool {
+        self.left.contains(&id)
+    }
+
+    /// Gives process `pid`'s id to `node` and tells everyone.
+    pub(super) fn recover(&mut self, pid: NodeId, node: &Node, now: Instant) -> Vec<Effect> {
+        let mut recovered = None;
+        if let Some(old) = self.nodes.iter().find(|n| n.id == pid && n.key != 0) {
+            if self.replaced.len() >= 64 {
+                self.replaced.remove(0);
+            }
+            self.replaced.push(old.clone());
+        }
+        for entry in self.nodes.iter_mut().filter(|n| n.id == pid) {
+            entry.hostname = node.hostname.clone();
+            entry.port = node.port;
+            entry.host = node.host.clone();
+            entry.pid = node.pid;
+            entry.pslite = node.pslite;
+            entry.key = node.key;
+            entry.is_recovery = true;
+            recovered.get_or_insert_with(|| entry.clone());
+        }
+        let Some(recovered) = recovered else {
+            return Vec::new();
+        };
+        self.table_changed = true;
+        self.replacing.push(pid);
+        info!("scheduler: {} replaces node {pid}", recovered.address());
+        self.left.remove(&pid);
+        self.recovered_customers
+            .insert(pid, HashSet::from([node.customer_id]));
+        // The counters were the dead process's.
+        self.counters.remove(&pid);
+        self.last_seen.insert(pid, now);
+        self.dead_since.remove(&pid);
+        // A new process, on a new connection.
+        self.disconnected.remove(&pid);
+        // Barrier arrivals of the earlier incarnation still count: the new
+        // one skips the start barrier, and arriving again at a later one
+        // counts once (arrivals are a set).
+        let mut actions = vec![
+            Effect::Connect(recovered.clone()),
+            Effect::Event(Event::PeerReplaced(pid)),
+        ];
+        let mut table = self.table_message();
+        table.meta.recver = pid;
+        actions.push(Effect::Send(table));
+        for other in self.processes() {
+            if other == pid || self.is_dead(other, now) {
+                continue;
+            }
+            let mut update = Message::control(Command::AddNode, other);
+            update.meta.control.node = vec![recovered.clone()];
+            actions.push(Effect::Send(update));
+        }
+        actions
+    }
+
+    /// ADD_NODE carrying the whole table: every entry, then the scheduler;
+    /// in elastic mode, with the round and its members in rank order.
+    pub(super) fn table_message(&self) -> Message {
+        let mut msg = Message::control(Command::AddNode, K_EMPTY);
+        msg.meta.control.node = self.nodes.clone();
+        msg.meta.control.node.push(self.cfg.me.clone());
+        if let Some((number, members)) = self.round() {
+            msg.meta.control.round = Some(number);
+            msg.meta.control.round_members = members.to_vec();
+        }
+        msg
+    }
+
+    /// The first entry of each process, in id order.
+    pub(super) fn process_nodes(&self) -> Vec<&Node> {
+        let mut seen = HashSet::new();
+        let mut nodes: Vec<&Node> = self.nodes.iter().filter(|n| seen.insert(n.id)).collect();
+        nodes.sort_by_key(|n| n.id);
+        nodes
+    }
+
+    pub(super) fn processes(&self) -> Vec<NodeId> {
+        self.process_nodes().into_iter().map(|n| n.id).collect()
+    }
+
+    pub(super) fn is_member(&self, id: NodeId) -> bool {
+        id == SCHEDULER || (self.ready && self.nodes.iter().any(|n| n.id == id))
+    }
+
+    /// Whether process `id` registered as a pslite node.
+    pub(super) fn is_pslite(&self, id: NodeId) -> bool {
+        self.nodes.iter().any(|n| n.id == id && n.pslite)
+    }
+}
