@@ -190,6 +190,8 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
         dead_nodes: ctrl.dead_nodes.clone(),
         round: ctrl.round,
         round_members: ctrl.round_members.clone(),
+        round_base: ctrl.round_base,
+        round_left: ctrl.round_left.clone(),
     }
 }
 
@@ -209,6 +211,8 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         dead_nodes: pb.dead_nodes,
         round: pb.round,
         round_members: pb.round_members,
+        round_base: pb.round_base,
+        round_left: pb.round_left,
     })
 }
 

@@ -90,6 +90,8 @@ prop_compose! {
                 dead_nodes: Vec::new(),
                 round: None,
                 round_members: Vec::new(),
+                round_base: None,
+                round_left: Vec::new(),
             },
             request: flags[0],
             push: flags[1],

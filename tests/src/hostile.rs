@@ -341,6 +341,10 @@ fn hostile_meta(rng: &mut StdRng) -> Vec<u8> {
         round_members: (0..rng.random_range(0..3))
             .map(|_| rng.random_range(-1..20))
             .collect(),
+        round_base: rng.random::<bool>().then(|| rng.random_range(0..4)),
+        round_left: (0..rng.random_range(0..3))
+            .map(|_| rng.random_range(-1..20))
+            .collect(),
     };
     let types = [
         DataType::UInt64,

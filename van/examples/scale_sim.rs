@@ -209,7 +209,11 @@ fn simulate(n: usize, seed: u64) -> Vec<Row> {
             .core
             .round()
             .is_some_and(|(_, members)| !members.contains(&leaver_id))),
-        "worker {leaver_id}'s leaving was not noticed at {n}"
+        "worker {leaver_id}'s leaving was not noticed at {n}: the scheduler's round {:?}, \
+         node {}'s {:?}",
+        net.nodes[0].core.round(),
+        net.id(last),
+        net.nodes[last].core.round()
     );
     // Then its process exits.
     net.kill(leaver);
