@@ -214,13 +214,7 @@ impl Registrations {
     /// The check's connection `link` came up (its registrations count: the
     /// scheduler takes them) or was refused (they are refused); either way
     /// it closes.
-    pub fn link_event(
-        &mut self,
-        link: NodeId,
-        event: &LinkEvent,
-        now: Instant,
-        cx: &mut Cx<'_>,
-    ) {
+    pub fn link_event(&mut self, link: NodeId, event: &LinkEvent, now: Instant, cx: &mut Cx<'_>) {
         match event {
             LinkEvent::Up => {
                 for msg in self.link_up(link) {

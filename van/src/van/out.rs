@@ -13,10 +13,10 @@ use pslite_van_core::carry::Backend;
 use pslite_van_core::checkpoint::disk::Io;
 
 use super::Shared;
+use crate::context;
 use crate::dispatch::Delivered;
 use crate::links::Mode;
 use crate::transport::Transport;
-use crate::context;
 use crate::{describe, Failure, LinkEvent, Route, VanError, WaitingFor};
 
 /// Carries out a batch of the core's outputs for `shared`: `mode` says

@@ -555,10 +555,12 @@ fn a_new_round_goes_to_the_members_as_a_change() {
         .iter()
         .map(|&w| (w, net.barrier(w, WORKER_GROUP)))
         .collect();
-    assert!(net.run_until(SECOND * 2, |n| n.nodes[joiner].core.is_joined()
-        && waiters
-            .iter()
-            .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
+    assert!(
+        net.run_until(SECOND * 2, |n| n.nodes[joiner].core.is_joined()
+            && waiters
+                .iter()
+                .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(())))))
+    );
     let mut members: Vec<NodeId> = workers.iter().map(|&w| net.id(w)).collect();
     members.push(net.id(joiner));
     assert!(everyone_in(&net, 1, &members));
@@ -590,7 +592,11 @@ fn a_new_round_goes_to_the_members_as_a_change() {
     );
     for &w in &workers {
         if w != leaver {
-            assert!(!net.nodes[w].core.nodes().iter().any(|e| e.id == net.id(leaver)));
+            assert!(!net.nodes[w]
+                .core
+                .nodes()
+                .iter()
+                .any(|e| e.id == net.id(leaver)));
         }
     }
 }
@@ -630,4 +636,3 @@ fn a_change_of_a_round_not_held_brings_the_whole_table() {
     );
     assert!(everyone_in(&net, 0, &[9, 11]));
 }
-

@@ -334,7 +334,9 @@ impl Network {
         for (_, i, peer, event) in events {
             if self.nodes[i].alive {
                 let node = &mut self.nodes[i];
-                timed(&mut node.core_time, || node.core.link_event(peer, event, now));
+                timed(&mut node.core_time, || {
+                    node.core.link_event(peer, event, now)
+                });
                 self.flush(i);
             }
         }
