@@ -15,6 +15,7 @@
 //! ```
 
 pub mod config;
+pub mod launched;
 pub mod metrics;
 mod postoffice;
 mod queue;

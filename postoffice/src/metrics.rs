@@ -100,13 +100,28 @@ fn bind(bind_ip: &str, port: u16) -> io::Result<TcpListener> {
     Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::AddrInUse, "no free port")))
 }
 
-/// Connections served at once; the oldest is dropped to make room.
+/// Connections served at once; the oldest idle one is dropped to make room.
 const MAX_CONNECTIONS: usize = 512;
+
+/// Connections one client address may hold at once; past it, that
+/// address's oldest idle connection is dropped, so a client that holds
+/// idle connections crowds out only itself.
+const MAX_PER_CLIENT: usize = 64;
+
+/// A connection younger than this that has sent nothing yet is no idle
+/// client: its request may be on the way (a scrape connects, then writes).
+const IDLE_GRACE: Duration = Duration::from_millis(500);
+
+/// The listen backlog: a client that opens hundreds of connections at once
+/// must not fill the kernel's queue of unaccepted ones, where a scrape's
+/// SYN would be dropped (and retried only a second later).
+const BACKLOG: libc::c_int = 4096;
 
 /// One client: what it sent, what is left to write, and until when it may
 /// take.
 struct Client {
     stream: TcpStream,
+    peer: Option<std::net::IpAddr>,
     head: Vec<u8>,
     out: Vec<u8>,
     written: usize,
@@ -121,6 +136,14 @@ fn serve(listener: TcpListener, stopping: &AtomicBool, render: &Render) {
     if let Err(e) = listener.set_nonblocking(true) {
         warn!("metrics: cannot serve: {e}");
         return;
+    }
+    // std listens with a backlog of 128; listen(2) again raises it.
+    // SAFETY: listen(2) on a socket this thread owns; no memory is passed.
+    if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) } != 0 {
+        debug!(
+            "metrics: cannot raise the listen backlog: {}",
+            io::Error::last_os_error()
+        );
     }
     let mut clients: Vec<Client> = Vec::new();
     while !stopping.load(Ordering::SeqCst) {
@@ -169,24 +192,30 @@ fn serve(listener: TcpListener, stopping: &AtomicBool, render: &Render) {
             !done[i - 1]
         });
         if fds[0].revents != 0 {
-            accept(&listener, &mut clients);
+            accept(&listener, &mut clients, render);
         }
     }
 }
 
 /// Takes every pending connection.
-fn accept(listener: &TcpListener, clients: &mut Vec<Client>) {
+fn accept(listener: &TcpListener, clients: &mut Vec<Client>, render: &Render) {
     loop {
         match listener.accept() {
-            Ok((stream, _)) => {
+            Ok((stream, from)) => {
                 if stream.set_nonblocking(true).is_err() {
                     continue;
                 }
-                if clients.len() >= MAX_CONNECTIONS {
+                let peer = Some(from.ip());
+                let mine = clients.iter().filter(|c| c.peer == peer).count();
+                if mine >= MAX_PER_CLIENT {
+                    drop_idle(clients, |c| c.peer == peer, render);
+                }
+                if clients.len() >= MAX_CONNECTIONS && !drop_idle(clients, |_| true, render) {
                     clients.remove(0);
                 }
                 clients.push(Client {
                     stream,
+                    peer,
                     head: Vec::new(),
                     out: Vec::new(),
                     written: 0,
@@ -201,6 +230,32 @@ fn accept(listener: &TcpListener, clients: &mut Vec<Client>) {
             }
         }
     }
+}
+
+/// Frees a slot among the `clients` that `pick` picks: the oldest one that
+/// has sent nothing for [`IDLE_GRACE`] (what it sent meanwhile is read
+/// first: a scrape whose request arrived is served, not dropped). Returns
+/// whether one went.
+fn drop_idle(clients: &mut Vec<Client>, pick: impl Fn(&Client) -> bool, render: &Render) -> bool {
+    let now = Instant::now();
+    let mut i = 0;
+    while i < clients.len() {
+        let c = &clients[i];
+        let accepted = c.deadline.checked_sub(READ_TIMEOUT).unwrap_or(now);
+        let candidate = pick(c)
+            && c.head.is_empty()
+            && c.out.is_empty()
+            && now.saturating_duration_since(accepted) >= IDLE_GRACE;
+        if candidate {
+            let done = step(&mut clients[i], render);
+            if done || clients[i].head.is_empty() {
+                clients.remove(i);
+                return true;
+            }
+        }
+        i += 1;
+    }
+    false
 }
 
 /// Reads what a client sent or writes what is left of its answer; true
@@ -518,6 +573,42 @@ mod tests {
         let cut = slow.read_to_end(&mut rest);
         assert!(cut.is_err() || rest.is_empty(), "{rest:?}");
         drop(idle);
+    }
+
+    #[test]
+    fn a_client_that_holds_many_connections_crowds_out_only_itself() {
+        let server = MetricsServer::start("127.0.0.1", 0, Arc::new(|| "x 1\n".into())).unwrap();
+        let port = server.addr().port();
+        // Another client (127.0.0.2 is loopback too) connects first and is
+        // slow to send its request.
+        let mut other = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let from = |ip: &str| {
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.bind(&format!("{ip}:0").parse::<SocketAddr>().unwrap().into())
+                .unwrap();
+            sock.connect(&server.addr().into()).unwrap();
+            TcpStream::from(sock)
+        };
+        let mut held: Vec<TcpStream> = (0..MAX_PER_CLIENT).map(|_| from("127.0.0.2")).collect();
+        // Idle for longer than the grace (a connection's age is what is
+        // tested here, so this sleep is the subject, not synchronisation).
+        std::thread::sleep(IDLE_GRACE + Duration::from_millis(100));
+        held.extend((0..10).map(|_| from("127.0.0.2")));
+        // The holder's 10 oldest were dropped, well before their deadline.
+        let started = Instant::now();
+        for mut s in held.iter().take(10) {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut rest = Vec::new();
+            assert!(matches!(s.read_to_end(&mut rest), Ok(0)), "{rest:?}");
+        }
+        assert!(started.elapsed() < READ_TIMEOUT);
+        // The other client, older than all of them, is still served.
+        other.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut page = String::new();
+        other.read_to_string(&mut page).unwrap();
+        assert!(page.ends_with("x 1\n"), "{page}");
+        drop(held);
     }
 
     #[test]

@@ -184,6 +184,9 @@ impl Postoffice {
                 }
             }
         };
+        if self.inner.config.role() == Role::Scheduler {
+            crate::launched::mark_scheduler(van.my_node().port);
+        }
         van.register(customer_id)?;
         self.start_metrics(&van);
         self.start_app_clock(&van);

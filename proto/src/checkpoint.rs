@@ -93,6 +93,8 @@ pub struct CheckpointMsg {
     pub elapsed_ms: u64,
     /// A member's number for its request, echoed in the answers.
     pub ticket: u64,
+    /// TAKE, INFO, RESULT: the job the checkpoints belong to.
+    pub job: String,
 }
 
 impl CheckpointMsg {
@@ -133,6 +135,7 @@ impl CheckpointMsg {
             replicas: (self.replicas != 0).then_some(self.replicas),
             elapsed_ms: nz(self.elapsed_ms),
             ticket: nz(self.ticket),
+            job: text(&self.job),
         }
     }
 
@@ -162,6 +165,7 @@ impl CheckpointMsg {
             replicas: pb.replicas.unwrap_or(0),
             elapsed_ms: pb.elapsed_ms.unwrap_or(0),
             ticket: pb.ticket.unwrap_or(0),
+            job: pb.job.unwrap_or_default(),
         })
     }
 }
@@ -185,6 +189,7 @@ mod tests {
         ck.bounds = vec![(0, 10), (10, u64::MAX)];
         ck.map_version = 4;
         ck.replicas = 2;
+        ck.job = "0123456789abcdef0123456789abcdef".into();
         msg.meta.checkpoint = Some(Box::new(ck));
         let back = Meta::decode(&msg.meta.encode()).unwrap();
         assert_eq!(back.checkpoint, msg.meta.checkpoint);

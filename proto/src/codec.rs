@@ -190,6 +190,7 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
         dead_nodes: ctrl.dead_nodes.clone(),
         round: ctrl.round,
         round_members: ctrl.round_members.clone(),
+        stop: ctrl.stop.clone(),
         round_base: ctrl.round_base,
         round_left: ctrl.round_left.clone(),
     }
@@ -211,6 +212,7 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         dead_nodes: pb.dead_nodes,
         round: pb.round,
         round_members: pb.round_members,
+        stop: pb.stop,
         round_base: pb.round_base,
         round_left: pb.round_left,
     })

@@ -89,6 +89,9 @@ pub struct Control {
     /// pslite-only (field 103), elastic mode only: with `round`, the round's
     /// workers in rank order.
     pub round_members: Vec<NodeId>,
+    /// pslite-only (field 104): on a LEAVE from the scheduler, the job
+    /// stops, and why.
+    pub stop: Option<String>,
     /// pslite-only (field 105), elastic mode only: with `round`, the table
     /// is a change of round `round_base`: `round_members` the workers that
     /// joined (ranked after the others), `round_left` those gone, `node`

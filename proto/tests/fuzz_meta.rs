@@ -90,6 +90,7 @@ prop_compose! {
                 dead_nodes: Vec::new(),
                 round: None,
                 round_members: Vec::new(),
+                stop: None,
                 round_base: None,
                 round_left: Vec::new(),
             },

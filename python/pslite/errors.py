@@ -106,6 +106,11 @@ class RangeLost(Failure):
     key range died."""
 
 
+class JobStopped(Failure):
+    """The scheduler stopped the job and told every node why (a checkpoint
+    it refused at start, a key range with no replica left)."""
+
+
 class CheckpointFailed(Failure):
     """Checkpoints (PS_CHECKPOINT_DIR): a checkpoint was refused or failed,
     or a server could not restore one (the message names the file)."""
@@ -170,6 +175,7 @@ __all__ = [
     "Replaced",
     "AppDropped",
     "RangeLost",
+    "JobStopped",
     "CheckpointFailed",
     "RequestRefused",
     "DtypeMismatch",

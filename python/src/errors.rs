@@ -32,6 +32,7 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
         Failure::LeftRound { .. } => "LeftRound",
         Failure::AppDropped => "AppDropped",
         Failure::RangeLost { .. } => "RangeLost",
+        Failure::JobStopped { .. } => "JobStopped",
         Failure::Checkpoint { .. } => "CheckpointFailed",
         Failure::Refused { refusal, .. } => match refusal {
             Refusal::DataType { .. } => "DtypeMismatch",

@@ -19,6 +19,10 @@
 #                     (array split over both servers, sums merged across implementations)
 #   5 mixed-servers   pslite scheduler + 1 mxnet_server + 1 MXNet server + 1 MXNet worker
 #                     + 1 mxnet_worker
+#   6 cxx-pslite      our C++ programs linked against C++ ps-lite (tests/interop/cxx/), each
+#                     under `pslite launch -s 2 -w 2` 20 times with C++ ps-lite's scheduler and
+#                     20 times with pslite's, and a killed C++ server declared dead
+#                     (tests/interop/cxx_pslite.py; SKIP without a compiler or a checkout)
 # The Rust workers of jobs 2 and 4 check that pslite's key-value store refuses a C++ scheduler at
 # once, and that of job 5 uses it (MX_NODE_STORE) beside MXNet nodes.
 # A job passes if every node exits 0, every worker passes all its value checks, and no Rust node
@@ -39,7 +43,7 @@ while [ $# -gt 0 ]; do
     --jobs) jobs_arg="${2:?--jobs needs a list}"; shift 2 ;;
     --repeat) repeat="${2:?--repeat needs a number}"; shift 2 ;;
     --keep-logs) keep="${2:?--keep-logs needs a directory}"; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -126,6 +130,21 @@ for round in $(seq 1 "$repeat"); do
   want 5 mixed-servers && MX_NODE_STORE=1 run_job mixed-servers "scheduler server0 worker1" \
     --servers 2 --workers 2 --scheduler "$sched scheduler" --server "$rserver" --server mx \
     --worker mx --worker "$rworker"
+  if want 6 cxx-pslite; then
+    dir="$logroot/cxx-pslite.$round"
+    mkdir -p "$dir"
+    if timeout -k 10 3600 python3 "$here/cxx_pslite.py" --bin-dir "$bin" >"$dir/cxx_pslite.out" 2>&1; then
+      if grep -q '^SKIP ' "$dir/cxx_pslite.out"; then
+        echo "PASS cxx-pslite ($(grep '^SKIP ' "$dir/cxx_pslite.out" | head -1))"
+      else
+        echo "PASS cxx-pslite ($(tail -1 "$dir/cxx_pslite.out"))"
+      fi
+    else
+      echo "FAIL cxx-pslite ($(grep -E '^FAIL ' "$dir/cxx_pslite.out" | head -1))"
+      echo "     logs: $dir"
+      failed=1
+    fi
+  fi
 done
 
 if [ $failed -eq 0 ] && [ -z "$keep" ]; then

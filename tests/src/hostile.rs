@@ -341,6 +341,10 @@ fn hostile_meta(rng: &mut StdRng) -> Vec<u8> {
         round_members: (0..rng.random_range(0..3))
             .map(|_| rng.random_range(-1..20))
             .collect(),
+        // A stranger's "the job stops": refused (it lacks the node's key).
+        stop: rng
+            .random::<bool>()
+            .then(|| "a stranger says the job stops".to_string()),
         round_base: rng.random::<bool>().then(|| rng.random_range(0..4)),
         round_left: (0..rng.random_range(0..3))
             .map(|_| rng.random_range(-1..20))

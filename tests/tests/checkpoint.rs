@@ -123,6 +123,22 @@ fn checkpoint_dir(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("checkpoint-{id:06}"))
 }
 
+/// Server rank `rank`'s file of checkpoint `id` in `dir` (its name says the
+/// checkpoint, server, ranges and job: `ckpt-000001.server-0.ranges-0.job-....ckpt`).
+fn server_file(dir: &Path, id: u64, rank: usize) -> PathBuf {
+    let files = checkpoint_dir(dir, id);
+    let prefix = format!("ckpt-{id:06}.server-{rank}.ranges-");
+    std::fs::read_dir(&files)
+        .expect("the checkpoint's directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .unwrap_or_else(|| panic!("no file of server {rank} in {files:?}"))
+}
+
 /// Runs a job (with `extra` variables) in `dir` that pushes ROUNDS rounds,
 /// takes checkpoint 1 with `pslite checkpoint` and is killed whole with
 /// SIGKILL.
@@ -140,8 +156,11 @@ fn checkpointed_job(dir: &Path, extra: &[(&str, &str)]) {
     );
     job.kill();
     let files = checkpoint_dir(dir, 1);
-    for name in ["MANIFEST", "server-0.ckpt", "server-1.ckpt"] {
-        assert!(files.join(name).is_file(), "{name} is missing in {files:?}");
+    assert!(files.join("MANIFEST").is_file(), "no MANIFEST in {files:?}");
+    for rank in 0..SERVERS {
+        let file = server_file(dir, 1, rank);
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.contains(".job-") && name.ends_with(".ckpt"), "{name}");
     }
 }
 
@@ -182,6 +201,10 @@ fn kill_and_resume(extra: &[(&str, &str)]) {
             "a server did not restore checkpoint 1:\n{all}"
         );
     }
+    assert!(
+        runs[0].output().contains("resuming job"),
+        "the scheduler did not say which checkpoint it resumes:\n{all}"
+    );
 }
 
 /// Starts a job on a checkpoint damaged by `damage` (a file of checkpoint
@@ -189,11 +212,11 @@ fn kill_and_resume(extra: &[(&str, &str)]) {
 /// restoring that file fails naming it and `why`, the scheduler stops the
 /// job with the same error, every process exits non-zero, no worker reads
 /// a value.
-fn refused(damage: impl FnOnce(&Path), file: &str, why: &str) {
+fn refused(damage: impl FnOnce(&Path), rank: usize, why: &str) {
     let _one = one_at_a_time();
     let dir = TempDir::new("checkpoint-bad");
     checkpointed_job(dir.path(), &[]);
-    let path = checkpoint_dir(dir.path(), 1).join(file);
+    let path = server_file(dir.path(), 1, rank);
     damage(&path);
     let runs = Job::start(Some(dir.path()), ROUNDS * WORKERS as u64, false, &[]).wait();
     let all = outputs(&runs);
@@ -228,7 +251,7 @@ fn truncated_checkpoint_file_refused() {
             let bytes = std::fs::read(path).expect("read the checkpoint file");
             std::fs::write(path, &bytes[..bytes.len() / 2]).expect("truncate it");
         },
-        "server-1.ckpt",
+        1,
         "(truncated, or another checkpoint's)",
     );
 }
@@ -238,12 +261,195 @@ fn corrupt_checkpoint_file_refused() {
     refused(
         |path| {
             let mut bytes = std::fs::read(path).expect("read the checkpoint file");
-            let last = bytes.len() - 1;
-            bytes[last] ^= 0x40;
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
             std::fs::write(path, &bytes).expect("corrupt it");
         },
-        "server-0.ckpt",
-        "is corrupt: CRC-32",
+        0,
+        "its content's CRC-32",
+    );
+}
+
+/// A server file of another job (same shape, same values, same size: two
+/// runs of one program) put in place of a job's own is refused, naming it:
+/// the manifest's checksum of a file is of its content, and each file names
+/// its job.
+#[test]
+fn a_file_of_another_job_swapped_in_is_refused() {
+    let other = TempDir::new("checkpoint-other");
+    {
+        let _one = one_at_a_time();
+        checkpointed_job(other.path(), &[]);
+    }
+    let theirs = server_file(other.path(), 1, 1);
+    refused(
+        |ours| {
+            let bytes = std::fs::read(&theirs).expect("read the other job's file");
+            assert_eq!(
+                bytes.len() as u64,
+                std::fs::metadata(ours).expect("our file").len(),
+                "the two jobs' files should have one size"
+            );
+            std::fs::write(ours, &bytes).expect("swap it in");
+        },
+        1,
+        "another job's or checkpoint's file",
+    );
+}
+
+/// A whole job started on a checkpoint directory its scheduler refuses
+/// (`damage` makes it so) ends at once: the scheduler tells every node
+/// that registers why, and every process exits non-zero saying `why`
+/// (before, the servers and workers waited for their start timeout, 300 s,
+/// saying nothing).
+fn refused_at_start(damage: impl FnOnce(&Path) -> PathBuf, why: &str) {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-refused");
+    let path = damage(dir.path());
+    let started = std::time::Instant::now();
+    let runs = Job::start(Some(&path), 0, false, &[]).wait();
+    let took = started.elapsed();
+    let all = outputs(&runs);
+    assert!(
+        runs.iter().all(|r| !r.ok() && !r.timed_out),
+        "every process should exit non-zero, in time:\n{all}"
+    );
+    for (i, r) in runs.iter().enumerate() {
+        assert!(
+            r.output().contains(why),
+            "process {i} did not say {why:?}:\n{all}"
+        );
+    }
+    for r in &runs[1..] {
+        assert!(
+            r.output().contains("the scheduler stopped the job"),
+            "{all}"
+        );
+    }
+    eprintln!(
+        "the whole job ended {:.1} s after it started",
+        took.as_secs_f64()
+    );
+}
+
+/// (A path that is a file is refused by every node's configuration check
+/// already, at once.)
+#[test]
+fn a_deleted_manifest_stops_every_node_at_start() {
+    refused_at_start(
+        |dir| {
+            checkpointed_job(dir, &[]);
+            std::fs::remove_file(checkpoint_dir(dir, 1).join("MANIFEST"))
+                .expect("delete the manifest");
+            dir.to_path_buf()
+        },
+        "MANIFEST is missing",
+    );
+}
+
+#[test]
+fn a_corrupt_manifest_stops_every_node_at_start() {
+    refused_at_start(
+        |dir| {
+            checkpointed_job(dir, &[]);
+            let manifest = checkpoint_dir(dir, 1).join("MANIFEST");
+            let mut bytes = std::fs::read(&manifest).expect("read the manifest");
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
+            std::fs::write(&manifest, &bytes).expect("corrupt it");
+            dir.to_path_buf()
+        },
+        "cannot resume checkpoint 1",
+    );
+}
+
+/// Starts only the scheduler of a `kv_checkpoint` job on `dir` (with
+/// `extra`) and returns how it ended: it must refuse to start.
+fn scheduler_alone(dir: &Path, extra: &[(&str, &str)]) -> Run {
+    let dir = dir.display().to_string();
+    // Alone, it waits for no registration long (it would tell each node
+    // why it refuses the job).
+    let mut env = vec![
+        ("PS_CHECKPOINT_DIR", dir.as_str()),
+        ("PS_START_TIMEOUT", "3"),
+    ];
+    env.extend_from_slice(extra);
+    let port = free_port();
+    spawn_node("kv_checkpoint", "scheduler", SERVERS, WORKERS, port, &env).wait(LIMIT)
+}
+
+/// Two jobs given one directory at once: the second is refused at start,
+/// naming the directory and the first job's scheduler, and the first job's
+/// checkpoints are untouched.
+#[test]
+fn a_second_job_on_one_directory_is_refused() {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-shared");
+    let job = Job::start(Some(dir.path()), 0, true, &[]).wait_idle();
+    let first = job.checkpoint();
+    assert!(first.ok(), "{}", first.output());
+    let second = scheduler_alone(dir.path(), &[("PS_CHECKPOINT_FRESH", "1")]);
+    let again = job.checkpoint();
+    let pid = job.scheduler.pid();
+    job.kill();
+    assert!(
+        !second.ok() && !second.timed_out,
+        "the second job's scheduler did not stop at once:\n{}",
+        second.output()
+    );
+    assert!(
+        second.output().contains("is in use by another job")
+            && second.output().contains(&format!("pid {pid}")),
+        "{}",
+        second.output()
+    );
+    assert!(
+        again.ok() && again.stdout.contains("checkpoint 2 written"),
+        "{}",
+        again.output()
+    );
+}
+
+/// The newest checkpoint's manifest deleted: the next job stops at start
+/// naming it, instead of resuming an older checkpoint or starting from
+/// zero; with PS_CHECKPOINT_FRESH=1 it starts a new job, saying so.
+#[test]
+fn a_deleted_newest_manifest_stops_the_next_job() {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-no-manifest");
+    let job = Job::start(Some(dir.path()), 0, true, &[]).wait_idle();
+    for id in [1, 2] {
+        let result = job.checkpoint();
+        assert!(
+            result.ok() && result.stdout.contains(&format!("checkpoint {id} written")),
+            "{}",
+            result.output()
+        );
+    }
+    job.kill();
+    let manifest = checkpoint_dir(dir.path(), 2).join("MANIFEST");
+    std::fs::remove_file(&manifest).expect("delete the newest manifest");
+    let run = scheduler_alone(dir.path(), &[]);
+    assert!(!run.ok() && !run.timed_out, "{}", run.output());
+    assert!(
+        run.output()
+            .contains(&format!("{} is missing", manifest.display())),
+        "{}",
+        run.output()
+    );
+    // Asked for, a fresh start is a new job, said at the default level.
+    let runs = Job::start(
+        Some(dir.path()),
+        0,
+        false,
+        &[("PS_CHECKPOINT_FRESH", "1"), ("RUST_LOG", "warn")],
+    )
+    .wait();
+    let all = outputs(&runs);
+    assert!(runs.iter().all(Run::ok), "{all}");
+    assert!(
+        runs[0].output().contains("starts without a checkpoint"),
+        "{all}"
     );
 }
 

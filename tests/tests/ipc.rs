@@ -191,3 +191,29 @@ fn a_node_killed_with_sigkill_leaves_no_socket_name_behind() {
         );
     }
 }
+
+/// The ports of the "ROLE listening on HOST:PORT" lines of `output`.
+fn listening_ports(output: &str) -> Vec<u16> {
+    output
+        .lines()
+        .filter_map(|l| l.split_once(" listening on ").map(|(_, r)| r))
+        .filter_map(|r| r.trim().rsplit(':').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn dmlc_local_nodes_remove_their_socket_files_when_they_exit() {
+    let run = kv_app(&[("DMLC_LOCAL", "1")]);
+    assert_exact(&run, 2);
+    let ports = listening_ports(&run.output());
+    assert_eq!(ports.len(), 5, "{}", run.output());
+    let left: Vec<String> = ports
+        .iter()
+        .map(|p| format!("/tmp/{p}"))
+        .filter(|path| std::path::Path::new(path).exists())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "socket files left after a clean exit: {left:?}"
+    );
+}

@@ -337,3 +337,113 @@ fn the_demo_plots_one_point_per_epoch() {
         );
     }
 }
+
+/// One scrape of `addr` with `limit` for each step: the page, or why not.
+fn try_scrape(addr: SocketAddr, limit: Duration) -> Result<String, String> {
+    let mut s = TcpStream::connect_timeout(&addr, limit).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(limit)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(limit))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("read: {e}"))?;
+    if out.starts_with("HTTP/1.0 200 OK") {
+        Ok(out)
+    } else {
+        Err(format!("answered {out:?}"))
+    }
+}
+
+#[test]
+fn metrics_are_served_while_hundreds_of_idle_connections_are_held() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let port = free_port();
+    let metrics_port = free_port();
+    let metrics = metrics_port.to_string();
+    let extra = [("PS_METRICS_PORT", metrics.as_str())];
+    let nodes: Vec<_> = ["scheduler", "server", "worker"]
+        .iter()
+        .map(|role| {
+            let env = pslite_tests::node_env_with(role, 1, 1, port, &extra);
+            let mut cmd = pslite_tests::node_command("store_watch", &env);
+            cmd.arg("never-set");
+            spawn(cmd)
+        })
+        .collect();
+    assert!(
+        nodes[2]
+            .wait_for_line("watching never-set", Duration::from_secs(30))
+            .is_some(),
+        "the cluster did not form"
+    );
+    // Some node serves the first port (the others the next ones).
+    let addr: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().unwrap();
+    assert!(
+        pslite_tests::within(Duration::from_secs(10), || try_scrape(
+            addr,
+            Duration::from_secs(1)
+        )
+        .is_ok()),
+        "no metrics at {addr}"
+    );
+    // 499 connections that never send anything, each opened again as soon
+    // as the endpoint closes it (a client that holds idle connections).
+    const IDLE: usize = 499;
+    let stop = Arc::new(AtomicBool::new(false));
+    let open = Arc::new(AtomicUsize::new(0));
+    let holder = {
+        let (stop, open) = (Arc::clone(&stop), Arc::clone(&open));
+        std::thread::spawn(move || {
+            let mut held: Vec<Option<TcpStream>> = (0..IDLE).map(|_| None).collect();
+            while !stop.load(Ordering::SeqCst) {
+                for slot in &mut held {
+                    let closed = slot.as_ref().is_none_or(|s| {
+                        let mut byte = [0u8; 1];
+                        !matches!(s.peek(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                    });
+                    if closed {
+                        *slot = TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                            .ok()
+                            .filter(|s| s.set_nonblocking(true).is_ok());
+                    }
+                }
+                open.store(held.iter().flatten().count(), Ordering::SeqCst);
+                // Load, not synchronisation: how often the holder reopens.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    assert!(
+        pslite_tests::within(Duration::from_secs(20), || open.load(Ordering::SeqCst)
+            >= IDLE),
+        "could not hold {IDLE} connections (held {})",
+        open.load(Ordering::SeqCst)
+    );
+    // Spread over several of the endpoint's 2 s idle deadlines, so some
+    // scrapes meet the holder's bursts of new connections.
+    let mut failed = Vec::new();
+    for round in 0..8 {
+        let scrapers: Vec<_> = (0..8)
+            .map(|_| std::thread::spawn(move || try_scrape(addr, Duration::from_secs(1))))
+            .collect();
+        for (i, s) in scrapers.into_iter().enumerate() {
+            if let Err(e) = s.join().unwrap() {
+                failed.push(format!("scrape {round}.{i}: {e}"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    stop.store(true, Ordering::SeqCst);
+    holder.join().unwrap();
+    for node in &nodes {
+        node.signal(libc::SIGKILL);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 64 scrapes failed while {IDLE} idle connections were held: {failed:?}",
+        failed.len()
+    );
+}

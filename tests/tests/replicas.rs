@@ -18,13 +18,13 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn env(k: &str) -> [(&'static str, String); 6] {
+fn env(k: &str, rounds: u32) -> [(&'static str, String); 6] {
     [
         ("RUST_LOG", "warn,pslite_van_core::replica=info".to_string()),
         ("PS_REPLICAS", k.to_string()),
         ("PS_HEARTBEAT_INTERVAL", "1".to_string()),
         ("PS_HEARTBEAT_TIMEOUT", "3".to_string()),
-        ("KV_ROUNDS", "300".to_string()),
+        ("KV_ROUNDS", rounds.to_string()),
         ("KV_ROUND_MS", "20".to_string()),
     ]
 }
@@ -37,32 +37,39 @@ struct Job {
     k: String,
     /// DMLC_NUM_SERVER and DMLC_NUM_WORKER.
     size: (usize, usize),
+    /// KV_ROUNDS.
+    rounds: u32,
 }
 
 impl Job {
     fn start(servers: usize, workers: usize, k: &str) -> Job {
+        Job::start_rounds(servers, workers, k, 300)
+    }
+
+    fn start_rounds(servers: usize, workers: usize, k: &str, rounds: u32) -> Job {
         let port = free_port();
         let mut job = Job {
-            scheduler: Job::node_at("scheduler", servers, workers, port, k),
+            scheduler: Job::node_at("scheduler", (servers, workers), port, k, rounds),
             servers: Vec::new(),
             workers: Vec::new(),
             port,
             k: k.to_string(),
             size: (servers, workers),
+            rounds,
         };
         job.servers = (0..servers).map(|_| job.node("server")).collect();
         job.workers = (0..workers).map(|_| job.node("worker")).collect();
         job
     }
 
-    fn node_at(role: &str, servers: usize, workers: usize, port: u16, k: &str) -> Spawned {
-        let env = env(k);
+    fn node_at(role: &str, size: (usize, usize), port: u16, k: &str, rounds: u32) -> Spawned {
+        let env = env(k, rounds);
         let extra: Vec<(&str, &str)> = env.iter().map(|(a, b)| (*a, b.as_str())).collect();
-        spawn_node("kv_replicas", role, servers, workers, port, &extra)
+        spawn_node("kv_replicas", role, size.0, size.1, port, &extra)
     }
 
     fn node(&self, role: &str) -> Spawned {
-        Job::node_at(role, self.size.0, self.size.1, self.port, &self.k)
+        Job::node_at(role, self.size, self.port, &self.k, self.rounds)
     }
 
     /// Waits until every worker has done `round` rounds.
@@ -297,4 +304,88 @@ fn the_demo_refuses_to_kill_a_server_without_replicas() {
         run.output()
     );
     assert!(!run.stdout.contains("scheduler at"), "{}", run.output());
+}
+
+/// A server stopped (SIGSTOP) for longer than the heartbeat timeout is
+/// declared dead and its ranges fail over; continued (SIGCONT), it rejoins
+/// as a fresh replica: the scheduler takes it back, its ranges copy to it
+/// and the map holds it again. Then the other server is killed: the one
+/// that was paused holds every range, and the job ends exact, every
+/// process exiting 0 (before: it stayed alive and unused, a later kill
+/// lost every range, and it failed at the job's end).
+#[test]
+fn a_server_back_from_a_false_death_rejoins_and_survives_the_others_death() {
+    let _serial = one_at_a_time();
+    // Rounds enough to go on well past the pause, the copies and the kill.
+    let mut job = Job::start_rounds(2, 2, "2", 1500);
+    job.wait_round(40);
+    let paused = &job.servers[0];
+    paused.signal(libc::SIGSTOP);
+    job.scheduler
+        .wait_for_line("its ranges fail over", LIMIT)
+        .expect("the stopped server was never declared dead");
+    paused.signal(libc::SIGCONT);
+    let back = job
+        .scheduler
+        .wait_for_line("is back: it rejoins as a fresh replica", LIMIT)
+        .expect("the continued server was not taken back");
+    let id = back
+        .split("server ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .expect("no server id in the line")
+        .to_string();
+    // Both ranges copy to it (2 servers, k = 2: every server holds both).
+    for _ in 0..2 {
+        job.scheduler
+            .wait_for_line(&format!("node {id} caught up"), LIMIT)
+            .expect("a copy to the continued server never finished");
+    }
+    job.kill(1);
+    let out = job.finish();
+    assert_exact(&out, 2);
+    // The continued server was declared dead once, the killed one once.
+    assert_eq!(out.matches("its ranges fail over").count(), 2, "{out}");
+}
+
+/// Both servers of a k = 2 job killed: every range has no replica left.
+/// Every remaining process (the scheduler, both workers) ends at once
+/// saying so, non-zero, though PS_RECOVERY_TIMEOUT is 600 s (before, the
+/// scheduler and the nodes waited that timeout out, with nothing that
+/// could recover).
+#[test]
+fn when_no_replica_of_a_range_is_left_every_node_ends_at_once_saying_so() {
+    let _serial = one_at_a_time();
+    let port = free_port();
+    let mut env: Vec<(&str, String)> = env("2", 1500).to_vec();
+    env.push(("PS_RECOVERY_TIMEOUT", "600".to_string()));
+    let extra: Vec<(&str, &str)> = env.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    let node = |role| spawn_node("kv_replicas", role, 2, 2, port, &extra);
+    let scheduler = node("scheduler");
+    let mut servers: Vec<Spawned> = (0..2).map(|_| node("server")).collect();
+    let workers: Vec<Spawned> = (0..2).map(|_| node("worker")).collect();
+    for w in &workers {
+        w.wait_for_line("round 40", LIMIT)
+            .expect("a worker never reached round 40");
+    }
+    for s in servers.drain(..) {
+        s.signal(libc::SIGKILL);
+        assert!(s.wait(LIMIT).code().is_none());
+    }
+    let runs: Vec<pslite_tests::Run> = std::iter::once(scheduler)
+        .chain(workers)
+        .map(|p| p.wait(LIMIT))
+        .collect();
+    for run in &runs {
+        assert!(
+            !run.ok() && !run.timed_out,
+            "a process did not end at once, non-zero:\n{}",
+            run.output()
+        );
+        assert!(
+            run.output().contains("has no replica left"),
+            "a process did not say why:\n{}",
+            run.output()
+        );
+    }
 }

@@ -274,6 +274,18 @@ fn kill_mid_transfer(victim: &str) {
         let run = node.wait(Duration::from_secs(60));
         assert!(!run.timed_out, "a survivor hung:\n{}", run.output());
         assert!(!run.output().contains("panicked"), "{}", run.output());
+        // What the victim sent before it died names segments that went with
+        // it: dropped, one line, never taken for a forged descriptor.
+        assert!(
+            !run.output().contains("bad shared-memory descriptor"),
+            "{}",
+            run.output()
+        );
+        assert!(
+            run.output().matches("sent before its process").count() <= 1,
+            "{}",
+            run.output()
+        );
     }
     for pid in pids.into_iter().chain([s, w]) {
         assert!(

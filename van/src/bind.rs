@@ -96,6 +96,24 @@ impl Waker {
     }
 }
 
+/// Removes the socket file of this node's `ipc:///tmp/<port>` ROUTER
+/// (`DMLC_LOCAL=1`) once the ROUTER is closed: libzmq 4.3 unlinks the file
+/// of a named ipc endpoint only when it binds it again, so each node would
+/// leave one behind. A file that is not a socket is left alone.
+pub(crate) fn remove_ipc_file(transport: Transport, port: i32) {
+    use std::os::unix::fs::FileTypeExt;
+    if transport != Transport::Ipc || port <= 0 {
+        return;
+    }
+    let path = std::path::PathBuf::from(format!("/tmp/{port}"));
+    let is_socket = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+    if is_socket {
+        if let Err(e) = std::fs::remove_file(&path) {
+            log::debug!("cannot remove {}: {e}", path.display());
+        }
+    }
+}
+
 /// Binds the ROUTER of the node `config` describes and returns the port it
 /// listens on (the scheduler's port, `PORT`, or a free one).
 pub(crate) fn bind_router(router: &zmq::Socket, config: &VanConfig) -> Result<i32, VanError> {

@@ -92,7 +92,7 @@ mod receiver;
 mod slot;
 mod track;
 
-pub use host::{can_reach, host_identity};
+pub use host::{can_reach, has_exited, host_identity};
 pub use pool::{Pool, Sent, ShmStats, Staged};
 pub use receiver::Receiver;
 pub use slot::Lease;

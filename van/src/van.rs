@@ -47,8 +47,8 @@ use crate::monitor::Monitors;
 use crate::shm::{self, ShmStats};
 use crate::transport::Transport;
 use crate::VanConfig;
+use crate::VanError;
 use crate::{Core, LinkEvent, Output};
-use crate::{Failure, VanError};
 use pslite_van_core::carry;
 use pslite_van_core::{Done, Ticket, Wait};
 
@@ -62,6 +62,8 @@ use out::VanOut;
 pub struct Van {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A scheduler's hold on its `PS_CHECKPOINT_DIR` (one job per directory).
+    _checkpoint_lock: Option<crate::checkpoint::disk::DirLock>,
 }
 
 /// The core and what the driver knows about the receive thread's sleep.
@@ -184,14 +186,19 @@ impl Van {
             rand::random(),
         )
         .with_counters(Arc::clone(&counters));
+        let mut checkpoint_lock = None;
         if let (Some(ck), true) = (&config.checkpoint, is_scheduler) {
             // What to restore is decided before anyone can register.
-            let found = crate::checkpoint::disk::scan(&ck.dir)
-                .map_err(|detail| VanError::Failed(Failure::Checkpoint { detail }))?;
             let ranges = crate::replica::key_ranges(config.num_servers.max(1) as usize);
-            let catalog = crate::checkpoint::catalog(&found, &ranges)
-                .map_err(|detail| VanError::Failed(Failure::Checkpoint { detail }))?;
-            core.set_checkpoint_catalog(catalog);
+            match crate::checkpoint::open_dir(ck, &ranges) {
+                Ok((catalog, lock)) => {
+                    checkpoint_lock = Some(lock);
+                    core.set_checkpoint_catalog(catalog);
+                }
+                // The job cannot start: every node that registers is told
+                // why before this scheduler exits with it.
+                Err(detail) => core.refuse_job(detail, Instant::now()),
+            }
         }
         info!("{} listening on {}", core.me().role, core.me().address());
         let reply_gauge = core.reply_gauge();
@@ -257,6 +264,7 @@ impl Van {
         Ok(Van {
             shared,
             thread: Mutex::new(Some(thread)),
+            _checkpoint_lock: checkpoint_lock,
         })
     }
 
@@ -321,7 +329,7 @@ impl Van {
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
     /// 4 workers) has called `barrier` for it; `timeout` bounds the wait.
-    /// Fails with [`Failure::PeerDead`] if a member died and nothing
+    /// Fails with [`Failure::PeerDead`](crate::Failure::PeerDead) if a member died and nothing
     /// replaced it within the recovery timeout (a pslite scheduler only).
     pub fn barrier(
         &self,
@@ -418,7 +426,7 @@ impl Van {
 
     /// Stops the receive thread and closes every socket, after the exit
     /// drain (see `Core::finish`). Waits in `register` or `barrier` fail with
-    /// [`Failure::Stopped`].
+    /// [`Failure::Stopped`](crate::Failure::Stopped).
     pub fn stop(&self) {
         let Some(thread) = lock(&self.thread).take() else {
             return;
@@ -448,6 +456,8 @@ impl Van {
         if thread.join().is_err() {
             error!("the receive thread panicked");
         }
+        // The receive thread closed the ROUTER; an ipc socket file stays.
+        crate::bind::remove_ipc_file(shared.config.transport, self.my_node().port);
         shared.with_core(Mode::Wait, |core, now| core.stop(now));
         shared.links.clear();
         lock(&shared.replies).clear();

@@ -259,36 +259,49 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// With `--checkpoint-dir DIR`: the epoch the newest checkpoint in `dir`
-/// was written after, with `--resume` (said on stdout; none is an error),
-/// else 0 (and `dir` must hold none: the job would restore it).
+/// With `--checkpoint-dir DIR`: the epoch the checkpoint the job resumes
+/// (the one `DIR/LATEST` names) was written after, with `--resume` (said on
+/// stdout; none is an error), else 0 (and `dir` must hold none: the job
+/// would resume it).
 fn resume_epoch(dir: &std::path::Path, resume: bool) -> Result<usize, Error> {
     use pslite::checkpoint::{disk, format};
     let found = disk::scan(dir).map_err(Error::App)?;
-    let newest = found.iter().rev().find(|f| f.manifest.is_some());
-    let Some(newest) = newest else {
+    let latest = disk::read_latest(dir).map_err(Error::App)?;
+    let Some((_, id)) = latest else {
         if resume {
             return Err(Error::App(format!(
-                "--resume: {} holds no complete checkpoint",
-                dir.display()
+                "--resume: {} holds no complete checkpoint (no {})",
+                dir.display(),
+                disk::LATEST
+            )));
+        }
+        if let Some(f) = found.first() {
+            return Err(Error::App(format!(
+                "{} holds checkpoint {} but none to resume: use another --checkpoint-dir",
+                dir.display(),
+                f.id
             )));
         }
         return Ok(0);
     };
     if !resume {
         return Err(Error::App(format!(
-            "{} holds checkpoint {}: add --resume to start from it, or use another \
+            "{} holds checkpoint {id}: add --resume to start from it, or use another \
              --checkpoint-dir",
-            dir.display(),
-            newest.id
+            dir.display()
         )));
     }
-    let path = newest.manifest_path.display();
-    let manifest = match &newest.manifest {
-        Some(Ok(bytes)) => format::decode_manifest(bytes)
-            .map_err(|e| Error::App(format!("--resume: {path}: {e}")))?,
-        Some(Err(e)) => return Err(Error::App(format!("--resume: {path}: {e}"))),
-        None => return Err(Error::App(format!("--resume: {path} is missing"))),
+    let path = disk::checkpoint_dir(dir, id).join(disk::MANIFEST);
+    let shown = path.display();
+    let manifest = match found
+        .iter()
+        .find(|f| f.id == id)
+        .and_then(|f| f.manifest.clone())
+    {
+        Some(Ok(bytes)) => format::decode_manifest(&bytes)
+            .map_err(|e| Error::App(format!("--resume: {shown}: {e}")))?,
+        Some(Err(e)) => return Err(Error::App(format!("--resume: {shown}: {e}"))),
+        None => return Err(Error::App(format!("--resume: {shown} is missing"))),
     };
     let epoch = super::node::label_epoch(&manifest.label).ok_or_else(|| {
         Error::App(format!(

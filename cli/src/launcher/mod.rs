@@ -296,8 +296,20 @@ pub fn launch_with(
             port
         }
     };
-    let specs = plan(opts, port)?;
+    let mut specs = plan(opts, port)?;
     fit_descriptors(specs.len());
+    // The namer asks the scheduler it starts only once it showed it is
+    // pslite's (see naming::SchedulerMark); an --add-worker launch found a
+    // pslite scheduler already (its launch record).
+    let mark = (!opts.join).then(|| naming::SchedulerMark::new(port));
+    if let Some(mark) = &mark {
+        for spec in specs.iter_mut().filter(|s| s.role == Role::Scheduler) {
+            spec.env.push((
+                pslite::launched::MARK_VAR.into(),
+                mark.path().display().to_string(),
+            ));
+        }
+    }
     let worker_template = specs.iter().find(|n| n.role == Role::Worker).cloned();
     if let Some(dir) = &opts.log_dir {
         std::fs::create_dir_all(dir)
@@ -324,9 +336,10 @@ pub fn launch_with(
         let host = opts.host.clone();
         let env = opts.env.clone();
         let found = found.clone();
+        let mark = mark.as_ref().map(|m| m.path().to_path_buf());
         std::thread::Builder::new()
             .name("node names".into())
-            .spawn(move || naming::name_nodes(&host, port, &env, &rx, &found))
+            .spawn(move || naming::name_nodes(&host, port, &env, mark.as_deref(), &rx, &found))
             .ok()
             .map(|_| tx)
     };
@@ -477,6 +490,7 @@ pub fn launch_with(
     };
     drop((reservation, signals, found));
     cluster.finish();
+    drop(mark);
     if let Outcome::Failed {
         node,
         others,

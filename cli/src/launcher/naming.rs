@@ -13,11 +13,15 @@
 //!   workers and get no `PORT`).
 //!
 //! The namer thread asks while some started process has no id yet; each
-//! answer that names one is sent to the launch loop as a [`Named`]. A
-//! scheduler that never answers (a C++ ps-lite scheduler does not know the
-//! request, a program that is no node at all never listens) is given up on
-//! after [`GIVE_UP`].
+//! answer that names one is sent to the launch loop as a [`Named`]. It asks
+//! only a scheduler that showed it is pslite's by writing its
+//! [`SchedulerMark`] (a C++ ps-lite scheduler does not know the request: it
+//! logs "Drop unknown typed message", and some versions crash on it). Under
+//! a C++ scheduler, or a program that is no node at all, the namer sends
+//! nothing and the nodes keep their launch-order names; it gives up after
+//! [`GIVE_UP`].
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -32,6 +36,45 @@ const PERIOD: Duration = Duration::from_millis(100);
 
 /// How long the namer asks a scheduler that has never answered.
 pub const GIVE_UP: Duration = Duration::from_secs(30);
+
+/// The file a pslite scheduler started by the launcher writes once it
+/// listens ([`pslite::launched`]); removed when dropped.
+#[derive(Debug)]
+pub struct SchedulerMark {
+    path: PathBuf,
+}
+
+impl SchedulerMark {
+    /// A mark for the launch whose scheduler listens on `port` (in the
+    /// temporary directory; a stale one of the same name is removed).
+    pub fn new(port: u16) -> SchedulerMark {
+        let path = std::env::temp_dir().join(format!(
+            "pslite-launch-{}-{port}.scheduler",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        SchedulerMark { path }
+    }
+
+    /// Where the scheduler writes it.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SchedulerMark {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether the scheduler may be asked: no mark to wait for, or the mark
+/// written by a pslite scheduler.
+pub fn scheduler_is_pslite(mark: Option<&Path>) -> bool {
+    mark.is_none_or(|path| {
+        std::fs::read_to_string(path).is_ok_and(|text| text.starts_with("pslite scheduler "))
+    })
+}
 
 /// A started process whose node id is not known yet.
 #[derive(Clone, Debug)]
@@ -155,12 +198,14 @@ fn process_group(pid: u32) -> Option<u32> {
 }
 
 /// Asks the scheduler at `host`:`port` for its table while processes sent
-/// on `started` are unnamed, and sends each one found to `named`. Ends when
+/// on `started` are unnamed, and sends each one found to `named`, once the
+/// scheduler wrote `mark` (if given: see [`SchedulerMark`]). Ends when
 /// `started` is closed.
 pub fn name_nodes(
     host: &str,
     port: u16,
     env: &[(String, String)],
+    mark: Option<&Path>,
     started: &Receiver<Unnamed>,
     named: &Sender<Named>,
 ) {
@@ -191,6 +236,9 @@ pub fn name_nodes(
             // Not a pslite scheduler: drain `started` until the job ends.
             while started.recv().is_ok() {}
             return;
+        }
+        if !answered && !scheduler_is_pslite(mark) {
+            continue;
         }
         if client.is_none() {
             client = admin_client(host, port, local, token.as_deref(), None).ok();
@@ -339,6 +387,20 @@ mod tests {
             ),
             pair("workers 0, 2 (nodes 9, 13)", "workers-0-2")
         );
+    }
+
+    #[test]
+    fn only_a_scheduler_that_wrote_its_mark_is_asked() {
+        let mark = SchedulerMark::new(0);
+        assert!(scheduler_is_pslite(None));
+        assert!(!scheduler_is_pslite(Some(mark.path())));
+        std::fs::write(mark.path(), "garbage").unwrap();
+        assert!(!scheduler_is_pslite(Some(mark.path())));
+        std::fs::write(mark.path(), pslite::launched::mark_text(9091)).unwrap();
+        assert!(scheduler_is_pslite(Some(mark.path())));
+        let path = mark.path().to_path_buf();
+        drop(mark);
+        assert!(!path.exists());
     }
 
     #[test]

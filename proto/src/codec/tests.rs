@@ -37,6 +37,7 @@ fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
         dead_nodes: Vec::new(),
         round: None,
         round_members: Vec::new(),
+        stop: None,
         round_base: None,
         round_left: Vec::new(),
     }

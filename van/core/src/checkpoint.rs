@@ -28,21 +28,33 @@
 //!   it (joiners do not). The snapshot request goes into the apps' queue
 //!   behind every request delivered before it.
 //! - **Complete.** The scheduler writes the manifest (every server's file,
-//!   its size and CRC-32) once every server reported its file written
+//!   its size and content CRC-32), then `LATEST`, once every server reported its file written
 //!   (fsynced); a checkpoint without a manifest never completed and is never
 //!   restored. Checkpoint ids grow across jobs sharing the directory; after
 //!   each completion only the newest `PS_CHECKPOINT_KEEP` complete ones (and
 //!   anything newer) are kept.
 //! - **Failure.** A server that dies or reports an error, or a checkpoint
 //!   not complete within `PS_CHECKPOINT_TIMEOUT`, fails that checkpoint: the
-//!   barrier is released, the requesters are told why, and its directory
-//!   stays incomplete (deleted with the older ones later).
-//! - **Restore.** At start, the scheduler takes the newest checkpoint with
-//!   a manifest; a manifest it cannot read, or one of another cluster shape
-//!   (number of servers, key ranges), stops it with an error naming the
-//!   file. It sends the plan (id, files) with the node table that forms the
+//!   barrier is released, the requesters are told why, and its directory is
+//!   deleted.
+//! - **One job per directory.** The scheduler holds `DIR/LOCK` locked for
+//!   the job's life: a second job on the directory is refused at start. A
+//!   job has an identity (32 hex digits), chosen at its first start and kept
+//!   by the jobs that resume it; every file names its job, checkpoint,
+//!   writer and key ranges (name and header), and the manifest records the
+//!   checksum of each file's content.
+//! - **Failure leaves nothing.** A failed checkpoint's directory is deleted,
+//!   and at start, any checkpoint newer than the one resumed (the job
+//!   stopped while writing it).
+//! - **Restore.** At start, the scheduler resumes the checkpoint `DIR/LATEST`
+//!   names (written after each manifest), and says which at the default log
+//!   level; a missing or corrupt manifest, one of another job or cluster
+//!   shape, or checkpoints without `LATEST`, stop it with an error naming
+//!   the file (never an older checkpoint or a fresh start instead, unless
+//!   `PS_CHECKPOINT_FRESH=1` asks for a new job). It sends the plan (id, files) with the node table that forms the
 //!   cluster; each server reads the files of the ranges it holds, checks
-//!   them whole (size and CRC-32 against the manifest, format, id, shape)
+//!   them whole (size and content checksum against the manifest, format,
+//!   job, id, writer, ranges, shape)
 //!   before handing anything to its apps, and holds every request until its
 //!   apps restored. A bad file fails the server, naming the file and what is
 //!   wrong; nothing of it was loaded.
@@ -53,116 +65,228 @@ pub mod format;
 pub mod master;
 pub mod server;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use self::disk::Found;
 use self::format::Manifest;
 
-/// Tokens of the apps' snapshot and restore requests made for checkpoints
-/// have this bit set (replication's never do).
-pub const TOKEN_BIT: u64 = 1 << 63;
-
-/// Whether an apps' request token is a checkpoint's.
-pub fn is_checkpoint_token(token: u64) -> bool {
-    token & TOKEN_BIT != 0
-}
-
-/// The default `PS_CHECKPOINT_TIMEOUT`: how long a checkpoint may take.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
-/// The default `PS_CHECKPOINT_KEEP`: complete checkpoints kept.
-pub const DEFAULT_KEEP: usize = 3;
-
-/// How a scheduler (or a server writing its own files) checkpoints.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointConfig {
-    /// `PS_CHECKPOINT_DIR`.
-    pub dir: PathBuf,
-    /// `PS_CHECKPOINT_INTERVAL`: a checkpoint at the first qualifying
-    /// barrier after each interval (`None`: on demand only).
-    pub interval: Option<Duration>,
-    /// `PS_CHECKPOINT_TIMEOUT`: a checkpoint not complete this long after
-    /// its barrier fails; a restore not done this long after the node
-    /// table fails the server.
-    pub timeout: Duration,
-    /// `PS_CHECKPOINT_KEEP`: complete checkpoints kept.
-    pub keep: usize,
-}
-
-impl CheckpointConfig {
-    /// Checkpoints in `dir`, on demand only, with the default timeout and
-    /// number kept.
-    pub fn new(dir: impl Into<PathBuf>) -> CheckpointConfig {
-        CheckpointConfig {
-            dir: dir.into(),
-            interval: None,
-            timeout: DEFAULT_TIMEOUT,
-            keep: DEFAULT_KEEP,
-        }
-    }
-}
+pub use crate::config::{CheckpointConfig, DEFAULT_KEEP, DEFAULT_TIMEOUT};
+pub use crate::effects::{is_checkpoint_token, TOKEN_BIT};
 
 /// What a starting scheduler finds in its `PS_CHECKPOINT_DIR`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Catalog {
-    /// The checkpoint to restore: the newest complete one.
+    /// The job: the resumed checkpoint's, or a new one.
+    pub job: String,
+    /// The checkpoint to restore: the one `LATEST` names.
     pub restore: Option<Manifest>,
     /// The ids of the complete checkpoints, ascending.
     pub complete: Vec<u64>,
     /// The next checkpoint's id (above every directory found).
     pub next_id: u64,
+    /// Checkpoints newer than the one resumed: they never completed (the
+    /// job stopped while writing them); deleted at start.
+    pub leftovers: Vec<u64>,
+    /// What the scheduler says at start (at the default log level): which
+    /// checkpoint the job resumes, or that it starts fresh.
+    pub said: String,
 }
 
 /// Decides what a job with key ranges `ranges` restores from what a scan
-/// found: the newest checkpoint with a manifest. Checkpoints without one
-/// never completed and are skipped; a newest manifest that cannot be read,
-/// is corrupt, or belongs to another cluster shape is an error naming the
-/// file (an older checkpoint is not taken silently instead: delete the
-/// newer directory to go back to it).
-pub fn catalog(found: &[Found], ranges: &[(u64, u64)]) -> Result<Catalog, String> {
+/// of `dir` found and what `dir/LATEST` names (`latest`), `new_job` being
+/// the identity a fresh job takes:
+/// - `fresh` (`PS_CHECKPOINT_FRESH=1`): nothing; a new job, whose
+///   checkpoints are numbered after those found (which stay);
+/// - `LATEST` names a checkpoint: exactly that one, which must be complete
+///   (its manifest there, readable, of that job and number, of this cluster's
+///   shape); anything wrong is an error naming the file (an older
+///   checkpoint is never taken silently instead);
+/// - no `LATEST` and no checkpoint: a new job;
+/// - no `LATEST` but checkpoints: an error (no complete checkpoint is known
+///   to resume; `PS_CHECKPOINT_FRESH=1` starts a new job).
+pub fn catalog(
+    dir: &std::path::Path,
+    found: &[Found],
+    latest: Option<(String, u64)>,
+    ranges: &[(u64, u64)],
+    fresh: bool,
+    new_job: String,
+) -> Result<Catalog, String> {
     let next_id = found.iter().map(|f| f.id).max().map_or(1, |id| id + 1);
     let complete: Vec<u64> = found
         .iter()
         .filter(|f| f.manifest.is_some())
         .map(|f| f.id)
         .collect();
-    let Some(newest) = found.iter().rev().find(|f| f.manifest.is_some()) else {
-        return Ok(Catalog {
-            restore: None,
-            complete,
-            next_id,
-        });
+    let fresh_catalog = |said: String| Catalog {
+        job: new_job.clone(),
+        restore: None,
+        complete: Vec::new(),
+        next_id,
+        leftovers: Vec::new(),
+        said,
     };
-    let path = newest.manifest_path.display();
+    let shown = dir.display();
+    if fresh {
+        return Ok(fresh_catalog(format!(
+            "PS_CHECKPOINT_FRESH=1: job {new_job} starts without a checkpoint in {shown} (its \
+             checkpoints are numbered from {next_id}; the {} found there stay)",
+            found.len()
+        )));
+    }
+    let fresh_hint = "set PS_CHECKPOINT_FRESH=1 to start a new job in this directory, or give \
+                      another PS_CHECKPOINT_DIR";
+    let Some((job, id)) = latest else {
+        if found.is_empty() {
+            return Ok(fresh_catalog(format!(
+                "PS_CHECKPOINT_DIR {shown} holds no checkpoint: job {new_job} starts fresh"
+            )));
+        }
+        let ids: Vec<String> = found.iter().map(|f| f.id.to_string()).collect();
+        return Err(format!(
+            "no complete checkpoint to resume in {shown}: it holds checkpoints {} but no {} \
+             naming the one to resume (deleted, or written by an older pslite); {fresh_hint}",
+            ids.join(", "),
+            disk::LATEST
+        ));
+    };
+    let cdir = disk::checkpoint_dir(dir, id);
     let refuse = |why: String| {
         format!(
-            "cannot restore checkpoint {}: {path} {why}; delete {} to restore the checkpoint \
-             before it, or start with another PS_CHECKPOINT_DIR",
-            newest.id,
-            newest
-                .manifest_path
-                .parent()
-                .map_or(String::new(), |p| p.display().to_string())
+            "cannot resume checkpoint {id} of job {job} ({}/{} names it): {why}; {fresh_hint}",
+            shown,
+            disk::LATEST
         )
     };
-    let bytes = match &newest.manifest {
-        Some(Ok(bytes)) => bytes,
-        Some(Err(e)) => return Err(refuse(format!("cannot be read ({e})"))),
-        None => return Err(refuse("is missing".into())),
+    let Some(entry) = found.iter().find(|f| f.id == id) else {
+        return Err(refuse(format!("{} is missing", cdir.display())));
     };
-    let manifest = format::decode_manifest(bytes).map_err(|e| refuse(e.to_string()))?;
-    if manifest.id != newest.id {
+    let path = entry.manifest_path.display();
+    let bytes = match &entry.manifest {
+        Some(Ok(bytes)) => bytes,
+        Some(Err(e)) => return Err(refuse(format!("{path} cannot be read ({e})"))),
+        None => return Err(refuse(format!("{path} is missing"))),
+    };
+    let manifest = format::decode_manifest(bytes).map_err(|e| refuse(format!("{path}: {e}")))?;
+    if manifest.id != id || manifest.job != job {
         return Err(refuse(format!(
-            "is checkpoint {}'s manifest, not {}'s",
-            manifest.id, newest.id
+            "{path} is checkpoint {} of job {}",
+            manifest.id, manifest.job
         )));
     }
     if let Some(why) = manifest.shape.mismatch(ranges) {
-        return Err(refuse(format!("does not fit this job: {why}")));
+        return Err(refuse(format!("{path} does not fit this job: {why}")));
     }
+    let leftovers: Vec<u64> = found.iter().map(|f| f.id).filter(|&f| f > id).collect();
+    let said = format!(
+        "resuming job {job} from checkpoint {id}{} in {} ({} files)",
+        if manifest.label.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", manifest.label)
+        },
+        cdir.display(),
+        manifest.files.len()
+    );
     Ok(Catalog {
+        job,
         restore: Some(manifest),
-        complete,
+        complete: complete.into_iter().filter(|&c| c <= id).collect(),
         next_id,
+        leftovers,
+        said,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use bytes::Bytes;
+    use pslite_proto::checkpoint::CheckpointFile;
+
+    use super::format::{encode_manifest, Manifest, Shape};
+    use super::*;
+
+    const JOB: &str = "0123456789abcdef0123456789abcdef";
+
+    fn found(id: u64, manifest: Option<Manifest>) -> Found {
+        Found {
+            id,
+            manifest_path: disk::checkpoint_dir(Path::new("/ck"), id).join(disk::MANIFEST),
+            manifest: manifest.map(|m| Ok(Bytes::from(encode_manifest(&m)))),
+        }
+    }
+
+    fn manifest(id: u64, job: &str) -> Manifest {
+        Manifest {
+            job: job.into(),
+            id,
+            created_ms: 1,
+            label: format!("epoch {id}"),
+            shape: Shape {
+                ranges: crate::replica::key_ranges(1),
+                replicas: 1,
+                map_version: 0,
+            },
+            files: vec![CheckpointFile {
+                name: "f".into(),
+                node: 8,
+                size: 1,
+                crc: 2,
+                ranges: vec![0],
+            }],
+        }
+    }
+
+    fn run(found: &[Found], latest: Option<(&str, u64)>, fresh: bool) -> Result<Catalog, String> {
+        let ranges = crate::replica::key_ranges(1);
+        let latest = latest.map(|(j, id)| (j.to_string(), id));
+        catalog(
+            Path::new("/ck"),
+            found,
+            latest,
+            &ranges,
+            fresh,
+            "new".into(),
+        )
+    }
+
+    #[test]
+    fn latest_names_the_checkpoint_resumed_and_nothing_else_is_taken_silently() {
+        let three = [
+            found(1, Some(manifest(1, JOB))),
+            found(2, Some(manifest(2, JOB))),
+            found(3, None),
+        ];
+        // LATEST names 2: resumed, with the job's identity; 3 never completed.
+        let c = run(&three, Some((JOB, 2)), false).unwrap();
+        assert_eq!(c.restore.map(|m| m.id), Some(2));
+        assert_eq!((c.job.as_str(), c.leftovers, c.next_id), (JOB, vec![3], 4));
+        assert!(
+            c.said.contains("resuming job") && c.said.contains("checkpoint 2"),
+            "{}",
+            c.said
+        );
+        // The manifest LATEST names was deleted: an error naming it, not
+        // checkpoint 1 and not a fresh start.
+        let why = run(&three, Some((JOB, 3)), false).unwrap_err();
+        assert!(
+            why.contains("checkpoint-000003/MANIFEST is missing"),
+            "{why}"
+        );
+        assert!(why.contains("PS_CHECKPOINT_FRESH=1"), "{why}");
+        // Another job's manifest under that number.
+        let other = [found(2, Some(manifest(2, "ffff")))];
+        let why = run(&other, Some((JOB, 2)), false).unwrap_err();
+        assert!(why.contains("of job ffff"), "{why}");
+        // Checkpoints but no LATEST: no complete checkpoint is known.
+        let why = run(&three, None, false).unwrap_err();
+        assert!(why.contains("no complete checkpoint"), "{why}");
+        // ... unless a fresh start is asked for: a new job, numbered after.
+        let c = run(&three, None, true).unwrap();
+        assert_eq!((c.job.as_str(), c.restore, c.next_id), ("new", None, 4));
+        // An empty directory is a first start.
+        let c = run(&[], None, false).unwrap();
+        assert_eq!((c.job.as_str(), c.restore, c.next_id), ("new", None, 1));
+        assert!(c.said.contains("starts fresh"), "{}", c.said);
+    }
 }

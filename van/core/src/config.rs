@@ -2,6 +2,7 @@
 //! and the clocks of the control plane. [`VanConfig::default`] holds every
 //! default once; `pslite_postoffice::Config` reads the environment into it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use pslite_proto::Role;
@@ -78,7 +79,7 @@ pub struct VanConfig {
     /// On the scheduler: the bounds of the key-value store it hosts
     /// (`PS_STORE_MAX_*`); on a node, the largest value its `Store` handle
     /// sends.
-    pub store_limits: crate::store::StoreLimits,
+    pub store_limits: StoreLimits,
     /// The cluster's shared secret (`PS_AUTH_TOKEN`); `None` keeps ps-lite's
     /// unauthenticated wire (the driver's `auth` module).
     pub auth_token: Option<AuthToken>,
@@ -103,7 +104,7 @@ pub struct VanConfig {
     /// node has no directory). On the scheduler it turns checkpoints on for
     /// the cluster; a server writes to its own directory if it has one,
     /// else to the scheduler's.
-    pub checkpoint: Option<crate::checkpoint::CheckpointConfig>,
+    pub checkpoint: Option<CheckpointConfig>,
 }
 
 impl Default for VanConfig {
@@ -133,7 +134,7 @@ impl Default for VanConfig {
             drop_percent: 0,
             max_message_size: Some(i64::from(i32::MAX)),
             hold_limit: 256 << 20,
-            store_limits: crate::store::StoreLimits::default(),
+            store_limits: StoreLimits::default(),
             auth_token: None,
             shm: true,
             shm_identity: None,
@@ -192,5 +193,90 @@ impl AuthToken {
 impl std::fmt::Debug for AuthToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("AuthToken(<hidden>)")
+    }
+}
+
+/// Bounds on what the store holds. The scheduler reads the configurable ones
+/// from `PS_STORE_MAX_*` (see `pslite_postoffice::Config`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// The longest key, in bytes (`PS_STORE_MAX_KEY`).
+    pub max_key: usize,
+    /// The largest value, in bytes (`PS_STORE_MAX_VALUE`).
+    pub max_value: usize,
+    /// All keys and values together, in bytes (`PS_STORE_MAX_BYTES`).
+    pub max_total: usize,
+    /// Keys the store holds (`PS_STORE_MAX_KEYS`).
+    pub max_keys: usize,
+    /// Keys one request may name (CHECK, WAIT, MULTI_GET, MULTI_SET).
+    pub max_keys_per_request: usize,
+    /// Requests of one requester waiting at once (GET, WAIT, MULTI_GET;
+    /// `PS_STORE_MAX_WAITS`).
+    pub max_waits_per_node: usize,
+    /// Watches of one requester (`PS_STORE_MAX_WATCHES`).
+    pub max_watches_per_node: usize,
+    /// Requests waiting at once, over all requesters.
+    pub max_waiting: usize,
+    /// Watches at once, over all requesters.
+    pub max_watches: usize,
+    /// The longest a request may wait, and an admin client's watch last.
+    pub max_timeout: Duration,
+}
+
+impl Default for StoreLimits {
+    fn default() -> StoreLimits {
+        StoreLimits {
+            max_key: 4096,
+            max_value: DEFAULT_MAX_VALUE,
+            max_total: 1 << 30,
+            max_keys: 1_000_000,
+            max_keys_per_request: 10_000,
+            max_waits_per_node: 10_000,
+            max_watches_per_node: 10_000,
+            max_waiting: 100_000,
+            max_watches: 100_000,
+            max_timeout: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// The default largest value: 64 MiB.
+pub const DEFAULT_MAX_VALUE: usize = 64 << 20;
+
+/// The default `PS_CHECKPOINT_TIMEOUT`: how long a checkpoint may take.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// The default `PS_CHECKPOINT_KEEP`: complete checkpoints kept.
+pub const DEFAULT_KEEP: usize = 3;
+
+/// How a scheduler (or a server writing its own files) checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// `PS_CHECKPOINT_DIR`.
+    pub dir: PathBuf,
+    /// `PS_CHECKPOINT_INTERVAL`: a checkpoint at the first qualifying
+    /// barrier after each interval (`None`: on demand only).
+    pub interval: Option<Duration>,
+    /// `PS_CHECKPOINT_TIMEOUT`: a checkpoint not complete this long after
+    /// its barrier fails; a restore not done this long after the node
+    /// table fails the server.
+    pub timeout: Duration,
+    /// `PS_CHECKPOINT_KEEP`: complete checkpoints kept.
+    pub keep: usize,
+    /// `PS_CHECKPOINT_FRESH=1`: start a new job even where the directory
+    /// holds checkpoints (see [`crate::checkpoint::catalog`]).
+    pub fresh: bool,
+}
+
+impl CheckpointConfig {
+    /// Checkpoints in `dir`, on demand only, with the default timeout and
+    /// number kept.
+    pub fn new(dir: impl Into<PathBuf>) -> CheckpointConfig {
+        CheckpointConfig {
+            dir: dir.into(),
+            interval: None,
+            timeout: DEFAULT_TIMEOUT,
+            keep: DEFAULT_KEEP,
+            fresh: false,
+        }
     }
 }

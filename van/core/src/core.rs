@@ -54,9 +54,10 @@ mod pipeline;
 mod route;
 mod waits;
 
-pub use lifecycle::{DrainOutcome, DRAIN_RESEND_TIMEOUTS, MAX_DRAIN};
+pub use features::REFUSAL_WAIT;
+pub use lifecycle::{DrainOutcome, DRAIN_RESEND_TIMEOUTS, LEAVE_LAST, MAX_DRAIN};
 use parts::{Origin, Parts};
-pub use route::{IdentityRefused, LinkEvent};
+pub use route::IdentityRefused;
 pub use waits::{Done, Ticket, Wait, EXIT_FLUSH};
 
 /// One node's control plane.
@@ -113,6 +114,9 @@ pub struct Core {
     /// Leaving (the last barrier was released): closed connections are no
     /// deaths.
     finalizing: bool,
+    /// On a leaving scheduler: the processes whose connection closed since
+    /// (they left). Its exit drain waits for them (see [`LEAVE_LAST`]).
+    left_at_exit: HashSet<NodeId>,
     changed: bool,
 }
 
@@ -219,6 +223,7 @@ impl Core {
             drain: None,
             finalize_pending: false,
             finalizing: false,
+            left_at_exit: HashSet::new(),
             changed: false,
         };
         // The scheduler talks to itself through its own ROUTER; a node makes

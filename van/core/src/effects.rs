@@ -5,6 +5,7 @@
 //! nodes and failures, no state machine, and no component is imported
 //! here.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -130,6 +131,13 @@ pub enum Event {
     },
     /// A server left the job by itself, its ranges handed over.
     ServerLeft(NodeId),
+    /// On the scheduler: the job cannot go on (a key range with no replica
+    /// left): every node is told why, then the scheduler fails.
+    StopJob(String),
+    /// On the scheduler: process `id`, held dead, was heard from again and
+    /// nothing took its place (a pause, lost heartbeats): it is taken back.
+    /// With replicated key ranges it rejoins as a fresh replica.
+    Back(NodeId),
     /// Key ranges are replicated in this cluster (a dead server's ranges
     /// fail over; nothing waits for its replacement).
     Replicated,
@@ -317,7 +325,7 @@ pub enum Output {
         /// Pairs the result with the request.
         token: u64,
         /// What to do.
-        io: crate::checkpoint::disk::Io,
+        io: Io,
     },
     /// An event of a watched store key, for these watchers of this process
     /// (see [`crate::Core::store_watch`]); a watcher that is gone is reported back
@@ -431,4 +439,85 @@ impl std::fmt::Display for WaitingFor {
             ),
         }
     }
+}
+
+/// What happened to one of this node's connections (its DEALER to a peer),
+/// as the driver's socket monitor saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// ZeroMQ's handshake with the peer went through: the connection is up.
+    Up,
+    /// The connection closed (the peer's process is gone, or the network
+    /// dropped it); ZeroMQ tries to connect again.
+    Down,
+    /// An attempt to connect failed (refused, or not accepted in time) and
+    /// ZeroMQ will try again: nothing listens at the peer's address, say
+    /// its process died before this node's connection came up.
+    Unreachable,
+    /// The peer refused the handshake (a wrong `PS_AUTH_TOKEN`, or a
+    /// mechanism mismatch); with why, naming what to set.
+    Refused(String),
+}
+
+/// A file operation the checkpoint protocol asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Io {
+    /// Write `bytes` to `path` atomically.
+    Write {
+        /// Where.
+        path: PathBuf,
+        /// What.
+        bytes: Bytes,
+    },
+    /// Read each of `paths` whole (the first that exists of each list).
+    Read {
+        /// Candidates per file wanted, in order of preference.
+        paths: Vec<Vec<PathBuf>>,
+    },
+    /// Delete the checkpoints of job `job` in `dir` below id `below`
+    /// (another job's are left alone).
+    Prune {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The oldest id to keep.
+        below: u64,
+        /// The job whose checkpoints go.
+        job: String,
+    },
+    /// Write a manifest, then `LATEST` naming its checkpoint.
+    Complete {
+        /// The manifest's path.
+        manifest: PathBuf,
+        /// Its bytes.
+        bytes: Bytes,
+        /// `LATEST`'s path.
+        latest: PathBuf,
+        /// What it holds (`checkpoint::disk::latest_text`).
+        text: String,
+    },
+    /// Delete a checkpoint's directory (a failed one leaves nothing).
+    Remove {
+        /// The directory.
+        dir: PathBuf,
+    },
+}
+
+/// What came of an [`Io`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoResult {
+    /// Written (or pruned).
+    Done,
+    /// Read: for each list of candidates, the path read and its bytes.
+    Read(Vec<(PathBuf, Bytes)>),
+    /// It failed; says which file and why.
+    Failed(String),
+}
+
+/// Tokens of the apps' snapshot and restore requests made for checkpoints
+/// have this bit set (replication's never do).
+pub const TOKEN_BIT: u64 = 1 << 63;
+
+/// Whether an apps' request token is a checkpoint's.
+pub fn is_checkpoint_token(token: u64) -> bool {
+    token & TOKEN_BIT != 0
 }

@@ -160,11 +160,20 @@ pub enum Failure {
     /// `PS_REPLICAS - 1` at once, or before a copy was made); its keys are
     /// gone.
     #[error(
-        "key range {range} has no replica left: its servers died before a copy was made          (raise PS_REPLICAS, or restore from a checkpoint)"
+        "key range {range} has no replica left: its servers died before a copy was made \
+         (raise PS_REPLICAS, or restore from a checkpoint)"
     )]
     RangeLost {
         /// The range (its server rank).
         range: u32,
+    },
+    /// The scheduler stopped the job and told every node why (a checkpoint
+    /// it refused at start, a key range with no replica left): nothing can
+    /// go on, so nothing waits.
+    #[error("the scheduler stopped the job: {reason}")]
+    JobStopped {
+        /// Why, as the scheduler said it.
+        reason: String,
     },
     /// Checkpoints (`PS_CHECKPOINT_DIR`): a checkpoint request was refused
     /// or failed, or a server could not restore one (the message names the

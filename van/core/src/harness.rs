@@ -123,6 +123,9 @@ pub struct Network {
     stalled_steps: u32,
     /// The files checkpoints wrote (one file system shared by every node).
     pub disk: std::collections::BTreeMap<std::path::PathBuf, bytes::Bytes>,
+    /// Nodes whose heartbeats (sent or answered) are lost for now; what
+    /// else they send and receive goes through.
+    pub heartbeats_lost: std::collections::HashSet<usize>,
 }
 
 /// Steps at one virtual instant after which the harness calls it a busy
@@ -155,6 +158,7 @@ impl Network {
             rng: StdRng::seed_from_u64(seed),
             stalled_steps: 0,
             disk: std::collections::BTreeMap::new(),
+            heartbeats_lost: std::collections::HashSet::new(),
         }
     }
 
@@ -532,5 +536,7 @@ mod identity_tests;
 mod replica_tests;
 #[cfg(test)]
 mod servers_tests;
+#[cfg(test)]
+mod store_tests;
 #[cfg(test)]
 mod tests;

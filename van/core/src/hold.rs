@@ -14,6 +14,8 @@
 //! - [`Reason::Map`]: replication messages of a newer map, until it comes;
 //! - [`Reason::Sync`]: requests for a range whose new primary is syncing,
 //!   until the sync ends;
+//! - [`Reason::Checkpoint`] (scheduler): the releases of the barrier a
+//!   checkpoint is taken at, until the checkpoint is complete or failed;
 //! - for the apps ([`Output::Deliver`], [`Output::Snapshot`],
 //!   [`Output::Restore`]): [`Reason::Restoring`] while this server restores
 //!   a checkpoint (all but the restore's own requests), and [`Reason::Room`]
@@ -236,6 +238,9 @@ pub enum Reason {
     Map(u64),
     /// A request for range `range`, whose new primary is syncing.
     Sync(u32),
+    /// A barrier's release, until the checkpoint taken at that barrier
+    /// ends (one runs at a time).
+    Checkpoint,
     /// For the apps: their queue was full (this, or one before it).
     Room,
     /// For the apps: this server restores a checkpoint.
@@ -275,7 +280,7 @@ fn held_by_restore(out: &Output) -> bool {
     match out {
         Output::Deliver(_) => true,
         Output::Snapshot { token, .. } | Output::Restore { token, .. } => {
-            !crate::checkpoint::is_checkpoint_token(*token)
+            !crate::effects::is_checkpoint_token(*token)
         }
         _ => false,
     }
@@ -295,6 +300,8 @@ pub struct Holds {
     ahead: Vec<(u64, Message)>,
     /// Sync(range), per range in arrival order.
     syncing: BTreeMap<u32, Vec<Message>>,
+    /// Checkpoint: one release per member of the barrier.
+    releases: Vec<Message>,
     /// For the apps, in order: Room or Restoring.
     apps: VecDeque<(Reason, Output)>,
     /// Outputs held for Room.
@@ -312,6 +319,7 @@ impl Holds {
             newcomers: HoldQueue::new(limit),
             ahead: Vec::new(),
             syncing: BTreeMap::new(),
+            releases: Vec::new(),
             apps: VecDeque::new(),
             parked: 0,
             restoring: false,
@@ -349,6 +357,10 @@ impl Holds {
                 self.syncing.entry(range).or_default().push(msg);
                 Ok(())
             }
+            Reason::Checkpoint => {
+                self.releases.push(msg);
+                Ok(())
+            }
             Reason::Room | Reason::Restoring => Err(Refused {
                 item: msg,
                 why: Overflow::Total,
@@ -357,8 +369,8 @@ impl Holds {
     }
 
     /// Takes the messages held for reasons `which` picks, in arrival order
-    /// per kind (joining and map-less ones, newcomers, newer maps, then
-    /// syncs by range).
+    /// per kind (joining and map-less ones, newcomers, newer maps, syncs by
+    /// range, then a checkpoint's barrier releases).
     pub fn release(&mut self, which: impl Fn(Reason) -> bool) -> Vec<Message> {
         let mut out: Vec<Message> = self
             .early
@@ -384,6 +396,9 @@ impl Holds {
             .collect();
         for r in ranges {
             out.extend(self.syncing.remove(&r).unwrap_or_default());
+        }
+        if which(Reason::Checkpoint) {
+            out.append(&mut self.releases);
         }
         out
     }
@@ -415,7 +430,12 @@ impl Holds {
             .filter(|(r, _)| which(Reason::Sync(**r)))
             .map(|(_, m)| m.len())
             .sum();
-        early + newcomers + ahead + syncing
+        let releases = if which(Reason::Checkpoint) {
+            self.releases.len()
+        } else {
+            0
+        };
+        early + newcomers + ahead + syncing + releases
     }
 
     /// Something for the apps: it goes now, or waits in order behind what

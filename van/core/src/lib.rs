@@ -57,13 +57,13 @@ pub mod staleness;
 pub mod store;
 
 pub use crate::core::{
-    Core, Done, DrainOutcome, IdentityRefused, LinkEvent, Ticket, Wait, DRAIN_RESEND_TIMEOUTS,
-    EXIT_FLUSH, MAX_DRAIN,
+    Core, Done, DrainOutcome, IdentityRefused, Ticket, Wait, DRAIN_RESEND_TIMEOUTS, EXIT_FLUSH,
+    LEAVE_LAST, MAX_DRAIN, REFUSAL_WAIT,
 };
 pub use config::{AuthToken, VanConfig};
 pub use counters::Counters;
 pub use describe::describe;
-pub use effects::{Output, Route, WaitingFor};
+pub use effects::{LinkEvent, Output, Route, WaitingFor};
 pub use error::{identity_hint, Cause, Failure, StartTimeout, VanError};
 pub use hold::HoldQueue;
 pub use log_once::LogOnce;

@@ -33,7 +33,8 @@
 //!
 //! One state, its concepts in files: `table.rs` (ids and the node table,
 //! recovery's id takeover), `barriers.rs`, `recovery.rs` (liveness, dead
-//! nodes, the clock), `elastic.rs` (rounds) and `status.rs`.
+//! nodes, the clock), `elastic.rs` (rounds), `status.rs` and `stop.rs` (a
+//! job that stops: every node told why).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -136,6 +137,8 @@ pub struct Scheduler {
     /// Ids restarted processes took over in the current call (announced
     /// around its effects).
     replacing: Vec<NodeId>,
+    /// The job stops: who was told (see `stop.rs`).
+    stopping: Option<stop::Stopping>,
 }
 
 /// The scheduler's elastic-mode state.
@@ -203,6 +206,7 @@ impl Scheduler {
             next_keepalive: None,
             table_changed: false,
             replacing: Vec::new(),
+            stopping: None,
         }
     }
 
@@ -219,6 +223,9 @@ impl Scheduler {
 
     /// When [`Scheduler::tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.stopping.is_some() {
+            return self.stopping_timeout();
+        }
         if self.deaf_since.is_some() {
             return self.next_keepalive;
         }
@@ -261,6 +268,14 @@ impl Scheduler {
                 warn!("scheduler: node {sender}, held dead, is back");
                 self.dead_since.remove(&sender);
                 back = self.tell_dead_nodes(now);
+                if self.is_pslite(sender) {
+                    // What changed while it was held dead (a replacement's
+                    // new address and key, say) was not sent to it.
+                    let mut table = self.table_message();
+                    table.meta.recver = sender;
+                    back.push(Effect::Send(table));
+                }
+                back.push(Effect::Event(Event::Back(sender)));
             }
         }
         let mut actions = self.handle_command(msg, now);
@@ -360,6 +375,7 @@ impl Component for Scheduler {
                 failed_over,
             } => self.set_failed_over(*server, *failed_over),
             Event::ServerLeft(id) => self.server_left(*id, now),
+            Event::StopJob(why) => self.stop_job(why, now),
             _ => return,
         };
         cx.fx.extend(effects);
@@ -370,7 +386,10 @@ mod barriers;
 mod elastic;
 mod recovery;
 mod status;
+mod stop;
 mod table;
+
+pub use stop::STOP_GRACE;
 
 use barriers::BarrierRound;
 

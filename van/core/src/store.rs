@@ -22,52 +22,7 @@ use log::debug;
 use pslite_proto::store::{OverLimit, StoreLimit, StoreMsg, StoreOp, StoreStatus};
 use pslite_proto::NodeId;
 
-/// Bounds on what the store holds. The scheduler reads the configurable ones
-/// from `PS_STORE_MAX_*` (see `pslite_postoffice::Config`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoreLimits {
-    /// The longest key, in bytes (`PS_STORE_MAX_KEY`).
-    pub max_key: usize,
-    /// The largest value, in bytes (`PS_STORE_MAX_VALUE`).
-    pub max_value: usize,
-    /// All keys and values together, in bytes (`PS_STORE_MAX_BYTES`).
-    pub max_total: usize,
-    /// Keys the store holds (`PS_STORE_MAX_KEYS`).
-    pub max_keys: usize,
-    /// Keys one request may name (CHECK, WAIT, MULTI_GET, MULTI_SET).
-    pub max_keys_per_request: usize,
-    /// Requests of one requester waiting at once (GET, WAIT, MULTI_GET;
-    /// `PS_STORE_MAX_WAITS`).
-    pub max_waits_per_node: usize,
-    /// Watches of one requester (`PS_STORE_MAX_WATCHES`).
-    pub max_watches_per_node: usize,
-    /// Requests waiting at once, over all requesters.
-    pub max_waiting: usize,
-    /// Watches at once, over all requesters.
-    pub max_watches: usize,
-    /// The longest a request may wait, and an admin client's watch last.
-    pub max_timeout: Duration,
-}
-
-impl Default for StoreLimits {
-    fn default() -> StoreLimits {
-        StoreLimits {
-            max_key: 4096,
-            max_value: DEFAULT_MAX_VALUE,
-            max_total: 1 << 30,
-            max_keys: 1_000_000,
-            max_keys_per_request: 10_000,
-            max_waits_per_node: 10_000,
-            max_watches_per_node: 10_000,
-            max_waiting: 100_000,
-            max_watches: 100_000,
-            max_timeout: Duration::from_secs(24 * 3600),
-        }
-    }
-}
-
-/// The default largest value: 64 MiB.
-pub const DEFAULT_MAX_VALUE: usize = 64 << 20;
+pub use crate::config::{StoreLimits, DEFAULT_MAX_VALUE};
 
 /// Who sent a store request, so its answer can go back.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -7,7 +7,9 @@
 //!
 //! A file is written as `NAME.tmp` in its directory, flushed to disk
 //! (fsync), renamed to `NAME`, and the directory is flushed too, so after a
-//! crash a name holds either nothing or a whole file.
+//! crash a name holds either nothing or a whole file. `LATEST` is written
+//! (the same way) right after a manifest: it names the newest complete
+//! checkpoint, so a deleted manifest is noticed, not skipped.
 
 use std::fs;
 use std::io::Write;
@@ -15,6 +17,67 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 pub use pslite_van_core::checkpoint::disk::*;
+
+/// Reads `dir/LATEST`: the job and checkpoint it names, `None` if there is
+/// none, an error naming it if it cannot be read or makes no sense.
+pub fn read_latest(dir: &Path) -> Result<Option<(String, u64)>, String> {
+    let path = dir.join(LATEST);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let words: Vec<&str> = text.split_whitespace().collect();
+    match words.as_slice() {
+        ["job", job, "checkpoint", id] => match id.parse() {
+            Ok(id) => Ok(Some((job.to_string(), id))),
+            Err(_) => Err(format!("{} is corrupt: {text:?}", path.display())),
+        },
+        _ => Err(format!("{} is corrupt: {text:?}", path.display())),
+    }
+}
+
+/// `dir/LOCK`, locked for as long as this value lives (the kernel lets go
+/// when the process ends, killed or not).
+#[derive(Debug)]
+pub struct DirLock {
+    _file: fs::File,
+}
+
+/// Locks `dir` for one job's scheduler (creating it if needed): a second
+/// job started on the same directory is refused, naming the process that
+/// holds it.
+pub fn lock(dir: &Path) -> Result<DirLock, String> {
+    use std::os::fd::AsRawFd;
+    fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create PS_CHECKPOINT_DIR {}: {e}", dir.display()))?;
+    let path = dir.join(LOCK);
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    // SAFETY: flock(2) on a descriptor this function owns.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !locked {
+        let holder = fs::read_to_string(&path).unwrap_or_default();
+        return Err(format!(
+            "PS_CHECKPOINT_DIR {} is in use by another job ({} holds {}): give each job a \
+             directory of its own",
+            dir.display(),
+            holder.trim().strip_prefix("pid ").map_or_else(
+                || "its scheduler".to_string(),
+                |pid| format!("the scheduler with pid {pid}")
+            ),
+            path.display()
+        ));
+    }
+    let _ = file.set_len(0);
+    let _ = writeln!(file, "pid {}", std::process::id());
+    Ok(DirLock { _file: file })
+}
 
 /// Carries out `io` on the file system.
 pub fn perform(io: &Io) -> IoResult {
@@ -33,8 +96,29 @@ pub fn perform(io: &Io) -> IoResult {
             }
             IoResult::Read(out)
         }
-        Io::Prune { dir, below } => {
-            prune(dir, *below);
+        Io::Prune { dir, below, job } => {
+            prune(dir, *below, job);
+            IoResult::Done
+        }
+        Io::Complete {
+            manifest,
+            bytes,
+            latest,
+            text,
+        } => {
+            let written = write_atomic(manifest, bytes)
+                .map_err(|e| format!("cannot write {}: {e}", manifest.display()))
+                .and_then(|()| {
+                    write_atomic(latest, text.as_bytes())
+                        .map_err(|e| format!("cannot write {}: {e}", latest.display()))
+                });
+            match written {
+                Ok(()) => IoResult::Done,
+                Err(why) => IoResult::Failed(why),
+            }
+        }
+        Io::Remove { dir } => {
+            remove(dir);
             IoResult::Done
         }
     }
@@ -112,9 +196,33 @@ pub fn scan(dir: &Path) -> Result<Vec<Found>, String> {
     Ok(found)
 }
 
-/// Deletes the checkpoint directories of `dir` below id `below` (logged,
-/// never fatal: a checkpoint left behind only takes space).
-pub fn prune(dir: &Path, below: u64) {
+/// Deletes checkpoint directory `dir` (a failed checkpoint's), if there.
+pub fn remove(dir: &Path) {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => log::info!("deleted the failed checkpoint's {}", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => log::warn!("cannot delete {}: {e}", dir.display()),
+    }
+}
+
+/// Whether checkpoint directory `path` belongs to job `job`: its manifest
+/// says so, or (without one: a server's own directory, or a checkpoint that
+/// never completed) every file in it is named after the job.
+fn of_job(path: &Path, job: &str) -> bool {
+    if let Ok(bytes) = fs::read(path.join(MANIFEST)) {
+        return super::format::decode_manifest(&bytes).is_ok_and(|m| m.job == job);
+    }
+    let tag = job_tag(job);
+    fs::read_dir(path).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .all(|e| e.file_name().to_string_lossy().contains(&tag))
+    })
+}
+
+/// Deletes the checkpoints of job `job` in `dir` whose id is below `below`;
+/// another job's stay.
+pub fn prune(dir: &Path, below: u64, job: &str) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
@@ -122,7 +230,7 @@ pub fn prune(dir: &Path, below: u64) {
         let Some(id) = entry.file_name().to_str().and_then(id_of) else {
             continue;
         };
-        if id < below {
+        if id < below && of_job(&entry.path(), job) {
             if let Err(e) = fs::remove_dir_all(entry.path()) {
                 log::warn!(
                     "cannot delete the old checkpoint {}: {e}",
@@ -150,7 +258,7 @@ mod tests {
     #[test]
     fn atomic_writes_scans_and_prunes() {
         let dir = temp_dir("disk");
-        let file = checkpoint_dir(&dir, 3).join(server_file_name(0));
+        let file = checkpoint_dir(&dir, 3).join(server_file_name(3, 0, &[0], "feedbeef00"));
         write_atomic(&file, b"hello").unwrap();
         assert_eq!(fs::read(&file).unwrap(), b"hello");
         assert!(
@@ -158,7 +266,11 @@ mod tests {
             "no temporary left"
         );
         write_atomic(&checkpoint_dir(&dir, 3).join(MANIFEST), b"m").unwrap();
-        write_atomic(&checkpoint_dir(&dir, 4).join(server_file_name(0)), b"x").unwrap();
+        write_atomic(
+            &checkpoint_dir(&dir, 4).join(server_file_name(4, 0, &[0], "feedbeef00")),
+            b"x",
+        )
+        .unwrap();
         fs::create_dir_all(dir.join("not-a-checkpoint")).unwrap();
         let found = scan(&dir).unwrap();
         assert_eq!(found.iter().map(|f| f.id).collect::<Vec<_>>(), [3, 4]);
@@ -179,12 +291,46 @@ mod tests {
         };
         assert!(why.contains("missing") && why.contains("nope"), "{why}");
 
-        prune(&dir, 4);
+        // Another job's checkpoints stay; a manifest that does not decode is
+        // no job's.
+        prune(&dir, 5, "0123456789");
+        assert_eq!(scan(&dir).unwrap().len(), 2);
+        prune(&dir, 4, "feedbeef00");
+        assert_eq!(
+            scan(&dir).unwrap().len(),
+            2,
+            "checkpoint 3's manifest is no manifest"
+        );
+        fs::remove_file(checkpoint_dir(&dir, 3).join(MANIFEST)).unwrap();
+        prune(&dir, 4, "feedbeef00");
         assert_eq!(
             scan(&dir).unwrap().iter().map(|f| f.id).collect::<Vec<_>>(),
             [4]
         );
         assert_eq!(scan(&dir.join("absent")).unwrap(), Vec::new());
+        remove(&checkpoint_dir(&dir, 4));
+        assert_eq!(scan(&dir).unwrap(), Vec::new());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_is_locked_by_one_job_and_latest_reads_back() {
+        let dir = temp_dir("lock");
+        let held = lock(&dir).unwrap();
+        let why = lock(&dir).unwrap_err();
+        assert!(
+            why.contains("in use by another job")
+                && why.contains(&format!("pid {}", std::process::id())),
+            "{why}"
+        );
+        drop(held);
+        let again = lock(&dir).unwrap();
+        assert_eq!(read_latest(&dir), Ok(None));
+        write_atomic(&dir.join(LATEST), latest_text("abc", 7).as_bytes()).unwrap();
+        assert_eq!(read_latest(&dir), Ok(Some(("abc".into(), 7))));
+        fs::write(dir.join(LATEST), "nonsense").unwrap();
+        assert!(read_latest(&dir).unwrap_err().contains("corrupt"));
+        drop(again);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -55,6 +55,20 @@ pub(super) fn is_gone(pid: u32) -> bool {
     r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
+/// Whether process `pid` has exited: gone, or a zombie its parent has not
+/// reaped yet (its descriptors are closed either way).
+pub fn has_exited(pid: u32) -> bool {
+    if is_gone(pid) {
+        return true;
+    }
+    // /proc/<pid>/stat: "pid (comm) S ...", the state after the last ')'.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X")
+    })
+}
+
 /// This process's soft limit on open file descriptors (`RLIMIT_NOFILE`,
 /// `ulimit -n`), or `None` if it cannot be read or is unlimited.
 pub(super) fn open_files_limit() -> Option<u64> {

@@ -94,6 +94,9 @@ struct Receiving {
     /// Senders of rejected descriptors, and of malformed messages, already
     /// warned about.
     shm_rejections: LogOnce<NodeId>,
+    /// Processes (sender, pid) whose messages were dropped because their
+    /// segments went with them, already logged.
+    shm_exited: LogOnce<(NodeId, u32)>,
     malformed: LogOnce<Vec<u8>>,
     /// A message whose shared-memory frames this process could not map yet
     /// (short of descriptors).
@@ -114,6 +117,7 @@ impl Shared {
         let mut rx = Receiving {
             shm: shm::Receiver::new(),
             shm_rejections: LogOnce::new(log::Level::Warn),
+            shm_exited: LogOnce::new(log::Level::Info),
             malformed: LogOnce::new(log::Level::Warn),
             stalled: None,
             flush_at: None,
@@ -369,6 +373,27 @@ impl Shared {
     /// sender, counted).
     fn reject(&self, incoming: Incoming, e: &ShmError, rx: &mut Receiving) {
         self.counters.received(incoming.sender, incoming.size);
+        // A message a peer sent just before its process exited (killed, say)
+        // names segments that went with it: no fault of anyone's, so one
+        // line per process at info level, and no bad descriptor counted.
+        let sender = incoming.sender;
+        let exited = match e {
+            ShmError::Open { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                let pid = lock(&self.locked).core.shm_peer(sender, incoming.key);
+                pid.filter(|&pid| shm::has_exited(pid))
+            }
+            _ => None,
+        };
+        if let Some(pid) = exited {
+            self.counters.dropped(DropReason::UnknownPeer);
+            rx.shm_exited.log((sender, pid), || {
+                format!(
+                    "dropping the messages node {sender} sent before its process (pid {pid}) \
+                     exited: their data was in its shared memory, which went with it"
+                )
+            });
+            return;
+        }
         self.counters.dropped(DropReason::Malformed);
         if let Some(pool) = &self.pool {
             pool.stats().rejected.fetch_add(1, Ordering::Relaxed);

@@ -34,6 +34,7 @@ use crate::component::{Component, Cx, Facts};
 use crate::config::VanConfig;
 use crate::effects::{Event, Output};
 use crate::error::{Failure, VanError};
+use crate::hold::Reason;
 use crate::log_once::LogOnce;
 use crate::reply::Replies;
 
@@ -421,16 +422,12 @@ impl Checkpoints {
             .filter(|n| n.pslite)
             .map(|n| n.id)
             .collect();
-        let held = m.releases(
-            group,
-            releases.clone(),
-            || plan,
-            |id| pslite.contains(&id),
-            now,
-        );
-        if !held {
-            for msg in releases {
+        let held = m.releases(group, &releases, || plan, |id| pslite.contains(&id), now);
+        for msg in releases {
+            if !held {
                 cx.send(msg);
+            } else if let Err(refused) = cx.holds.hold(Reason::Checkpoint, msg) {
+                cx.send(refused.item);
             }
         }
         self.flush(now, cx);
@@ -476,6 +473,11 @@ impl Checkpoints {
             for out in master {
                 match out {
                     MasterOut::Send(msg) => cx.send(msg),
+                    MasterOut::Release => {
+                        for msg in cx.holds.release(|r| r == Reason::Checkpoint) {
+                            cx.send(msg);
+                        }
+                    }
                     MasterOut::Answer(to, ck) => Self::answer_requester(to, ck, cx),
                     MasterOut::Io { token, io } => cx.out(Output::Checkpoint { token, io }),
                 }

@@ -4,41 +4,55 @@
 //! complete). Pure encoding and decoding; reading and writing files is
 //! `disk.rs`'s.
 //!
-//! Layout (little-endian), version 1:
+//! Layout, version 2: a few framing bytes (little-endian) around a header
+//! described once, in `proto/proto/meta.proto` (`PBCheckpointHeader`, encoded
+//! by prost like every other pslite message):
 //!
 //! ```text
 //! magic       8 bytes  "PSLCKPT\0"
-//! version     u32      1
-//! kind        u32      1 server file, 2 manifest
+//! version     u32      2
 //! header_len  u32
 //! header_crc  u32      CRC-32 of the header
-//! header      header_len bytes:
-//!               id u64, created (ms since the Unix epoch) u64, writer node i32,
-//!               label (u32 length + UTF-8), replicas u32, map version u64,
-//!               ranges u32 + (begin u64, end u64) each,
-//!               sections u32 + (range u32, app i32, length u64, crc u32) each,
-//!               files u32 + (name, node i32, size u64, crc u32,
-//!                            ranges u32 + u32 each) each
+//! header      header_len bytes: PBCheckpointHeader (kind, job, id, time,
+//!             writer, label, the cluster's key ranges, replicas, map version;
+//!             a server's file: the ranges it holds and its sections (range,
+//!             app, length, CRC-32); a manifest: every server's file with the
+//!             CRC-32 of its content)
 //! sections    the sections' bytes, in header order (server files only)
-//! file_crc    u32      CRC-32 of every byte before it
+//! content_crc u32      CRC-32 of every byte before it
 //! ```
 //!
+//! A file's *content checksum* is its last four bytes, the CRC-32 of the rest
+//! ([`content_crc`]); the manifest records it for each server file, so it
+//! ties the manifest to those very files (two files of the same size differ
+//! in it), and each file names its job, checkpoint, writer and ranges.
+//!
 //! A file is read whole and checked before anything in it is used: the
-//! magic, the version, the kind, the header's checksum, the length the
-//! header announces against the file's (truncated or too long), each
-//! section's checksum, and the whole file's. Every failure is a
+//! magic, the version, the header's checksum and fields, the kind, the
+//! length the header announces against the file's (truncated or too long),
+//! each section's checksum, and the content's. Every failure is a
 //! [`FormatError`] saying what is wrong.
 
 use bytes::Bytes;
+use prost::Message as _;
 use pslite_proto::checkpoint::CheckpointFile;
+use pslite_proto::pb::{PbCheckpointFile, PbCheckpointHeader, PbCheckpointSection};
 use pslite_proto::NodeId;
 
 /// The first bytes of every checkpoint file.
 pub const MAGIC: &[u8; 8] = b"PSLCKPT\0";
 /// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
-/// Bytes before the header: magic, version, kind, header length and CRC.
-const PREAMBLE: usize = 8 + 4 + 4 + 4 + 4;
+pub const VERSION: u32 = 2;
+/// Bytes before the header: magic, version, header length and CRC.
+const PREAMBLE: usize = 8 + 4 + 4 + 4;
+
+/// The checksum a manifest records for a file: the CRC-32 of every byte but
+/// the last four (where a well-formed file stores the same value); `None`
+/// for fewer than four bytes.
+pub fn content_crc(bytes: &[u8]) -> Option<u32> {
+    let body = bytes.len().checked_sub(4)?;
+    Some(crc32fast::hash(&bytes[..body]))
+}
 
 /// Which kind of checkpoint file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +64,14 @@ pub enum Kind {
 }
 
 impl Kind {
+    fn from_u32(v: u32) -> Option<Kind> {
+        match v {
+            1 => Some(Kind::Server),
+            2 => Some(Kind::Manifest),
+            _ => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kind::Server => "a server's file",
@@ -107,6 +129,8 @@ pub struct Section {
 /// A server's file: its ranges at the checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerFile {
+    /// The job it belongs to.
+    pub job: String,
     /// The checkpoint.
     pub id: u64,
     /// When it was written, ms since the Unix epoch.
@@ -117,6 +141,8 @@ pub struct ServerFile {
     pub label: String,
     /// The cluster it belongs to.
     pub shape: Shape,
+    /// The key ranges it holds.
+    pub ranges: Vec<u32>,
     /// One per range and app.
     pub sections: Vec<Section>,
 }
@@ -124,6 +150,8 @@ pub struct ServerFile {
 /// A checkpoint's manifest: every server file, written once all were.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Manifest {
+    /// The job it belongs to.
+    pub job: String,
     /// The checkpoint.
     pub id: u64,
     /// When it was completed, ms since the Unix epoch.
@@ -219,143 +247,50 @@ pub enum FormatError {
     Malformed(String),
 }
 
-struct Writer(Vec<u8>);
-
-impl Writer {
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn i32(&mut self, v: i32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn str(&mut self, s: &str) {
-        self.u32(s.len() as u32);
-        self.0.extend_from_slice(s.as_bytes());
-    }
-}
-
-struct Reader<'a> {
-    data: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], FormatError> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.data.len());
-        let Some(end) = end else {
-            return Err(FormatError::Malformed(format!(
-                "it ends inside {what} (at byte {} of {})",
-                self.at,
-                self.data.len()
-            )));
-        };
-        let bytes = &self.data[self.at..end];
-        self.at = end;
-        Ok(bytes)
-    }
-    fn u32(&mut self, what: &str) -> Result<u32, FormatError> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn i32(&mut self, what: &str) -> Result<i32, FormatError> {
-        Ok(self.u32(what)? as i32)
-    }
-    fn u64(&mut self, what: &str) -> Result<u64, FormatError> {
-        let b = self.take(8, what)?;
-        let mut w = [0u8; 8];
-        w.copy_from_slice(b);
-        Ok(u64::from_le_bytes(w))
-    }
-    fn str(&mut self, what: &str) -> Result<String, FormatError> {
-        let n = self.u32(what)? as usize;
-        let b = self.take(n, what)?;
-        String::from_utf8(b.to_vec())
-            .map_err(|_| FormatError::Malformed(format!("{what} is not UTF-8")))
-    }
-    /// A count of items of at least `min_size` bytes each, bounded by what
-    /// is left (a corrupt count cannot make us allocate more).
-    fn count(&mut self, what: &str, min_size: usize) -> Result<usize, FormatError> {
-        let n = self.u32(what)? as usize;
-        let left = self.data.len() - self.at;
-        if n.saturating_mul(min_size) > left {
-            return Err(FormatError::Malformed(format!(
-                "{n} {what} cannot fit in its {left} bytes"
-            )));
-        }
-        Ok(n)
-    }
-}
-
-/// The header's fields common to both kinds.
-struct Header {
-    kind: Kind,
-    id: u64,
-    created_ms: u64,
-    writer: NodeId,
-    label: String,
-    shape: Shape,
-    /// (range, app, length, crc)
-    sections: Vec<(u32, i32, u64, u32)>,
-    files: Vec<CheckpointFile>,
-}
-
-fn encode(header: &Header, sections: &[&[u8]]) -> Vec<u8> {
-    let mut h = Writer(Vec::new());
-    h.u64(header.id);
-    h.u64(header.created_ms);
-    h.i32(header.writer);
-    h.str(&header.label);
-    h.u32(header.shape.replicas);
-    h.u64(header.shape.map_version);
-    h.u32(header.shape.ranges.len() as u32);
-    for &(b, e) in &header.shape.ranges {
-        h.u64(b);
-        h.u64(e);
-    }
-    h.u32(header.sections.len() as u32);
-    for &(range, app, len, crc) in &header.sections {
-        h.u32(range);
-        h.i32(app);
-        h.u64(len);
-        h.u32(crc);
-    }
-    h.u32(header.files.len() as u32);
-    for f in &header.files {
-        h.str(&f.name);
-        h.i32(f.node);
-        h.u64(f.size);
-        h.u32(f.crc);
-        h.u32(f.ranges.len() as u32);
-        for &r in &f.ranges {
-            h.u32(r);
-        }
-    }
+/// A file: its header, framed and checksummed, then its sections.
+fn encode(header: &PbCheckpointHeader, sections: &[&[u8]]) -> Vec<u8> {
+    let head = header.encode_to_vec();
     let body: usize = sections.iter().map(|s| s.len()).sum();
-    let mut out = Writer(Vec::with_capacity(PREAMBLE + h.0.len() + body + 4));
-    out.0.extend_from_slice(MAGIC);
-    out.u32(VERSION);
-    out.u32(header.kind as u32);
-    out.u32(h.0.len() as u32);
-    out.u32(crc32fast::hash(&h.0));
-    out.0.extend_from_slice(&h.0);
+    let mut out = Vec::with_capacity(PREAMBLE + head.len() + body + 4);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&head).to_le_bytes());
+    out.extend_from_slice(&head);
     for s in sections {
-        out.0.extend_from_slice(s);
+        out.extend_from_slice(s);
     }
-    let crc = crc32fast::hash(&out.0);
-    out.u32(crc);
-    out.0
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// The key ranges of a header's `bounds`.
+fn ranges_of(bounds: &[u64]) -> Result<Vec<(u64, u64)>, FormatError> {
+    if bounds.len() % 2 != 0 {
+        return Err(FormatError::Malformed(
+            "its key ranges have an odd number of bounds".into(),
+        ));
+    }
+    let ranges: Vec<(u64, u64)> = bounds.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+    if let Some(i) = ranges.iter().position(|&(b, e)| b > e) {
+        return Err(FormatError::Malformed(format!(
+            "key range {i} begins after it ends"
+        )));
+    }
+    Ok(ranges)
 }
 
 /// Checks `data` and reads its header; the sections start at the returned
 /// offset.
-fn decode(data: &[u8], expected: Kind) -> Result<(Header, usize), FormatError> {
+fn decode(data: &[u8], expected: Kind) -> Result<(PbCheckpointHeader, usize), FormatError> {
     if data.len() < MAGIC.len() || &data[..MAGIC.len()] != MAGIC {
         return Err(FormatError::NotACheckpoint);
     }
-    let mut r = Reader { data, at: 8 };
     let truncated = |needed: u64| FormatError::Truncated {
         size: data.len() as u64,
         needed,
@@ -363,90 +298,39 @@ fn decode(data: &[u8], expected: Kind) -> Result<(Header, usize), FormatError> {
     if data.len() < PREAMBLE {
         return Err(truncated(PREAMBLE as u64));
     }
-    let version = r.u32("the version")?;
+    let version = le_u32(&data[8..12]);
     if version != VERSION {
         return Err(FormatError::Version { found: version });
     }
-    let kind = match r.u32("the kind")? {
-        1 => Kind::Server,
-        2 => Kind::Manifest,
-        other => {
-            return Err(FormatError::Malformed(format!("unknown kind {other}")));
-        }
-    };
-    if kind != expected {
-        return Err(FormatError::Kind {
-            found: kind.name(),
-            expected: expected.name(),
-        });
-    }
-    let header_len = r.u32("the header length")? as usize;
-    let header_crc = r.u32("the header checksum")?;
+    let header_len = le_u32(&data[12..16]) as usize;
+    let header_crc = le_u32(&data[16..20]);
     let header_end = PREAMBLE + header_len;
     if data.len() < header_end + 4 {
         return Err(truncated((header_end + 4) as u64));
     }
-    let computed = crc32fast::hash(&data[PREAMBLE..header_end]);
+    let head = &data[PREAMBLE..header_end];
+    let computed = crc32fast::hash(head);
     if computed != header_crc {
         return Err(FormatError::HeaderChecksum {
             stored: header_crc,
             computed,
         });
     }
-    let mut h = Reader {
-        data: &data[..header_end],
-        at: PREAMBLE,
-    };
-    let id = h.u64("the id")?;
-    let created_ms = h.u64("the creation time")?;
-    let writer = h.i32("the writer")?;
-    let label = h.str("the label")?;
-    let replicas = h.u32("the replicas")?;
-    let map_version = h.u64("the map version")?;
-    let n = h.count("key ranges", 16)?;
-    let mut ranges = Vec::with_capacity(n);
-    for _ in 0..n {
-        ranges.push((h.u64("a key range")?, h.u64("a key range")?));
-    }
-    let n = h.count("sections", 20)?;
-    let mut sections = Vec::with_capacity(n);
-    for _ in 0..n {
-        sections.push((
-            h.u32("a section")?,
-            h.i32("a section")?,
-            h.u64("a section")?,
-            h.u32("a section")?,
-        ));
-    }
-    let n = h.count("files", 24)?;
-    let mut files = Vec::with_capacity(n);
-    for _ in 0..n {
-        let name = h.str("a file name")?;
-        let node = h.i32("a file")?;
-        let size = h.u64("a file")?;
-        let crc = h.u32("a file")?;
-        let k = h.count("ranges of a file", 4)?;
-        let mut fr = Vec::with_capacity(k);
-        for _ in 0..k {
-            fr.push(h.u32("a file's range")?);
-        }
-        files.push(CheckpointFile {
-            name,
-            node,
-            size,
-            crc,
-            ranges: fr,
+    let header = PbCheckpointHeader::decode(head)
+        .map_err(|e| FormatError::Malformed(format!("its header does not decode: {e}")))?;
+    let kind = header.kind.unwrap_or(0);
+    let kind = Kind::from_u32(kind)
+        .ok_or_else(|| FormatError::Malformed(format!("unknown kind {kind}")))?;
+    if kind != expected {
+        return Err(FormatError::Kind {
+            found: kind.name(),
+            expected: expected.name(),
         });
     }
-    if h.at != header_end {
-        return Err(FormatError::Malformed(format!(
-            "{} bytes after its last field",
-            header_end - h.at
-        )));
-    }
-    let body = sections
+    let body = header
+        .section
         .iter()
-        .try_fold(0u64, |sum, s| sum.checked_add(s.2))
+        .try_fold(0u64, |sum, s| sum.checked_add(s.length.unwrap_or(0)))
         .ok_or_else(|| FormatError::Malformed("section lengths overflow".into()))?;
     let needed = (header_end as u64)
         .checked_add(body)
@@ -462,23 +346,19 @@ fn decode(data: &[u8], expected: Kind) -> Result<(Header, usize), FormatError> {
             needed,
         });
     }
-    for (i, &(b, e)) in ranges.iter().enumerate() {
-        if b > e {
-            return Err(FormatError::Malformed(format!(
-                "key range {i} begins after it ends"
-            )));
-        }
-    }
+    let ranges = ranges_of(&header.bounds)?;
     let mut at = header_end;
-    for &(range, app, len, stored) in &sections {
+    for s in &header.section {
+        let (range, app) = (s.range.unwrap_or(0), s.app.unwrap_or(0));
         if range as usize >= ranges.len() {
             return Err(FormatError::Malformed(format!(
                 "a section of key range {range}, which the {} ranges lack",
                 ranges.len()
             )));
         }
-        let end = at + len as usize;
+        let end = at + s.length.unwrap_or(0) as usize;
         let computed = crc32fast::hash(&data[at..end]);
+        let stored = s.crc.unwrap_or(0);
         if computed != stored {
             return Err(FormatError::SectionChecksum {
                 range,
@@ -489,51 +369,68 @@ fn decode(data: &[u8], expected: Kind) -> Result<(Header, usize), FormatError> {
         }
         at = end;
     }
-    let stored = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
+    let stored = le_u32(&data[at..at + 4]);
     let computed = crc32fast::hash(&data[..at]);
     if computed != stored {
         return Err(FormatError::FileChecksum { stored, computed });
     }
-    let header = Header {
-        kind,
-        id,
-        created_ms,
-        writer,
-        label,
-        shape: Shape {
-            ranges,
-            replicas,
-            map_version,
-        },
-        sections,
-        files,
-    };
     Ok((header, header_end))
+}
+
+/// The header's fields both kinds share.
+fn common(
+    kind: Kind,
+    job: &str,
+    id: u64,
+    created_ms: u64,
+    writer: NodeId,
+    label: &str,
+    shape: &Shape,
+) -> PbCheckpointHeader {
+    PbCheckpointHeader {
+        kind: Some(kind as u32),
+        job: Some(job.to_string()),
+        id: Some(id),
+        created_ms: Some(created_ms),
+        writer: Some(writer),
+        label: Some(label.to_string()),
+        bounds: shape.ranges.iter().flat_map(|&(b, e)| [b, e]).collect(),
+        replicas: Some(shape.replicas),
+        map_version: Some(shape.map_version),
+        ..PbCheckpointHeader::default()
+    }
+}
+
+fn shape_of(h: &PbCheckpointHeader) -> Result<Shape, FormatError> {
+    Ok(Shape {
+        ranges: ranges_of(&h.bounds)?,
+        replicas: h.replicas.unwrap_or(0),
+        map_version: h.map_version.unwrap_or(0),
+    })
 }
 
 /// A server's file as bytes.
 pub fn encode_server(file: &ServerFile) -> Vec<u8> {
-    let header = Header {
-        kind: Kind::Server,
-        id: file.id,
-        created_ms: file.created_ms,
-        writer: file.writer,
-        label: file.label.clone(),
-        shape: file.shape.clone(),
-        sections: file
-            .sections
-            .iter()
-            .map(|s| {
-                (
-                    s.range,
-                    s.app,
-                    s.data.len() as u64,
-                    crc32fast::hash(&s.data),
-                )
-            })
-            .collect(),
-        files: Vec::new(),
-    };
+    let mut header = common(
+        Kind::Server,
+        &file.job,
+        file.id,
+        file.created_ms,
+        file.writer,
+        &file.label,
+        &file.shape,
+    );
+    header.range = file.ranges.clone();
+    header.section = file
+        .sections
+        .iter()
+        .map(|s| PbCheckpointSection {
+            range: Some(s.range),
+            app: Some(s.app),
+            length: Some(s.data.len() as u64),
+            crc: Some(crc32fast::hash(&s.data)),
+        })
+        .collect();
     let bodies: Vec<&[u8]> = file.sections.iter().map(|s| &s.data[..]).collect();
     encode(&header, &bodies)
 }
@@ -541,46 +438,78 @@ pub fn encode_server(file: &ServerFile) -> Vec<u8> {
 /// Reads a server's file, checked whole; sections share `data`'s buffer.
 pub fn decode_server(data: &Bytes) -> Result<ServerFile, FormatError> {
     let (h, mut at) = decode(data, Kind::Server)?;
-    let mut sections = Vec::with_capacity(h.sections.len());
-    for &(range, app, len, _) in &h.sections {
-        let end = at + len as usize;
+    let shape = shape_of(&h)?;
+    if let Some(r) = h.range.iter().find(|&&r| r as usize >= shape.ranges.len()) {
+        return Err(FormatError::Malformed(format!(
+            "it holds key range {r}, which the {} ranges lack",
+            shape.ranges.len()
+        )));
+    }
+    let mut sections = Vec::with_capacity(h.section.len());
+    for s in &h.section {
+        let end = at + s.length.unwrap_or(0) as usize;
         sections.push(Section {
-            range,
-            app,
+            range: s.range.unwrap_or(0),
+            app: s.app.unwrap_or(0),
             data: data.slice(at..end),
         });
         at = end;
     }
     Ok(ServerFile {
-        id: h.id,
-        created_ms: h.created_ms,
-        writer: h.writer,
-        label: h.label,
-        shape: h.shape,
+        job: h.job.unwrap_or_default(),
+        id: h.id.unwrap_or(0),
+        created_ms: h.created_ms.unwrap_or(0),
+        writer: h.writer.unwrap_or(pslite_proto::K_EMPTY),
+        label: h.label.unwrap_or_default(),
+        shape,
+        ranges: h.range,
         sections,
     })
 }
 
 /// A manifest as bytes.
 pub fn encode_manifest(m: &Manifest) -> Vec<u8> {
-    let header = Header {
-        kind: Kind::Manifest,
-        id: m.id,
-        created_ms: m.created_ms,
-        writer: pslite_proto::ids::SCHEDULER,
-        label: m.label.clone(),
-        shape: m.shape.clone(),
-        sections: Vec::new(),
-        files: m.files.clone(),
-    };
+    let mut header = common(
+        Kind::Manifest,
+        &m.job,
+        m.id,
+        m.created_ms,
+        pslite_proto::ids::SCHEDULER,
+        &m.label,
+        &m.shape,
+    );
+    header.file = m
+        .files
+        .iter()
+        .map(|f| PbCheckpointFile {
+            name: Some(f.name.clone()),
+            node: Some(f.node),
+            size: Some(f.size),
+            crc: Some(f.crc),
+            range: f.ranges.clone(),
+        })
+        .collect();
     encode(&header, &[])
 }
 
-/// Reads a manifest, checked whole.
+/// Reads a manifest, checked whole (every range in some file, no file with
+/// a range the cluster lacks).
 pub fn decode_manifest(data: &[u8]) -> Result<Manifest, FormatError> {
     let (h, _) = decode(data, Kind::Manifest)?;
-    let ranges = h.shape.ranges.len() as u32;
-    for f in &h.files {
+    let shape = shape_of(&h)?;
+    let files: Vec<CheckpointFile> = h
+        .file
+        .into_iter()
+        .map(|f| CheckpointFile {
+            name: f.name.unwrap_or_default(),
+            node: f.node.unwrap_or(pslite_proto::K_EMPTY),
+            size: f.size.unwrap_or(0),
+            crc: f.crc.unwrap_or(0),
+            ranges: f.range,
+        })
+        .collect();
+    let ranges = shape.ranges.len() as u32;
+    for f in &files {
         if let Some(r) = f.ranges.iter().find(|&&r| r >= ranges) {
             return Err(FormatError::Malformed(format!(
                 "file {} holds key range {r}, which the {ranges} ranges lack",
@@ -588,17 +517,18 @@ pub fn decode_manifest(data: &[u8]) -> Result<Manifest, FormatError> {
             )));
         }
     }
-    if let Some(r) = (0..ranges).find(|r| !h.files.iter().any(|f| f.ranges.contains(r))) {
+    if let Some(r) = (0..ranges).find(|r| !files.iter().any(|f| f.ranges.contains(r))) {
         return Err(FormatError::Malformed(format!(
             "no file holds key range {r}"
         )));
     }
     Ok(Manifest {
-        id: h.id,
-        created_ms: h.created_ms,
-        label: h.label,
-        shape: h.shape,
-        files: h.files,
+        job: h.job.unwrap_or_default(),
+        id: h.id.unwrap_or(0),
+        created_ms: h.created_ms.unwrap_or(0),
+        label: h.label.unwrap_or_default(),
+        shape,
+        files,
     })
 }
 
@@ -614,8 +544,12 @@ mod tests {
         }
     }
 
+    const JOB: &str = "0123456789abcdef0123456789abcdef";
+
     fn server_file() -> ServerFile {
         ServerFile {
+            job: JOB.into(),
+            ranges: vec![0, 1],
             id: 7,
             created_ms: 1_700_000_000_000,
             writer: 8,
@@ -638,6 +572,7 @@ mod tests {
 
     fn manifest() -> Manifest {
         Manifest {
+            job: JOB.into(),
             id: 7,
             created_ms: 1_700_000_000_001,
             label: "epoch 2".into(),
@@ -741,10 +676,10 @@ mod tests {
     #[test]
     fn wrong_version_kind_and_magic_are_refused() {
         let mut bytes = encode_server(&server_file());
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
         let err = decode_server(&Bytes::from(bytes)).unwrap_err();
-        assert_eq!(err, FormatError::Version { found: 2 });
-        assert!(err.to_string().contains("version 2"), "{err}");
+        assert_eq!(err, FormatError::Version { found: 1 });
+        assert!(err.to_string().contains("version 1"), "{err}");
 
         let m = encode_manifest(&manifest());
         let err = decode_server(&Bytes::from(m)).unwrap_err();
@@ -753,6 +688,25 @@ mod tests {
         assert!(matches!(decode_manifest(&s), Err(FormatError::Kind { .. })));
         let err = decode_server(&Bytes::from_static(b"{\"weights\": []}")).unwrap_err();
         assert_eq!(err, FormatError::NotACheckpoint);
+    }
+
+    #[test]
+    fn the_content_checksum_differs_between_files_of_one_size() {
+        // The manifest's checksum of a file must tell two well-formed files
+        // apart (a CRC over a file that ends with its own CRC would not).
+        let a = encode_server(&server_file());
+        let mut other = server_file();
+        other.job = "fedcba9876543210fedcba9876543210".into();
+        let b = encode_server(&other);
+        assert_eq!(a.len(), b.len());
+        assert_ne!(content_crc(&a), content_crc(&b));
+        assert_eq!(content_crc(&a), Some(le_u32(&a[a.len() - 4..])));
+        assert_eq!(content_crc(b"abc"), None);
+        let read = decode_server(&Bytes::from(b)).unwrap();
+        assert_eq!(
+            (read.job.as_str(), read.ranges.as_slice()),
+            (other.job.as_str(), &[0, 1][..])
+        );
     }
 
     #[test]

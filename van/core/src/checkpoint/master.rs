@@ -54,8 +54,12 @@ pub enum Requester {
 /// What the scheduler's side asks the core to do.
 #[derive(Debug)]
 pub enum MasterOut {
-    /// Send this message (a TAKE, or a barrier release held until now).
+    /// Send this message (a TAKE).
     Send(Message),
+    /// The running checkpoint ended (complete or failed): the releases of
+    /// the barrier it was taken at, held for it (`crate::hold`'s
+    /// [`Reason::Checkpoint`](crate::hold::Reason::Checkpoint)), go out.
+    Release,
     /// Answer a requester.
     Answer(Requester, CheckpointMsg),
     /// Carry out a file operation; answer with
@@ -96,8 +100,6 @@ struct Running {
     deadline: Instant,
     waiting: BTreeSet<NodeId>,
     files: Vec<CheckpointFile>,
-    /// Barrier releases held until the checkpoint ends.
-    held: Vec<Message>,
     shape: Shape,
     /// The manifest is being written.
     writing: bool,
@@ -106,6 +108,8 @@ struct Running {
 /// The scheduler's checkpoint state.
 pub struct CheckpointMaster {
     cfg: CheckpointConfig,
+    /// The job its checkpoints belong to.
+    job: String,
     next_id: u64,
     complete: Vec<u64>,
     restore: Option<Manifest>,
@@ -125,21 +129,9 @@ pub struct CheckpointMaster {
 impl CheckpointMaster {
     /// Checkpoints by `cfg`, after what the scan of its directory found.
     pub fn new(cfg: CheckpointConfig, catalog: Catalog) -> CheckpointMaster {
-        if let Some(m) = &catalog.restore {
-            info!(
-                "scheduler: the servers restore checkpoint {} ({}, {} files) from {}",
-                m.id,
-                if m.label.is_empty() {
-                    "no label"
-                } else {
-                    &m.label
-                },
-                m.files.len(),
-                cfg.dir.display()
-            );
-        }
         CheckpointMaster {
             cfg,
+            job: catalog.job,
             next_id: catalog.next_id.max(1),
             complete: catalog.complete,
             restore: catalog.restore,
@@ -151,6 +143,11 @@ impl CheckpointMaster {
             out: Vec::new(),
             unix_ms: 0,
         }
+    }
+
+    /// The job its checkpoints belong to.
+    pub fn job(&self) -> &str {
+        &self.job
     }
 
     /// Wall-clock time is `unix_ms` (ms since the Unix epoch): what the
@@ -177,6 +174,7 @@ impl CheckpointMaster {
         let mut msg = CheckpointMsg::new(CheckpointOp::Info, 0);
         msg.dir = self.cfg.dir.display().to_string();
         msg.bounds = ranges.to_vec();
+        msg.job = self.job.clone();
         if let (Some(m), false) = (&self.restore, self.formed) {
             msg.id = m.id;
             msg.label = m.label.clone();
@@ -239,14 +237,15 @@ impl CheckpointMaster {
     }
 
     /// The releases of the barrier over `group` (one message per member
-    /// released): true if they are held, and a checkpoint started (one is
-    /// pending and the barrier qualifies); false if they go out now.
+    /// released): true if the caller holds them until [`MasterOut::Release`],
+    /// and a checkpoint started (one is pending and the barrier qualifies);
+    /// false if they go out now.
     /// `pslite(id)` tells pslite workers (which report their requests in
     /// flight) from C++ ones.
     pub fn releases(
         &mut self,
         group: i32,
-        releases: Vec<Message>,
+        releases: &[Message],
         plan: impl FnOnce() -> Plan,
         pslite: impl Fn(NodeId) -> bool,
         now: Instant,
@@ -325,6 +324,7 @@ impl CheckpointMaster {
             let mut take = CheckpointMsg::new(CheckpointOp::Take, pending.id);
             take.label = pending.label.clone();
             take.dir = self.cfg.dir.display().to_string();
+            take.job = self.job.clone();
             take.keep_from = keep_from;
             take.bounds = plan.shape.ranges.clone();
             take.map_version = plan.shape.map_version;
@@ -347,7 +347,6 @@ impl CheckpointMaster {
             deadline: now + self.cfg.timeout,
             waiting: plan.servers.iter().map(|s| s.0).collect(),
             files: Vec::new(),
-            held: releases,
             shape: plan.shape,
             writing: false,
         });
@@ -403,6 +402,7 @@ impl CheckpointMaster {
         }
         run.files.sort_by_key(|f| f.node);
         let manifest = Manifest {
+            job: self.job.clone(),
             id: run.id,
             created_ms: self.unix_ms,
             label: run.label.clone(),
@@ -413,9 +413,11 @@ impl CheckpointMaster {
         let path = disk::checkpoint_dir(&self.cfg.dir, run.id).join(disk::MANIFEST);
         self.out.push(MasterOut::Io {
             token: run.id,
-            io: Io::Write {
-                path,
+            io: Io::Complete {
+                manifest: path,
                 bytes: Bytes::from(format::encode_manifest(&manifest)),
+                latest: self.cfg.dir.join(disk::LATEST),
+                text: disk::latest_text(&self.job, run.id),
             },
         });
     }
@@ -456,7 +458,7 @@ impl CheckpointMaster {
         for r in &run.requesters {
             self.out.push(MasterOut::Answer(r.clone(), result.clone()));
         }
-        self.out.extend(run.held.into_iter().map(MasterOut::Send));
+        self.out.push(MasterOut::Release);
         let below = self.keep_from(run.id);
         if below > 0 {
             self.out.push(MasterOut::Io {
@@ -464,6 +466,7 @@ impl CheckpointMaster {
                 io: Io::Prune {
                     dir: self.cfg.dir.clone(),
                     below,
+                    job: self.job.clone(),
                 },
             });
         }
@@ -480,7 +483,15 @@ impl CheckpointMaster {
             now.saturating_duration_since(run.started).as_millis()
         );
         self.answer_all(&run.requesters, run.id, &run.label, Err(why), 0);
-        self.out.extend(run.held.into_iter().map(MasterOut::Send));
+        self.out.push(MasterOut::Release);
+        // A failed checkpoint leaves nothing (a server still writing its file
+        // after this is cleaned up at the next start: see catalog).
+        self.out.push(MasterOut::Io {
+            token: 0,
+            io: Io::Remove {
+                dir: disk::checkpoint_dir(&self.cfg.dir, run.id),
+            },
+        });
     }
 
     fn answer_all(

@@ -56,6 +56,8 @@ pub enum ServerOut {
 
 struct Take {
     id: u64,
+    job: String,
+    name: String,
     label: String,
     path: PathBuf,
     own_dir: PathBuf,
@@ -65,12 +67,13 @@ struct Take {
     tokens: BTreeMap<u64, u32>,
     parts: BTreeMap<(u32, i32), Bytes>,
     ranges: Vec<u32>,
-    /// The file being written: its size and CRC-32.
+    /// The file being written: its size and content CRC-32.
     written: Option<(u64, u32)>,
 }
 
 struct Restoring {
     id: u64,
+    job: String,
     /// The manifest's files, by name.
     files: Vec<CheckpointFile>,
     bounds: Vec<(u64, u64)>,
@@ -188,9 +191,12 @@ impl CheckpointServer {
             return;
         }
         let own_dir = self.dir(&msg.dir);
-        let path = disk::checkpoint_dir(&own_dir, msg.id).join(disk::server_file_name(self.rank));
+        let name = disk::server_file_name(msg.id, self.rank, &ranges, &msg.job);
+        let path = disk::checkpoint_dir(&own_dir, msg.id).join(&name);
         let mut take = Take {
             id: msg.id,
+            job: msg.job.clone(),
+            name,
             label: msg.label.clone(),
             path,
             own_dir,
@@ -264,6 +270,8 @@ impl CheckpointServer {
             .map(|((range, app), data)| Section { range, app, data })
             .collect();
         let file = ServerFile {
+            job: take.job.clone(),
+            ranges: take.ranges.clone(),
             id: take.id,
             created_ms: self.unix_ms,
             writer: self.me,
@@ -272,7 +280,7 @@ impl CheckpointServer {
             sections,
         };
         let bytes = Bytes::from(format::encode_server(&file));
-        take.written = Some((bytes.len() as u64, crc32fast::hash(&bytes)));
+        take.written = Some((bytes.len() as u64, format::content_crc(&bytes).unwrap_or(0)));
         self.out.push(ServerOut::Io {
             token: take.id,
             io: Io::Write {
@@ -304,9 +312,8 @@ impl CheckpointServer {
             take.ranges,
             take.path.display()
         );
-        let name = disk::server_file_name(self.rank);
         let file = CheckpointFile {
-            name,
+            name: take.name.clone(),
             node: self.me,
             size,
             crc,
@@ -319,6 +326,7 @@ impl CheckpointServer {
                 io: Io::Prune {
                     dir: take.own_dir,
                     below: take.keep_from,
+                    job: take.job,
                 },
             });
         }
@@ -355,6 +363,7 @@ impl CheckpointServer {
         );
         self.restoring = Some(Restoring {
             id: msg.id,
+            job: msg.job.clone(),
             files: msg.files.clone(),
             bounds: msg.bounds.clone(),
             ranges,
@@ -402,18 +411,32 @@ impl CheckpointServer {
                 listed.size
             )));
         }
-        let crc = crc32fast::hash(bytes);
+        let crc = format::content_crc(bytes).unwrap_or(0);
         if crc != listed.crc {
             return Err(what(format!(
-                "is corrupt: CRC-32 {crc:#010x}, the manifest says {:#010x}",
+                "is not the file the manifest lists: its content's CRC-32 is {crc:#010x}, the \
+                 manifest says {:#010x} (corrupt, or another job's or checkpoint's file)",
                 listed.crc
             )));
         }
         let file = format::decode_server(bytes).map_err(|e| what(e.to_string()))?;
+        if file.job != restoring.job {
+            return Err(what(format!(
+                "belongs to job {}, not to job {} (a file of another job)",
+                file.job, restoring.job
+            )));
+        }
         if file.id != restoring.id {
             return Err(what(format!(
                 "is of checkpoint {}, not {}",
                 file.id, restoring.id
+            )));
+        }
+        if file.writer != listed.node || file.ranges != listed.ranges {
+            return Err(what(format!(
+                "was written by node {} with key ranges {:?}; the manifest lists node {} with \
+                 {:?} (another server's file)",
+                file.writer, file.ranges, listed.node, listed.ranges
             )));
         }
         if let Some(why) = file.shape.mismatch(&restoring.bounds) {

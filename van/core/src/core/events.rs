@@ -18,18 +18,21 @@ use crate::hold::Reason;
 /// The components that take `event`, in order.
 fn listeners(event: &Event) -> &'static [Part] {
     match event {
-        Event::TableTaken | Event::Forming(_) | Event::Replacing(_) | Event::Replaced(_) => {
-            &[Part::Replication]
-        }
+        Event::TableTaken
+        | Event::Forming(_)
+        | Event::Replacing(_)
+        | Event::Replaced(_)
+        | Event::Back(_) => &[Part::Replication],
         Event::PeerReplaced(_) => &[Part::Store],
         Event::Formed(_) => &[Part::Member, Part::Checkpoints],
         Event::TableChanged(_) | Event::Round { .. } | Event::Replicated | Event::Left => {
             &[Part::Member]
         }
         Event::Releasing { .. } => &[Part::Checkpoints],
-        Event::Registered(_) | Event::FailedOver { .. } | Event::ServerLeft(_) => {
-            &[Part::Scheduler]
-        }
+        Event::Registered(_)
+        | Event::FailedOver { .. }
+        | Event::ServerLeft(_)
+        | Event::StopJob(_) => &[Part::Scheduler],
         Event::Answered { .. } => &[Part::Resender],
         Event::Joined
         | Event::PeerDead(_)

@@ -19,6 +19,10 @@ use crate::checkpoint::disk::IoResult;
 use crate::checkpoint::{is_checkpoint_token, Catalog};
 use crate::error::{Failure, VanError};
 
+/// How long a scheduler that refuses the job at start waits for the nodes
+/// to register so it can tell them why (see [`Core::refuse_job`]).
+pub const REFUSAL_WAIT: Duration = Duration::from_secs(30);
+
 impl Core {
     /// Sends store request `req` to the scheduler; ask
     /// [`Core::store_answer`] with the id it returns (it fails with
@@ -89,6 +93,23 @@ impl Core {
     /// (see [`crate::checkpoint::catalog`]); call before the cluster forms.
     pub fn set_checkpoint_catalog(&mut self, catalog: Catalog) {
         self.parts.checkpoints.set_catalog(&self.cfg, catalog);
+    }
+
+    /// On a scheduler that cannot start the job (`why`: its checkpoint
+    /// directory cannot be resumed, say): it forms no cluster, tells each
+    /// node that registers why, and fails with `why` once every node was
+    /// told and left, or [`REFUSAL_WAIT`] from `now` (less than
+    /// `PS_START_TIMEOUT`) if some never register.
+    pub fn refuse_job(&mut self, why: String, now: Instant) {
+        let wait = REFUSAL_WAIT.min(
+            self.cfg
+                .start_timeout
+                .saturating_sub(Duration::from_secs(1))
+                .max(Duration::from_secs(1)),
+        );
+        if let Some(s) = &mut self.parts.scheduler {
+            s.refuse_job(why, now, wait);
+        }
     }
 
     /// Whether this node's cluster takes checkpoints (known once joined).

@@ -28,6 +28,12 @@ pub(super) struct Drain {
 pub const MAX_DRAIN: Duration = Duration::from_secs(30);
 /// Resend timeouts an exit drain lasts at most.
 pub const DRAIN_RESEND_TIMEOUTS: u32 = 15;
+/// How long a scheduler that released the last barrier waits, before it
+/// closes its sockets, for the nodes to leave (their connections to close):
+/// a node that has not read the release yet when the scheduler's
+/// connection closes would take that for a lost scheduler (a hundred nodes
+/// on a loaded machine: a node can wait a second for the CPU).
+pub const LEAVE_LAST: Duration = Duration::from_secs(5);
 
 /// How a stopping node's exit drain ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,9 +94,12 @@ impl Core {
         if self.drain.is_some() {
             return;
         }
-        let limit = self.cfg.resend_timeout.map_or(Duration::ZERO, |t| {
+        let mut limit = self.cfg.resend_timeout.map_or(Duration::ZERO, |t| {
             t.saturating_mul(DRAIN_RESEND_TIMEOUTS).min(MAX_DRAIN)
         });
+        if self.parts.scheduler.is_some() && self.finalizing {
+            limit = limit.max(LEAVE_LAST);
+        }
         self.drain = Some(Drain {
             started: now,
             deadline: now + limit,
@@ -117,7 +126,8 @@ impl Core {
     /// deadline (saying what it waited for).
     pub(super) fn check_drain(&mut self, now: Instant) {
         let failed = self.parts.member.failure().is_some();
-        let flushed = !failed && !self.has_unacknowledged_at_exit();
+        let flushed =
+            !failed && !self.has_unacknowledged_at_exit() && self.nodes_still_here(now).is_empty();
         let left = if !failed && !flushed && self.drain.as_ref().is_some_and(|d| now >= d.deadline)
         {
             self.unacknowledged_at_exit()
@@ -133,6 +143,10 @@ impl Core {
         let outcome = if failed {
             DrainOutcome::Failed
         } else if flushed {
+            DrainOutcome::Flushed
+        } else if now >= drain.deadline && left.is_empty() {
+            // Only nodes that have not left yet: they had their release.
+            debug!("stopping while some nodes have not closed their connections yet");
             DrainOutcome::Flushed
         } else if now >= drain.deadline {
             let waited = now.saturating_duration_since(drain.started);
@@ -158,6 +172,22 @@ impl Core {
     /// never acknowledged anything (a C++ node without `PS_RESEND`).
     pub fn unacknowledged_at_exit(&self) -> Vec<String> {
         self.waited_for_at_exit().map(crate::describe).collect()
+    }
+
+    /// On a scheduler that released the last barrier: the live processes
+    /// whose connection has not closed yet (they have not left).
+    fn nodes_still_here(&self, now: Instant) -> Vec<NodeId> {
+        let Some(s) = self.parts.scheduler.as_ref().filter(|_| self.finalizing) else {
+            return Vec::new();
+        };
+        let dead = s.dead_nodes(now);
+        let here: std::collections::BTreeSet<NodeId> = s
+            .nodes()
+            .iter()
+            .map(|n| n.id)
+            .filter(|id| *id != SCHEDULER && !dead.contains(id) && !self.left_at_exit.contains(id))
+            .collect();
+        here.into_iter().collect()
     }
 
     /// Whether [`Core::unacknowledged_at_exit`] is not empty.

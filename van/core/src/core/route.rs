@@ -17,6 +17,7 @@ use rand::Rng;
 use super::parts::Part;
 use super::Core;
 use crate::counters::DropReason;
+use crate::effects::LinkEvent;
 use crate::error::Failure;
 use crate::hold::Reason;
 use crate::resender::Received;
@@ -47,24 +48,6 @@ impl std::fmt::Display for IdentityRefused {
             self.what
         )
     }
-}
-
-/// What happened to one of this node's connections (its DEALER to a peer),
-/// as the driver's socket monitor saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LinkEvent {
-    /// ZeroMQ's handshake with the peer went through: the connection is up.
-    Up,
-    /// The connection closed (the peer's process is gone, or the network
-    /// dropped it); ZeroMQ tries to connect again.
-    Down,
-    /// An attempt to connect failed (refused, or not accepted in time) and
-    /// ZeroMQ will try again: nothing listens at the peer's address, say
-    /// its process died before this node's connection came up.
-    Unreachable,
-    /// The peer refused the handshake (a wrong `PS_AUTH_TOKEN`, or a
-    /// mechanism mismatch); with why, naming what to set.
-    Refused(String),
 }
 
 impl Core {
@@ -475,6 +458,10 @@ impl Core {
             // scheduler before the scheduler listens.
             LinkEvent::Unreachable | LinkEvent::Down if self.finalizing => {
                 debug!("connection to node {peer} closed while finalizing");
+                if self.parts.scheduler.is_some() {
+                    self.left_at_exit.insert(peer);
+                    self.check_drain(now);
+                }
             }
             LinkEvent::Unreachable => {
                 if let Some(s) = &mut self.parts.scheduler {

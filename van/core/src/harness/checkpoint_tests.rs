@@ -43,8 +43,15 @@ fn job(disk: &BTreeMap<PathBuf, Bytes>, interval: Option<Duration>, seed: u64) -
         net.nodes[i].app = Some(SumApp::default());
     }
     let found = net.scan_checkpoints(&dir());
+    let latest = net.disk.get(&dir().join(disk::LATEST)).map(|text| {
+        let text = String::from_utf8_lossy(text);
+        let words: Vec<&str> = text.split_whitespace().collect();
+        (words[1].to_string(), words[3].parse().unwrap())
+    });
     let ranges = crate::replica::key_ranges(2);
-    let catalog = catalog(&found, &ranges).expect("the checkpoint directory is readable");
+    let job = format!("{seed:032x}");
+    let catalog = catalog(&dir(), &found, latest, &ranges, false, job)
+        .expect("the checkpoint directory is readable");
     net.nodes[0].core.set_checkpoint_catalog(catalog);
     net
 }
@@ -175,7 +182,7 @@ fn a_truncated_file_is_refused_and_stops_the_job_with_nothing_loaded() {
     let mut damaged = net.disk.clone();
     let file = damaged
         .keys()
-        .find(|p| p.to_string_lossy().ends_with("server-1.ckpt"))
+        .find(|p| p.to_string_lossy().contains(".server-1."))
         .cloned()
         .expect("server 1's file");
     let bytes = damaged[&file].clone();

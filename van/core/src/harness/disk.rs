@@ -38,9 +38,27 @@ impl Network {
                 }
                 IoResult::Read(out)
             }
-            Io::Prune { dir, below } => {
+            // Every job's (the harness runs one job per disk).
+            Io::Prune { dir, below, .. } => {
                 self.disk
                     .retain(|path, _| checkpoint_of(path, dir).is_none_or(|id| id >= *below));
+                IoResult::Done
+            }
+            Io::Complete {
+                manifest,
+                bytes,
+                latest,
+                text,
+            } => {
+                self.disk.insert(manifest.clone(), bytes.clone());
+                self.disk.insert(
+                    latest.clone(),
+                    bytes::Bytes::from(text.clone().into_bytes()),
+                );
+                IoResult::Done
+            }
+            Io::Remove { dir } => {
+                self.disk.retain(|path, _| !path.starts_with(dir));
                 IoResult::Done
             }
         }

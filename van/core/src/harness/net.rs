@@ -20,7 +20,7 @@ use rand::Rng;
 use super::{Network, SimNode, MAX_STEPS_AT_ONE_INSTANT};
 use crate::carry::{self, Backend};
 use crate::checkpoint::disk::Io;
-use crate::core::LinkEvent;
+use crate::effects::LinkEvent;
 use crate::effects::{Route, WaitingFor};
 use crate::error::Failure;
 
@@ -237,6 +237,10 @@ impl Network {
         let traffic = &mut self.nodes[i].traffic;
         traffic.messages += 1;
         traffic.bytes += bytes as u64;
+        let heartbeat = msg.meta.control.cmd == pslite_proto::Command::Heartbeat;
+        if heartbeat && (self.heartbeats_lost.contains(&i) || self.heartbeats_lost.contains(&to)) {
+            return;
+        }
         let faulty = identity != K_EMPTY && self.nodes[to].core.is_joined();
         if faulty && self.rng.random_bool(self.faults.drop) {
             return;

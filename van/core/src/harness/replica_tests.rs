@@ -30,7 +30,12 @@ pub(super) fn config(k: u32, resend: bool) -> VanConfig {
 /// A formed cluster of `servers` (with [`SumApp`]s) and `workers`, `k`
 /// replicas per range.
 fn cluster(servers: i32, workers: i32, k: u32, resend: bool, seed: u64) -> Network {
-    let mut net = Network::cluster(servers, workers, config(k, resend), seed);
+    cluster_with(servers, workers, config(k, resend), seed)
+}
+
+/// [`cluster`] with nodes configured by `cfg`.
+fn cluster_with(servers: i32, workers: i32, cfg: VanConfig, seed: u64) -> Network {
+    let mut net = Network::cluster(servers, workers, cfg, seed);
     for i in 1..=servers as usize {
         net.nodes[i].app = Some(SumApp::default());
     }
@@ -428,6 +433,40 @@ fn a_range_with_no_replica_left_fails_its_requests() {
     for (_, f) in &net.nodes[w].undeliverable {
         assert!(matches!(f, Failure::RangeLost { .. }), "{f}");
     }
+    // Nothing can recover it: the scheduler stops the job, and every node
+    // ends with why at once (not after PS_RECOVERY_TIMEOUT, 30 s here).
+    let stopped = |f: &Failure| matches!(f, Failure::JobStopped { reason } if reason.contains("has no replica left"));
+    assert!(net.run_until(SECOND * 2, |n| n.nodes[w].failures.iter().any(stopped)));
+    assert!(
+        net.run_until(crate::scheduler::STOP_GRACE + SECOND, |n| n.nodes[0]
+            .failures
+            .iter()
+            .any(stopped))
+    );
+}
+
+#[test]
+fn a_job_refused_at_start_tells_every_node_why() {
+    let mut net = Network::cluster(2, 2, config(2, false), 9);
+    let now = net.now;
+    net.nodes[0].core.refuse_job(
+        "cannot resume checkpoint 3: its manifest is corrupt".into(),
+        now,
+    );
+    net.register_all();
+    let why = |f: &Failure| matches!(f, Failure::JobStopped { reason } if reason.contains("cannot resume checkpoint 3"));
+    // Every node is told as it registers, before any cluster forms.
+    assert!(net.run_until(SECOND * 2, |n| (1..5)
+        .all(|i| n.nodes[i].failures.iter().any(why))));
+    assert!((1..5).all(|i| !net.nodes[i].core.is_joined()));
+    // The scheduler fails with it once all were told (they do not close
+    // their connections here: at the grace's end).
+    assert!(
+        net.run_until(crate::scheduler::STOP_GRACE + SECOND, |n| n.nodes[0]
+            .failures
+            .iter()
+            .any(why))
+    );
 }
 
 #[test]
@@ -486,6 +525,36 @@ enum Step {
         server: usize,
         ms: u16,
     },
+    /// The server is stopped (SIGSTOP) for a while, then continued: past
+    /// the heartbeat timeout it is declared dead, its ranges fail over, and
+    /// it rejoins when it is heard from again.
+    Pause {
+        server: usize,
+        ms: u16,
+    },
+    /// The server's heartbeats (and the scheduler's answers) are lost for
+    /// a while; everything else goes through. Past the heartbeat timeout
+    /// the scheduler declares it dead and it takes the scheduler for lost
+    /// (one silence): it exits with that failure, and the job goes on.
+    LoseHeartbeats {
+        server: usize,
+        ms: u16,
+    },
+}
+
+/// The steps of the pause and heartbeat-loss property test: pushes, pulls,
+/// pauses and lost heartbeats (false deaths), and real deaths.
+fn false_death_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0..2usize, prop::collection::vec(0..12u8, 1..6))
+            .prop_map(|(worker, keys)| Step::Push { worker, keys }),
+        1 => (0..2usize).prop_map(|worker| Step::Pull { worker }),
+        1 => (0..4usize).prop_map(|server| Step::Kill { server }),
+        1 => (0..4usize).prop_map(|server| Step::Replace { server }),
+        2 => (1..400u16).prop_map(|ms| Step::Wait { ms }),
+        2 => (0..4usize, 1..8000u16).prop_map(|(server, ms)| Step::Pause { server, ms }),
+        2 => (0..4usize, 1..8000u16).prop_map(|(server, ms)| Step::LoseHeartbeats { server, ms }),
+    ]
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -536,6 +605,25 @@ proptest! {
         steps in prop::collection::vec(step(), 1..40),
     ) {
         run_schedule(seed, servers, k, resend, false, steps)?;
+    }
+
+    /// Random pushes, pulls, pauses and lost heartbeats longer or shorter
+    /// than the heartbeat timeout (false deaths) and real deaths, k = 2
+    /// and 3: a server back from a pause rejoins as a fresh replica
+    /// (copies of its ranges); one whose heartbeats were lost exits having
+    /// lost the scheduler. Besides the checks above, every live server ends
+    /// a replica in the map (never alive and unused) and no server failed
+    /// otherwise.
+    #[test]
+    fn acknowledged_pushes_survive_pauses_and_lost_heartbeats(
+        seed in 0..u64::MAX,
+        servers in 2..5i32,
+        k in 2..4u32,
+        resend in any::<bool>(),
+        steps in prop::collection::vec(false_death_step(), 1..30),
+    ) {
+        let k = k.min(servers as u32);
+        run_schedule_with(seed, servers, pause_config(k, resend), false, steps)?;
     }
 
     /// The same with lost, doubled and reordered packets under PS_RESEND
@@ -593,7 +681,30 @@ fn run_schedule(
     steps: Vec<Step>,
 ) -> Result<(), TestCaseError> {
     let k = k.min(servers as u32);
-    let mut net = cluster(servers, 2, k, resend, seed);
+    run_schedule_with(seed, servers, config(k, resend), faults, steps)
+}
+
+/// The heartbeats of the pause test: the timeout well above
+/// `PAUSE_SLACK` (2 s), as the defaults are (1 s and 10 s), so a process
+/// stopped long enough to be declared dead knows it was stopped when it
+/// runs again (its clock jumped) and does not take the scheduler for lost.
+fn pause_config(k: u32, resend: bool) -> VanConfig {
+    VanConfig {
+        heartbeat_interval: Some(MS * 200),
+        heartbeat_timeout: Some(SECOND * 3),
+        ..config(k, resend)
+    }
+}
+
+/// One schedule of the property tests, with nodes configured by `cfg`.
+fn run_schedule_with(
+    seed: u64,
+    servers: i32,
+    cfg: VanConfig,
+    faults: bool,
+    steps: Vec<Step>,
+) -> Result<(), TestCaseError> {
+    let mut net = cluster_with(servers, 2, cfg, seed);
     if faults {
         // Lost, doubled and reordered packets, which PS_RESEND repairs.
         net.faults = Faults {
@@ -632,6 +743,31 @@ fn run_schedule(
                 }
             }
             Step::Wait { ms } => net.run_for(MS * u32::from(ms)),
+            Step::Pause { server, ms } | Step::LoseHeartbeats { server, ms } => {
+                let i = 1 + server % n;
+                let id = ids::server_rank_to_id((i - 1) as i32);
+                // A false death, like a real one, must leave every range a
+                // live replica.
+                if net.nodes[i].alive && may_kill(&net, id) {
+                    let pause = matches!(s, Step::Pause { .. });
+                    if pause {
+                        net.pause(i);
+                    } else {
+                        net.heartbeats_lost.insert(i);
+                    }
+                    net.run_for(MS * u32::from(ms));
+                    if pause {
+                        net.resume(i);
+                    } else {
+                        net.heartbeats_lost.remove(&i);
+                    }
+                    // A false death may still be coming (the silence began
+                    // before): let it be declared before the next step, so
+                    // a kill never takes what the map does not show lost.
+                    let timeout = net.config.heartbeat_timeout.unwrap_or_default();
+                    net.run_for(timeout + SECOND);
+                }
+            }
             Step::Stall { server, ms } => {
                 let i = 1 + server % n;
                 if net.nodes[i].alive {
@@ -641,15 +777,62 @@ fn run_schedule(
                 }
             }
         }
+        // A server that failed exits (as a Van's app does): one whose
+        // heartbeats were lost may have taken the scheduler for lost (the
+        // two silences are one), and that is the only way a server fails.
+        for i in 1..=n {
+            let node = &net.nodes[i];
+            if node.alive && !node.failures.is_empty() {
+                prop_assert!(
+                    node.failures.iter().all(|f| matches!(
+                        f,
+                        Failure::SchedulerLost { .. } | Failure::SchedulerClosed { .. }
+                    )),
+                    "server {} failed: {:?}",
+                    net.id(i),
+                    node.failures
+                );
+                net.kill(i);
+            }
+        }
         job.collect(&net);
     }
     settle(&mut net, &mut job, SECOND * 20);
-    // Copies in progress end; then every replica is exact.
+    // Copies in progress end (to servers back from a false death too:
+    // every live server ends a replica, see below); then every replica is
+    // exact.
+    let in_map = |n: &Network| {
+        let m = map(n);
+        (1..=servers as usize)
+            .filter(|&i| n.nodes[i].alive && n.nodes[i].failures.is_empty())
+            .all(|i| m.ranges.iter().any(|r| r.replicas.contains(&n.id(i))))
+    };
     let settled = net.run_until(SECOND * 20, |n| {
-        map(n).ranges.iter().all(|r| r.joining.is_empty()) && serving(n)
+        map(n).ranges.iter().all(|r| r.joining.is_empty()) && serving(n) && in_map(n)
     });
     prop_assert!(settled, "copies never ended: {}", describe(&net));
     check_replicas(&net, &job);
+    // Never alive and unused: every live server is a replica of a range
+    // (each is in its own rank's range's target), and none failed since.
+    let m = map(&net);
+    for i in 1..=n {
+        if !net.nodes[i].alive {
+            continue;
+        }
+        let id = net.id(i);
+        prop_assert!(
+            m.ranges.iter().any(|r| r.replicas.contains(&id)),
+            "live server {} holds no range: {}",
+            id,
+            describe(&net)
+        );
+        prop_assert!(
+            net.nodes[i].failures.is_empty(),
+            "server {} failed: {:?}",
+            id,
+            net.nodes[i].failures
+        );
+    }
     let ts = job.request(&mut net, workers[0], &drawn.all(), false);
     settle(&mut net, &mut job, SECOND * 5);
     let pulled: BTreeMap<u64, i64> = job.pulled[&(workers[0], ts)]

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
@@ -395,6 +395,14 @@ impl Member {
         if !proven {
             debug!("dropping LEAVE: it does not carry this node's key (not from its scheduler)");
             return Vec::new();
+        }
+        if let Some(reason) = &c.stop {
+            // The job stops: the scheduler says why, before it exits.
+            let failure = Failure::JobStopped {
+                reason: reason.clone(),
+            };
+            error!("{failure}");
+            return self.fail(failure).into_iter().collect();
         }
         if c.round.is_none() {
             if c.node

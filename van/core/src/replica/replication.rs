@@ -388,6 +388,54 @@ impl Replication {
         }
     }
 
+    /// On the scheduler: servers whose death the map took in but which the
+    /// scheduler no longer holds dead (a pause longer than the heartbeat
+    /// timeout, lost heartbeats; nothing took their id) rejoin as fresh
+    /// replicas: they hold nothing the map trusts (what they held may be
+    /// behind, or ahead by a push never acknowledged), so each range whose
+    /// target includes one copies to it as to a replacement, and barriers
+    /// wait for it again. Never left alive and unused.
+    fn take_back(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        let Mode::Master(m) = &mut self.mode else {
+            return;
+        };
+        if self.dead.is_empty() {
+            return;
+        }
+        let dead: BTreeSet<NodeId> = cx.facts.dead_nodes(now).into_iter().collect();
+        let back: Vec<NodeId> = self
+            .dead
+            .iter()
+            .copied()
+            .filter(|id| !dead.contains(id) && !cx.facts.has_left(*id))
+            .filter(|&id| cx.facts.registered().iter().any(|n| n.id == id))
+            .collect();
+        if back.is_empty() {
+            return;
+        }
+        let mut changed = false;
+        for &id in &back {
+            self.dead.remove(&id);
+            if m.server_live(id) {
+                changed = true;
+            }
+            warn!(
+                "scheduler: server {id}, declared dead, is back: it rejoins as a fresh replica \
+                 (its ranges copy to it; map {})",
+                m.map().version
+            );
+        }
+        if changed {
+            self.broadcast_map(cx);
+        }
+        for id in back {
+            cx.event(Event::FailedOver {
+                server: id,
+                failed_over: false,
+            });
+        }
+    }
+
     /// On the scheduler, after a recovery: barriers wait for the servers
     /// again, and the map with them joining goes out.
     fn replaced(&mut self, ids: &[NodeId], cx: &mut Cx<'_>) {
@@ -471,6 +519,7 @@ impl Component for Replication {
     /// On the scheduler: servers newly declared dead leave the map (their
     /// ranges fail over) and barriers stop waiting for them.
     fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        self.take_back(now, cx);
         let Mode::Master(m) = &mut self.mode else {
             return;
         };
@@ -484,6 +533,12 @@ impl Component for Replication {
         if newly.is_empty() {
             return;
         }
+        let lost = |m: &RangeMaster| -> BTreeSet<u32> {
+            (0..m.map().ranges.len() as u32)
+                .filter(|&r| m.map().ranges[r as usize].replicas.is_empty())
+                .collect()
+        };
+        let lost_before = lost(m);
         let mut changed = false;
         for &id in &newly {
             self.dead.insert(id);
@@ -495,6 +550,7 @@ impl Component for Replication {
                 changed = true;
             }
         }
+        let newly_lost = lost(m).difference(&lost_before).next().copied();
         if changed {
             self.broadcast_map(cx);
         }
@@ -504,17 +560,22 @@ impl Component for Replication {
                 failed_over: true,
             });
         }
+        if let Some(range) = newly_lost {
+            // Nothing can recover it: every node ends now, told why.
+            cx.event(Event::StopJob(Failure::RangeLost { range }.to_string()));
+        }
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
         None
     }
 
-    fn on_event(&mut self, event: &Event, _now: Instant, cx: &mut Cx<'_>) {
+    fn on_event(&mut self, event: &Event, now: Instant, cx: &mut Cx<'_>) {
         match event {
             Event::Forming(servers) => self.forming(servers, cx),
             Event::Replacing(ids) => self.replacing(ids, cx),
             Event::Replaced(ids) => self.replaced(ids, cx),
+            Event::Back(_) => self.take_back(now, cx),
             Event::TableTaken => {
                 if let Some(map) = self.pending.take() {
                     self.on_range_map(map, cx);

@@ -26,6 +26,9 @@ impl Scheduler {
     }
 
     fn run_clock(&mut self, now: Instant) -> Vec<Effect> {
+        if self.stopping.is_some() {
+            return self.stopping_tick(now);
+        }
         if let Some(due) = self.poll_timeout() {
             let late = now.saturating_duration_since(due);
             if late > PAUSE_SLACK {
@@ -276,8 +279,9 @@ impl Scheduler {
     /// Whether process `id`'s connection closed at least [`LINK_GRACE`]
     /// ago and did not come back (ZeroMQ reconnects to a live process in
     /// about 100 ms): its process is gone, the kernel closed its sockets;
-    /// and were it alive, nothing could reach it. Watched like heartbeats,
-    /// and for every pslite node; a paused process keeps its connections,
+    /// and were it alive, nothing could reach it. Watched for every
+    /// registered process, C++ nodes without heartbeats included, unless
+    /// `PS_HEARTBEAT_TIMEOUT=0`; a paused process keeps its connections,
     /// and only heartbeats notice it.
     pub(super) fn gone(&self, id: NodeId, now: Instant) -> bool {
         self.link_deadline(id).is_some_and(|at| now >= at)
@@ -293,12 +297,9 @@ impl Scheduler {
             .as_ref()
             .is_some_and(|e| e.outside.iter().any(|n| n.id == id));
         let known = waiting || self.nodes.iter().any(|n| n.id == id);
-        let watched = self.cfg.heartbeat_timeout.is_some()
-            && known
-            && (self.cfg.watch_all
-                || self.heartbeating.contains(&id)
-                || self.is_pslite(id)
-                || waiting);
+        // Every registered process, C++ nodes that send no heartbeats too:
+        // a closed connection that stays closed is a process that is gone.
+        let watched = self.cfg.heartbeat_timeout.is_some() && known;
         watched.then_some(since + LINK_GRACE)
     }
 

@@ -46,6 +46,9 @@ impl Scheduler {
             );
             return Vec::new();
         }
+        if self.stopping.is_some() {
+            return self.tell_registered(node, now);
+        }
         if msg.meta.control.round_base.is_some() && sender != K_EMPTY {
             return self.table_asked(sender);
         }
@@ -64,7 +67,8 @@ impl Scheduler {
                 sender,
                 "ADD_NODE from node _ before the cluster formed",
                 format!(
-                    "scheduler: dropping ADD_NODE from node {sender}: no node has an id before                      the cluster forms (a stranger using a member's identity)"
+                    "scheduler: dropping ADD_NODE from node {sender}: no node has an id before \
+                     the cluster forms (a stranger using a member's identity)"
                 ),
             );
             return Vec::new();

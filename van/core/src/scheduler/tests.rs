@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::effects::{Effect, Event};
+use crate::member::LINK_GRACE;
 use pslite_proto::ids::{self, SCHEDULER};
 use pslite_proto::stats::NodeStatus;
 
@@ -394,6 +395,32 @@ fn dead_nodes_follow_the_heartbeat_timeout() {
     // Without a timeout nobody is ever dead.
     let s = formed_1_2_2(None, t0);
     assert!(s.dead_nodes(t0 + Duration::from_secs(100_000)).is_empty());
+}
+
+#[test]
+fn a_node_without_heartbeats_whose_connection_stays_closed_is_dead() {
+    // C++ nodes send no heartbeats by default, and the default timeout
+    // watches only nodes that do: a closed connection still tells.
+    let t0 = Instant::now();
+    let mut s = formed_1_2_2(Some(10), t0);
+    s.cfg.watch_all = false;
+    assert!(s.nodes().iter().all(|n| !n.pslite));
+    s.link_down(8, t0 + Duration::from_secs(2));
+    // ZeroMQ reconnects to a live process within the grace.
+    s.link_down(10, t0 + Duration::from_secs(2));
+    s.link_up(10);
+    assert!(s.dead_nodes(t0 + Duration::from_secs(2)).is_empty());
+    let later = t0 + Duration::from_secs(2) + LINK_GRACE;
+    assert_eq!(s.dead_nodes(later), vec![8]);
+    assert!(s
+        .poll_timeout()
+        .is_some_and(|at| at <= later + Duration::from_millis(1)));
+    // Silence alone does not kill a node that never sent a heartbeat.
+    assert_eq!(s.dead_nodes(t0 + Duration::from_secs(1000)), vec![8]);
+    // PS_HEARTBEAT_TIMEOUT=0 turns both off.
+    let mut s = formed_1_2_2(None, t0);
+    s.link_down(8, t0);
+    assert!(s.dead_nodes(t0 + Duration::from_secs(100)).is_empty());
 }
 
 #[test]

@@ -50,6 +50,9 @@ impl ReplicaServer {
                 .or_insert_with(|| RangeState::new(Role::Joining, 0, None));
             let was = std::mem::replace(&mut state.role, Role::Joining);
             let primary_changed = state.primary != primary;
+            // Added to the range's joiners again since the last map this
+            // server saw (it was declared dead meanwhile, and is back).
+            let rejoined = state.version != 0 && entry.joined_at(me) > state.version;
             state.version = version;
             state.primary = primary;
             match (was, role) {
@@ -149,10 +152,12 @@ impl ReplicaServer {
                     }
                 }
                 (Role::Joining, Role::Joining) => {
-                    if primary_changed {
+                    if primary_changed || rejoined {
                         // Start over with the new primary's snapshot: what
                         // the old one's copy brought counts for nothing (its
-                        // seqs may run ahead of the new primary's snapshot).
+                        // seqs may run ahead of the new primary's snapshot;
+                        // a server back from a false death was sent a new
+                        // copy, which a restored state would refuse).
                         *state = RangeState::new(Role::Joining, version, primary);
                         holds.discard(Reason::Sync(r));
                     }
