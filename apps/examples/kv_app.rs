@@ -65,7 +65,7 @@ fn run() -> Result<(), Error> {
 /// gets no answer at all.
 fn serve_leaving_unanswered(po: &Postoffice, unanswered: usize) -> Result<KVServer<f32>, Error> {
     let server = KVServer::<f32>::new(po, 0)?;
-    let mut store = DefaultHandle::new();
+    let store = DefaultHandle::new();
     let mut seen = 0;
     server.set_request_handle(move |meta, req, server| {
         seen += 1;

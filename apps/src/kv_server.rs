@@ -7,10 +7,17 @@
 //! `KVServer` is also a SimpleApp) go to [`KVServer::set_simple_request_handle`]. [`DefaultHandle`] is ps-lite's
 //! `KVServerDefaultHandle`: a store that sums pushes and answers pulls, here
 //! also for several (and variable numbers of) values per key.
+//!
+//! A handle that may run on several threads at once
+//! ([`KVServer::set_concurrent_request_handle`], `DefaultHandle` among them)
+//! runs on `PS_SERVER_THREADS` engine threads ([`KVServer::set_threads`]):
+//! requests on disjoint keys in parallel, on the same key in arrival order,
+//! responses unchanged (see `engine.rs`).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use dashmap::DashMap;
 
 use log::{error, warn};
 use pslite_postoffice::Postoffice;
@@ -20,6 +27,7 @@ use pslite_van::hold::message_bytes;
 use pslite_van::{HoldQueue, LogOnce};
 
 use crate::customer::{Customer, Handler};
+use crate::engine::{Collected, Engine};
 use crate::kv_pairs::{accepts, KVMeta, KVPairs, Key, Val};
 use crate::sarray::SArray;
 use crate::simple_app::SimpleData;
@@ -146,6 +154,10 @@ struct Inner<V: Val> {
     /// KV requests run on the Van's receive thread (see
     /// [`KVServer::set_request_handle_inline`]).
     inline: AtomicBool,
+    /// Engine threads of a concurrent handle (`PS_SERVER_THREADS`).
+    threads: AtomicUsize,
+    /// The engine running the concurrent handle, once one is set.
+    engine: OnceLock<Arc<Engine<V>>>,
 }
 
 /// A server's key-value app; cheap to clone (clones share the app).
@@ -179,6 +191,8 @@ impl<V: Val> KVServer<V> {
                 dropped: LogOnce::new(log::Level::Warn),
             }),
             inline: AtomicBool::new(false),
+            threads: AtomicUsize::new(po.config().server_threads.max(1)),
+            engine: OnceLock::new(),
         };
         Ok(KVServer {
             customer: Customer::new(po, app_id, app_id, inner)?,
@@ -228,6 +242,70 @@ impl<V: Val> KVServer<V> {
     ) {
         self.inner().inline.store(true, Ordering::SeqCst);
         self.set_request_handle(handle);
+    }
+
+    /// Threads a concurrent request handle runs on (default
+    /// `PS_SERVER_THREADS`, else 1); set before
+    /// [`KVServer::set_concurrent_request_handle`].
+    pub fn set_threads(&self, threads: usize) {
+        let threads = threads.clamp(1, pslite_postoffice::config::MAX_SERVER_THREADS as usize);
+        self.inner().threads.store(threads, Ordering::SeqCst);
+    }
+
+    /// The threads this server's request handle runs on (1 unless a
+    /// concurrent handle runs on an engine).
+    pub fn threads(&self) -> usize {
+        self.inner().engine.get().map_or(1, |e| e.threads())
+    }
+
+    /// Sets a request handle that may run on several threads at once: with
+    /// [`KVServer::set_threads`] (or `PS_SERVER_THREADS`) above 1 it runs on
+    /// that many engine threads, each owning the keys that hash to it. A
+    /// request is cut by thread and the handle sees each part as a request
+    /// of its own (the keys of one thread, in order, with their values),
+    /// answering it with [`KVServer::response`]; the server sends the
+    /// worker one response, in the request's key order, as one thread
+    /// would. Requests on one key are handled in arrival order, on disjoint
+    /// keys in parallel. So the handle must treat keys independently (a sum
+    /// store, SGD, AdaGrad do). With one thread it is
+    /// [`KVServer::set_request_handle`]. Set it once.
+    pub fn set_concurrent_request_handle(
+        &self,
+        handle: impl Fn(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + Sync + 'static,
+    ) {
+        let threads = self.inner().threads.load(Ordering::SeqCst);
+        if threads <= 1 || self.inner().engine.get().is_some() {
+            self.set_request_handle(handle);
+            return;
+        }
+        let customer: Weak<Customer<Inner<V>>> = Arc::downgrade(&self.customer);
+        let run = move |meta: &KVMeta, kvs: KVPairs<V>| {
+            let Some(customer) = customer.upgrade() else {
+                return; // the server is gone
+            };
+            let server = KVServer { customer };
+            let po = &server.inner().po;
+            crate::simple_app::contain_panic(
+                po,
+                || {
+                    if let Some(engine) = server.inner().engine.get() {
+                        engine.part_failed(meta);
+                    }
+                    server.response_message(meta, KVPairs::default())
+                },
+                || handle(meta, kvs, &server),
+            );
+        };
+        let app_id = self.inner().app_id;
+        let engine = match Engine::start(threads, app_id, Arc::new(run)) {
+            Ok(engine) => Arc::new(engine),
+            Err(e) => {
+                warn!("KVServer app {app_id}: cannot start {threads} engine threads ({e}): one");
+                return;
+            }
+        };
+        let _ = self.inner().engine.set(Arc::clone(&engine));
+        self.set_request_handle(move |meta, kvs, _| engine.submit(meta, kvs));
     }
 
     /// Sets the handle of SimpleApp commands sent to this app (a C++
@@ -336,7 +414,16 @@ impl<V: Val> KVServer<V> {
     }
 
     /// Answers request `req`: `res` holds the pulled pairs (empty for a push).
+    /// On engine threads, the answer to a part of a request is kept until
+    /// every part has one (see [`KVServer::set_concurrent_request_handle`]).
     pub fn response(&self, req: &KVMeta, res: KVPairs<V>) -> Result<(), Error> {
+        let res = match self.inner().engine.get() {
+            Some(engine) => match engine.collect(req, res) {
+                Collected::Whole(res) | Collected::Complete(res) => res,
+                Collected::Kept => return Ok(()),
+            },
+            None => res,
+        };
         self.inner().po.send(self.response_message(req, res))?;
         Ok(())
     }
@@ -347,6 +434,14 @@ impl<V: Val> KVServer<V> {
     /// command it does not know). Apply nothing of a request you refuse.
     /// A C++ worker cannot be told: the refusal is logged instead.
     pub fn refuse(&self, req: &KVMeta, refusal: Refusal) {
+        // On engine threads, a part of a request refused refuses the
+        // request once; its other parts' answers are dropped (the parts
+        // on other threads may have been applied).
+        if let Some(engine) = self.inner().engine.get() {
+            if !engine.part_failed(req) {
+                return;
+            }
+        }
         crate::refusal::refuse(&self.inner().po, &request_meta(req), refusal);
     }
 
@@ -556,26 +651,66 @@ impl<V: Val> Handler for Inner<V> {
 
 /// ps-lite's default server handle: pushes add into a store, pulls read it.
 /// Keys may hold any number of values (lens); a key pulled before any push
-/// reads as one zero.
-#[derive(Default)]
+/// reads as one zero. The store is a sharded concurrent map, so the handle
+/// runs on engine threads as it is ([`DefaultHandle::into_handle`] for
+/// [`KVServer::set_concurrent_request_handle`]).
 pub struct DefaultHandle<V: Val> {
-    store: HashMap<Key, Vec<V>>,
+    store: DashMap<Key, Vec<V>, KeyHash>,
+}
+
+impl<V: Val> Default for DefaultHandle<V> {
+    fn default() -> Self {
+        DefaultHandle {
+            store: DashMap::with_hasher(KeyHash),
+        }
+    }
+}
+
+/// The store's hash of a key: one multiply and a shift (keys come from
+/// workers, not from strangers; a keyed SipHash per key cost the sum store
+/// about 40% of its time).
+#[derive(Clone, Copy, Default)]
+pub struct KeyHash;
+
+impl std::hash::BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+/// The hasher of [`KeyHash`].
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, key: u64) {
+        let mixed = (self.0 ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = mixed ^ (mixed >> 29);
+    }
 }
 
 impl<V: Val> DefaultHandle<V> {
     /// An empty store.
     pub fn new() -> Self {
-        DefaultHandle {
-            store: HashMap::new(),
-        }
+        Self::default()
     }
 
     /// Applies one request to the store and returns the response pairs
-    /// (answer with them: [`KVServer::answer`]). A push that sends a key
-    /// another number of values than the key holds is refused whole
-    /// ([`Refusal::Lengths`], naming the first such key): nothing of it is
-    /// applied. A key's first push sets its number of values.
-    pub fn apply(&mut self, meta: &KVMeta, req: &KVPairs<V>) -> Result<KVPairs<V>, Refusal> {
+    /// (answer with them: [`KVServer::answer`]; callable from several
+    /// threads at once). A push that sends a key another number of values
+    /// than the key holds is refused whole ([`Refusal::Lengths`], naming
+    /// the first such key): nothing of it is applied. A key's first push
+    /// sets its number of values.
+    pub fn apply(&self, meta: &KVMeta, req: &KVPairs<V>) -> Result<KVPairs<V>, Refusal> {
         if meta.push {
             let per_key = req.values_per_key();
             let mismatch = req.keys.iter().zip(&per_key).find_map(|(&key, &n)| {
@@ -594,7 +729,7 @@ impl<V: Val> DefaultHandle<V> {
             for (&key, &n) in req.keys.iter().zip(&per_key) {
                 let vals = &req.vals[offset..offset + n];
                 offset += n;
-                let slot = self
+                let mut slot = self
                     .store
                     .entry(key)
                     .or_insert_with(|| vec![V::default(); n]);
@@ -611,7 +746,7 @@ impl<V: Val> DefaultHandle<V> {
         for key in req.keys.iter() {
             match self.store.get(key) {
                 Some(stored) => {
-                    vals.extend_from_slice(stored);
+                    vals.extend_from_slice(&stored);
                     lens.push(stored.len() as i32);
                 }
                 None => {
@@ -633,19 +768,20 @@ impl<V: Val> DefaultHandle<V> {
     }
 
     /// The stored keys in `[begin, end)` with their values (key order).
-    pub fn range(&self, begin: Key, end: Key) -> Vec<(Key, &[V])> {
-        let mut out: Vec<(Key, &[V])> = self
+    pub fn range(&self, begin: Key, end: Key) -> Vec<(Key, Vec<V>)> {
+        let mut out: Vec<(Key, Vec<V>)> = self
             .store
             .iter()
-            .filter(|(&k, _)| k >= begin && (k < end || end == u64::MAX))
-            .map(|(&k, v)| (k, &v[..]))
+            .filter(|e| *e.key() >= begin && (*e.key() < end || end == u64::MAX))
+            .map(|e| (*e.key(), e.value().clone()))
             .collect();
         out.sort_unstable_by_key(|(k, _)| *k);
         out
     }
 
-    /// The handle as a closure for [`KVServer::set_request_handle`].
-    pub fn into_handle(mut self) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static {
+    /// The handle as a closure for [`KVServer::set_request_handle`] or
+    /// [`KVServer::set_concurrent_request_handle`] (engine threads).
+    pub fn into_handle(self) -> impl Fn(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + Sync + 'static {
         move |meta, req, server| {
             let res = self.apply(meta, &req);
             if let Err(e) = server.answer(meta, res) {
@@ -670,7 +806,7 @@ impl<V: Val> ReplicatedHandle<V> for DefaultHandle<V> {
         for (key, vals) in self.range(begin, end) {
             out.extend_from_slice(&key.to_le_bytes());
             out.extend_from_slice(&(vals.len() as u64).to_le_bytes());
-            out.extend_from_slice(bytemuck::cast_slice(vals));
+            out.extend_from_slice(bytemuck::cast_slice(&vals));
         }
         out
     }

@@ -63,6 +63,7 @@
 mod all_reduce;
 pub mod compression;
 mod customer;
+mod engine;
 mod error;
 mod kv_pairs;
 mod kv_server;
@@ -78,6 +79,8 @@ use std::process::ExitCode;
 pub use all_reduce::{AllReduceHandle, Mean, AVERAGE};
 pub use compression::{parse_compression, Compression, CompressionKind};
 pub use customer::{Customer, Handler, Request};
+/// Which engine thread owns a key (`PS_SERVER_THREADS`).
+pub use engine::shard_of;
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer, ReplicatedHandle};
@@ -100,6 +103,9 @@ pub use pslite_van::admin;
 /// Checkpoints of the servers' key ranges (`PS_CHECKPOINT_DIR`): the file format
 /// and the directory scans.
 pub use pslite_van::checkpoint;
+/// The process's file descriptor limit, raised for a large job (see
+/// `pslite_van::context`).
+pub use pslite_van::context::{fit_descriptor_limit, DescriptorFit};
 pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 

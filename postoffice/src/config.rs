@@ -92,12 +92,20 @@ pub struct Config {
     /// is logged as a warning naming the nodes that owe one, and again each
     /// time its wait doubles.
     pub request_warn: Duration,
+    /// `PS_SERVER_THREADS`: threads a server runs a concurrent request
+    /// handle on (`KVServer::set_concurrent_request_handle`, the sum store
+    /// `DefaultHandle`): requests on disjoint keys in parallel, on the same
+    /// key in arrival order. Default 1 (the app's thread).
+    pub server_threads: usize,
     /// `PS_APP_WAIT` (milliseconds): how long a request for an app (a
     /// customer) this node does not have waits for it to be created; then
     /// it is refused, and the requester's wait fails saying so (C++
     /// ps-lite waits 5 s, then aborts the node).
     pub app_wait: Duration,
 }
+
+/// The most `PS_SERVER_THREADS`.
+pub const MAX_SERVER_THREADS: u64 = 256;
 
 /// The default `PS_QUEUE_LIMIT`.
 pub const DEFAULT_QUEUE_LIMIT: usize = 100_000;
@@ -320,6 +328,10 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
     ),
     ("PS_QUEUE_LIMIT", Numeric::new(Unit::Count, 1, MAX_COUNT)),
     (
+        "PS_SERVER_THREADS",
+        Numeric::new(Unit::Count, 1, MAX_SERVER_THREADS),
+    ),
+    (
         "PS_APP_WAIT",
         Numeric::new(Unit::Milliseconds, 0, 3_600_000).note("0 = refuse at once"),
     ),
@@ -462,6 +474,7 @@ impl Config {
             queue_limit: DEFAULT_QUEUE_LIMIT,
             metrics_port: None,
             request_warn: Duration::from_secs(DEFAULT_REQUEST_WARN_SECS),
+            server_threads: 1,
             app_wait: Duration::from_millis(DEFAULT_APP_WAIT_MS),
         }
     }
@@ -643,6 +656,7 @@ impl Config {
             queue_limit,
             metrics_port: env.optional_number("PS_METRICS_PORT")?.map(|p| p as u16),
             request_warn,
+            server_threads: env.number("PS_SERVER_THREADS", 1)? as usize,
             app_wait,
         })
     }

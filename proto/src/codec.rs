@@ -205,6 +205,8 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
         round: ctrl.round,
         round_members: ctrl.round_members.clone(),
         stop: ctrl.stop.clone(),
+        round_base: ctrl.round_base,
+        round_left: ctrl.round_left.clone(),
     }
 }
 
@@ -225,6 +227,8 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         round: pb.round,
         round_members: pb.round_members,
         stop: pb.stop,
+        round_base: pb.round_base,
+        round_left: pb.round_left,
     })
 }
 

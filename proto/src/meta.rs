@@ -94,6 +94,14 @@ pub struct Control {
     /// pslite-only (field 104): on a LEAVE from the scheduler, the job
     /// stops, and why.
     pub stop: Option<String>,
+    /// pslite-only (field 105), elastic mode only: with `round`, the table
+    /// is a change of round `round_base`: `round_members` the workers that
+    /// joined (ranked after the others), `round_left` those gone, `node`
+    /// the joiners' entries. On a member's ADD_NODE: it asks for the whole
+    /// table (it holds round `round_base`).
+    pub round_base: Option<u64>,
+    /// pslite-only (field 106), elastic mode only: see `round_base`.
+    pub round_left: Vec<NodeId>,
 }
 
 impl Control {

@@ -92,6 +92,8 @@ prop_compose! {
                 round: None,
                 round_members: Vec::new(),
                 stop: None,
+                round_base: None,
+                round_left: Vec::new(),
             },
             request: flags[0],
             push: flags[1],

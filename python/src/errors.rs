@@ -25,7 +25,7 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
         Failure::Stopped => "Stopped",
         Failure::HandlerPanicked { .. } => "HandlerPanicked",
         Failure::ReceiveThreadDied { .. } => "ReceiveThreadDied",
-        Failure::SendFailed { .. } => "SendFailed",
+        Failure::SendFailed { .. } | Failure::Resources { .. } => "SendFailed",
         Failure::BadResponse { .. } => "BadResponse",
         Failure::AuthRefused { .. } => "AuthRefused",
         Failure::RendezvousFailed { .. } => "RendezvousFailed",

@@ -8,11 +8,19 @@
 //       "BENCH cxx_fresh keys=N push_ms=a,b,.. pull_ms=a,b,.."
 //   cxx_kv_bench rtt                   2000 1-key pushes after a warm-up;
 //       prints "BENCH sweep keys=1 push_us=MEDIAN"
+//   cxx_kv_bench connection            ps-lite's test_connection (Start with
+//       its barrier, Finalize with its barrier) on every node, each printing
+//       "BENCH ready_us=T fds=N" past the start barrier (T: microseconds
+//       since PSLITE_LAUNCH_UNIX_NS, set by `pslite launch`; N: descriptors
+//       open) and "BENCH exit role=R rss_kb=M fds=N" before it returns (M:
+//       peak resident memory), as kv_bench's `scale` part prints for pslite
 //
 // Servers answer on ps-lite's customer thread: an empty answer to a push,
 // the request's keys and a slice of one kept zero array to a pull (as
 // kv_bench's empty server). Keys are spread over the whole key space, so
 // every server gets a share, as in kv_bench.
+#include <dirent.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -109,14 +117,57 @@ int RoundTrips(KVWorker<float>* kv) {
   return 0;
 }
 
+// Descriptors this process has open.
+int OpenDescriptors() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (readdir(dir) != nullptr) ++n;
+  closedir(dir);
+  return n - 3;  // ".", ".." and the directory's own
+}
+
+// Peak resident memory (VmHWM) in kB.
+long PeakRssKb() {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long kb = -1;
+  while (fgets(line, sizeof(line), f) != nullptr) {
+    if (sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+  }
+  fclose(f);
+  return kb;
+}
+
+int Connection() {
+  Start(0);
+  const char* launched = getenv("PSLITE_LAUNCH_UNIX_NS");
+  long long since = 0;
+  if (launched != nullptr) {
+    auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count();
+    since = (now - atoll(launched)) / 1000;
+  }
+  printf("BENCH ready_us=%lld fds=%d\n", since, OpenDescriptors());
+  fflush(stdout);
+  const char* role = IsServer() ? "server" : IsWorker() ? "worker" : "scheduler";
+  int fds = OpenDescriptors();
+  Finalize(0, true);
+  printf("BENCH exit role=%s rss_kb=%ld fds=%d\n", role, PeakRssKb(), fds);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
   std::string mode = argc > 1 ? argv[1] : "cxx";
   size_t keys = argc > 2 ? strtoull(argv[2], nullptr, 10) : 10000000;
   int rounds = argc > 3 ? atoi(argv[3]) : 5;
+  if (mode == "connection") return Connection();
   if (mode != "cxx" && mode != "rtt") {
-    fprintf(stderr, "usage: %s cxx [KEYS] [ROUNDS] | rtt\n", argv[0]);
+    fprintf(stderr, "usage: %s cxx [KEYS] [ROUNDS] | rtt | connection\n", argv[0]);
     return 2;
   }
   Start(0);

@@ -24,6 +24,9 @@ the commit and the load average. Needs the release binaries
 (`cargo build --release --bins --examples`).
 
     tests/bench/summary.py [--rounds 5] [--ps-lite ~/ps-lite] [--bin-dir target/release]
+
+`--build-only` builds the C++ program and prints its path (kv_bench's
+`--only scale` runs its `connection` mode beside pslite's, given `--cxx`).
 """
 
 import argparse
@@ -180,7 +183,14 @@ def main():
                         help="the commit to build when --ps-lite is a git repository")
     parser.add_argument("--bin-dir", default=str(ROOT / "target" / "release"),
                         help="where pslite and examples/kv_bench are")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build the C++ program (needs --ps-lite), print its path and stop")
     args = parser.parse_args()
+    if args.build_only:
+        if not args.ps_lite:
+            sys.exit("--build-only needs --ps-lite (or PSLITE_CXX_SRC)")
+        print(build_cxx(pathlib.Path(args.ps_lite), args.ps_lite_rev))
+        return
     bins = pathlib.Path(args.bin_dir)
     binary = build_cxx(pathlib.Path(args.ps_lite), args.ps_lite_rev) if args.ps_lite else None
     commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],

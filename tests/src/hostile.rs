@@ -345,6 +345,10 @@ fn hostile_meta(rng: &mut StdRng) -> Vec<u8> {
         stop: rng
             .random::<bool>()
             .then(|| "a stranger says the job stops".to_string()),
+        round_base: rng.random::<bool>().then(|| rng.random_range(0..4)),
+        round_left: (0..rng.random_range(0..3))
+            .map(|_| rng.random_range(-1..20))
+            .collect(),
     };
     let types = [
         DataType::UInt64,

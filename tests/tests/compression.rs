@@ -26,7 +26,7 @@ fn recording_servers(c: &LocalCluster) -> (Vec<KVServer<f32>>, Seen) {
         .map(|po| {
             let s = KVServer::<f32>::new(po, 0).unwrap();
             let seen = Arc::clone(&seen);
-            let mut store = DefaultHandle::<f32>::new();
+            let store = DefaultHandle::<f32>::new();
             s.set_request_handle(move |meta: &KVMeta, req: KVPairs<f32>, server| {
                 if meta.push {
                     seen.lock()

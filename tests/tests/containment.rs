@@ -12,7 +12,7 @@ const WAIT: Duration = Duration::from_secs(30);
 fn a_handle_that_panics_on_every_tenth_request_fails_exactly_those() {
     let c = LocalCluster::start(1, 1);
     let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
-    let mut store = DefaultHandle::new();
+    let store = DefaultHandle::new();
     let mut seen = 0;
     server.set_request_handle(move |meta, req, srv| {
         seen += 1;

@@ -143,7 +143,7 @@ fn counting_servers(c: &LocalCluster) -> (Vec<KVServer<f32>>, Counters, Counters
         .map(|(i, po)| {
             let s = KVServer::<f32>::new(po, 0).unwrap();
             let (r, k) = (Arc::clone(&requests[i]), Arc::clone(&keys[i]));
-            let mut store = DefaultHandle::new();
+            let store = DefaultHandle::new();
             s.set_request_handle(move |meta, req, server| {
                 r.fetch_add(1, Ordering::SeqCst);
                 k.fetch_add(req.keys.len(), Ordering::SeqCst);
@@ -456,7 +456,7 @@ fn an_inline_handle_runs_on_the_receive_thread() {
     let threads = Arc::new(Mutex::new(Vec::new()));
     let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
     let seen = Arc::clone(&threads);
-    let mut store = DefaultHandle::new();
+    let store = DefaultHandle::new();
     server.set_request_handle_inline(move |meta, req, server| {
         let name = std::thread::current()
             .name()

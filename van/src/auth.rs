@@ -53,22 +53,18 @@ pub(crate) fn monitor_endpoint(what: &str) -> String {
 /// A socket of `ctx` that does not keep `ctx` alive: once the context is
 /// dropped, calls on it fail with `ETERM`.
 pub(crate) fn detached_socket(
-    ctx: &zmq::Context,
+    ctx: &crate::context::Context,
     kind: zmq::SocketType,
 ) -> Result<zmq::Socket, VanError> {
-    let socket = ctx
-        .socket(kind)
-        .map_err(zmq_err("creating an auth socket"))?;
-    // SAFETY: the pointer comes from `into_raw` of a live socket and is
-    // owned by exactly one `Socket` again.
-    Ok(unsafe { zmq::Socket::from_raw(socket.into_raw()) })
+    ctx.detached(kind)
+        .map_err(zmq_err("creating an auth or monitor socket"))
 }
 
 /// Makes `router` (not yet bound) a PLAIN server that accepts only `token`,
 /// and starts the context's auth thread (the ZAP handler). Call once per
 /// context, before binding.
-pub fn serve_router(
-    ctx: &zmq::Context,
+pub(crate) fn serve_router(
+    ctx: &crate::context::Context,
     router: &zmq::Socket,
     token: &AuthToken,
 ) -> Result<(), VanError> {
@@ -301,8 +297,8 @@ mod tests {
 
     /// A ROUTER on a free loopback port, protected by `token` if given,
     /// and its endpoint.
-    fn router(token: Option<&str>) -> (zmq::Socket, String) {
-        let ctx = zmq::Context::new();
+    fn router(token: Option<&str>) -> (crate::context::Socket, String) {
+        let ctx = crate::context::Context::new(0).unwrap();
         let router = ctx.socket(zmq::ROUTER).unwrap();
         if let Some(token) = token {
             serve_router(&ctx, &router, &AuthToken::new(token).unwrap()).unwrap();
@@ -314,8 +310,8 @@ mod tests {
 
     /// A DEALER in a context of its own (another process, as far as
     /// ZeroMQ's authentication goes), offering `offered` (or no token).
-    fn dealer(offered: Option<&str>) -> (zmq::Context, zmq::Socket) {
-        let client = zmq::Context::new();
+    fn dealer(offered: Option<&str>) -> (crate::context::Context, crate::context::Socket) {
+        let client = crate::context::Context::new(0).unwrap();
         let dealer = client.socket(zmq::DEALER).unwrap();
         dealer.set_linger(0).unwrap();
         secure_dealer(&dealer, offered.and_then(AuthToken::new).as_ref()).unwrap();

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use log::{debug, info};
 use pslite_proto::lock;
 
+use crate::context::{Context, Socket};
 use crate::links::zmq_err;
 use crate::transport::{self, Transport};
 use crate::VanConfig;
@@ -40,17 +41,14 @@ pub(crate) fn bind_local(router: &zmq::Socket, host: &str, pid: u32, port: i32) 
 /// Wakes the receive thread, whether it reads its ROUTER (a message from
 /// [`WAKE_IDENTITY`] on it) or, not reading, waits on its own socket.
 pub(crate) struct Waker {
-    router: Mutex<zmq::Socket>,
-    side: Mutex<zmq::Socket>,
+    router: Mutex<Socket>,
+    side: Mutex<Socket>,
 }
 
 impl Waker {
     /// The waker of `router`'s receive loop, and the socket the loop waits
     /// on while it does not read `router`.
-    pub(crate) fn new(
-        ctx: &zmq::Context,
-        router: &zmq::Socket,
-    ) -> Result<(Waker, zmq::Socket), VanError> {
+    pub(crate) fn new(ctx: &Context, router: &zmq::Socket) -> Result<(Waker, Socket), VanError> {
         static COUNT: AtomicU64 = AtomicU64::new(0);
         let n = COUNT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();

@@ -38,6 +38,7 @@ pub mod admin;
 pub mod auth;
 mod bind;
 pub mod checkpoint;
+pub mod context;
 mod dispatch;
 mod links;
 mod monitor;
@@ -49,8 +50,8 @@ mod van;
 
 pub use dispatch::{Delivered, Dispatch, Room};
 pub use pslite_van_core::{
-    counters, effects, hold, partition, rendezvous, replica, resender, scheduler, store, AuthToken,
-    BarrierOutcome, Core, Counters, DrainOutcome, Failure, HoldQueue, LogOnce, Member,
+    counters, effects, hold, partition, rendezvous, replica, resender, scheduler, staleness, store,
+    AuthToken, BarrierOutcome, Core, Counters, DrainOutcome, Failure, HoldQueue, LogOnce, Member,
     MemberConfig, Output, Resender, Route, Scheduler, SchedulerConfig, StartTimeout, VanConfig,
     VanError, WaitingFor, WAIT_LOG_INTERVAL,
 };

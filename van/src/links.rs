@@ -42,6 +42,7 @@ use bytes::Bytes;
 use log::{debug, info, trace, warn};
 use pslite_proto::{lock, wait_while, Message, Node, NodeId, K_EMPTY};
 
+use crate::context::{Context, Socket};
 use crate::counters::Counters;
 use crate::monitor::Monitors;
 use crate::schedule::{Queued, SendQueue, CONTROL_PRIORITY};
@@ -183,7 +184,7 @@ impl Pump {
 struct Link {
     /// The DEALER; `None` until the thread carrying out the connection has
     /// opened it.
-    socket: Mutex<Option<zmq::Socket>>,
+    socket: Mutex<Option<Socket>>,
     /// Messages not written yet, in sending order.
     sched: Arc<Sched>,
     /// The peer's process, when large frames go through shared memory (0:
@@ -193,7 +194,7 @@ struct Link {
 
 /// This node's DEALERs, by peer id.
 pub(crate) struct Links {
-    ctx: zmq::Context,
+    ctx: Context,
     config: VanConfig,
     links: Mutex<HashMap<NodeId, Arc<Link>>>,
     /// Links whose queue is stuck (see [`SchedState::stuck`]).
@@ -219,13 +220,13 @@ pub(crate) struct Links {
 /// high-water mark and token; `before_connect` runs on it just before it
 /// connects (to watch it from its first event).
 fn open_dealer(
-    ctx: &zmq::Context,
+    ctx: &Context,
     config: &VanConfig,
     identity: NodeId,
     key: Option<u64>,
     endpoint: &str,
     before_connect: impl FnOnce(&zmq::Socket) -> Result<(), VanError>,
-) -> Result<zmq::Socket, VanError> {
+) -> Result<Socket, VanError> {
     let socket = ctx
         .socket(zmq::DEALER)
         .map_err(zmq_err("creating a DEALER"))?;
@@ -263,7 +264,7 @@ fn open_dealer(
 
 impl Links {
     pub(crate) fn new(
-        ctx: zmq::Context,
+        ctx: Context,
         config: VanConfig,
         counters: Arc<Counters>,
         pool: Option<Arc<shm::Pool>>,
@@ -316,6 +317,11 @@ impl Links {
                 what: "start the sending thread",
                 detail: e.to_string(),
             })
+    }
+
+    /// The most sockets this node's ZeroMQ context holds.
+    pub(crate) fn max_sockets(&self) -> u64 {
+        self.ctx.max_sockets()
     }
 
     /// The peer whose current DEALER the watch `tag` is on (`None`: a
@@ -404,6 +410,12 @@ impl Links {
             _ => &route.endpoint,
         };
         let watch = |socket: &zmq::Socket| {
+            if !route.watch {
+                // Nothing to watch for: no monitor, which would cost two
+                // sockets (a node's peers other than its scheduler).
+                lock(&self.tags).retain(|_, p| *p != node.id);
+                return Ok(());
+            }
             let tag = self.monitors.watch(socket, endpoint)?;
             let mut tags = lock(&self.tags);
             tags.retain(|_, p| *p != node.id);
@@ -772,8 +784,8 @@ mod tests {
 
     #[test]
     fn writes_that_would_block_wait_in_order_and_go_once_the_peer_reads() {
-        let ctx = zmq::Context::new();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
+        let peer_ctx = zmq::Context::new();
+        let router = peer_ctx.socket(zmq::ROUTER).unwrap();
         router.set_rcvhwm(10).unwrap();
         router.bind("tcp://127.0.0.1:*").unwrap();
         let endpoint = router.get_last_endpoint().unwrap().unwrap();
@@ -781,6 +793,7 @@ mod tests {
             water_mark: Some(10),
             ..VanConfig::default()
         };
+        let ctx = Context::new(0).unwrap();
         let monitors = Monitors::start(&ctx, |_, _| {}).unwrap();
         let links = Links::new(
             ctx.clone(),
@@ -795,6 +808,7 @@ mod tests {
             endpoint,
             local: None,
             shm_pid: None,
+            watch: true,
         };
         links.reserve(8);
         links.open(&peer, 9, None, &route, Mode::NoWait).unwrap();
@@ -834,8 +848,9 @@ mod tests {
     /// order once the peer is there.
     #[test]
     fn what_waits_goes_higher_priority_first_and_in_order_among_equals() {
-        let ctx = zmq::Context::new();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
+        let peer_ctx = zmq::Context::new();
+        let router = peer_ctx.socket(zmq::ROUTER).unwrap();
+        let ctx = Context::new(0).unwrap();
         let endpoint = format!("ipc://@pslite-links-priority-{}", std::process::id());
         let config = VanConfig {
             partition_bytes: 64 << 10,
@@ -856,6 +871,7 @@ mod tests {
             endpoint,
             local: None,
             shm_pid: None,
+            watch: true,
         };
         links.reserve(8);
         links.open(&peer, 9, None, &route, Mode::Wait).unwrap();

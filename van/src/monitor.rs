@@ -17,6 +17,7 @@ use log::debug;
 use pslite_proto::lock;
 
 use crate::auth::{detached_socket, read_event, MonitorEvent};
+use crate::context::Context;
 pub use crate::LinkEvent;
 use crate::VanError;
 
@@ -34,7 +35,7 @@ type Watch = (u64, zmq::Socket, String);
 
 /// The monitor thread's handle: hands it new watches.
 pub struct Monitors {
-    ctx: zmq::Context,
+    ctx: Context,
     next: AtomicU64,
     new: Mutex<(mpsc::Sender<Watch>, zmq::Socket)>,
 }
@@ -43,7 +44,7 @@ impl Monitors {
     /// Starts the monitor thread of `ctx`; `report(tag, event)` is called
     /// on it for each event of a watched socket.
     pub fn start(
-        ctx: &zmq::Context,
+        ctx: &Context,
         report: impl Fn(u64, LinkEvent) + Send + 'static,
     ) -> Result<Monitors, VanError> {
         static COUNT: AtomicU64 = AtomicU64::new(0);
@@ -177,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_dealers_connection_is_reported_up_then_down_when_the_peer_goes() {
-        let ctx = zmq::Context::new();
+        let ctx = Context::new(0).unwrap();
         let (tx, rx) = mpsc::channel();
         let monitors = Monitors::start(&ctx, move |tag, e| {
             let _ = tx.send((tag, e));

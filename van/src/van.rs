@@ -39,6 +39,7 @@ use pslite_proto::store::StoreMsg;
 use pslite_proto::{lock, wait_while, Message, Node, NodeId, Role};
 
 use crate::bind::{bind_local, bind_router, Waker};
+use crate::context::{self, Context, DescriptorFit};
 use crate::counters::Counters;
 use crate::dispatch::{Dispatch, Room};
 use crate::links::{zmq_err, Links, Mode};
@@ -106,7 +107,7 @@ struct Shared {
     /// The segments this node sends from (shared memory on, `PS_SHM`).
     pool: Option<Arc<shm::Pool>>,
     /// Dropped last: every socket above belongs to it.
-    _ctx: zmq::Context,
+    _ctx: Context,
 }
 
 impl Van {
@@ -127,7 +128,7 @@ impl Van {
         dispatch: Arc<dyn Dispatch>,
         counters: Arc<Counters>,
     ) -> Result<Van, VanError> {
-        let ctx = zmq::Context::new();
+        let ctx = sized_context(&config)?;
         let is_scheduler = config.role == Role::Scheduler;
         let router = ctx
             .socket(zmq::ROUTER)
@@ -550,4 +551,33 @@ impl Shared {
         };
         self.with_core(Mode::Wait, |core, now| core.link_event(peer, event, now));
     }
+}
+
+/// The ZeroMQ context of the node `config` describes, holding as many
+/// sockets as its job may need, with the descriptor limit raised towards
+/// that need (said; see [`crate::context`]).
+fn sized_context(config: &VanConfig) -> Result<Context, VanError> {
+    let need = context::needed_descriptors(config);
+    let nodes = format!(
+        "a {} of a job of {} servers and {} workers",
+        config.role, config.num_servers, config.num_workers
+    );
+    match context::fit_descriptor_limit(need) {
+        DescriptorFit::Enough => {}
+        DescriptorFit::Raised { from, to } => info!(
+            "raised this process's file descriptor limit (ulimit -n) from {from} to {to}: {nodes} \
+             may need {need}"
+        ),
+        DescriptorFit::Short { limit, raised } => warn!(
+            "{nodes} may need {need} file descriptors, and this process may open {limit}{}: \
+             raise the hard limit (ulimit -Hn, LimitNOFILE= in systemd, --ulimit nofile= in \
+             Docker) if it runs out",
+            if raised {
+                " (raised to the hard limit)"
+            } else {
+                ""
+            }
+        ),
+    }
+    Context::new(context::needed_sockets(config))
 }

@@ -80,7 +80,7 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
 }
 
 pub(crate) struct Launched {
-    lines: Vec<String>,
+    pub(crate) lines: Vec<String>,
 }
 
 pub(crate) fn launch(
@@ -102,19 +102,7 @@ pub(crate) fn launch_with(
 ) -> Result<Launched, Error> {
     let exe = std::env::current_exe()
         .map_err(|e| Error::App(format!("cannot find this program: {e}")))?;
-    let pslite = exe
-        .parent()
-        .and_then(|examples| examples.parent())
-        .map(|dir| dir.join("pslite"))
-        .filter(|p| p.exists())
-        .ok_or_else(|| {
-            Error::App(
-                "cannot find the pslite binary next to the examples directory; run \
-                 `cargo build --release --bins --examples` first"
-                    .into(),
-            )
-        })?;
-    let output = Command::new(pslite)
+    let output = Command::new(pslite_binary()?)
         .envs(env.iter().copied())
         .args(["launch", "--timeout", "600"])
         .args(["--servers", &servers.to_string()])
@@ -125,6 +113,7 @@ pub(crate) fn launch_with(
         .args(["--keys", &args.keys.to_string()])
         .args(["--repeat", &args.repeat.to_string()])
         .args(["--window", &args.window.to_string()])
+        .args(["--threads-keys", &args.threads_keys.to_string()])
         .args(args.inline_server.then_some("--inline-server"))
         .output()
         .map_err(|e| Error::App(format!("cannot run pslite launch: {e}")))?;
@@ -140,6 +129,23 @@ pub(crate) fn launch_with(
         .filter_map(|l| l.split_once("BENCH ").map(|(_, rest)| rest.to_string()))
         .collect();
     Ok(Launched { lines })
+}
+
+/// The `pslite` binary next to the examples directory.
+pub(crate) fn pslite_binary() -> Result<std::path::PathBuf, Error> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::App(format!("cannot find this program: {e}")))?;
+    exe.parent()
+        .and_then(|examples| examples.parent())
+        .map(|dir| dir.join("pslite"))
+        .filter(|p| p.exists())
+        .ok_or_else(|| {
+            Error::App(
+                "cannot find the pslite binary next to the examples directory; run \
+                 `cargo build --release --bins --examples` first"
+                    .into(),
+            )
+        })
 }
 
 /// `key=value` fields of a BENCH line.
@@ -363,6 +369,12 @@ pub(crate) fn driver(args: &Args) -> Result<(), Error> {
             println!("| 1+{s}+{w} | {:.1} | {slowest:.1} |", median(&mut samples));
         }
         println!();
+    }
+    if only == Some("scale") {
+        crate::scale::scale(args, &mut results)?;
+    }
+    if only == Some("server_threads") {
+        crate::threads::server_threads(args, &mut results)?;
     }
     if !results.is_empty() {
         println!(

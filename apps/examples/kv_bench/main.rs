@@ -9,6 +9,7 @@
 //! cargo build --release --bins --examples
 //! target/release/examples/kv_bench                 # everything below
 //! target/release/examples/kv_bench --only cxx      # one part: cxx, sweep, rtt, startup, replicas
+//! target/release/examples/kv_bench --only scale --cxx target/cxxbench/cxx_kv_bench
 //! ```
 //!
 //! - `cxx`: C++ ps-lite's benchmark workload: 10 M `u64` keys with `f32`
@@ -37,6 +38,12 @@
 //! - `replicas`: push and pull medians at 1, 1 000 and 100 000 keys, 2+2,
 //!   with `PS_REPLICAS=1` (ps-lite) and `2` (each push applied by the
 //!   range's backup before it is answered), 3 launches of each, alternating.
+//! - `server_threads` (only when asked): 8 workers against 1 and 2 servers
+//!   running the sum store on `PS_SERVER_THREADS` = 1, 2 and 4 engine
+//!   threads, exact sums checked (`threads.rs`).
+//! - `scale` (only when asked: it starts up to 1 001 processes): the
+//!   connection job at 1+100+100, 1+250+250 and 1+500+500 beside C++
+//!   ps-lite, with each node's peak memory and descriptors (`scale.rs`).
 //!
 //! Run with `DMLC_ROLE` (as `pslite launch` does) it is one node of such a
 //! cluster; the worker prints `BENCH ...` lines for the driver. The raw
@@ -60,6 +67,8 @@ mod driver;
 mod layers;
 mod node;
 mod raw;
+mod scale;
+mod threads;
 
 use std::process::ExitCode;
 
@@ -81,9 +90,27 @@ pub(crate) struct Args {
     /// Requests in flight for the pipelined measurement.
     #[arg(long, default_value_t = 64)]
     window: usize,
-    /// Run only one part: cxx, sweep, rtt, startup, replicas, raw.
+    /// Run only one part: cxx, sweep, rtt, startup, replicas, raw, scale,
+    /// server_threads.
     #[arg(long)]
     only: Option<String>,
+    /// (server_threads) keys of each worker's pushes.
+    #[arg(long, default_value_t = 1_000_000)]
+    threads_keys: usize,
+    /// (server_threads) launches of each cluster and thread count.
+    #[arg(long, default_value_t = 3)]
+    threads_runs: usize,
+    /// (scale) servers (and as many workers) of each cluster, comma-separated
+    /// [default: 100,250,500].
+    #[arg(long, value_delimiter = ',')]
+    scale_sizes: Vec<usize>,
+    /// (scale) launches of each cluster and library.
+    #[arg(long, default_value_t = 1)]
+    scale_runs: usize,
+    /// (scale) C++ ps-lite's benchmark program (tests/bench/cxx_kv_bench.cc,
+    /// built by `tests/bench/summary.py --build-only --ps-lite DIR`).
+    #[arg(long)]
+    cxx: Option<std::path::PathBuf>,
     /// (node mode) what the worker measures: cxx, cxx_fresh, sweep, rtt, startup,
     /// layers (see layers.rs).
     #[arg(long, default_value = "cxx")]
@@ -120,6 +147,10 @@ fn main() -> ExitCode {
         pslite::exit_code(raw_server_process(rank, &args.raw_clients, args.raw_ipc))
     } else if let Some(rank) = args.raw_client {
         pslite::exit_code(raw_client_process(rank, args.raw_ipc))
+    } else if std::env::var_os("DMLC_ROLE").is_some() && args.mode == "scale" {
+        pslite::exit_code(scale::node())
+    } else if std::env::var_os("DMLC_ROLE").is_some() && args.mode == "threads" {
+        pslite::exit_code(threads::node(&args))
     } else if std::env::var_os("DMLC_ROLE").is_some() {
         pslite::exit_code(node(&args))
     } else {

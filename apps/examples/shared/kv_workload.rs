@@ -13,18 +13,22 @@ use std::collections::VecDeque;
 
 use pslite::{DefaultHandle, Error, KVOptions, KVServer, KVWorker, Key, Postoffice, SArray};
 
-/// On a server, the default sum store (app 0); elsewhere nothing. Keep the
-/// result alive until finalize. With `KV_APP_SERVER_SLEEP_MS`, the handle
-/// sleeps that long on its first request (a slow handler: requests pile up
-/// behind it).
+/// On a server, the default sum store (app 0), on `PS_SERVER_THREADS`
+/// engine threads; elsewhere nothing. Keep the result alive until finalize.
+/// With `KV_APP_SERVER_SLEEP_MS`, the handle sleeps that long on its first
+/// request (a slow handler, on one thread: requests pile up behind it).
 pub fn serve_if_server(po: &Postoffice) -> Result<Option<KVServer<f32>>, Error> {
     if !po.is_server() {
         return Ok(None);
     }
     let server = KVServer::<f32>::new(po, 0)?;
     let sleep_ms = pslite::env_or("KV_APP_SERVER_SLEEP_MS", 0u64, "a whole number")?;
-    let mut handle = DefaultHandle::new().into_handle();
-    let mut slept = sleep_ms == 0;
+    let handle = DefaultHandle::new().into_handle();
+    if sleep_ms == 0 {
+        server.set_concurrent_request_handle(handle);
+        return Ok(Some(server));
+    }
+    let mut slept = false;
     server.set_request_handle(move |meta, req, server| {
         if !std::mem::replace(&mut slept, true) {
             println!("server: the request handle sleeps {sleep_ms} ms");

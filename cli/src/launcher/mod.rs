@@ -244,6 +244,26 @@ pub enum LaunchError {
     },
 }
 
+/// Raises this process's soft descriptor limit for a job of `nodes`
+/// processes: each costs the launcher two output pipes and a reserved port
+/// until it starts (a thousand nodes need more than the usual 1 024). The
+/// nodes inherit it (and raise their own as their job needs, see
+/// `pslite_van::context`).
+fn fit_descriptors(nodes: usize) {
+    let need = 4 * nodes as u64 + 64;
+    match pslite::fit_descriptor_limit(need) {
+        pslite::DescriptorFit::Enough => {}
+        pslite::DescriptorFit::Raised { from, to } => log::info!(
+            "pslite launch: raised the file descriptor limit (ulimit -n) from {from} to {to} for \
+             {nodes} nodes"
+        ),
+        pslite::DescriptorFit::Short { limit, .. } => eprintln!(
+            "pslite launch: warning: {nodes} nodes need about {need} file descriptors and this \
+             process may open {limit} (raise the hard limit: ulimit -Hn)"
+        ),
+    }
+}
+
 /// Runs the cluster to completion.
 pub fn launch(opts: &LaunchOptions) -> Result<Outcome, LaunchError> {
     launch_with(opts, &crossbeam_channel::never())
@@ -277,6 +297,7 @@ pub fn launch_with(
         }
     };
     let mut specs = plan(opts, port)?;
+    fit_descriptors(specs.len());
     // The namer asks the scheduler it starts only once it showed it is
     // pslite's (see naming::SchedulerMark); an --add-worker launch found a
     // pslite scheduler already (its launch record).

@@ -39,6 +39,8 @@ fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
         round: None,
         round_members: Vec::new(),
         stop: None,
+        round_base: None,
+        round_left: Vec::new(),
     }
 }
 

@@ -361,6 +361,11 @@ pub struct Route {
     /// (`PS_SHM`: a pslite peer of this host; the driver checks it may open
     /// that process's descriptors).
     pub shm_pid: Option<u32>,
+    /// Whether the core wants this connection's [`crate::LinkEvent`]s:
+    /// every connection of the scheduler (deaths, registration checks),
+    /// and a node's connection to its scheduler. A socket monitor costs
+    /// the driver two sockets, so nothing else is watched.
+    pub watch: bool,
 }
 
 /// What a node that has not joined yet waits for, worded for its log line.

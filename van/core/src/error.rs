@@ -102,6 +102,16 @@ pub enum Failure {
         /// What ZeroMQ or the Van said.
         reason: String,
     },
+    /// A connection this node needs could not be opened: the process ran
+    /// out of file descriptors or ZeroMQ sockets (or the machine of
+    /// memory). The node stops; the message names the limit to raise.
+    #[error("cannot open a connection to {peer}: {detail}")]
+    Resources {
+        /// The peer, as named in logs (`node 9 at 127.0.0.1:4100`).
+        peer: String,
+        /// What ran out and which limit to raise.
+        detail: String,
+    },
     /// A response could not be used (e.g. keys that do not match the request).
     #[error("a bad response from node {sender}: {what}")]
     BadResponse {

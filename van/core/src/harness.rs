@@ -85,6 +85,21 @@ pub struct SimNode {
     pub(crate) conns: HashMap<NodeId, (Option<usize>, NodeId, Option<u64>)>,
     /// Identities refused (a stranger's, or an earlier process's).
     pub refused: Vec<crate::core::IdentityRefused>,
+    /// What it put on the network (messages and their encoded bytes).
+    pub traffic: Traffic,
+    /// The time spent in its core's calls (handling what arrived, ticks,
+    /// outputs, the harness's requests): the control plane's CPU.
+    pub core_time: Duration,
+}
+
+/// Messages and bytes (meta frame as encoded, plus data frames) a node put
+/// on the network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Messages sent.
+    pub messages: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// The network: nodes, packets in flight, and the virtual clock.
@@ -203,6 +218,8 @@ impl Network {
             conns: HashMap::new(),
             refused: Vec::new(),
             reserved: 0,
+            traffic: Traffic::default(),
+            core_time: Duration::ZERO,
         });
         let i = self.nodes.len() - 1;
         self.by_address.insert(("127.0.0.1".to_string(), port), i);
@@ -280,7 +297,8 @@ impl Network {
     /// Node `i` registers as customer 0.
     pub fn register(&mut self, i: usize) {
         let now = self.now;
-        self.nodes[i].core.register(0, now);
+        let node = &mut self.nodes[i];
+        net::timed(&mut node.core_time, || node.core.register(0, now));
         self.flush(i);
     }
 
@@ -301,10 +319,11 @@ impl Network {
     /// `timeout`.
     pub fn barrier_within(&mut self, i: usize, group: i32, timeout: Option<Duration>) -> u64 {
         let now = self.now;
-        let token = self.nodes[i]
-            .core
-            .barrier(0, group, timeout, now)
-            .expect("barrier request refused");
+        let node = &mut self.nodes[i];
+        let token = net::timed(&mut node.core_time, || {
+            node.core.barrier(0, group, timeout, now)
+        })
+        .expect("barrier request refused");
         self.flush(i);
         token
     }
@@ -388,7 +407,16 @@ impl Network {
     /// [`Core::drain_outcome`]).
     pub fn finish(&mut self, i: usize) {
         let now = self.now;
-        self.nodes[i].core.finish(now);
+        let node = &mut self.nodes[i];
+        net::timed(&mut node.core_time, || node.core.finish(now));
+        self.flush(i);
+    }
+
+    /// Elastic mode: worker `i` leaves the job (its round ends).
+    pub fn leave(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        net::timed(&mut node.core_time, || node.core.leave(now));
         self.flush(i);
     }
 

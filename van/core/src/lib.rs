@@ -56,6 +56,7 @@ pub mod replica;
 mod reply;
 pub mod resender;
 pub mod scheduler;
+pub mod staleness;
 pub mod store;
 
 pub use crate::core::{
@@ -72,5 +73,6 @@ pub use log_once::LogOnce;
 pub use member::{
     BarrierOutcome, Member, MemberConfig, LINK_GRACE, PAUSE_SLACK, WAIT_LOG_INTERVAL,
 };
+pub use registration::MAX_CHECKS;
 pub use resender::Resender;
 pub use scheduler::{Scheduler, SchedulerConfig};

@@ -92,6 +92,10 @@ pub struct Member {
     cfg: MemberConfig,
     me: Node,
     table: Vec<Node>,
+    /// Elastic mode: the newest round that came as a change before this
+    /// node had joined (it overtook the table): once joined at an older
+    /// round, the node asks for the whole table.
+    early_change: Option<u64>,
     joined: bool,
     failure: Option<Failure>,
     joining: Option<Joining>,
@@ -146,6 +150,7 @@ impl Member {
             dead: HashMap::new(),
             given_up: HashSet::new(),
             ignored_tables: 0,
+            early_change: None,
             set_at: HashMap::new(),
             round: None,
             joined_round: None,

@@ -17,6 +17,13 @@
 //! hundred nodes registering at once on a loaded machine all complete their
 //! handshakes, but not within one fixed 5 s: each waits behind the others,
 //! in the scheduler's ZeroMQ I/O thread and in theirs.
+//!
+//! At most [`MAX_CHECKS`] checks run at once (each costs the scheduler a
+//! connection and three sockets); the registrations of other processes
+//! wait in line ([`Offered::Queued`], up to [`MAX_QUEUED`]) and their check
+//! starts when one ends ([`Registrations::start_queued`]), its deadline
+//! counted from then: a thousand nodes registering within a second all get
+//! in.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -39,8 +46,11 @@ pub const PER_CHECK: Duration = Duration::from_millis(100);
 /// The longest a check may take, however many are under way.
 pub const MAX_CHECK: Duration = Duration::from_secs(60);
 
-/// Addresses checked at once; registrations beyond are refused at once.
-const MAX_CHECKS: usize = 256;
+/// Addresses checked at once; registrations beyond wait in line.
+pub const MAX_CHECKS: usize = 256;
+/// Processes whose registrations wait for a check to start; beyond, they
+/// are refused at once.
+pub const MAX_QUEUED: usize = 16_384;
 /// Registrations held per address (a process's customers, resends).
 const MAX_HELD: usize = 64;
 /// Refused registrations remembered for the start error.
@@ -65,6 +75,8 @@ pub enum Offered {
     Check(Node),
     /// It waits for a check of its address already under way.
     Held,
+    /// It waits for its check to start (too many under way).
+    Queued,
     /// Refused now (too many checks under way), with why.
     Refused(String),
 }
@@ -73,6 +85,10 @@ pub enum Offered {
 #[derive(Default)]
 pub struct Registrations {
     checks: Vec<Check>,
+    /// Registrations of processes whose check has not started, in order of
+    /// arrival (one entry per process; `since` and `deadline` unused until it
+    /// starts).
+    queued: std::collections::VecDeque<Check>,
     next_link: NodeId,
     refused: Vec<String>,
     /// Refused registration addresses logged at warning level.
@@ -88,11 +104,47 @@ impl Registrations {
             }
             return Offered::Held;
         }
-        if self.checks.len() >= MAX_CHECKS {
-            return Offered::Refused(format!(
-                "{MAX_CHECKS} registrations are being checked already"
-            ));
+        if let Some(check) = self.queued.iter_mut().find(|c| c.node.same_process(node)) {
+            if check.held.len() < MAX_HELD {
+                check.held.push(msg);
+            }
+            return Offered::Queued;
         }
+        if self.checks.len() >= MAX_CHECKS {
+            if self.queued.len() >= MAX_QUEUED {
+                return Offered::Refused(format!(
+                    "{MAX_CHECKS} registrations are being checked and {MAX_QUEUED} more wait"
+                ));
+            }
+            self.queued.push_back(Check {
+                link: 0,
+                node: node.clone(),
+                since: now,
+                deadline: now,
+                held: vec![msg],
+            });
+            return Offered::Queued;
+        }
+        Offered::Check(self.start(node.clone(), vec![msg], now))
+    }
+
+    /// Starts the checks of queued registrations while fewer than
+    /// [`MAX_CHECKS`] run: the nodes to connect to (see [`Offered::Check`]).
+    /// Call when a check ended.
+    pub fn start_queued(&mut self, now: Instant) -> Vec<Node> {
+        let mut started = Vec::new();
+        while self.checks.len() < MAX_CHECKS {
+            let Some(check) = self.queued.pop_front() else {
+                break;
+            };
+            started.push(self.start(check.node, check.held, now));
+        }
+        started
+    }
+
+    /// Starts checking `node`'s address for registrations `held`: the node
+    /// to connect to, whose id is the check's link.
+    fn start(&mut self, node: Node, held: Vec<Message>, now: Instant) -> Node {
         if self.next_link >= 0 || self.next_link < FIRST_LINK - 1_000_000 {
             self.next_link = FIRST_LINK;
         }
@@ -103,12 +155,12 @@ impl Registrations {
         let wait = (REGISTRATION_CHECK + PER_CHECK * self.checks.len() as u32).min(MAX_CHECK);
         self.checks.push(Check {
             link,
-            node: node.clone(),
+            node,
             since: now,
             deadline: now + wait,
-            held: vec![msg],
+            held,
         });
-        Offered::Check(target)
+        target
     }
 
     /// Whether `link` is a check's connection.
@@ -176,7 +228,7 @@ impl Registrations {
     /// The check's connection `link` came up (its registrations count: the
     /// scheduler takes them) or was refused (they are refused); either way
     /// it closes.
-    pub fn link_event(&mut self, link: NodeId, event: &LinkEvent, cx: &mut Cx<'_>) {
+    pub fn link_event(&mut self, link: NodeId, event: &LinkEvent, now: Instant, cx: &mut Cx<'_>) {
         match event {
             LinkEvent::Up => {
                 for msg in self.link_up(link) {
@@ -191,7 +243,16 @@ impl Registrations {
             // ZeroMQ tries again until the check's deadline.
             LinkEvent::Down | LinkEvent::Unreachable => return,
         }
+        self.end_check(link, now, cx);
+    }
+
+    /// Closes the connection of check `link`, which ended, and starts the
+    /// checks waiting in line for its place.
+    fn end_check(&mut self, link: NodeId, now: Instant, cx: &mut Cx<'_>) {
         cx.fx.push(Effect::Disconnect(link));
+        for target in self.start_queued(now) {
+            cx.fx.push(Effect::ConnectAnonymous(target));
+        }
     }
 
     fn log_refusal(&mut self, node: &Node, why: &str) {
@@ -220,7 +281,7 @@ impl Component for Registrations {
         };
         match self.offer(msg, &node, now) {
             Offered::Check(target) => cx.fx.push(Effect::ConnectAnonymous(target)),
-            Offered::Held => {}
+            Offered::Held | Offered::Queued => {}
             Offered::Refused(why) => self.log_refusal(&node, &why),
         }
     }
@@ -228,7 +289,7 @@ impl Component for Registrations {
     fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
         for (link, node, why) in Registrations::tick(self, now) {
             self.log_refusal(&node, &why);
-            cx.fx.push(Effect::Disconnect(link));
+            self.end_check(link, now, cx);
         }
     }
 
@@ -311,14 +372,49 @@ mod tests {
     }
 
     #[test]
-    fn checks_are_bounded() {
+    fn checks_are_bounded_and_the_others_wait_in_line() {
         let mut r = Registrations::default();
         let now = Instant::now();
+        let mut links = Vec::new();
         for port in 0..MAX_CHECKS as i32 {
             let (msg, node) = reg(10_000 + port);
-            assert!(matches!(r.offer(msg, &node, now), Offered::Check(_)));
+            let Offered::Check(target) = r.offer(msg, &node, now) else {
+                panic!("expected a check");
+            };
+            links.push(target.id);
         }
-        let (msg, node) = reg(9);
+        // A thousand more processes register at once: they wait in line,
+        // another customer of a waiting process with them.
+        for port in 0..1000 {
+            let (msg, node) = reg(20_000 + port);
+            assert_eq!(r.offer(msg, &node, now), Offered::Queued);
+        }
+        let (msg, node) = reg(20_000);
+        assert_eq!(r.offer(msg, &node, now), Offered::Queued);
+        assert!(r.start_queued(now).is_empty(), "no check ended");
+        // Each check that ends lets one more start, in order of arrival,
+        // with its own deadline.
+        let later = now + REGISTRATION_CHECK / 2;
+        assert_eq!(r.link_up(links[0]).len(), 1);
+        let started = r.start_queued(later);
+        assert_eq!(started.len(), 1);
+        assert_eq!(started[0].port, 20_000);
+        assert_eq!(r.link_up(started[0].id).len(), 2, "both customers count");
+        // The earliest deadline is the second check's (one under way before
+        // it); by MAX_CHECK every first check is late.
+        assert_eq!(r.poll_timeout(), Some(now + REGISTRATION_CHECK + PER_CHECK));
+        let late = r.tick(now + MAX_CHECK);
+        assert_eq!(late.len(), MAX_CHECKS - 1, "the first checks, late");
+        let started = r.start_queued(now + MAX_CHECK);
+        assert_eq!(started.len(), MAX_CHECKS);
+        assert_eq!(started[0].port, 20_001);
+        // Beyond the line, refused at once.
+        let mut r = Registrations::default();
+        for port in 0..(MAX_CHECKS + MAX_QUEUED) as i32 {
+            let (msg, node) = reg(port);
+            assert!(!matches!(r.offer(msg, &node, now), Offered::Refused(_)));
+        }
+        let (msg, node) = reg(-1);
         assert!(matches!(r.offer(msg, &node, now), Offered::Refused(_)));
     }
 }

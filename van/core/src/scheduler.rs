@@ -160,6 +160,13 @@ struct Elastic {
     /// they count as arrived at the next one (their start() returned
     /// instead).
     excused_next: HashSet<NodeId>,
+    /// The round each process was last sent the table of, by
+    /// [`Scheduler::send_table`]: a process that holds the previous round
+    /// gets the next one as a change (O(change) bytes, not the table).
+    sent_round: HashMap<NodeId, u64>,
+    /// The round of the last table sent to everyone, and its members.
+    table_round: Option<u64>,
+    sent_members: Vec<NodeId>,
 }
 
 impl Scheduler {
@@ -190,6 +197,9 @@ impl Scheduler {
                 members: Vec::new(),
                 failed: None,
                 excused_next: HashSet::new(),
+                sent_round: HashMap::new(),
+                table_round: None,
+                sent_members: Vec::new(),
             }),
             cfg,
             deaf_since: None,

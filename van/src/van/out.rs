@@ -8,15 +8,16 @@ use bytes::Bytes;
 use log::{debug, error, info, warn};
 use pslite_proto::replica::RangeMap;
 use pslite_proto::store::StoreMsg;
-use pslite_proto::{lock, Message, Node, NodeId, K_EMPTY};
+use pslite_proto::{lock, Message, Node, NodeId, Role, K_EMPTY};
 use pslite_van_core::carry::Backend;
 use pslite_van_core::checkpoint::disk::Io;
 
 use super::Shared;
+use crate::context;
 use crate::dispatch::Delivered;
 use crate::links::Mode;
 use crate::transport::Transport;
-use crate::{describe, Failure, LinkEvent, Route, WaitingFor};
+use crate::{describe, Failure, LinkEvent, Route, VanError, WaitingFor};
 
 /// Carries out a batch of the core's outputs for `shared`: `mode` says
 /// whether the calling thread may wait on a peer.
@@ -144,8 +145,51 @@ impl Shared {
             return;
         }
         if let Err(e) = self.links.open(&node, identity, key, &route, mode) {
-            error!("cannot connect to {node}: {e}");
+            self.connect_failed(&node, &route, e, mode);
         }
+    }
+
+    /// A connection the core asked for could not be opened. Out of
+    /// descriptors or sockets (or memory), the node fails naming the limit
+    /// to raise; so does the scheduler for any reason (the job cannot form
+    /// or go on without its connection to a member). A registration's check
+    /// that cannot connect for another reason refuses the registration; a
+    /// server or worker fails what it sends to that peer (as to an unknown
+    /// one).
+    fn connect_failed(&self, node: &Node, route: &Route, e: VanError, mode: Mode) {
+        let exhausted = match &e {
+            VanError::Zmq { source, .. } => source
+                .downcast_ref::<zmq::Error>()
+                .copied()
+                .filter(|e| context::is_exhaustion(*e)),
+            _ => None,
+        };
+        let failure = match exhausted {
+            Some(source) => Failure::Resources {
+                peer: if node.id < 0 {
+                    format!("{} (to check its registration)", route.endpoint)
+                } else {
+                    format!("node {} at {}", node.id, route.endpoint)
+                },
+                detail: context::exhaustion_advice(source, self.links.max_sockets()),
+            },
+            None if node.id < 0 => {
+                let why = e.to_string();
+                self.with_core(mode, |core, now| {
+                    core.link_event(node.id, LinkEvent::Refused(why), now)
+                });
+                return;
+            }
+            None if self.config.role == Role::Scheduler => Failure::SendFailed {
+                peer: node.id,
+                reason: format!("cannot open a connection to it at {}: {e}", route.endpoint),
+            },
+            None => {
+                error!("cannot connect to {node}: {e} (messages to it fail)");
+                return;
+            }
+        };
+        self.with_core(mode, |core, now| core.fail(failure, now));
     }
 
     /// [`Shared::connect`] for a registration's check whose address is a
@@ -169,6 +213,7 @@ impl Shared {
                             endpoint: Transport::Tcp.connect_endpoint(&ip, node.port),
                             local: None,
                             shm_pid: None,
+                            watch: true,
                         };
                         shared
                             .links

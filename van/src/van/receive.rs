@@ -107,7 +107,11 @@ struct Receiving {
 }
 
 impl Shared {
-    pub(super) fn receive_thread(&self, mut router: zmq::Socket, side: zmq::Socket) {
+    pub(super) fn receive_thread(
+        &self,
+        mut router: crate::context::Socket,
+        side: crate::context::Socket,
+    ) {
         ON_RECEIVE_THREAD.set(true);
         let _guard = ReceiveThreadGuard(self);
         let mut rx = Receiving {

@@ -24,6 +24,7 @@
 use std::time::Instant;
 
 use log::debug;
+use pslite_proto::ids::SCHEDULER;
 use pslite_proto::{Command, Message, Node, NodeId, K_EMPTY};
 
 use super::parts::{Origin, Part};
@@ -178,6 +179,7 @@ impl Core {
                 endpoint,
                 local: None,
                 shm_pid: None,
+                watch: true,
             };
         }
         let local = match (&self.cfg.shm_identity, self.cfg.transport) {
@@ -190,6 +192,7 @@ impl Core {
             endpoint,
             local,
             shm_pid: self.shm_peer_node(node),
+            watch: self.parts.scheduler.is_some() || node.id == SCHEDULER,
         }
     }
 

@@ -442,7 +442,7 @@ impl Core {
     /// that has `PS_AUTH_TOKEN` at once.
     pub fn link_event(&mut self, peer: NodeId, event: LinkEvent, now: Instant) {
         if self.parts.registrations.is_check(peer) {
-            self.with_registrations(now, |r, cx| r.link_event(peer, &event, cx));
+            self.with_registrations(now, |r, cx| r.link_event(peer, &event, now, cx));
             return;
         }
         let to_scheduler = peer == SCHEDULER && self.parts.scheduler.is_none();

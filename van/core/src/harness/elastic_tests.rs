@@ -537,3 +537,102 @@ fn a_worker_killed_while_waiting_for_the_first_round_is_noticed_by_its_connectio
     let (_, workers) = net.nodes[0].core.round().expect("a round");
     assert_eq!(workers, vec![net.id(a), net.id(c)]);
 }
+
+/// The workers of a running round get the next one as a change (the
+/// joiners' entries, the workers gone): a join or a leave costs the
+/// scheduler O(N) bytes in all, not a table of N entries to each of N
+/// nodes; every node ends in the same round.
+#[test]
+fn a_new_round_goes_to_the_members_as_a_change() {
+    const WORKERS: usize = 60;
+    let mut net = elastic(2, WORKERS, WORKERS + 1, 21);
+    let workers: Vec<usize> = (0..WORKERS).map(|_| join(&mut net)).collect();
+    assert!(net.run_until(SECOND * 3, Network::all_joined));
+    let n = net.nodes.len() as u64;
+    let before = net.nodes[0].traffic;
+    let joiner = join(&mut net);
+    let waiters: Vec<(usize, u64)> = workers
+        .iter()
+        .map(|&w| (w, net.barrier(w, WORKER_GROUP)))
+        .collect();
+    assert!(
+        net.run_until(SECOND * 2, |n| n.nodes[joiner].core.is_joined()
+            && waiters
+                .iter()
+                .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(())))))
+    );
+    let mut members: Vec<NodeId> = workers.iter().map(|&w| net.id(w)).collect();
+    members.push(net.id(joiner));
+    assert!(everyone_in(&net, 1, &members));
+    let join_bytes = net.nodes[0].traffic.bytes - before.bytes;
+    // The joiner's table (about 40 bytes an entry) and, to each other
+    // node, a change and a barrier release: well under 200 bytes a node.
+    // A table to everyone would be about 40 * n * n bytes.
+    assert!(
+        join_bytes < 200 * n + 60 * n,
+        "a join cost the scheduler {join_bytes} bytes at {n} nodes"
+    );
+    // A worker leaves: the others drop it, from the change alone.
+    let before = net.nodes[0].traffic;
+    let leaver = workers[3];
+    let now = net.now;
+    net.nodes[leaver].core.leave(now);
+    net.flush(leaver);
+    members.retain(|&id| id != net.id(leaver));
+    assert!(net.run_until(SECOND, |n| n
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|&(i, n)| i != leaver && n.alive && n.core.is_joined())
+        .all(|(_, n)| n.core.round() == Some((2, members.clone())))));
+    let leave_bytes = net.nodes[0].traffic.bytes - before.bytes;
+    assert!(
+        leave_bytes < 100 * n,
+        "a leave cost the scheduler {leave_bytes} bytes at {n} nodes"
+    );
+    for &w in &workers {
+        if w != leaver {
+            assert!(!net.nodes[w]
+                .core
+                .nodes()
+                .iter()
+                .any(|e| e.id == net.id(leaver)));
+        }
+    }
+}
+
+/// A change of a round a worker does not hold (it missed one: a resend
+/// that came late) is not applied: the worker asks for the whole table and
+/// the scheduler sends it.
+#[test]
+fn a_change_of_a_round_not_held_brings_the_whole_table() {
+    // No heartbeats: the messages counted are the ask and the table.
+    let mut net = elastic_with(1, 2, 4, 22, |c| c.heartbeat_interval = None);
+    let a = join(&mut net);
+    join(&mut net);
+    assert!(net.run_until(SECOND * 3, Network::all_joined));
+    let scheduler_key = net.key_of(SCHEDULER);
+    let mut change = Message::control(Command::AddNode, net.id(a));
+    change.meta.sender = SCHEDULER;
+    change.meta.sender_key = scheduler_key;
+    change.meta.control.round = Some(7);
+    change.meta.control.round_base = Some(6);
+    change.meta.control.round_left = vec![11];
+    let (sent, sched_sent) = (net.nodes[a].traffic, net.nodes[0].traffic);
+    let now = net.now;
+    net.nodes[a].core.handle(change, now);
+    net.flush(a);
+    net.run_for(SECOND / 10);
+    assert_eq!(
+        net.nodes[a].core.round(),
+        Some((0, vec![9, 11])),
+        "not applied"
+    );
+    assert_eq!(net.nodes[a].traffic.messages, sent.messages + 1, "it asked");
+    assert_eq!(
+        net.nodes[0].traffic.messages,
+        sched_sent.messages + 1,
+        "the table came back"
+    );
+    assert!(everyone_in(&net, 0, &[9, 11]));
+}

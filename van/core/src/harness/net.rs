@@ -31,7 +31,9 @@ pub(super) struct Packet {
     to: usize,
     identity: NodeId,
     key: Option<u64>,
-    msg: Message,
+    /// The meta frame, encoded as on the wire.
+    meta: Bytes,
+    data: Vec<Bytes>,
 }
 
 impl PartialEq for Packet {
@@ -206,7 +208,8 @@ impl Network {
     /// waits in the core.
     pub(crate) fn flush(&mut self, i: usize) {
         loop {
-            let outputs = self.nodes[i].core.take_output();
+            let node = &mut self.nodes[i];
+            let outputs = timed(&mut node.core_time, || node.core.take_output());
             if outputs.is_empty() {
                 return;
             }
@@ -227,6 +230,13 @@ impl Network {
         let Some(&(Some(to), identity, key)) = self.nodes[i].conns.get(&msg.meta.recver) else {
             return; // no connection, or to an address where nobody listens
         };
+        // Encoded once, as the Van writes it: what goes on the wire is
+        // counted (see [`SimNode::traffic`]).
+        let meta = Bytes::from(msg.meta.encode());
+        let bytes = meta.len() + msg.data.iter().map(Bytes::len).sum::<usize>();
+        let traffic = &mut self.nodes[i].traffic;
+        traffic.messages += 1;
+        traffic.bytes += bytes as u64;
         let heartbeat = msg.meta.control.cmd == pslite_proto::Command::Heartbeat;
         if heartbeat && (self.heartbeats_lost.contains(&i) || self.heartbeats_lost.contains(&to)) {
             return;
@@ -258,7 +268,8 @@ impl Network {
                 to,
                 identity,
                 key,
-                msg: msg.clone(),
+                meta: meta.clone(),
+                data: msg.data.clone(),
             }));
         }
     }
@@ -329,7 +340,10 @@ impl Network {
         }
         for (_, i, peer, event) in events {
             if self.nodes[i].alive {
-                self.nodes[i].core.link_event(peer, event, now);
+                let node = &mut self.nodes[i];
+                timed(&mut node.core_time, || {
+                    node.core.link_event(peer, event, now)
+                });
                 self.flush(i);
             }
         }
@@ -344,15 +358,14 @@ impl Network {
             }
             // Through the codec, as on the wire; the sender comes from the
             // connection's identity.
-            let mut meta = Meta::decode(&p.msg.meta.encode()).expect("a meta we encoded decodes");
+            let mut meta = Meta::decode(&p.meta).expect("a meta we encoded decodes");
             meta.sender = p.identity;
             meta.sender_key = p.key;
-            let msg = Message {
-                meta,
-                data: p.msg.data,
-            };
-            if let Some(refused) = self.nodes[p.to].core.handle(msg, now) {
-                self.nodes[p.to].refused.push(refused);
+            let msg = Message { meta, data: p.data };
+            let node = &mut self.nodes[p.to];
+            let refused = timed(&mut node.core_time, || node.core.handle(msg, now));
+            if let Some(refused) = refused {
+                node.refused.push(refused);
             }
             self.flush(p.to);
         }
@@ -369,12 +382,25 @@ impl Network {
             }
             if self.nodes[i].core.poll_timeout().is_some_and(|t| t <= now) {
                 let wall = self.wall(now);
-                self.nodes[i].core.tick(now, wall);
+                let node = &mut self.nodes[i];
+                timed(&mut node.core_time, || node.core.tick(now, wall));
                 self.flush(i);
             }
         }
         true
     }
+}
+
+/// Runs `f` (a call into a core), adding the time it took to `total`:
+/// what [`SimNode::core_time`] sums up.
+pub(super) fn timed<T>(total: &mut Duration, f: impl FnOnce() -> T) -> T {
+    // The simulation measures the core's own time (virtual time is
+    // elsewhere).
+    #[allow(clippy::disallowed_methods)]
+    let start = Instant::now();
+    let out = f();
+    *total += start.elapsed();
+    out
 }
 
 /// The harness's side of `crate::carry`: node `i`'s outputs carried out

@@ -72,7 +72,16 @@ impl Member {
         }
         let nodes = &msg.meta.control.node;
         if !self.joined {
+            if let (Some(number), Some(_)) = (msg.meta.control.round, msg.meta.control.round_base) {
+                // A change that overtook this node's table: asked for later.
+                self.early_change = self.early_change.max(Some(number));
+                return Vec::new();
+            }
             return self.join(msg, nodes, now);
+        }
+        let c = &msg.meta.control;
+        if let (Some(number), Some(base)) = (c.round, c.round_base) {
+            return self.next_round_change(msg, number, base);
         }
         if let Some((number, workers)) = msg_round(msg) {
             return self.next_round(nodes, number, workers, msg.meta.timestamp);
@@ -163,6 +172,9 @@ impl Member {
         if let Some((number, workers)) = round {
             info!("in elastic round {number} with workers {workers:?}");
             actions.extend(self.set_round(number, workers));
+            if self.early_change.take().is_some_and(|early| early > number) {
+                actions.push(self.ask_table(number));
+            }
         }
         actions.push(Effect::Changed);
         actions.push(Effect::Event(Event::Joined));
@@ -214,6 +226,78 @@ impl Member {
         info!("elastic round {number} began with workers {workers:?}");
         actions.extend(self.set_round(number, workers));
         actions
+    }
+
+    /// Elastic mode: round `number` as a change of round `base` (see
+    /// `round_base` in `proto/meta.proto`): the workers gone leave the table
+    /// and the round, the joiners' entries come in and they rank after the
+    /// others. A node that does not hold round `base` asks the scheduler
+    /// for the whole table instead.
+    pub(super) fn next_round_change(
+        &mut self,
+        msg: &Message,
+        number: u64,
+        base: u64,
+    ) -> Vec<Effect> {
+        let c = &msg.meta.control;
+        let ts = msg.meta.timestamp;
+        let held = self.round.as_ref().map(|(n, _)| *n);
+        if held.is_some_and(|n| n >= number) {
+            // A round this node has (or an older one): only the entries.
+            return self.update(&c.node, ts);
+        }
+        let Some(held_members) = self
+            .round
+            .as_ref()
+            .filter(|(n, _)| *n == base)
+            .map(|(_, m)| m.clone())
+        else {
+            debug!(
+                "elastic round {number} came as a change of round {base}, and this node holds                  {held:?}: asking the scheduler for the whole table"
+            );
+            return vec![self.ask_table(held.unwrap_or(0))];
+        };
+        if c.round_left.contains(&self.me.id) {
+            if self.me.role == Role::Worker {
+                return self
+                    .fail(Failure::LeftRound {
+                        id: self.me.id,
+                        round: number,
+                    })
+                    .into_iter()
+                    .collect();
+            }
+            self.ignore_table("of a round without this node".to_string());
+            return Vec::new();
+        }
+        let left: HashSet<NodeId> = c.round_left.iter().copied().collect();
+        let workers: Vec<NodeId> = held_members
+            .iter()
+            .filter(|id| !left.contains(id))
+            .chain(&c.round_members)
+            .copied()
+            .collect();
+        self.table.retain(|n| !left.contains(&n.id));
+        for id in &left {
+            self.set_at.remove(id);
+            self.dead.remove(id);
+            self.given_up.remove(id);
+        }
+        let mut actions = self.update(&c.node, ts);
+        info!("elastic round {number} began with workers {workers:?}");
+        actions.extend(self.set_round(number, workers));
+        actions
+    }
+
+    /// Elastic mode: asks the scheduler for the whole table (this node
+    /// holds round `held`, and a change of another came).
+    fn ask_table(&self, held: u64) -> Effect {
+        let mut me = self.me.clone();
+        me.customer_id = 0;
+        let mut ask = Message::control(Command::AddNode, SCHEDULER);
+        ask.meta.control.node = vec![me];
+        ask.meta.control.round_base = Some(held);
+        Effect::Send(ask)
     }
 
     /// Entries of nodes that restarted and took over an id, from the

@@ -287,12 +287,19 @@ impl Scheduler {
                 None => return false,
             }
         }
-        let present = |id: NodeId| id == SCHEDULER || self.nodes.iter().any(|n| n.id == id);
+        // Checked on every arrival: too few to be complete costs nothing
+        // (a barrier over N nodes costs O(N), not O(N^2)).
+        if round.arrived.len() + round.excused.len() < expected {
+            return false;
+        }
+        let ids: HashSet<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        let present = |id: NodeId| id == SCHEDULER || ids.contains(&id);
+        let arrived_ids: HashSet<NodeId> = round.arrived.iter().map(|&(a, _)| a).collect();
         let arrived = round.arrived.iter().filter(|(id, _)| present(*id)).count()
             + round
                 .excused
                 .iter()
-                .filter(|&&id| present(id) && !round.arrived.iter().any(|&(a, _)| a == id))
+                .filter(|&&id| present(id) && !arrived_ids.contains(&id))
                 .count();
         arrived >= expected
     }
@@ -303,11 +310,12 @@ impl Scheduler {
         let Some(round) = self.barriers.remove(&group) else {
             return Vec::new();
         };
+        let ids: HashSet<NodeId> = self.nodes.iter().map(|n| n.id).collect();
         let waiting: BTreeSet<NodeId> = round
             .arrived
             .iter()
             .map(|&(id, _)| id)
-            .filter(|&id| id == SCHEDULER || self.nodes.iter().any(|n| n.id == id))
+            .filter(|&id| id == SCHEDULER || ids.contains(&id))
             .collect();
         debug!("scheduler: barrier {group} released to {waiting:?}");
         round.release(group, waiting)

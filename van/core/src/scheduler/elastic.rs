@@ -356,21 +356,105 @@ impl Scheduler {
         self.send_table(now)
     }
 
-    /// The table to every live process in it.
+    /// The table to every live process in it: to a process that holds the
+    /// round last sent, as the change from it (the workers that joined and
+    /// left since: O(change) bytes); to the others, whole.
     pub(super) fn send_table(&mut self, now: Instant) -> Vec<Effect> {
         let table = self.table_message();
         let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
-        let mut actions = Vec::new();
+        let Some(e) = &self.elastic else {
+            return Vec::new();
+        };
+        let members = &e.members;
+        let current: HashSet<NodeId> = members.iter().copied().collect();
+        let before: HashSet<NodeId> = e.sent_members.iter().copied().collect();
+        let newcomers: Vec<NodeId> = members
+            .iter()
+            .copied()
+            .filter(|id| !before.contains(id))
+            .collect();
+        let gone: Vec<NodeId> = e
+            .sent_members
+            .iter()
+            .copied()
+            .filter(|id| !current.contains(id))
+            .collect();
+        // A change rebuilds the round from the last one: survivors in their
+        // order, then the newcomers. Were it not so, everyone gets the table.
+        let rebuilds = e
+            .sent_members
+            .iter()
+            .filter(|id| current.contains(id))
+            .chain(&newcomers)
+            .eq(members.iter());
+        let newcomer_ids: HashSet<NodeId> = newcomers.iter().copied().collect();
+        let mut change = Message::control(Command::AddNode, K_EMPTY);
+        change.meta.control.node = self
+            .nodes
+            .iter()
+            .filter(|n| newcomer_ids.contains(&n.id))
+            .cloned()
+            .collect();
+        change.meta.control.round = table.meta.control.round;
+        change.meta.control.round_members = newcomers;
+        change.meta.control.round_left = gone.clone();
+        let Some(e) = &mut self.elastic else {
+            return Vec::new();
+        };
+        let base = e.table_round.filter(|_| rebuilds);
+        change.meta.control.round_base = base;
+        e.sent_members = e.members.clone();
+        let number = table.meta.control.round;
+        let mut sends = Vec::new();
         for node in processes {
+            let holds_base = base.is_some() && e.sent_round.get(&node.id) == base.as_ref();
+            let msg = if holds_base && !newcomer_ids.contains(&node.id) {
+                change.clone()
+            } else {
+                table.clone()
+            };
+            if let Some(number) = number {
+                e.sent_round.insert(node.id, number);
+            }
+            sends.push((node, msg));
+        }
+        e.table_round = number;
+        e.sent_round.retain(|id, _| !gone.contains(id));
+        let mut actions = Vec::new();
+        for (node, mut msg) in sends {
             if self.is_dead(node.id, now) {
                 continue;
             }
             actions.extend(self.link(&node));
-            let mut msg = table.clone();
             msg.meta.recver = node.id;
             actions.push(Effect::Send(msg));
         }
         actions
+    }
+
+    /// Elastic mode: a member that holds another round than a change it got
+    /// applies to asks for the whole table (an ADD_NODE from its id with
+    /// `round_base`): it gets it.
+    pub(super) fn table_asked(&mut self, sender: NodeId) -> Vec<Effect> {
+        if self.elastic.is_none() || !self.ready || !self.nodes.iter().any(|n| n.id == sender) {
+            return Vec::new();
+        }
+        debug!("scheduler: node {sender} asked for the whole table");
+        let mut table = self.table_message();
+        let Some(e) = &mut self.elastic else {
+            return Vec::new();
+        };
+        if table.meta.control.round.is_none() {
+            // Between rounds: the last one sent, as everyone holds it.
+            table.meta.control.round = e.table_round;
+            table.meta.control.round_members = e.sent_members.clone();
+        }
+        match table.meta.control.round {
+            Some(number) => e.sent_round.insert(sender, number),
+            None => e.sent_round.remove(&sender),
+        };
+        table.meta.recver = sender;
+        vec![Effect::Send(table)]
     }
 
     /// Elastic mode: the cluster forms once every server registered and

@@ -49,6 +49,9 @@ impl Scheduler {
         if self.stopping.is_some() {
             return self.tell_registered(node, now);
         }
+        if msg.meta.control.round_base.is_some() && sender != K_EMPTY {
+            return self.table_asked(sender);
+        }
         if self.elastic.is_some() && (node.role == Role::Worker || !self.ready) {
             return self.elastic_add_node(node, sender, now);
         }
