@@ -46,7 +46,7 @@ pub const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// What the node side needs to know.
 #[derive(Clone, Debug)]
 pub struct MemberConfig {
-    /// This node: role, host and port (id [`K_EMPTY`], or [`SCHEDULER`] on
+    /// This node: role, host and port (id [`K_EMPTY`](pslite_proto::K_EMPTY), or [`SCHEDULER`] on
     /// the scheduler).
     pub me: Node,
     /// The scheduler (id 1, its host and port).

@@ -30,20 +30,20 @@ impl Van {
             .with_core(Self::mode(), |core, _| core.set_replicated_apps(apps));
     }
 
-    /// App `app`'s answer to [`Dispatch::snapshot`] request `token`.
+    /// App `app`'s answer to [`Dispatch::snapshot`](crate::Dispatch::snapshot) request `token`.
     pub fn snapshot_taken(&self, token: u64, app: i32, data: Bytes) {
         self.shared.with_core(Self::mode(), |core, now| {
             core.snapshot_taken(token, app, data, now)
         });
     }
 
-    /// App `app` finished [`Dispatch::restore`] request `token`.
+    /// App `app` finished [`Dispatch::restore`](crate::Dispatch::restore) request `token`.
     pub fn restored(&self, token: u64, app: i32) {
         self.shared
             .with_core(Self::mode(), |core, now| core.restored(token, app, now));
     }
 
-    /// App `app` cannot answer [`Dispatch::snapshot`] request `token` (its
+    /// App `app` cannot answer [`Dispatch::snapshot`](crate::Dispatch::snapshot) request `token` (its
     /// state cannot be copied): a checkpoint fails saying `why`.
     pub fn snapshot_failed(&self, token: u64, app: i32, why: &str) {
         self.shared.with_core(Self::mode(), |core, now| {
@@ -51,7 +51,7 @@ impl Van {
         });
     }
 
-    /// App `app` refused [`Dispatch::restore`] request `token` (nothing
+    /// App `app` refused [`Dispatch::restore`](crate::Dispatch::restore) request `token` (nothing
     /// changed): a server restoring a checkpoint fails saying `why`.
     pub fn restore_failed(&self, token: u64, app: i32, why: &str) {
         self.shared.with_core(Self::mode(), |core, now| {
