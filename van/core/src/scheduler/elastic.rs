@@ -317,18 +317,7 @@ impl Scheduler {
         }
         self.nodes.sort_by_key(|n| (n.id, n.customer_id));
         self.table_changed = true;
-        let before: HashSet<NodeId> = e.members.iter().copied().collect();
-        let newcomers: Vec<NodeId> = members
-            .iter()
-            .copied()
-            .filter(|id| !before.contains(id))
-            .collect();
-        let gone: Vec<NodeId> = e
-            .members
-            .iter()
-            .copied()
-            .filter(|id| !members.contains(id))
-            .collect();
+        let (newcomers, gone) = membership_change(&e.members, members);
         e.members = members.to_vec();
         // Newcomers are admitted at the barriers the workers have reached
         // (some worker arrived), or, with none, count as arrived at the next
@@ -367,18 +356,7 @@ impl Scheduler {
         };
         let members = &e.members;
         let current: HashSet<NodeId> = members.iter().copied().collect();
-        let before: HashSet<NodeId> = e.sent_members.iter().copied().collect();
-        let newcomers: Vec<NodeId> = members
-            .iter()
-            .copied()
-            .filter(|id| !before.contains(id))
-            .collect();
-        let gone: Vec<NodeId> = e
-            .sent_members
-            .iter()
-            .copied()
-            .filter(|id| !current.contains(id))
-            .collect();
+        let (newcomers, gone) = membership_change(&e.sent_members, members);
         // A change rebuilds the round from the last one: survivors in their
         // order, then the newcomers. Were it not so, everyone gets the table.
         let rebuilds = e
@@ -477,4 +455,22 @@ impl Scheduler {
         actions.push(Effect::Event(Event::Formed(self.table())));
         actions
     }
+}
+
+/// Who is in `after` and not in `before` (newcomers), and who is in `before`
+/// and not in `after` (gone), each in its list's order; linear in both.
+fn membership_change(before: &[NodeId], after: &[NodeId]) -> (Vec<NodeId>, Vec<NodeId>) {
+    let was: HashSet<NodeId> = before.iter().copied().collect();
+    let is: HashSet<NodeId> = after.iter().copied().collect();
+    let newcomers = after
+        .iter()
+        .copied()
+        .filter(|id| !was.contains(id))
+        .collect();
+    let gone = before
+        .iter()
+        .copied()
+        .filter(|id| !is.contains(id))
+        .collect();
+    (newcomers, gone)
 }
