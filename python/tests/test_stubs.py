@@ -29,3 +29,14 @@ def test_a_typed_program_checks():
                           os.path.join(HERE, "typed_usage.py")], capture_output=True, text=True,
                          timeout=300, cwd=HERE)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_error_class_is_exported_by_the_package():
+    # pslite/__init__.py lists the error classes again (mypy needs a literal
+    # __all__): the two lists must not drift apart.
+    import pslite
+    import pslite.errors
+
+    for name in pslite.errors.__all__:
+        assert name in pslite.__all__, name
+        assert getattr(pslite, name) is getattr(pslite.errors, name), name
