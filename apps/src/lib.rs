@@ -62,6 +62,7 @@
 
 mod all_reduce;
 pub mod compression;
+mod staleness;
 mod customer;
 mod engine;
 mod error;

@@ -13,6 +13,7 @@ use prost::Message as _;
 
 use crate::checkpoint::CheckpointMsg;
 use crate::compression::CompressionMsg;
+use crate::staleness::StalenessMsg;
 use crate::ids::K_EMPTY;
 use crate::partition::Partition;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
@@ -126,6 +127,7 @@ impl Meta {
             refusal: self.refusal.as_deref().map(Refusal::to_pb),
             partition: self.partition.as_deref().map(Partition::to_pb),
             compression: self.compression.as_deref().map(CompressionMsg::to_pb),
+            staleness: self.staleness.as_deref().map(|s| s.to_pb()),
         }
     }
 
@@ -186,6 +188,7 @@ impl Meta {
                 )),
                 None => None,
             },
+            staleness: pb.staleness.map(|s| Box::new(StalenessMsg::from_pb(s))),
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

@@ -30,8 +30,9 @@
 //!   admissible once its own earlier pushes are applied, so the gate cannot
 //!   deadlock.
 //!
-//! The core will compose it as a component (the held pulls are data
-//! requests, the ticks a pslite-only control message); until then it is
+//! The core composes it as a component (`component.rs`: the held pulls
+//! are data requests held as `Reason::Stale`, the ticks and clocks a
+//! pslite-only meta field, `PBMeta.staleness`); it is
 //! tested here alone, under reordering, loss and deaths.
 
 use std::collections::BTreeMap;
@@ -118,6 +119,14 @@ impl<R> Gate<R> {
             self.workers.entry(id).or_default();
         }
         self.release()
+    }
+
+    /// A new process took `worker`'s id: it starts again at clock 0 (this
+    /// admits nothing).
+    pub fn restart(&mut self, worker: NodeId) {
+        if let Some(p) = self.workers.get_mut(&worker) {
+            *p = Progress::default();
+        }
     }
 
     /// Worker `worker` reached clock `clock`, having sent this server
@@ -240,6 +249,8 @@ impl WorkerClock {
             .collect()
     }
 }
+
+pub mod component;
 
 #[cfg(test)]
 mod tests {
