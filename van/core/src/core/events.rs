@@ -29,7 +29,7 @@ fn listeners(event: &Event) -> &'static [Part] {
             &[Part::Member]
         }
         Event::TableTaken => &[Part::Replication, Part::Staleness],
-        Event::RoundBegan { .. } => &[Part::Staleness],
+        Event::RoundBegan { .. } | Event::DeadNodes(_) => &[Part::Staleness],
         Event::Releasing { .. } => &[Part::Checkpoints],
         Event::Registered(_)
         | Event::FailedOver { .. }

@@ -12,8 +12,10 @@
 //!   passes this component's pipeline stage on its way out
 //!   ([`Component::outgoing`]), which tells the gate.
 //! - The workers of the bound follow membership: the node table's workers
-//!   (an elastic round's), less those given up as dead; a worker replaced
-//!   by a new process starts again at clock 0.
+//!   (an elastic round's), less those the scheduler declares dead (at once:
+//!   the others do not wait through the recovery window) and those given
+//!   up on; a worker replaced by a new process starts again at clock 0, one
+//!   declared dead by mistake that comes back keeps its count.
 //!
 //! A node that never receives a staleness part keeps no gate: its pipeline
 //! stage returns at once.
@@ -44,6 +46,9 @@ pub struct Staleness {
     round: Option<Vec<NodeId>>,
     /// Workers given up as dead (nothing replaced them).
     gone: HashSet<NodeId>,
+    /// Nodes the scheduler declares dead now (a replacement may still
+    /// come): out of the bound meanwhile.
+    declared: Vec<NodeId>,
     next_ticket: u64,
     /// The largest `clock - floor` of a bounded pull when it went to the
     /// apps (how far its worker was ahead of the slowest).
@@ -66,7 +71,7 @@ impl Staleness {
         };
         workers
             .into_iter()
-            .filter(|id| !self.gone.contains(id))
+            .filter(|id| !self.gone.contains(id) && !self.declared.contains(id))
             .collect()
     }
 
@@ -189,6 +194,7 @@ impl Component for Staleness {
                 }
             }
             Event::RoundBegan { workers, .. } => self.round = Some(workers.clone()),
+            Event::DeadNodes(dead) => self.declared = dead.clone(),
             _ => {}
         }
         if !self.gates.is_empty() {
