@@ -77,7 +77,7 @@ fn killing_a_worker_does_not_hang_the_others() {
     let port = free_port();
     let extra = [
         ("PS_STALENESS", "1"),
-        ("PS_RECOVERY_TIMEOUT", "2"),
+        ("PS_RECOVERY_TIMEOUT", "20"),
         ("STALENESS_ITERS", "30"),
         ("STALENESS_SLOW_RANK", "2"),
         ("STALENESS_SLOW_MS", "50"),
@@ -87,7 +87,9 @@ fn killing_a_worker_does_not_hang_the_others() {
     let scheduler = node("scheduler");
     let server = node("server");
     let workers: Vec<Spawned> = (0..3).map(|_| node("worker")).collect();
-    // The slow worker (rank 2) is killed at its clock 3.
+    // The slow worker (rank 2) is killed at its clock 3; the others leave
+    // it out of the bound once the scheduler declares it dead (its
+    // connection closed), well before its 20 s recovery window ends.
     let deadline = Instant::now() + Duration::from_secs(60);
     let victim = loop {
         assert!(Instant::now() < deadline, "rank 2 never reached clock 3");
