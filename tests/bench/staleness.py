@@ -10,7 +10,10 @@ final accuracy, the largest clock gap the servers let a pull through with
 per S (medians) and the time to the threshold as a ratio of s=0's.
 
     python3 tests/bench/staleness.py [--rounds 3] [--workers 4]
-        [--slow-ms 20] [--threshold 0.88] [--epochs 3]
+        [--slow-ms 20] [--jitter-ms 0] [--threshold 0.88] [--epochs 3]
+
+`--slow-ms 0 --jitter-ms M` replaces the one straggler by jitter on every
+worker (each sleeps an exponential time of mean M per iteration).
 
 Builds nothing: run `cargo build --release -p pslite-cli` first (it uses
 target/release/pslite of this checkout).
@@ -39,8 +42,9 @@ def run(args, s):
         "--epochs", str(args.epochs),
         "--threshold", str(args.threshold),
         "--staleness", s,
-        "--slow-worker", str(args.slow_worker),
-        "--slow-ms", str(args.slow_ms),
+        *(["--slow-worker", str(args.slow_worker), "--slow-ms", str(args.slow_ms)]
+          if args.slow_ms > 0 else []),
+        "--jitter-ms", str(args.jitter_ms),
         "--timeout", "300",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
@@ -60,6 +64,8 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--slow-worker", type=int, default=1)
     p.add_argument("--slow-ms", type=int, default=20)
+    p.add_argument("--jitter-ms", type=int, default=0,
+                   help="every worker sleeps a random time (exponential, this mean) per iteration")
     p.add_argument("--threshold", type=float, default=0.88)
     args = p.parse_args()
     bounds = ["0", "2", "none"]
@@ -71,7 +77,8 @@ def main():
             print(f"round {r + 1} s={s}: time to {args.threshold} {t:.2f} s, "
                   f"final accuracy {a:.4f}, max gap {g}, wall {w:.1f} s", flush=True)
     print(f"\n{args.servers} servers, {args.workers} workers, worker {args.slow_worker} "
-          f"slowed by {args.slow_ms} ms per iteration, {args.epochs} epochs, "
+          f"slowed by {args.slow_ms} ms per iteration, jitter {args.jitter_ms} ms (mean) "
+          f"on every worker, {args.epochs} epochs, "
           f"threshold {args.threshold}, median of {args.rounds}:")
     print("| s | time to threshold (s) | vs s=0 | final accuracy | max clock gap | wall (s) |")
     print("|---|---|---|---|---|---|")

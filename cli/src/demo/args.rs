@@ -124,6 +124,11 @@ pub struct DemoArgs {
     /// With --slow-worker: milliseconds it sleeps per iteration.
     #[arg(long, default_value_t = 20, value_name = "MS")]
     pub slow_ms: u64,
+    /// Every worker sleeps a random time per iteration, exponentially
+    /// distributed with this mean in milliseconds (jitter, as on shared
+    /// machines; 0: none). Implies the --staleness way of training.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub jitter_ms: u64,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
@@ -217,7 +222,7 @@ impl DemoArgs {
     /// Whether workers train as `--staleness`/`--slow-worker` say (no
     /// barriers between epochs, the time to the threshold measured).
     pub fn staleness_mode(&self) -> bool {
-        self.staleness.is_some() || self.slow_worker.is_some()
+        self.staleness.is_some() || self.slow_worker.is_some() || self.jitter_ms > 0
     }
 
     /// The data set these options describe.
@@ -351,6 +356,9 @@ impl DemoArgs {
         }
         if let Some(s) = &self.staleness {
             args.extend(["--staleness".into(), s.to_string()]);
+        }
+        if self.jitter_ms > 0 {
+            args.extend(["--jitter-ms".into(), self.jitter_ms.to_string()]);
         }
         if let Some(r) = self.slow_worker {
             args.extend(["--slow-worker".into(), r.to_string()]);

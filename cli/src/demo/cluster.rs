@@ -657,10 +657,13 @@ fn staleness_result(
     final_accuracy: f64,
 ) -> bool {
     let bound = args.staleness.and_then(|b| b.0);
-    let slow = match args.slow_worker {
+    let mut slow = match args.slow_worker {
         Some(r) => format!("worker {r} slowed by {} ms per iteration", args.slow_ms),
         None => "no worker slowed".into(),
     };
+    if args.jitter_ms > 0 {
+        slow += &format!(", every worker {} ms of jitter per iteration (mean)", args.jitter_ms);
+    }
     match bound {
         Some(s) => println!(
             "bounded staleness s = {s}, {slow}: the servers held {} pull{} back; the largest \

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use pslite::{Error, KVOptions, Postoffice, SArray};
+use rand::{Rng, SeedableRng};
 
 use super::args::DemoArgs;
 use super::data::unique_keys;
@@ -34,6 +35,8 @@ pub fn train(
         kv.set_staleness(bound.0)?;
     }
     let slow = (args.slow_worker == Some(rank)).then(|| Duration::from_millis(args.slow_ms));
+    // --jitter-ms: a seeded draw per worker (runs at each s see the same).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed ^ (rank as u64 + 1) * 0x9E37);
     let mut traffic = Traffic::default();
     let batches: Vec<_> = shard.chunks(args.batch.max(1)).collect();
     let per_epoch = batches.len().max(1);
@@ -66,6 +69,13 @@ pub fn train(
         if let Some(d) = slow {
             // The straggler (simulated: the time a slow machine would take).
             std::thread::sleep(d);
+        }
+        if args.jitter_ms > 0 {
+            // Exponential with mean --jitter-ms (inverse transform).
+            let u: f64 = rng.random_range(f64::EPSILON..1.0);
+            std::thread::sleep(Duration::from_secs_f64(
+                -u.ln() * args.jitter_ms as f64 / 1000.0,
+            ));
         }
         kv.clock()?;
         let Some(test) = &test else { continue };
