@@ -423,8 +423,10 @@ impl<V: Val> KVWorker<V> {
             // A fresh timestamp (ticks are told apart from each other and
             // from requests); nothing answers a tick.
             let ts = self.customer.new_request(0, Pending::command()).ts();
-            let mut msg = Message::default();
-            msg.meta = meta;
+            let mut msg = Message {
+                meta,
+                ..Message::default()
+            };
             msg.meta.app_id = inner.app_id;
             msg.meta.customer_id = inner.customer_id;
             msg.meta.timestamp = ts;

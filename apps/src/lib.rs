@@ -62,7 +62,6 @@
 
 mod all_reduce;
 pub mod compression;
-mod staleness;
 mod customer;
 mod engine;
 mod error;
@@ -74,6 +73,7 @@ mod refusal;
 mod request;
 mod sarray;
 mod simple_app;
+mod staleness;
 
 use std::process::ExitCode;
 

@@ -101,9 +101,7 @@ impl Clock {
 
 /// The job's servers, all of which must read a worker's clock.
 pub(crate) fn servers(po: &Postoffice) -> Result<Vec<NodeId>, Error> {
-    let servers: Vec<NodeId> = (0..po.num_servers())
-        .map(ids::server_rank_to_id)
-        .collect();
+    let servers: Vec<NodeId> = (0..po.num_servers()).map(ids::server_rank_to_id).collect();
     if let Some(&old) = servers
         .iter()
         .find(|&&s| po.peer_features(s) & FEATURE_STALENESS == 0)

@@ -13,13 +13,13 @@ use prost::Message as _;
 
 use crate::checkpoint::CheckpointMsg;
 use crate::compression::CompressionMsg;
-use crate::staleness::StalenessMsg;
 use crate::ids::K_EMPTY;
 use crate::partition::Partition;
 use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::shm::ShmFrame;
+use crate::staleness::StalenessMsg;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
 use crate::{Command, Control, DataType, Meta, Node, Role};

@@ -4,11 +4,11 @@ use bytes::Bytes;
 
 use crate::checkpoint::CheckpointMsg;
 use crate::compression::CompressionMsg;
-use crate::staleness::StalenessMsg;
 use crate::ids::{NodeId, K_EMPTY};
 use crate::partition::Partition;
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
+use crate::staleness::StalenessMsg;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
 use crate::Node;

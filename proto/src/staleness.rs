@@ -22,7 +22,7 @@ impl StalenessMsg {
         self.pushes.is_some()
     }
 
-    pub(crate) fn to_pb(&self) -> PbStaleness {
+    pub(crate) fn to_pb(self) -> PbStaleness {
         PbStaleness {
             clock: Some(self.clock),
             bound: self.bound,

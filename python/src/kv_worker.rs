@@ -248,7 +248,8 @@ impl PyKVWorker {
     /// staleness bound, every server is told; returns the new clock.
     fn clock(&self, py: Python<'_>) -> PyResult<u64> {
         let worker = self.worker.get()?;
-        py.detach(|| dispatch!(Worker, worker, kv => kv.clock())).py()
+        py.detach(|| dispatch!(Worker, worker, kv => kv.clock()))
+            .py()
     }
 
     /// The iterations this worker ended with `clock()`.

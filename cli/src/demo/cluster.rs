@@ -662,7 +662,10 @@ fn staleness_result(
         None => "no worker slowed".into(),
     };
     if args.jitter_ms > 0 {
-        slow += &format!(", every worker {} ms of jitter per iteration (mean)", args.jitter_ms);
+        slow += &format!(
+            ", every worker {} ms of jitter per iteration (mean)",
+            args.jitter_ms
+        );
     }
     match bound {
         Some(s) => println!(

@@ -36,7 +36,7 @@ pub fn train(
     }
     let slow = (args.slow_worker == Some(rank)).then(|| Duration::from_millis(args.slow_ms));
     // --jitter-ms: a seeded draw per worker (runs at each s see the same).
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed ^ (rank as u64 + 1) * 0x9E37);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed ^ ((rank as u64 + 1) * 0x9E37));
     let mut traffic = Traffic::default();
     let batches: Vec<_> = shard.chunks(args.batch.max(1)).collect();
     let per_epoch = batches.len().max(1);

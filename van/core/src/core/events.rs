@@ -18,10 +18,9 @@ use crate::hold::Reason;
 /// The components that take `event`, in order.
 fn listeners(event: &Event) -> &'static [Part] {
     match event {
-        Event::Forming(_)
-        | Event::Replacing(_)
-        | Event::Replaced(_)
-        | Event::Back(_) => &[Part::Replication],
+        Event::Forming(_) | Event::Replacing(_) | Event::Replaced(_) | Event::Back(_) => {
+            &[Part::Replication]
+        }
         Event::PeerReplaced(_) => &[Part::Store, Part::Partition, Part::Staleness],
         Event::PeerDead(_) => &[Part::Partition, Part::Staleness],
         Event::Formed(_) => &[Part::Member, Part::Checkpoints],

@@ -67,8 +67,7 @@ pub(crate) enum Part {
 impl Part {
     /// The outgoing pipeline's stages, in order (see `pipeline.rs`; the
     /// wire after them keeps the resender's copy).
-    pub(crate) const PIPELINE: [Part; 3] =
-        [Part::Replication, Part::Checkpoints, Part::Staleness];
+    pub(crate) const PIPELINE: [Part; 3] = [Part::Replication, Part::Checkpoints, Part::Staleness];
     /// The components whose parts control messages carry (see
     /// `pipeline.rs`), in order.
     pub(crate) const ATTACHMENTS: [Part; 2] = [Part::Replication, Part::Checkpoints];

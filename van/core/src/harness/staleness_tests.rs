@@ -23,7 +23,10 @@ fn config(resend: bool) -> VanConfig {
 }
 
 fn words(v: &[u64]) -> bytes::Bytes {
-    v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>().into()
+    v.iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect::<Vec<u8>>()
+        .into()
 }
 
 /// One simulated worker: it pushes 1 to its own key, pulls every worker's
@@ -176,7 +179,14 @@ impl Job {
     /// Runs until every live worker reached `clocks`; worker `slow` acts
     /// once every `every` rounds. False if the limit of virtual time
     /// passed first.
-    fn run(&mut self, net: &mut Network, clocks: u64, slow: usize, every: u64, limit: Duration) -> bool {
+    fn run(
+        &mut self,
+        net: &mut Network,
+        clocks: u64,
+        slow: usize,
+        every: u64,
+        limit: Duration,
+    ) -> bool {
         let end = net.now + limit;
         let mut round = 0u64;
         while net.now < end {
@@ -231,7 +241,10 @@ fn the_bound_holds_under_loss_with_resends() {
             max_delay: MS * 20,
         };
         let mut job = Job::new(&net, 3, 1);
-        assert!(job.run(&mut net, 15, 2, 3, SECOND * 120), "seed {seed}: hung");
+        assert!(
+            job.run(&mut net, 15, 2, 3, SECOND * 120),
+            "seed {seed}: hung"
+        );
         assert!(server_staleness(&net).1 <= 1);
     }
 }
@@ -251,7 +264,10 @@ fn a_dead_worker_leaves_the_bound_and_the_others_go_on() {
     let killed_at = net.now;
     net.kill(job.workers[0].index);
     job.workers[0].alive = false;
-    assert!(job.run(&mut net, 30, 0, 1, SECOND * 20), "the survivors hung");
+    assert!(
+        job.run(&mut net, 30, 0, 1, SECOND * 20),
+        "the survivors hung"
+    );
     assert!(job.workers[1].clock >= 30 && job.workers[2].clock >= 30);
     assert!(net.now.duration_since(killed_at) < SECOND * 20);
     assert!(server_staleness(&net).1 <= 1);
