@@ -101,6 +101,7 @@ fn killing_a_worker_does_not_hang_the_others() {
         }
     };
     workers[victim].signal(libc::SIGKILL);
+    let killed = Instant::now();
     let mut runs = Vec::new();
     for (i, w) in workers.into_iter().enumerate() {
         let run = w.wait(Duration::from_secs(90));
@@ -110,6 +111,11 @@ fn killing_a_worker_does_not_hang_the_others() {
                 run.stdout.contains(": 30 iterations, bound 1"),
                 "a survivor did not finish its iterations:\n{}",
                 run.output()
+            );
+            eprintln!(
+                "survivor exited {:?} after the kill (code {:?})",
+                killed.elapsed(),
+                run.code()
             );
         }
         runs.push(run);
