@@ -214,6 +214,8 @@ struct Inner<V: Val> {
     compression: RwLock<Option<Compression>>,
     /// Error feedback and `randomk` seeds.
     compressed: WorkerState,
+    /// Bounded staleness: the bound and this worker's clock.
+    clock: crate::staleness::Clock,
 }
 
 /// A push, pull or push-pull sent by a [`KVWorker`]: wait for it, and take
@@ -335,6 +337,7 @@ impl<V: Val> KVWorker<V> {
             slicer: RwLock::new(Box::new(default_slicer::<V>)),
             compression: RwLock::new(None),
             compressed: WorkerState::default(),
+            clock: crate::staleness::Clock::new(po.config().staleness),
         };
         Ok(KVWorker {
             customer: Customer::new(po, app_id, customer_id, inner)?,
@@ -381,6 +384,55 @@ impl<V: Val> KVWorker<V> {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = compression;
         Ok(())
+    }
+
+    /// Bounded staleness: this worker's pulls are answered only once every
+    /// worker's pushes of clocks up to `clock - s - 1` are applied at the
+    /// server (`Some(s)`; `Some(0)` is synchronous), or at once (`None`,
+    /// the default unless `PS_STALENESS` is set). Advance the clock with
+    /// [`KVWorker::clock`] at the end of each iteration. Needs pslite
+    /// servers (fails naming one that is not).
+    pub fn set_staleness(&self, bound: Option<u64>) -> Result<(), Error> {
+        if bound.is_some() {
+            crate::staleness::servers(&self.inner().po)?;
+        }
+        self.inner().clock.set_bound(bound);
+        Ok(())
+    }
+
+    /// The bound set by [`KVWorker::set_staleness`] or `PS_STALENESS`.
+    pub fn staleness(&self) -> Option<u64> {
+        self.inner().clock.bound()
+    }
+
+    /// This worker's clock: the iterations it ended with
+    /// [`KVWorker::clock`].
+    pub fn current_clock(&self) -> u64 {
+        self.inner().clock.now()
+    }
+
+    /// Ends this worker's iteration: its clock advances and, with a bound
+    /// ([`KVWorker::set_staleness`]), every server is told the new clock
+    /// and how many pushes this worker sent it; returns the new clock.
+    /// Call it after the iteration's pushes were sent (their answers need
+    /// not have come). Without a bound it only counts.
+    pub fn clock(&self) -> Result<u64, Error> {
+        let inner = self.inner();
+        let (clock, ticks) = inner.clock.advance(&inner.po)?;
+        for meta in ticks {
+            // A fresh timestamp (ticks are told apart from each other and
+            // from requests); nothing answers a tick.
+            let ts = self.customer.new_request(0, Pending::command()).ts();
+            let mut msg = Message {
+                meta,
+                ..Message::default()
+            };
+            msg.meta.app_id = inner.app_id;
+            msg.meta.customer_id = inner.customer_id;
+            msg.meta.timestamp = ts;
+            inner.po.send(msg)?;
+        }
+        Ok(clock)
     }
 
     /// The compression requests use unless their options say otherwise.
@@ -579,6 +631,7 @@ impl<V: Val> KVWorker<V> {
                 }
             }
             msg.data = frames;
+            inner.clock.stamp(&inner.po, msg.meta.recver, &mut msg.meta);
             let recver = msg.meta.recver;
             if let Err(e) = inner.po.send(msg) {
                 let failure = Failure::SendFailed {

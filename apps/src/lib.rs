@@ -73,6 +73,7 @@ mod refusal;
 mod request;
 mod sarray;
 mod simple_app;
+mod staleness;
 
 use std::process::ExitCode;
 

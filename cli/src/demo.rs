@@ -49,6 +49,7 @@ pub mod node;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod ssp;
 
 use std::process::ExitCode;
 

@@ -102,6 +102,9 @@ pub struct Config {
     /// it is refused, and the requester's wait fails saying so (C++
     /// ps-lite waits 5 s, then aborts the node).
     pub app_wait: Duration,
+    /// `PS_STALENESS` (workers): bounded staleness `s` (see
+    /// `KVWorker::clock`); unset: asynchronous, no bound.
+    pub staleness: Option<u64>,
 }
 
 /// The most `PS_SERVER_THREADS`.
@@ -327,6 +330,7 @@ pub const NUMERIC_VARIABLES: &[(&str, Numeric)] = &[
         Numeric::new(Unit::Count, 1, MAX_COUNT),
     ),
     ("PS_QUEUE_LIMIT", Numeric::new(Unit::Count, 1, MAX_COUNT)),
+    ("PS_STALENESS", Numeric::new(Unit::Count, 0, MAX_COUNT)),
     (
         "PS_SERVER_THREADS",
         Numeric::new(Unit::Count, 1, MAX_SERVER_THREADS),
@@ -476,6 +480,7 @@ impl Config {
             request_warn: Duration::from_secs(DEFAULT_REQUEST_WARN_SECS),
             server_threads: 1,
             app_wait: Duration::from_millis(DEFAULT_APP_WAIT_MS),
+            staleness: None,
         }
     }
 
@@ -658,6 +663,7 @@ impl Config {
             request_warn,
             server_threads: env.number("PS_SERVER_THREADS", 1)? as usize,
             app_wait,
+            staleness: env.optional_number("PS_STALENESS")?,
         })
     }
 }

@@ -19,6 +19,7 @@ use crate::pb::{PbControl, PbMeta, PbNode, PbShm};
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
 use crate::shm::ShmFrame;
+use crate::staleness::StalenessMsg;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
 use crate::{Command, Control, DataType, Meta, Node, Role};
@@ -126,6 +127,7 @@ impl Meta {
             refusal: self.refusal.as_deref().map(Refusal::to_pb),
             partition: self.partition.as_deref().map(Partition::to_pb),
             compression: self.compression.as_deref().map(CompressionMsg::to_pb),
+            staleness: self.staleness.as_deref().map(|s| s.to_pb()),
         }
     }
 
@@ -186,6 +188,7 @@ impl Meta {
                 )),
                 None => None,
             },
+            staleness: pb.staleness.map(|s| Box::new(StalenessMsg::from_pb(s))),
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

@@ -35,6 +35,7 @@ pub mod partition;
 pub mod refusal;
 pub mod replica;
 pub mod shm;
+pub mod staleness;
 pub mod stats;
 pub mod store;
 
@@ -49,7 +50,9 @@ pub use codec::DecodeError;
 pub use ids::{NodeId, K_EMPTY};
 pub use message::Message;
 pub use meta::{Command, Control, DataType, Meta};
-pub use node::{Node, ParseRoleError, Role, FEATURE_COMPRESSION, FEATURE_PARTITION};
+pub use node::{
+    Node, ParseRoleError, Role, FEATURE_COMPRESSION, FEATURE_PARTITION, FEATURE_STALENESS,
+};
 
 /// Locks `mutex`, recovering the data if a thread panicked while holding
 /// it: every lock in pslite guards state that stays consistent between

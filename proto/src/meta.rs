@@ -8,6 +8,7 @@ use crate::ids::{NodeId, K_EMPTY};
 use crate::partition::Partition;
 use crate::refusal::Refusal;
 use crate::replica::ReplicaMsg;
+use crate::staleness::StalenessMsg;
 use crate::stats::{NodeCounters, NodeStatus};
 use crate::store::StoreMsg;
 use crate::Node;
@@ -256,6 +257,9 @@ pub struct Meta {
     /// pslite-only (field 131): how the values are compressed, or are to
     /// be in the answer.
     pub compression: Option<Box<CompressionMsg>>,
+    /// pslite-only (field 140): bounded staleness, the sending worker's
+    /// clock (and a pull's bound), or a tick.
+    pub staleness: Option<Box<StalenessMsg>>,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -295,6 +299,7 @@ impl Default for Meta {
             refusal: None,
             partition: None,
             compression: None,
+            staleness: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

@@ -89,7 +89,8 @@ pub struct Node {
     /// in its ZeroMQ identity to pslite peers (`ps<id>/<key>`); 0 if none.
     pub key: u64,
     /// pslite-only (field 130): what the node can receive beyond ps-lite's
-    /// messages ([`FEATURE_PARTITION`], [`FEATURE_COMPRESSION`]); 0 for C++
+    /// messages ([`FEATURE_PARTITION`], [`FEATURE_COMPRESSION`],
+    /// [`FEATURE_STALENESS`]); 0 for C++
     /// nodes and under a C++ scheduler.
     pub features: u32,
 }
@@ -100,6 +101,9 @@ pub const FEATURE_PARTITION: u32 = 1;
 /// [`Node::features`]: the node reads compressed values
 /// (`PBMeta.compression`).
 pub const FEATURE_COMPRESSION: u32 = 2;
+/// [`Node::features`]: the node reads a worker's clock and holds pulls to
+/// its bound (`PBMeta.staleness`).
+pub const FEATURE_STALENESS: u32 = 4;
 
 impl Node {
     /// A node that has no id yet.

@@ -113,6 +113,7 @@ prop_compose! {
             refusal: None,
             partition: None,
             compression: None,
+            staleness: None,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

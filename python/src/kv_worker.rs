@@ -228,6 +228,36 @@ impl PyKVWorker {
         dispatch!(Worker, self.worker.get()?, kv => kv.set_compression(c)).py()
     }
 
+    /// Bounded staleness: `s` (an int >= 0; 0 is synchronous) or `None`
+    /// (asynchronous; the default unless `PS_STALENESS` is set). A pull
+    /// is answered only once every worker's pushes of clocks up to
+    /// `clock - s - 1` are applied; end each iteration with `clock()`.
+    #[getter]
+    fn get_staleness(&self) -> PyResult<Option<u64>> {
+        Ok(dispatch!(Worker, self.worker.get()?, kv => kv.staleness()))
+    }
+
+    #[setter]
+    fn set_staleness(&self, py: Python<'_>, value: Option<u64>) -> PyResult<()> {
+        let worker = self.worker.get()?;
+        py.detach(|| dispatch!(Worker, worker, kv => kv.set_staleness(value)))
+            .py()
+    }
+
+    /// Ends this worker's iteration: its clock advances and, with a
+    /// staleness bound, every server is told; returns the new clock.
+    fn clock(&self, py: Python<'_>) -> PyResult<u64> {
+        let worker = self.worker.get()?;
+        py.detach(|| dispatch!(Worker, worker, kv => kv.clock()))
+            .py()
+    }
+
+    /// The iterations this worker ended with `clock()`.
+    #[getter]
+    fn current_clock(&self) -> PyResult<u64> {
+        Ok(dispatch!(Worker, self.worker.get()?, kv => kv.current_clock()))
+    }
+
     /// The value type: "float32", "float64", "int32", "int64" or "raw".
     #[getter]
     fn dtype(&self) -> PyResult<&'static str> {

@@ -110,12 +110,54 @@ pub struct DemoArgs {
     /// on). The output then says how many bytes crossed the wire.
     #[arg(long, value_name = "NAME", value_parser = compression)]
     pub compression: Option<pslite::Compression>,
+    /// Bounded staleness: no worker runs more than S iterations ahead of
+    /// the slowest (PS_STALENESS; 0 is synchronous), or `none`
+    /// (asynchronous). With it or --slow-worker, workers train without
+    /// barriers between epochs, worker 0 evaluates every quarter epoch, and
+    /// the output ends with the time to --threshold (`RESULT staleness`).
+    #[arg(long, value_name = "S", value_parser = bound)]
+    pub staleness: Option<Bound>,
+    /// Slow the worker of this rank by --slow-ms per iteration (a
+    /// straggler).
+    #[arg(long, value_name = "RANK")]
+    pub slow_worker: Option<usize>,
+    /// With --slow-worker: milliseconds it sleeps per iteration.
+    #[arg(long, default_value_t = 20, value_name = "MS")]
+    pub slow_ms: u64,
+    /// Every worker sleeps a random time per iteration, exponentially
+    /// distributed with this mean in milliseconds (jitter, as on shared
+    /// machines; 0: none). Implies the --staleness way of training.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub jitter_ms: u64,
     /// Run as one node of the cluster (set by `pslite demo` itself).
     #[arg(long, hide = true)]
     pub node: bool,
     /// Where a node sends its reports (host:port of the launching process).
     #[arg(long, hide = true, value_name = "ADDR")]
     pub report: Option<String>,
+}
+
+/// `--staleness`: a bound, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound(pub Option<u64>);
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(s) => write!(f, "{s}"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+fn bound(s: &str) -> Result<Bound, String> {
+    match s.trim() {
+        "none" | "inf" | "unbounded" => Ok(Bound(None)),
+        n => n
+            .parse::<u64>()
+            .map(|s| Bound(Some(s)))
+            .map_err(|_| "expected a whole number of at least 0, or none".into()),
+    }
 }
 
 fn compression(s: &str) -> Result<pslite::Compression, String> {
@@ -177,6 +219,12 @@ impl DemoArgs {
             .unwrap_or_else(|| self.optimizer.default_learning_rate())
     }
 
+    /// Whether workers train as `--staleness`/`--slow-worker` say (no
+    /// barriers between epochs, the time to the threshold measured).
+    pub fn staleness_mode(&self) -> bool {
+        self.staleness.is_some() || self.slow_worker.is_some() || self.jitter_ms > 0
+    }
+
     /// The data set these options describe.
     pub fn data_spec(&self) -> DataSpec {
         DataSpec {
@@ -215,6 +263,22 @@ impl DemoArgs {
 
     /// The rules on `--servers`, `--workers` and what is killed.
     fn check_cluster(&self) -> Result<(), Error> {
+        if let Some(rank) = self.slow_worker.filter(|&r| r >= self.workers) {
+            return Err(Error::InvalidInput(format!(
+                "--slow-worker {rank} is not a rank of the {} workers (0 to {})",
+                self.workers,
+                self.workers - 1
+            )));
+        }
+        if self.staleness_mode()
+            && (self.elastic || self.checkpoint_dir.is_some() || self.replicas > 1)
+        {
+            return Err(Error::InvalidInput(
+                "--staleness and --slow-worker do not go with --elastic, --checkpoint-dir or \
+                 --replicas in the demo"
+                    .into(),
+            ));
+        }
         if self.resume && self.checkpoint_dir.is_none() {
             return Err(Error::InvalidInput(
                 "--resume needs --checkpoint-dir DIR (where the checkpoints are)".into(),
@@ -290,6 +354,16 @@ impl DemoArgs {
         if let Some(c) = &self.compression {
             args.extend(["--compression".into(), c.to_string()]);
         }
+        if let Some(s) = &self.staleness {
+            args.extend(["--staleness".into(), s.to_string()]);
+        }
+        if self.jitter_ms > 0 {
+            args.extend(["--jitter-ms".into(), self.jitter_ms.to_string()]);
+        }
+        if let Some(r) = self.slow_worker {
+            args.extend(["--slow-worker".into(), r.to_string()]);
+            args.extend(["--slow-ms".into(), self.slow_ms.to_string()]);
+        }
         if let Some(dir) = &self.checkpoint_dir {
             args.extend(["--checkpoint-dir".into(), dir.display().to_string()]);
             args.extend(["--resume-epoch".into(), self.resume_epoch.to_string()]);
@@ -337,6 +411,12 @@ pub(crate) mod tests {
             "3",
             "--compression",
             "topk:0.1",
+            "--staleness",
+            "2",
+            "--slow-worker",
+            "1",
+            "--slow-ms",
+            "7",
         ])
         .unwrap();
         assert_eq!(args.learning_rate(), 0.03);
@@ -355,6 +435,11 @@ pub(crate) mod tests {
         assert_eq!(node.report.as_deref(), Some("127.0.0.1:9"));
         assert_eq!(node.data_spec(), args.data_spec());
         assert_eq!(node.compression, args.compression);
+        assert_eq!(
+            (node.staleness, node.slow_worker, node.slow_ms),
+            (Some(Bound(Some(2))), Some(1), 7)
+        );
+        assert!(node.staleness_mode());
         assert_eq!(
             node.compression.map(|c| c.to_string()).as_deref(),
             Some("topk:0.1")
@@ -388,6 +473,8 @@ pub(crate) mod tests {
             &["--optimizer", "adam"],
             &["--compression", "zip"],
             &["--compression", "topk:0"],
+            &["--staleness", "-1"],
+            &["--staleness", "x"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
@@ -401,6 +488,8 @@ pub(crate) mod tests {
             &["--replicas", "2", "--kill-server", "2"],
             &["--replicas", "2", "--kill-server", "0", "--kill-after", "0"],
             &["--replicas", "2", "--kill-server", "0", "--kill-after", "5"],
+            &["--slow-worker", "2"],
+            &["--staleness", "2", "--elastic"],
         ] {
             let args = parse(bad).unwrap();
             assert!(args.check().is_err(), "{bad:?} accepted");

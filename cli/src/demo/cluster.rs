@@ -405,6 +405,8 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     let mut workers: Vec<(u64, u64, u64)> = Vec::new();
     let mut servers: Vec<(usize, usize)> = Vec::new();
     let mut wire_bytes = 0u64;
+    // --staleness: pulls held, the largest gap, worker 0's time.
+    let mut stale = (0u64, 0u64, None::<Option<f64>>);
     let mut outcome = None;
     let mut linger = None;
     loop {
@@ -465,7 +467,20 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
                         workers.push((*requests, *pushed, *pulled));
                         wire_bytes += wire;
                     }
-                    Report::Server { rank, keys, .. } => servers.push((*rank, *keys)),
+                    Report::Server {
+                        rank,
+                        keys,
+                        stale_held,
+                        stale_max_gap,
+                        ..
+                    } => {
+                        servers.push((*rank, *keys));
+                        stale.0 += stale_held;
+                        stale.1 = stale.1.max(*stale_max_gap);
+                    }
+                    Report::Staleness {
+                        time_to_threshold_s,
+                    } => stale.2 = Some(*time_to_threshold_s),
                 }
                 for request in elastic.requests() {
                     match request {
@@ -616,6 +631,9 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         );
         return Ok(ExitCode::FAILURE);
     }
+    if args.staleness_mode() && !staleness_result(args, stale, final_accuracy) {
+        return Ok(ExitCode::FAILURE);
+    }
     if final_accuracy < args.threshold {
         println!(
             "FAILED: final test accuracy {final_accuracy:.4} is below the threshold {} (random guessing gets about 0.5)",
@@ -628,6 +646,52 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
         args.threshold
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--staleness`/`--slow-worker`: the bound held, the straggler, and the
+/// `RESULT staleness` line; false if the bound was exceeded or worker 0
+/// reported no time.
+fn staleness_result(
+    args: &DemoArgs,
+    (held, max_gap, time): (u64, u64, Option<Option<f64>>),
+    final_accuracy: f64,
+) -> bool {
+    let bound = args.staleness.and_then(|b| b.0);
+    let mut slow = match args.slow_worker {
+        Some(r) => format!("worker {r} slowed by {} ms per iteration", args.slow_ms),
+        None => "no worker slowed".into(),
+    };
+    if args.jitter_ms > 0 {
+        slow += &format!(
+            ", every worker {} ms of jitter per iteration (mean)",
+            args.jitter_ms
+        );
+    }
+    match bound {
+        Some(s) => println!(
+            "bounded staleness s = {s}, {slow}: the servers held {} pull{} back; the largest \
+             clock gap a pull was answered with: {max_gap} (bound {s})",
+            group(held),
+            plural(held as usize)
+        ),
+        None => println!("no staleness bound (asynchronous), {slow}"),
+    }
+    let Some(time) = time else {
+        eprintln!("pslite demo: worker 0 reported no time to the threshold");
+        return false;
+    };
+    println!(
+        "RESULT staleness s={} time_to_threshold_s={} final_accuracy={final_accuracy:.4} \
+         max_gap={}",
+        bound.map_or_else(|| "none".into(), |s| s.to_string()),
+        time.map_or_else(|| "never".into(), |t| format!("{t:.2}")),
+        bound.map_or_else(|| "unmeasured".into(), |_| max_gap.to_string())
+    );
+    if bound.is_some_and(|s| max_gap > s) {
+        println!("FAILED: a pull was answered {max_gap} clocks ahead of the slowest worker");
+        return false;
+    }
+    true
 }
 
 fn print_header(args: &DemoArgs) {

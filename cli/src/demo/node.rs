@@ -23,7 +23,7 @@ use super::model::{evaluate, gradient, Metrics, Store};
 use super::report::{Report, Reporter};
 
 /// Pushes a worker may have in flight before it waits for the oldest.
-const MAX_PUSHES_IN_FLIGHT: usize = 8;
+pub(super) const MAX_PUSHES_IN_FLIGHT: usize = 8;
 
 pub fn run_node(args: &DemoArgs) -> Result<(), Error> {
     args.check()?;
@@ -69,6 +69,8 @@ fn run_node_on(
                 .transpose()?;
             let last = if po.is_elastic() {
                 train_elastic(po, args, reporter)?
+            } else if args.staleness_mode() {
+                super::ssp::train(po, args, reporter)?
             } else {
                 train(po, args, reporter)?
             };
@@ -209,11 +211,14 @@ fn serve(po: &Postoffice, args: &DemoArgs, reporter: &mut Reporter) -> Result<()
     drop(server);
     let keys = lock(&store).len();
     let c = lock(&counts);
+    let (stale_held, stale_max_gap) = po.counters_handle().staleness();
     reporter.send(Report::Server {
         rank,
         keys,
         pushes: c.pushes,
         pulls: c.pulls,
+        stale_held,
+        stale_max_gap,
     })
 }
 
@@ -257,14 +262,14 @@ where
 
 /// Bytes of keys and values a worker moved.
 #[derive(Default)]
-struct Traffic {
-    requests: u64,
-    pushed: u64,
-    pulled: u64,
+pub(super) struct Traffic {
+    pub(super) requests: u64,
+    pub(super) pushed: u64,
+    pub(super) pulled: u64,
 }
 
 impl Traffic {
-    fn push(&mut self, keys: usize, vals: usize) {
+    pub(super) fn push(&mut self, keys: usize, vals: usize) {
         self.requests += 1;
         self.pushed += (keys * 8 + vals * 4) as u64;
     }
@@ -276,7 +281,7 @@ impl Traffic {
 }
 
 /// Bytes this worker sent to and received from servers on the wire.
-fn wire_bytes(po: &Postoffice) -> u64 {
+pub(super) fn wire_bytes(po: &Postoffice) -> u64 {
     po.counters()
         .peers
         .iter()
@@ -286,14 +291,14 @@ fn wire_bytes(po: &Postoffice) -> u64 {
 }
 
 /// A worker's KV app, compressing its gradients as `--compression` says.
-fn kv_worker(po: &Postoffice, args: &DemoArgs) -> Result<KVWorker<f32>, Error> {
+pub(super) fn kv_worker(po: &Postoffice, args: &DemoArgs) -> Result<KVWorker<f32>, Error> {
     let kv = KVWorker::<f32>::new(po, 0, 0)?;
     kv.set_compression(args.compression)?;
     Ok(kv)
 }
 
 /// Pulls the weights of `keys`, one per key.
-fn pull_weights(
+pub(super) fn pull_weights(
     kv: &KVWorker<f32>,
     keys: &SArray<u64>,
     traffic: &mut Traffic,
@@ -311,19 +316,23 @@ fn pull_weights(
 }
 
 /// Worker 0's held-out split and its keys.
-struct TestSet {
+pub(super) struct TestSet {
     samples: Vec<Sample>,
     keys: SArray<u64>,
 }
 
 impl TestSet {
-    fn new(samples: Vec<Sample>) -> TestSet {
+    pub(super) fn new(samples: Vec<Sample>) -> TestSet {
         let keys = SArray::from_vec(unique_keys(&samples));
         TestSet { samples, keys }
     }
 
     /// Pulls the current weights of the test keys and evaluates them.
-    fn evaluate(&self, kv: &KVWorker<f32>, traffic: &mut Traffic) -> Result<Metrics, Error> {
+    pub(super) fn evaluate(
+        &self,
+        kv: &KVWorker<f32>,
+        traffic: &mut Traffic,
+    ) -> Result<Metrics, Error> {
         let weights = pull_weights(kv, &self.keys, traffic)?;
         Ok(evaluate(&self.samples, &self.keys, &weights))
     }

@@ -85,6 +85,19 @@ pub enum Report {
         pushes: u64,
         /// Pulls it answered.
         pulls: u64,
+        /// Bounded staleness: pulls it held back.
+        #[serde(default)]
+        stale_held: u64,
+        /// Bounded staleness: the largest clock gap (a worker's clock
+        /// less the slowest's) a pull was answered with.
+        #[serde(default)]
+        stale_max_gap: u64,
+    },
+    /// `--staleness`/`--slow-worker`: worker 0's seconds from the start of
+    /// training to its first evaluation at or above the threshold.
+    Staleness {
+        /// `None`: never reached.
+        time_to_threshold_s: Option<f64>,
     },
 }
 
@@ -172,12 +185,19 @@ impl Report {
                 keys,
                 pushes,
                 pulls,
+                ..
             } => format!(
                 "server {rank}: {} keys, {} pushes applied, {} pulls answered",
                 group(*keys as u64),
                 group(*pushes),
                 group(*pulls)
             ),
+            Report::Staleness {
+                time_to_threshold_s,
+            } => match time_to_threshold_s {
+                Some(t) => format!("worker 0 reached the threshold after {t:.2} s"),
+                None => "worker 0 never reached the threshold".into(),
+            },
         }
     }
 }
@@ -379,6 +399,11 @@ mod tests {
                 keys: 301_913,
                 pushes: 900,
                 pulls: 906,
+                stale_held: 3,
+                stale_max_gap: 2,
+            },
+            Report::Staleness {
+                time_to_threshold_s: Some(1.5),
             },
             Report::Ranges {
                 seen_by: "scheduler".into(),

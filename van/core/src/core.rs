@@ -149,7 +149,9 @@ impl Core {
         me.key = rng.random::<u64>() | 1;
         // What this node reads beyond ps-lite's messages (pslite peers send
         // partitioned and compressed messages only to entries that say so).
-        me.features = pslite_proto::FEATURE_PARTITION | pslite_proto::FEATURE_COMPRESSION;
+        me.features = pslite_proto::FEATURE_PARTITION
+            | pslite_proto::FEATURE_COMPRESSION
+            | pslite_proto::FEATURE_STALENESS;
         if let Some((host, pid)) = &cfg.shm_identity {
             me.host = host.clone();
             me.pid = *pid;
@@ -217,6 +219,7 @@ impl Core {
                 parts_idle(cfg),
                 me.key.rotate_left(29),
             ),
+            staleness: Default::default(),
         };
         let mut core = Core {
             cfg: cfg.clone(),

@@ -82,6 +82,8 @@ pub struct Counters {
     requests_in_flight: AtomicI64,
     handler_calls: AtomicU64,
     handler_nanos: AtomicU64,
+    stale_held: AtomicU64,
+    stale_max_gap: AtomicU64,
 }
 
 impl Counters {
@@ -97,6 +99,8 @@ impl Counters {
             requests_in_flight: AtomicI64::new(0),
             handler_calls: AtomicU64::new(0),
             handler_nanos: AtomicU64::new(0),
+            stale_held: AtomicU64::new(0),
+            stale_max_gap: AtomicU64::new(0),
         }
     }
 
@@ -141,6 +145,26 @@ impl Counters {
         self.handler_calls.fetch_add(1, Ordering::Relaxed);
         self.handler_nanos
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Bounded staleness: a server held a worker's pull.
+    pub fn stale_held(&self) {
+        self.stale_held.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bounded staleness: a server let a pull go with its worker `gap`
+    /// clocks ahead of the slowest.
+    pub fn stale_gap(&self, gap: u64) {
+        self.stale_max_gap.fetch_max(gap, Ordering::Relaxed);
+    }
+
+    /// Bounded staleness on a server: pulls held so far, and the largest
+    /// clock gap a pull went to the apps with (at most the pull's bound).
+    pub fn staleness(&self) -> (u64, u64) {
+        (
+            self.stale_held.load(Ordering::Relaxed),
+            self.stale_max_gap.load(Ordering::Relaxed),
+        )
     }
 
     /// Reads every counter at `now`.

@@ -73,6 +73,9 @@ pub enum Event {
     PeerReplaced(NodeId),
     /// Node `id` died and nothing replaced it in time (membership).
     PeerDead(NodeId),
+    /// The nodes the scheduler declares dead now changed (membership, from
+    /// a pslite scheduler's heartbeat): they may still be replaced.
+    DeadNodes(Vec<NodeId>),
     /// Elastic mode: this node's round began (membership).
     RoundBegan {
         /// The round number.

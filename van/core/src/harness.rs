@@ -542,6 +542,8 @@ mod replica_tests;
 #[cfg(test)]
 mod servers_tests;
 #[cfg(test)]
+mod staleness_tests;
+#[cfg(test)]
 mod store_tests;
 #[cfg(test)]
 mod tests;

@@ -245,6 +245,9 @@ pub enum Reason {
     Room,
     /// For the apps: this server restores a checkpoint.
     Restoring,
+    /// Bounded staleness: a worker's pull, held by its app's gate until
+    /// every worker finished the clocks its bound needs (ticket).
+    Stale(u64),
 }
 
 /// The most replication messages of newer maps held.
@@ -302,6 +305,9 @@ pub struct Holds {
     syncing: BTreeMap<u32, Vec<Message>>,
     /// Checkpoint: one release per member of the barrier.
     releases: Vec<Message>,
+    /// Stale(ticket): pulls the staleness gate holds (no byte budget: a
+    /// worker has few pulls in flight, and they carry keys only).
+    stale: BTreeMap<u64, Message>,
     /// For the apps, in order: Room or Restoring.
     apps: VecDeque<(Reason, Output)>,
     /// Outputs held for Room.
@@ -320,6 +326,7 @@ impl Holds {
             ahead: Vec::new(),
             syncing: BTreeMap::new(),
             releases: Vec::new(),
+            stale: BTreeMap::new(),
             apps: VecDeque::new(),
             parked: 0,
             restoring: false,
@@ -361,6 +368,10 @@ impl Holds {
                 self.releases.push(msg);
                 Ok(())
             }
+            Reason::Stale(ticket) => {
+                self.stale.insert(ticket, msg);
+                Ok(())
+            }
             Reason::Room | Reason::Restoring => Err(Refused {
                 item: msg,
                 why: Overflow::Total,
@@ -400,6 +411,15 @@ impl Holds {
         if which(Reason::Checkpoint) {
             out.append(&mut self.releases);
         }
+        if !self.stale.is_empty() {
+            let tickets: Vec<u64> = self
+                .stale
+                .keys()
+                .copied()
+                .filter(|&t| which(Reason::Stale(t)))
+                .collect();
+            out.extend(tickets.iter().filter_map(|t| self.stale.remove(t)));
+        }
         out
     }
 
@@ -435,7 +455,12 @@ impl Holds {
         } else {
             0
         };
-        early + newcomers + ahead + syncing + releases
+        let stale = self
+            .stale
+            .keys()
+            .filter(|&&t| which(Reason::Stale(t)))
+            .count();
+        early + newcomers + ahead + syncing + releases + stale
     }
 
     /// Something for the apps: it goes now, or waits in order behind what

@@ -256,8 +256,14 @@ impl Component for Member {
                 } else {
                     &[]
                 };
+                let before = self.declared_dead();
                 self.on_scheduler_heartbeat(dead, now);
-                Vec::new()
+                let after = self.declared_dead();
+                if after != before {
+                    vec![Effect::Event(Event::DeadNodes(after))]
+                } else {
+                    Vec::new()
+                }
             }
             _ => Vec::new(),
         };

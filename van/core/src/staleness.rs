@@ -30,8 +30,9 @@
 //!   admissible once its own earlier pushes are applied, so the gate cannot
 //!   deadlock.
 //!
-//! The core will compose it as a component (the held pulls are data
-//! requests, the ticks a pslite-only control message); until then it is
+//! The core composes it as a component (`component.rs`: the held pulls
+//! are data requests held as `Reason::Stale`, the ticks and clocks a
+//! pslite-only meta field, `PBMeta.staleness`); it is
 //! tested here alone, under reordering, loss and deaths.
 
 use std::collections::BTreeMap;
@@ -88,7 +89,11 @@ struct Held<R> {
 /// pull is (a message, in the core).
 #[derive(Debug)]
 pub struct Gate<R> {
+    /// Every worker seen, live or not (one that comes back, a false death,
+    /// keeps its count of pushes).
     workers: BTreeMap<NodeId, Progress>,
+    /// The workers of the bound.
+    live: std::collections::BTreeSet<NodeId>,
     held: Vec<Held<R>>,
 }
 
@@ -96,6 +101,7 @@ impl<R> Default for Gate<R> {
     fn default() -> Self {
         Gate {
             workers: BTreeMap::new(),
+            live: std::collections::BTreeSet::new(),
             held: Vec::new(),
         }
     }
@@ -112,18 +118,26 @@ impl<R> Gate<R> {
     /// The workers of the bound are now `live` (a round changed, a worker
     /// died or left, one joined): returns the pulls this admits.
     pub fn set_workers(&mut self, live: impl IntoIterator<Item = NodeId>) -> Vec<R> {
-        let live: std::collections::BTreeSet<NodeId> = live.into_iter().collect();
-        self.workers.retain(|id, _| live.contains(id));
-        for id in live {
+        self.live = live.into_iter().collect();
+        for &id in &self.live {
             self.workers.entry(id).or_default();
         }
         self.release()
     }
 
+    /// A new process took `worker`'s id: it starts again at clock 0 (this
+    /// admits nothing).
+    pub fn restart(&mut self, worker: NodeId) {
+        if let Some(p) = self.workers.get_mut(&worker) {
+            *p = Progress::default();
+        }
+    }
+
     /// Worker `worker` reached clock `clock`, having sent this server
     /// `pushes` pushes in all: returns the pulls this admits. A tick from a
     /// worker outside the bound, or not newer than one already taken, is
-    /// ignored.
+    /// ignored. A worker outside the bound that was in it once keeps
+    /// counting (it may come back).
     pub fn tick(&mut self, worker: NodeId, clock: u64, pushes: u64) -> Vec<R> {
         let Some(p) = self.workers.get_mut(&worker) else {
             return Vec::new();
@@ -176,8 +190,9 @@ impl<R> Gate<R> {
 
     /// Clocks every worker of the bound has finished here (the slowest's).
     pub fn floor(&self) -> u64 {
-        self.workers
-            .values()
+        self.live
+            .iter()
+            .filter_map(|id| self.workers.get(id))
             .map(|p| p.finished)
             .min()
             .unwrap_or(u64::MAX)
@@ -241,6 +256,8 @@ impl WorkerClock {
     }
 }
 
+pub mod component;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +312,24 @@ mod tests {
         assert_eq!(g.floor(), 2);
         assert_eq!(g.pull(2, Some(0), "z"), Some("z"));
         assert_eq!(g.held(), 0);
+    }
+
+    #[test]
+    fn a_worker_out_of_the_bound_and_back_keeps_its_count() {
+        let mut g = Gate::new([9, 11]);
+        // 11 is declared dead: 9 goes on alone.
+        g.set_workers([9]);
+        g.push_applied(9, 0);
+        g.tick(9, 1, 1);
+        assert_eq!(g.pull(1, Some(0), "a"), Some("a"));
+        // 11 was only slow: its push and tick still count while it is out.
+        g.push_applied(11, 0);
+        g.tick(11, 1, 1);
+        assert_eq!(g.set_workers([9, 11]), Vec::<&str>::new());
+        assert_eq!(g.floor(), 1, "11 finished clock 0 while out of the bound");
+        // A new process on 11's id starts again.
+        g.restart(11);
+        assert_eq!(g.floor(), 0);
     }
 
     #[test]

@@ -88,6 +88,11 @@ impl Core {
             self.reject(&msg, why);
             return;
         }
+        if msg.meta.staleness.is_some() && self.cfg.role == Role::Server {
+            // A worker's clock, tick or bounded pull: its app's gate.
+            self.to(Part::Staleness, msg, now);
+            return;
+        }
         self.for_apps(Output::Deliver(msg), now);
     }
 

@@ -18,24 +18,24 @@ use crate::hold::Reason;
 /// The components that take `event`, in order.
 fn listeners(event: &Event) -> &'static [Part] {
     match event {
-        Event::TableTaken
-        | Event::Forming(_)
-        | Event::Replacing(_)
-        | Event::Replaced(_)
-        | Event::Back(_) => &[Part::Replication],
-        Event::PeerReplaced(_) => &[Part::Store, Part::Partition],
-        Event::PeerDead(_) => &[Part::Partition],
+        Event::Forming(_) | Event::Replacing(_) | Event::Replaced(_) | Event::Back(_) => {
+            &[Part::Replication]
+        }
+        Event::PeerReplaced(_) => &[Part::Store, Part::Partition, Part::Staleness],
+        Event::PeerDead(_) => &[Part::Partition, Part::Staleness],
         Event::Formed(_) => &[Part::Member, Part::Checkpoints],
         Event::TableChanged(_) | Event::Round { .. } | Event::Replicated | Event::Left => {
             &[Part::Member]
         }
+        Event::TableTaken => &[Part::Replication, Part::Staleness],
+        Event::RoundBegan { .. } | Event::DeadNodes(_) => &[Part::Staleness],
         Event::Releasing { .. } => &[Part::Checkpoints],
         Event::Registered(_)
         | Event::FailedOver { .. }
         | Event::ServerLeft(_)
         | Event::StopJob(_) => &[Part::Scheduler],
         Event::Answered { .. } => &[Part::Resender],
-        Event::Joined | Event::RoundBegan { .. } | Event::Waiting { .. } | Event::GaveUp(_) => &[],
+        Event::Joined | Event::Waiting { .. } | Event::GaveUp(_) => &[],
     }
 }
 

@@ -21,6 +21,7 @@ use crate::registration::Registrations;
 use crate::replica::replication::Replication;
 use crate::resender::Resender;
 use crate::scheduler::Scheduler;
+use crate::staleness::component::Staleness;
 use crate::store::component::Store;
 
 /// The components.
@@ -44,6 +45,8 @@ pub(crate) struct Parts {
     /// Large data messages in parts: the wire's cut of what goes to
     /// pslite peers, and the reassembly of what arrives.
     pub(crate) partition: Partitions,
+    /// Bounded staleness: a server's gates.
+    pub(crate) staleness: Staleness,
 }
 
 /// A component, by name.
@@ -58,12 +61,13 @@ pub(crate) enum Part {
     Checkpoints,
     Resender,
     Partition,
+    Staleness,
 }
 
 impl Part {
     /// The outgoing pipeline's stages, in order (see `pipeline.rs`; the
     /// wire after them keeps the resender's copy).
-    pub(crate) const PIPELINE: [Part; 2] = [Part::Replication, Part::Checkpoints];
+    pub(crate) const PIPELINE: [Part; 3] = [Part::Replication, Part::Checkpoints, Part::Staleness];
     /// The components whose parts control messages carry (see
     /// `pipeline.rs`), in order.
     pub(crate) const ATTACHMENTS: [Part; 2] = [Part::Replication, Part::Checkpoints];
@@ -290,6 +294,13 @@ impl Core {
         [member]
     );
     with_part!(
+        with_staleness,
+        Staleness,
+        Part::Staleness,
+        staleness,
+        [member]
+    );
+    with_part!(
         with_resender,
         Resender,
         Part::Resender,
@@ -326,6 +337,7 @@ impl Core {
             Part::Checkpoints => Some(&p.checkpoints),
             Part::Resender => p.resender.as_ref().map(|r| r as &dyn Component),
             Part::Partition => Some(&p.partition),
+            Part::Staleness => Some(&p.staleness),
         }
     }
 
@@ -346,6 +358,7 @@ impl Core {
             Part::Checkpoints => self.with_checkpoints(now, |c, cx| f(c, cx)),
             Part::Resender => self.with_resender(now, |c, cx| f(c, cx)).unwrap_or(()),
             Part::Partition => self.with_partition(now, |c, cx| f(c, cx)),
+            Part::Staleness => self.with_staleness(now, |c, cx| f(c, cx)),
         }
     }
 }

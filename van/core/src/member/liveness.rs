@@ -51,6 +51,13 @@ impl Member {
         self.on_dead_nodes(dead, now);
     }
 
+    /// The members the scheduler declared dead, in id order.
+    pub(super) fn declared_dead(&self) -> Vec<NodeId> {
+        let mut dead: Vec<NodeId> = self.dead.keys().copied().collect();
+        dead.sort_unstable();
+        dead
+    }
+
     /// The scheduler says these nodes are dead now (pslite schedulers only).
     pub(super) fn on_dead_nodes(&mut self, dead: &[NodeId], now: Instant) {
         let dead: HashSet<NodeId> = dead.iter().copied().collect();
