@@ -178,6 +178,20 @@ pub fn default_slicer<V: Val>(send: &KVPairs<V>, ranges: &[KeyRange]) -> Vec<Opt
     out
 }
 
+/// A pull's keys in chunks of `chunk` keys (at least one; the last chunk
+/// takes the remainder, and a remainder under half a chunk joins the chunk
+/// before it), sharing the keys' buffer.
+fn pull_chunks(keys: &SArray<Key>, chunk: usize) -> impl Iterator<Item = SArray<Key>> + '_ {
+    let chunk = chunk.max(1);
+    let n = keys.len();
+    let rest = n % chunk;
+    let count = (n / chunk + usize::from(rest > 0 && rest * 2 >= chunk)).max(1);
+    (0..count).map(move |i| {
+        let end = if i + 1 == count { n } else { (i + 1) * chunk };
+        keys.slice(i * chunk..end)
+    })
+}
+
 /// What a KV request keeps in its record (see [`crate::request`]).
 struct Pending<V: Val> {
     pull: bool,
@@ -533,8 +547,45 @@ impl<V: Val> KVWorker<V> {
             .enumerate()
             .filter_map(|(rank, s)| s.map(|s| (rank, s)))
             .collect();
-        // Register before sending: responses can arrive at once.
-        let servers: Vec<NodeId> = targets
+        // A large pull goes to each pslite server in chunks of keys, so its
+        // answers stream back while its later keys still travel.
+        let chunk_keys = if pull && !push && compression.is_none() {
+            inner.po.config().van.partition_bytes / std::mem::size_of::<Key>()
+        } else {
+            0
+        };
+        let messages: Vec<(usize, KVPairs<V>)> = if chunk_keys == 0 {
+            targets
+        } else {
+            let mut chunked: Vec<Vec<(usize, KVPairs<V>)>> = targets
+                .into_iter()
+                .map(|(rank, slice)| {
+                    let id = ids::server_rank_to_id(rank as i32);
+                    if inner.po.peer_features(id) == 0 {
+                        // A C++ server (or one not known yet): one request.
+                        vec![(rank, slice)]
+                    } else {
+                        pull_chunks(&slice.keys, chunk_keys)
+                            .map(|keys| (rank, KVPairs::new(keys, SArray::new())))
+                            .collect()
+                    }
+                })
+                .collect();
+            // Round robin over the servers: each starts answering at once.
+            let rounds = chunked.iter().map(Vec::len).max().unwrap_or(0);
+            let mut out = Vec::new();
+            for round in 0..rounds {
+                for chunks in &mut chunked {
+                    if let Some(chunk) = chunks.get_mut(round) {
+                        out.push(std::mem::take(chunk));
+                    }
+                }
+            }
+            out
+        };
+        // Register before sending: responses can arrive at once. A server
+        // sent several messages is named once per message.
+        let servers: Vec<NodeId> = messages
             .iter()
             .map(|(rank, _)| ids::server_rank_to_id(*rank as i32))
             .collect();
@@ -548,7 +599,7 @@ impl<V: Val> KVWorker<V> {
         };
         let request = self.customer.new_request_to(&servers, pending);
         let ts = request.ts();
-        for (rank, slice) in targets {
+        for (i, (rank, slice)) in messages.into_iter().enumerate() {
             let mut msg = Message::default();
             msg.meta.app_id = inner.app_id;
             msg.meta.customer_id = inner.customer_id;
@@ -557,7 +608,16 @@ impl<V: Val> KVWorker<V> {
             msg.meta.pull = pull;
             msg.meta.head = opts.cmd;
             msg.meta.priority = opts.priority;
-            msg.meta.timestamp = ts;
+            // The first message carries the request's timestamp, further
+            // ones an alias of it (gone: the request is over already).
+            msg.meta.timestamp = if i == 0 {
+                ts
+            } else {
+                match self.customer.alias(ts) {
+                    Some(alias) => alias,
+                    None => break,
+                }
+            };
             msg.meta.recver = ids::server_rank_to_id(rank as i32);
             let slice = if push {
                 slice
@@ -775,6 +835,22 @@ mod tests {
         assert_eq!(&s2.vals[..], &[3.0, 4.0, 4.0, 4.0]);
         // Slices share the request's buffers.
         assert_eq!(s2.vals.as_ptr(), kvs.vals[3..].as_ptr());
+    }
+
+    #[test]
+    fn pull_chunks_cover_the_keys_in_order_sharing_their_buffer() {
+        let keys = SArray::from_vec((0..10u64).collect());
+        let lens = |chunk| pull_chunks(&keys, chunk).map(|c| c.len()).collect::<Vec<_>>();
+        assert_eq!(lens(4), [4, 4, 2]);
+        assert_eq!(lens(3), [3, 3, 4], "a remainder under half a chunk joins the last");
+        assert_eq!(lens(10), [10]);
+        assert_eq!(lens(100), [10], "a small pull is one request");
+        assert_eq!(lens(0), [1; 10]);
+        let chunks: Vec<_> = pull_chunks(&keys, 4).collect();
+        assert_eq!(chunks[1].as_ptr(), keys[4..].as_ptr());
+        let joined: Vec<u64> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert_eq!(joined, (0..10).collect::<Vec<_>>());
+        assert_eq!(pull_chunks(&SArray::new(), 4).count(), 1);
     }
 
     #[test]
