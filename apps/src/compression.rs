@@ -6,7 +6,9 @@
 //! before its request handle runs (handles see ordinary values, and
 //! [`DefaultHandle`](crate::DefaultHandle) sums them), and, when the request
 //! asks ([`Compression::compress_answers`]), compresses its answer the same
-//! way (without error feedback).
+//! way, with error feedback of its own when the request's compression has it
+//! on: per worker and key, what the answer left out is added to that key's
+//! next answer to that worker (as BytePS's servers do).
 //!
 //! Compressors, as BytePS and MXNet have them:
 //! - `onebit`: each value's sign and one scale, the mean magnitude (32x);
@@ -199,6 +201,7 @@ impl Compression {
                 0
             },
             answer: self.answers,
+            answer_feedback: self.answers && self.error_feedback,
         }
     }
 
@@ -216,7 +219,10 @@ impl Compression {
         };
         // Every worker's request of these keys in step carries the same
         // seed: their answers draw the same positions.
-        Some(c.seed(msg.seed ^ ANSWER_SALT).error_feedback(false))
+        Some(
+            c.seed(msg.seed ^ ANSWER_SALT)
+                .error_feedback(msg.answer_feedback),
+        )
     }
 }
 
@@ -489,21 +495,88 @@ pub(crate) fn expand<V: Val>(msg: &mut Message) -> Result<(), String> {
 
 /// Compresses an answer's values as the request asked (`c` from
 /// [`Compression::for_answer`]): sets the meta and replaces the values
-/// frame, or leaves both when it is not worth it.
-pub(crate) fn compress_answer<V: Val>(c: &Compression, msg: &mut Message) {
+/// frame, or leaves the meta when it is not worth it. With `feedback` (the
+/// residuals of the worker the answer goes to; `c` has error feedback on),
+/// each key's residual is added before compressing and what the answer
+/// leaves out is kept: `keys` and `lens` are the answer's.
+pub(crate) fn compress_answer<V: Val>(
+    c: &Compression,
+    msg: &mut Message,
+    keys: &[Key],
+    lens: &[i32],
+    feedback: Option<&mut ErrorFeedback>,
+) {
     let Some(vals) = msg.data.get(1) else { return };
     let Ok(vals) = crate::sarray::SArray::<V>::from_bytes(vals.clone()) else {
         return;
     };
     let Some(values) = as_f32(&vals) else { return };
-    if let Some(e) = encode(c, &values, c.seed) {
-        let mut m = e.msg;
-        m.answer = false;
-        msg.meta.compression = Some(Box::new(m));
-        msg.data[1] = Bytes::from(e.payload);
-        if let Some(t) = msg.meta.data_type.get_mut(1) {
-            *t = DataType::Other;
+    let layout = if lens.is_empty() {
+        Layout::Uniform(values.len() / keys.len().max(1))
+    } else {
+        Layout::Lens(lens)
+    };
+    let feedback = feedback.filter(|_| c.error_feedback);
+    let corrected = feedback
+        .as_ref()
+        .and_then(|f| f.corrected(keys, layout, &values));
+    let to_send: &[f32] = corrected.as_deref().unwrap_or(&values);
+    let encoded = encode(c, to_send, c.seed);
+    if let Some(f) = feedback {
+        f.keep(keys, layout, to_send, encoded.as_ref().map(|e| &e.sent[..]));
+    }
+    match encoded {
+        Some(e) => {
+            let mut m = e.msg;
+            m.answer = false;
+            m.answer_feedback = false;
+            msg.meta.compression = Some(Box::new(m));
+            msg.data[1] = Bytes::from(e.payload);
+            if let Some(t) = msg.meta.data_type.get_mut(1) {
+                *t = DataType::Other;
+            }
         }
+        // Uncompressed, with the residuals it carries.
+        None => {
+            if let Some(v) = corrected {
+                msg.data[1] = from_f32::<V>(v);
+            }
+        }
+    }
+}
+
+/// A server's error feedback on its compressed answers: the residuals of
+/// each worker's answers, by worker node id.
+#[derive(Default)]
+pub(crate) struct AnswerFeedback {
+    workers: Mutex<HashMap<pslite_proto::NodeId, ErrorFeedback>>,
+}
+
+impl AnswerFeedback {
+    /// Compresses `msg`, an answer to worker `worker`, as
+    /// [`compress_answer`] does, with that worker's residuals.
+    pub(crate) fn compress<V: Val>(
+        &self,
+        c: &Compression,
+        worker: pslite_proto::NodeId,
+        msg: &mut Message,
+        keys: &[Key],
+        lens: &[i32],
+    ) {
+        if !c.error_feedback {
+            return compress_answer::<V>(c, msg, keys, lens, None);
+        }
+        let mut workers = lock(&self.workers);
+        let feedback = workers.entry(worker).or_default();
+        compress_answer::<V>(c, msg, keys, lens, Some(feedback));
+    }
+
+    /// Worker `worker`'s residual for `key`.
+    #[cfg(test)]
+    pub(crate) fn residual(&self, worker: pslite_proto::NodeId, key: Key) -> Option<Vec<f32>> {
+        lock(&self.workers)
+            .get(&worker)
+            .and_then(|f| f.residual(key).map(<[f32]>::to_vec))
     }
 }
 

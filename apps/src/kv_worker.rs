@@ -178,18 +178,36 @@ pub fn default_slicer<V: Val>(send: &KVPairs<V>, ranges: &[KeyRange]) -> Vec<Opt
     out
 }
 
-/// A pull's keys in chunks of `chunk` keys (at least one; the last chunk
-/// takes the remainder, and a remainder under half a chunk joins the chunk
-/// before it), sharing the keys' buffer.
-fn pull_chunks(keys: &SArray<Key>, chunk: usize) -> impl Iterator<Item = SArray<Key>> + '_ {
-    let chunk = chunk.max(1);
+/// A large pull sends a pslite server its keys in requests of at most
+/// this many bytes of keys (fewer, larger requests cost less per byte)...
+pub const PULL_CHUNK_BYTES: usize = 4 << 20;
+/// ... the first of this many (the first answer starts once it arrived: 2
+/// ms at 1 Gbit/s), each next one twice the one before.
+pub const PULL_FIRST_CHUNK_BYTES: usize = 256 << 10;
+
+/// A pull's keys in chunks of `first` keys, each next chunk twice the one
+/// before up to `most` keys (at least one chunk; a remainder under half of
+/// the next chunk joins the last one), sharing the keys' buffer.
+fn pull_chunks(keys: &SArray<Key>, first: usize, most: usize) -> Vec<SArray<Key>> {
+    let most = most.max(1);
+    let mut size = first.clamp(1, most);
     let n = keys.len();
-    let rest = n % chunk;
-    let count = (n / chunk + usize::from(rest > 0 && rest * 2 >= chunk)).max(1);
-    (0..count).map(move |i| {
-        let end = if i + 1 == count { n } else { (i + 1) * chunk };
-        keys.slice(i * chunk..end)
-    })
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < n {
+        let end = if n - at < size + size.div_ceil(2) {
+            n
+        } else {
+            at + size
+        };
+        out.push(keys.slice(at..end));
+        at = end;
+        size = (size * 2).min(most);
+    }
+    if out.is_empty() {
+        out.push(keys.clone());
+    }
+    out
 }
 
 /// What a KV request keeps in its record (see [`crate::request`]).
@@ -202,6 +220,68 @@ struct Pending<V: Val> {
     callback: Option<Callback<V>>,
     /// A completed pull's values (or why it failed), until taken.
     pulled: Option<Result<KVPairs<V>, Error>>,
+    /// A pull answered in several messages: their values, each copied to
+    /// its place as it arrives (`None`: assembled at the end).
+    placed: Option<Placed<V>>,
+}
+
+/// A pull's values put in place as its answers arrive (answers with the
+/// same number of values for every key, no lens), so that its completion
+/// need not join them.
+struct Placed<V: Val> {
+    vals: Vec<V>,
+    /// Values per key (set by the first answer).
+    per_key: Option<usize>,
+    /// Keys placed.
+    keys: usize,
+    /// An answer did not fit: joined at the end instead.
+    broken: bool,
+}
+
+impl<V: Val> Placed<V> {
+    fn new() -> Self {
+        Placed {
+            vals: Vec::new(),
+            per_key: None,
+            keys: 0,
+            broken: false,
+        }
+    }
+
+    /// Copies answer `part` to its place among `requested`.
+    fn place(&mut self, requested: &[Key], part: &KVPairs<V>) {
+        let n = part.keys.len();
+        let Some(&first) = part.keys.first() else {
+            return;
+        };
+        if self.broken || !part.lens.is_empty() || part.vals.len() % n != 0 {
+            self.broken = true;
+            return;
+        }
+        let k = part.vals.len() / n;
+        if *self.per_key.get_or_insert(k) != k {
+            self.broken = true;
+            return;
+        }
+        if self.vals.is_empty() {
+            self.vals = vec![V::default(); requested.len() * k];
+        }
+        let at = requested.partition_point(|&x| x < first);
+        match self.vals.get_mut(at * k..(at + n) * k) {
+            Some(out) => {
+                out.copy_from_slice(&part.vals);
+                self.keys += n;
+            }
+            None => self.broken = true,
+        }
+    }
+
+    /// The values, if every answer was placed and they cover `requested`
+    /// (the keys are checked apart).
+    fn take(&mut self, requested: usize) -> Option<SArray<V>> {
+        (!self.broken && self.keys == requested && self.per_key.is_some())
+            .then(|| SArray::from_vec(std::mem::take(&mut self.vals)))
+    }
 }
 
 impl<V: Val> Pending<V> {
@@ -214,6 +294,7 @@ impl<V: Val> Pending<V> {
             error: None,
             callback: None,
             pulled: None,
+            placed: None,
         }
     }
 }
@@ -549,8 +630,9 @@ impl<V: Val> KVWorker<V> {
             .collect();
         // A large pull goes to each pslite server in chunks of keys, so its
         // answers stream back while its later keys still travel.
+        let key_bytes = std::mem::size_of::<Key>();
         let chunk_keys = if pull && !push && compression.is_none() {
-            inner.po.config().van.partition_bytes / std::mem::size_of::<Key>()
+            PULL_CHUNK_BYTES / key_bytes
         } else {
             0
         };
@@ -565,7 +647,8 @@ impl<V: Val> KVWorker<V> {
                         // A C++ server (or one not known yet): one request.
                         vec![(rank, slice)]
                     } else {
-                        pull_chunks(&slice.keys, chunk_keys)
+                        pull_chunks(&slice.keys, PULL_FIRST_CHUNK_BYTES / key_bytes, chunk_keys)
+                            .into_iter()
                             .map(|keys| (rank, KVPairs::new(keys, SArray::new())))
                             .collect()
                     }
@@ -596,6 +679,8 @@ impl<V: Val> KVWorker<V> {
             error: None,
             callback: opts.callback,
             pulled: None,
+            // Several answers: each put in place as it arrives.
+            placed: (pull && servers.len() > 1).then(Placed::new),
         };
         let request = self.customer.new_request_to(&servers, pending);
         let ts = request.ts();
@@ -659,7 +744,13 @@ impl<V: Val> Inner<V> {
     fn complete(&self, ts: i32, pending: &mut Pending<V>, failure: Option<Failure>) {
         let result = match failure.or(pending.error.take()) {
             Some(cause) => Err(Error::RequestFailed { ts, cause }),
-            None if pending.pull => assemble(ts, &pending.keys, &mut pending.parts),
+            None if pending.pull => {
+                let placed = pending
+                    .placed
+                    .as_mut()
+                    .and_then(|p| p.take(pending.keys.len()));
+                assemble(ts, &pending.keys, &mut pending.parts, placed)
+            }
             None => Ok(KVPairs::default()),
         };
         pending.parts = Vec::new();
@@ -672,12 +763,13 @@ impl<V: Val> Inner<V> {
     }
 }
 
-/// Orders the servers' answers by key and joins them; the keys must be the
-/// requested ones.
+/// Orders the servers' answers by key and joins them (their values are
+/// `placed` already, if given); the keys must be the requested ones.
 fn assemble<V: Val>(
     ts: i32,
     requested: &SArray<Key>,
     parts: &mut [(NodeId, KVPairs<V>)],
+    placed: Option<SArray<V>>,
 ) -> Result<KVPairs<V>, Error> {
     parts.sort_by_key(|(_, p)| p.keys.first().copied().unwrap_or(u64::MAX));
     let senders: Vec<NodeId> = parts.iter().map(|(id, _)| *id).collect();
@@ -694,12 +786,15 @@ fn assemble<V: Val>(
             }
         })
         .collect();
-    let vals: Vec<SArray<V>> = parts.iter().map(|p| p.vals.clone()).collect();
+    let vals = placed.unwrap_or_else(|| {
+        let vals: Vec<SArray<V>> = parts.iter().map(|p| p.vals.clone()).collect();
+        SArray::concat(&vals)
+    });
     let answered: usize = parts.iter().map(|p| p.keys.len()).sum();
     // Checked below to be the requested keys: those are returned, no copy.
     let out = KVPairs {
         keys: requested.clone(),
-        vals: SArray::concat(&vals),
+        vals,
         lens: SArray::concat(&lens),
     };
     // Each part's keys are sorted and unique (checked on arrival); as in
@@ -781,7 +876,12 @@ impl<V: Val> Handler for Inner<V> {
             msg
         };
         match KVPairs::from_message(msg) {
-            Ok(kvs) => pending.parts.push((sender, kvs)),
+            Ok(kvs) => {
+                if let Some(placed) = pending.placed.as_mut() {
+                    placed.place(&pending.keys, &kvs);
+                }
+                pending.parts.push((sender, kvs));
+            }
             Err(e) => {
                 warn!("{e}");
                 pending.error.get_or_insert(Failure::BadResponse {
@@ -838,19 +938,49 @@ mod tests {
     }
 
     #[test]
-    fn pull_chunks_cover_the_keys_in_order_sharing_their_buffer() {
-        let keys = SArray::from_vec((0..10u64).collect());
-        let lens = |chunk| pull_chunks(&keys, chunk).map(|c| c.len()).collect::<Vec<_>>();
-        assert_eq!(lens(4), [4, 4, 2]);
-        assert_eq!(lens(3), [3, 3, 4], "a remainder under half a chunk joins the last");
-        assert_eq!(lens(10), [10]);
-        assert_eq!(lens(100), [10], "a small pull is one request");
-        assert_eq!(lens(0), [1; 10]);
-        let chunks: Vec<_> = pull_chunks(&keys, 4).collect();
-        assert_eq!(chunks[1].as_ptr(), keys[4..].as_ptr());
+    fn pull_chunks_grow_and_cover_the_keys_in_order_sharing_their_buffer() {
+        let keys = SArray::from_vec((0..40u64).collect());
+        let lens = |first, most| {
+            pull_chunks(&keys, first, most)
+                .iter()
+                .map(|c| c.len())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            lens(2, 8),
+            [2, 4, 8, 8, 8, 10],
+            "a remainder under half joins the last"
+        );
+        assert_eq!(lens(4, 4), [4; 10]);
+        assert_eq!(lens(3, 16), [3, 6, 12, 19]);
+        assert_eq!(lens(40, 100), [40], "a small pull is one request");
+        assert_eq!(lens(30, 100), [40]);
+        assert_eq!(lens(0, 0), [1; 40]);
+        let chunks = pull_chunks(&keys, 2, 8);
+        assert_eq!(chunks[1].as_ptr(), keys[2..].as_ptr());
         let joined: Vec<u64> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
-        assert_eq!(joined, (0..10).collect::<Vec<_>>());
-        assert_eq!(pull_chunks(&SArray::new(), 4).count(), 1);
+        assert_eq!(joined, (0..40).collect::<Vec<_>>());
+        assert_eq!(pull_chunks(&SArray::new(), 4, 4).len(), 1);
+    }
+
+    #[test]
+    fn answers_are_placed_as_they_arrive_or_joined_when_they_do_not_fit() {
+        let req = SArray::from_vec(vec![1u64, 2, 5, 9]);
+        let a = KVPairs::new(vec![5u64, 9], vec![5.0f32, 5.5, 9.0, 9.5]);
+        let b = KVPairs::new(vec![1u64, 2], vec![1.0f32, 1.5, 2.0, 2.5]);
+        let mut placed = Placed::new();
+        placed.place(&req, &a);
+        assert!(placed.take(4).is_none(), "not all placed yet");
+        placed.place(&req, &b);
+        let vals = placed.take(4).unwrap();
+        assert_eq!(&vals[..], &[1.0, 1.5, 2.0, 2.5, 5.0, 5.5, 9.0, 9.5]);
+        let out = assemble(0, &req, &mut [(8, a.clone()), (10, b.clone())], Some(vals)).unwrap();
+        assert_eq!(out.vals.len(), 8);
+        // Another number of values per key: joined at the end instead.
+        let mut placed = Placed::new();
+        placed.place(&req, &a);
+        placed.place(&req, &KVPairs::new(vec![1u64, 2], vec![1.0f32, 2.0]));
+        assert!(placed.take(4).is_none());
     }
 
     #[test]
@@ -866,9 +996,15 @@ mod tests {
         let a = KVPairs::new(vec![10u64, 11], vec![1.0f32, 2.0]);
         let b = KVPairs::new(vec![1u64], vec![0.5f32]);
         let req = SArray::from_vec(vec![1u64, 10, 11]);
-        let out = assemble(0, &req, &mut [(8, a.clone()), (10, b.clone())]).unwrap();
+        let out = assemble(0, &req, &mut [(8, a.clone()), (10, b.clone())], None).unwrap();
         assert_eq!(&out.vals[..], &[0.5, 1.0, 2.0]);
-        let err = assemble(0, &SArray::from_vec(vec![1u64]), &mut [(8, a), (10, b)]).unwrap_err();
+        let err = assemble(
+            0,
+            &SArray::from_vec(vec![1u64]),
+            &mut [(8, a), (10, b)],
+            None,
+        )
+        .unwrap_err();
         assert!(matches!(
             err,
             Error::RequestFailed {

@@ -600,9 +600,16 @@ mod tests {
         assert!(matches!(answer(&mut t, alias, 8), Answer::Counted));
         assert!(matches!(answer(&mut t, ts, 10), Answer::Counted));
         assert_eq!(t.num_responses(ts), 2);
-        assert!(matches!(answer(&mut t, alias, 10), Answer::Stray), "10 answered");
+        assert!(
+            matches!(answer(&mut t, alias, 10), Answer::Stray),
+            "10 answered"
+        );
         let c = completed(answer(&mut t, ts, 8));
-        assert_eq!((c.ts, c.payload), (ts, 3), "completes under its own timestamp");
+        assert_eq!(
+            (c.ts, c.payload),
+            (ts, 3),
+            "completes under its own timestamp"
+        );
         t.finish(c);
         assert!(matches!(answer(&mut t, alias, 8), Answer::Stray), "over");
         assert!(t.alias(ts).is_none(), "no alias for a request that is over");
@@ -610,8 +617,13 @@ mod tests {
         assert!(t.aliases.is_empty(), "the alias went with its record");
         // A failure under an alias fails the request.
         let alias = t.alias(next).unwrap();
-        let c = t.fail(alias, Failure::PeerDead { id: 8, secs: 30 }).unwrap();
-        assert_eq!((c.ts, c.failure.clone()), (next, Some(Failure::PeerDead { id: 8, secs: 30 })));
+        let c = t
+            .fail(alias, Failure::PeerDead { id: 8, secs: 30 })
+            .unwrap();
+        assert_eq!(
+            (c.ts, c.failure.clone()),
+            (next, Some(Failure::PeerDead { id: 8, secs: 30 }))
+        );
         t.finish(c);
         t.detach(next);
         assert!(t.records.is_empty() && t.aliases.is_empty());
