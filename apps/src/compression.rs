@@ -6,9 +6,10 @@
 //! before its request handle runs (handles see ordinary values, and
 //! [`DefaultHandle`](crate::DefaultHandle) sums them), and, when the request
 //! asks ([`Compression::compress_answers`]), compresses its answer the same
-//! way, with error feedback of its own when the request's compression has it
-//! on: per worker and key, what the answer left out is added to that key's
-//! next answer to that worker (as BytePS's servers do).
+//! way, with error feedback of its own when the request asks
+//! ([`Compression::answer_feedback`]): per worker and key, what the answer
+//! left out is added to that key's next answer to that worker (as BytePS's
+//! servers do).
 //!
 //! Compressors, as BytePS and MXNet have them:
 //! - `onebit`: each value's sign and one scale, the mean magnitude (32x);
@@ -83,6 +84,7 @@ pub struct Compression {
     param: f32,
     error_feedback: bool,
     answers: bool,
+    answer_feedback: bool,
     seed: u64,
 }
 
@@ -92,6 +94,7 @@ impl PartialEq for Compression {
             && self.param.to_bits() == other.param.to_bits()
             && self.error_feedback == other.error_feedback
             && self.answers == other.answers
+            && self.answer_feedback == other.answer_feedback
             && self.seed == other.seed
     }
 }
@@ -105,6 +108,7 @@ impl Compression {
             param,
             error_feedback: true,
             answers: false,
+            answer_feedback: false,
             seed: DEFAULT_SEED,
         }
     }
@@ -154,6 +158,24 @@ impl Compression {
         self
     }
 
+    /// With [`Compression::compress_answers`]: asks servers to keep error
+    /// feedback on their compressed answers, per worker and key (what an
+    /// answer left out is added to that key's next answer to this worker, as
+    /// BytePS's servers do). Off by default: every value then reaches the
+    /// worker, but late, and in bursts (a value `randomk` left out for ten
+    /// answers comes with all ten); with SGD and momentum that can
+    /// destabilise training that the answers' losses alone would not (see
+    /// docs/BENCHMARKS.md). Servers that do not know it answer without.
+    pub fn answer_feedback(mut self, on: bool) -> Compression {
+        self.answer_feedback = on;
+        self
+    }
+
+    /// Whether servers are asked for error feedback on their answers.
+    pub fn has_answer_feedback(&self) -> bool {
+        self.answer_feedback
+    }
+
     /// The seed `randomk` positions derive from (default [`DEFAULT_SEED`];
     /// give every node the same one).
     pub fn seed(mut self, seed: u64) -> Compression {
@@ -201,7 +223,7 @@ impl Compression {
                 0
             },
             answer: self.answers,
-            answer_feedback: self.answers && self.error_feedback,
+            answer_feedback: self.answers && self.answer_feedback,
         }
     }
 
@@ -217,17 +239,13 @@ impl Compression {
             CompressionKind::RandomK => Compression::randomk(msg.param).ok()?,
             CompressionKind::TwoBit => Compression::two_bit(msg.param).ok()?,
         };
-        // Every worker's request of these keys in step carries the same
-        // seed: their answers draw the same positions.
-        Some(
-            c.seed(msg.seed ^ ANSWER_SALT)
-                .error_feedback(msg.answer_feedback),
-        )
+        // The request's seed: every worker's request of these keys in step
+        // carries the same, and a push-pull's answer keeps randomk's values
+        // where its push put them (the sum is non-zero only there: the
+        // answer carries all of it).
+        Some(c.seed(msg.seed).error_feedback(msg.answer_feedback))
     }
 }
-
-/// Mixed into a request's seed for its answer's positions.
-const ANSWER_SALT: u64 = 0xa5a5_5a5a_c3c3_3c3c;
 
 fn check_k(name: &str, k: f32) -> Result<f32, Error> {
     if k.is_finite() && k > 0.0 && (k < 1.0 || k.fract() == 0.0) {

@@ -232,7 +232,10 @@ fn answers_are_compressed_only_when_asked_and_read_back() {
     let vals: Vec<f32> = (0..40).map(|i| i as f32 - 20.0).collect();
     let mut answer = kv_message(&[1, 2], SArray::from_vec(vals.clone()).bytes().clone());
     answer.meta.data_type[1] = DataType::Float;
-    assert!(asked.answer_feedback, "error feedback is on by default");
+    assert!(
+        !asked.answer_feedback,
+        "the servers' error feedback is off by default"
+    );
     compress_answer::<f32>(
         &answer_with.error_feedback(false),
         &mut answer,
@@ -324,11 +327,11 @@ fn a_server_keeps_error_feedback_per_worker_on_its_compressed_answers() {
         Compression::for_answer(req.meta.compression.as_deref().unwrap()).unwrap()
     };
     // 2bit at threshold 1: answers of 0.3 per value are all below it.
-    let with = ask(Compression::two_bit(1.0).unwrap().compress_answers(true));
-    let without = ask(Compression::two_bit(1.0)
+    let with = ask(Compression::two_bit(1.0)
         .unwrap()
         .compress_answers(true)
-        .error_feedback(false));
+        .answer_feedback(true));
+    let without = ask(Compression::two_bit(1.0).unwrap().compress_answers(true));
     assert!(with.has_error_feedback() && !without.has_error_feedback());
     let vals = vec![0.3f32; 32];
     let server = AnswerFeedback::default();
