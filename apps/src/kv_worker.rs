@@ -643,8 +643,11 @@ impl<V: Val> KVWorker<V> {
                 .into_iter()
                 .map(|(rank, slice)| {
                     let id = ids::server_rank_to_id(rank as i32);
-                    if inner.po.peer_features(id) == 0 {
-                        // A C++ server (or one not known yet): one request.
+                    if inner.po.peer_features(id) == 0 || inner.po.shares_memory_with(id) {
+                        // A C++ server (or one not known yet), or one this
+                        // node shares memory with (no wire to wait for; its
+                        // answer's values are taken without a copy): one
+                        // request.
                         vec![(rank, slice)]
                     } else {
                         pull_chunks(&slice.keys, PULL_FIRST_CHUNK_BYTES / key_bytes, chunk_keys)
