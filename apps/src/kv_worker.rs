@@ -12,6 +12,16 @@
 //! The `z` variants take [`SArray`]s and send their buffers without copying
 //! them; the plain variants copy the caller's slices once.
 //!
+//! A large pull (no push, no compression) goes to each pslite server it
+//! reaches over a network in chunks of keys ([`PULL_FIRST_CHUNK_BYTES`],
+//! doubling up to [`PULL_CHUNK_BYTES`]), each an ordinary pull with a
+//! timestamp of its own, so the server's answers stream back while the
+//! later keys still travel (instead of the keys up, then the values down);
+//! the answers' values are copied into place as they arrive. The request
+//! still completes once, with every value in key order. A server's handle
+//! sees one pull per chunk; C++ servers and servers sharing memory with
+//! this node get one request, as before.
+//!
 //! Rules every request follows, as in ps-lite:
 //! - **Keys are sorted in ascending order and unique** within a request;
 //!   otherwise the call fails with [`Error::UnsortedKeys`] or
