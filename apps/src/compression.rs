@@ -6,7 +6,10 @@
 //! before its request handle runs (handles see ordinary values, and
 //! [`DefaultHandle`](crate::DefaultHandle) sums them), and, when the request
 //! asks ([`Compression::compress_answers`]), compresses its answer the same
-//! way (without error feedback).
+//! way, with error feedback of its own when the request asks
+//! ([`Compression::answer_feedback`]): per worker and key, what the answer
+//! left out is added to that key's next answer to that worker (as BytePS's
+//! servers do).
 //!
 //! Compressors, as BytePS and MXNet have them:
 //! - `onebit`: each value's sign and one scale, the mean magnitude (32x);
@@ -81,6 +84,7 @@ pub struct Compression {
     param: f32,
     error_feedback: bool,
     answers: bool,
+    answer_feedback: bool,
     seed: u64,
 }
 
@@ -90,6 +94,7 @@ impl PartialEq for Compression {
             && self.param.to_bits() == other.param.to_bits()
             && self.error_feedback == other.error_feedback
             && self.answers == other.answers
+            && self.answer_feedback == other.answer_feedback
             && self.seed == other.seed
     }
 }
@@ -103,6 +108,7 @@ impl Compression {
             param,
             error_feedback: true,
             answers: false,
+            answer_feedback: false,
             seed: DEFAULT_SEED,
         }
     }
@@ -152,6 +158,24 @@ impl Compression {
         self
     }
 
+    /// With [`Compression::compress_answers`]: asks servers to keep error
+    /// feedback on their compressed answers, per worker and key (what an
+    /// answer left out is added to that key's next answer to this worker, as
+    /// BytePS's servers do). Off by default: every value then reaches the
+    /// worker, but late, and in bursts (a value `randomk` left out for ten
+    /// answers comes with all ten); with SGD and momentum that can
+    /// destabilise training that the answers' losses alone would not (see
+    /// docs/BENCHMARKS.md). Servers that do not know it answer without.
+    pub fn answer_feedback(mut self, on: bool) -> Compression {
+        self.answer_feedback = on;
+        self
+    }
+
+    /// Whether servers are asked for error feedback on their answers.
+    pub fn has_answer_feedback(&self) -> bool {
+        self.answer_feedback
+    }
+
     /// The seed `randomk` positions derive from (default [`DEFAULT_SEED`];
     /// give every node the same one).
     pub fn seed(mut self, seed: u64) -> Compression {
@@ -199,6 +223,7 @@ impl Compression {
                 0
             },
             answer: self.answers,
+            answer_feedback: self.answers && self.answer_feedback,
         }
     }
 
@@ -214,14 +239,13 @@ impl Compression {
             CompressionKind::RandomK => Compression::randomk(msg.param).ok()?,
             CompressionKind::TwoBit => Compression::two_bit(msg.param).ok()?,
         };
-        // Every worker's request of these keys in step carries the same
-        // seed: their answers draw the same positions.
-        Some(c.seed(msg.seed ^ ANSWER_SALT).error_feedback(false))
+        // The request's seed: every worker's request of these keys in step
+        // carries the same, and a push-pull's answer keeps randomk's values
+        // where its push put them (the sum is non-zero only there: the
+        // answer carries all of it).
+        Some(c.seed(msg.seed).error_feedback(msg.answer_feedback))
     }
 }
-
-/// Mixed into a request's seed for its answer's positions.
-const ANSWER_SALT: u64 = 0xa5a5_5a5a_c3c3_3c3c;
 
 fn check_k(name: &str, k: f32) -> Result<f32, Error> {
     if k.is_finite() && k > 0.0 && (k < 1.0 || k.fract() == 0.0) {
@@ -489,21 +513,88 @@ pub(crate) fn expand<V: Val>(msg: &mut Message) -> Result<(), String> {
 
 /// Compresses an answer's values as the request asked (`c` from
 /// [`Compression::for_answer`]): sets the meta and replaces the values
-/// frame, or leaves both when it is not worth it.
-pub(crate) fn compress_answer<V: Val>(c: &Compression, msg: &mut Message) {
+/// frame, or leaves the meta when it is not worth it. With `feedback` (the
+/// residuals of the worker the answer goes to; `c` has error feedback on),
+/// each key's residual is added before compressing and what the answer
+/// leaves out is kept: `keys` and `lens` are the answer's.
+pub(crate) fn compress_answer<V: Val>(
+    c: &Compression,
+    msg: &mut Message,
+    keys: &[Key],
+    lens: &[i32],
+    feedback: Option<&mut ErrorFeedback>,
+) {
     let Some(vals) = msg.data.get(1) else { return };
     let Ok(vals) = crate::sarray::SArray::<V>::from_bytes(vals.clone()) else {
         return;
     };
     let Some(values) = as_f32(&vals) else { return };
-    if let Some(e) = encode(c, &values, c.seed) {
-        let mut m = e.msg;
-        m.answer = false;
-        msg.meta.compression = Some(Box::new(m));
-        msg.data[1] = Bytes::from(e.payload);
-        if let Some(t) = msg.meta.data_type.get_mut(1) {
-            *t = DataType::Other;
+    let layout = if lens.is_empty() {
+        Layout::Uniform(values.len() / keys.len().max(1))
+    } else {
+        Layout::Lens(lens)
+    };
+    let feedback = feedback.filter(|_| c.error_feedback);
+    let corrected = feedback
+        .as_ref()
+        .and_then(|f| f.corrected(keys, layout, &values));
+    let to_send: &[f32] = corrected.as_deref().unwrap_or(&values);
+    let encoded = encode(c, to_send, c.seed);
+    if let Some(f) = feedback {
+        f.keep(keys, layout, to_send, encoded.as_ref().map(|e| &e.sent[..]));
+    }
+    match encoded {
+        Some(e) => {
+            let mut m = e.msg;
+            m.answer = false;
+            m.answer_feedback = false;
+            msg.meta.compression = Some(Box::new(m));
+            msg.data[1] = Bytes::from(e.payload);
+            if let Some(t) = msg.meta.data_type.get_mut(1) {
+                *t = DataType::Other;
+            }
         }
+        // Uncompressed, with the residuals it carries.
+        None => {
+            if let Some(v) = corrected {
+                msg.data[1] = from_f32::<V>(v);
+            }
+        }
+    }
+}
+
+/// A server's error feedback on its compressed answers: the residuals of
+/// each worker's answers, by worker node id.
+#[derive(Default)]
+pub(crate) struct AnswerFeedback {
+    workers: Mutex<HashMap<pslite_proto::NodeId, ErrorFeedback>>,
+}
+
+impl AnswerFeedback {
+    /// Compresses `msg`, an answer to worker `worker`, as
+    /// [`compress_answer`] does, with that worker's residuals.
+    pub(crate) fn compress<V: Val>(
+        &self,
+        c: &Compression,
+        worker: pslite_proto::NodeId,
+        msg: &mut Message,
+        keys: &[Key],
+        lens: &[i32],
+    ) {
+        if !c.error_feedback {
+            return compress_answer::<V>(c, msg, keys, lens, None);
+        }
+        let mut workers = lock(&self.workers);
+        let feedback = workers.entry(worker).or_default();
+        compress_answer::<V>(c, msg, keys, lens, Some(feedback));
+    }
+
+    /// Worker `worker`'s residual for `key`.
+    #[cfg(test)]
+    pub(crate) fn residual(&self, worker: pslite_proto::NodeId, key: Key) -> Option<Vec<f32>> {
+        lock(&self.workers)
+            .get(&worker)
+            .and_then(|f| f.residual(key).map(<[f32]>::to_vec))
     }
 }
 

@@ -424,6 +424,14 @@ impl<H: Handler> Customer<H> {
         Request::new(ts, Arc::clone(&self.shared))
     }
 
+    /// A further timestamp for open request `ts`, for one more message of
+    /// it to a node its receivers name once per message: responses and
+    /// failures under it count for `ts`; `None` if `ts` is not open. Take it
+    /// before sending that message.
+    pub fn alias(&self, ts: i32) -> Option<i32> {
+        self.shared.table().alias(ts)
+    }
+
     /// Fails request `ts` with `failure`, if it is still open: it completes
     /// now.
     pub fn fail_request(&self, ts: i32, failure: Failure) {

@@ -26,6 +26,7 @@ use pslite_proto::{lock, Message, Meta, NodeId};
 use pslite_van::hold::message_bytes;
 use pslite_van::{HoldQueue, LogOnce};
 
+use crate::compression::AnswerFeedback;
 use crate::customer::{Customer, Handler};
 use crate::engine::{Collected, Engine};
 use crate::kv_pairs::{accepts, KVMeta, KVPairs, Key, Val};
@@ -158,6 +159,8 @@ struct Inner<V: Val> {
     threads: AtomicUsize,
     /// The engine running the concurrent handle, once one is set.
     engine: OnceLock<Arc<Engine<V>>>,
+    /// Error feedback on compressed answers, per worker and key.
+    answer_feedback: AnswerFeedback,
 }
 
 /// A server's key-value app; cheap to clone (clones share the app).
@@ -193,6 +196,7 @@ impl<V: Val> KVServer<V> {
             inline: AtomicBool::new(false),
             threads: AtomicUsize::new(po.config().server_threads.max(1)),
             engine: OnceLock::new(),
+            answer_feedback: AnswerFeedback::default(),
         };
         Ok(KVServer {
             customer: Customer::new(po, app_id, app_id, inner)?,
@@ -476,7 +480,9 @@ impl<V: Val> KVServer<V> {
             msg.meta.data_type = types;
             // The worker asked for its answer compressed (it reads them).
             if let Some(c) = &req.compression {
-                crate::compression::compress_answer::<V>(c, &mut msg);
+                self.inner()
+                    .answer_feedback
+                    .compress::<V>(c, req.sender, &mut msg, &res.keys, &res.lens);
             }
         }
         msg

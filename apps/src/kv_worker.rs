@@ -12,6 +12,16 @@
 //! The `z` variants take [`SArray`]s and send their buffers without copying
 //! them; the plain variants copy the caller's slices once.
 //!
+//! A large pull (no push, no compression) goes to each pslite server it
+//! reaches over a network in chunks of keys ([`PULL_FIRST_CHUNK_BYTES`],
+//! doubling up to [`PULL_CHUNK_BYTES`]), each an ordinary pull with a
+//! timestamp of its own, so the server's answers stream back while the
+//! later keys still travel (instead of the keys up, then the values down);
+//! the answers' values are copied into place as they arrive. The request
+//! still completes once, with every value in key order. A server's handle
+//! sees one pull per chunk; C++ servers and servers sharing memory with
+//! this node get one request, as before.
+//!
 //! Rules every request follows, as in ps-lite:
 //! - **Keys are sorted in ascending order and unique** within a request;
 //!   otherwise the call fails with [`Error::UnsortedKeys`] or
@@ -42,6 +52,11 @@ use crate::kv_pairs::{KVPairs, Key, Val};
 use crate::sarray::SArray;
 use crate::simple_app::SimpleData;
 use crate::Error;
+
+mod chunks;
+
+use chunks::{pull_chunks, Placed};
+pub use chunks::{PULL_CHUNK_BYTES, PULL_FIRST_CHUNK_BYTES};
 
 /// Splits a request over the servers: one entry per server rank, `None` for
 /// servers that get nothing.
@@ -188,6 +203,9 @@ struct Pending<V: Val> {
     callback: Option<Callback<V>>,
     /// A completed pull's values (or why it failed), until taken.
     pulled: Option<Result<KVPairs<V>, Error>>,
+    /// A pull answered in several messages: their values, each copied to
+    /// its place as it arrives (`None`: assembled at the end).
+    placed: Option<Placed<V>>,
 }
 
 impl<V: Val> Pending<V> {
@@ -200,6 +218,7 @@ impl<V: Val> Pending<V> {
             error: None,
             callback: None,
             pulled: None,
+            placed: None,
         }
     }
 }
@@ -585,8 +604,50 @@ impl<V: Val> KVWorker<V> {
             .enumerate()
             .filter_map(|(rank, s)| s.map(|s| (rank, s)))
             .collect();
-        // Register before sending: responses can arrive at once.
-        let servers: Vec<NodeId> = targets
+        // A large pull goes to each pslite server in chunks of keys, so its
+        // answers stream back while its later keys still travel.
+        let key_bytes = std::mem::size_of::<Key>();
+        let chunk_keys = if pull && !push && compression.is_none() {
+            PULL_CHUNK_BYTES / key_bytes
+        } else {
+            0
+        };
+        let messages: Vec<(usize, KVPairs<V>)> = if chunk_keys == 0 {
+            targets
+        } else {
+            let mut chunked: Vec<Vec<(usize, KVPairs<V>)>> = targets
+                .into_iter()
+                .map(|(rank, slice)| {
+                    let id = ids::server_rank_to_id(rank as i32);
+                    if inner.po.peer_features(id) == 0 || inner.po.shares_memory_with(id) {
+                        // A C++ server (or one not known yet), or one this
+                        // node shares memory with (no wire to wait for; its
+                        // answer's values are taken without a copy): one
+                        // request.
+                        vec![(rank, slice)]
+                    } else {
+                        pull_chunks(&slice.keys, PULL_FIRST_CHUNK_BYTES / key_bytes, chunk_keys)
+                            .into_iter()
+                            .map(|keys| (rank, KVPairs::new(keys, SArray::new())))
+                            .collect()
+                    }
+                })
+                .collect();
+            // Round robin over the servers: each starts answering at once.
+            let rounds = chunked.iter().map(Vec::len).max().unwrap_or(0);
+            let mut out = Vec::new();
+            for round in 0..rounds {
+                for chunks in &mut chunked {
+                    if let Some(chunk) = chunks.get_mut(round) {
+                        out.push(std::mem::take(chunk));
+                    }
+                }
+            }
+            out
+        };
+        // Register before sending: responses can arrive at once. A server
+        // sent several messages is named once per message.
+        let servers: Vec<NodeId> = messages
             .iter()
             .map(|(rank, _)| ids::server_rank_to_id(*rank as i32))
             .collect();
@@ -597,10 +658,12 @@ impl<V: Val> KVWorker<V> {
             error: None,
             callback: opts.callback,
             pulled: None,
+            // Several answers: each put in place as it arrives.
+            placed: (pull && servers.len() > 1).then(Placed::new),
         };
         let request = self.customer.new_request_to(&servers, pending);
         let ts = request.ts();
-        for (rank, slice) in targets {
+        for (i, (rank, slice)) in messages.into_iter().enumerate() {
             let mut msg = Message::default();
             msg.meta.app_id = inner.app_id;
             msg.meta.customer_id = inner.customer_id;
@@ -609,7 +672,16 @@ impl<V: Val> KVWorker<V> {
             msg.meta.pull = pull;
             msg.meta.head = opts.cmd;
             msg.meta.priority = opts.priority;
-            msg.meta.timestamp = ts;
+            // The first message carries the request's timestamp, further
+            // ones an alias of it (gone: the request is over already).
+            msg.meta.timestamp = if i == 0 {
+                ts
+            } else {
+                match self.customer.alias(ts) {
+                    Some(alias) => alias,
+                    None => break,
+                }
+            };
             msg.meta.recver = ids::server_rank_to_id(rank as i32);
             let slice = if push {
                 slice
@@ -652,7 +724,13 @@ impl<V: Val> Inner<V> {
     fn complete(&self, ts: i32, pending: &mut Pending<V>, failure: Option<Failure>) {
         let result = match failure.or(pending.error.take()) {
             Some(cause) => Err(Error::RequestFailed { ts, cause }),
-            None if pending.pull => assemble(ts, &pending.keys, &mut pending.parts),
+            None if pending.pull => {
+                let placed = pending
+                    .placed
+                    .as_mut()
+                    .and_then(|p| p.take(pending.keys.len()));
+                assemble(ts, &pending.keys, &mut pending.parts, placed)
+            }
             None => Ok(KVPairs::default()),
         };
         pending.parts = Vec::new();
@@ -665,12 +743,13 @@ impl<V: Val> Inner<V> {
     }
 }
 
-/// Orders the servers' answers by key and joins them; the keys must be the
-/// requested ones.
+/// Orders the servers' answers by key and joins them (their values are
+/// `placed` already, if given); the keys must be the requested ones.
 fn assemble<V: Val>(
     ts: i32,
     requested: &SArray<Key>,
     parts: &mut [(NodeId, KVPairs<V>)],
+    placed: Option<SArray<V>>,
 ) -> Result<KVPairs<V>, Error> {
     parts.sort_by_key(|(_, p)| p.keys.first().copied().unwrap_or(u64::MAX));
     let senders: Vec<NodeId> = parts.iter().map(|(id, _)| *id).collect();
@@ -687,12 +766,15 @@ fn assemble<V: Val>(
             }
         })
         .collect();
-    let vals: Vec<SArray<V>> = parts.iter().map(|p| p.vals.clone()).collect();
+    let vals = placed.unwrap_or_else(|| {
+        let vals: Vec<SArray<V>> = parts.iter().map(|p| p.vals.clone()).collect();
+        SArray::concat(&vals)
+    });
     let answered: usize = parts.iter().map(|p| p.keys.len()).sum();
     // Checked below to be the requested keys: those are returned, no copy.
     let out = KVPairs {
         keys: requested.clone(),
-        vals: SArray::concat(&vals),
+        vals,
         lens: SArray::concat(&lens),
     };
     // Each part's keys are sorted and unique (checked on arrival); as in
@@ -774,7 +856,12 @@ impl<V: Val> Handler for Inner<V> {
             msg
         };
         match KVPairs::from_message(msg) {
-            Ok(kvs) => pending.parts.push((sender, kvs)),
+            Ok(kvs) => {
+                if let Some(placed) = pending.placed.as_mut() {
+                    placed.place(&pending.keys, &kvs);
+                }
+                pending.parts.push((sender, kvs));
+            }
             Err(e) => {
                 warn!("{e}");
                 pending.error.get_or_insert(Failure::BadResponse {
@@ -831,6 +918,52 @@ mod tests {
     }
 
     #[test]
+    fn pull_chunks_grow_and_cover_the_keys_in_order_sharing_their_buffer() {
+        let keys = SArray::from_vec((0..40u64).collect());
+        let lens = |first, most| {
+            pull_chunks(&keys, first, most)
+                .iter()
+                .map(|c| c.len())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            lens(2, 8),
+            [2, 4, 8, 8, 8, 10],
+            "a remainder under half joins the last"
+        );
+        assert_eq!(lens(4, 4), [4; 10]);
+        assert_eq!(lens(3, 16), [3, 6, 12, 19]);
+        assert_eq!(lens(40, 100), [40], "a small pull is one request");
+        assert_eq!(lens(30, 100), [40]);
+        assert_eq!(lens(0, 0), [1; 40]);
+        let chunks = pull_chunks(&keys, 2, 8);
+        assert_eq!(chunks[1].as_ptr(), keys[2..].as_ptr());
+        let joined: Vec<u64> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert_eq!(joined, (0..40).collect::<Vec<_>>());
+        assert_eq!(pull_chunks(&SArray::new(), 4, 4).len(), 1);
+    }
+
+    #[test]
+    fn answers_are_placed_as_they_arrive_or_joined_when_they_do_not_fit() {
+        let req = SArray::from_vec(vec![1u64, 2, 5, 9]);
+        let a = KVPairs::new(vec![5u64, 9], vec![5.0f32, 5.5, 9.0, 9.5]);
+        let b = KVPairs::new(vec![1u64, 2], vec![1.0f32, 1.5, 2.0, 2.5]);
+        let mut placed = Placed::new();
+        placed.place(&req, &a);
+        assert!(placed.take(4).is_none(), "not all placed yet");
+        placed.place(&req, &b);
+        let vals = placed.take(4).unwrap();
+        assert_eq!(&vals[..], &[1.0, 1.5, 2.0, 2.5, 5.0, 5.5, 9.0, 9.5]);
+        let out = assemble(0, &req, &mut [(8, a.clone()), (10, b.clone())], Some(vals)).unwrap();
+        assert_eq!(out.vals.len(), 8);
+        // Another number of values per key: joined at the end instead.
+        let mut placed = Placed::new();
+        placed.place(&req, &a);
+        placed.place(&req, &KVPairs::new(vec![1u64, 2], vec![1.0f32, 2.0]));
+        assert!(placed.take(4).is_none());
+    }
+
+    #[test]
     fn handles_can_move_between_threads() {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<KVRequest<f32>>();
@@ -843,9 +976,15 @@ mod tests {
         let a = KVPairs::new(vec![10u64, 11], vec![1.0f32, 2.0]);
         let b = KVPairs::new(vec![1u64], vec![0.5f32]);
         let req = SArray::from_vec(vec![1u64, 10, 11]);
-        let out = assemble(0, &req, &mut [(8, a.clone()), (10, b.clone())]).unwrap();
+        let out = assemble(0, &req, &mut [(8, a.clone()), (10, b.clone())], None).unwrap();
         assert_eq!(&out.vals[..], &[0.5, 1.0, 2.0]);
-        let err = assemble(0, &SArray::from_vec(vec![1u64]), &mut [(8, a), (10, b)]).unwrap_err();
+        let err = assemble(
+            0,
+            &SArray::from_vec(vec![1u64]),
+            &mut [(8, a), (10, b)],
+            None,
+        )
+        .unwrap_err();
         assert!(matches!(
             err,
             Error::RequestFailed {

@@ -85,7 +85,10 @@ pub use engine::shard_of;
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
 pub use kv_server::{DefaultHandle, KVServer, ReplicatedHandle};
-pub use kv_worker::{default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer};
+pub use kv_worker::{
+    default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer, PULL_CHUNK_BYTES,
+    PULL_FIRST_CHUNK_BYTES,
+};
 pub use logging::init_logging;
 /// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric
 /// variable follows: `config::parse_numeric`).

@@ -31,6 +31,11 @@
 //!   hour), so a request nobody answers cannot hang silently.
 //! - A failure of the whole node fails every wait; nothing is overdue after
 //!   it.
+//! - A request sent as several messages to one node (a large pull, in
+//!   chunks: see [`KVWorker`](crate::KVWorker)) names that node once per
+//!   message and gives each message after the first a timestamp of its own,
+//!   an **alias** ([`RequestTable::alias`]): a response or failure under an
+//!   alias counts for the request, and the alias goes with its record.
 //!
 //! Time is an argument: the customer's thread calls [`RequestTable::tick`]
 //! when [`RequestTable::poll_timeout`] says, and the tests below run it
@@ -74,6 +79,8 @@ struct Record<P> {
     payload: Option<P>,
     /// Its handle was dropped: nobody will collect it.
     detached: bool,
+    /// Further timestamps its messages carry ([`RequestTable::alias`]).
+    aliases: Vec<i32>,
     /// When it was sent.
     sent: Instant,
     /// When to report it overdue next.
@@ -181,6 +188,8 @@ impl Hasher for TsHasher {
 pub struct RequestTable<P> {
     next_ts: i32,
     records: HashMap<i32, Record<P>, BuildHasherDefault<TsHasher>>,
+    /// Aliases of open or done records: alias -> the record's timestamp.
+    aliases: HashMap<i32, i32, BuildHasherDefault<TsHasher>>,
     /// Done records (waiting to be collected).
     unclaimed: usize,
     /// The node failed: every wait fails with this.
@@ -197,6 +206,7 @@ impl<P> RequestTable<P> {
         RequestTable {
             next_ts: 0,
             records: HashMap::default(),
+            aliases: HashMap::default(),
             unclaimed: 0,
             node_failure: None,
             warn_after,
@@ -227,6 +237,7 @@ impl<P> RequestTable<P> {
             failure: None,
             payload: Some(payload),
             detached: false,
+            aliases: Vec::new(),
             sent: now,
             warn_at,
         };
@@ -245,6 +256,36 @@ impl<P> RequestTable<P> {
         (ts, completion)
     }
 
+    /// A further timestamp for open request `ts`, for one more message of
+    /// it (to a node it names once per message): responses and failures
+    /// under it count for `ts`. `None` if `ts` is not open.
+    pub fn alias(&mut self, ts: i32) -> Option<i32> {
+        let r = self.records.get_mut(&ts)?;
+        if r.stage != Stage::Open {
+            return None;
+        }
+        let alias = self.next_ts;
+        self.next_ts = self.next_ts.wrapping_add(1) & i32::MAX;
+        r.aliases.push(alias);
+        self.aliases.insert(alias, ts);
+        Some(alias)
+    }
+
+    /// The request a message's timestamp belongs to (itself, or the
+    /// request it is an alias of).
+    fn resolve(&self, ts: i32) -> i32 {
+        self.aliases.get(&ts).copied().unwrap_or(ts)
+    }
+
+    /// Removes record `ts` and its aliases.
+    fn remove(&mut self, ts: i32) -> Option<Record<P>> {
+        let r = self.records.remove(&ts)?;
+        for alias in &r.aliases {
+            self.aliases.remove(alias);
+        }
+        Some(r)
+    }
+
     /// A response from `sender` to request `ts`. If `sender` owes one,
     /// `record` sees the payload first and says whether the response counts
     /// (`Ok(false)`: declined, the node still owes one), fails the request
@@ -255,6 +296,7 @@ impl<P> RequestTable<P> {
         sender: NodeId,
         record: impl FnOnce(&mut P) -> Option<Result<bool, Failure>>,
     ) -> Answer<P> {
+        let ts = self.resolve(ts);
         let Some(r) = self.records.get_mut(&ts) else {
             return Answer::Stray;
         };
@@ -298,6 +340,7 @@ impl<P> RequestTable<P> {
 
     /// Fails open request `ts`: its completion, if it was open.
     pub fn fail(&mut self, ts: i32, failure: Failure) -> Option<Completion<P>> {
+        let ts = self.resolve(ts);
         let r = self.records.get_mut(&ts)?;
         if r.stage != Stage::Open {
             return None;
@@ -337,7 +380,7 @@ impl<P> RequestTable<P> {
         };
         if r.detached {
             finished.unwatched_failure = r.failure.take();
-            self.records.remove(&ts);
+            self.remove(ts);
         } else {
             self.unclaimed += 1;
             if self.unclaimed % UNCLAIMED_WARN_EVERY == 0 {
@@ -410,7 +453,7 @@ impl<P> RequestTable<P> {
         };
         if take || !r.payload.as_ref().is_some_and(holds_result) {
             self.unclaimed -= 1;
-            outcome.payload = self.records.remove(&ts).and_then(|r| r.payload);
+            outcome.payload = self.remove(ts).and_then(|r| r.payload);
         }
         Some(Ok(Some(outcome)))
     }
@@ -423,7 +466,7 @@ impl<P> RequestTable<P> {
         };
         if r.stage == Stage::Done {
             self.unclaimed -= 1;
-            self.records.remove(&ts);
+            self.remove(ts);
         } else {
             r.detached = true;
         }
@@ -542,6 +585,48 @@ mod tests {
             wait(&mut t, 99),
             Some(Err(Error::UnknownTimestamp(99)))
         ));
+    }
+
+    #[test]
+    fn a_request_in_several_messages_to_one_node_counts_each_under_its_alias() {
+        let t0 = Instant::now();
+        let mut t = RequestTable::new(W);
+        // Two messages to node 8 (the second under an alias), one to 10.
+        let (ts, _) = t.open(Some(&[8, 8, 10]), 0, 0u32, t0);
+        let alias = t.alias(ts).unwrap();
+        assert_ne!(alias, ts);
+        let (next, _) = t.open(Some(&[8]), 0, 0u32, t0);
+        assert!(next != ts && next != alias, "aliases are never reused");
+        assert!(matches!(answer(&mut t, alias, 8), Answer::Counted));
+        assert!(matches!(answer(&mut t, ts, 10), Answer::Counted));
+        assert_eq!(t.num_responses(ts), 2);
+        assert!(
+            matches!(answer(&mut t, alias, 10), Answer::Stray),
+            "10 answered"
+        );
+        let c = completed(answer(&mut t, ts, 8));
+        assert_eq!(
+            (c.ts, c.payload),
+            (ts, 3),
+            "completes under its own timestamp"
+        );
+        t.finish(c);
+        assert!(matches!(answer(&mut t, alias, 8), Answer::Stray), "over");
+        assert!(t.alias(ts).is_none(), "no alias for a request that is over");
+        assert!(matches!(t.collect(ts, true, |_| false), Some(Ok(Some(_)))));
+        assert!(t.aliases.is_empty(), "the alias went with its record");
+        // A failure under an alias fails the request.
+        let alias = t.alias(next).unwrap();
+        let c = t
+            .fail(alias, Failure::PeerDead { id: 8, secs: 30 })
+            .unwrap();
+        assert_eq!(
+            (c.ts, c.failure.clone()),
+            (next, Some(Failure::PeerDead { id: 8, secs: 30 }))
+        );
+        t.finish(c);
+        t.detach(next);
+        assert!(t.records.is_empty() && t.aliases.is_empty());
     }
 
     #[test]

@@ -447,6 +447,12 @@ impl Postoffice {
         self.van().map_or(0, |v| v.peer_features(id))
     }
 
+    /// Whether data to node `id` goes through shared memory (a pslite node
+    /// of this host, `PS_SHM`), not over a network link.
+    pub fn shares_memory_with(&self, id: NodeId) -> bool {
+        self.van().is_ok_and(|v| v.shares_memory_with(id))
+    }
+
     /// Whether this node replaced a dead one.
     pub fn is_recovery(&self) -> bool {
         self.van().is_ok_and(|v| v.my_node().is_recovery)

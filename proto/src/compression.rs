@@ -49,6 +49,9 @@ pub struct CompressionMsg {
     pub seed: u64,
     /// On a request: answer with values compressed the same way.
     pub answer: bool,
+    /// On a request with `answer`: the server keeps error feedback (per
+    /// worker and key) on its compressed answers.
+    pub answer_feedback: bool,
 }
 
 impl PartialEq for CompressionMsg {
@@ -59,6 +62,7 @@ impl PartialEq for CompressionMsg {
             && self.k == other.k
             && self.seed == other.seed
             && self.answer == other.answer
+            && self.answer_feedback == other.answer_feedback
     }
 }
 
@@ -73,6 +77,7 @@ impl CompressionMsg {
             k: (self.k != 0).then_some(self.k),
             seed: (self.seed != 0).then_some(self.seed),
             answer: self.answer.then_some(true),
+            answer_feedback: self.answer_feedback.then_some(true),
         }
     }
 
@@ -85,6 +90,7 @@ impl CompressionMsg {
             k: pb.k.unwrap_or(0),
             seed: pb.seed.unwrap_or(0),
             answer: pb.answer.unwrap_or(false),
+            answer_feedback: pb.answer_feedback.unwrap_or(false),
         })
     }
 }

@@ -13,7 +13,9 @@ use crate::errors::{invalid, IntoPy};
 /// compression left out of a key's values to the key's next ones. With
 /// `compress_answers` the servers compress their answers to pulls and
 /// push-pulls the same way (for answers that are gradients, e.g. a sum of
-/// the workers' pushes; never for model weights). `randomk` draws its
+/// the workers' pushes; never for model weights), and with
+/// `answer_feedback` they keep error feedback on those answers (per worker
+/// and key; off by default). `randomk` draws its
 /// positions from `seed` (the same on every worker; default pslite's).
 /// float32 and float64 values only; servers that do not read compressed
 /// values (C++ ones) get them as they are.
@@ -26,17 +28,19 @@ pub struct PyCompression {
 #[pymethods]
 impl PyCompression {
     #[new]
-    #[pyo3(signature = (spec, error_feedback = true, compress_answers = false, seed = None))]
+    #[pyo3(signature = (spec, error_feedback = true, compress_answers = false, seed = None, answer_feedback = false))]
     fn new(
         spec: &str,
         error_feedback: bool,
         compress_answers: bool,
         seed: Option<u64>,
+        answer_feedback: bool,
     ) -> PyResult<PyCompression> {
         let mut c: Compression = spec.parse().py()?;
         c = c
             .error_feedback(error_feedback)
-            .compress_answers(compress_answers);
+            .compress_answers(compress_answers)
+            .answer_feedback(answer_feedback);
         if let Some(seed) = seed {
             c = c.seed(seed);
         }
@@ -66,6 +70,12 @@ impl PyCompression {
         self.inner.answers()
     }
 
+    /// Whether the servers keep error feedback on their compressed answers.
+    #[getter]
+    fn answer_feedback(&self) -> bool {
+        self.inner.has_answer_feedback()
+    }
+
     /// The compressor and its parameter, as `spec` takes it.
     fn __str__(&self) -> String {
         self.inner.to_string()
@@ -74,10 +84,11 @@ impl PyCompression {
     fn __repr__(&self) -> String {
         let py_bool = |b: bool| if b { "True" } else { "False" };
         format!(
-            "pslite.Compression({:?}, error_feedback={}, compress_answers={})",
+            "pslite.Compression({:?}, error_feedback={}, compress_answers={}, answer_feedback={})",
             self.inner.to_string(),
             py_bool(self.inner.has_error_feedback()),
-            py_bool(self.inner.answers())
+            py_bool(self.inner.answers()),
+            py_bool(self.inner.has_answer_feedback())
         )
     }
 }

@@ -16,7 +16,9 @@ side:
   builds it; without one that column is left out). `limit_ms` is the wire's
   limit: the bytes the busiest link carries x 8 / RATE; for a pull also
   `pull_serial_limit_ms`, its request's and its answer's in turn (an answer
-  starts only once its request has arrived whole).
+  starts only once its request has arrived whole: the bound of raw ZeroMQ's
+  and C++ ps-lite's one request per server; pslite sends a large pull in
+  chunks, so its answers stream while later keys travel).
 - priority: a layer-wise step (`kv_bench --mode layers`: 10 layers whose
   gradients are pushed back to front, then pulled front to back) with every
   request at priority 0 (first come, first served) and with P3's priorities

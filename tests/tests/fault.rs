@@ -24,6 +24,28 @@ fn kv_app_is_exact_with_ten_percent_of_messages_dropped() {
     );
 }
 
+#[test]
+fn a_pull_sent_in_chunks_is_exact_with_ten_percent_of_messages_dropped() {
+    // 1 M keys: 4 MB of keys for each server, a pull of 4 chunks (256 KiB
+    // of keys, then 512 KiB, 1 MiB and the rest), each an ordinary request
+    // the resender sends again when it or its answer is lost.
+    let run = Launch::example("kv_app", 2, 2)
+        .env("PS_RESEND", "1")
+        .env("PS_RESEND_TIMEOUT", "200")
+        .env("PS_DROP_MSG", "10")
+        .env("KV_APP_REPEAT", "1")
+        .env("KV_APP_KEYS", "1000000")
+        .timeout(Duration::from_secs(240))
+        .run();
+    run.assert_ok();
+    assert_eq!(
+        run.stdout.matches("sums exact").count(),
+        2,
+        "{}",
+        run.output()
+    );
+}
+
 const FAULT_ENV: [(&str, &str); 4] = [
     ("PS_HEARTBEAT_INTERVAL", "1"),
     ("PS_HEARTBEAT_TIMEOUT", "3"),

@@ -394,6 +394,12 @@ impl Van {
         self.read(|core| core.node(id).map_or(0, |n| n.features))
     }
 
+    /// Whether data to node `id` goes through shared memory (a pslite node
+    /// of this host), not over a network link.
+    pub fn shares_memory_with(&self, id: NodeId) -> bool {
+        self.read(|core| core.shares_memory_with(id))
+    }
+
     /// Elastic mode: the current round and its workers in rank order.
     pub fn round(&self) -> Option<(u64, Vec<NodeId>)> {
         self.read(Core::round)

@@ -113,7 +113,8 @@ pub(crate) const CMD_FRESH: i32 = 2;
 /// A server that keeps nothing: a pull is answered with the keys it asked
 /// for and zeros (the same array every time, as a server whose values did
 /// not change), or, for a [`CMD_FRESH`] pull, with one of `fresh` arrays
-/// made beforehand ([`CMD_PREPARE_FRESH`], `fresh` per worker) and never sent before: as a
+/// made beforehand ([`CMD_PREPARE_FRESH`], `fresh` per worker) and never sent before (a pull
+/// in chunks gets consecutive slices of one): as a
 /// server whose values changed since the last pull, it pays for sending new
 /// content, but not for computing it inside the timed pull.
 pub(crate) fn empty_server(
@@ -124,6 +125,9 @@ pub(crate) fn empty_server(
     let server = KVServer::<f32>::new(po, 0)?;
     let mut zeros = SArray::<f32>::new();
     let mut prepared: Vec<SArray<f32>> = Vec::new();
+    // Each worker's fresh answer in use and how much of it went: a large
+    // pull arrives in chunks (one request per chunk of keys, in order).
+    let mut serving: std::collections::HashMap<i32, (SArray<f32>, usize)> = Default::default();
     let handle = move |meta: &pslite::KVMeta, req: KVPairs<f32>, server: &KVServer<f32>| {
         if meta.push && req.keys.len() == 1 {
             let now = allocations();
@@ -143,15 +147,18 @@ pub(crate) fn empty_server(
                 .extend((0..fresh).map(|i| SArray::from_vec(vec![i as f32 + 1.0; req.keys.len()])));
         }
         let res = if meta.pull && meta.cmd == CMD_FRESH {
-            match prepared.pop() {
-                Some(vals) if vals.len() == req.keys.len() => KVPairs::new(req.keys.clone(), vals),
-                _ => {
-                    eprintln!("kv_bench server: a fresh pull without a prepared answer");
-                    KVPairs::new(
-                        req.keys.clone(),
-                        SArray::from_vec(vec![0.0; req.keys.len()]),
-                    )
-                }
+            let n = req.keys.len();
+            let current = serving.entry(meta.sender).or_default();
+            if current.0.len() - current.1 < n {
+                *current = (prepared.pop().unwrap_or_default(), 0);
+            }
+            if current.0.len() - current.1 >= n {
+                let vals = current.0.slice(current.1..current.1 + n);
+                current.1 += n;
+                KVPairs::new(req.keys.clone(), vals)
+            } else {
+                eprintln!("kv_bench server: a fresh pull without a prepared answer");
+                KVPairs::new(req.keys.clone(), SArray::from_vec(vec![0.0; n]))
             }
         } else if meta.pull {
             if zeros.len() < req.keys.len() {

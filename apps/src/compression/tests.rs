@@ -124,6 +124,7 @@ proptest! {
             k,
             seed,
             answer: false,
+            answer_feedback: false,
         };
         if let Ok(v) = decode(&msg, &payload) {
             prop_assert_eq!(v.len() as u64, count);
@@ -231,7 +232,17 @@ fn answers_are_compressed_only_when_asked_and_read_back() {
     let vals: Vec<f32> = (0..40).map(|i| i as f32 - 20.0).collect();
     let mut answer = kv_message(&[1, 2], SArray::from_vec(vals.clone()).bytes().clone());
     answer.meta.data_type[1] = DataType::Float;
-    compress_answer::<f32>(&answer_with, &mut answer);
+    assert!(
+        !asked.answer_feedback,
+        "the servers' error feedback is off by default"
+    );
+    compress_answer::<f32>(
+        &answer_with.error_feedback(false),
+        &mut answer,
+        &[1, 2],
+        &[],
+        None,
+    );
     assert_eq!(answer.data[1].len(), 4 + 5);
     assert_eq!(answer.meta.data_type[1], DataType::Other);
     expand::<f32>(&mut answer).unwrap();
@@ -274,6 +285,7 @@ fn f64_values_compress_and_expand() {
         k: 0,
         seed: 0,
         answer: false,
+        answer_feedback: false,
     }));
     assert!(expand::<i32>(&mut m).is_err());
     assert!(expand::<f32>(&mut m).is_ok());
@@ -301,4 +313,59 @@ fn randomk_workers_in_step_draw_the_same_positions() {
         mc.meta.compression.as_ref().unwrap().seed,
         md.meta.compression.as_ref().unwrap().seed
     );
+}
+
+#[test]
+fn a_server_keeps_error_feedback_per_worker_on_its_compressed_answers() {
+    let state = WorkerState::default();
+    let slice = KVPairs::<f32>::new(vec![1u64, 2], Vec::<f32>::new());
+    let ask = |c: Compression| {
+        let (mut frames, types) = slice.to_frames();
+        let mut req = Message::default();
+        req.meta.data_type = types;
+        state.prepare(&c, false, true, &slice, &mut req.meta, &mut frames);
+        Compression::for_answer(req.meta.compression.as_deref().unwrap()).unwrap()
+    };
+    // 2bit at threshold 1: answers of 0.3 per value are all below it.
+    let with = ask(Compression::two_bit(1.0)
+        .unwrap()
+        .compress_answers(true)
+        .answer_feedback(true));
+    let without = ask(Compression::two_bit(1.0).unwrap().compress_answers(true));
+    assert!(with.has_error_feedback() && !without.has_error_feedback());
+    let vals = vec![0.3f32; 32];
+    let server = AnswerFeedback::default();
+    let answer = |c: &Compression, worker| {
+        let mut m = kv_message(&[1, 2], SArray::from_vec(vals.clone()).bytes().clone());
+        m.meta.data_type[1] = DataType::Float;
+        server.compress::<f32>(c, worker, &mut m, &[1, 2], &[]);
+        assert_eq!(m.meta.data_type[1], DataType::Other, "compressed");
+        expand::<f32>(&mut m).unwrap();
+        KVPairs::<f32>::from_message(&m).unwrap().vals.to_vec()
+    };
+    // Without feedback every answer is zeros: the values are lost.
+    for _ in 0..4 {
+        assert!(answer(&without, 9).iter().all(|&v| v == 0.0));
+    }
+    assert_eq!(server.residual(9, 1), None);
+    // With it, worker 9's answers add up to what the server had, less the
+    // residual it keeps for each key (16 values each).
+    let mut sum = vec![0.0f32; 32];
+    for _ in 0..4 {
+        for (s, v) in sum.iter_mut().zip(answer(&with, 9)) {
+            *s += v;
+        }
+    }
+    assert!(
+        sum.iter().all(|&v| v == 1.0),
+        "the fourth answer carries 1.2: {sum:?}"
+    );
+    let r = server.residual(9, 1).unwrap();
+    assert_eq!(r.len(), 16);
+    assert!(r.iter().all(|&e| (e - 0.2).abs() < 1e-5), "{r:?}");
+    // Worker 11's answers start from no residual of their own.
+    assert!(answer(&with, 11).iter().all(|&v| v == 0.0));
+    assert!(server
+        .residual(11, 2)
+        .is_some_and(|r| (r[0] - 0.3).abs() < 1e-6));
 }

@@ -433,6 +433,7 @@ fn partition_compression_and_features_round_trip_and_are_absent_by_default() {
         k: 10,
         seed: 0,
         answer: true,
+        answer_feedback: true,
     }));
     let bytes = meta.encode();
     assert!(

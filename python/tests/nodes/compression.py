@@ -7,7 +7,8 @@ of one magnitude, 2bit on values at the threshold, topk on values with as
 many non-zeros as it keeps), error feedback (topk:0.25 over 32 pushes of one
 gradient: with it every value arrives and the sum is near 32x the gradient;
 without it only the top quarter ever does), an answer compressed at the
-pull's request, and the KVWorker-wide setting with a per-request
+pull's request (and the server's error feedback on such answers, asked
+per request), and the KVWorker-wide setting with a per-request
 override. Prints `PASS compression <role>`.
 """
 
@@ -103,6 +104,16 @@ def answers(kv):
     want = np.zeros(N, dtype=np.float32)
     want[top] = v[top]
     expect(np.array_equal(got, want), f"a compressed answer: {got}")
+    # The server's error feedback on its answers (asked per request): 2bit
+    # at threshold 1 answers 0.3 as 0, but with feedback every fourth
+    # answer carries what the three before left out.
+    kv.push(keys(9), np.full(N, 0.3, dtype=np.float32), compression="none").wait()
+    plain = pslite.Compression("2bit:1", compress_answers=True)
+    fed = pslite.Compression("2bit:1", compress_answers=True, answer_feedback=True)
+    expect(fed.answer_feedback and not plain.answer_feedback, repr(fed))
+    expect(not pull(kv, keys(9), compression=plain).any(), "2bit answers 0.3 as 0")
+    total = sum(pull(kv, keys(9), compression=fed) for _ in range(4))
+    expect(np.allclose(total, 1.0), f"four answers with feedback add up to {total}")
 
 
 def worker_wide(po):

@@ -207,4 +207,11 @@ impl Core {
     pub(super) fn shm_peer_node(&self, node: &Node) -> Option<u32> {
         self.same_host(node).then_some(node.pid)
     }
+
+    /// Whether node `id` (in the node table) is a pslite node of this host
+    /// that this node shares memory with: data to it goes by memory, not
+    /// over a network link.
+    pub fn shares_memory_with(&self, id: NodeId) -> bool {
+        self.node(id).is_some_and(|node| self.same_host(node))
+    }
 }
