@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Bounded staleness against a straggler (issue 33 item 3), side by side.
 
-Runs `pslite demo --staleness S --slow-worker R --slow-ms M` for S = 0, 2
-and none (asynchronous), interleaved, ROUNDS times each, and prints for
-each S the median time worker 0 took to reach the accuracy threshold, the
+Runs `pslite demo --staleness S --slow-worker R --slow-ms M` for S = 0,
+2, 8 and none (asynchronous; `--bounds` picks others), interleaved,
+ROUNDS times each, and prints for each S the median time worker 0 took to reach the accuracy threshold, the
 final accuracy, the largest clock gap the servers let a pull through with
 (at most S: the bound held) and the wall time, then one
 `RESULT staleness s=... time_to_threshold_s=... final_accuracy=...` line
@@ -11,6 +11,7 @@ per S (medians) and the time to the threshold as a ratio of s=0's.
 
     python3 tests/bench/staleness.py [--rounds 3] [--workers 4]
         [--slow-ms 20] [--jitter-ms 0] [--threshold 0.88] [--epochs 3]
+        [--bounds 0,2,8,none]
 
 `--slow-ms 0 --jitter-ms M` replaces the one straggler by jitter on every
 worker (each sleeps an exponential time of mean M per iteration).
@@ -67,8 +68,12 @@ def main():
     p.add_argument("--jitter-ms", type=int, default=0,
                    help="every worker sleeps a random time (exponential, this mean) per iteration")
     p.add_argument("--threshold", type=float, default=0.88)
+    p.add_argument("--bounds", default="0,2,8,none",
+                   help="the values of s to run, comma-separated (0 first: the ratios are to it)")
     args = p.parse_args()
-    bounds = ["0", "2", "none"]
+    bounds = [b.strip() for b in args.bounds.split(",") if b.strip()]
+    if not bounds or bounds[0] != "0":
+        sys.exit("--bounds must start with 0 (the ratios are to s=0)")
     runs = {s: [] for s in bounds}
     for r in range(args.rounds):
         for s in bounds:
