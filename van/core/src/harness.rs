@@ -545,3 +545,5 @@ mod servers_tests;
 mod store_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod worker_table_tests;
