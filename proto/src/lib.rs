@@ -48,7 +48,7 @@ pub mod pb {
 pub use codec::DecodeError;
 pub use ids::{NodeId, K_EMPTY};
 pub use message::Message;
-pub use meta::{Command, Control, DataType, Meta};
+pub use meta::{Command, Control, DataType, Meta, SharedNodes};
 pub use node::{Node, ParseRoleError, Role, FEATURE_COMPRESSION, FEATURE_PARTITION};
 
 /// Locks `mutex`, recovering the data if a thread panicked while holding

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use log::{debug, info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
-use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
+use pslite_proto::{Command, Message, Node, Role, SharedNodes, K_EMPTY};
 
 use super::Scheduler;
 use crate::effects::{Effect, Event};
@@ -419,15 +419,19 @@ fn trimmed_for(node: &Node) -> bool {
     node.pslite && node.role == Role::Worker
 }
 
-/// One table for many processes: the whole table, and a pslite worker's
-/// part built from what every worker shares (the servers, then the
-/// scheduler) and its own entries, without a pass over the table per
-/// worker (O(N) in all, where trimming each copy would be O(N^2)).
+/// One table for many processes: the whole table, for C++ nodes; for
+/// pslite processes the same entries held once and encoded once
+/// ([`SharedNodes`]: every message carries the one copy, each frame the
+/// same bytes), a pslite worker's part (the servers, see [`trimmed_for`])
+/// with its own entries and the scheduler's. Building it is O(N); the
+/// messages then cost O(own entries) each, where a copy of the table each
+/// would cost O(N^2) in all.
 pub(super) struct Tables {
     full: Message,
-    /// The whole table without any worker's entry and without the
-    /// scheduler's (the last).
-    shared: Message,
+    /// Every entry but the scheduler's (the last), shared.
+    everyone: SharedNodes,
+    /// The servers' entries, shared.
+    servers: SharedNodes,
     scheduler: Option<Node>,
     own: HashMap<NodeId, Vec<Node>>,
 }
@@ -435,21 +439,24 @@ pub(super) struct Tables {
 impl Tables {
     /// `full`: a [`Scheduler::table_message`].
     pub(super) fn new(full: Message) -> Tables {
-        let mut shared = Message::control(Command::AddNode, K_EMPTY);
-        shared.meta.control.round = full.meta.control.round;
-        shared.meta.control.round_members = full.meta.control.round_members.clone();
         let mut scheduler = None;
         let mut own: HashMap<NodeId, Vec<Node>> = HashMap::new();
+        let mut servers = Vec::new();
+        let mut everyone = Vec::new();
         for n in &full.meta.control.node {
             match n.role {
                 Role::Worker => own.entry(n.id).or_default().push(n.clone()),
                 Role::Scheduler => scheduler = Some(n.clone()),
-                Role::Server => shared.meta.control.node.push(n.clone()),
+                Role::Server => servers.push(n.clone()),
+            }
+            if n.role != Role::Scheduler {
+                everyone.push(n.clone());
             }
         }
         Tables {
             full,
-            shared,
+            everyone: SharedNodes::new(everyone),
+            servers: SharedNodes::new(servers),
             scheduler,
             own,
         }
@@ -462,11 +469,18 @@ impl Tables {
 
     /// The table for process `node`, addressed to it.
     pub(super) fn to(&self, node: &Node) -> Message {
-        let mut msg = if trimmed_for(node) {
-            let mut msg = self.shared.clone();
-            let nodes = &mut msg.meta.control.node;
-            nodes.extend(self.own.get(&node.id).into_iter().flatten().cloned());
-            nodes.extend(self.scheduler.iter().cloned());
+        let mut msg = if node.pslite {
+            let mut msg = Message::control(Command::AddNode, K_EMPTY);
+            let c = &mut msg.meta.control;
+            c.round = self.full.meta.control.round;
+            c.round_members = self.full.meta.control.round_members.clone();
+            if trimmed_for(node) {
+                c.node = self.own.get(&node.id).cloned().unwrap_or_default();
+                c.shared = Some(self.servers.clone());
+            } else {
+                c.shared = Some(self.everyone.clone());
+            }
+            c.node.extend(self.scheduler.iter().cloned());
             msg
         } else {
             self.full.clone()
