@@ -546,6 +546,21 @@ impl Postoffice {
             .map(|n| n.id)
             .filter(|&id| ids::group_contains(group, id))
             .collect();
+        if self.is_worker() {
+            // A worker's table holds no other worker (it talks to servers
+            // and the scheduler only, as a C++ worker): the workers are the
+            // round's in elastic mode, else one per rank.
+            let workers = if self.is_elastic() {
+                van.round().map(|(_, workers)| workers).unwrap_or_default()
+            } else {
+                ids::group_members(ids::WORKER_GROUP, 0, c.num_workers)
+            };
+            ids.extend(
+                workers
+                    .into_iter()
+                    .filter(|&id| ids::group_contains(group, id)),
+            );
+        }
         ids.sort_unstable();
         ids.dedup();
         ids

@@ -60,10 +60,35 @@ impl Meta {
     /// The meta frame C++ ps-lite would write for this meta.
     pub fn encode(&self) -> Vec<u8> {
         let pb = self.to_pb();
-        let mut buf = Vec::with_capacity(pb.encoded_len());
+        let mut buf = Vec::with_capacity(pb.encoded_len() + self.shared_len());
         // Encoding into a Vec with enough capacity cannot fail.
         let _ = pb.encode(&mut buf);
+        self.append_shared(&mut buf);
         buf
+    }
+
+    /// The bytes [`Meta::append_shared`] adds.
+    fn shared_len(&self) -> usize {
+        self.control.shared.as_ref().map_or(0, |s| {
+            let len = s.encoded().len();
+            1 + prost::encoding::encoded_len_varint(len as u64) + len
+        })
+    }
+
+    /// The control part's shared node entries (see [`crate::SharedNodes`]),
+    /// as a second `control` field after everything else: protobuf
+    /// readers (prost, C++) merge it into the first, appending the entries
+    /// to `node`.
+    fn append_shared(&self, buf: &mut Vec<u8>) {
+        if self.control.is_empty() {
+            return;
+        }
+        if let Some(shared) = &self.control.shared {
+            let bytes = shared.encoded();
+            prost::encoding::encode_key(3, prost::encoding::WireType::LengthDelimited, buf);
+            prost::encoding::encode_varint(bytes.len() as u64, buf);
+            buf.extend_from_slice(bytes);
+        }
     }
 
     /// Decodes a meta frame. `sender` and `recver` are left `K_EMPTY`: they
@@ -82,8 +107,9 @@ impl Meta {
                 frame: shm.iter().map(|f| f.to_pb()).collect(),
             });
         }
-        let mut buf = Vec::with_capacity(pb.encoded_len());
+        let mut buf = Vec::with_capacity(pb.encoded_len() + self.shared_len());
         let _ = pb.encode(&mut buf);
+        self.append_shared(&mut buf);
         buf
     }
 
@@ -232,7 +258,22 @@ fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
         stop: pb.stop,
         round_base: pb.round_base,
         round_left: pb.round_left,
+        shared: None,
     })
+}
+
+/// `nodes` as `PBControl.node` fields (see [`crate::SharedNodes`]).
+pub(crate) fn encode_nodes(nodes: &[Node]) -> Vec<u8> {
+    let pbs: Vec<PbNode> = nodes.iter().map(node_to_pb).collect();
+    let len = pbs
+        .iter()
+        .map(|pb| prost::encoding::message::encoded_len(2, pb))
+        .sum();
+    let mut buf = Vec::with_capacity(len);
+    for pb in &pbs {
+        prost::encoding::message::encode(2, pb, &mut buf);
+    }
+    buf
 }
 
 pub(crate) fn node_to_pb(node: &Node) -> PbNode {

@@ -49,7 +49,7 @@ pub mod pb {
 pub use codec::DecodeError;
 pub use ids::{NodeId, K_EMPTY};
 pub use message::Message;
-pub use meta::{Command, Control, DataType, Meta};
+pub use meta::{Command, Control, DataType, Meta, SharedNodes};
 pub use node::{
     Node, ParseRoleError, Role, FEATURE_COMPRESSION, FEATURE_PARTITION, FEATURE_STALENESS,
 };

@@ -103,7 +103,58 @@ pub struct Control {
     pub round_base: Option<u64>,
     /// pslite-only (field 106), elastic mode only: see `round_base`.
     pub round_left: Vec<NodeId>,
+    /// More entries of `node`, shared between messages and encoded once
+    /// (see [`SharedNodes`]): written after `node`, read back into `node`.
+    /// Only a sender sets it; a decoded control part has `None`.
+    pub shared: Option<SharedNodes>,
 }
+
+/// Node entries one sender puts in many messages (the scheduler's node
+/// table, to every pslite process): held once, encoded once (the first
+/// time a message carrying them is encoded), the same bytes copied into
+/// each frame, where each message would otherwise hold and encode a copy.
+/// On the wire they are a second `control` field (3) holding only `node`
+/// entries (2), after the first: protobuf merges the two, so a reader
+/// finds them at the end of `node`.
+#[derive(Clone, Debug)]
+pub struct SharedNodes(std::sync::Arc<SharedInner>);
+
+#[derive(Debug)]
+struct SharedInner {
+    nodes: Vec<Node>,
+    encoded: std::sync::OnceLock<Vec<u8>>,
+}
+
+impl SharedNodes {
+    /// Shares `nodes`.
+    pub fn new(nodes: Vec<Node>) -> SharedNodes {
+        SharedNodes(std::sync::Arc::new(SharedInner {
+            nodes,
+            encoded: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// The entries.
+    pub fn nodes(&self) -> &[Node] {
+        &self.0.nodes
+    }
+
+    /// The entries as `PBControl.node` fields (each tag, length and
+    /// `PBNode`), encoded on first use.
+    pub(crate) fn encoded(&self) -> &[u8] {
+        self.0
+            .encoded
+            .get_or_init(|| crate::codec::encode_nodes(&self.0.nodes))
+    }
+}
+
+impl PartialEq for SharedNodes {
+    fn eq(&self, other: &SharedNodes) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.nodes == other.0.nodes
+    }
+}
+
+impl Eq for SharedNodes {}
 
 impl Control {
     /// A control part with command `cmd` and nothing else.
@@ -117,6 +168,18 @@ impl Control {
     /// Whether this is a data message (no control command).
     pub fn is_empty(&self) -> bool {
         self.cmd == Command::Empty
+    }
+
+    /// Every node entry: `node`, then the shared ones.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.node
+            .iter()
+            .chain(self.shared.iter().flat_map(SharedNodes::nodes))
+    }
+
+    /// How many node entries it carries, shared ones included.
+    pub fn node_count(&self) -> usize {
+        self.node.len() + self.shared.as_ref().map_or(0, |s| s.nodes().len())
     }
 }
 

@@ -94,6 +94,7 @@ prop_compose! {
                 stop: None,
                 round_base: None,
                 round_left: Vec::new(),
+                shared: None,
             },
             request: flags[0],
             push: flags[1],

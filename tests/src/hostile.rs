@@ -349,6 +349,7 @@ fn hostile_meta(rng: &mut StdRng) -> Vec<u8> {
         round_left: (0..rng.random_range(0..3))
             .map(|_| rng.random_range(-1..20))
             .collect(),
+        shared: None,
     };
     let types = [
         DataType::UInt64,

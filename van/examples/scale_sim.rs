@@ -56,6 +56,19 @@ fn process_cpu() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// This process's peak resident memory so far (`VmHWM` in
+/// /proc/self/status), in bytes; 0 where it cannot be read.
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// What one event cost.
 struct Row {
     n: usize,
@@ -69,6 +82,8 @@ struct Row {
     sched_core: Duration,
     cpu: Duration,
     virtual_time: Duration,
+    /// The process's peak resident memory at the event's end.
+    peak_rss: u64,
 }
 
 fn row(n: usize, event: &'static str, before: &Snapshot, net: &Network) -> Row {
@@ -102,6 +117,7 @@ fn row(n: usize, event: &'static str, before: &Snapshot, net: &Network) -> Row {
         sched_core: core(&after, 0) - core(before, 0),
         cpu: after.cpu - before.cpu,
         virtual_time: after.virtual_now - before.virtual_now,
+        peak_rss: peak_rss(),
     }
 }
 
@@ -241,9 +257,10 @@ fn main() {
     };
     println!(
         "| N | event | scheduler msgs | scheduler bytes | avg node msgs | avg node bytes | \
-         total bytes | total / N | core CPU (all cores) | scheduler core | process CPU | virtual time |"
+         total bytes | total / N | core CPU (all cores) | scheduler core | process CPU | virtual time | \
+         peak memory |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut results = Vec::new();
     for &n in &sizes {
         if n < 20 {
@@ -252,7 +269,8 @@ fn main() {
         }
         for r in simulate(n, 33) {
             println!(
-                "| {} | {} | {} | {} | {:.1} | {:.0} | {} | {:.0} | {:.2} s | {:.2} s | {:.2} s | {:.3} s |",
+                "| {} | {} | {} | {} | {:.1} | {:.0} | {} | {:.0} | {:.2} s | {:.2} s | {:.2} s | {:.3} s \
+                 | {:.2} GB |",
                 r.n,
                 r.event,
                 r.sched_msgs,
@@ -265,6 +283,7 @@ fn main() {
                 r.sched_core.as_secs_f64(),
                 r.cpu.as_secs_f64(),
                 r.virtual_time.as_secs_f64(),
+                r.peak_rss as f64 / 1e9,
             );
             results.push(r);
         }
@@ -273,7 +292,7 @@ fn main() {
         println!(
             "RESULT scale_sim n={} event={:?} sched_msgs={} sched_bytes={} node_msgs={:.1} \
              node_bytes={:.0} total_bytes={} core_s={:.3} sched_core_s={:.3} cpu_s={:.3} \
-             virtual_s={:.3}",
+             virtual_s={:.3} peak_rss_bytes={}",
             r.n,
             r.event,
             r.sched_msgs,
@@ -285,6 +304,7 @@ fn main() {
             r.sched_core.as_secs_f64(),
             r.cpu.as_secs_f64(),
             r.virtual_time.as_secs_f64(),
+            r.peak_rss,
         );
     }
 }

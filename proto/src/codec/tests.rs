@@ -41,6 +41,7 @@ fn control(cmd: Command, nodes: Vec<Node>, barrier_group: i32) -> Control {
         stop: None,
         round_base: None,
         round_left: Vec::new(),
+        shared: None,
     }
 }
 
@@ -473,4 +474,37 @@ fn partition_compression_and_features_round_trip_and_are_absent_by_default() {
         Meta::decode(&a.encode()).unwrap().control.node[0].features,
         0
     );
+}
+
+#[test]
+fn shared_node_entries_read_back_after_the_messages_own() {
+    let shared = crate::SharedNodes::new(vec![
+        node(Role::Server, 8, 9092, 0),
+        node(Role::Server, 10, 9093, 0),
+    ]);
+    let own = node(Role::Worker, 9, 9100, 0);
+    let mut meta = Meta {
+        control: control(Command::AddNode, vec![own.clone()], 0),
+        timestamp: 7,
+        ..Meta::default()
+    };
+    meta.control.round = Some(3);
+    meta.control.shared = Some(shared.clone());
+    let frame = meta.encode();
+    assert_eq!(frame, meta.encode_with_shm(&[]));
+    let read = Meta::decode(&frame).unwrap();
+    // One list, in order: the message's entries, then the shared ones.
+    let mut want = vec![own];
+    want.extend(shared.nodes().iter().cloned());
+    assert_eq!(read.control.node, want);
+    assert_eq!(read.control.round, Some(3));
+    assert_eq!(read.control.cmd, Command::AddNode);
+    assert_eq!(read.timestamp, 7);
+    assert!(read.control.shared.is_none());
+    // The same as a message holding all of them (what a C++ node gets).
+    let mut whole = meta.clone();
+    whole.control.shared = None;
+    whole.control.node = want;
+    assert_eq!(Meta::decode(&whole.encode()).unwrap(), read);
+    assert_eq!(meta.control.node_count(), 3);
 }

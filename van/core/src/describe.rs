@@ -13,8 +13,8 @@ pub fn describe(msg: &Message) -> String {
         if m.control.cmd == Command::Barrier {
             s += &format!(" group {}", m.control.barrier_group);
         }
-        if !m.control.node.is_empty() {
-            s += &format!(" {} node(s)", m.control.node.len());
+        if m.control.node_count() > 0 {
+            s += &format!(" {} node(s)", m.control.node_count());
         }
     } else {
         s += &format!(" app {} customer {}", m.app_id, m.customer_id);

@@ -547,3 +547,5 @@ mod staleness_tests;
 mod store_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod worker_table_tests;

@@ -271,9 +271,7 @@ impl Scheduler {
                 if self.is_pslite(sender) {
                     // What changed while it was held dead (a replacement's
                     // new address and key, say) was not sent to it.
-                    let mut table = self.table_message();
-                    table.meta.recver = sender;
-                    back.push(Effect::Send(table));
+                    back.push(Effect::Send(self.table_to(sender)));
                 }
                 back.push(Effect::Event(Event::Back(sender)));
             }

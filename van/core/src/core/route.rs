@@ -104,7 +104,7 @@ impl Core {
             r.settle(|m| {
                 m.meta.recver == sender
                     && m.meta.control.cmd == Command::AddNode
-                    && m.meta.control.node.iter().any(|n| n.id == sender)
+                    && m.meta.control.nodes().any(|n| n.id == sender)
             });
         }
         if msg.meta.control.cmd == Command::Ack {

@@ -52,7 +52,12 @@ fn clusters_of_every_size_form_with_ps_lite_ids() {
             (0..workers).map(ids::worker_rank_to_id).collect::<Vec<_>>()
         );
         for n in &net.nodes {
-            assert_eq!(n.core.nodes().len(), (servers + workers + 1) as usize);
+            // A worker keeps the servers, the scheduler and itself.
+            let entries = match n.core.me().role {
+                Role::Worker => servers + 2,
+                _ => servers + workers + 1,
+            };
+            assert_eq!(n.core.nodes().len(), entries as usize);
             assert!(n.failures.is_empty());
         }
     }
@@ -287,11 +292,11 @@ fn a_dead_worker_fails_the_barriers_that_wait_for_it_after_the_recovery_timeout(
             net.id(i)
         );
     }
-    // The other nodes learned that node 11 is gone for good.
+    // The server learned that node 11 is gone for good; the other worker
+    // holds no worker but itself, and hears nothing of it.
     net.run_for(SECOND);
-    for i in [net.index_of(8).unwrap(), net.index_of(9).unwrap()] {
-        assert_eq!(net.nodes[i].peer_dead, vec![11]);
-    }
+    assert_eq!(net.nodes[net.index_of(8).unwrap()].peer_dead, vec![11]);
+    assert!(net.nodes[net.index_of(9).unwrap()].peer_dead.is_empty());
     // A barrier entered later fails at once, too.
     let late = enter(&mut net, WORKER_GROUP);
     assert!(net.run_until(SECOND, |n| late
@@ -469,12 +474,14 @@ fn a_killed_worker_is_declared_dead_by_its_closed_connection() {
     let w = net.index_of(11).unwrap();
     let killed = net.now;
     net.kill(w);
-    // Within the grace, the scheduler tells the others; they give up on it
-    // after the recovery window.
-    let others: Vec<usize> = vec![net.index_of(8).unwrap(), net.index_of(9).unwrap()];
+    // Within the grace, the scheduler tells the others; the server gives
+    // up on it after the recovery window (the other worker does not hold
+    // it: workers keep no other worker).
+    let others: Vec<usize> = vec![net.index_of(8).unwrap()];
     assert!(net.run_until(SECOND * 60, |n| others
         .iter()
         .all(|&i| n.nodes[i].peer_dead.contains(&11))));
+    assert!(net.nodes[net.index_of(9).unwrap()].peer_dead.is_empty());
     let took = net.now - killed;
     let window = VanConfig::default().recovery_timeout;
     assert!(took <= window + SECOND * 2, "{took:?}");

@@ -141,9 +141,13 @@ impl Member {
         }
         self.me.id = mine.id;
         self.me.is_recovery = mine.is_recovery;
-        self.table = nodes.to_vec();
+        self.table = self.kept(nodes);
         if msg.meta.timestamp != K_EMPTY {
-            self.set_at = nodes.iter().map(|n| (n.id, msg.meta.timestamp)).collect();
+            self.set_at = self
+                .table
+                .iter()
+                .map(|n| (n.id, msg.meta.timestamp))
+                .collect();
         }
         let round = msg_round(msg);
         self.joined = true;
@@ -216,9 +220,9 @@ impl Member {
             })
             .map(|n| Effect::Connect(n.clone()))
             .collect();
-        self.table = nodes.to_vec();
+        self.table = self.kept(nodes);
         if ts != K_EMPTY {
-            self.set_at = nodes.iter().map(|n| (n.id, ts)).collect();
+            self.set_at = self.table.iter().map(|n| (n.id, ts)).collect();
         }
         let table = &self.table;
         self.dead.retain(|id, _| table.iter().any(|n| n.id == *id));
@@ -289,6 +293,20 @@ impl Member {
         actions
     }
 
+    /// Whether this node keeps `node`'s entry in its table: a worker keeps
+    /// the servers, the scheduler and its own process, as a C++ worker
+    /// uses no more (it talks to servers and the scheduler only; barriers,
+    /// rounds and recoveries are the scheduler's). Other workers' entries
+    /// would cost a job of N workers N^2 entries.
+    pub(super) fn keeps(&self, node: &Node) -> bool {
+        self.me.role != Role::Worker || node.role != Role::Worker || node.same_process(&self.me)
+    }
+
+    /// The entries of `nodes` this node keeps (see [`Member::keeps`]).
+    fn kept(&self, nodes: &[Node]) -> Vec<Node> {
+        nodes.iter().filter(|n| self.keeps(n)).cloned().collect()
+    }
+
     /// Elastic mode: asks the scheduler for the whole table (this node
     /// holds round `held`, and a change of another came).
     fn ask_table(&self, held: u64) -> Effect {
@@ -306,7 +324,7 @@ impl Member {
         let mut actions = Vec::new();
         let recovery = nodes.len() == 1;
         for node in nodes {
-            if node.id == self.me.id || node.id == SCHEDULER {
+            if node.id == self.me.id || node.id == SCHEDULER || !self.keeps(node) {
                 continue;
             }
             if ts != K_EMPTY {

@@ -615,7 +615,7 @@ impl Component for Replication {
     /// to one whose new address it has not got yet (the map follows the
     /// updates, see [`Replication::replaced`]).
     fn attach(&self, msg: &mut Message, _facts: &dyn Facts) {
-        if msg.meta.control.cmd != Command::AddNode || msg.meta.control.node.len() < 2 {
+        if msg.meta.control.cmd != Command::AddNode || msg.meta.control.node_count() < 2 {
             return;
         }
         if let Mode::Master(m) = &self.mode {

@@ -11,6 +11,7 @@ use log::{debug, error, info, warn};
 use pslite_proto::ids::{self, NodeId};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
+use super::table::Tables;
 use super::Scheduler;
 use crate::effects::{Effect, Event};
 use crate::error::Failure;
@@ -161,9 +162,7 @@ impl Scheduler {
             if !self.ready {
                 return Vec::new();
             }
-            let mut table = self.table_message();
-            table.meta.recver = known.id;
-            return vec![Effect::Send(table)];
+            return vec![Effect::Send(self.table_to(known.id))];
         }
         if let Some((have, min, secs)) = e.failed {
             let mut entry = node.clone();
@@ -349,7 +348,8 @@ impl Scheduler {
     /// round last sent, as the change from it (the workers that joined and
     /// left since: O(change) bytes); to the others, whole.
     pub(super) fn send_table(&mut self, now: Instant) -> Vec<Effect> {
-        let table = self.table_message();
+        let tables = Tables::new(self.table_message());
+        let table = tables.full();
         let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
         let Some(e) = &self.elastic else {
             return Vec::new();
@@ -389,7 +389,7 @@ impl Scheduler {
             let msg = if holds_base && !newcomer_ids.contains(&node.id) {
                 change.clone()
             } else {
-                table.clone()
+                tables.to(&node)
             };
             if let Some(number) = number {
                 e.sent_round.insert(node.id, number);
@@ -418,7 +418,7 @@ impl Scheduler {
             return Vec::new();
         }
         debug!("scheduler: node {sender} asked for the whole table");
-        let mut table = self.table_message();
+        let mut table = self.table_to(sender);
         let Some(e) = &mut self.elastic else {
             return Vec::new();
         };

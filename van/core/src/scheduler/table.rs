@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use log::{debug, info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
-use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
+use pslite_proto::{Command, Message, Node, Role, SharedNodes, K_EMPTY};
 
 use super::Scheduler;
 use crate::effects::{Effect, Event};
@@ -162,13 +162,12 @@ impl Scheduler {
         }
         // The range map forms before the tables that carry it.
         let mut actions = vec![Effect::Event(Event::Forming(self.server_ids()))];
-        let table = self.table_message();
+        let tables = Tables::new(self.table_message());
         let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
         for node in processes {
             info!("scheduler: assigned id {} to {}", node.id, node.address());
             self.last_seen.insert(node.id, now);
-            let mut msg = table.clone();
-            msg.meta.recver = node.id;
+            let msg = tables.to(&node);
             actions.push(Effect::Connect(node));
             actions.push(Effect::Send(msg));
         }
@@ -219,9 +218,7 @@ impl Scheduler {
             }
             // Another customer of a process that already has its id.
             seen.insert(node.customer_id);
-            let mut table = self.table_message();
-            table.meta.recver = pid;
-            return vec![Effect::Send(table)];
+            return vec![Effect::Send(self.table_to(pid))];
         }
         if sender != K_EMPTY {
             self.dropped(
@@ -352,9 +349,7 @@ impl Scheduler {
             Effect::Connect(recovered.clone()),
             Effect::Event(Event::PeerReplaced(pid)),
         ];
-        let mut table = self.table_message();
-        table.meta.recver = pid;
-        actions.push(Effect::Send(table));
+        actions.push(Effect::Send(self.table_to(pid)));
         for other in self.processes() {
             if other == pid || self.is_dead(other, now) {
                 continue;
@@ -379,6 +374,21 @@ impl Scheduler {
         msg
     }
 
+    /// [`Scheduler::table_message`] for process `id`, as [`Tables::to`]
+    /// trims it.
+    pub(super) fn table_to(&self, id: NodeId) -> Message {
+        let mut table = self.table_message();
+        if self.nodes.iter().any(|n| n.id == id && trimmed_for(n)) {
+            table
+                .meta
+                .control
+                .node
+                .retain(|n| n.role != Role::Worker || n.id == id);
+        }
+        table.meta.recver = id;
+        table
+    }
+
     /// The first entry of each process, in id order.
     pub(super) fn process_nodes(&self) -> Vec<&Node> {
         let mut seen = HashSet::new();
@@ -398,5 +408,84 @@ impl Scheduler {
     /// Whether process `id` registered as a pslite node.
     pub(super) fn is_pslite(&self, id: NodeId) -> bool {
         self.nodes.iter().any(|n| n.id == id && n.pslite)
+    }
+}
+
+/// Whether `node` (a process's entry) gets a trimmed table: a pslite worker
+/// keeps the servers, the scheduler and its own entries only (as a C++
+/// worker uses no more; see `Member::keeps`). A C++ node reads the whole
+/// table, and servers answer every worker.
+fn trimmed_for(node: &Node) -> bool {
+    node.pslite && node.role == Role::Worker
+}
+
+/// One table for many processes: the whole table, for C++ nodes; for
+/// pslite processes the same entries held once and encoded once
+/// ([`SharedNodes`]: every message carries the one copy, each frame the
+/// same bytes), a pslite worker's part (the servers, see [`trimmed_for`])
+/// with its own entries and the scheduler's. Building it is O(N); the
+/// messages then cost O(own entries) each, where a copy of the table each
+/// would cost O(N^2) in all.
+pub(super) struct Tables {
+    full: Message,
+    /// Every entry but the scheduler's (the last), shared.
+    everyone: SharedNodes,
+    /// The servers' entries, shared.
+    servers: SharedNodes,
+    scheduler: Option<Node>,
+    own: HashMap<NodeId, Vec<Node>>,
+}
+
+impl Tables {
+    /// `full`: a [`Scheduler::table_message`].
+    pub(super) fn new(full: Message) -> Tables {
+        let mut scheduler = None;
+        let mut own: HashMap<NodeId, Vec<Node>> = HashMap::new();
+        let mut servers = Vec::new();
+        let mut everyone = Vec::new();
+        for n in &full.meta.control.node {
+            match n.role {
+                Role::Worker => own.entry(n.id).or_default().push(n.clone()),
+                Role::Scheduler => scheduler = Some(n.clone()),
+                Role::Server => servers.push(n.clone()),
+            }
+            if n.role != Role::Scheduler {
+                everyone.push(n.clone());
+            }
+        }
+        Tables {
+            full,
+            everyone: SharedNodes::new(everyone),
+            servers: SharedNodes::new(servers),
+            scheduler,
+            own,
+        }
+    }
+
+    /// The whole table.
+    pub(super) fn full(&self) -> &Message {
+        &self.full
+    }
+
+    /// The table for process `node`, addressed to it.
+    pub(super) fn to(&self, node: &Node) -> Message {
+        let mut msg = if node.pslite {
+            let mut msg = Message::control(Command::AddNode, K_EMPTY);
+            let c = &mut msg.meta.control;
+            c.round = self.full.meta.control.round;
+            c.round_members = self.full.meta.control.round_members.clone();
+            if trimmed_for(node) {
+                c.node = self.own.get(&node.id).cloned().unwrap_or_default();
+                c.shared = Some(self.servers.clone());
+            } else {
+                c.shared = Some(self.everyone.clone());
+            }
+            c.node.extend(self.scheduler.iter().cloned());
+            msg
+        } else {
+            self.full.clone()
+        };
+        msg.meta.recver = node.id;
+        msg
     }
 }

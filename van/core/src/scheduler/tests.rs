@@ -676,3 +676,63 @@ fn elastic_status_gives_round_ranks_and_lists_waiting_workers() {
     );
     assert_eq!(rows[4].node.port, 9203, "the waiting worker's own entry");
 }
+
+#[test]
+fn a_pslite_worker_gets_its_part_of_the_table_and_a_cxx_worker_all_of_it() {
+    // Four worker entries: a process with two customers has two.
+    let mut s = scheduler(2, 4, None);
+    let now = Instant::now();
+    // Servers 10000 (pslite) and 10001 (C++); workers 11000 (pslite, two
+    // customers), 11001 (C++), 11002 (pslite).
+    let regs = [
+        (Role::Server, 10_000, 0, true),
+        (Role::Server, 10_001, 0, false),
+        (Role::Worker, 11_000, 0, true),
+        (Role::Worker, 11_000, 1, true),
+        (Role::Worker, 11_001, 0, false),
+        (Role::Worker, 11_002, 0, true),
+    ];
+    let mut last = Vec::new();
+    for (role, port, cid, pslite) in regs {
+        let mut msg = add_node(role, HOST, port, cid);
+        msg.meta.control.node[0].pslite = pslite;
+        last = s.handle(&msg, now);
+    }
+    assert!(s.is_ready());
+    let tables = sends(&last);
+    assert_eq!(tables.len(), 5, "one table per process");
+    for t in tables {
+        let recver = t.meta.recver;
+        let entries: Vec<(NodeId, i32)> = t.meta.control.nodes().map(|n| (n.id, n.port)).collect();
+        let port = s.nodes().iter().find(|n| n.id == recver).unwrap().port;
+        // What a receiver reads: the entries in the frame.
+        let read = pslite_proto::Meta::decode(&t.meta.encode())
+            .unwrap()
+            .control
+            .node;
+        let read: Vec<(NodeId, i32)> = read.iter().map(|n| (n.id, n.port)).collect();
+        assert_eq!(read, entries, "{recver} reads what it was sent");
+        // pslite processes share one copy of the entries; C++ ones get theirs.
+        let cxx = port == 10_001 || port == 11_001;
+        assert_eq!(t.meta.control.shared.is_some(), !cxx, "{recver}");
+        if [11_000, 11_002].contains(&port) {
+            // The servers, its own entries (both customers), the scheduler.
+            let own = entries.iter().filter(|(id, _)| *id == recver).count();
+            let want_own = if port == 11_000 { 2 } else { 1 };
+            assert_eq!(own, want_own, "{recver}'s own entries: {entries:?}");
+            assert_eq!(entries.len(), 2 + want_own + 1, "{recver}: {entries:?}");
+            assert!(entries
+                .iter()
+                .all(|&(id, _)| id == recver || ids::role_of_id(id) != Some(Role::Worker)));
+            assert!(entries.iter().any(|e| e.0 == SCHEDULER));
+        } else if cxx {
+            // C++ nodes: every entry, then the scheduler, as before.
+            assert_eq!(entries.len(), 7, "{recver}: {entries:?}");
+            assert_eq!(entries.last().map(|e| e.0), Some(SCHEDULER));
+        } else {
+            // A pslite server: every entry.
+            assert_eq!(entries.len(), 7, "{recver}: {entries:?}");
+            assert!(entries.iter().any(|e| e.0 == SCHEDULER));
+        }
+    }
+}
