@@ -472,7 +472,7 @@ impl Checkpoints {
             }
             for out in master {
                 match out {
-                    MasterOut::Send(msg) => cx.send(msg),
+                    MasterOut::Send(msg) => cx.send(*msg),
                     MasterOut::Release => {
                         for msg in cx.holds.release(|r| r == Reason::Checkpoint) {
                             cx.send(msg);

@@ -55,7 +55,7 @@ pub enum Requester {
 #[derive(Debug)]
 pub enum MasterOut {
     /// Send this message (a TAKE).
-    Send(Message),
+    Send(Box<Message>),
     /// The running checkpoint ended (complete or failed): the releases of
     /// the barrier it was taken at, held for it (`crate::hold`'s
     /// [`Reason::Checkpoint`](crate::hold::Reason::Checkpoint)), go out.
@@ -337,7 +337,7 @@ impl CheckpointMaster {
             let mut msg = Message::control(Command::Checkpoint, *server);
             msg.meta.request = true;
             msg.meta.checkpoint = Some(Box::new(take));
-            self.out.push(MasterOut::Send(msg));
+            self.out.push(MasterOut::Send(Box::new(msg)));
         }
         self.running = Some(Running {
             id: pending.id,
