@@ -89,6 +89,23 @@ impl Member {
         self.update(nodes, msg.meta.timestamp)
     }
 
+    /// An elastic round this node is not part of: a worker has left the
+    /// job (its waits fail with `LeftRound`); any other node ignores the
+    /// table, saying `why`.
+    fn round_without_me(&mut self, number: u64, why: &str) -> Vec<Effect> {
+        if self.me.role == Role::Worker {
+            return self
+                .fail(Failure::LeftRound {
+                    id: self.me.id,
+                    round: number,
+                })
+                .into_iter()
+                .collect();
+        }
+        self.ignore_table(why.to_string());
+        Vec::new()
+    }
+
     pub(super) fn ignore_table(&mut self, why: String) {
         self.ignored_tables += 1;
         if self.ignored_tables == 1 {
@@ -198,17 +215,7 @@ impl Member {
             return self.update(nodes, ts);
         }
         if !nodes.iter().any(|n| n.id == self.me.id) || !nodes.iter().any(|n| n.id == SCHEDULER) {
-            if self.me.role == Role::Worker {
-                return self
-                    .fail(Failure::LeftRound {
-                        id: self.me.id,
-                        round: number,
-                    })
-                    .into_iter()
-                    .collect();
-            }
-            self.ignore_table("of a round without this node or the scheduler".to_string());
-            return Vec::new();
+            return self.round_without_me(number, "of a round without this node or the scheduler");
         }
         let mut actions: Vec<Effect> = nodes
             .iter()
@@ -257,22 +264,12 @@ impl Member {
             .map(|(_, m)| m.clone())
         else {
             debug!(
-                "elastic round {number} came as a change of round {base}, and this node holds                  {held:?}: asking the scheduler for the whole table"
+                "elastic round {number} came as a change of round {base}, and this node holds {held:?}: asking the scheduler for the whole table"
             );
             return vec![self.ask_table(held.unwrap_or(0))];
         };
         if c.round_left.contains(&self.me.id) {
-            if self.me.role == Role::Worker {
-                return self
-                    .fail(Failure::LeftRound {
-                        id: self.me.id,
-                        round: number,
-                    })
-                    .into_iter()
-                    .collect();
-            }
-            self.ignore_table("of a round without this node".to_string());
-            return Vec::new();
+            return self.round_without_me(number, "of a round without this node");
         }
         let left: HashSet<NodeId> = c.round_left.iter().copied().collect();
         let workers: Vec<NodeId> = held_members
