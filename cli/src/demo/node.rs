@@ -269,6 +269,18 @@ pub(super) struct Traffic {
 }
 
 impl Traffic {
+    /// This worker's closing report: what it trained on and moved.
+    pub(super) fn report(&self, po: &Postoffice, rank: usize, samples: usize) -> Report {
+        Report::Worker {
+            rank,
+            samples,
+            requests: self.requests,
+            pushed: self.pushed,
+            pulled: self.pulled,
+            wire: wire_bytes(po),
+        }
+    }
+
     pub(super) fn push(&mut self, keys: usize, vals: usize) {
         self.requests += 1;
         self.pushed += (keys * 8 + vals * 4) as u64;
@@ -281,7 +293,7 @@ impl Traffic {
 }
 
 /// Bytes this worker sent to and received from servers on the wire.
-pub(super) fn wire_bytes(po: &Postoffice) -> u64 {
+fn wire_bytes(po: &Postoffice) -> u64 {
     po.counters()
         .peers
         .iter()
@@ -423,14 +435,7 @@ fn train(
             }
         }
     }
-    reporter.send(Report::Worker {
-        rank,
-        samples: shard.len(),
-        requests: traffic.requests,
-        pushed: traffic.pushed,
-        pulled: traffic.pulled,
-        wire: wire_bytes(po),
-    })?;
+    reporter.send(traffic.report(po, rank, shard.len()))?;
     Ok(last)
 }
 
@@ -566,14 +571,7 @@ fn train_elastic(
         }
         view = now;
     }
-    reporter.send(Report::Worker {
-        rank: rank_of(&view).unwrap_or(0),
-        samples,
-        requests: traffic.requests,
-        pushed: traffic.pushed,
-        pulled: traffic.pulled,
-        wire: wire_bytes(po),
-    })?;
+    reporter.send(traffic.report(po, rank_of(&view).unwrap_or(0), samples))?;
     Ok(last)
 }
 

@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use super::args::DemoArgs;
 use super::data::unique_keys;
 use super::model::{gradient, Metrics};
-use super::node::{kv_worker, pull_weights, wire_bytes, TestSet, Traffic, MAX_PUSHES_IN_FLIGHT};
+use super::node::{kv_worker, pull_weights, TestSet, Traffic, MAX_PUSHES_IN_FLIGHT};
 use super::report::{Report, Reporter};
 
 /// Trains this worker's shard for `--epochs` passes; worker 0 returns its
@@ -119,13 +119,6 @@ pub fn train(
         })?;
         last = Some(m);
     }
-    reporter.send(Report::Worker {
-        rank,
-        samples: shard.len(),
-        requests: traffic.requests,
-        pushed: traffic.pushed,
-        pulled: traffic.pulled,
-        wire: wire_bytes(po),
-    })?;
+    reporter.send(traffic.report(po, rank, shard.len()))?;
     Ok(last)
 }
