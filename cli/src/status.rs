@@ -394,6 +394,9 @@ pub struct DroppedJson {
     pub injected: u64,
     /// Resent copies already delivered.
     pub duplicate: u64,
+    /// Parts beyond their sender's bound on incomplete messages
+    /// (`PS_HOLD_LIMIT / 4`).
+    pub hold_limit: u64,
 }
 
 /// Traffic with one peer, in [`CountersJson`].
@@ -448,6 +451,7 @@ impl<'a> StatusJson<'a> {
                             unknown_peer: c.dropped_unknown_peer,
                             injected: c.dropped_injected,
                             duplicate: c.dropped_duplicate,
+                            hold_limit: c.dropped_hold_limit,
                         },
                         handler_calls: c.handler_calls,
                         handler_ns: c.handler_nanos,
@@ -519,6 +523,7 @@ pub(crate) mod tests {
             dropped_unknown_peer: 3,
             dropped_injected: 4,
             dropped_duplicate: 5,
+            dropped_hold_limit: 9,
             requests_in_flight: -1,
             handler_calls: 6,
             handler_nanos: 7,
@@ -542,7 +547,7 @@ pub(crate) mod tests {
                 r#""answering":false,"counters_age_ms":1500,"counters":{"messages_sent":3,"#,
                 r#""bytes_sent":300,"messages_received":4,"bytes_received":400,"#,
                 r#""requests_in_flight":-1,"resends":1,"dropped":{"malformed":2,"#,
-                r#""unknown_peer":3,"injected":4,"duplicate":5},"handler_calls":6,"#,
+                r#""unknown_peer":3,"injected":4,"duplicate":5,"hold_limit":9},"handler_calls":6,"#,
                 r#""handler_ns":7,"uptime_ms":8000,"peers":[{"peer":8,"messages_sent":3,"#,
                 r#""bytes_sent":300,"messages_received":4,"bytes_received":400}]}},"#,
                 r#"{"id":null,"role":"worker","rank":null,"host":"a\"b\\c\u0001","port":9003,"#,

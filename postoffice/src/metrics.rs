@@ -398,6 +398,7 @@ pub fn render(node: &Node, c: &NodeCounters, shm: Option<&ShmStats>) -> String {
             ("unknown_peer", c.dropped_unknown_peer),
             ("injected", c.dropped_injected),
             ("duplicate", c.dropped_duplicate),
+            ("hold_limit", c.dropped_hold_limit),
         ]
         .into_iter()
         .map(|(reason, n)| (format!(",reason=\"{reason}\""), n.to_string()))

@@ -40,6 +40,9 @@ pub struct NodeCounters {
     pub dropped_injected: u64,
     /// Received messages dropped as duplicates of ones already delivered.
     pub dropped_duplicate: u64,
+    /// Received parts dropped because their message would begin beyond the
+    /// sender's bound on incomplete messages (`PS_HOLD_LIMIT / 4`).
+    pub dropped_hold_limit: u64,
     /// Requests this node sent whose responses have not all arrived.
     pub requests_in_flight: i64,
     /// Requests handled by this node's apps.
@@ -77,6 +80,7 @@ impl NodeCounters {
             + self.dropped_unknown_peer
             + self.dropped_injected
             + self.dropped_duplicate
+            + self.dropped_hold_limit
     }
 
     /// The protobuf form.
@@ -98,6 +102,7 @@ impl NodeCounters {
             dropped_unknown_peer: Some(self.dropped_unknown_peer),
             dropped_injected: Some(self.dropped_injected),
             dropped_duplicate: Some(self.dropped_duplicate),
+            dropped_hold_limit: Some(self.dropped_hold_limit),
             requests_in_flight: Some(self.requests_in_flight),
             handler_calls: Some(self.handler_calls),
             handler_nanos: Some(self.handler_nanos),
@@ -124,6 +129,7 @@ impl NodeCounters {
             dropped_unknown_peer: pb.dropped_unknown_peer.unwrap_or(0),
             dropped_injected: pb.dropped_injected.unwrap_or(0),
             dropped_duplicate: pb.dropped_duplicate.unwrap_or(0),
+            dropped_hold_limit: pb.dropped_hold_limit.unwrap_or(0),
             requests_in_flight: pb.requests_in_flight.unwrap_or(0),
             handler_calls: pb.handler_calls.unwrap_or(0),
             handler_nanos: pb.handler_nanos.unwrap_or(0),

@@ -249,6 +249,7 @@ impl PyPostoffice {
         d.set_item("dropped_unknown_peer", c.dropped_unknown_peer)?;
         d.set_item("dropped_injected", c.dropped_injected)?;
         d.set_item("dropped_duplicate", c.dropped_duplicate)?;
+        d.set_item("dropped_hold_limit", c.dropped_hold_limit)?;
         d.set_item("requests_in_flight", c.requests_in_flight)?;
         d.set_item("handler_calls", c.handler_calls)?;
         d.set_item("handler_seconds", c.handler_nanos as f64 / 1e9)?;

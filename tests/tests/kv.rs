@@ -599,3 +599,86 @@ fn a_large_pull_over_the_network_is_answered_without_its_keys() {
     drop((w, servers));
     c.finalize();
 }
+
+/// Layers of a model pushed back to front with priorities (the first layer
+/// highest), in parts (`PS_PARTITION_BYTES` 8 KiB), rounds after rounds,
+/// then pulled: every sum exact. Layer `i` is `(i + 1) * 2000` keys
+/// (24 KiB to 240 KiB a push), so the server's bound on one sender's
+/// incomplete messages (`PS_HOLD_LIMIT / 4`) holds a few small layers or
+/// one large one.
+fn push_layers_in_parts(c: &LocalCluster, rounds: usize) {
+    let _servers = serve_default::<f32>(c);
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    let layers: Vec<Vec<Key>> = (0..10u64)
+        .map(|i| ((i << 32)..(i << 32) + (i + 1) * 2000).collect())
+        .collect();
+    for round in 0..rounds {
+        let ts: Vec<i32> = (0..10usize)
+            .rev()
+            .map(|i| {
+                let vals = vec![(i + round) as f32; layers[i].len()];
+                w.push(&layers[i], &vals, KVOptions::new().priority(-(i as i32)))
+                    .unwrap()
+                    .into_ts()
+            })
+            .collect();
+        for t in ts {
+            w.wait_timeout(t, T).unwrap();
+        }
+    }
+    for (i, keys) in layers.iter().enumerate() {
+        let want = (0..rounds).map(|r| (i + r) as f32).sum::<f32>();
+        let got = w
+            .pull(keys, KVOptions::new().priority(-(i as i32)))
+            .unwrap()
+            .take_timeout(T)
+            .unwrap();
+        assert!(got.vals.iter().all(|&v| v == want), "layer {i}");
+        assert_eq!(got.vals.len(), keys.len());
+    }
+}
+
+/// Same configuration on both ends (`PS_HOLD_LIMIT` 256 KiB, so 64 KiB per
+/// sender; no `PS_RESEND`): the worker's links keep the server's bound, so
+/// the server never refuses a part, and the pushes went in parts.
+#[test]
+fn prioritized_pushes_in_parts_keep_a_small_hold_limit() {
+    let c = LocalCluster::start_with(1, 1, |c| {
+        c.van.hold_limit = 256 << 10;
+        c.van.partition_bytes = 8 << 10;
+        c.van.shm = false;
+    });
+    push_layers_in_parts(&c, 3);
+    let server = c.servers[0].counters();
+    assert_eq!(server.dropped_hold_limit, 0, "{server:?}");
+    let worker = c.workers[0].my_id().unwrap();
+    let from_worker = server.peers.iter().find(|p| p.peer == worker).unwrap();
+    // 3 rounds of 10 layers, 3 to 30 parts each (keys and values).
+    assert!(
+        from_worker.messages_received >= 3 * 165,
+        "{} messages: not in parts",
+        from_worker.messages_received
+    );
+    c.finalize();
+}
+
+/// A server with a smaller `PS_HOLD_LIMIT` (16 KiB per sender) than its
+/// worker's: the parts beyond its bound are dropped unacknowledged, resent
+/// (`PS_RESEND`) and taken once there is room: every sum still exact.
+#[test]
+fn parts_beyond_a_smaller_hold_limit_are_resent_and_taken() {
+    let c = LocalCluster::start_with(1, 1, |c| {
+        c.van.hold_limit = if c.van.role == pslite::Role::Server {
+            64 << 10
+        } else {
+            16 << 20
+        };
+        c.van.partition_bytes = 8 << 10;
+        c.van.shm = false;
+        c.van.resend_timeout = Some(Duration::from_millis(100));
+    });
+    push_layers_in_parts(&c, 2);
+    let server = c.servers[0].counters();
+    assert!(server.dropped_hold_limit > 0, "{server:?}");
+    c.finalize();
+}

@@ -10,7 +10,11 @@
 //! come first served among equals, nothing waits forever) until it drops
 //! below. With large messages cut into parts ([`crate::partition`]), a
 //! message of higher priority waits for at most about one part of a lower
-//! one. A message that finds its link's queue empty and room in ZeroMQ is
+//! one. A message's parts are queued together ([`Links::send_parts`]), and
+//! the queue begins a new message to the peer only within the peer's bound
+//! on incomplete messages (`PS_HOLD_LIMIT / 4`, see [`crate::schedule`]),
+//! so a peer of the same configuration never drops one for want of room.
+//! A message that finds its link's queue empty and room in ZeroMQ is
 //! written at once, by the thread that sends it (the fast path of small
 //! requests). When ZeroMQ has written enough, the link's next messages are
 //! written by this node's sending thread ([`Links::start_pump`]), woken
@@ -45,7 +49,8 @@ use pslite_proto::{lock, wait_while, Message, Node, NodeId, K_EMPTY};
 use crate::context::{Context, Socket};
 use crate::counters::Counters;
 use crate::monitor::Monitors;
-use crate::schedule::{Queued, SendQueue, CONTROL_PRIORITY};
+use crate::partition::PartialBound;
+use crate::schedule::{PartOf, Queued, SendQueue, CONTROL_PRIORITY, MAX_WAIT};
 use crate::shm;
 use crate::transport;
 use crate::LogOnce;
@@ -88,6 +93,10 @@ struct Outgoing<'a> {
     staged: Option<shm::Staged>,
     /// Queued by the receive thread: counts against the link's budget.
     budgeted: bool,
+    /// The message it is a part of, if it is one.
+    part: Option<PartOf>,
+    /// Its place in the queue.
+    priority: i64,
 }
 
 impl Outgoing<'_> {
@@ -98,6 +107,8 @@ impl Outgoing<'_> {
             data: Cow::Owned(self.data.into_owned()),
             staged: self.staged,
             budgeted: self.budgeted,
+            part: self.part,
+            priority: self.priority,
         }
     }
 
@@ -213,6 +224,8 @@ pub(crate) struct Links {
     budget: usize,
     /// Messages a link may hold before an app thread waits.
     max_queued: usize,
+    /// Each peer's bound on this node's incomplete messages.
+    bound: PartialBound,
 }
 
 /// Opens a DEALER connected to `endpoint` as `ps<identity>` or
@@ -271,6 +284,7 @@ impl Links {
         monitors: Monitors,
     ) -> Links {
         let budget = config.hold_limit / 4;
+        let bound = PartialBound::from_hold_limit(config.hold_limit);
         let max_queued = config.water_mark.map_or(MAX_QUEUED, |w| w.max(1) as usize);
         Links {
             ctx,
@@ -285,6 +299,7 @@ impl Links {
             pump: Arc::new(Pump::default()),
             budget,
             max_queued,
+            bound,
         }
     }
 
@@ -353,7 +368,7 @@ impl Links {
             socket: Mutex::new(None),
             sched: Arc::new(Sched {
                 state: Mutex::new(SchedState {
-                    queue: SendQueue::default(),
+                    queue: SendQueue::with_bound(MAX_WAIT, self.bound),
                     in_flight: 0,
                     budgeted: 0,
                     stuck: false,
@@ -477,26 +492,56 @@ impl Links {
         if mode == Mode::Wait {
             self.wait_for_room(&link);
         }
+        let out = self.outgoing(&link, msg);
+        self.write(&link, out, mode)
+    }
+
+    /// Puts the parts of one message (all to one peer, in order) on its
+    /// connection: queued together, so that the link's queue knows the
+    /// message whole before any part goes (its bound on begun messages, see
+    /// [`crate::schedule`]). An app thread waits for room once, for the
+    /// message; the receive thread queues all of its parts or none (the
+    /// link's budget). Returns the bytes they carry.
+    pub(crate) fn send_parts(&self, parts: &[Message], mode: Mode) -> Result<usize, VanError> {
+        let [first, ..] = parts else {
+            return Ok(0);
+        };
+        if parts.len() == 1 {
+            return self.send(first, mode);
+        }
+        let recver = first.meta.recver;
+        let link = self.link(recver).ok_or(VanError::UnknownPeer(recver))?;
+        if mode == Mode::Wait {
+            self.wait_for_room(&link);
+        }
+        let outs: Vec<Outgoing<'_>> = parts.iter().map(|m| self.outgoing(&link, m)).collect();
+        let bytes = outs.iter().map(Outgoing::bytes).sum();
+        let mut guard = match mode {
+            Mode::Wait => lock(&link.socket),
+            Mode::NoWait => match link.socket.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    self.enqueue(&link, outs, mode, true);
+                    return Ok(bytes);
+                }
+            },
+        };
+        self.enqueue(&link, outs, mode, false);
+        if let Some(socket) = guard.as_mut() {
+            self.pump(&link, socket, mode);
+        }
+        Ok(bytes)
+    }
+
+    /// `msg` encoded for `link` (its large frames in shared memory when the
+    /// peer shares this host).
+    fn outgoing<'a>(&self, link: &Link, msg: &'a Message) -> Outgoing<'a> {
+        let recver = msg.meta.recver;
         let shm_pid = link.shm_pid.load(Ordering::Relaxed);
         let staged = match &self.pool {
             Some(pool) if shm_pid != 0 => pool.stage(&msg.data, shm_pid),
             _ => None,
-        };
-        let out = match staged {
-            Some(mut st) => Outgoing {
-                recver,
-                meta: msg.meta.encode_with_shm(&st.frames),
-                data: Cow::Owned(std::mem::take(&mut st.data)),
-                staged: Some(st),
-                budgeted: false,
-            },
-            None => Outgoing {
-                recver,
-                meta: msg.meta.encode(),
-                data: Cow::Borrowed(&msg.data),
-                staged: None,
-                budgeted: false,
-            },
         };
         // Control messages go before any data; data by its priority.
         let priority = if msg.meta.control.is_empty() {
@@ -504,7 +549,33 @@ impl Links {
         } else {
             CONTROL_PRIORITY
         };
-        self.write(&link, out, priority, mode)
+        let part = match msg.meta.partition.as_deref() {
+            Some(p) if msg.meta.control.is_empty() => Some(PartOf {
+                message: p.id,
+                total: p.total,
+            }),
+            _ => None,
+        };
+        match staged {
+            Some(mut st) => Outgoing {
+                recver,
+                meta: msg.meta.encode_with_shm(&st.frames),
+                data: Cow::Owned(std::mem::take(&mut st.data)),
+                staged: Some(st),
+                budgeted: false,
+                part,
+                priority,
+            },
+            None => Outgoing {
+                recver,
+                meta: msg.meta.encode(),
+                data: Cow::Borrowed(&msg.data),
+                staged: None,
+                budgeted: false,
+                part,
+                priority,
+            },
+        }
     }
 
     /// An app thread waits while `link` holds its most messages (the
@@ -522,13 +593,7 @@ impl Links {
 
     /// Writes `out` on `link`: at once if nothing waits there and ZeroMQ
     /// has room, else in its place in the queue, then what may go.
-    fn write(
-        &self,
-        link: &Link,
-        out: Outgoing<'_>,
-        priority: i64,
-        mode: Mode,
-    ) -> Result<usize, VanError> {
+    fn write(&self, link: &Link, out: Outgoing<'_>, mode: Mode) -> Result<usize, VanError> {
         let bytes = out.bytes();
         let mut guard = match mode {
             Mode::Wait => lock(&link.socket),
@@ -539,13 +604,13 @@ impl Links {
                     // Another thread writes to this peer: it writes what
                     // waits after its own message; the receive loop
                     // retries if that one finished first.
-                    self.enqueue(link, out, priority, mode, true);
+                    self.enqueue(link, vec![out], mode, true);
                     return Ok(bytes);
                 }
             },
         };
         let Some(socket) = guard.as_mut() else {
-            self.enqueue(link, out, priority, mode, false); // being opened
+            self.enqueue(link, vec![out], mode, false); // being opened
             return Ok(bytes);
         };
         let direct = {
@@ -553,14 +618,14 @@ impl Links {
             st.queue.is_empty() && st.in_flight < link.sched.window
         };
         if !direct {
-            self.enqueue(link, out, priority, mode, false);
+            self.enqueue(link, vec![out], mode, false);
             self.pump(link, socket, mode);
             return Ok(bytes);
         }
         match self.put(link, socket, &out, mode) {
             Ok(sent) => Ok(self.sent(&out, sent)),
             Err(zmq::Error::EAGAIN) if mode == Mode::NoWait => {
-                self.enqueue(link, out, priority, mode, true);
+                self.enqueue(link, vec![out], mode, true);
                 Ok(bytes)
             }
             Err(e) => {
@@ -573,17 +638,20 @@ impl Links {
         }
     }
 
-    /// Queues `out` on `link` (or drops it, warning once per peer, when the
-    /// receive thread's budget for the link is spent); `stuck`: the
-    /// receive loop must try again.
-    fn enqueue(&self, link: &Link, out: Outgoing<'_>, priority: i64, mode: Mode, stuck: bool) {
-        let bytes = out.bytes() + OVERHEAD;
-        let recver = out.recver;
-        let mut out = out.into_owned();
+    /// Queues `outs` (one message, or the parts of one) on `link`, together
+    /// (or drops them, warning once per peer, when the receive thread's
+    /// budget for the link is spent); `stuck`: the receive loop must try
+    /// again.
+    fn enqueue(&self, link: &Link, outs: Vec<Outgoing<'_>>, mode: Mode, stuck: bool) {
+        let Some(recver) = outs.first().map(|o| o.recver) else {
+            return;
+        };
+        let bytes: usize = outs.iter().map(|o| o.bytes() + OVERHEAD).sum();
+        let mut outs: Vec<Outgoing<'static>> = outs.into_iter().map(Outgoing::into_owned).collect();
         let mut st = lock(&link.sched.state);
         if st.closed {
             drop(st);
-            self.discard(vec![out]);
+            self.discard(outs);
             return;
         }
         if mode == Mode::NoWait {
@@ -595,13 +663,19 @@ impl Links {
                          to it (PS_HOLD_LIMIT / 4 bytes wait)"
                     )
                 });
-                self.discard(vec![out]);
+                self.discard(outs);
                 return;
             }
             st.budgeted += bytes;
-            out.budgeted = true;
+            for out in &mut outs {
+                out.budgeted = true;
+            }
         }
-        st.queue.push(out, priority, bytes, Instant::now());
+        let now = Instant::now();
+        for out in outs {
+            let (priority, part, bytes) = (out.priority, out.part, out.bytes() + OVERHEAD);
+            st.queue.push_part(out, priority, bytes, part, now);
+        }
         if stuck && !st.stuck {
             st.stuck = true;
             self.stuck.fetch_add(1, Ordering::Relaxed);

@@ -321,21 +321,18 @@ impl Van {
         // Nothing: held (replicated key ranges), or sent by the core; more
         // than one: parts.
         let msgs = shared.with_core(mode, |core, now| core.send(msg, now))?;
-        let mut bytes = 0;
-        for msg in &msgs {
-            match shared.links.send(msg, mode) {
-                Ok(n) => bytes += n,
-                Err(e) => {
-                    shared.with_core(mode, |core, _| {
-                        for m in &msgs {
-                            core.send_failed(m);
-                        }
-                    });
-                    return Err(e);
-                }
+        // Parts go to the link together (its bound on begun messages).
+        match shared.links.send_parts(&msgs, mode) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) => {
+                shared.with_core(mode, |core, _| {
+                    for m in &msgs {
+                        core.send_failed(m);
+                    }
+                });
+                Err(e)
             }
         }
-        Ok(bytes)
     }
 
     /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,

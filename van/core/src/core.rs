@@ -37,7 +37,7 @@ use crate::hold::{ForApps, Holds};
 use crate::leave::Leave;
 use crate::log_once::LogOnce;
 use crate::member::{Member, MemberConfig};
-use crate::partition::Partitions;
+use crate::partition::{PartialBound, Partitions};
 use crate::registration::Registrations;
 use crate::replica::replication::Replication;
 use crate::reply::Replies;
@@ -216,6 +216,7 @@ impl Core {
             partition: Partitions::new(
                 cfg.partition_bytes,
                 cfg.max_message_size.map_or(u64::MAX, |m| m.max(0) as u64),
+                PartialBound::from_hold_limit(cfg.hold_limit),
                 parts_idle(cfg),
                 me.key.rotate_left(29),
             ),

@@ -34,6 +34,10 @@ pub enum DropReason {
     Injected,
     /// A duplicate of a message already delivered (resender).
     Duplicate,
+    /// A part of a message that would begin beyond its sender's bound on
+    /// incomplete messages (`PS_HOLD_LIMIT / 4`; see `crate::partition`),
+    /// dropped before it was acknowledged.
+    HoldLimit,
 }
 
 /// One direction of traffic, per peer.
@@ -78,7 +82,7 @@ pub struct Counters {
     sent: Traffic,
     received: Traffic,
     resends: AtomicU64,
-    dropped: [AtomicU64; 4],
+    dropped: [AtomicU64; 5],
     requests_in_flight: AtomicI64,
     handler_calls: AtomicU64,
     handler_nanos: AtomicU64,
@@ -190,6 +194,7 @@ impl Counters {
             dropped_unknown_peer: dropped(DropReason::UnknownPeer),
             dropped_injected: dropped(DropReason::Injected),
             dropped_duplicate: dropped(DropReason::Duplicate),
+            dropped_hold_limit: dropped(DropReason::HoldLimit),
             requests_in_flight: self.requests_in_flight.load(Ordering::Relaxed),
             handler_calls: self.handler_calls.load(Ordering::Relaxed),
             handler_nanos: self.handler_nanos.load(Ordering::Relaxed),
@@ -247,6 +252,7 @@ mod tests {
         c.dropped(DropReason::Malformed);
         c.dropped(DropReason::Injected);
         c.dropped(DropReason::Injected);
+        c.dropped(DropReason::HoldLimit);
         c.resent();
         c.request_started();
         c.request_started();
@@ -261,7 +267,8 @@ mod tests {
             ),
             (1, 2, 0)
         );
-        assert_eq!(s.dropped(), 3);
+        assert_eq!(s.dropped_hold_limit, 1);
+        assert_eq!(s.dropped(), 4);
         assert_eq!(s.resends, 1);
         assert_eq!(s.requests_in_flight, 1);
         assert_eq!((s.handler_calls, s.handler_nanos), (1, 3000));

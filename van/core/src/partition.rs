@@ -32,10 +32,29 @@
 //!   their index), so a lost part costs one part.
 //! - Nothing from the network is trusted: a part whose fields disagree
 //!   with its message's earlier parts, or that claims more than
-//!   `PS_MAX_MESSAGE_SIZE` bytes, or more messages at once from one sender
-//!   than [`MAX_PARTIAL_PER_SENDER`], is dropped with a reason; a message
+//!   `PS_MAX_MESSAGE_SIZE` bytes, is dropped with a reason; a message
 //!   whose parts stopped arriving is dropped after `idle` (its sender died,
 //!   or a part was lost without `PS_RESEND`).
+//! - **The bound on what one sender has begun** ([`PartialBound`]): the
+//!   incomplete messages of one sender claim their whole size (`total`),
+//!   and together at most a quarter of `PS_HOLD_LIMIT` (64 MiB by default,
+//!   the share of one sender everywhere pslite holds data), and they are
+//!   at most [`MAX_PARTIAL_PER_SENDER`]; a sender's first incomplete
+//!   message is always admitted (up to `PS_MAX_MESSAGE_SIZE`), so one
+//!   message larger than the bound still goes. The first part of a message
+//!   beyond the bound is dropped before it is acknowledged
+//!   ([`DropReason::HoldLimit`], logged naming `PS_HOLD_LIMIT`): under
+//!   `PS_RESEND` its parts come again and are taken once the sender's
+//!   earlier messages completed, so nothing acknowledged is lost.
+//! - The sender keeps the same bound per peer, so that nodes of one
+//!   configuration never meet it: its links (`schedule.rs` in
+//!   `pslite-van`) begin a new message to a peer only while the messages it
+//!   has begun and not finished sending to that peer, with the new one,
+//!   fit [`PartialBound::admits`]; otherwise the highest-priority begun
+//!   message goes on. Parts of one connection arrive in the order they were
+//!   sent, so what the receiver holds incomplete is always a subset of what
+//!   the sender has begun (unless a part was lost, which `PS_RESEND`
+//!   repairs).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -51,6 +70,40 @@ use crate::effects::{Effect, Event};
 
 /// Messages one sender may have partly received at once.
 pub const MAX_PARTIAL_PER_SENDER: usize = 256;
+
+/// The bound both ends keep on one sender's incomplete messages (see the
+/// module docs): bytes claimed (each message's `total`) and messages.
+///
+/// ```
+/// use pslite_van_core::partition::PartialBound;
+///
+/// let bound = PartialBound::from_hold_limit(256 << 20); // 64 MiB a sender
+/// assert!(bound.admits(0, 0, 1 << 30)); // the first one, whatever its size
+/// assert!(bound.admits(1, 12 << 20, 50 << 20));
+/// assert!(!bound.admits(2, 60 << 20, 12 << 20));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartialBound {
+    /// Bytes one sender's incomplete messages may claim together (beyond
+    /// its first one).
+    pub bytes: u64,
+}
+
+impl PartialBound {
+    /// A quarter of `PS_HOLD_LIMIT` (`hold_limit` bytes): one sender's
+    /// share, as for every other hold.
+    pub fn from_hold_limit(hold_limit: usize) -> PartialBound {
+        PartialBound {
+            bytes: (hold_limit / 4) as u64,
+        }
+    }
+
+    /// Whether a new message of `total` bytes may begin while `open`
+    /// messages claiming `claimed` bytes are incomplete.
+    pub fn admits(&self, open: usize, claimed: u64, total: u64) -> bool {
+        open == 0 || (open < MAX_PARTIAL_PER_SENDER && claimed.saturating_add(total) <= self.bytes)
+    }
+}
 
 /// Cuts large messages into parts (the sender's side).
 #[derive(Debug)]
@@ -159,15 +212,28 @@ pub struct Partitions {
 
 impl Partitions {
     /// Parts of `part_bytes` (0: this node cuts nothing; it still
-    /// reassembles), messages of at most `max_message` bytes, incomplete
-    /// ones dropped after `idle` without a new part; message numbers from
-    /// `first_id`.
-    pub fn new(part_bytes: usize, max_message: u64, idle: Duration, first_id: u64) -> Partitions {
+    /// reassembles), messages of at most `max_message` bytes, each
+    /// sender's incomplete ones within `bound`, dropped after `idle`
+    /// without a new part; message numbers from `first_id`.
+    pub fn new(
+        part_bytes: usize,
+        max_message: u64,
+        bound: PartialBound,
+        idle: Duration,
+        first_id: u64,
+    ) -> Partitions {
         Partitions {
             cut: Partitioner::new(part_bytes, first_id),
-            reassembly: Reassembly::new(max_message, idle),
+            reassembly: Reassembly::new(max_message, bound, idle),
             prioritized: false,
         }
+    }
+
+    /// Why a part that arrived cannot be taken now for want of room (its
+    /// message would begin beyond its sender's [`PartialBound`]), checked
+    /// before the part is acknowledged: under `PS_RESEND` it comes again.
+    pub fn refuses(&self, part: &Message) -> Option<Dropped> {
+        self.reassembly.refuses(part)
     }
 
     /// `msg` for `peer` (its node-table entry), in parts if the peer
@@ -200,7 +266,7 @@ impl Component for Partitions {
             Accepted::Complete(whole) => cx.fx.push(Effect::Route(whole)),
             Accepted::Pending => {}
             Accepted::Dropped(d) => {
-                cx.facts.counters().dropped(DropReason::Malformed);
+                cx.facts.counters().dropped(d.reason);
                 warn!("dropping a part from node {}: {}", d.sender, d.why);
             }
         }
@@ -294,6 +360,10 @@ pub struct Dropped {
     pub sender: NodeId,
     /// What was wrong, for the log line.
     pub why: String,
+    /// The counter it goes to: [`DropReason::HoldLimit`] for a message
+    /// beyond its sender's [`PartialBound`], else
+    /// [`DropReason::Malformed`].
+    pub reason: DropReason,
 }
 
 /// What became of a part handed to [`Reassembly::accept`].
@@ -315,6 +385,9 @@ pub enum Accepted {
 #[derive(Debug)]
 pub struct Reassembly {
     partial: HashMap<(NodeId, u64), Partial>,
+    /// Per sender: its incomplete messages and the bytes they claim.
+    claims: HashMap<NodeId, (usize, u64)>,
+    bound: PartialBound,
     /// Messages completed lately (a resend of one of their parts may still
     /// come), oldest first, at most [`MAX_DONE`].
     done: VecDeque<((NodeId, u64), Instant)>,
@@ -328,11 +401,14 @@ pub struct Reassembly {
 pub const MAX_DONE: usize = 4096;
 
 impl Reassembly {
-    /// Messages of at most `max_message` bytes (`PS_MAX_MESSAGE_SIZE`); a
-    /// message with no new part for `idle` is dropped.
-    pub fn new(max_message: u64, idle: Duration) -> Reassembly {
+    /// Messages of at most `max_message` bytes (`PS_MAX_MESSAGE_SIZE`),
+    /// each sender's incomplete ones within `bound`; a message with no new
+    /// part for `idle` is dropped.
+    pub fn new(max_message: u64, bound: PartialBound, idle: Duration) -> Reassembly {
         Reassembly {
             partial: HashMap::new(),
+            claims: HashMap::new(),
+            bound,
             done: VecDeque::new(),
             done_set: HashSet::new(),
             max_message,
@@ -344,7 +420,13 @@ impl Reassembly {
     /// transport).
     pub fn accept(&mut self, part: Message, now: Instant) -> Accepted {
         let sender = part.meta.sender;
-        let drop = |why: String| Accepted::Dropped(Dropped { sender, why });
+        let drop = |why: String| {
+            Accepted::Dropped(Dropped {
+                sender,
+                why,
+                reason: DropReason::Malformed,
+            })
+        };
         let Some(p) = part.meta.partition.as_deref() else {
             return drop("not a part".into());
         };
@@ -375,11 +457,8 @@ impl Reassembly {
             return Accepted::Pending; // a late resend of a part of a message done
         }
         if !self.partial.contains_key(&key) {
-            let open = self.partial.keys().filter(|(s, _)| *s == sender).count();
-            if open >= MAX_PARTIAL_PER_SENDER {
-                return drop(format!(
-                    "message {id}: {open} messages of node {sender} are incomplete already"
-                ));
+            if let Some(refused) = self.refuses(&part) {
+                return Accepted::Dropped(refused);
             }
             let Some(buf) = zeroed(total as usize) else {
                 return drop(format!("message {id}: cannot allocate {total} bytes"));
@@ -396,6 +475,9 @@ impl Reassembly {
                     last: now,
                 },
             );
+            let claim = self.claims.entry(sender).or_default();
+            claim.0 += 1;
+            claim.1 += total;
         }
         let Some(entry) = self.partial.get_mut(&key) else {
             return Accepted::Pending;
@@ -426,7 +508,7 @@ impl Reassembly {
         if entry.missing > 0 {
             return Accepted::Pending;
         }
-        let Some(done) = self.partial.remove(&key) else {
+        let Some(done) = self.remove(key) else {
             return Accepted::Pending;
         };
         if self.done.len() >= MAX_DONE {
@@ -453,6 +535,44 @@ impl Reassembly {
         Accepted::Complete(Message { meta, data })
     }
 
+    /// Why `part` cannot be taken now for want of room: it would begin a
+    /// message of its sender beyond the [`PartialBound`] (a part of a
+    /// message begun or completed lately is never refused for room).
+    pub fn refuses(&self, part: &Message) -> Option<Dropped> {
+        let p = part.meta.partition.as_deref()?;
+        let key = (part.meta.sender, p.id);
+        if self.partial.contains_key(&key) || self.done_set.contains(&key) {
+            return None;
+        }
+        let (open, claimed) = self.claims.get(&key.0).copied().unwrap_or_default();
+        if self.bound.admits(open, claimed, p.total) {
+            return None;
+        }
+        Some(Dropped {
+            sender: key.0,
+            why: format!(
+                "message {} of {} bytes would begin beyond the bound on one sender's incomplete \
+                 messages ({open} of {claimed} bytes incomplete; at most {} messages and \
+                 PS_HOLD_LIMIT / 4 = {} bytes): it is taken once they completed (its parts \
+                 come again under PS_RESEND)",
+                p.id, p.total, MAX_PARTIAL_PER_SENDER, self.bound.bytes
+            ),
+            reason: DropReason::HoldLimit,
+        })
+    }
+
+    /// Takes message `key` out of the incomplete ones.
+    fn remove(&mut self, key: (NodeId, u64)) -> Option<Partial> {
+        let p = self.partial.remove(&key)?;
+        release(&mut self.claims, key.0, p.total);
+        Some(p)
+    }
+
+    /// Bytes claimed by `sender`'s incomplete messages.
+    pub fn claimed(&self, sender: NodeId) -> u64 {
+        self.claims.get(&sender).map_or(0, |c| c.1)
+    }
+
     /// When the next incomplete message may time out.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let partial = self.partial.values().map(|p| p.last + self.idle).min();
@@ -471,11 +591,14 @@ impl Reassembly {
             self.done_set.remove(&key);
         }
         let mut dropped = Vec::new();
+        let claims = &mut self.claims;
         self.partial.retain(|&(sender, id), p| {
             let keep = now < p.last + idle;
             if !keep {
+                release(claims, sender, p.total);
                 dropped.push(Dropped {
                     sender,
+                    reason: DropReason::Malformed,
                     why: format!(
                         "message {id}: {} of {} parts arrived, none for {:.0} s",
                         p.count - p.missing,
@@ -493,6 +616,7 @@ impl Reassembly {
     /// took its id).
     pub fn forget(&mut self, id: NodeId) {
         self.partial.retain(|&(sender, _), _| sender != id);
+        self.claims.remove(&id);
         self.done.retain(|&((sender, _), _)| sender != id);
         self.done_set.retain(|&(sender, _)| sender != id);
     }
@@ -500,6 +624,18 @@ impl Reassembly {
     /// Messages partly received.
     pub fn incomplete(&self) -> usize {
         self.partial.len()
+    }
+}
+
+/// Takes a completed or dropped message of `total` bytes off `sender`'s
+/// claims.
+fn release(claims: &mut HashMap<NodeId, (usize, u64)>, sender: NodeId, total: u64) {
+    if let Some(c) = claims.get_mut(&sender) {
+        c.0 = c.0.saturating_sub(1);
+        c.1 = c.1.saturating_sub(total);
+        if c.0 == 0 {
+            claims.remove(&sender);
+        }
     }
 }
 

@@ -89,6 +89,18 @@ impl Core {
             debug!("dropping {} (PS_DROP_MSG)", crate::describe(&msg));
             return None;
         }
+        if msg.meta.control.is_empty() {
+            // A part whose message would begin beyond its sender's bound on
+            // incomplete messages: dropped before it is acknowledged, so
+            // that under PS_RESEND it comes again once there is room.
+            if let Some(refused) = self.parts.partition.refuses(&msg) {
+                self.counters.dropped(DropReason::HoldLimit);
+                self.dropped.log((sender, "PS_HOLD_LIMIT"), || {
+                    format!("dropping a part from node {sender}: {}", refused.why)
+                });
+                return None;
+            }
+        }
         let is_scheduler = self.parts.scheduler.is_some();
         let Some(r) = &mut self.parts.resender else {
             self.dispatch(msg, now);

@@ -227,3 +227,49 @@ fn without_priorities_messages_go_whole() {
     // 11 parts each (10 parts of values, and the timestamp frame's 4 bytes).
     assert_eq!(net.parts_sent_to.get(&server).copied(), Some(22));
 }
+
+/// The receiver's bound on one sender's incomplete messages
+/// (`PS_HOLD_LIMIT / 4`): the harness hands parts to the network in order,
+/// message after message, and the network delays each by up to 30 ms, so
+/// parts of several messages arrive interleaved and the server refuses the
+/// ones that would begin beyond the bound; unacknowledged, they come again
+/// (`PS_RESEND`) and are taken once the earlier messages completed: every
+/// request is delivered exactly once and exact.
+#[test]
+fn messages_beyond_the_hold_limit_come_again_and_are_taken() {
+    // 2.5 messages of 20 000 bytes per sender.
+    let cfg = VanConfig {
+        hold_limit: 4 * 50_000,
+        ..parted(resend(50))
+    };
+    let mut net = Network::cluster(1, 1, cfg, 46);
+    net.faults = Faults {
+        drop: 0.0,
+        duplicate: 0.0,
+        max_delay: Duration::from_millis(30),
+    };
+    assert!(net.form(SECOND * 30));
+    exchange_big(&mut net, 20, 20_000, SECOND * 120);
+    let server = net.members(SERVER_GROUP)[0];
+    let c = net.nodes[server].core.counters().snapshot(net.now);
+    assert!(c.dropped_hold_limit > 0, "no part was refused: {c:?}");
+    assert_eq!(c.dropped_malformed, 0);
+}
+
+/// One message larger than the receiver's bound goes (its sender's first
+/// incomplete message is always taken), also under loss.
+#[test]
+fn a_message_larger_than_the_hold_limit_is_taken() {
+    let cfg = VanConfig {
+        hold_limit: 4 * 10_000,
+        ..parted(resend(50))
+    };
+    let mut net = Network::cluster(1, 1, cfg, 47);
+    net.faults = Faults {
+        drop: 0.1,
+        duplicate: 0.1,
+        max_delay: Duration::from_millis(5),
+    };
+    assert!(net.form(SECOND * 30));
+    exchange_big(&mut net, 3, 25 * PART, SECOND * 120);
+}

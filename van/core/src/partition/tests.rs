@@ -7,6 +7,8 @@ use pslite_proto::DataType;
 use super::*;
 
 const IDLE: Duration = Duration::from_secs(60);
+/// No bound in bytes (the count bound stays).
+const WIDE: PartialBound = PartialBound { bytes: u64::MAX };
 
 fn message(frames: &[usize], seed: u8) -> Message {
     let mut m = Message::default();
@@ -125,7 +127,7 @@ proptest! {
                 arrivals.swap(j, k);
             }
         }
-        let mut r = Reassembly::new(1 << 30, IDLE);
+        let mut r = Reassembly::new(1 << 30, WIDE, IDLE);
         let now = Instant::now();
         let mut done = Vec::new();
         for &a in &arrivals {
@@ -154,7 +156,7 @@ proptest! {
             1..30,
         ),
     ) {
-        let mut r = Reassembly::new(10_000, IDLE);
+        let mut r = Reassembly::new(10_000, WIDE, IDLE);
         let now = Instant::now();
         for (id, index, count, total, offset, frames, len) in parts {
             let mut m = Message::default();
@@ -181,13 +183,13 @@ fn inconsistent_and_oversized_parts_are_dropped() {
     let m = message(&[500], 0);
     let parts = Partitioner::new(200, 1).split(m);
     let now = Instant::now();
-    let mut r = Reassembly::new(400, IDLE);
+    let mut r = Reassembly::new(400, WIDE, IDLE);
     // Claims more than PS_MAX_MESSAGE_SIZE.
     assert!(matches!(
         r.accept(arrived(parts[0].clone()), now),
         Accepted::Dropped(_)
     ));
-    let mut r = Reassembly::new(1 << 20, IDLE);
+    let mut r = Reassembly::new(1 << 20, WIDE, IDLE);
     assert!(matches!(
         r.accept(arrived(parts[1].clone()), now),
         Accepted::Pending
@@ -223,7 +225,7 @@ fn inconsistent_and_oversized_parts_are_dropped() {
 
 #[test]
 fn one_sender_cannot_open_unbounded_messages() {
-    let mut r = Reassembly::new(1 << 20, IDLE);
+    let mut r = Reassembly::new(1 << 20, WIDE, IDLE);
     let now = Instant::now();
     let mut p = Partitioner::new(10, 0);
     for i in 0..MAX_PARTIAL_PER_SENDER {
@@ -248,7 +250,7 @@ fn one_sender_cannot_open_unbounded_messages() {
 
 #[test]
 fn stalled_messages_time_out() {
-    let mut r = Reassembly::new(1 << 20, IDLE);
+    let mut r = Reassembly::new(1 << 20, WIDE, IDLE);
     let now = Instant::now();
     let parts = Partitioner::new(100, 0).split(message(&[300], 0));
     assert!(matches!(
@@ -275,7 +277,7 @@ fn stalled_messages_time_out() {
 
 #[test]
 fn a_late_resend_of_a_part_is_not_a_new_message() {
-    let mut r = Reassembly::new(1 << 20, IDLE);
+    let mut r = Reassembly::new(1 << 20, WIDE, IDLE);
     let now = Instant::now();
     let parts = Partitioner::new(100, 0).split(message(&[200], 0));
     assert!(matches!(
@@ -295,4 +297,116 @@ fn a_late_resend_of_a_part_is_not_a_new_message() {
     assert_eq!(r.poll_timeout(), Some(now + IDLE));
     assert!(r.tick(now + IDLE).is_empty());
     assert_eq!(r.poll_timeout(), None);
+}
+
+fn accepted(r: &mut Reassembly, part: &Message, now: Instant) -> Accepted {
+    r.accept(arrived(part.clone()), now)
+}
+
+/// PS_HOLD_LIMIT / 4 bounds what one sender's incomplete messages claim:
+/// a new message beyond it is refused, before it is acknowledged, with the
+/// variable named; its parts come again (PS_RESEND) and are taken once the
+/// earlier message completed. Another sender has its own share.
+#[test]
+fn a_message_beyond_the_bound_is_refused_then_taken_once_there_is_room() {
+    // 400 bytes per sender: one message of 300 and one of 250 do not fit.
+    let bound = PartialBound::from_hold_limit(1600);
+    assert_eq!(bound.bytes, 400);
+    let mut r = Reassembly::new(1 << 20, bound, IDLE);
+    let now = Instant::now();
+    let mut cut = Partitioner::new(100, 0);
+    let a = cut.split(message(&[300], 1));
+    let b = cut.split(message(&[250], 2));
+    assert!(matches!(accepted(&mut r, &a[0], now), Accepted::Pending));
+    assert_eq!(r.claimed(9), 300);
+    // B would claim 550 of 400.
+    let refused = r.refuses(&arrived(b[1].clone())).expect("beyond the bound");
+    assert_eq!(refused.reason, DropReason::HoldLimit);
+    assert!(refused.why.contains("PS_HOLD_LIMIT"), "{}", refused.why);
+    match accepted(&mut r, &b[0], now) {
+        Accepted::Dropped(d) => assert_eq!(d.reason, DropReason::HoldLimit),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!((r.incomplete(), r.claimed(9)), (1, 300));
+    // Another sender is not affected.
+    let mut other = arrived(b[0].clone());
+    other.meta.sender = 13;
+    assert!(r.refuses(&other).is_none());
+    assert!(matches!(r.accept(other, now), Accepted::Pending));
+    // A's later parts are never refused for room; it completes.
+    assert!(r.refuses(&arrived(a[1].clone())).is_none());
+    assert!(matches!(accepted(&mut r, &a[1], now), Accepted::Pending));
+    assert!(matches!(
+        accepted(&mut r, &a[2], now),
+        Accepted::Complete(_)
+    ));
+    assert_eq!(r.claimed(9), 0);
+    // B's parts again (resent): taken now, and B comes back exact.
+    assert!(matches!(accepted(&mut r, &b[1], now), Accepted::Pending));
+    assert!(matches!(accepted(&mut r, &b[0], now), Accepted::Pending));
+    match accepted(&mut r, &b[2], now) {
+        Accepted::Complete(whole) => assert_eq!(whole.data, message(&[250], 2).data),
+        other => panic!("{other:?}"),
+    }
+    // A late resend of a completed message's part is no new message.
+    assert!(r.refuses(&arrived(a[0].clone())).is_none());
+    assert!(matches!(accepted(&mut r, &a[0], now), Accepted::Pending));
+    assert_eq!(r.claimed(9), 0);
+}
+
+/// A sender's first incomplete message is taken whatever its size (up to
+/// PS_MAX_MESSAGE_SIZE), so one message larger than the bound still goes;
+/// while it is incomplete nothing else of that sender begins, and its
+/// claim is given back when it completes, times out or its sender is
+/// forgotten.
+#[test]
+fn one_message_larger_than_the_bound_is_taken() {
+    let bound = PartialBound { bytes: 100 };
+    let mut r = Reassembly::new(1 << 20, bound, IDLE);
+    let now = Instant::now();
+    let mut cut = Partitioner::new(64, 0);
+    let big = cut.split(message(&[1000, 24], 3));
+    let small = cut.split(message(&[80], 4));
+    for part in &big[1..] {
+        assert!(matches!(accepted(&mut r, part, now), Accepted::Pending));
+        assert!(r.refuses(&arrived(small[0].clone())).is_some());
+    }
+    match accepted(&mut r, &big[0], now) {
+        Accepted::Complete(whole) => assert_eq!(whole.data, message(&[1000, 24], 3).data),
+        other => panic!("{other:?}"),
+    }
+    // Room again: the small one, then a big one once it is done.
+    assert!(matches!(
+        accepted(&mut r, &small[0], now),
+        Accepted::Pending
+    ));
+    let big2 = cut.split(message(&[500], 5));
+    assert!(r.refuses(&arrived(big2[0].clone())).is_some());
+    assert!(matches!(
+        accepted(&mut r, &small[1], now),
+        Accepted::Complete(_)
+    ));
+    assert!(matches!(accepted(&mut r, &big2[3], now), Accepted::Pending));
+    assert_eq!(r.claimed(9), 500);
+    // Timed out: its claim goes with it.
+    assert_eq!(r.tick(now + IDLE).len(), 1);
+    assert_eq!(r.claimed(9), 0);
+    assert!(matches!(
+        accepted(&mut r, &big2[0], now + IDLE),
+        Accepted::Pending
+    ));
+    r.forget(9);
+    assert_eq!((r.incomplete(), r.claimed(9)), (0, 0));
+    assert!(r.refuses(&arrived(small[0].clone())).is_none());
+}
+
+#[test]
+fn the_bound_admits_the_first_message_and_counts_messages_too() {
+    let bound = PartialBound::from_hold_limit(256 << 20);
+    assert_eq!(bound.bytes, 64 << 20);
+    assert!(bound.admits(0, 0, u64::MAX));
+    assert!(bound.admits(5, 60 << 20, 4 << 20));
+    assert!(!bound.admits(5, 60 << 20, (4 << 20) + 1));
+    assert!(!bound.admits(MAX_PARTIAL_PER_SENDER, 0, 1));
+    assert!(!bound.admits(1, u64::MAX, 1));
 }
