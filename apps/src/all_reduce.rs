@@ -228,6 +228,7 @@ mod tests {
             app_id: 0,
             priority: 0,
             compression: None,
+            same_keys: None,
         }
     }
 

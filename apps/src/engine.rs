@@ -329,6 +329,7 @@ mod tests {
             app_id: 0,
             priority: 0,
             compression: None,
+            same_keys: None,
         }
     }
 

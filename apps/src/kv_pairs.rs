@@ -162,6 +162,20 @@ impl<V: Val> KVPairs<V> {
     /// Reads the data frames of a KV message, checking their types and sizes
     /// (but not that the keys are sorted: see [`KVPairs::validate`]).
     pub fn from_message(msg: &Message) -> Result<Self, Error> {
+        Self::read(msg, None)
+    }
+
+    /// [`KVPairs::from_message`] for an answer that left its keys out
+    /// (`same_keys`): its keys frame must be empty, and `keys` (the
+    /// request's) take its place before the shape is checked.
+    pub(crate) fn from_answer_without_keys(
+        msg: &Message,
+        keys: &SArray<Key>,
+    ) -> Result<Self, Error> {
+        Self::read(msg, Some(keys))
+    }
+
+    fn read(msg: &Message, keys_sent: Option<&SArray<Key>>) -> Result<Self, Error> {
         let malformed = |what: String| Error::Malformed {
             sender: msg.meta.sender,
             what,
@@ -175,6 +189,15 @@ impl<V: Val> KVPairs<V> {
                 return Err(malformed(format!("keys frame typed {:?}", type_of(0))));
             }
             out.keys = SArray::from_bytes(keys).map_err(|e| malformed(format!("keys: {e}")))?;
+        }
+        if let Some(keys) = keys_sent {
+            if !out.keys.is_empty() {
+                return Err(malformed(format!(
+                    "an answer said to leave its keys out carries {} keys",
+                    out.keys.len()
+                )));
+            }
+            out.keys = keys.clone();
         }
         if let Some(vals) = frames.next() {
             if let Some(t) = type_of(1).filter(|&t| !accepts::<V>(t)) {
@@ -262,11 +285,32 @@ pub struct KVMeta {
     /// ([`Compression::compress_answers`](crate::Compression::compress_answers));
     /// [`KVServer::response`](crate::KVServer::response) does it.
     pub compression: Option<crate::Compression>,
+    /// A pslite worker's pull that takes its answer without keys when they
+    /// are exactly these (the request's; `PBMeta.same_keys`):
+    /// [`KVServer::response`](crate::KVServer::response) leaves them out then.
+    pub(crate) same_keys: Option<RequestKeys>,
+}
+
+/// A request's keys, kept for its answer (shown by their number: a pull
+/// may have millions).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct RequestKeys(pub(crate) SArray<Key>);
+
+impl std::fmt::Debug for RequestKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} keys>", self.0.len())
+    }
 }
 
 impl KVMeta {
     /// The KV meta of a request message.
     pub fn of(msg: &Message) -> KVMeta {
+        Self::with_keys(msg, None)
+    }
+
+    /// The KV meta of request `msg` whose keys are `keys` (kept for an
+    /// answer without keys, if the request asks for one).
+    pub(crate) fn with_keys(msg: &Message, keys: Option<&SArray<Key>>) -> KVMeta {
         KVMeta {
             cmd: msg.meta.head,
             push: msg.meta.push,
@@ -281,6 +325,9 @@ impl KVMeta {
                 .compression
                 .as_deref()
                 .and_then(crate::Compression::for_answer),
+            same_keys: keys
+                .filter(|_| msg.meta.same_keys && msg.meta.pull && msg.meta.request)
+                .map(|keys| RequestKeys(keys.clone())),
         }
     }
 }
@@ -288,6 +335,49 @@ impl KVMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_without_keys_takes_the_requests_and_is_checked_against_them() {
+        let keys = SArray::from_vec(vec![4u64, 7, 9]);
+        let answer = |pairs: KVPairs<f32>, drop_keys: bool| {
+            let (mut frames, types) = pairs.to_frames();
+            if drop_keys {
+                frames[0] = Bytes::new();
+            }
+            let mut msg = Message::default();
+            msg.meta.same_keys = true;
+            msg.meta.sender = 8;
+            msg.meta.data_type = types;
+            msg.data = frames;
+            msg
+        };
+        let two_each = answer(
+            KVPairs::new(keys.clone(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            true,
+        );
+        let read = KVPairs::<f32>::from_answer_without_keys(&two_each, &keys).unwrap();
+        assert_eq!(&read.keys[..], &[4, 7, 9]);
+        assert_eq!(read.values_per_key(), vec![2, 2, 2]);
+        // Values that do not fit the request's keys.
+        let short = answer(KVPairs::new(keys.clone(), vec![1.0; 4]), true);
+        assert!(matches!(
+            KVPairs::<f32>::from_answer_without_keys(&short, &keys),
+            Err(Error::Malformed { sender: 8, .. })
+        ));
+        // Keys where the answer says there are none.
+        let with_keys = answer(KVPairs::new(keys.clone(), vec![1.0; 3]), false);
+        assert!(matches!(
+            KVPairs::<f32>::from_answer_without_keys(&with_keys, &keys),
+            Err(Error::Malformed { sender: 8, .. })
+        ));
+        // Lens are read against the request's keys too.
+        let lens = answer(
+            KVPairs::with_lens(keys.clone(), vec![1.0; 4], vec![1, 0, 3]),
+            true,
+        );
+        let read = KVPairs::<f32>::from_answer_without_keys(&lens, &keys).unwrap();
+        assert_eq!(read.values_per_key(), vec![1, 0, 3]);
+    }
 
     #[test]
     fn validation() {

@@ -20,7 +20,10 @@
 //! the answers' values are copied into place as they arrive. The request
 //! still completes once, with every value in key order. A server's handle
 //! sees one pull per chunk; C++ servers and servers sharing memory with
-//! this node get one request, as before.
+//! this node get one request, as before. Each chunk asks its answer to
+//! leave out the keys (`PBMeta.same_keys`): a pslite server whose answer
+//! has exactly the chunk's keys sends the values only, and the worker puts
+//! the chunk's keys back.
 //!
 //! Rules every request follows, as in ps-lite:
 //! - **Keys are sorted in ascending order and unique** within a request;
@@ -38,12 +41,13 @@
 //! [`Postoffice::barrier`]: crate::Postoffice::barrier
 //! [`WORKER_GROUP`]: crate::WORKER_GROUP
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use log::warn;
 use pslite_postoffice::{KeyRange, Postoffice};
-use pslite_proto::{ids, Message, NodeId, FEATURE_COMPRESSION};
+use pslite_proto::{ids, lock, Message, NodeId, FEATURE_COMPRESSION};
 use pslite_van::Failure;
 
 use crate::compression::{Compression, WorkerState};
@@ -206,7 +210,14 @@ struct Pending<V: Val> {
     /// A pull answered in several messages: their values, each copied to
     /// its place as it arrives (`None`: assembled at the end).
     placed: Option<Placed<V>>,
+    /// The keys of each message that asked for its answer without keys
+    /// (`same_keys`), by the message's timestamp (the request's or an
+    /// alias); filled as the messages go, before their answers can come.
+    sent_keys: Option<SentKeys>,
 }
+
+/// The keys a pull's messages carried, by timestamp (see `Pending`).
+type SentKeys = Arc<Mutex<HashMap<i32, SArray<Key>>>>;
 
 impl<V: Val> Pending<V> {
     /// A request that carries no pairs (a SimpleApp command).
@@ -219,6 +230,7 @@ impl<V: Val> Pending<V> {
             callback: None,
             pulled: None,
             placed: None,
+            sent_keys: None,
         }
     }
 }
@@ -612,10 +624,12 @@ impl<V: Val> KVWorker<V> {
         } else {
             0
         };
-        let messages: Vec<(usize, KVPairs<V>)> = if chunk_keys == 0 {
-            targets
+        // The bool: the message asks for its answer without keys (a pslite
+        // server over the network, which can leave them out).
+        let messages: Vec<(usize, KVPairs<V>, bool)> = if chunk_keys == 0 {
+            targets.into_iter().map(|(r, s)| (r, s, false)).collect()
         } else {
-            let mut chunked: Vec<Vec<(usize, KVPairs<V>)>> = targets
+            let mut chunked: Vec<Vec<(usize, KVPairs<V>, bool)>> = targets
                 .into_iter()
                 .map(|(rank, slice)| {
                     let id = ids::server_rank_to_id(rank as i32);
@@ -624,11 +638,11 @@ impl<V: Val> KVWorker<V> {
                         // node shares memory with (no wire to wait for; its
                         // answer's values are taken without a copy): one
                         // request.
-                        vec![(rank, slice)]
+                        vec![(rank, slice, false)]
                     } else {
                         pull_chunks(&slice.keys, PULL_FIRST_CHUNK_BYTES / key_bytes, chunk_keys)
                             .into_iter()
-                            .map(|keys| (rank, KVPairs::new(keys, SArray::new())))
+                            .map(|keys| (rank, KVPairs::new(keys, SArray::new()), true))
                             .collect()
                     }
                 })
@@ -649,8 +663,12 @@ impl<V: Val> KVWorker<V> {
         // sent several messages is named once per message.
         let servers: Vec<NodeId> = messages
             .iter()
-            .map(|(rank, _)| ids::server_rank_to_id(*rank as i32))
+            .map(|(rank, _, _)| ids::server_rank_to_id(*rank as i32))
             .collect();
+        let sent_keys: Option<SentKeys> = messages
+            .iter()
+            .any(|(_, _, ask)| *ask)
+            .then(|| Arc::new(Mutex::new(HashMap::new())));
         let pending = Pending {
             pull,
             keys: kvs.keys.clone(),
@@ -660,10 +678,11 @@ impl<V: Val> KVWorker<V> {
             pulled: None,
             // Several answers: each put in place as it arrives.
             placed: (pull && servers.len() > 1).then(Placed::new),
+            sent_keys: sent_keys.clone(),
         };
         let request = self.customer.new_request_to(&servers, pending);
         let ts = request.ts();
-        for (i, (rank, slice)) in messages.into_iter().enumerate() {
+        for (i, (rank, slice, ask)) in messages.into_iter().enumerate() {
             let mut msg = Message::default();
             msg.meta.app_id = inner.app_id;
             msg.meta.customer_id = inner.customer_id;
@@ -683,6 +702,10 @@ impl<V: Val> KVWorker<V> {
                 }
             };
             msg.meta.recver = ids::server_rank_to_id(rank as i32);
+            if let (true, Some(sent)) = (ask, &sent_keys) {
+                lock(sent).insert(msg.meta.timestamp, slice.keys.clone());
+                msg.meta.same_keys = true;
+            }
             let slice = if push {
                 slice
             } else {
@@ -858,7 +881,27 @@ impl<V: Val> Handler for Inner<V> {
         } else {
             msg
         };
-        match KVPairs::from_message(msg) {
+        // An answer that left out its keys: they are its request's.
+        let read = if msg.meta.same_keys {
+            let keys = pending
+                .sent_keys
+                .as_ref()
+                .and_then(|sent| lock(sent).remove(&msg.meta.timestamp));
+            match keys {
+                Some(keys) => KVPairs::from_answer_without_keys(msg, &keys),
+                None => Err(Error::Malformed {
+                    sender,
+                    what: format!(
+                        "an answer without keys to message {} of a request that \
+                         did not ask for one",
+                        msg.meta.timestamp
+                    ),
+                }),
+            }
+        } else {
+            KVPairs::from_message(msg)
+        };
+        match read {
             Ok(kvs) => {
                 if let Some(placed) = pending.placed.as_mut() {
                     placed.place(&pending.keys, &kvs);

@@ -246,6 +246,8 @@ impl<T: Pod + Send + Sync + PartialEq> PartialEq for SArray<T> {
     }
 }
 
+impl<T: Pod + Send + Sync + Eq> Eq for SArray<T> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,6 +105,10 @@ pub struct Config {
     /// `PS_STALENESS` (workers): bounded staleness `s` (see
     /// `KVWorker::clock`); unset: asynchronous, no bound.
     pub staleness: Option<u64>,
+    /// `PS_MALLOC_TUNE` (default on): keep large message buffers in the heap
+    /// for reuse (glibc's mmap and trim thresholds raised, once per process;
+    /// see `pslite_van::heap`); `0` leaves malloc as it is.
+    pub malloc_tune: bool,
 }
 
 /// The most `PS_SERVER_THREADS`.
@@ -481,6 +485,7 @@ impl Config {
             server_threads: 1,
             app_wait: Duration::from_millis(DEFAULT_APP_WAIT_MS),
             staleness: None,
+            malloc_tune: true,
         }
     }
 
@@ -664,6 +669,10 @@ impl Config {
             server_threads: env.number("PS_SERVER_THREADS", 1)? as usize,
             app_wait,
             staleness: env.optional_number("PS_STALENESS")?,
+            malloc_tune: match env.get("PS_MALLOC_TUNE") {
+                None => true,
+                Some(_) => env.flag("PS_MALLOC_TUNE")?,
+            },
         })
     }
 }

@@ -171,6 +171,9 @@ impl Postoffice {
             match &*slot {
                 Some(van) => Arc::clone(van),
                 None => {
+                    if self.inner.config.malloc_tune {
+                        pslite_van::heap::keep_large_buffers();
+                    }
                     let dispatch = Arc::clone(&self.inner.router) as Arc<dyn pslite_van::Dispatch>;
                     let van = Van::start_with_counters(
                         self.inner.config.van.clone(),

@@ -154,6 +154,7 @@ impl Meta {
             partition: self.partition.as_deref().map(Partition::to_pb),
             compression: self.compression.as_deref().map(CompressionMsg::to_pb),
             staleness: self.staleness.as_deref().map(|s| s.to_pb()),
+            same_keys: self.same_keys.then_some(true),
         }
     }
 
@@ -215,6 +216,7 @@ impl Meta {
                 None => None,
             },
             staleness: pb.staleness.map(|s| Box::new(StalenessMsg::from_pb(s))),
+            same_keys: pb.same_keys.unwrap_or(false),
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

@@ -323,6 +323,10 @@ pub struct Meta {
     /// pslite-only (field 140): bounded staleness, the sending worker's
     /// clock (and a pull's bound), or a tick.
     pub staleness: Option<Box<StalenessMsg>>,
+    /// pslite-only (field 150): on a pull request, the answer may leave out
+    /// its keys when they are exactly the request's; on the answer, they
+    /// were left out (its keys frame is empty).
+    pub same_keys: bool,
     /// The sender's node id (from its ZeroMQ identity; not in the meta frame).
     pub sender: NodeId,
     /// The receiver's node id (selects the socket; not in the meta frame).
@@ -363,6 +367,7 @@ impl Default for Meta {
             partition: None,
             compression: None,
             staleness: None,
+            same_keys: false,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

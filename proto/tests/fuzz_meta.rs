@@ -115,6 +115,7 @@ prop_compose! {
             partition: None,
             compression: None,
             staleness: None,
+            same_keys: false,
             sender: K_EMPTY,
             recver: K_EMPTY,
             sender_key: None,

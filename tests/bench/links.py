@@ -18,7 +18,10 @@ side:
   `pull_serial_limit_ms`, its request's and its answer's in turn (an answer
   starts only once its request has arrived whole: the bound of raw ZeroMQ's
   and C++ ps-lite's one request per server; pslite sends a large pull in
-  chunks, so its answers stream while later keys travel).
+  chunks, so its answers stream while later keys travel); and
+  `pull_own_limit_ms`, the limit of pslite's own wire between pslite
+  nodes, whose answers to a large pull leave out the keys (the worker has
+  them: `PBMeta.same_keys`), so they carry the values only.
 - priority: a layer-wise step (`kv_bench --mode layers`: 10 layers whose
   gradients are pushed back to front, then pulled front to back) with every
   request at priority 0 (first come, first served) and with P3's priorities
@@ -333,8 +336,8 @@ class Bench:
               f"({keys} keys, fresh values; medians of {self.args.rounds} rounds per worker)\n")
         print("| cluster | limit ms | pslite push | pslite pull | raw push | raw pull | C++ push | C++ pull "
               "| pslite / limit, push | pslite / limit, pull | pslite / serial limit, pull "
-              "| pslite / C++, push | pslite / C++, pull |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| pslite / own limit, pull | pslite / C++, push | pslite / C++, pull |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         results = []
         for s, w, ours, raw, cxx, limit in rows:
             def f(d, k):
@@ -346,10 +349,12 @@ class Bench:
                   f"| {f(raw, 'push')} | {f(raw, 'pull')} | {f(cxx, 'push')} | {f(cxx, 'pull')} "
                   f"| {ratio(ours['push'], limit['push'])} | {ratio(ours['pull'], limit['pull'])} "
                   f"| {ratio(ours['pull'], limit['pull_serial'])} "
+                  f"| {ratio(ours['pull'], limit['pull_own'])} "
                   f"| {ratio(ours['push'], cxx.get('push'))} | {ratio(ours['pull'], cxx.get('pull'))} |")
             line = (f"RESULT links rate={rate} {s}+{w} push_ms={ours['push']:.1f} pull_ms={ours['pull']:.1f} "
                     f"limit_ms={limit['push']:.1f} pull_limit_ms={limit['pull']:.1f} "
                     f"pull_serial_limit_ms={limit['pull_serial']:.1f} "
+                    f"pull_own_limit_ms={limit['pull_own']:.1f} "
                     f"raw_push_ms={raw['push']:.1f} raw_pull_ms={raw['pull']:.1f}")
             if cxx:
                 line += f" cxx_push_ms={cxx['push']:.1f} cxx_pull_ms={cxx['pull']:.1f}"
@@ -478,8 +483,12 @@ def limit_ms(keys, s, w, gbit):
     # A pull's answer cannot leave before its request (all its keys) has
     # arrived: one request and its answer take at least both in turn.
     serial = request + answer
+    # pslite's own wire between pslite nodes: a large pull's answers leave
+    # their keys out (PBMeta.same_keys), so they carry the values only.
+    own = max(request, max(keys * 4, w * keys * 4 / s))
     return {k: v * 8 / (gbit * 1e9) * 1e3
-            for k, v in (("push", push), ("pull", pull), ("pull_serial", serial))}
+            for k, v in (("push", push), ("pull", pull), ("pull_serial", serial),
+                         ("pull_own", own))}
 
 
 def parse_rates(values):

@@ -525,3 +525,77 @@ fn requests_are_waited_for_by_handle_or_by_timestamp() {
     drop(w);
     c.finalize();
 }
+
+#[test]
+fn a_large_pull_over_the_network_is_answered_without_its_keys() {
+    // Over TCP (no shared memory), a pull of 300 000 keys goes to each
+    // pslite server in chunks whose answers leave their keys out (the
+    // worker has them): the worker receives the values, 4 bytes a key, and
+    // not the keys again, 8 more.
+    let c = LocalCluster::start_with(2, 1, |cfg| {
+        cfg.van.shm = false;
+        cfg.van.ipc = false;
+    });
+    let copying = Arc::new(AtomicUsize::new(0));
+    let servers: Vec<KVServer<f32>> = c
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(rank, po)| {
+            let s = KVServer::<f32>::new(po, 0).unwrap();
+            let store = DefaultHandle::<f32>::new();
+            let copying = Arc::clone(&copying);
+            s.set_request_handle(move |meta: &KVMeta, req: KVPairs<f32>, s: &KVServer<f32>| {
+                let mut res = store.apply(meta, &req).unwrap();
+                if rank == 1 && meta.pull {
+                    // Equal keys in a buffer of its own: left out as well.
+                    res.keys = SArray::from_vec(res.keys.to_vec());
+                    copying.fetch_add(1, Ordering::SeqCst);
+                }
+                s.response(meta, res).unwrap();
+            });
+            s
+        })
+        .collect();
+    let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+    let n = 300_000u64;
+    let keys = spread(n);
+    let vals: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    w.push(&keys, &vals, KVOptions::new())
+        .unwrap()
+        .wait_timeout(T)
+        .unwrap();
+    let before = c.workers[0].counters().bytes_received();
+    let pulled = w
+        .pull(&keys, KVOptions::new())
+        .unwrap()
+        .take_timeout(T)
+        .unwrap();
+    let received = c.workers[0].counters().bytes_received() - before;
+    assert_eq!(&pulled.keys[..], &keys[..]);
+    assert_eq!(&pulled.vals[..], &vals[..]);
+    assert!(
+        copying.load(Ordering::SeqCst) > 1,
+        "server 1 answered in chunks"
+    );
+    let n = n as usize;
+    assert!(
+        received >= (n * 4) as u64 && received < (n * 4 + n) as u64,
+        "the worker received {received} bytes for {n} values of 4 bytes (with keys: {})",
+        n * 12
+    );
+    // With a callback, the same answers.
+    let (tx, rx) = unbounded();
+    let pull = w
+        .pull(
+            &keys,
+            KVOptions::new().callback(move |r| {
+                let _ = tx.send(r.map(|p| p.vals.to_vec()));
+            }),
+        )
+        .unwrap();
+    assert_eq!(rx.recv_timeout(T).unwrap().unwrap(), vals);
+    drop(pull);
+    drop((w, servers));
+    c.finalize();
+}

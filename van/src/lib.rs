@@ -14,7 +14,8 @@
 //! handler), `monitor.rs` (the socket monitors that report a connection
 //! up, closed or refused), [`checkpoint::disk`] (the checkpoint files) and
 //! [`admin`] (a client outside the cluster asking the scheduler for its
-//! status table: `pslite status`).
+//! status table: `pslite status`) and [`heap`] (large message buffers kept
+//! in the heap instead of fresh pages each time: `PS_MALLOC_TUNE`).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -40,6 +41,7 @@ mod bind;
 pub mod checkpoint;
 pub mod context;
 mod dispatch;
+pub mod heap;
 mod links;
 mod monitor;
 pub mod resolve;

@@ -107,9 +107,13 @@ fn every_variable_is_read() {
         ("PS_METRICS_PORT", "9900"),
         ("PS_SHM", "0"),
         ("PS_IPC", "0"),
+        ("PS_MALLOC_TUNE", "0"),
     ])
     .unwrap();
     assert!(!c.van.shm);
+    assert!(!c.malloc_tune);
+    assert!(parse(&[]).unwrap().malloc_tune);
+    assert!(parse(&[("PS_MALLOC_TUNE", "sometimes")]).is_err());
     assert!(!c.van.ipc);
     assert!(parse(&[]).unwrap().van.ipc);
     assert!(parse(&[("PS_SHM", "maybe")]).is_err());

@@ -508,3 +508,27 @@ fn shared_node_entries_read_back_after_the_messages_own() {
     assert_eq!(Meta::decode(&whole.encode()).unwrap(), read);
     assert_eq!(meta.control.node_count(), 3);
 }
+
+#[test]
+fn same_keys_round_trips_and_is_absent_by_default() {
+    // A C++ push's bytes are unchanged until the field is set.
+    let mut meta = Meta {
+        app_id: 0,
+        timestamp: 3,
+        request: true,
+        push: true,
+        customer_id: 0,
+        head: 0,
+        data_type: vec![DataType::UInt64, DataType::Other, DataType::Int32],
+        ..Meta::default()
+    };
+    assert_eq!(hex(&meta.encode()), golden::PUSH_REQUEST);
+    meta.same_keys = true;
+    let bytes = meta.encode();
+    assert!(
+        bytes.starts_with(&unhex(golden::PUSH_REQUEST)),
+        "appended after ps-lite's fields"
+    );
+    assert_eq!(bytes.len(), unhex(golden::PUSH_REQUEST).len() + 3);
+    assert_eq!(Meta::decode(&bytes).unwrap(), meta);
+}

@@ -1,0 +1,113 @@
+//! Keeping large message buffers in the heap (`PS_MALLOC_TUNE`).
+//!
+//! ZeroMQ allocates a buffer of the message's size for every large message
+//! it receives, and pslite's apps allocate answers and sums of the same
+//! sizes, step after step. glibc's malloc serves allocations above its
+//! mmap threshold (128 KiB at start, growing to at most 32 MiB as such
+//! blocks are freed) with a fresh `mmap`, and gives the top of the heap back
+//! to the kernel once more than twice that is free. Either way the next
+//! message of the same size faults in fresh pages, which the kernel zeroes
+//! first: measured with `perf` on a 5 Gbit/s link (`tests/bench/links.py`,
+//! 120 MB push and pull at 2+2), 40-50% of a server's and a worker's CPU
+//! was `clear_page_erms` under those faults, on a machine where the CPU,
+//! not the wire, was what the 2+2 transfers waited for.
+//!
+//! [`keep_large_buffers`] sets the mmap threshold to its largest value
+//! (32 MiB: blocks up to that size come from the heap and are reused) and
+//! the trim threshold to [`TRIM_THRESHOLD`] (freed heap memory up to that
+//! much stays with the process). A process's memory then stays near its
+//! high-water mark instead of following each message. It runs once per
+//! process, leaves malloc alone where the user's `GLIBC_TUNABLES` already
+//! chose either threshold, and does nothing on a C library other than
+//! glibc.
+
+use std::sync::Once;
+
+/// The mmap threshold set: glibc's largest (`DEFAULT_MMAP_THRESHOLD_MAX`
+/// on 64-bit machines; `mallopt` refuses more).
+pub const MMAP_THRESHOLD: usize = 32 << 20;
+
+/// Free heap memory a process keeps instead of giving it back.
+pub const TRIM_THRESHOLD: usize = 1 << 30;
+
+/// What [`keep_large_buffers`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tuned {
+    /// Both thresholds set.
+    Set,
+    /// `GLIBC_TUNABLES` names a threshold already: the user's choice stands.
+    UserTunables,
+    /// Not glibc (or `mallopt` refused): malloc as it was.
+    Unsupported,
+    /// An earlier call of this process did it.
+    AlreadyDone,
+}
+
+/// Sets glibc's mmap and trim thresholds (see the module's text) the first
+/// time it is called in a process.
+pub fn keep_large_buffers() -> Tuned {
+    static ONCE: Once = Once::new();
+    let mut outcome = Tuned::AlreadyDone;
+    ONCE.call_once(|| {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        outcome = if user_chose(&tunables) {
+            Tuned::UserTunables
+        } else {
+            set_thresholds()
+        };
+        log::debug!("large message buffers kept in the heap: {outcome:?}");
+    });
+    outcome
+}
+
+/// Whether `GLIBC_TUNABLES` (its value) sets either threshold.
+fn user_chose(tunables: &str) -> bool {
+    tunables.split(':').any(|t| {
+        let name = t.split('=').next().unwrap_or_default().trim();
+        name == "glibc.malloc.mmap_threshold" || name == "glibc.malloc.trim_threshold"
+    })
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn set_thresholds() -> Tuned {
+    // SAFETY: mallopt only changes malloc's parameters, under its own lock;
+    // the values are within the ranges glibc documents.
+    let mmap = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as libc::c_int) };
+    let trim = unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as libc::c_int) };
+    if mmap == 1 && trim == 1 {
+        Tuned::Set
+    } else {
+        Tuned::Unsupported
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn set_thresholds() -> Tuned {
+    Tuned::Unsupported
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_user_tunable_for_either_threshold_stands() {
+        assert!(user_chose("glibc.malloc.mmap_threshold=65536"));
+        assert!(user_chose(
+            "glibc.malloc.hugetlb=1:glibc.malloc.trim_threshold=1"
+        ));
+        assert!(!user_chose("glibc.malloc.hugetlb=1"));
+        assert!(!user_chose(""));
+        assert!(!user_chose("glibc.malloc.mmap_threshold_x=1"));
+    }
+
+    #[test]
+    fn sets_the_thresholds_once() {
+        let first = keep_large_buffers();
+        if std::env::var("GLIBC_TUNABLES").map_or(true, |t| !user_chose(&t)) {
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            assert_eq!(first, Tuned::Set);
+        }
+        assert_eq!(keep_large_buffers(), Tuned::AlreadyDone);
+    }
+}
