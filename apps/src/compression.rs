@@ -50,7 +50,7 @@ use pslite_proto::{lock, DataType, Message};
 use crate::kv_pairs::{KVPairs, Key, Val};
 use crate::Error;
 
-pub(crate) use feedback::{ErrorFeedback, Layout};
+pub(crate) use feedback::{ErrorFeedback, Layout, Velocity};
 
 /// Messages with fewer values go uncompressed.
 pub const MIN_VALUES: usize = 16;
@@ -86,6 +86,9 @@ pub struct Compression {
     answers: bool,
     answer_feedback: bool,
     seed: u64,
+    momentum: f32,
+    nesterov: bool,
+    masking: bool,
 }
 
 impl PartialEq for Compression {
@@ -96,6 +99,9 @@ impl PartialEq for Compression {
             && self.answers == other.answers
             && self.answer_feedback == other.answer_feedback
             && self.seed == other.seed
+            && self.momentum.to_bits() == other.momentum.to_bits()
+            && self.nesterov == other.nesterov
+            && self.masking == other.masking
     }
 }
 
@@ -110,6 +116,9 @@ impl Compression {
             answers: false,
             answer_feedback: false,
             seed: DEFAULT_SEED,
+            momentum: 0.0,
+            nesterov: false,
+            masking: false,
         }
     }
 
@@ -181,6 +190,77 @@ impl Compression {
     pub fn seed(mut self, seed: u64) -> Compression {
         self.seed = seed;
         self
+    }
+
+    /// Momentum correction (Deep Gradient Compression, Lin et al. 2018;
+    /// BytePS's momentum compressor): the worker keeps each key's velocity
+    /// `u = momentum * u + g` and pushes it (with [`Compression::nesterov`],
+    /// `g + momentum * u`), so error feedback accumulates the velocity,
+    /// `v += u`, and what is held back arrives with its momentum; whoever
+    /// applies the answers then steps without momentum of its own
+    /// (`pslite.torch.DistributedOptimizer` arranges both). The velocity
+    /// is kept whatever was sent (as BytePS's momentum compressor), unless
+    /// [`Compression::momentum_masking`] asks otherwise. A push that goes
+    /// uncompressed (too small) is then exactly momentum SGD.
+    /// `momentum` from 0 (off, the default) to below 1. Worker-side only:
+    /// nothing changes on the wire, and a server that does not read
+    /// compressed values gets the velocity uncompressed.
+    pub fn momentum(mut self, momentum: f32) -> Result<Compression, Error> {
+        if !(momentum.is_finite() && (0.0..1.0).contains(&momentum)) {
+            return Err(Error::InvalidInput(format!(
+                "momentum must be from 0 to below 1, got {momentum}"
+            )));
+        }
+        self.momentum = momentum;
+        Ok(self)
+    }
+
+    /// With [`Compression::momentum`]: pushes `g + momentum * u` (Nesterov's
+    /// momentum, as `torch.optim.SGD(nesterov=True)` steps) instead of `u`.
+    pub fn nesterov(mut self, on: bool) -> Compression {
+        self.nesterov = on;
+        self
+    }
+
+    /// With [`Compression::momentum`], for `topk` and `randomk`: clears the
+    /// velocity where a value was sent (Deep Gradient Compression's
+    /// momentum factor masking: the value arrived whole, and the momentum
+    /// it built up with it). Off by default: on `train_digits.py` it cost
+    /// `topk:0.1` 0.98 -> 0.96 (docs/BENCHMARKS.md). `onebit` and `2bit`
+    /// send every value in some form but only part of it, so nothing is
+    /// masked for them.
+    pub fn momentum_masking(mut self, on: bool) -> Compression {
+        self.masking = on;
+        self
+    }
+
+    /// Whether momentum factor masking is asked for.
+    pub fn has_momentum_masking(&self) -> bool {
+        self.masking
+    }
+
+    /// The momentum of momentum correction (0: off).
+    pub fn momentum_factor(&self) -> f32 {
+        self.momentum
+    }
+
+    /// Whether momentum correction uses Nesterov's momentum.
+    pub fn is_nesterov(&self) -> bool {
+        self.nesterov
+    }
+
+    /// Whether momentum correction is on.
+    fn has_momentum(&self) -> bool {
+        self.momentum > 0.0
+    }
+
+    /// Whether momentum factor masking applies: asked for, and the
+    /// compressor sends some values whole and nothing of the others
+    /// (`topk`, `randomk`).
+    fn masks(&self) -> bool {
+        self.masking
+            && self.has_momentum()
+            && matches!(self.kind, CompressionKind::TopK | CompressionKind::RandomK)
     }
 
     /// The compressor.
@@ -397,11 +477,12 @@ pub(crate) fn applies_to<V: Val>() -> bool {
     matches!(V::DATA_TYPE, DataType::Float | DataType::Double)
 }
 
-/// A worker's compression state: error feedback and the push counts
-/// `randomk` seeds derive from.
+/// A worker's compression state: error feedback, momentum correction's
+/// velocities and the push counts `randomk` seeds derive from.
 #[derive(Default)]
 pub(crate) struct WorkerState {
     feedback: Mutex<ErrorFeedback>,
+    velocity: Mutex<Velocity>,
     /// Messages compressed so far per first key (so workers pushing the
     /// same keys in step derive the same seeds).
     counts: Mutex<HashMap<Key, u64>>,
@@ -441,23 +522,26 @@ impl WorkerState {
         let mut msg = (c.answers && pull).then(|| c.msg(seed));
         if push && !slice.vals.is_empty() {
             if let Some(values) = as_f32(&slice.vals) {
-                let layout = if slice.lens.is_empty() {
-                    Layout::Uniform(slice.vals.len() / slice.keys.len().max(1))
-                } else {
-                    Layout::Lens(&slice.lens)
-                };
+                let layout = layout_of(slice);
+                let stepped = c.has_momentum().then(|| {
+                    lock(&self.velocity).step(&slice.keys, layout, &values, c.momentum, c.nesterov)
+                });
+                let pushed: &[f32] = stepped.as_deref().unwrap_or(&values);
                 let with_residuals = if c.error_feedback {
-                    lock(&self.feedback).corrected(&slice.keys, layout, &values)
+                    lock(&self.feedback).corrected(&slice.keys, layout, pushed)
                 } else {
                     None
                 };
-                let corrected: &[f32] = with_residuals.as_deref().unwrap_or(&values);
+                let corrected: &[f32] = with_residuals.as_deref().unwrap_or(pushed);
                 let encoded = encode(c, corrected, seed);
                 if c.error_feedback {
                     let sent = encoded.as_ref().map(|e| &e.sent[..]);
                     lock(&self.feedback).keep(&slice.keys, layout, corrected, sent);
                 }
-                match (encoded, with_residuals) {
+                if let Some(e) = encoded.as_ref().filter(|_| c.masks()) {
+                    lock(&self.velocity).mask(&slice.keys, layout, &e.sent);
+                }
+                match (encoded, with_residuals.or(stepped)) {
                     (Some(e), _) => {
                         let mut m = e.msg;
                         m.answer = c.answers && pull;
@@ -474,10 +558,50 @@ impl WorkerState {
         meta.compression = msg.map(Box::new);
     }
 
+    /// A push's values for a server that does not read compressed values:
+    /// with momentum correction, the velocity (uncompressed, so nothing is
+    /// held back and nothing masked); otherwise as they are.
+    pub(crate) fn prepare_plain<V: Val>(
+        &self,
+        c: &Compression,
+        push: bool,
+        slice: &KVPairs<V>,
+        frames: &mut [Bytes],
+    ) {
+        if !(push && c.has_momentum()) || slice.vals.is_empty() {
+            return;
+        }
+        if let Some(values) = as_f32(&slice.vals) {
+            let stepped = lock(&self.velocity).step(
+                &slice.keys,
+                layout_of(slice),
+                &values,
+                c.momentum,
+                c.nesterov,
+            );
+            frames[1] = from_f32::<V>(stepped);
+        }
+    }
+
+    /// The velocity momentum correction keeps for `key`.
+    #[cfg(test)]
+    fn velocity(&self, key: Key) -> Option<Vec<f32>> {
+        lock(&self.velocity).get(key).map(<[f32]>::to_vec)
+    }
+
     /// The residual error feedback keeps for `key`.
     #[cfg(test)]
     fn residual(&self, key: Key) -> Option<Vec<f32>> {
         lock(&self.feedback).residual(key).map(<[f32]>::to_vec)
+    }
+}
+
+/// How many values each key of `slice` has.
+fn layout_of<V: Val>(slice: &KVPairs<V>) -> Layout<'_> {
+    if slice.lens.is_empty() {
+        Layout::Uniform(slice.vals.len() / slice.keys.len().max(1))
+    } else {
+        Layout::Lens(&slice.lens)
     }
 }
 

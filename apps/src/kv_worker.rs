@@ -723,6 +723,9 @@ impl<V: Val> KVWorker<V> {
                     inner
                         .compressed
                         .prepare(c, push, pull, &slice, &mut msg.meta, &mut frames);
+                } else {
+                    // Momentum correction is the worker's alone.
+                    inner.compressed.prepare_plain(c, push, &slice, &mut frames);
                 }
             }
             msg.data = frames;

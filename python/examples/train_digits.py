@@ -14,7 +14,9 @@ Rank 0's initial model and optimizer state are broadcast first, so every
 worker holds the same model throughout. After training each worker
 measures test accuracy and the job exits 0 only if it reaches --threshold
 (0.95; an untrained network gets about 0.1). With --compression NAME the
-gradients travel compressed (see `pslite.Compression`).
+gradients travel compressed (see `pslite.Compression`), with momentum
+correction (the workers apply SGD's momentum before compressing; off with
+--momentum-correction off).
 
 Needs torch and scikit-learn (``pip install torch scikit-learn``).
 """
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
+import pslite
 import pslite.torch as pt
 
 
@@ -71,6 +74,13 @@ def main():
                     help="compress the gradients: onebit, topk[:K], randomk[:K] or 2bit[:T] "
                          "(error feedback on the workers; the servers' sums come back "
                          "compressed too)")
+    ap.add_argument("--momentum-correction", choices=("auto", "on", "off"), default="auto",
+                    help="with --compression: the workers apply SGD's momentum before "
+                         "compressing (Deep Gradient Compression's momentum correction; auto: "
+                         "on with a compressor) or not (off: the optimizer's own momentum)")
+    ap.add_argument("--momentum-masking", action="store_true",
+                    help="with momentum correction and topk/randomk: clear the velocity where "
+                         "a value was sent (Deep Gradient Compression's momentum factor masking)")
     args = ap.parse_args()
 
     pt.init()  # servers and the scheduler serve here, then exit
@@ -90,10 +100,19 @@ def main():
     local = max(1, args.batch // size)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    compression = args.compression
+    if compression and args.momentum_masking:
+        compression = pslite.Compression(compression, compress_answers=True,
+                                         momentum_masking=True)
     opt = pt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                  compression=args.compression)
+                                  compression=compression,
+                                  momentum_correction={"auto": None, "on": True,
+                                                       "off": False}[args.momentum_correction])
     pt.broadcast_parameters(model.state_dict(), root_rank=0)
     pt.broadcast_optimizer_state(opt, root_rank=0)
+    log(f"compression {args.compression or 'none'}, momentum correction "
+        f"{'on' if opt.momentum_correction else 'off'}"
+        f"{' with masking' if args.momentum_masking and opt.momentum_correction else ''}")
     log(f"{len(y)} training images in my shard, batches of {local} (global {local * size}); "
         f"before training: test accuracy {accuracy(model, test_x, test_y):.4f}")
     steps = smallest // local

@@ -263,10 +263,12 @@ class _Param:
     """A parameter's place in the plan: its parts, and its gradient in
     flight."""
 
-    __slots__ = ("index", "name", "param", "parts", "kv", "passes", "requests", "host", "absent")
+    __slots__ = ("index", "name", "param", "group", "parts", "kv", "passes", "requests", "host",
+                 "absent")
 
-    def __init__(self, index, name, param, parts, kv):
+    def __init__(self, index, name, param, group, parts, kv):
         self.index, self.name, self.param, self.parts, self.kv = index, name, param, parts, kv
+        self.group = group  # its param group's index
         self.passes = 0
         self.requests = None
         self.host = None
@@ -275,9 +277,11 @@ class _Param:
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 average):
+                 average, momentum_correction):
         super(self.__class__, self).__init__(params)
         self._compression = _compression_of(compression)
+        self._pslite_mc = _momentum_correction_of(momentum_correction, self._compression, self)
+        self._pslite_mc_compressions = {}
         if backward_passes_per_step < 1:
             raise pslite.InvalidInput("backward_passes_per_step must be at least 1")
         s = _st()
@@ -297,6 +301,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise pslite.InvalidInput(
                     f"{len(missing)} parameters of the optimizer are not in named_parameters")
         ours = {id(p) for p in in_groups}
+        group_of = {id(p): i for i, group in enumerate(self.param_groups) for p in group["params"]}
         part_bytes = _partition_bytes()
         self._plan = []
         self._by_param = {}
@@ -312,7 +317,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             per_part = max(1, part_bytes // p.element_size())
             parts = [_Part(s.new_key(app), at, min(at + per_part, p.numel()))
                      for at in range(0, p.numel(), per_part)]
-            entry = _Param(len(self._plan), name, p, parts, s.workers[p.dtype])
+            entry = _Param(len(self._plan), name, p, group_of[id(p)], parts, s.workers[p.dtype])
             self._plan.append(entry)
             self._by_param[id(p)] = entry
             p.register_post_accumulate_grad_hook(self._hook_of(entry))
@@ -336,6 +341,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         elif not p.grad.is_contiguous():
             p.grad = p.grad.contiguous()
         grad = p.grad
+        compression = self._compression or "none"
+        group = self.param_groups[entry.group]
+        momentum = group.get("momentum", 0) if self._pslite_mc else 0
+        if momentum:
+            # Momentum correction: the worker's compressor keeps the
+            # velocity; weight decay joins the gradient before momentum
+            # (as DGC, and as SGD itself adds it), and step() then runs
+            # without either.
+            wd = group.get("weight_decay", 0)
+            if wd and not entry.absent:
+                with torch.no_grad():
+                    grad.add_(p.detach(), alpha=wd)
+            compression = self._momentum_compression(momentum, bool(group.get("nesterov")))
         if grad.device.type != "cpu":
             if entry.host is None:
                 entry.host = torch.empty(grad.numel(), dtype=grad.dtype,
@@ -347,7 +365,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         priority = -entry.index
         # cmd 1: the servers answer with the mean (summed and divided in one pass).
         cmd = _AVERAGE if self._average else 0
-        compression = self._compression or "none"
         entry.requests = [
             entry.kv.push_pull(part.keys, flat[part.begin:part.end],
                                out=flat[part.begin:part.end], cmd=cmd, priority=priority,
@@ -375,9 +392,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             entry.requests = None
             entry.passes = 0
 
+    def _momentum_compression(self, momentum, nesterov):
+        key = (float(momentum), nesterov)
+        c = self._pslite_mc_compressions.get(key)
+        if c is None:
+            c = self._compression.with_momentum(float(momentum), nesterov)
+            self._pslite_mc_compressions[key] = c
+        return c
+
+    @property
+    def momentum_correction(self):
+        """Whether the workers apply the momentum (momentum correction)."""
+        return self._pslite_mc
+
     def step(self, closure=None):
         self.synchronize()
-        return super(self.__class__, self).step(closure)
+        if not self._pslite_mc:
+            return super(self.__class__, self).step(closure)
+        # The averages already carry the momentum and weight decay of the
+        # groups that have momentum: step them without (for this call only,
+        # so param_groups and state_dict() keep the user's values).
+        saved = []
+        for group in self.param_groups:
+            if group.get("momentum", 0):
+                saved.append((group, group["momentum"], group["weight_decay"],
+                              group["nesterov"]))
+                group["momentum"], group["weight_decay"], group["nesterov"] = 0, 0, False
+        try:
+            return super(self.__class__, self).step(closure)
+        finally:
+            for group, momentum, wd, nesterov in saved:
+                group["momentum"], group["weight_decay"], group["nesterov"] = (
+                    momentum, wd, nesterov)
 
     def zero_grad(self, set_to_none=True):
         if any(e.requests is not None for e in self._plan):
@@ -401,8 +447,34 @@ def _compression_of(compression):
         f"not {type(compression).__name__}")
 
 
+def _momentum_correction_of(setting, compression, optimizer):
+    """Whether DistributedOptimizer applies momentum correction: `setting`
+    True, False, or None (on where it applies)."""
+    if setting is False:
+        return False
+    if setting not in (None, True):
+        raise pslite.InvalidInput(
+            f"momentum_correction must be True, False or None, not {setting!r}")
+    groups = optimizer.param_groups
+    if compression is None:
+        why = "gradients are not compressed"
+    elif not isinstance(optimizer, torch.optim.SGD):
+        why = f"the optimizer is {type(optimizer).__mro__[1].__name__}, not torch.optim.SGD"
+    elif not any(g.get("momentum", 0) for g in groups):
+        why = "no param group has momentum"
+    elif any(g.get("dampening", 0) for g in groups):
+        why = "a param group has dampening (momentum correction has none)"
+    elif any(g.get("maximize", False) for g in groups):
+        why = "a param group maximizes"
+    else:
+        return True
+    if setting:
+        raise pslite.InvalidInput(f"momentum_correction=True does not apply: {why}")
+    return False
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
-                         backward_passes_per_step=1, average=True):
+                         backward_passes_per_step=1, average=True, momentum_correction=None):
     """`optimizer` made data-parallel: before each `step()`, every
     parameter's gradient is averaged (summed with ``average=False``) over
     the workers through the servers. Gradients are pushed from backward
@@ -416,12 +488,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     `pslite.Compression`), gradients go compressed, with error feedback on
     each worker, and a spec string also has the servers compress the
     averaged gradients they answer (every worker gets the same values, so
-    the models stay identical). The result is an instance of the
+    the models stay identical).
+
+    Momentum correction (Deep Gradient Compression; BytePS's momentum
+    compressor): with a compressor and `torch.optim.SGD` with momentum,
+    each worker's compressor applies the momentum (per param group:
+    ``momentum``, ``nesterov``; ``weight_decay`` is added to the gradient
+    first) and its error feedback accumulates the velocity, so a value held
+    back for many steps arrives with its momentum instead of being carried
+    on by the optimizer's (DGC's momentum factor masking, clearing the
+    velocity where ``topk``/``randomk`` sent a value, is off unless the
+    `pslite.Compression` has ``momentum_masking=True``). `step()` then runs
+    SGD without momentum and weight decay on the averages, for the step
+    only: ``param_groups`` and ``state_dict()`` keep the values you gave
+    (the velocities live in the worker's compressor, as its residuals do,
+    and are not in ``state_dict()``; a momentum scheduler's changes apply
+    from the next push). ``momentum_correction=None`` (default) turns it on
+    where it applies (a compressor, SGD, some group with momentum, no
+    dampening, not maximize), False turns it off (the optimizer's own
+    momentum, as before), True insists (an error where it does not apply).
+    `opt.momentum_correction` says which. The result is an instance of the
     optimizer's own class (LR schedulers take it)."""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               average)
+               average, momentum_correction)
     dist.load_state_dict(optimizer.state_dict())
     return dist
 

@@ -17,6 +17,14 @@ use crate::errors::{invalid, IntoPy};
 /// `answer_feedback` they keep error feedback on those answers (per worker
 /// and key; off by default). `randomk` draws its
 /// positions from `seed` (the same on every worker; default pslite's).
+/// With `momentum` (0 to below 1; default 0, off) the worker applies
+/// momentum correction (Deep Gradient Compression): it keeps each key's
+/// velocity `u = momentum * u + g` and pushes that (with `nesterov`,
+/// `g + momentum * u`), so error feedback accumulates velocities; with
+/// `momentum_masking` (off by default) `topk` and `randomk` clear the
+/// velocity where a value went (DGC's momentum factor masking). Whoever applies the
+/// answers then steps without momentum (`pslite.torch.DistributedOptimizer`
+/// does this for SGD with momentum).
 /// float32 and float64 values only; servers that do not read compressed
 /// values (C++ ones) get them as they are.
 #[pyclass(module = "pslite", name = "Compression", frozen, eq)]
@@ -28,19 +36,27 @@ pub struct PyCompression {
 #[pymethods]
 impl PyCompression {
     #[new]
-    #[pyo3(signature = (spec, error_feedback = true, compress_answers = false, seed = None, answer_feedback = false))]
+    #[pyo3(signature = (spec, error_feedback = true, compress_answers = false, seed = None, answer_feedback = false, momentum = 0.0, nesterov = false, momentum_masking = false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         spec: &str,
         error_feedback: bool,
         compress_answers: bool,
         seed: Option<u64>,
         answer_feedback: bool,
+        momentum: f32,
+        nesterov: bool,
+        momentum_masking: bool,
     ) -> PyResult<PyCompression> {
         let mut c: Compression = spec.parse().py()?;
         c = c
             .error_feedback(error_feedback)
             .compress_answers(compress_answers)
-            .answer_feedback(answer_feedback);
+            .answer_feedback(answer_feedback)
+            .momentum(momentum)
+            .py()?
+            .nesterov(nesterov)
+            .momentum_masking(momentum_masking);
         if let Some(seed) = seed {
             c = c.seed(seed);
         }
@@ -76,6 +92,32 @@ impl PyCompression {
         self.inner.has_answer_feedback()
     }
 
+    /// The momentum of momentum correction (0.0: off).
+    #[getter]
+    fn momentum(&self) -> f32 {
+        self.inner.momentum_factor()
+    }
+
+    /// Whether momentum correction uses Nesterov's momentum.
+    #[getter]
+    fn nesterov(&self) -> bool {
+        self.inner.is_nesterov()
+    }
+
+    /// Whether momentum factor masking is on (`topk`, `randomk`).
+    #[getter]
+    fn momentum_masking(&self) -> bool {
+        self.inner.has_momentum_masking()
+    }
+
+    /// This compression with momentum correction at `momentum` (0.0: off),
+    /// Nesterov's if `nesterov`; everything else the same.
+    #[pyo3(signature = (momentum, nesterov = false))]
+    fn with_momentum(&self, momentum: f32, nesterov: bool) -> PyResult<PyCompression> {
+        let inner = self.inner.momentum(momentum).py()?.nesterov(nesterov);
+        Ok(PyCompression { inner })
+    }
+
     /// The compressor and its parameter, as `spec` takes it.
     fn __str__(&self) -> String {
         self.inner.to_string()
@@ -83,12 +125,23 @@ impl PyCompression {
 
     fn __repr__(&self) -> String {
         let py_bool = |b: bool| if b { "True" } else { "False" };
+        let momentum = if self.inner.momentum_factor() > 0.0 {
+            format!(
+                ", momentum={}, nesterov={}, momentum_masking={}",
+                self.inner.momentum_factor(),
+                py_bool(self.inner.is_nesterov()),
+                py_bool(self.inner.has_momentum_masking())
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "pslite.Compression({:?}, error_feedback={}, compress_answers={}, answer_feedback={})",
+            "pslite.Compression({:?}, error_feedback={}, compress_answers={}, answer_feedback={}{})",
             self.inner.to_string(),
             py_bool(self.inner.has_error_feedback()),
             py_bool(self.inner.answers()),
-            py_bool(self.inner.has_answer_feedback())
+            py_bool(self.inner.has_answer_feedback()),
+            momentum
         )
     }
 }

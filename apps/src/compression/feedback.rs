@@ -151,6 +151,80 @@ impl ErrorFeedback {
     }
 }
 
+/// Momentum correction's state on a worker (Deep Gradient Compression):
+/// each key's velocity `u`, updated with every push's gradient before error
+/// feedback adds the residual. With error feedback the residual then
+/// accumulates the velocity (`v += u`) instead of the gradient, so what a
+/// compressor holds back and sends late carries the momentum it would have
+/// had, and the optimizer applies what arrives without momentum of its own.
+#[derive(Default)]
+pub(crate) struct Velocity {
+    velocity: HashMap<u64, Box<[f32]>, BuildHasherDefault<KeyHasher>>,
+}
+
+impl Velocity {
+    /// Updates each key's velocity with its gradient `values`,
+    /// `u = momentum * u + g` (`u = g` for a key without one, or whose
+    /// shape changed), and returns what the push carries: `u`, or with
+    /// `nesterov` `g + momentum * u`.
+    pub(crate) fn step(
+        &mut self,
+        keys: &[u64],
+        layout: Layout,
+        values: &[f32],
+        momentum: f32,
+        nesterov: bool,
+    ) -> Vec<f32> {
+        let mut out = values.to_vec();
+        for (i, range) in layout.ranges(keys.len()) {
+            let Some(g) = values.get(range.clone()) else {
+                continue;
+            };
+            let u = match self.velocity.get_mut(&keys[i]) {
+                Some(u) if u.len() == g.len() => {
+                    for (u, g) in u.iter_mut().zip(g) {
+                        *u = momentum * *u + g;
+                    }
+                    &**u
+                }
+                _ => {
+                    self.velocity.insert(keys[i], g.into());
+                    g
+                }
+            };
+            if let Some(out) = out.get_mut(range) {
+                for ((o, g), u) in out.iter_mut().zip(g).zip(u.iter()) {
+                    *o = if nesterov { g + momentum * u } else { *u };
+                }
+            }
+        }
+        out
+    }
+
+    /// Momentum factor masking: clears each key's velocity where `sent`
+    /// (what the receiver reads, aligned with the push's values) is not
+    /// zero, so a value that has just arrived does not keep moving the
+    /// parameter with momentum of its own.
+    pub(crate) fn mask(&mut self, keys: &[u64], layout: Layout, sent: &[f32]) {
+        for (i, range) in layout.ranges(keys.len()) {
+            let (Some(u), Some(s)) = (self.velocity.get_mut(&keys[i]), sent.get(range)) else {
+                continue;
+            };
+            for (u, s) in u.iter_mut().zip(s) {
+                if *s != 0.0 {
+                    *u = 0.0;
+                }
+            }
+        }
+    }
+
+    /// Key `key`'s velocity.
+    #[cfg(test)]
+    pub(crate) fn get(&self, key: u64) -> Option<&[f32]> {
+        self.velocity.get(&key).map(|u| &u[..])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

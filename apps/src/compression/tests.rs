@@ -369,3 +369,166 @@ fn a_server_keeps_error_feedback_per_worker_on_its_compressed_answers() {
         .residual(11, 2)
         .is_some_and(|r| (r[0] - 0.3).abs() < 1e-6));
 }
+
+/// Deep Gradient Compression's worker, written out: velocity, accumulated
+/// velocity, and (for sparsifiers) both cleared where a value went.
+struct Dgc {
+    u: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Dgc {
+    fn step(&mut self, g: &[f32], m: f32, nesterov: bool, top: usize, mask: bool) -> Vec<f32> {
+        for ((u, v), g) in self.u.iter_mut().zip(&mut self.v).zip(g) {
+            *u = m * *u + g;
+            *v += if nesterov { g + m * *u } else { *u };
+        }
+        // The `top` largest magnitudes go (distinct magnitudes here).
+        let mut order: Vec<usize> = (0..g.len()).collect();
+        order.sort_by(|&a, &b| self.v[b].abs().total_cmp(&self.v[a].abs()));
+        let mut sent = vec![0.0; g.len()];
+        for &i in &order[..top] {
+            sent[i] = self.v[i];
+            self.v[i] = 0.0;
+            if mask {
+                self.u[i] = 0.0;
+            }
+        }
+        sent
+    }
+}
+
+fn steps_of_gradients(n: usize) -> Vec<Vec<f32>> {
+    (0..3)
+        .map(|t| {
+            (0..n)
+                .map(|i| ((i * 7 + t * 5) % 11) as f32 * 0.25 - 1.3 + 0.01 * i as f32)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn momentum_correction_with_topk_is_dgc() {
+    let n = 20;
+    let keys: Vec<u64> = (100..100 + n as u64).collect();
+    for (nesterov, mask) in [(false, true), (true, true), (false, false), (true, false)] {
+        let c = Compression::topk(3.0)
+            .unwrap()
+            .momentum(0.9)
+            .unwrap()
+            .nesterov(nesterov)
+            .momentum_masking(mask);
+        let state = WorkerState::default();
+        let mut dgc = Dgc {
+            u: vec![0.0; n],
+            v: vec![0.0; n],
+        };
+        for g in steps_of_gradients(n) {
+            let (msg, got) = push_through(&state, &c, &keys, &g);
+            assert!(msg.meta.compression.is_some());
+            let want = dgc.step(&g, 0.9, nesterov, 3, mask);
+            for i in 0..n {
+                assert!((got[i] - want[i]).abs() < 1e-5, "{i}: {got:?} != {want:?}");
+                let u = state.velocity(keys[i]).unwrap()[0];
+                assert!(
+                    (u - dgc.u[i]).abs() < 1e-5,
+                    "velocity {i}: {u} != {}",
+                    dgc.u[i]
+                );
+                let v = state.residual(keys[i]).unwrap()[0];
+                assert!(
+                    (v - dgc.v[i]).abs() < 1e-5,
+                    "accumulated {i}: {v} != {}",
+                    dgc.v[i]
+                );
+            }
+            // Masking cleared the velocity of exactly the values sent.
+            let cleared = (0..n)
+                .filter(|&i| state.velocity(keys[i]).unwrap()[0] == 0.0)
+                .count();
+            assert_eq!(cleared, if mask { 3 } else { 0 });
+        }
+    }
+}
+
+#[test]
+fn momentum_correction_with_2bit_keeps_the_velocity() {
+    let n = 16;
+    let keys: Vec<u64> = (0..n as u64).collect();
+    let c = Compression::two_bit(0.5)
+        .unwrap()
+        .momentum(0.5)
+        .unwrap()
+        .momentum_masking(true);
+    let state = WorkerState::default();
+    let (mut u, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+    for g in steps_of_gradients(n) {
+        let (msg, got) = push_through(&state, &c, &keys, &g);
+        assert!(msg.meta.compression.is_some());
+        for i in 0..n {
+            u[i] = 0.5 * u[i] + g[i];
+            v[i] += u[i];
+            let want = if v[i] >= 0.5 {
+                0.5
+            } else if v[i] <= -0.5 {
+                -0.5
+            } else {
+                0.0
+            };
+            assert_eq!(got[i], want, "{i}");
+            v[i] -= want;
+            // Not masked: the velocity is momentum's, whatever was sent.
+            let held = state.velocity(keys[i]).unwrap()[0];
+            assert!(
+                (held - u[i]).abs() < 1e-6,
+                "velocity {i}: {held} != {}",
+                u[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn momentum_correction_of_an_uncompressed_push_is_momentum_sgd() {
+    // Too small to compress: the velocity goes whole every push and is kept.
+    let c = Compression::randomk(0.5)
+        .unwrap()
+        .momentum(0.5)
+        .unwrap()
+        .momentum_masking(true);
+    let state = WorkerState::default();
+    let (_, got) = push_through(&state, &c, &[1, 2], &[1.0, -2.0]);
+    assert_eq!(got, vec![1.0, -2.0]);
+    let (msg, got) = push_through(&state, &c, &[1, 2], &[1.0, 1.0]);
+    assert!(msg.meta.compression.is_none());
+    assert_eq!(got, vec![1.5, 0.0]);
+    assert_eq!(state.velocity(1), Some(vec![1.5]));
+    // To a server that does not read compressed values: the same.
+    let slice = KVPairs::new(vec![1u64, 2], vec![0.0f32, 0.0]);
+    let (mut frames, _) = slice.to_frames();
+    state.prepare_plain(&c, true, &slice, &mut frames);
+    let got = SArray::<f32>::from_bytes(frames[1].clone())
+        .unwrap()
+        .to_vec();
+    assert_eq!(got, vec![0.75, 0.0]);
+    // Without momentum, a plain push is left as it is.
+    let before = frames[1].clone();
+    state.prepare_plain(&Compression::onebit(), true, &slice, &mut frames);
+    assert_eq!(frames[1], before);
+}
+
+#[test]
+fn momentum_must_be_below_one() {
+    for bad in [-0.1, 1.0, 1.5, f32::NAN, f32::INFINITY] {
+        assert!(Compression::onebit().momentum(bad).is_err(), "{bad}");
+    }
+    let c = Compression::onebit().momentum(0.0).unwrap();
+    assert_eq!(c, Compression::onebit());
+    let c = Compression::onebit().momentum(0.9).unwrap().nesterov(true);
+    assert_ne!(c, Compression::onebit());
+    assert_eq!(c.momentum_factor(), 0.9);
+    assert!(c.is_nesterov());
+    assert!(!c.has_momentum_masking());
+    assert_ne!(c, c.momentum_masking(true));
+}
