@@ -466,6 +466,11 @@ def _momentum_correction_of(setting, compression, optimizer):
         why = "a param group has dampening (momentum correction has none)"
     elif any(g.get("maximize", False) for g in groups):
         why = "a param group maximizes"
+    elif setting is None and compression.kind == "2bit":
+        # Measured (docs/BENCHMARKS.md, 2026-11-29): train_digits with
+        # 2bit:0.01 at momentum 0.9 reached 0.54 with it and 0.67 without
+        # (both below the example's threshold): not on unless asked.
+        return False
     else:
         return True
     if setting:
@@ -504,8 +509,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     (the velocities live in the worker's compressor, as its residuals do,
     and are not in ``state_dict()``; a momentum scheduler's changes apply
     from the next push). ``momentum_correction=None`` (default) turns it on
-    where it applies (a compressor, SGD, some group with momentum, no
-    dampening, not maximize), False turns it off (the optimizer's own
+    where it applies (a compressor other than ``2bit``, which measured
+    worse with it; SGD, some group with momentum, no dampening, not
+    maximize), False turns it off (the optimizer's own
     momentum, as before), True insists (an error where it does not apply).
     `opt.momentum_correction` says which. The result is an instance of the
     optimizer's own class (LR schedulers take it)."""
