@@ -39,7 +39,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, TryLockError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -516,16 +516,9 @@ impl Links {
         }
         let outs: Vec<Outgoing<'_>> = parts.iter().map(|m| self.outgoing(&link, m)).collect();
         let bytes = outs.iter().map(Outgoing::bytes).sum();
-        let mut guard = match mode {
-            Mode::Wait => lock(&link.socket),
-            Mode::NoWait => match link.socket.try_lock() {
-                Ok(guard) => guard,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    self.enqueue(&link, outs, mode, true);
-                    return Ok(bytes);
-                }
-            },
+        let Some(mut guard) = lock_socket(&link, mode) else {
+            self.enqueue(&link, outs, mode, true);
+            return Ok(bytes);
         };
         self.enqueue(&link, outs, mode, false);
         if let Some(socket) = guard.as_mut() {
@@ -595,19 +588,12 @@ impl Links {
     /// has room, else in its place in the queue, then what may go.
     fn write(&self, link: &Link, out: Outgoing<'_>, mode: Mode) -> Result<usize, VanError> {
         let bytes = out.bytes();
-        let mut guard = match mode {
-            Mode::Wait => lock(&link.socket),
-            Mode::NoWait => match link.socket.try_lock() {
-                Ok(guard) => guard,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    // Another thread writes to this peer: it writes what
-                    // waits after its own message; the receive loop
-                    // retries if that one finished first.
-                    self.enqueue(link, vec![out], mode, true);
-                    return Ok(bytes);
-                }
-            },
+        let Some(mut guard) = lock_socket(link, mode) else {
+            // Another thread writes to this peer: it writes what waits
+            // after its own message; the receive loop retries if that one
+            // finished first.
+            self.enqueue(link, vec![out], mode, true);
+            return Ok(bytes);
         };
         let Some(socket) = guard.as_mut() else {
             self.enqueue(link, vec![out], mode, false); // being opened
@@ -845,6 +831,19 @@ impl Links {
 impl Drop for Links {
     fn drop(&mut self) {
         self.pump.stop();
+    }
+}
+
+/// The lock on `link`'s socket: waited for (`Mode::Wait`), or taken only
+/// if free (`Mode::NoWait`; `None` while another thread writes there).
+fn lock_socket(link: &Link, mode: Mode) -> Option<MutexGuard<'_, Option<Socket>>> {
+    match mode {
+        Mode::Wait => Some(lock(&link.socket)),
+        Mode::NoWait => match link.socket.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        },
     }
 }
 

@@ -408,16 +408,7 @@ fn partition_compression_and_features_round_trip_and_are_absent_by_default() {
     use crate::compression::{CompressionKind, CompressionMsg};
     use crate::partition::Partition;
     // A C++ push's bytes are unchanged until a field is set.
-    let mut meta = Meta {
-        app_id: 0,
-        timestamp: 3,
-        request: true,
-        push: true,
-        customer_id: 0,
-        head: 0,
-        data_type: vec![DataType::UInt64, DataType::Other, DataType::Int32],
-        ..Meta::default()
-    };
+    let mut meta = cxx_push();
     assert_eq!(hex(&meta.encode()), golden::PUSH_REQUEST);
     meta.partition = Some(Box::new(Partition {
         id: 77,
@@ -512,16 +503,7 @@ fn shared_node_entries_read_back_after_the_messages_own() {
 #[test]
 fn same_keys_round_trips_and_is_absent_by_default() {
     // A C++ push's bytes are unchanged until the field is set.
-    let mut meta = Meta {
-        app_id: 0,
-        timestamp: 3,
-        request: true,
-        push: true,
-        customer_id: 0,
-        head: 0,
-        data_type: vec![DataType::UInt64, DataType::Other, DataType::Int32],
-        ..Meta::default()
-    };
+    let mut meta = cxx_push();
     assert_eq!(hex(&meta.encode()), golden::PUSH_REQUEST);
     meta.same_keys = true;
     let bytes = meta.encode();
@@ -531,4 +513,18 @@ fn same_keys_round_trips_and_is_absent_by_default() {
     );
     assert_eq!(bytes.len(), unhex(golden::PUSH_REQUEST).len() + 3);
     assert_eq!(Meta::decode(&bytes).unwrap(), meta);
+}
+
+/// The meta of a C++ worker's push (`golden::PUSH_REQUEST`).
+fn cxx_push() -> Meta {
+    Meta {
+        app_id: 0,
+        timestamp: 3,
+        request: true,
+        push: true,
+        customer_id: 0,
+        head: 0,
+        data_type: vec![DataType::UInt64, DataType::Other, DataType::Int32],
+        ..Meta::default()
+    }
 }
