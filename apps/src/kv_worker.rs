@@ -219,6 +219,10 @@ struct Pending<V: Val> {
 /// The keys a pull's messages carried, by timestamp (see `Pending`).
 type SentKeys = Arc<Mutex<HashMap<i32, SArray<Key>>>>;
 
+/// A pull's message asks for its answer without keys from this many keys
+/// on (8 KiB of keys): below, what it saves is less than what it costs.
+const SAME_KEYS_MIN_KEYS: usize = 1024;
+
 impl<V: Val> Pending<V> {
     /// A request that carries no pairs (a SimpleApp command).
     fn command() -> Self {
@@ -642,7 +646,10 @@ impl<V: Val> KVWorker<V> {
                     } else {
                         pull_chunks(&slice.keys, PULL_FIRST_CHUNK_BYTES / key_bytes, chunk_keys)
                             .into_iter()
-                            .map(|keys| (rank, KVPairs::new(keys, SArray::new()), true))
+                            .map(|keys| {
+                                let ask = keys.len() >= SAME_KEYS_MIN_KEYS;
+                                (rank, KVPairs::new(keys, SArray::new()), ask)
+                            })
                             .collect()
                     }
                 })
@@ -886,7 +893,7 @@ impl<V: Val> Handler for Inner<V> {
             let keys = pending
                 .sent_keys
                 .as_ref()
-                .and_then(|sent| lock(sent).remove(&msg.meta.timestamp));
+                .and_then(|sent| lock(sent).get(&msg.meta.timestamp).cloned());
             match keys {
                 Some(keys) => KVPairs::from_answer_without_keys(msg, &keys),
                 None => Err(Error::Malformed {
