@@ -303,7 +303,30 @@ fn wire_bytes(po: &Postoffice) -> u64 {
 }
 
 /// A worker's KV app, compressing its gradients as `--compression` says.
-pub(super) fn kv_worker(po: &Postoffice, args: &DemoArgs) -> Result<KVWorker<f32>, Error> {
+/// What a worker trains with: its rank, its shard of the training data,
+/// the test set (worker 0 only, which evaluates) and its KV worker.
+pub(super) struct Trainee {
+    pub rank: usize,
+    pub shard: Vec<Sample>,
+    pub test: Option<TestSet>,
+    pub kv: KVWorker<f32>,
+}
+
+impl Trainee {
+    pub(super) fn new(po: &Postoffice, args: &DemoArgs) -> Result<Trainee, Error> {
+        let rank = po.my_rank()? as usize;
+        let workers = po.num_workers().max(1) as usize;
+        let spec = args.data_spec();
+        Ok(Trainee {
+            rank,
+            shard: spec.shard(rank, workers),
+            test: (rank == 0).then(|| TestSet::new(spec.test_set())),
+            kv: kv_worker(po, args)?,
+        })
+    }
+}
+
+fn kv_worker(po: &Postoffice, args: &DemoArgs) -> Result<KVWorker<f32>, Error> {
     let kv = KVWorker::<f32>::new(po, 0, 0)?;
     kv.set_compression(args.compression)?;
     Ok(kv)
@@ -357,12 +380,12 @@ fn train(
     args: &DemoArgs,
     reporter: &mut Reporter,
 ) -> Result<Option<Metrics>, Error> {
-    let rank = po.my_rank()? as usize;
-    let workers = po.num_workers().max(1) as usize;
-    let spec = args.data_spec();
-    let shard = spec.shard(rank, workers);
-    let test = (rank == 0).then(|| TestSet::new(spec.test_set()));
-    let kv = kv_worker(po, args)?;
+    let Trainee {
+        rank,
+        shard,
+        test,
+        kv,
+    } = Trainee::new(po, args)?;
     let mut traffic = Traffic::default();
     let mut last = None;
     // A resumed run (--resume) starts after the restored checkpoint's epoch.

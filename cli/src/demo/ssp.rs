@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use super::args::DemoArgs;
 use super::data::unique_keys;
 use super::model::{gradient, Metrics};
-use super::node::{kv_worker, pull_weights, TestSet, Traffic, MAX_PUSHES_IN_FLIGHT};
+use super::node::{pull_weights, Traffic, Trainee, MAX_PUSHES_IN_FLIGHT};
 use super::report::{Report, Reporter};
 
 /// Trains this worker's shard for `--epochs` passes; worker 0 returns its
@@ -25,12 +25,12 @@ pub fn train(
     args: &DemoArgs,
     reporter: &mut Reporter,
 ) -> Result<Option<Metrics>, Error> {
-    let rank = po.my_rank()? as usize;
-    let workers = po.num_workers().max(1) as usize;
-    let spec = args.data_spec();
-    let shard = spec.shard(rank, workers);
-    let test = (rank == 0).then(|| TestSet::new(spec.test_set()));
-    let kv = kv_worker(po, args)?;
+    let Trainee {
+        rank,
+        shard,
+        test,
+        kv,
+    } = Trainee::new(po, args)?;
     if let Some(bound) = args.staleness {
         kv.set_staleness(bound.0)?;
     }
