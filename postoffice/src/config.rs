@@ -105,9 +105,10 @@ pub struct Config {
     /// `PS_STALENESS` (workers): bounded staleness `s` (see
     /// `KVWorker::clock`); unset: asynchronous, no bound.
     pub staleness: Option<u64>,
-    /// `PS_MALLOC_TUNE` (default on): keep large message buffers in the heap
-    /// for reuse (glibc's mmap and trim thresholds raised, once per process;
-    /// see `pslite_van::heap`); `0` leaves malloc as it is.
+    /// `PS_MALLOC_TUNE` (default on for servers and workers, off for the
+    /// scheduler): keep large message buffers in the heap for reuse (glibc's
+    /// mmap and trim thresholds raised, once per process; see
+    /// `pslite_van::heap`); `0` leaves malloc as it is.
     pub malloc_tune: bool,
 }
 
@@ -669,8 +670,10 @@ impl Config {
             server_threads: env.number("PS_SERVER_THREADS", 1)? as usize,
             app_wait,
             staleness: env.optional_number("PS_STALENESS")?,
+            // The scheduler moves no large data and holds the store: it
+            // keeps malloc as it is (returning what it frees) unless asked.
             malloc_tune: match env.get("PS_MALLOC_TUNE") {
-                None => true,
+                None => role != Role::Scheduler,
                 Some(_) => env.flag("PS_MALLOC_TUNE")?,
             },
         })

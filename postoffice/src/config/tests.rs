@@ -113,6 +113,15 @@ fn every_variable_is_read() {
     assert!(!c.van.shm);
     assert!(!c.malloc_tune);
     assert!(parse(&[]).unwrap().malloc_tune);
+    assert!(parse(&[("DMLC_ROLE", "server")]).unwrap().malloc_tune);
+    // The scheduler returns what it frees (its store stays bounded in
+    // memory) unless asked to tune.
+    assert!(!parse(&[("DMLC_ROLE", "scheduler")]).unwrap().malloc_tune);
+    assert!(
+        parse(&[("DMLC_ROLE", "scheduler"), ("PS_MALLOC_TUNE", "1")])
+            .unwrap()
+            .malloc_tune
+    );
     assert!(parse(&[("PS_MALLOC_TUNE", "sometimes")]).is_err());
     assert!(!c.van.ipc);
     assert!(parse(&[]).unwrap().van.ipc);
