@@ -477,6 +477,25 @@ pub(crate) fn applies_to<V: Val>() -> bool {
     matches!(V::DATA_TYPE, DataType::Float | DataType::Double)
 }
 
+/// What a worker's compression holds for one key, to save with a
+/// checkpoint and restore ([`KVWorker::compression_state`],
+/// [`KVWorker::set_compression_state`]): the key's values are compressed
+/// and sent with these added, so a worker restarted without them loses
+/// what compression held back and the momentum.
+///
+/// [`KVWorker::compression_state`]: crate::KVWorker::compression_state
+/// [`KVWorker::set_compression_state`]: crate::KVWorker::set_compression_state
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KeyState {
+    /// Momentum correction's velocity (`u = momentum * u + g`, one value
+    /// per value of the key), `None` before the key's first push with
+    /// momentum.
+    pub velocity: Option<Vec<f32>>,
+    /// Error feedback's residual: what compression has held back so far
+    /// (`None`: nothing).
+    pub residual: Option<Vec<f32>>,
+}
+
 /// A worker's compression state: error feedback, momentum correction's
 /// velocities and the push counts `randomk` seeds derive from.
 #[derive(Default)]
@@ -489,6 +508,20 @@ pub(crate) struct WorkerState {
 }
 
 impl WorkerState {
+    /// What this worker's compression holds for key `key`.
+    pub(crate) fn key_state(&self, key: Key) -> KeyState {
+        KeyState {
+            velocity: lock(&self.velocity).get(key).map(<[f32]>::to_vec),
+            residual: lock(&self.feedback).residual(key).map(<[f32]>::to_vec),
+        }
+    }
+
+    /// Replaces what this worker's compression holds for key `key`.
+    pub(crate) fn restore(&self, key: Key, state: &KeyState) {
+        lock(&self.velocity).set(key, state.velocity.as_deref());
+        lock(&self.feedback).set(key, state.residual.as_deref());
+    }
+
     /// The seed of the next message whose first key is `first`.
     fn next_seed(&self, c: &Compression, first: Key) -> u64 {
         let mut counts = lock(&self.counts);

@@ -50,7 +50,7 @@ use pslite_postoffice::{KeyRange, Postoffice};
 use pslite_proto::{ids, lock, Message, NodeId, FEATURE_COMPRESSION};
 use pslite_van::Failure;
 
-use crate::compression::{Compression, WorkerState};
+use crate::compression::{Compression, KeyState, WorkerState};
 use crate::customer::{Customer, Handler, Request};
 use crate::kv_pairs::{KVPairs, Key, Val};
 use crate::sarray::SArray;
@@ -337,6 +337,20 @@ impl<V: Val> KVWorker<V> {
             inner.po.send(msg)?;
         }
         Ok(clock)
+    }
+
+    /// What this worker's compression holds for key `key` (momentum
+    /// correction's velocity, error feedback's residual), to save with a
+    /// checkpoint.
+    pub fn compression_state(&self, key: Key) -> KeyState {
+        self.inner().compressed.key_state(key)
+    }
+
+    /// Replaces what this worker's compression holds for key `key` (from
+    /// [`KVWorker::compression_state`] of a checkpoint): its next push adds
+    /// the residual and carries on the velocity.
+    pub fn set_compression_state(&self, key: Key, state: &KeyState) {
+        self.inner().compressed.restore(key, state);
     }
 
     /// The compression requests use unless their options say otherwise.

@@ -1,6 +1,6 @@
 """Type stubs of pslite's native module (see the package docstring)."""
 
-from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence, Union, final
+from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -174,6 +174,10 @@ class KVWorker:
     def compression(self) -> Optional[Compression]: ...
     @compression.setter
     def compression(self, value: CompressionArg) -> None: ...
+    def compression_state(
+        self, key: int) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]: ...
+    def set_compression_state(self, key: int, velocity: Optional[ArrayLike] = None,
+                              residual: Optional[ArrayLike] = None) -> None: ...
     @property
     def staleness(self) -> Optional[int]: ...
     @staleness.setter

@@ -425,6 +425,93 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 group["momentum"], group["weight_decay"], group["nesterov"] = (
                     momentum, wd, nesterov)
 
+    # Checkpoints: what each parameter's compressor holds goes in the
+    # optimizer's state, in SGD's own place where it has one: momentum
+    # correction's velocity as "momentum_buffer" (SGD's buffer is the
+    # velocity of the averaged gradient; this worker's velocity is its
+    # share, times the worker count when the servers sum instead of
+    # averaging), error feedback's residual as "pslite_residual".
+
+    def _velocity_scale(self):
+        return 1.0 if self._average else float(size())
+
+    def _mc_applies(self, entry):
+        return self._pslite_mc and bool(self.param_groups[entry.group].get("momentum", 0))
+
+    def _held(self, entry):
+        """(velocity, residual) of `entry`'s compressors as flat float32
+        arrays (zeros where a part has none), each None if no part has one."""
+        n = entry.param.numel()
+        out = [None, None]
+        for part in entry.parts:
+            for i, held in enumerate(entry.kv.compression_state(int(part.keys[0]))):
+                if held is not None and held.size == part.end - part.begin:
+                    if out[i] is None:
+                        out[i] = np.zeros(n, dtype=np.float32)
+                    out[i][part.begin:part.end] = held
+        return out
+
+    def _hold(self, entry, velocity, residual):
+        """Gives `entry`'s compressors `velocity` and `residual` (flat
+        float32 arrays, or None for none)."""
+        for part in entry.parts:
+            cut = [None if a is None else a[part.begin:part.end] for a in (velocity, residual)]
+            entry.kv.set_compression_state(int(part.keys[0]), *cut)
+
+    def state_dict(self):
+        sd = super(self.__class__, self).state_dict()
+        if self._compression is None:
+            return sd
+        saved = [i for group in sd["param_groups"] for i in group["params"]]
+        ours = [p for group in self.param_groups for p in group["params"]]
+        by_param = {id(p): i for p, i in zip(ours, saved)}
+        state = dict(sd["state"])
+        for entry in self._plan:
+            velocity, residual = self._held(entry)
+            if not self._mc_applies(entry):
+                velocity = None
+            if velocity is None and residual is None:
+                continue
+            p = entry.param
+            held = dict(state.get(by_param[id(p)], {}))  # torch shares the state's dicts
+            like = dict(device=p.device, dtype=p.dtype)
+            if velocity is not None:
+                held["momentum_buffer"] = (
+                    torch.from_numpy(velocity * self._velocity_scale()).to(**like).view_as(p))
+            if residual is not None:
+                held["pslite_residual"] = torch.from_numpy(residual).to(**like).view_as(p)
+            state[by_param[id(p)]] = held
+        sd["state"] = state
+        return sd
+
+    def load_state_dict(self, state_dict):
+        saved = [i for group in state_dict["param_groups"] for i in group["params"]]
+        ours = [p for group in self.param_groups for p in group["params"]]
+        param_of = dict(zip(saved, ours))
+        state, held = {}, {}
+        for i, values in state_dict["state"].items():
+            values = dict(values)
+            entry = self._by_param.get(id(param_of.get(i)))
+            if entry is not None:
+                residual = values.pop("pslite_residual", None)
+                velocity = values.pop("momentum_buffer", None) if self._mc_applies(entry) else None
+                held[id(entry.param)] = (entry, velocity, residual)
+            state[i] = values
+        super(self.__class__, self).load_state_dict(dict(state_dict, state=state))
+
+        def flat(t, scale=1.0):
+            if t is None:
+                return None
+            return (t.detach().to("cpu", torch.float32).reshape(-1) / scale).numpy()
+
+        if self._compression is None:
+            return
+        # Every parameter's compressors hold what the checkpoint says (none
+        # where it says nothing).
+        for entry in self._plan:
+            _, velocity, residual = held.get(id(entry.param), (entry, None, None))
+            self._hold(entry, flat(velocity, self._velocity_scale()), flat(residual))
+
     def zero_grad(self, set_to_none=True):
         if any(e.requests is not None for e in self._plan):
             raise RuntimeError("zero_grad() while gradients are in flight: call step() first")
@@ -505,10 +592,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     velocity where ``topk``/``randomk`` sent a value, is off unless the
     `pslite.Compression` has ``momentum_masking=True``). `step()` then runs
     SGD without momentum and weight decay on the averages, for the step
-    only: ``param_groups`` and ``state_dict()`` keep the values you gave
-    (the velocities live in the worker's compressor, as its residuals do,
-    and are not in ``state_dict()``; a momentum scheduler's changes apply
-    from the next push). ``momentum_correction=None`` (default) turns it on
+    only: ``param_groups`` keep the values you gave (a momentum
+    scheduler's changes apply from the next push). ``state_dict()`` holds
+    what each worker's compressor does, and ``load_state_dict()`` gives it
+    back: the velocity as SGD's own ``momentum_buffer`` (so checkpoints
+    move between this and a plain SGD), the residual of error feedback as
+    ``pslite_residual``. The velocities are each worker's own; a
+    checkpoint written by one worker and loaded by all gives each worker
+    that one's. The servers' residuals of compressed answers (kept per
+    worker on the servers) are not in it. ``momentum_correction=None`` (default) turns it on
     where it applies (a compressor other than ``2bit``, which measured
     worse with it; SGD, some group with momentum, no dampening, not
     maximize), False turns it off (the optimizer's own

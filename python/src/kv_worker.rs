@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use pslite::{Error, KVOptions, KVRequest, KVWorker, Val};
+use pslite::{Error, KVOptions, KVRequest, KVWorker, KeyState, SArray, Val};
 use pyo3::prelude::*;
 
-use crate::arrays::{from_numpy, from_numpy_cast, Elem, OutArray};
+use crate::arrays::{from_numpy, from_numpy_cast, to_numpy, Elem, OutArray};
 use crate::calls::{call_python, Closable};
 use crate::compression::{self, PyCompression};
 use crate::dtype::{dispatch, make, per_dtype, Dtype};
@@ -20,6 +20,9 @@ per_dtype!(
     Worker,
     KVWorker
 );
+
+/// A NumPy array, or `None`.
+type MaybeArray = Option<Py<PyAny>>;
 
 /// What a request sends.
 struct Request<'a, 'py> {
@@ -226,6 +229,38 @@ impl PyKVWorker {
             None => None,
         };
         dispatch!(Worker, self.worker.get()?, kv => kv.set_compression(c)).py()
+    }
+
+    /// What this worker's compression holds for `key`, to save with a
+    /// checkpoint: `(velocity, residual)`, each a float32 array or `None`
+    /// (momentum correction's velocity; error feedback's residual, what
+    /// compression has held back).
+    fn compression_state(&self, py: Python<'_>, key: u64) -> PyResult<(MaybeArray, MaybeArray)> {
+        let state = dispatch!(Worker, self.worker.get()?, kv => kv.compression_state(key));
+        let array = |v: Option<Vec<f32>>| v.map(|v| to_numpy(py, SArray::from_vec(v))).transpose();
+        Ok((array(state.velocity)?, array(state.residual)?))
+    }
+
+    /// Replaces what this worker's compression holds for `key` (as
+    /// `compression_state` gave it; `None`: nothing): its next push adds
+    /// the residual and carries on the velocity.
+    #[pyo3(signature = (key, velocity = None, residual = None))]
+    fn set_compression_state(
+        &self,
+        key: u64,
+        velocity: Option<&Bound<'_, PyAny>>,
+        residual: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let array = |v: Option<&Bound<'_, PyAny>>| {
+            v.map(|v| from_numpy_cast::<f32>(v, "vals", true).map(|a| a.to_vec()))
+                .transpose()
+        };
+        let state = KeyState {
+            velocity: array(velocity)?,
+            residual: array(residual)?,
+        };
+        dispatch!(Worker, self.worker.get()?, kv => kv.set_compression_state(key, &state));
+        Ok(())
     }
 
     /// Bounded staleness: `s` (an int >= 0; 0 is synchronous) or `None`

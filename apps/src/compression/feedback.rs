@@ -145,9 +145,23 @@ impl ErrorFeedback {
     }
 
     /// Key `key`'s residual.
-    #[cfg(test)]
     pub(crate) fn residual(&self, key: u64) -> Option<&[f32]> {
         self.residual.get(&key).map(Residual::as_slice)
+    }
+
+    /// Sets key `key`'s residual to `values` (`None`: it has none).
+    pub(crate) fn set(&mut self, key: u64, values: Option<&[f32]>) {
+        match values {
+            None => {
+                self.residual.remove(&key);
+            }
+            Some([one]) => {
+                self.residual.insert(key, Residual::One(*one));
+            }
+            Some(many) => {
+                self.residual.insert(key, Residual::Many(many.into()));
+            }
+        }
     }
 }
 
@@ -219,9 +233,21 @@ impl Velocity {
     }
 
     /// Key `key`'s velocity.
-    #[cfg(test)]
     pub(crate) fn get(&self, key: u64) -> Option<&[f32]> {
         self.velocity.get(&key).map(|u| &u[..])
+    }
+
+    /// Sets key `key`'s velocity to `values` (`None`: it has none; its next
+    /// push starts one from its gradient).
+    pub(crate) fn set(&mut self, key: u64, values: Option<&[f32]>) {
+        match values {
+            None => {
+                self.velocity.remove(&key);
+            }
+            Some(u) => {
+                self.velocity.insert(key, u.into());
+            }
+        }
     }
 }
 

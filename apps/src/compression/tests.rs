@@ -532,3 +532,38 @@ fn momentum_must_be_below_one() {
     assert!(!c.has_momentum_masking());
     assert_ne!(c, c.momentum_masking(true));
 }
+
+#[test]
+fn a_restored_key_state_carries_on_the_velocity_and_residual() {
+    let c = Compression::topk(0.1).unwrap().momentum(0.9).unwrap();
+    for keys in [vec![7u64], (100..150).collect::<Vec<u64>>()] {
+        let grad = |step: usize| -> Vec<f32> {
+            (0..50)
+                .map(|i| ((i * 7 + step * 3) % 11) as f32 - 5.0)
+                .collect()
+        };
+        let before = WorkerState::default();
+        for step in 0..3 {
+            push_through(&before, &c, &keys, &grad(step));
+        }
+        let saved: Vec<KeyState> = keys.iter().map(|&k| before.key_state(k)).collect();
+        assert!(saved
+            .iter()
+            .all(|s| s.velocity.is_some() && s.residual.is_some()));
+        let restored = WorkerState::default();
+        for (&k, s) in keys.iter().zip(&saved) {
+            restored.restore(k, s);
+        }
+        let (_, carried_on) = push_through(&before, &c, &keys, &grad(3));
+        let (_, after_restore) = push_through(&restored, &c, &keys, &grad(3));
+        let (_, fresh) = push_through(&WorkerState::default(), &c, &keys, &grad(3));
+        assert_eq!(after_restore, carried_on, "{} keys", keys.len());
+        assert_ne!(
+            fresh, carried_on,
+            "a fresh state must differ for the test to mean anything"
+        );
+        // Restoring nothing clears the key.
+        restored.restore(keys[0], &KeyState::default());
+        assert_eq!(restored.key_state(keys[0]), KeyState::default());
+    }
+}

@@ -14,9 +14,13 @@ parameters with the update written out here in float64:
 
 and the same optimizer with ``momentum_correction=False`` with the update
 it stands for (error feedback on the gradient, then SGD's own momentum and
-weight decay on the average). Also: param_groups keep their momentum and
-state_dict() holds no momentum buffers. Prints `PASS dgc <rank>`.
+weight decay on the average). Also: param_groups keep their momentum;
+state_dict() holds the worker's residuals and (corrected) its velocities
+as SGD's momentum buffers; a checkpoint loaded into a new optimizer
+carries on exactly. Prints `PASS dgc <rank>`.
 """
+
+import io
 
 import numpy as np
 import torch
@@ -75,7 +79,7 @@ def hand(start, size, corrected, mask):
                 buf[j] = d.copy() if buf[j] is None else m * buf[j] + d
                 d = d + m * buf[j] if gr["nesterov"] else buf[j]
                 ws[j] = ws[j] - LR * d
-    return ws
+    return ws, u, v
 
 
 def run(corrected, mask=False):
@@ -95,7 +99,7 @@ def run(corrected, mask=False):
                    for j, p in enumerate(params))
         loss.backward()
         opt.step()
-    want = hand(start, size, corrected, mask)
+    want, u, v = hand(start, size, corrected, mask)
     for j, (p, w) in enumerate(zip(params, want)):
         got = p.detach().numpy()
         err = np.abs(got - w).max() / np.abs(w).max()
@@ -107,10 +111,60 @@ def run(corrected, mask=False):
     for gr, saved in zip(GROUPS, state["param_groups"]):
         for name, value in gr.items():
             assert saved[name] == value, f"param group {name}: {saved[name]} != {value}"
-    buffers = [s for s in state["state"].values() if s.get("momentum_buffer") is not None]
-    assert len(buffers) == (0 if corrected else 2), f"{len(buffers)} momentum buffers"
+    # The compressors' state is in state_dict(): with momentum correction
+    # the worker's velocity as SGD's momentum buffer; the residuals too.
+    for j, held in sorted(state["state"].items()):
+        residual = held["pslite_residual"].numpy()
+        assert np.abs(residual - v[rank][j]).max() < 1e-5, f"residual {j}: {residual}"
+        buffer = held["momentum_buffer"].numpy()
+        if corrected:
+            assert np.abs(buffer - u[rank][j]).max() < 1e-5, f"velocity {j}: {buffer}"
+    assert len(state["state"]) == 2, state["state"]
     print(f"momentum_correction={corrected} masking={mask}: the update written out",
           flush=True)
+
+
+def resume(corrected, mask=False):
+    """A checkpoint taken after STEPS steps and loaded into a new optimizer
+    (new keys, fresh compressors) carries on exactly as the first one did;
+    without its state the same steps end elsewhere."""
+    rank = pt.rank()
+
+    def make(start):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = torch.optim.SGD([dict(params=[p], **gr) for p, gr in zip(params, GROUPS)], lr=LR)
+        return params, pt.DistributedOptimizer(
+            opt, named_parameters=[("a", params[0]), ("b", params[1])],
+            compression=pslite.Compression(f"topk:{K}", momentum_masking=mask),
+            momentum_correction=corrected)
+
+    def steps(params, opt, first):
+        for step in range(first, first + STEPS):
+            opt.zero_grad()
+            loss = sum((p * torch.from_numpy(grad(rank, step, j))).sum()
+                       for j, p in enumerate(params))
+            loss.backward()
+            opt.step()
+        return [p.detach().numpy().copy() for p in params]
+
+    torch.manual_seed(5)
+    params, opt = make([torch.randn(N, dtype=torch.float64) for _ in GROUPS])
+    at = [torch.from_numpy(w) for w in steps(params, opt, 0)]
+    checkpoint = io.BytesIO()
+    torch.save(opt.state_dict(), checkpoint)
+    carried_on = steps(params, opt, STEPS)
+    params, opt = make(at)
+    checkpoint.seek(0)
+    opt.load_state_dict(torch.load(checkpoint))
+    resumed = steps(params, opt, STEPS)
+    params, opt = make(at)
+    fresh = steps(params, opt, STEPS)
+    for j in range(len(GROUPS)):
+        err = np.abs(resumed[j] - carried_on[j]).max()
+        assert err < 1e-9, f"corrected={corrected} group {j}: resumed {err:.1e} off"
+        off = np.abs(fresh[j] - carried_on[j]).max()
+        assert off > 1e-3, f"corrected={corrected} group {j}: fresh state only {off:.1e} off"
+    print(f"momentum_correction={corrected} masking={mask}: resumed exactly", flush=True)
 
 
 pt.init()  # servers and the scheduler serve here, then exit
@@ -118,4 +172,7 @@ torch.set_num_threads(1)
 run(True)
 run(True, mask=True)
 run(False)
+resume(True)
+resume(True, mask=True)
+resume(False)
 print(f"PASS dgc {pt.rank()}", flush=True)
