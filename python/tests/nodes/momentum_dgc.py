@@ -82,23 +82,34 @@ def hand(start, size, corrected, mask):
     return ws, u, v
 
 
-def run(corrected, mask=False):
-    rank, size = pt.rank(), pt.size()
-    torch.manual_seed(5)  # the same start everywhere
-    params = [torch.nn.Parameter(torch.randn(N, dtype=torch.float64)) for _ in GROUPS]
-    start = [p.detach().numpy().copy() for p in params]
+def make(start, corrected, mask):
+    """Parameters from `start` and their DistributedOptimizer."""
+    params = [torch.nn.Parameter(w.clone()) for w in start]
     opt = torch.optim.SGD([dict(params=[p], **gr) for p, gr in zip(params, GROUPS)], lr=LR)
-    opt = pt.DistributedOptimizer(opt, named_parameters=[("a", params[0]), ("b", params[1])],
-                                  compression=pslite.Compression(f"topk:{K}",
-                                                                 momentum_masking=mask),
-                                  momentum_correction=corrected)
-    assert opt.momentum_correction == corrected
-    for step in range(STEPS):
+    return params, pt.DistributedOptimizer(
+        opt, named_parameters=[("a", params[0]), ("b", params[1])],
+        compression=pslite.Compression(f"topk:{K}", momentum_masking=mask),
+        momentum_correction=corrected)
+
+
+def steps(params, opt, first):
+    """STEPS steps from step `first`; the parameters after them."""
+    for step in range(first, first + STEPS):
         opt.zero_grad()
-        loss = sum((p * torch.from_numpy(grad(rank, step, j))).sum()
+        loss = sum((p * torch.from_numpy(grad(pt.rank(), step, j))).sum()
                    for j, p in enumerate(params))
         loss.backward()
         opt.step()
+    return [p.detach().numpy().copy() for p in params]
+
+
+def run(corrected, mask=False):
+    rank, size = pt.rank(), pt.size()
+    torch.manual_seed(5)  # the same start everywhere
+    params, opt = make([torch.randn(N, dtype=torch.float64) for _ in GROUPS], corrected, mask)
+    start = [p.detach().numpy().copy() for p in params]
+    assert opt.momentum_correction == corrected
+    steps(params, opt, 0)
     want, u, v = hand(start, size, corrected, mask)
     for j, (p, w) in enumerate(zip(params, want)):
         got = p.detach().numpy()
@@ -128,36 +139,17 @@ def resume(corrected, mask=False):
     """A checkpoint taken after STEPS steps and loaded into a new optimizer
     (new keys, fresh compressors) carries on exactly as the first one did;
     without its state the same steps end elsewhere."""
-    rank = pt.rank()
-
-    def make(start):
-        params = [torch.nn.Parameter(w.clone()) for w in start]
-        opt = torch.optim.SGD([dict(params=[p], **gr) for p, gr in zip(params, GROUPS)], lr=LR)
-        return params, pt.DistributedOptimizer(
-            opt, named_parameters=[("a", params[0]), ("b", params[1])],
-            compression=pslite.Compression(f"topk:{K}", momentum_masking=mask),
-            momentum_correction=corrected)
-
-    def steps(params, opt, first):
-        for step in range(first, first + STEPS):
-            opt.zero_grad()
-            loss = sum((p * torch.from_numpy(grad(rank, step, j))).sum()
-                       for j, p in enumerate(params))
-            loss.backward()
-            opt.step()
-        return [p.detach().numpy().copy() for p in params]
-
     torch.manual_seed(5)
-    params, opt = make([torch.randn(N, dtype=torch.float64) for _ in GROUPS])
+    params, opt = make([torch.randn(N, dtype=torch.float64) for _ in GROUPS], corrected, mask)
     at = [torch.from_numpy(w) for w in steps(params, opt, 0)]
     checkpoint = io.BytesIO()
     torch.save(opt.state_dict(), checkpoint)
     carried_on = steps(params, opt, STEPS)
-    params, opt = make(at)
+    params, opt = make(at, corrected, mask)
     checkpoint.seek(0)
     opt.load_state_dict(torch.load(checkpoint))
     resumed = steps(params, opt, STEPS)
-    params, opt = make(at)
+    params, opt = make(at, corrected, mask)
     fresh = steps(params, opt, STEPS)
     for j in range(len(GROUPS)):
         err = np.abs(resumed[j] - carried_on[j]).max()
