@@ -45,9 +45,10 @@ def test_momentum_correction_is_dgcs_update():
             f"momentum_correction=True masking={mask}: the update written out") == 2
     # A checkpoint's state_dict() carries the compressors' velocities and
     # residuals: a new optimizer that loads it carries on exactly.
-    for corrected, mask in ((True, False), (True, True), (False, False)):
-        assert run.stdout.count(
-            f"momentum_correction={corrected} masking={mask}: resumed exactly") == 2
+    for corrected, mask, average in ((True, False, True), (True, True, True),
+                                     (False, False, True), (True, False, False)):
+        assert run.stdout.count(f"momentum_correction={corrected} masking={mask} "
+                                f"average={average}: resumed exactly") == 2
 
 
 def digits_accuracy(*args):

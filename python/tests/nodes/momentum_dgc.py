@@ -82,14 +82,14 @@ def hand(start, size, corrected, mask):
     return ws, u, v
 
 
-def make(start, corrected, mask):
+def make(start, corrected, mask, average=True):
     """Parameters from `start` and their DistributedOptimizer."""
     params = [torch.nn.Parameter(w.clone()) for w in start]
     opt = torch.optim.SGD([dict(params=[p], **gr) for p, gr in zip(params, GROUPS)], lr=LR)
     return params, pt.DistributedOptimizer(
         opt, named_parameters=[("a", params[0]), ("b", params[1])],
         compression=pslite.Compression(f"topk:{K}", momentum_masking=mask),
-        momentum_correction=corrected)
+        momentum_correction=corrected, average=average)
 
 
 def steps(params, opt, first):
@@ -135,28 +135,40 @@ def run(corrected, mask=False):
           flush=True)
 
 
-def resume(corrected, mask=False):
+def resume(corrected, mask=False, average=True):
     """A checkpoint taken after STEPS steps and loaded into a new optimizer
     (new keys, fresh compressors) carries on exactly as the first one did;
-    without its state the same steps end elsewhere."""
+    without its state the same steps end elsewhere. With `average=False`
+    (the servers sum) the saved momentum buffers are the worker count
+    times the velocities, as SGD's buffer of the sums would be."""
     torch.manual_seed(5)
-    params, opt = make([torch.randn(N, dtype=torch.float64) for _ in GROUPS], corrected, mask)
+    params, opt = make([torch.randn(N, dtype=torch.float64) for _ in GROUPS], corrected, mask,
+                       average)
     at = [torch.from_numpy(w) for w in steps(params, opt, 0)]
+    saved = opt.state_dict()
+    if corrected:
+        scale = 1 if average else pt.size()
+        for j, p in enumerate(params):
+            entry = opt._by_param[id(p)]  # one part: 20 values
+            velocity, _ = entry.kv.compression_state(int(entry.parts[0].keys[0]))
+            buffer = saved["state"][j]["momentum_buffer"].numpy()
+            assert np.abs(buffer - scale * velocity).max() < 1e-6, f"buffer {j}: {buffer}"
     checkpoint = io.BytesIO()
-    torch.save(opt.state_dict(), checkpoint)
+    torch.save(saved, checkpoint)
     carried_on = steps(params, opt, STEPS)
-    params, opt = make(at, corrected, mask)
+    params, opt = make(at, corrected, mask, average)
     checkpoint.seek(0)
     opt.load_state_dict(torch.load(checkpoint))
     resumed = steps(params, opt, STEPS)
-    params, opt = make(at, corrected, mask)
+    params, opt = make(at, corrected, mask, average)
     fresh = steps(params, opt, STEPS)
     for j in range(len(GROUPS)):
         err = np.abs(resumed[j] - carried_on[j]).max()
         assert err < 1e-9, f"corrected={corrected} group {j}: resumed {err:.1e} off"
         off = np.abs(fresh[j] - carried_on[j]).max()
         assert off > 1e-3, f"corrected={corrected} group {j}: fresh state only {off:.1e} off"
-    print(f"momentum_correction={corrected} masking={mask}: resumed exactly", flush=True)
+    print(f"momentum_correction={corrected} masking={mask} average={average}: resumed exactly",
+          flush=True)
 
 
 pt.init()  # servers and the scheduler serve here, then exit
@@ -167,4 +179,5 @@ run(False)
 resume(True)
 resume(True, mask=True)
 resume(False)
+resume(True, average=False)
 print(f"PASS dgc {pt.rank()}", flush=True)
