@@ -14,23 +14,123 @@
 //!   together, in the request's key order (values, and lens where keys hold
 //!   different numbers of values), and sends one response, as one thread
 //!   would have: the worker cannot tell.
+//! - A push cut into parts is all or nothing: before any part is applied,
+//!   each thread checks its part with the handle's
+//!   [`ConcurrentHandle::check`] (on the thread that owns the keys, so
+//!   every earlier request on them has been applied) and waits at the
+//!   request's [`Gate`] until every part has been checked. If one part is
+//!   refused, no part runs and the worker is told once (the refusal of the
+//!   request's first key among them, as one thread would name it). Parts are
+//!   queued under one lock (the server's handles), so every thread meets the
+//!   gates in the same order and a thread waits only for the others to
+//!   reach the same request: no cycle. Pulls are not gated (they apply
+//!   nothing).
 //! - A part whose handle panics fails the whole request once (the worker is
 //!   told, as for any panic); the other parts' answers are dropped.
 //!
+//! [`ConcurrentHandle::check`]: crate::ConcurrentHandle::check
 //! [`KVServer::set_threads`]: crate::KVServer::set_threads
 //! [`KVServer::response`]: crate::KVServer::response
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crossbeam_channel::Sender;
 use pslite_proto::lock;
+use pslite_proto::refusal::Refusal;
 
 use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
 use crate::sarray::SArray;
 
-/// Runs a concurrent handle on one request or part (on an engine thread).
-pub(crate) type Run<V> = Arc<dyn Fn(&KVMeta, KVPairs<V>) + Send + Sync>;
+/// What the engine threads run: a concurrent handle, with its check and
+/// the way to tell a worker its request was refused.
+pub(crate) trait Runs<V: Val>: Send + Sync + 'static {
+    /// Whether the handle would take `part` (applies nothing).
+    fn check(&self, meta: &KVMeta, part: &KVPairs<V>) -> Result<(), Refusal>;
+    /// Runs the handle on one request or part.
+    fn run(&self, meta: &KVMeta, part: KVPairs<V>);
+    /// Tells the worker that request `meta` was refused (nothing applied).
+    fn refuse(&self, meta: &KVMeta, refusal: Refusal);
+}
+
+/// One item of a thread's queue: a request or part, and the gate of a cut
+/// push.
+type Item<V> = (KVMeta, KVPairs<V>, Option<Arc<Gate>>);
+
+/// Where the parts of a cut push wait for each other's checks.
+pub(crate) struct Gate {
+    state: Mutex<GateState>,
+    all_checked: Condvar,
+}
+
+struct GateState {
+    /// Parts not yet checked.
+    unchecked: usize,
+    /// The refusal of the request's first refused key so far.
+    refusal: Option<Refusal>,
+    /// Whether a thread has taken the refusal to tell the worker.
+    told: bool,
+}
+
+/// What a part does once every part of its request was checked.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Verdict {
+    /// Every part may be applied.
+    Go,
+    /// A part was refused: this thread tells the worker (one does).
+    Tell(Refusal),
+    /// A part was refused and another thread tells the worker.
+    Drop,
+}
+
+impl Gate {
+    pub(crate) fn new(parts: usize) -> Gate {
+        Gate {
+            state: Mutex::new(GateState {
+                unchecked: parts,
+                refusal: None,
+                told: false,
+            }),
+            all_checked: Condvar::new(),
+        }
+    }
+
+    /// Reports one part's check and waits until every part was checked.
+    pub(crate) fn pass(&self, checked: Result<(), Refusal>) -> Verdict {
+        let mut state = lock(&self.state);
+        if let Err(refusal) = checked {
+            let first = match (&state.refusal, &refusal) {
+                (None, _) => true,
+                (Some(Refusal::Lengths { key: had, .. }), Refusal::Lengths { key, .. }) => {
+                    key < had
+                }
+                _ => false,
+            };
+            if first {
+                state.refusal = Some(refusal);
+            }
+        }
+        state.unchecked = state.unchecked.saturating_sub(1);
+        if state.unchecked == 0 {
+            self.all_checked.notify_all();
+        }
+        while state.unchecked > 0 {
+            state = match self.all_checked.wait(state) {
+                Ok(state) => state,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+        }
+        match state.refusal.clone() {
+            None => Verdict::Go,
+            Some(_) if state.told => Verdict::Drop,
+            Some(refusal) => {
+                state.told = true;
+                Verdict::Tell(refusal)
+            }
+        }
+    }
+}
 
 /// The engine thread that owns `key` of `n`: a multiplicative hash of the
 /// key, so that neighbouring keys (a range, MXNet's `begin + key`) spread
@@ -80,31 +180,63 @@ pub(crate) enum Collected<V: Val> {
 
 /// The engine of one server app: its threads' queues and its cut requests.
 pub(crate) struct Engine<V: Val> {
-    queues: Vec<Sender<(KVMeta, KVPairs<V>)>>,
+    queues: Vec<Sender<Item<V>>>,
     splits: Mutex<HashMap<RequestKey, Split<V>>>,
 }
 
 impl<V: Val> Engine<V> {
     /// Starts `threads` threads running `run` on what is submitted. They
     /// end when the engine is dropped (after what is queued).
-    pub(crate) fn start(threads: usize, app_id: i32, run: Run<V>) -> std::io::Result<Engine<V>> {
+    pub(crate) fn start(
+        threads: usize,
+        app_id: i32,
+        runs: Arc<dyn Runs<V>>,
+    ) -> std::io::Result<Arc<Engine<V>>> {
         let mut queues = Vec::with_capacity(threads);
-        for i in 0..threads.max(1) {
-            let (tx, rx) = crossbeam_channel::unbounded::<(KVMeta, KVPairs<V>)>();
-            let run = Arc::clone(&run);
+        let mut receivers = Vec::with_capacity(threads);
+        for _ in 0..threads.max(1) {
+            let (tx, rx) = crossbeam_channel::unbounded::<Item<V>>();
+            queues.push(tx);
+            receivers.push(rx);
+        }
+        let engine = Arc::new(Engine {
+            queues,
+            splits: Mutex::new(HashMap::new()),
+        });
+        for (i, rx) in receivers.into_iter().enumerate() {
+            let runs = Arc::clone(&runs);
+            // The threads hold the engine weakly: it ends (its queues close)
+            // when the server drops it.
+            let engine = Arc::downgrade(&engine);
             std::thread::Builder::new()
                 .name(format!("pslite-engine-{app_id}-{i}"))
                 .spawn(move || {
-                    for (meta, kvs) in rx {
-                        run(&meta, kvs);
+                    for (meta, kvs, gate) in rx {
+                        let Some(gate) = gate else {
+                            runs.run(&meta, kvs);
+                            continue;
+                        };
+                        let checked = catch_unwind(AssertUnwindSafe(|| runs.check(&meta, &kvs)))
+                            .unwrap_or_else(|_| {
+                                Err(Refusal::Other {
+                                    app: meta.app_id,
+                                    reason: "the request handle's check panicked".into(),
+                                })
+                            });
+                        match gate.pass(checked) {
+                            Verdict::Go => runs.run(&meta, kvs),
+                            Verdict::Tell(refusal) => {
+                                if let Some(engine) = engine.upgrade() {
+                                    lock(&engine.splits).remove(&request_key(&meta));
+                                }
+                                runs.refuse(&meta, refusal);
+                            }
+                            Verdict::Drop => {}
+                        }
                     }
                 })?;
-            queues.push(tx);
         }
-        Ok(Engine {
-            queues,
-            splits: Mutex::new(HashMap::new()),
-        })
+        Ok(engine)
     }
 
     /// Threads of this engine.
@@ -118,7 +250,7 @@ impl<V: Val> Engine<V> {
         let n = self.queues.len();
         let parts = match split(&kvs, n) {
             Cut::Whole(shard) => {
-                let _ = self.queues[shard].send((meta.clone(), kvs));
+                let _ = self.queues[shard].send((meta.clone(), kvs, None));
                 return;
             }
             Cut::Parts(parts) => parts,
@@ -137,9 +269,10 @@ impl<V: Val> Engine<V> {
             failed: false,
         };
         // Recorded before any part can be answered.
+        let gate = meta.push.then(|| Arc::new(Gate::new(parts.len())));
         lock(&self.splits).insert(request_key(meta), split);
         for (shard, part, _) in parts {
-            let _ = self.queues[shard].send((meta.clone(), part));
+            let _ = self.queues[shard].send((meta.clone(), part, gate.clone()));
         }
     }
 
@@ -180,6 +313,11 @@ impl<V: Val> Engine<V> {
             return Collected::Kept;
         }
         Collected::Complete(merge(split))
+    }
+
+    /// Whether `meta`'s request was cut and has parts not yet answered.
+    pub(crate) fn is_cut(&self, meta: &KVMeta) -> bool {
+        lock(&self.splits).contains_key(&request_key(meta))
     }
 
     /// A part of `meta`'s request panicked: whether it is the first (the
@@ -432,5 +570,164 @@ mod tests {
             lens: SArray::new(),
         };
         assert!(matches!(split(&req, n), Cut::Whole(s) if s == shard_of(key, n)));
+    }
+
+    /// What the engine under test tells the workers: a request's outcome.
+    #[derive(Debug, PartialEq)]
+    enum Outcome {
+        Done(i32),
+        Refused(i32, Refusal),
+    }
+
+    /// The sum store on engine threads, answering into a channel as a
+    /// server would (the parts' answers through `collect`).
+    struct SumStore {
+        store: crate::DefaultHandle<f32>,
+        engine: std::sync::OnceLock<std::sync::Weak<Engine<f32>>>,
+        told: crossbeam_channel::Sender<Outcome>,
+    }
+
+    impl Runs<f32> for SumStore {
+        fn check(&self, meta: &KVMeta, part: &KVPairs<f32>) -> Result<(), Refusal> {
+            self.store.check_lengths(meta, part)
+        }
+
+        fn run(&self, meta: &KVMeta, part: KVPairs<f32>) {
+            let Some(engine) = self.engine.get().and_then(|e| e.upgrade()) else {
+                return;
+            };
+            match self.store.apply(meta, &part) {
+                Ok(res) => match engine.collect(meta, res) {
+                    Collected::Whole(_) | Collected::Complete(_) => {
+                        let _ = self.told.send(Outcome::Done(meta.timestamp));
+                    }
+                    Collected::Kept => {}
+                },
+                Err(refusal) => {
+                    if engine.part_failed(meta) {
+                        let _ = self.told.send(Outcome::Refused(meta.timestamp, refusal));
+                    }
+                }
+            }
+        }
+
+        fn refuse(&self, meta: &KVMeta, refusal: Refusal) {
+            let _ = self.told.send(Outcome::Refused(meta.timestamp, refusal));
+        }
+    }
+
+    fn push_meta(ts: i32) -> KVMeta {
+        KVMeta {
+            push: true,
+            pull: false,
+            ..meta(ts)
+        }
+    }
+
+    /// One push of the property below: which of 64 keys it sends, and the
+    /// keys (if any) it sends 1 or 3 values instead of the 2 they hold.
+    #[derive(Debug, Clone)]
+    struct Push {
+        keys: Vec<bool>,
+        wrong: Vec<(usize, usize)>,
+    }
+
+    fn pushes() -> impl proptest::strategy::Strategy<Value = Vec<Push>> {
+        use proptest::prelude::*;
+        let one = (
+            proptest::collection::vec(any::<bool>(), 64),
+            proptest::collection::vec((0..64usize, prop_oneof![Just(1usize), Just(3usize)]), 0..3),
+        )
+            .prop_map(|(keys, wrong)| Push { keys, wrong });
+        proptest::collection::vec(one, 1..40)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// Pushes on 1, 2 and 4 engine threads, some sending a key (on any
+        /// thread) a wrong number of values, all in flight at once: each
+        /// push is either applied whole and answered, or refused once
+        /// (naming its first wrong key) with nothing of it applied.
+        #[test]
+        fn a_refused_push_applies_nothing_on_any_number_of_threads(plan in pushes()) {
+            for threads in [1usize, 2, 4] {
+                let (told, outcomes) = crossbeam_channel::unbounded();
+                let sum = Arc::new(SumStore {
+                    store: crate::DefaultHandle::new(),
+                    engine: std::sync::OnceLock::new(),
+                    told,
+                });
+                let engine = Engine::start(threads, 0, sum.clone()).expect("threads start");
+                let _ = sum.engine.set(Arc::downgrade(&engine));
+                let all: Vec<Key> = (0..64u64).map(|k| k * 0x0101_0101_0101).collect();
+                // Every key holds 2 values.
+                engine.submit(&push_meta(0), KVPairs {
+                    keys: SArray::from_vec(all.clone()),
+                    vals: SArray::from_vec(vec![1.0; 128]),
+                    lens: SArray::new(),
+                });
+                let mut expected = vec![1.0f32; 128];
+                let mut refused = HashMap::new();
+                for (i, push) in plan.iter().enumerate() {
+                    let ts = i as i32 + 1;
+                    let chosen: Vec<usize> = (0..64).filter(|&k| push.keys[k]).collect();
+                    if chosen.is_empty() {
+                        continue;
+                    }
+                    let wrong: HashMap<usize, usize> = push.wrong.iter()
+                        .filter(|(k, _)| push.keys[*k])
+                        .cloned()
+                        .collect();
+                    let lens: Vec<i32> = chosen.iter()
+                        .map(|k| wrong.get(k).copied().unwrap_or(2) as i32)
+                        .collect();
+                    let total: usize = lens.iter().map(|&l| l as usize).sum();
+                    let value = ts as f32;
+                    engine.submit(&push_meta(ts), KVPairs {
+                        keys: SArray::from_vec(chosen.iter().map(|&k| all[k]).collect()),
+                        vals: SArray::from_vec(vec![value; total]),
+                        lens: SArray::from_vec(lens),
+                    });
+                    match chosen.iter().find(|k| wrong.contains_key(k)) {
+                        Some(&first) => {
+                            refused.insert(ts, (all[first], wrong[&first] as u64));
+                        }
+                        None => {
+                            for &k in &chosen {
+                                expected[2 * k] += value;
+                                expected[2 * k + 1] += value;
+                            }
+                        }
+                    }
+                }
+                let sent = 1 + plan.iter().filter(|p| p.keys.iter().any(|&b| b)).count();
+                let mut seen = HashMap::new();
+                for _ in 0..sent {
+                    let outcome = outcomes
+                        .recv_timeout(std::time::Duration::from_secs(10))
+                        .expect("every push is answered or refused");
+                    let ts = match &outcome {
+                        Outcome::Done(ts) | Outcome::Refused(ts, _) => *ts,
+                    };
+                    proptest::prop_assert!(seen.insert(ts, outcome).is_none(), "told twice: {ts}");
+                }
+                for (ts, outcome) in &seen {
+                    match (refused.get(ts), outcome) {
+                        (None, Outcome::Done(_)) => {}
+                        (Some(&(key, sent)), Outcome::Refused(_, Refusal::Lengths { key: k, held, sent: s, .. })) => {
+                            proptest::prop_assert_eq!((key, 2, sent), (*k, *held, *s));
+                        }
+                        (want, got) => proptest::prop_assert!(false, "push {ts}: wanted refusal {want:?}, got {got:?}"),
+                    }
+                }
+                let pulled = sum.store.apply(&meta(-1), &KVPairs {
+                    keys: SArray::from_vec(all.clone()),
+                    vals: SArray::new(),
+                    lens: SArray::new(),
+                }).expect("a pull");
+                proptest::prop_assert_eq!(pulled.vals.as_slice(), &expected[..], "at {} threads", threads);
+                proptest::prop_assert!(lock(&engine.splits).is_empty());
+            }
+        }
     }
 }

@@ -161,6 +161,8 @@ struct Inner<V: Val> {
     engine: OnceLock<Arc<Engine<V>>>,
     /// Error feedback on compressed answers, per worker and key.
     answer_feedback: AnswerFeedback,
+    /// Said once: a handle without a check refused part of a cut push.
+    partial_refusal: AtomicBool,
 }
 
 /// A server's key-value app; cheap to clone (clones share the app).
@@ -197,6 +199,7 @@ impl<V: Val> KVServer<V> {
             threads: AtomicUsize::new(po.config().server_threads.max(1)),
             engine: OnceLock::new(),
             answer_feedback: AnswerFeedback::default(),
+            partial_refusal: AtomicBool::new(false),
         };
         Ok(KVServer {
             customer: Customer::new(po, app_id, app_id, inner)?,
@@ -273,36 +276,36 @@ impl<V: Val> KVServer<V> {
     /// keys in parallel. So the handle must treat keys independently (a sum
     /// store, SGD, AdaGrad do). With one thread it is
     /// [`KVServer::set_request_handle`]. Set it once.
+    ///
+    /// A closure has no check: if it refuses one part of a push cut over
+    /// threads, the other parts may already be applied. A handle that may
+    /// refuse a push gives [`KVServer::set_concurrent_handle`] a
+    /// [`ConcurrentHandle`] with a check, as [`DefaultHandle`] is.
     pub fn set_concurrent_request_handle(
         &self,
         handle: impl Fn(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + Sync + 'static,
     ) {
+        self.set_concurrent_handle(Unchecked(handle));
+    }
+
+    /// Sets a concurrent request handle with a check (see
+    /// [`KVServer::set_concurrent_request_handle`] for the threads): a push
+    /// cut over threads is checked part by part before any part is applied,
+    /// and if a part is refused, nothing of the push is applied and the
+    /// worker is told once. E.g. `server.set_concurrent_handle(DefaultHandle::new())`.
+    pub fn set_concurrent_handle(&self, handle: impl ConcurrentHandle<V>) {
         let threads = self.inner().threads.load(Ordering::SeqCst);
         if threads <= 1 || self.inner().engine.get().is_some() {
-            self.set_request_handle(handle);
+            self.set_request_handle(move |meta, req, server| handle.handle(meta, req, server));
             return;
         }
-        let customer: Weak<Customer<Inner<V>>> = Arc::downgrade(&self.customer);
-        let run = move |meta: &KVMeta, kvs: KVPairs<V>| {
-            let Some(customer) = customer.upgrade() else {
-                return; // the server is gone
-            };
-            let server = KVServer { customer };
-            let po = &server.inner().po;
-            crate::simple_app::contain_panic(
-                po,
-                || {
-                    if let Some(engine) = server.inner().engine.get() {
-                        engine.part_failed(meta);
-                    }
-                    server.response_message(meta, KVPairs::default())
-                },
-                || handle(meta, kvs, &server),
-            );
+        let runs = OnEngine {
+            customer: Arc::downgrade(&self.customer),
+            handle,
         };
         let app_id = self.inner().app_id;
-        let engine = match Engine::start(threads, app_id, Arc::new(run)) {
-            Ok(engine) => Arc::new(engine),
+        let engine = match Engine::start(threads, app_id, Arc::new(runs)) {
+            Ok(engine) => engine,
             Err(e) => {
                 warn!("KVServer app {app_id}: cannot start {threads} engine threads ({e}): one");
                 return;
@@ -439,9 +442,21 @@ impl<V: Val> KVServer<V> {
     /// A C++ worker cannot be told: the refusal is logged instead.
     pub fn refuse(&self, req: &KVMeta, refusal: Refusal) {
         // On engine threads, a part of a request refused refuses the
-        // request once; its other parts' answers are dropped (the parts
-        // on other threads may have been applied).
+        // request once; its other parts' answers are dropped. A handle
+        // with a check never gets here for a push it checked; one without
+        // may have applied the other parts already: said once.
         if let Some(engine) = self.inner().engine.get() {
+            if req.push
+                && engine.is_cut(req)
+                && !self.inner().partial_refusal.swap(true, Ordering::Relaxed)
+            {
+                error!(
+                    "KVServer app {}: the request handle refused part of a push cut over engine \
+                     threads; its other parts may have been applied (give the handle a check: \
+                     set_concurrent_handle with a ConcurrentHandle)",
+                    self.inner().app_id
+                );
+            }
             if !engine.part_failed(req) {
                 return;
             }
@@ -667,6 +682,85 @@ impl<V: Val> Handler for Inner<V> {
     }
 }
 
+/// A request handle that runs on engine threads
+/// ([`KVServer::set_concurrent_handle`]): `handle` as a concurrent closure
+/// would, and `check`, which says whether the handle would take a request
+/// or part without applying anything of it. On a push cut over threads,
+/// every part is checked before any is handled, so a refused push applies
+/// nothing. A handle must then refuse exactly what its check refuses.
+pub trait ConcurrentHandle<V: Val>: Send + Sync + 'static {
+    /// Whether the handle takes `req` (the keys of one thread, or a whole
+    /// request); runs on the thread that owns the keys. By default, every
+    /// request.
+    fn check(&self, _meta: &KVMeta, _req: &KVPairs<V>) -> Result<(), Refusal> {
+        Ok(())
+    }
+
+    /// Handles `req` and answers it ([`KVServer::answer`]).
+    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>);
+}
+
+/// A concurrent closure: no check.
+struct Unchecked<F>(F);
+
+impl<V: Val, F> ConcurrentHandle<V> for Unchecked<F>
+where
+    F: Fn(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + Sync + 'static,
+{
+    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
+        (self.0)(meta, req, server)
+    }
+}
+
+/// A concurrent handle on a server's engine threads.
+struct OnEngine<V: Val, H> {
+    customer: Weak<Customer<Inner<V>>>,
+    handle: H,
+}
+
+impl<V: Val, H: ConcurrentHandle<V>> crate::engine::Runs<V> for OnEngine<V, H> {
+    fn check(&self, meta: &KVMeta, part: &KVPairs<V>) -> Result<(), Refusal> {
+        self.handle.check(meta, part)
+    }
+
+    fn run(&self, meta: &KVMeta, part: KVPairs<V>) {
+        let Some(customer) = self.customer.upgrade() else {
+            return; // the server is gone
+        };
+        let server = KVServer { customer };
+        let po = &server.inner().po;
+        crate::simple_app::contain_panic(
+            po,
+            || {
+                if let Some(engine) = server.inner().engine.get() {
+                    engine.part_failed(meta);
+                }
+                server.response_message(meta, KVPairs::default())
+            },
+            || self.handle.handle(meta, part, &server),
+        );
+    }
+
+    fn refuse(&self, meta: &KVMeta, refusal: Refusal) {
+        if let Some(customer) = self.customer.upgrade() {
+            crate::refusal::refuse(&customer.handler().po, &request_meta(meta), refusal);
+        }
+    }
+}
+
+impl<V: Val> ConcurrentHandle<V> for DefaultHandle<V> {
+    fn check(&self, meta: &KVMeta, req: &KVPairs<V>) -> Result<(), Refusal> {
+        self.check_lengths(meta, req)
+    }
+
+    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
+        let res = self.apply(meta, &req);
+        if let Err(e) = server.answer(meta, res) {
+            warn!("cannot answer node {}: {e}", meta.sender);
+        }
+    }
+}
+
 /// ps-lite's default server handle: pushes add into a store, pulls read it.
 /// Keys may hold any number of values (lens); a key pulled before any push
 /// reads as one zero. The store is a sharded concurrent map, so the handle
@@ -730,19 +824,8 @@ impl<V: Val> DefaultHandle<V> {
     /// sets its number of values.
     pub fn apply(&self, meta: &KVMeta, req: &KVPairs<V>) -> Result<KVPairs<V>, Refusal> {
         if meta.push {
+            self.check_lengths(meta, req)?;
             let per_key = req.values_per_key();
-            let mismatch = req.keys.iter().zip(&per_key).find_map(|(&key, &n)| {
-                let held = self.store.get(&key)?.len();
-                (held != n).then_some((key, held, n))
-            });
-            if let Some((key, held, sent)) = mismatch {
-                return Err(Refusal::Lengths {
-                    app: meta.app_id,
-                    key,
-                    held: held as u64,
-                    sent: sent as u64,
-                });
-            }
             let mut offset = 0;
             for (&key, &n) in req.keys.iter().zip(&per_key) {
                 let vals = &req.vals[offset..offset + n];
@@ -783,6 +866,29 @@ impl<V: Val> DefaultHandle<V> {
                 SArray::from_vec(lens)
             },
         })
+    }
+
+    /// Whether push `req` sends each key the number of values it holds
+    /// (a key not yet held takes any): else [`Refusal::Lengths`] naming
+    /// the first key that does not. Pulls always pass.
+    pub fn check_lengths(&self, meta: &KVMeta, req: &KVPairs<V>) -> Result<(), Refusal> {
+        if !meta.push {
+            return Ok(());
+        }
+        let per_key = req.values_per_key();
+        let mismatch = req.keys.iter().zip(&per_key).find_map(|(&key, &n)| {
+            let held = self.store.get(&key)?.len();
+            (held != n).then_some((key, held, n))
+        });
+        match mismatch {
+            Some((key, held, sent)) => Err(Refusal::Lengths {
+                app: meta.app_id,
+                key,
+                held: held as u64,
+                sent: sent as u64,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The stored keys in `[begin, end)` with their values (key order).

@@ -84,7 +84,7 @@ pub use customer::{Customer, Handler, Request};
 pub use engine::shard_of;
 pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
-pub use kv_server::{DefaultHandle, KVServer, ReplicatedHandle};
+pub use kv_server::{ConcurrentHandle, DefaultHandle, KVServer, ReplicatedHandle};
 pub use kv_worker::{
     default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer, PULL_CHUNK_BYTES,
     PULL_FIRST_CHUNK_BYTES,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pslite::{
-    shard_of, DefaultHandle, Error, Failure, KVOptions, KVPairs, KVServer, KVWorker, Key,
+    shard_of, DefaultHandle, Error, Failure, KVOptions, KVPairs, KVServer, KVWorker, Key, Refusal,
 };
 use pslite_tests::{run, Launch, LocalCluster};
 
@@ -32,7 +32,7 @@ fn the_sum_store_on_four_threads_answers_as_on_one() {
         .map(|po| {
             let s = KVServer::<f32>::new(po, 0).unwrap();
             s.set_threads(THREADS);
-            s.set_concurrent_request_handle(DefaultHandle::new().into_handle());
+            s.set_concurrent_handle(DefaultHandle::new());
             assert_eq!(s.threads(), THREADS);
             s
         })
@@ -120,6 +120,82 @@ fn requests_on_one_key_are_handled_in_arrival_order_on_all_threads() {
     let threads = threads.lock().unwrap();
     assert_eq!(threads.len(), THREADS, "{threads:?}");
     assert!(threads.iter().all(|t| t.starts_with("pslite-engine-")));
+}
+
+/// On 1, 2 and 4 engine threads, a push to the sum store in which one key
+/// (on each thread in turn) carries 1 value instead of its 2 is refused
+/// whole, naming that key, and nothing of it is applied on any thread; the
+/// push sent again, right, is applied once.
+#[test]
+fn a_refused_push_applies_nothing_on_any_thread() {
+    for threads in [1, 2, 4] {
+        let c = LocalCluster::start(1, 1);
+        let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
+        server.set_threads(threads);
+        server.set_concurrent_handle(DefaultHandle::new());
+        assert_eq!(server.threads(), threads);
+        let w = KVWorker::<f32>::new(&c.workers[0], 0, 0).unwrap();
+        let keys = spread(64);
+        w.push(&keys, &vec![1.0f32; 128], KVOptions::new())
+            .unwrap()
+            .wait_timeout(T)
+            .unwrap();
+        let mut expected = 1.0;
+        for shard in 0..threads {
+            let Some(short) = keys.iter().position(|&k| shard_of(k, threads) == shard) else {
+                continue;
+            };
+            let lens: Vec<i32> = (0..64).map(|i| if i == short { 1 } else { 2 }).collect();
+            let refused = w
+                .push(&keys, &vec![10.0f32; 127], KVOptions::new().lens(&lens))
+                .unwrap()
+                .wait_timeout(T);
+            match refused {
+                Err(Error::RequestFailed {
+                    cause: Failure::Refused { refusal, .. },
+                    ..
+                }) => assert_eq!(
+                    refusal,
+                    Refusal::Lengths {
+                        app: 0,
+                        key: keys[short],
+                        held: 2,
+                        sent: 1
+                    }
+                ),
+                other => {
+                    panic!("{threads} threads, shard {shard}: expected a refusal, got {other:?}")
+                }
+            }
+            let pulled = w
+                .pull(&keys, KVOptions::new())
+                .unwrap()
+                .take_timeout(T)
+                .unwrap();
+            let changed = pulled.vals.iter().filter(|&&v| v != expected).count();
+            assert_eq!(
+                changed, 0,
+                "{threads} threads, shard {shard}: values changed by a refused push"
+            );
+            // Sent again, right: applied once.
+            w.push(&keys, &vec![10.0f32; 128], KVOptions::new())
+                .unwrap()
+                .wait_timeout(T)
+                .unwrap();
+            expected += 10.0;
+        }
+        let pulled = w
+            .pull(&keys, KVOptions::new())
+            .unwrap()
+            .take_timeout(T)
+            .unwrap();
+        assert!(
+            pulled.vals.iter().all(|&v| v == expected),
+            "{threads} threads"
+        );
+        drop((w, server));
+        c.finalize();
+    }
 }
 
 /// A handle that panics on one thread's part of a request fails that

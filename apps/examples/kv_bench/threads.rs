@@ -34,7 +34,7 @@ pub(crate) fn node(args: &Args) -> Result<(), Error> {
     po.start(0, true)?;
     let _server = if po.is_server() {
         let server = KVServer::<f32>::new(&po, 0)?;
-        server.set_concurrent_request_handle(DefaultHandle::new().into_handle());
+        server.set_concurrent_handle(DefaultHandle::new());
         Some(server)
     } else {
         None

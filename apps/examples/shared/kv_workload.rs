@@ -23,11 +23,11 @@ pub fn serve_if_server(po: &Postoffice) -> Result<Option<KVServer<f32>>, Error> 
     }
     let server = KVServer::<f32>::new(po, 0)?;
     let sleep_ms = pslite::env_or("KV_APP_SERVER_SLEEP_MS", 0u64, "a whole number")?;
-    let handle = DefaultHandle::new().into_handle();
     if sleep_ms == 0 {
-        server.set_concurrent_request_handle(handle);
+        server.set_concurrent_handle(DefaultHandle::new());
         return Ok(Some(server));
     }
+    let handle = DefaultHandle::new().into_handle();
     let mut slept = false;
     server.set_request_handle(move |meta, req, server| {
         if !std::mem::replace(&mut slept, true) {
