@@ -642,16 +642,7 @@ impl Config {
                 hold_limit,
                 partition_bytes,
                 store_limits: store_limits(&env, defaults.store_limits)?,
-                auth_token: env
-                    .get("PS_AUTH_TOKEN")
-                    .map(|v| {
-                        AuthToken::new(&v).ok_or(ConfigError::Invalid {
-                            var: "PS_AUTH_TOKEN",
-                            value: format!("<{} bytes>", v.len()),
-                            expected: "a secret of 1 to 255 bytes",
-                        })
-                    })
-                    .transpose()?,
+                auth_token: auth_token(&env)?,
                 shm: match env.get("PS_SHM") {
                     None => defaults.shm,
                     Some(_) => env.flag("PS_SHM")?,
@@ -754,6 +745,30 @@ fn checkpoint(env: &Env) -> Result<Option<CheckpointConfig>, ConfigError> {
     cfg.fresh = fresh;
     Ok(Some(cfg))
 }
+/// `PS_AUTH_TOKEN`: unset, no authentication; set, a secret of 1 to 255
+/// bytes. Set but empty (an unset shell variable, `PS_AUTH_TOKEN=$TOKEN`)
+/// is an error, not "off": a node would otherwise join without the
+/// authentication its operator asked for.
+fn auth_token(env: &Env) -> Result<Option<AuthToken>, ConfigError> {
+    match (env.0)("PS_AUTH_TOKEN") {
+        None => Ok(None),
+        Some(raw) if raw.trim().is_empty() => Err(ConfigError::Invalid {
+            var: "PS_AUTH_TOKEN",
+            value: raw,
+            expected: "a secret of 1 to 255 bytes (it is set but empty, e.g. from an unset shell \
+                       variable: set it on every node, or unset it to run without authentication)",
+        }),
+        Some(raw) => {
+            let v = raw.trim();
+            AuthToken::new(v).map(Some).ok_or(ConfigError::Invalid {
+                var: "PS_AUTH_TOKEN",
+                value: format!("<{} bytes>", v.len()),
+                expected: "a secret of 1 to 255 bytes",
+            })
+        }
+    }
+}
+
 
 /// `123`, `64K`, `64M`, `1G` (binary multiples, case-insensitive, an
 /// optional trailing `B` or `iB`) as bytes.

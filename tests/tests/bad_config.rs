@@ -44,6 +44,20 @@ fn missing_num_server() {
     );
 }
 
+/// `PS_AUTH_TOKEN=` (set but empty, as `PS_AUTH_TOKEN=$UNSET` gives) is
+/// refused, not taken as "no authentication".
+#[test]
+fn an_empty_auth_token_is_refused() {
+    let mut env = node_env("worker", 1, 1, free_port());
+    env.retain(|(k, _)| k != "PS_AUTH_TOKEN");
+    env.push(("PS_AUTH_TOKEN".into(), String::new()));
+    let run = run(node_command("connection", &env), Duration::from_secs(10));
+    assert_config_error(
+        &run,
+        "PS_AUTH_TOKEN must be a secret of 1 to 255 bytes (it is set but empty",
+    );
+}
+
 #[test]
 fn unusable_store_bound() {
     let run = node("scheduler", &[("PS_STORE_MAX_VALUE", "64 megs")]);

@@ -216,6 +216,25 @@ fn auth_token_is_checked() {
         message(&[("PS_AUTH_TOKEN", &"x".repeat(300))]),
         "PS_AUTH_TOKEN must be a secret of 1 to 255 bytes, got \"<300 bytes>\""
     );
+    // Set but empty (an unset shell variable) is not "no authentication".
+    let with_empty = |token: &str| {
+        let token = token.to_string();
+        Config::from_lookup(move |k| match k {
+            "PS_AUTH_TOKEN" => Some(token.clone()),
+            "DMLC_ROLE" => Some("worker".into()),
+            "DMLC_NUM_SERVER" | "DMLC_NUM_WORKER" => Some("1".into()),
+            "DMLC_PS_ROOT_URI" => Some("127.0.0.1".into()),
+            "DMLC_PS_ROOT_PORT" => Some("9091".into()),
+            _ => None,
+        })
+    };
+    for empty in ["", "  "] {
+        let text = with_empty(empty).unwrap_err().to_string();
+        assert!(
+            text.starts_with("PS_AUTH_TOKEN must be a secret of 1 to 255 bytes (it is set but empty"),
+            "{text}"
+        );
+    }
 }
 
 #[test]
