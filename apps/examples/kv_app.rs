@@ -13,7 +13,11 @@
 //! logs which server owes the answer after `PS_REQUEST_WARN` seconds (the
 //! test of that warning uses it). With `KV_APP_SERVER_SLEEP_MS` the
 //! servers' request handle sleeps that long on its first request (a slow
-//! handler, for back-pressure tests).
+//! handler, for back-pressure tests). With `KV_APP_COMPRESSION=SPEC` (e.g.
+//! `onebit`) workers ask for compressed pushes: against pslite servers the
+//! sums are then no longer exact; against C++ servers, which cannot read
+//! compressed values, they are (the worker logs that it sends them as
+//! they are).
 
 use std::process::ExitCode;
 
@@ -40,6 +44,11 @@ fn run() -> Result<(), Error> {
     };
     if po.is_worker() {
         let kv = KVWorker::<f32>::new(&po, 0, 0)?;
+        if let Ok(spec) = std::env::var("KV_APP_COMPRESSION") {
+            let compression = pslite::parse_compression(&spec)
+                .map_err(|e| Error::App(format!("KV_APP_COMPRESSION: {e}")))?;
+            kv.set_compression(compression)?;
+        }
         let rank = po.my_rank()?;
         if env_or("KV_APP_WAIT_STDIN", 0u8, "0 or 1")? == 1 {
             // Tests start the work when they are ready (one line on stdin).

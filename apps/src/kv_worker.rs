@@ -120,6 +120,8 @@ struct Inner<V: Val> {
     compressed: WorkerState,
     /// Bounded staleness: the bound and this worker's clock.
     clock: crate::staleness::Clock,
+    /// Servers told of once: compression asked, but they cannot read it.
+    uncompressed: Mutex<pslite_van::LogOnce<NodeId>>,
 }
 
 /// A push, pull or push-pull sent by a [`KVWorker`]: wait for it, and take
@@ -242,6 +244,7 @@ impl<V: Val> KVWorker<V> {
             compression: RwLock::new(None),
             compressed: WorkerState::default(),
             clock: crate::staleness::Clock::new(po.config().staleness),
+            uncompressed: Mutex::new(pslite_van::LogOnce::new(log::Level::Warn)),
         };
         Ok(KVWorker {
             customer: Customer::new(po, app_id, customer_id, inner)?,
@@ -616,6 +619,14 @@ impl<V: Val> KVWorker<V> {
                 } else {
                     // Momentum correction is the worker's alone.
                     inner.compressed.prepare_plain(c, push, &slice, &mut frames);
+                    let server = msg.meta.recver;
+                    lock(&inner.uncompressed).log(server, || {
+                        format!(
+                            "server {server} does not read compressed values (a C++ ps-lite \
+                             server): requests to it go uncompressed, compression {c} applies to pslite \
+                             servers only"
+                        )
+                    });
                 }
             }
             msg.data = frames;

@@ -769,7 +769,6 @@ fn auth_token(env: &Env) -> Result<Option<AuthToken>, ConfigError> {
     }
 }
 
-
 /// `123`, `64K`, `64M`, `1G` (binary multiples, case-insensitive, an
 /// optional trailing `B` or `iB`) as bytes.
 /// `PS_REPLICAS`: copies of each key range (pslite-only), 1 (the default:

@@ -26,6 +26,10 @@ protobuf-compiler). Then:
   dead (it sends no heartbeats; its connection closed) within 10 s and,
   with PS_RECOVERY_TIMEOUT=2, ends the job's last barrier saying so,
   instead of waiting forever.
+- `cxx-servers-compression`: pslite's scheduler, two C++ servers (kv_app)
+  and two pslite workers (kv_app with `KV_APP_COMPRESSION=onebit`): a C++
+  server cannot read compressed values, so the workers send them as they
+  are (the sums stay exact) and each worker says so once per server.
 
 `--race` runs `kv_app late` without pslite (ps-lite's own tracker-style
 start: every node started by hand beside a C++ scheduler) to show C++
@@ -245,6 +249,34 @@ def server_killed(bins, tests, logs):
         (logs / "cxx-server-killed.log").write_text(text)
 
 
+def servers_compression(bins, tests, logs):
+    """See the module docs: `cxx-servers-compression`."""
+    env = dict(os.environ, KV_APP_COMPRESSION="onebit", KV_APP_KEYS="1000", KV_APP_REPEAT="5")
+    cmd = [
+        str(bins / "pslite"), "launch", "-s", "2", "-w", "2", "--timeout", "60",
+        "--scheduler-program", "pslite", "--server-program", str(tests / "kv_app"),
+        "--", str(bins / "examples" / "kv_app"),
+    ]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=env)
+        code, out = run.returncode, run.stdout + run.stderr
+    except subprocess.TimeoutExpired as e:
+        code, out = None, (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+    told = out.count("does not read compressed values")
+    exact = out.count("sums exact")
+    why = None
+    if code != 0:
+        why = f"exit {code}"
+    elif exact != 2:
+        why = f"{exact} workers with exact sums, expected 2"
+    elif told != 4:
+        why = f"{told} lines saying a server does not read compressed values, expected 4 (once per worker and server)"
+    if why:
+        (logs / "cxx-servers-compression.log").write_text(out)
+        return False, why
+    return True, "sums exact, each worker told once per C++ server"
+
+
 def race(tests, runs):
     """`kv_app late` started by hand (no pslite at all: a C++ scheduler, 2
     servers, 2 workers), `runs` times: how often C++ ps-lite's own start-up
@@ -289,7 +321,7 @@ def main():
     parser.add_argument("--race", action="store_true", help="run `kv_app late` without pslite (see the module docs)")
     args = parser.parse_args()
     bins = pathlib.Path(args.bin_dir)
-    for needed in (bins / "pslite", bins / "examples" / "store_watch"):
+    for needed in (bins / "pslite", bins / "examples" / "store_watch", bins / "examples" / "kv_app"):
         if not needed.exists():
             print(f"FAIL setup ({needed} missing: cargo build --release -p pslite -p pslite-cli --bins --examples)")
             sys.exit(1)
@@ -309,6 +341,7 @@ def main():
         extra = ["--scheduler-program", "pslite"]
         cases.append((name, lambda c=cmd, n=name: repeated(n, bins, c, extra, args.runs, logs)))
     cases.append(("cxx-server-killed", lambda: server_killed(bins, tests, logs)))
+    cases.append(("cxx-servers-compression", lambda: servers_compression(bins, tests, logs)))
     passed = failed = 0
     for name, case in cases:
         if args.only and args.only not in name:

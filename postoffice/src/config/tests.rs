@@ -231,7 +231,9 @@ fn auth_token_is_checked() {
     for empty in ["", "  "] {
         let text = with_empty(empty).unwrap_err().to_string();
         assert!(
-            text.starts_with("PS_AUTH_TOKEN must be a secret of 1 to 255 bytes (it is set but empty"),
+            text.starts_with(
+                "PS_AUTH_TOKEN must be a secret of 1 to 255 bytes (it is set but empty"
+            ),
             "{text}"
         );
     }
