@@ -579,9 +579,7 @@ impl Drop for Tmpfs {
             if lazy {
                 cmd.arg("-l");
             }
-            cmd.arg(self.dir.path())
-                .status()
-                .is_ok_and(|s| s.success())
+            cmd.arg(self.dir.path()).status().is_ok_and(|s| s.success())
         };
         if !umount(false) && !umount(true) {
             eprintln!("cannot unmount {}", self.dir.path().display());
@@ -669,8 +667,8 @@ fn a_directory_of_only_incomplete_checkpoints_starts_fresh_saying_so() {
     let _one = one_at_a_time();
     let dir = TempDir::new("checkpoint-incomplete");
     std::fs::create_dir_all(checkpoint_dir(dir.path(), 1)).expect("checkpoint 1's directory");
-    let partial = checkpoint_dir(dir.path(), 2)
-        .join("ckpt-000002.server-0.ranges-0.job-0123abcd.ckpt.tmp");
+    let partial =
+        checkpoint_dir(dir.path(), 2).join("ckpt-000002.server-0.ranges-0.job-0123abcd.ckpt.tmp");
     std::fs::create_dir_all(partial.parent().expect("its directory")).expect("mkdir");
     std::fs::write(&partial, b"half a file").expect("a partial file");
     let runs = Job::start(Some(dir.path()), 0, false, &[("RUST_LOG", "warn")]).wait();
@@ -684,5 +682,9 @@ fn a_directory_of_only_incomplete_checkpoints_starts_fresh_saying_so() {
         runs[0].output().contains(&notice) && runs[0].output().contains("starts fresh"),
         "no notice {notice:?}:\n{all}"
     );
-    assert_eq!(checkpoint_entries(dir.path()), Vec::<String>::new(), "{all}");
+    assert_eq!(
+        checkpoint_entries(dir.path()),
+        Vec::<String>::new(),
+        "{all}"
+    );
 }
