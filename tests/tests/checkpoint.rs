@@ -5,7 +5,10 @@
 //! also with `PS_REPLICAS=2`;
 //! a truncated or corrupt checkpoint file is refused with an error naming
 //! the file and the job stops; `PS_CHECKPOINT_INTERVAL` writes checkpoints
-//! by itself; a cluster without a directory refuses `pslite checkpoint`.
+//! by itself; a cluster without a directory refuses `pslite checkpoint`;
+//! checkpoints failing on a full disk (a 64 KiB tmpfs) leave nothing and
+//! the next job starts fresh, as does one on a directory of only
+//! checkpoints that never completed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -537,4 +540,151 @@ fn demo_checkpoints_and_resumes() {
     );
     assert!(second.contains("epoch 3/3"), "{second}");
     assert!(checkpoint_dir(dir.path(), 3).join("MANIFEST").is_file());
+}
+
+/// A tmpfs of a given size mounted on a directory of its own, unmounted
+/// when dropped (lazily if busy), even when the test fails.
+struct Tmpfs {
+    dir: TempDir,
+}
+
+impl Tmpfs {
+    /// `mount -t tmpfs -o size=SIZE`, or why it cannot be (not root, no
+    /// mount(8)).
+    fn mount(size: &str) -> Result<Tmpfs, String> {
+        let dir = TempDir::new("checkpoint-tmpfs");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let umount = |lazy: bool| {
+            let mut cmd = std::process::Command::new("umount");
+            if lazy {
+                cmd.arg("-l");
+            }
+            cmd.arg(self.dir.path()).status().is_ok_and(|s| s.success())
+        };
+        if !umount(false) && !umount(true) {
+            eprintln!("cannot unmount {}", self.dir.path().display());
+        }
+    }
+}
+
+/// The `checkpoint-*` entries in `dir`.
+fn checkpoint_entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("the checkpoint directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue 43: two checkpoints failing with ENOSPC left `checkpoint-000001/`
+/// and `checkpoint-000002/` behind (the scheduler deleted each while a
+/// server still wrote into it), and the next job stopped ("no complete
+/// checkpoint to resume"). Now each is deleted once both servers ended,
+/// and the next job on the directory starts fresh.
+#[test]
+fn checkpoints_failing_on_a_full_disk_leave_nothing_and_the_next_job_starts_fresh() {
+    let _one = one_at_a_time();
+    let tmpfs = match Tmpfs::mount("64k") {
+        Ok(t) => t,
+        Err(why) => {
+            eprintln!("skipped: a 64 KiB tmpfs is needed ({why})");
+            return;
+        }
+    };
+    let dir = tmpfs.path();
+    // Each server's file (10 000 keys of 12 bytes) is bigger than the disk.
+    let big = [("KV_KEYS", "10000")];
+    let job = Job::start(Some(dir), 0, true, &big).wait_idle();
+    let mut problems = Vec::new();
+    for id in [1, 2] {
+        let result = job.checkpoint();
+        if result.ok() || !result.output().contains("No space left on device") {
+            problems.push(format!(
+                "checkpoint {id} did not fail with ENOSPC:\n{}",
+                result.output()
+            ));
+        }
+        // Its directory goes once both servers ended (reported).
+        let files = checkpoint_dir(dir, id);
+        if !pslite_tests::within(LIMIT, || !files.exists()) {
+            problems.push(format!("{} is still there", files.display()));
+        }
+    }
+    let runs = {
+        let all = job.all();
+        for p in &all {
+            p.signal(libc::SIGKILL);
+        }
+        all.into_iter().map(|p| p.wait(LIMIT)).collect::<Vec<Run>>()
+    };
+    assert!(problems.is_empty(), "{problems:?}\n{}", outputs(&runs));
+    assert_eq!(
+        checkpoint_entries(dir),
+        Vec::<String>::new(),
+        "a failed checkpoint left something:\n{}",
+        outputs(&runs)
+    );
+    let runs = Job::start(Some(dir), 0, false, &big).wait();
+    let all = outputs(&runs);
+    assert!(runs.iter().all(Run::ok), "the next job failed:\n{all}");
+    assert!(
+        runs[0].output().contains(&format!(
+            "PS_CHECKPOINT_DIR {} holds no checkpoint",
+            dir.display()
+        )) && runs[0].output().contains("starts fresh"),
+        "{all}"
+    );
+}
+
+/// A directory holding only checkpoints that never completed (no MANIFEST,
+/// no LATEST: made here by hand, as a failed or interrupted job leaves
+/// them) starts a fresh job that says what it ignored, and deletes them.
+#[test]
+fn a_directory_of_only_incomplete_checkpoints_starts_fresh_saying_so() {
+    let _one = one_at_a_time();
+    let dir = TempDir::new("checkpoint-incomplete");
+    std::fs::create_dir_all(checkpoint_dir(dir.path(), 1)).expect("checkpoint 1's directory");
+    let partial =
+        checkpoint_dir(dir.path(), 2).join("ckpt-000002.server-0.ranges-0.job-0123abcd.ckpt.tmp");
+    std::fs::create_dir_all(partial.parent().expect("its directory")).expect("mkdir");
+    std::fs::write(&partial, b"half a file").expect("a partial file");
+    let runs = Job::start(Some(dir.path()), 0, false, &[("RUST_LOG", "warn")]).wait();
+    let all = outputs(&runs);
+    assert!(runs.iter().all(Run::ok), "{all}");
+    let notice = format!(
+        "PS_CHECKPOINT_DIR {} holds only checkpoints that never completed (1, 2",
+        dir.path().display()
+    );
+    assert!(
+        runs[0].output().contains(&notice) && runs[0].output().contains("starts fresh"),
+        "no notice {notice:?}:\n{all}"
+    );
+    assert_eq!(
+        checkpoint_entries(dir.path()),
+        Vec::<String>::new(),
+        "{all}"
+    );
 }

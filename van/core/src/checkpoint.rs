@@ -35,8 +35,10 @@
 //!   anything newer) are kept.
 //! - **Failure.** A server that dies or reports an error, or a checkpoint
 //!   not complete within `PS_CHECKPOINT_TIMEOUT`, fails that checkpoint: the
-//!   barrier is released, the requesters are told why, and its directory is
-//!   deleted.
+//!   barrier is released and the requesters are told why at once; its
+//!   directory is deleted once every server told to write it ended (reported
+//!   its file written or not, died, or did not report within another
+//!   `PS_CHECKPOINT_TIMEOUT`), so no file is written into it after.
 //! - **One job per directory.** The scheduler holds `DIR/LOCK` locked for
 //!   the job's life: a second job on the directory is refused at start. A
 //!   job has an identity (32 hex digits), chosen at its first start and kept
@@ -44,13 +46,13 @@
 //!   writer and key ranges (name and header), and the manifest records the
 //!   checksum of each file's content.
 //! - **Failure leaves nothing.** A failed checkpoint's directory is deleted,
-//!   and at start, any checkpoint newer than the one resumed (the job
-//!   stopped while writing it).
+//!   and at start, any checkpoint that never completed: newer than the one
+//!   resumed (the job stopped while writing it) or without a manifest.
 //! - **Restore.** At start, the scheduler resumes the checkpoint `DIR/LATEST`
 //!   names (written after each manifest), and says which at the default log
 //!   level; a missing or corrupt manifest, one of another job or cluster
-//!   shape, or checkpoints without `LATEST`, stop it with an error naming
-//!   the file (never an older checkpoint or a fresh start instead, unless
+//!   shape, or complete checkpoints without `LATEST`, stop it with an error
+//!   naming the file (never an older checkpoint or a fresh start instead, unless
 //!   `PS_CHECKPOINT_FRESH=1` asks for a new job). It sends the plan (id, files) with the node table that forms the
 //!   cluster; each server reads the files of the ranges it holds, checks
 //!   them whole (size and content checksum against the manifest, format,
@@ -82,8 +84,9 @@ pub struct Catalog {
     pub complete: Vec<u64>,
     /// The next checkpoint's id (above every directory found).
     pub next_id: u64,
-    /// Checkpoints newer than the one resumed: they never completed (the
-    /// job stopped while writing them); deleted at start.
+    /// Checkpoints that never completed: newer than the one resumed (the
+    /// job stopped while writing them), or without a manifest (failed);
+    /// deleted at start.
     pub leftovers: Vec<u64>,
     /// What the scheduler says at start (at the default log level): which
     /// checkpoint the job resumes, or that it starts fresh.
@@ -100,8 +103,11 @@ pub struct Catalog {
 ///   shape); anything wrong is an error naming the file (an older
 ///   checkpoint is never taken silently instead);
 /// - no `LATEST` and no checkpoint: a new job;
-/// - no `LATEST` but checkpoints: an error (no complete checkpoint is known
-///   to resume; `PS_CHECKPOINT_FRESH=1` starts a new job).
+/// - no `LATEST` and only checkpoints that never completed (no manifest):
+///   a new job, saying which it ignores (they are deleted at start);
+/// - no `LATEST` but a checkpoint with a manifest: an error (no complete
+///   checkpoint is known to resume; `PS_CHECKPOINT_FRESH=1` starts a new
+///   job).
 pub fn catalog(
     dir: &std::path::Path,
     found: &[Found],
@@ -141,6 +147,19 @@ pub fn catalog(
             )));
         }
         let ids: Vec<String> = found.iter().map(|f| f.id.to_string()).collect();
+        if found.iter().all(|f| f.manifest.is_none()) {
+            // Only checkpoints that never completed (failed, or the job
+            // stopped while writing them): nothing to resume, nothing lost.
+            let mut c = fresh_catalog(format!(
+                "PS_CHECKPOINT_DIR {shown} holds only checkpoints that never completed ({}: \
+                 no {} and no {}): ignoring and deleting them; job {new_job} starts fresh",
+                ids.join(", "),
+                disk::MANIFEST,
+                disk::LATEST
+            ));
+            c.leftovers = found.iter().map(|f| f.id).collect();
+            return Ok(c);
+        }
         return Err(format!(
             "no complete checkpoint to resume in {shown}: it holds checkpoints {} but no {} \
              naming the one to resume (deleted, or written by an older pslite); {fresh_hint}",
@@ -175,7 +194,13 @@ pub fn catalog(
     if let Some(why) = manifest.shape.mismatch(ranges) {
         return Err(refuse(format!("{path} does not fit this job: {why}")));
     }
-    let leftovers: Vec<u64> = found.iter().map(|f| f.id).filter(|&f| f > id).collect();
+    // Newer ones never completed (the job stopped while writing them);
+    // older ones without a manifest failed and never will.
+    let leftovers: Vec<u64> = found
+        .iter()
+        .filter(|f| f.id > id || (f.id < id && f.manifest.is_none()))
+        .map(|f| f.id)
+        .collect();
     let said = format!(
         "resuming job {job} from checkpoint {id}{} in {} ({} files)",
         if manifest.label.is_empty() {
@@ -288,5 +313,36 @@ mod tests {
         let c = run(&[], None, false).unwrap();
         assert_eq!((c.job.as_str(), c.restore, c.next_id), ("new", None, 1));
         assert!(c.said.contains("starts fresh"), "{}", c.said);
+    }
+
+    #[test]
+    fn only_checkpoints_that_never_completed_start_a_new_job_saying_so() {
+        // Two failed checkpoints, no LATEST: nothing to resume, nothing lost.
+        let failed = [found(1, None), found(2, None)];
+        let c = run(&failed, None, false).unwrap();
+        assert_eq!((c.job.as_str(), c.restore, c.next_id), ("new", None, 3));
+        assert_eq!(c.leftovers, vec![1, 2], "deleted at start");
+        assert!(
+            c.said.contains("/ck")
+                && c.said.contains("never completed (1, 2")
+                && c.said.contains("starts fresh"),
+            "{}",
+            c.said
+        );
+        // One complete checkpoint among them, no LATEST: still refused.
+        let mixed = [found(1, None), found(2, Some(manifest(2, JOB)))];
+        let why = run(&mixed, None, false).unwrap_err();
+        assert!(why.contains("no complete checkpoint"), "{why}");
+        // Resuming 2: the failed 1 below it and the unfinished 3 go.
+        let around = [
+            found(1, None),
+            found(2, Some(manifest(2, JOB))),
+            found(3, None),
+        ];
+        let c = run(&around, Some((JOB, 2)), false).unwrap();
+        assert_eq!(
+            (c.restore.map(|m| m.id), c.leftovers),
+            (Some(2), vec![1, 3])
+        );
     }
 }

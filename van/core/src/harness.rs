@@ -123,6 +123,9 @@ pub struct Network {
     stalled_steps: u32,
     /// The files checkpoints wrote (one file system shared by every node).
     pub disk: std::collections::BTreeMap<std::path::PathBuf, bytes::Bytes>,
+    /// Writes to [`Network::disk`] that fail or wait, and the log of its
+    /// operations.
+    pub disk_faults: DiskFaults,
     /// Nodes whose heartbeats (sent or answered) are lost for now; what
     /// else they send and receive goes through.
     pub heartbeats_lost: std::collections::HashSet<usize>,
@@ -160,6 +163,7 @@ impl Network {
             rng: StdRng::seed_from_u64(seed),
             stalled_steps: 0,
             disk: std::collections::BTreeMap::new(),
+            disk_faults: DiskFaults::default(),
             heartbeats_lost: std::collections::HashSet::new(),
             parts_sent_to: HashMap::new(),
         }
@@ -517,6 +521,7 @@ mod disk;
 mod net;
 
 pub use app::SumApp;
+pub use disk::DiskFaults;
 // For the tests' `use super::*`.
 #[cfg(test)]
 use app::{i64s, u64s};

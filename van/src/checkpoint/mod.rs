@@ -8,8 +8,8 @@ pub mod disk;
 
 /// A scheduler's start with `cfg`: locks the directory for this job, reads
 /// what it holds, decides what to restore ([`catalog`]; a new job's
-/// identity is drawn here), deletes checkpoints that never completed after
-/// the one resumed, and says which checkpoint the job resumes at the
+/// identity is drawn here), deletes checkpoints that never completed, and
+/// says which checkpoint the job resumes at the
 /// default log level. The lock is held as long as the returned value lives.
 pub fn open_dir(
     cfg: &CheckpointConfig,
@@ -23,7 +23,8 @@ pub fn open_dir(
     for &id in &catalog.leftovers {
         let dir = disk::checkpoint_dir(&cfg.dir, id);
         log::warn!(
-            "checkpoint {id} never completed (the job stopped while writing it): deleting {}",
+            "checkpoint {id} never completed (it failed, or the job stopped while writing it): \
+             deleting {}",
             dir.display()
         );
         disk::remove(&dir);

@@ -15,6 +15,11 @@
 //!   checkpoints older than the newest `keep` complete ones are deleted.
 //! - A server's error, its death, or `timeout` fail it: RESULT with the
 //!   reason, the barrier released. Only one checkpoint runs at a time.
+//! - A failed checkpoint leaves nothing, and its directory is deleted only
+//!   once nothing writes into it any more: once every server told to write
+//!   ended (reported DONE or an error, died, or did not report within
+//!   another `timeout`) and the manifest's write, if one was under way,
+//!   ended. A server that reports on it after that gets it deleted again.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -105,6 +110,21 @@ struct Running {
     writing: bool,
 }
 
+/// A failed checkpoint whose directory is deleted once every writer ended.
+struct Failed {
+    id: u64,
+    /// Servers told to write it that have not reported (nor died) since.
+    writers: BTreeSet<NodeId>,
+    /// The manifest's write is under way.
+    manifest: bool,
+    /// After this, the writers left count as ended.
+    deadline: Instant,
+}
+
+/// The failed checkpoints remembered once deleted (a late report deletes
+/// what its server wrote after all).
+const MAX_REMOVED: usize = 64;
+
 /// The scheduler's checkpoint state.
 pub struct CheckpointMaster {
     cfg: CheckpointConfig,
@@ -117,6 +137,11 @@ pub struct CheckpointMaster {
     formed: bool,
     pending: Option<Pending>,
     running: Option<Running>,
+    /// Failed checkpoints still written into: deleted once every writer
+    /// ended.
+    failed: Vec<Failed>,
+    /// Failed checkpoints already deleted, oldest first.
+    removed: BTreeSet<u64>,
     next_interval: Option<Instant>,
     /// Each worker's requests in flight at its latest barrier arrival.
     arrivals: HashMap<NodeId, u64>,
@@ -138,6 +163,8 @@ impl CheckpointMaster {
             formed: false,
             pending: None,
             running: None,
+            failed: Vec::new(),
+            removed: BTreeSet::new(),
             next_interval: None,
             arrivals: HashMap::new(),
             out: Vec::new(),
@@ -374,10 +401,14 @@ impl CheckpointMaster {
 
     /// Server `from`'s report on checkpoint `msg.id`.
     pub fn done(&mut self, from: NodeId, msg: &CheckpointMsg, now: Instant) {
+        if self.running.as_ref().is_none_or(|r| r.id != msg.id) {
+            self.ended(msg.id, Some(from), now);
+            return;
+        }
         let Some(run) = &mut self.running else {
             return;
         };
-        if run.id != msg.id || !run.waiting.remove(&from) {
+        if !run.waiting.remove(&from) {
             return;
         }
         if !msg.error.is_empty() {
@@ -429,9 +460,14 @@ impl CheckpointMaster {
             .as_ref()
             .is_some_and(|r| r.id == token && r.writing);
         if !ours {
+            // The manifest of a checkpoint that failed meanwhile (timeout).
+            self.ended(token, None, now);
             return;
         }
         if let IoResult::Failed(why) = result {
+            if let Some(run) = &mut self.running {
+                run.writing = false;
+            }
             self.fail(&why, now);
             return;
         }
@@ -484,14 +520,74 @@ impl CheckpointMaster {
         );
         self.answer_all(&run.requesters, run.id, &run.label, Err(why), 0);
         self.out.push(MasterOut::Release);
-        // A failed checkpoint leaves nothing (a server still writing its file
-        // after this is cleaned up at the next start: see catalog).
-        self.out.push(MasterOut::Io {
-            token: 0,
-            io: Io::Remove {
-                dir: disk::checkpoint_dir(&self.cfg.dir, run.id),
-            },
+        // A failed checkpoint leaves nothing: its directory is deleted once
+        // nothing writes into it any more.
+        self.failed.push(Failed {
+            id: run.id,
+            writers: run.waiting,
+            manifest: run.writing,
+            deadline: now + self.cfg.timeout,
         });
+        self.cleanup(now);
+    }
+
+    /// A writer of failed checkpoint `id` ended: server `from` reported
+    /// (`None`: the manifest's write ended).
+    fn ended(&mut self, id: u64, from: Option<NodeId>, now: Instant) {
+        if let Some(f) = self.failed.iter_mut().find(|f| f.id == id) {
+            match from {
+                Some(server) => {
+                    f.writers.remove(&server);
+                }
+                None => f.manifest = false,
+            }
+            self.cleanup(now);
+        } else if let Some(server) = from.filter(|_| self.removed.contains(&id)) {
+            let dir = disk::checkpoint_dir(&self.cfg.dir, id);
+            warn!(
+                "scheduler: server {server} reported on failed checkpoint {id} after {} was \
+                 deleted: deleting what it wrote",
+                dir.display()
+            );
+            self.out.push(MasterOut::Io {
+                token: 0,
+                io: Io::Remove { dir },
+            });
+        }
+    }
+
+    /// Deletes the directories of the failed checkpoints nothing writes
+    /// into any more (every writer ended, or the deadline passed).
+    fn cleanup(&mut self, now: Instant) {
+        let (done, left): (Vec<Failed>, Vec<Failed>) = std::mem::take(&mut self.failed)
+            .into_iter()
+            .partition(|f| (f.writers.is_empty() && !f.manifest) || f.deadline <= now);
+        self.failed = left;
+        for f in done {
+            let dir = disk::checkpoint_dir(&self.cfg.dir, f.id);
+            if !f.writers.is_empty() || f.manifest {
+                warn!(
+                    "scheduler: failed checkpoint {}: {} did not end within \
+                     PS_CHECKPOINT_TIMEOUT; deleting {} anyway (what they write later is deleted \
+                     when they report)",
+                    f.id,
+                    if f.writers.is_empty() {
+                        "the manifest's write".to_string()
+                    } else {
+                        format!("servers {:?}", f.writers)
+                    },
+                    dir.display()
+                );
+            }
+            self.out.push(MasterOut::Io {
+                token: 0,
+                io: Io::Remove { dir },
+            });
+            self.removed.insert(f.id);
+            while self.removed.len() > MAX_REMOVED {
+                self.removed.pop_first();
+            }
+        }
     }
 
     fn answer_all(
@@ -515,11 +611,23 @@ impl CheckpointMaster {
 
     /// Servers declared dead: the running checkpoint fails if it waits
     /// for one.
+    /// A dead server is no writer of a failed checkpoint any more.
     pub fn servers_dead(&mut self, dead: &[NodeId], now: Instant) {
-        let Some(run) = &self.running else {
+        let gone = self
+            .failed
+            .iter()
+            .any(|f| dead.iter().any(|d| f.writers.contains(d)));
+        if gone {
+            for f in &mut self.failed {
+                f.writers.retain(|w| !dead.contains(w));
+            }
+            self.cleanup(now);
+        }
+        let Some(run) = &mut self.running else {
             return;
         };
-        if let Some(d) = dead.iter().find(|d| run.waiting.contains(d)) {
+        if let Some(&d) = dead.iter().find(|d| run.waiting.contains(d)) {
+            run.waiting.remove(&d);
             let why = format!("server {d} died before writing its file");
             self.fail(&why, now);
         }
@@ -551,6 +659,9 @@ impl CheckpointMaster {
             };
             self.fail(&why, now);
         }
+        if self.failed.iter().any(|f| f.deadline <= now) {
+            self.cleanup(now);
+        }
     }
 
     /// When [`CheckpointMaster::tick`] has work next.
@@ -558,6 +669,7 @@ impl CheckpointMaster {
         [
             self.next_interval,
             self.running.as_ref().map(|r| r.deadline),
+            self.failed.iter().map(|f| f.deadline).min(),
         ]
         .into_iter()
         .flatten()

@@ -96,6 +96,10 @@ pub struct CheckpointServer {
     apps: BTreeSet<i32>,
     next_token: u64,
     take: Option<Take>,
+    /// Checkpoints abandoned for a newer one while their file was being
+    /// written: reported once the write ended (the scheduler deletes a
+    /// failed checkpoint's directory only once its writers ended).
+    abandoned: BTreeSet<u64>,
     restoring: Option<Restoring>,
     /// The restore failed: requests stay held until the node fails.
     refused: bool,
@@ -121,6 +125,7 @@ impl CheckpointServer {
             apps: BTreeSet::from([0]),
             next_token: TOKEN_BIT,
             take: None,
+            abandoned: BTreeSet::new(),
             restoring: None,
             refused: false,
             out: Vec::new(),
@@ -174,8 +179,14 @@ impl CheckpointServer {
 
     /// The scheduler's order to write checkpoint `msg.id`.
     pub fn on_take(&mut self, msg: &CheckpointMsg) {
-        if let Some(old) = self.take.take() {
+        if let Some(old) = self.take.take().filter(|old| old.id != msg.id) {
             warn!("checkpoint {} abandoned for checkpoint {}", old.id, msg.id);
+            if old.written.is_some() {
+                self.abandoned.insert(old.id);
+            } else {
+                let why = format!("abandoned for checkpoint {}", msg.id);
+                self.report(old.id, None, why);
+            }
         }
         let ranges = msg
             .files
@@ -294,6 +305,14 @@ impl CheckpointServer {
     pub fn io_done(&mut self, token: u64, result: IoResult, now: Instant) {
         if token == READ_TOKEN {
             self.read_done(result, now);
+            return;
+        }
+        if self.abandoned.remove(&token) {
+            let why = match result {
+                IoResult::Failed(why) => why,
+                _ => "abandoned for a newer checkpoint".to_string(),
+            };
+            self.report(token, None, why);
             return;
         }
         let Some(take) = self.take.take_if(|t| t.id == token && t.written.is_some()) else {

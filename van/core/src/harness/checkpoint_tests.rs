@@ -2,8 +2,10 @@
 //! the cut at a barrier over the workers, complete = manifest written before
 //! the barrier is released, a new job restoring exactly before serving, a
 //! truncated file refused with nothing loaded and the job stopped, a pending
-//! checkpoint waiting for a barrier with nothing in flight, and
-//! `PS_CHECKPOINT_INTERVAL`.
+//! checkpoint waiting for a barrier with nothing in flight,
+//! `PS_CHECKPOINT_INTERVAL`, and failed checkpoints leaving nothing: their
+//! directory deleted only after every writer ended (reported, died, or
+//! missed the deadline), on a disk whose writes fail or wait.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -255,4 +257,202 @@ fn the_interval_takes_checkpoints_by_itself() {
     );
     // About one every 2 s of barriers every 100 ms.
     assert!((30..=60).contains(&barriers), "{barriers} barriers");
+}
+
+/// What a full disk says.
+const ENOSPC: &str = "No space left on device (os error 28)";
+
+/// The directory of checkpoint `id`, as the harness's log shows it.
+fn shown(id: u64) -> String {
+    disk::checkpoint_dir(&dir(), id).display().to_string()
+}
+
+/// Whether anything of checkpoint `id` is on the disk.
+fn holds_any(net: &Network, id: u64) -> bool {
+    let cdir = disk::checkpoint_dir(&dir(), id);
+    net.disk.keys().any(|p| p.starts_with(&cdir))
+}
+
+/// The worker asks for a checkpoint and meets at a barrier, which is
+/// released; returns the requester's RESULT.
+fn checkpoint_result(net: &mut Network, label: &str) -> pslite_proto::checkpoint::CheckpointMsg {
+    let now = net.now;
+    let ticket = net.nodes[3]
+        .core
+        .checkpoint_request(label, now)
+        .expect("checkpoint request");
+    net.flush(3);
+    let answered = |n: &Network, result: bool| {
+        n.nodes[3]
+            .core
+            .checkpoint_answer(ticket)
+            .is_ok_and(|(a, r)| if result { r.is_some() } else { a.is_some() })
+    };
+    assert!(
+        net.run_until(SECOND, |n| answered(n, false)),
+        "not accepted"
+    );
+    let token = net.barrier(3, ids::WORKER_GROUP);
+    assert!(
+        net.run_until(SECOND * 5, |n| n.outcome(3, token).is_some()
+            && answered(n, true)),
+        "the barrier was not released, or the requester not answered"
+    );
+    let (_, result) = net.nodes[3]
+        .core
+        .checkpoint_answer(ticket)
+        .expect("answers");
+    result.expect("the result")
+}
+
+/// A job whose server rank 0 finds its disk full and whose server rank 1
+/// writes slowly (its write waits until the test ends it), after pushes.
+fn full_disk_job(seed: u64, hold: &str) -> Network {
+    let mut net = job(&BTreeMap::new(), None, seed);
+    assert!(net.form(SECOND * 10));
+    push(&mut net, 1, 5);
+    net.run_for(SECOND);
+    net.disk_faults.fail = vec![(".server-0.".into(), ENOSPC.into())];
+    net.disk_faults.hold = vec![hold.into()];
+    let result = checkpoint_result(&mut net, "full");
+    assert!(
+        result.id == 1 && result.error.contains(ENOSPC),
+        "{result:?}"
+    );
+    assert_eq!(net.disk_faults.held(), 1, "{:?}", net.disk_faults.log);
+    net
+}
+
+/// The regression of issue 43: the scheduler deleted a failed checkpoint's
+/// directory at once, while another server still wrote into it, which left
+/// its file (or an empty directory) behind and stopped the next job.
+#[test]
+fn a_failed_checkpoint_is_deleted_only_after_every_writer_ended() {
+    let mut net = full_disk_job(7, ".server-1.");
+    // The requester knows, the barrier went on; server 1 still writes.
+    net.run_for(SECOND * 3);
+    assert_eq!(
+        net.disk_faults.position("remove", &shown(1)),
+        None,
+        "deleted while server 1 writes into it: {:?}",
+        net.disk_faults.log
+    );
+    net.end_held_writes();
+    assert!(
+        net.run_until(SECOND, |n| n
+            .disk_faults
+            .position("remove", &shown(1))
+            .is_some()),
+        "not deleted once every writer ended: {:?}",
+        net.disk_faults.log
+    );
+    let log = &net.disk_faults;
+    assert!(
+        log.position("write", &shown(1)) < log.position("remove", &shown(1)),
+        "{:?}",
+        log.log
+    );
+    assert!(!holds_any(&net, 1), "{:?}", net.disk.keys());
+    assert!(!has(&net, &dir().join(disk::LATEST)));
+    // The next job finds nothing: a first start.
+    assert!(net.scan_checkpoints(&dir()).is_empty());
+    // And the job goes on: the next checkpoint completes.
+    net.disk_faults.fail.clear();
+    net.disk_faults.hold.clear();
+    let result = checkpoint_result(&mut net, "after");
+    assert!(result.id == 2 && result.error.is_empty(), "{result:?}");
+    assert!(has(
+        &net,
+        &disk::checkpoint_dir(&dir(), 2).join(disk::MANIFEST)
+    ));
+}
+
+/// A writer that never reports counts as ended after another
+/// PS_CHECKPOINT_TIMEOUT (10 s here); what it writes later is deleted when
+/// it reports.
+#[test]
+fn a_writer_that_never_reports_counts_as_ended_at_the_deadline() {
+    let mut net = full_disk_job(8, ".server-1.");
+    let failed_at = net.now;
+    assert!(net.run_until(SECOND * 30, |n| n
+        .disk_faults
+        .position("remove", &shown(1))
+        .is_some()));
+    let waited = net.now.saturating_duration_since(failed_at);
+    assert!(waited >= SECOND * 9, "deleted after {waited:?}");
+    // The write ends late: its file lands, its report deletes it again.
+    net.end_held_writes();
+    assert!(net.run_until(SECOND, |n| !holds_any(n, 1)));
+    let removes = net
+        .disk_faults
+        .log
+        .iter()
+        .filter(|l| l.starts_with("remove") && l.contains(&shown(1)))
+        .count();
+    assert_eq!(removes, 2, "{:?}", net.disk_faults.log);
+}
+
+/// A writer that dies counts as ended; if its file landed before it died,
+/// the next job deletes it at start and starts fresh (nothing completed).
+#[test]
+fn a_writer_that_dies_counts_as_ended_and_the_next_job_starts_fresh() {
+    let mut net = full_disk_job(9, ".server-1.");
+    net.kill(2);
+    assert!(
+        net.run_until(SECOND * 5, |n| n
+            .disk_faults
+            .position("remove", &shown(1))
+            .is_some()),
+        "not deleted once the writer died: {:?}",
+        net.disk_faults.log
+    );
+    // The dead server's write landed after all (as a killed process's
+    // last write may): nobody reports it.
+    net.end_held_writes();
+    assert!(holds_any(&net, 1));
+    let found = net.scan_checkpoints(&dir());
+    let c = catalog(
+        &dir(),
+        &found,
+        None,
+        &crate::replica::key_ranges(2),
+        false,
+        "new".into(),
+    )
+    .expect("a directory of only incomplete checkpoints starts fresh");
+    assert_eq!((c.restore, c.leftovers.clone()), (None, vec![1]));
+    assert!(c.said.contains("never completed"), "{}", c.said);
+}
+
+/// A server told to write a newer checkpoint while its write of a failed
+/// one is under way reports the old one once that write ended, so its
+/// directory is deleted then (not at the deadline).
+#[test]
+fn a_write_abandoned_for_a_newer_checkpoint_is_reported_when_it_ends() {
+    let mut net = full_disk_job(10, "ckpt-000001.server-1");
+    // Checkpoint 2 is taken while server 1 still writes checkpoint 1's file.
+    let result = checkpoint_result(&mut net, "next");
+    assert!(
+        result.id == 2 && result.error.contains(ENOSPC),
+        "{result:?}"
+    );
+    assert!(net.run_until(SECOND, |n| n
+        .disk_faults
+        .position("remove", &shown(2))
+        .is_some()));
+    assert_eq!(net.disk_faults.position("remove", &shown(1)), None);
+    net.end_held_writes();
+    assert!(
+        net.run_until(SECOND, |n| n
+            .disk_faults
+            .position("remove", &shown(1))
+            .is_some()),
+        "{:?}",
+        net.disk_faults.log
+    );
+    assert!(
+        !holds_any(&net, 1) && !holds_any(&net, 2),
+        "{:?}",
+        net.disk.keys()
+    );
 }

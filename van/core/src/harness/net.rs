@@ -509,11 +509,7 @@ impl Backend for SimOut<'_> {
     }
 
     fn checkpoint_io(&mut self, token: u64, io: Io) {
-        let result = self.net.perform(&io);
-        let now = self.net.now;
-        self.net.nodes[self.i]
-            .core
-            .checkpoint_io_done(token, result, now);
+        self.net.checkpoint_io(self.i, token, io);
     }
 
     fn reply(&mut self, route: Bytes, msg: Message, reserved: usize) {
