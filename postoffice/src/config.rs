@@ -745,10 +745,9 @@ fn checkpoint(env: &Env) -> Result<Option<CheckpointConfig>, ConfigError> {
     cfg.fresh = fresh;
     Ok(Some(cfg))
 }
-/// `PS_AUTH_TOKEN`: unset, no authentication; set, a secret of 1 to 255
-/// bytes. Set but empty (an unset shell variable, `PS_AUTH_TOKEN=$TOKEN`)
-/// is an error, not "off": a node would otherwise join without the
-/// authentication its operator asked for.
+
+/// `PS_AUTH_TOKEN`: unset, none; set but empty (`PS_AUTH_TOKEN=$UNSET`),
+/// an error, not "off" (the operator asked for authentication).
 fn auth_token(env: &Env) -> Result<Option<AuthToken>, ConfigError> {
     match (env.0)("PS_AUTH_TOKEN") {
         None => Ok(None),
@@ -758,14 +757,11 @@ fn auth_token(env: &Env) -> Result<Option<AuthToken>, ConfigError> {
             expected: "a secret of 1 to 255 bytes (it is set but empty, e.g. from an unset shell \
                        variable: set it on every node, or unset it to run without authentication)",
         }),
-        Some(raw) => {
-            let v = raw.trim();
-            AuthToken::new(v).map(Some).ok_or(ConfigError::Invalid {
-                var: "PS_AUTH_TOKEN",
-                value: format!("<{} bytes>", v.len()),
-                expected: "a secret of 1 to 255 bytes",
-            })
-        }
+        Some(raw) => AuthToken::new(raw.trim()).map(Some).ok_or(ConfigError::Invalid {
+            var: "PS_AUTH_TOKEN",
+            value: format!("<{} bytes>", raw.trim().len()),
+            expected: "a secret of 1 to 255 bytes",
+        }),
     }
 }
 

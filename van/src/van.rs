@@ -274,7 +274,12 @@ impl Van {
     /// scheduler, waits until every node has registered. Returns at once if
     /// this node has already joined.
     pub fn register(&self, customer_id: i32) -> Result<(), VanError> {
-        self.wait(|core, now| {
+        // ADD_NODE is written without waiting on the scheduler: a
+        // connection that never completes (a refused PS_AUTH_TOKEN whose
+        // refusal came before this send) would block a waiting write
+        // forever, past the refusal that fails the node. Not taken now, it
+        // waits in the link and the receive thread retries it.
+        self.wait_in(Mode::NoWait, |core, now| {
             core.register(customer_id, now);
             Ok(core.wait(Wait::Join, None, now))
         })
@@ -289,8 +294,17 @@ impl Van {
         &self,
         start: impl FnOnce(&mut Core, Instant) -> Result<Ticket, VanError>,
     ) -> Result<Done, VanError> {
+        self.wait_in(Mode::Wait, start)
+    }
+
+    /// [`Van::wait`], writing what `start` sends in `mode`.
+    fn wait_in(
+        &self,
+        mode: Mode,
+        start: impl FnOnce(&mut Core, Instant) -> Result<Ticket, VanError>,
+    ) -> Result<Done, VanError> {
         let shared = &self.shared;
-        let ticket = shared.with_core(Mode::Wait, start)?;
+        let ticket = shared.with_core(mode, start)?;
         let mut locked = wait_while(&shared.changed, lock(&shared.locked), |l| {
             l.core.outcome(ticket).is_none()
         });

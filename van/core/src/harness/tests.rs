@@ -784,3 +784,52 @@ fn a_stopped_node_whose_place_was_taken_is_told_so_and_stops() {
     let waiters = enter(&mut net, ALL_GROUP);
     assert!(net.run_until(SECOND, |n| all_released(n, &waiters)));
 }
+
+/// A server stopped (SIGSTOP) while it waits in the job's last barrier,
+/// past the heartbeat timeout, and resumed after the others were released
+/// and the scheduler is gone: it is released too and leaves without a
+/// failure. Whether the release came before or after the scheduler
+/// declared it dead.
+#[test]
+fn a_server_paused_across_the_last_barrier_release_is_released() {
+    for worker_late in [false, true] {
+        let mut net = Network::cluster(1, 1, VanConfig::default(), 14);
+        assert!(net.form(SECOND * 5));
+        net.run_for(SECOND * 3);
+        for n in &mut net.nodes {
+            n.core.finalizing();
+        }
+        let server = net.index_of(8).unwrap();
+        let worker = net.index_of(9).unwrap();
+        let s_wait = net.barrier(server, ALL_GROUP);
+        let sched_wait = net.barrier(0, ALL_GROUP);
+        net.run_for(SECOND);
+        net.pause(server);
+        if worker_late {
+            // Declared dead first (10 s of silence), then released.
+            net.run_for(SECOND * 12);
+        }
+        let w_wait = net.barrier(worker, ALL_GROUP);
+        assert!(
+            net.run_until(SECOND * 5, |n| all_released(
+                n,
+                &[(0, sched_wait), (worker, w_wait)]
+            )),
+            "worker late: {worker_late}"
+        );
+        // The scheduler and the worker stop as a finalized job does.
+        net.finish(0);
+        net.finish(worker);
+        net.run_for(SECOND * 20);
+        net.kill(0);
+        net.kill(worker);
+        net.resume(server);
+        net.run_for(SECOND * 5);
+        assert!(
+            matches!(net.outcome(server, s_wait), Some(Ok(()))),
+            "worker late: {worker_late}: {:?}, failures {:?}",
+            net.outcome(server, s_wait),
+            net.nodes[server].failures
+        );
+    }
+}
