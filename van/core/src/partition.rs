@@ -98,6 +98,13 @@ impl PartialBound {
         }
     }
 
+    /// The whole budget (`PS_HOLD_LIMIT`) this share is a quarter of: what
+    /// all senders' incomplete messages, with everything else the node
+    /// holds for peers, may count together.
+    pub fn hold_limit(&self) -> u64 {
+        self.bytes.saturating_mul(4)
+    }
+
     /// Whether a new message of `total` bytes may begin while `open`
     /// messages claiming `claimed` bytes are incomplete.
     pub fn admits(&self, open: usize, claimed: u64, total: u64) -> bool {
@@ -255,6 +262,18 @@ impl Partitions {
     pub fn incomplete(&self) -> usize {
         self.reassembly.incomplete()
     }
+
+    /// What the incomplete messages count in the budget of everything held
+    /// for peers ([`Reassembly::held`]).
+    pub fn held(&self) -> u64 {
+        self.reassembly.held()
+    }
+
+    /// What the node holds for peers elsewhere
+    /// ([`Reassembly::set_held_elsewhere`]).
+    pub fn set_held_elsewhere(&mut self, bytes: u64) {
+        self.reassembly.set_held_elsewhere(bytes);
+    }
 }
 
 impl Component for Partitions {
@@ -321,25 +340,6 @@ fn routing(meta: &Meta) -> Meta {
     }
 }
 
-/// `n` zero bytes, or `None` if they cannot be allocated. Large buffers
-/// come zeroed from the kernel, page by page as they are written (calloc),
-/// not cleared up front.
-fn zeroed(n: usize) -> Option<Vec<u8>> {
-    if n == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: `ptr` was allocated by the global allocator with the layout
-    // of `n` bytes (what a Vec<u8> of capacity `n` uses), and its `n` bytes
-    // are initialised (zeroed).
-    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
-}
-
 /// A message some of whose parts arrived.
 #[derive(Debug)]
 struct Partial {
@@ -349,8 +349,27 @@ struct Partial {
     head: Option<(Meta, Vec<u64>)>,
     got: Vec<bool>,
     missing: u32,
+    /// The bytes so far: it grows as parts arrive (never allocated at the
+    /// announced size up front), at most to `total`.
     buf: Vec<u8>,
+    /// Data bytes of the parts arrived.
+    received: u64,
+    /// Admitted as its sender's only incomplete message (see
+    /// [`PartialBound`]): it counts in the budget by the bytes received,
+    /// the others by their whole `total` from their first part on.
+    first: bool,
     last: Instant,
+}
+
+impl Partial {
+    /// What it counts in the budget of everything held for peers.
+    fn held(&self) -> u64 {
+        if self.first {
+            self.received
+        } else {
+            self.total
+        }
+    }
 }
 
 /// Why a part was dropped.
@@ -388,6 +407,12 @@ pub struct Reassembly {
     /// Per sender: its incomplete messages and the bytes they claim.
     claims: HashMap<NodeId, (usize, u64)>,
     bound: PartialBound,
+    /// What the incomplete messages of all senders count in the budget
+    /// ([`Partial::held`]).
+    held: u64,
+    /// What the node holds for peers elsewhere (its held messages), as the
+    /// core last said ([`Reassembly::set_held_elsewhere`]).
+    elsewhere: u64,
     /// Messages completed lately (a resend of one of their parts may still
     /// come), oldest first, at most [`MAX_DONE`].
     done: VecDeque<((NodeId, u64), Instant)>,
@@ -409,6 +434,8 @@ impl Reassembly {
             partial: HashMap::new(),
             claims: HashMap::new(),
             bound,
+            held: 0,
+            elsewhere: 0,
             done: VecDeque::new(),
             done_set: HashSet::new(),
             max_message,
@@ -460,9 +487,7 @@ impl Reassembly {
             if let Some(refused) = self.refuses(&part) {
                 return Accepted::Dropped(refused);
             }
-            let Some(buf) = zeroed(total as usize) else {
-                return drop(format!("message {id}: cannot allocate {total} bytes"));
-            };
+            let first = !self.claims.contains_key(&sender);
             self.partial.insert(
                 key,
                 Partial {
@@ -471,10 +496,15 @@ impl Reassembly {
                     head: None,
                     got: vec![false; count as usize],
                     missing: count,
-                    buf,
+                    buf: Vec::new(),
+                    received: 0,
+                    first,
                     last: now,
                 },
             );
+            if !first {
+                self.held += total;
+            }
             let claim = self.claims.entry(sender).or_default();
             claim.0 += 1;
             claim.1 += total;
@@ -492,12 +522,29 @@ impl Reassembly {
         if entry.got[index as usize] {
             return Accepted::Pending; // a resend of a part already here
         }
-        let mut at = offset as usize;
+        // The buffer grows to the part's end (a part of a later offset
+        // first, as after a lost part, fills the gap with zeros until its
+        // part comes), by doubling but never beyond the admitted total.
+        let (at, end) = (offset as usize, (offset + len) as usize);
+        if end > entry.buf.len() {
+            let want = end.max(entry.buf.capacity().saturating_mul(2)).min(total as usize);
+            if want > entry.buf.capacity()
+                && entry.buf.try_reserve_exact(want - entry.buf.len()).is_err()
+            {
+                return drop(format!("message {id}: cannot allocate {want} bytes"));
+            }
+            entry.buf.resize(end, 0);
+        }
+        let mut at = at;
         for frame in &part.data {
             entry.buf[at..at + frame.len()].copy_from_slice(frame);
             at += frame.len();
         }
         entry.got[index as usize] = true;
+        entry.received += len;
+        if entry.first {
+            self.held += len;
+        }
         entry.missing -= 1;
         entry.last = now;
         if index == 0 {
@@ -524,7 +571,12 @@ impl Reassembly {
         meta.sender = sender;
         meta.recver = part.meta.recver;
         meta.sender_key = part.meta.sender_key;
-        let buf = Bytes::from(done.buf);
+        // Parts that overlap instead of covering the message leave its end
+        // unwritten: zeros, as the frames' lengths say (part 0 checked
+        // that they sum to `total`).
+        let mut buf = done.buf;
+        buf.resize(done.total as usize, 0);
+        let buf = Bytes::from(buf);
         let mut data = Vec::with_capacity(frames.len());
         let mut start = 0usize;
         for len in frames {
@@ -536,8 +588,13 @@ impl Reassembly {
     }
 
     /// Why `part` cannot be taken now for want of room: it would begin a
-    /// message of its sender beyond the [`PartialBound`] (a part of a
-    /// message begun or completed lately is never refused for room).
+    /// message of its sender beyond the [`PartialBound`], or, beyond the
+    /// sender's first incomplete message, beyond what is left of the budget
+    /// of everything this node holds for peers (`PS_HOLD_LIMIT`, all
+    /// senders together: [`Reassembly::held`] and what the core holds
+    /// elsewhere). Checked on the part's announced total, before anything
+    /// is allocated for it. A part of a message begun or completed lately
+    /// is never refused for room.
     pub fn refuses(&self, part: &Message) -> Option<Dropped> {
         let p = part.meta.partition.as_deref()?;
         let key = (part.meta.sender, p.id);
@@ -545,25 +602,52 @@ impl Reassembly {
             return None;
         }
         let (open, claimed) = self.claims.get(&key.0).copied().unwrap_or_default();
-        if self.bound.admits(open, claimed, p.total) {
+        let budget = self.bound.hold_limit();
+        let in_use = self.held.saturating_add(self.elsewhere);
+        let why = if !self.bound.admits(open, claimed, p.total) {
+            format!(
+                "message {} of {} bytes would begin beyond the bound on one sender's incomplete \
+                 messages ({open} of {claimed} bytes incomplete; at most {} messages and \
+                 PS_HOLD_LIMIT / 4 = {} bytes)",
+                p.id, p.total, MAX_PARTIAL_PER_SENDER, self.bound.bytes
+            )
+        } else if open > 0 && in_use.saturating_add(p.total) > budget {
+            format!(
+                "message {} of {} bytes would pass the budget of everything this node holds for \
+                 its peers (PS_HOLD_LIMIT = {budget} bytes, {in_use} in use)",
+                p.id, p.total
+            )
+        } else {
             return None;
-        }
+        };
         Some(Dropped {
             sender: key.0,
             why: format!(
-                "message {} of {} bytes would begin beyond the bound on one sender's incomplete \
-                 messages ({open} of {claimed} bytes incomplete; at most {} messages and \
-                 PS_HOLD_LIMIT / 4 = {} bytes): it is taken once they completed (its parts \
-                 come again under PS_RESEND)",
-                p.id, p.total, MAX_PARTIAL_PER_SENDER, self.bound.bytes
+                "{why}: it is taken once there is room (its parts come again under PS_RESEND)"
             ),
             reason: DropReason::HoldLimit,
         })
     }
 
+    /// What the incomplete messages of all senders count in the budget of
+    /// everything held for peers: their whole announced size, except each
+    /// sender's first (admitted whatever its size, as a whole message of
+    /// that size would be), which counts the bytes arrived.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// What the node holds for peers beyond its incomplete messages (its
+    /// held messages, [`crate::hold::Holds::bytes`]): it counts in the
+    /// same budget.
+    pub fn set_held_elsewhere(&mut self, bytes: u64) {
+        self.elsewhere = bytes;
+    }
+
     /// Takes message `key` out of the incomplete ones.
     fn remove(&mut self, key: (NodeId, u64)) -> Option<Partial> {
         let p = self.partial.remove(&key)?;
+        self.held = self.held.saturating_sub(p.held());
         release(&mut self.claims, key.0, p.total);
         Some(p)
     }
@@ -591,10 +675,11 @@ impl Reassembly {
             self.done_set.remove(&key);
         }
         let mut dropped = Vec::new();
-        let claims = &mut self.claims;
+        let (claims, held) = (&mut self.claims, &mut self.held);
         self.partial.retain(|&(sender, id), p| {
             let keep = now < p.last + idle;
             if !keep {
+                *held = held.saturating_sub(p.held());
                 release(claims, sender, p.total);
                 dropped.push(Dropped {
                     sender,
@@ -615,7 +700,13 @@ impl Reassembly {
     /// Forgets node `id`'s incomplete messages (it died, or a new process
     /// took its id).
     pub fn forget(&mut self, id: NodeId) {
-        self.partial.retain(|&(sender, _), _| sender != id);
+        let held = &mut self.held;
+        self.partial.retain(|&(sender, _), p| {
+            if sender == id {
+                *held = held.saturating_sub(p.held());
+            }
+            sender != id
+        });
         self.claims.remove(&id);
         self.done.retain(|&((sender, _), _)| sender != id);
         self.done_set.retain(|&(sender, _)| sender != id);
