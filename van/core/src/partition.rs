@@ -347,7 +347,9 @@ struct Partial {
     total: u64,
     /// Part 0's meta and frame lengths, once it arrived.
     head: Option<(Meta, Vec<u64>)>,
-    got: Vec<bool>,
+    /// Which parts arrived, a bit each, grown to the highest index seen
+    /// (not allocated for the announced count up front).
+    got: Vec<u64>,
     missing: u32,
     /// The bytes so far: it grows as parts arrive (never allocated at the
     /// announced size up front), at most to `total`.
@@ -459,7 +461,9 @@ impl Reassembly {
         };
         let (id, index, count, total, offset) = (p.id, p.index, p.count, p.total, p.offset);
         let len = data_bytes(&part) as u64;
-        if count == 0 || index >= count || total > self.max_message {
+        // Every part carries a byte (but the one part of an empty message).
+        if count == 0 || index >= count || total > self.max_message || u64::from(count) > total.max(1)
+        {
             return drop(format!(
                 "part {index} of {count} of message {id}, {total} bytes (at most {})",
                 self.max_message
@@ -494,7 +498,7 @@ impl Reassembly {
                     count,
                     total,
                     head: None,
-                    got: vec![false; count as usize],
+                    got: Vec::new(),
                     missing: count,
                     buf: Vec::new(),
                     received: 0,
@@ -519,8 +523,12 @@ impl Reassembly {
                 entry.count, entry.total
             ));
         }
-        if entry.got[index as usize] {
+        let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
+        if entry.got.get(word).is_some_and(|w| w & bit != 0) {
             return Accepted::Pending; // a resend of a part already here
+        }
+        if word >= entry.got.len() {
+            entry.got.resize(word + 1, 0);
         }
         // The buffer grows to the part's end (a part of a later offset
         // first, as after a lost part, fills the gap with zeros until its
@@ -540,7 +548,7 @@ impl Reassembly {
             entry.buf[at..at + frame.len()].copy_from_slice(frame);
             at += frame.len();
         }
-        entry.got[index as usize] = true;
+        entry.got[word] |= bit;
         entry.received += len;
         if entry.first {
             self.held += len;
