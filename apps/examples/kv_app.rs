@@ -13,7 +13,8 @@
 //! logs which server owes the answer after `PS_REQUEST_WARN` seconds (the
 //! test of that warning uses it). With `KV_APP_SERVER_SLEEP_MS` the
 //! servers' request handle sleeps that long on its first request (a slow
-//! handler, for back-pressure tests).
+//! handler, for back-pressure tests). With `KV_APP_PRIORITY` the workers'
+//! requests carry that priority (non-zero: large ones go in parts).
 
 use std::process::ExitCode;
 

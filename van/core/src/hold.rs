@@ -33,7 +33,10 @@
 //! one peer cannot use the budget up for the others. Every item counts
 //! [`HoldQueue::OVERHEAD`] bytes beyond its payload, so many empty messages
 //! are bounded too. What does not fit is refused and handed back; the
-//! holder drops it with a log line.
+//! holder drops it with a log line. The core's messages held before
+//! joining, for a map and from newcomers count in one budget with the
+//! incomplete messages in parts (`crate::partition`): everything the node
+//! holds for its peers, all senders together.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 

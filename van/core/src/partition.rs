@@ -24,7 +24,16 @@
 //!   number (unique per sender and receiver), the part's index, the number
 //!   of parts, the total bytes and where the part's bytes start; part 0
 //!   also carries the whole meta and every frame's length.
-//! - The receiver copies each part's bytes into one buffer per message and
+//! - Parts are taken only from a member of the node table through the
+//!   identity (with the key) the table names for it: the core checks that
+//!   (`Core::data_part` in `core/data.rs`) before a part reaches
+//!   [`Reassembly`], holds one that came before this node joined, or from
+//!   an elastic newcomer, like any data message, and drops anyone else's as
+//!   from an unknown peer, so that no stranger makes this node hold
+//!   anything for a message.
+//! - The receiver copies each part's bytes into one buffer per message,
+//!   grown as parts arrive (to the furthest part's end, never beyond the
+//!   message's `total`: nothing is allocated for an announced size), and
 //!   hands the message on when every part arrived, its frames slices of
 //!   that buffer. Parts may arrive in any order and more than once (a
 //!   resend): a part seen before is ignored. Each part is acknowledged and
@@ -40,12 +49,21 @@
 //!   and together at most a quarter of `PS_HOLD_LIMIT` (64 MiB by default,
 //!   the share of one sender everywhere pslite holds data), and they are
 //!   at most [`MAX_PARTIAL_PER_SENDER`]; a sender's first incomplete
-//!   message is always admitted (up to `PS_MAX_MESSAGE_SIZE`), so one
-//!   message larger than the bound still goes. The first part of a message
-//!   beyond the bound is dropped before it is acknowledged
-//!   ([`DropReason::HoldLimit`], logged naming `PS_HOLD_LIMIT`): under
-//!   `PS_RESEND` its parts come again and are taken once the sender's
-//!   earlier messages completed, so nothing acknowledged is lost.
+//!   message is always admitted (up to `PS_MAX_MESSAGE_SIZE`, as a whole
+//!   message of that size would be), so one message larger than the bound
+//!   still goes.
+//! - **One budget for everything held for peers**: beyond its sender's
+//!   first, a message begins only if its `total` fits what is left of
+//!   `PS_HOLD_LIMIT` for all senders together ([`Reassembly::held`]: the
+//!   other incomplete messages, a first one counting the bytes arrived,
+//!   the others their `total`) with the messages the core holds
+//!   ([`Reassembly::set_held_elsewhere`]; they in turn are held only
+//!   within what is left). Both are checked on the announced `total`,
+//!   before anything is allocated. The first part of a message beyond
+//!   either is dropped before it is acknowledged
+//!   ([`DropReason::HoldLimit`], logged once per sender naming
+//!   `PS_HOLD_LIMIT`): under `PS_RESEND` its parts come again and are
+//!   taken once there is room, so nothing acknowledged is lost.
 //! - The sender keeps the same bound per peer, so that nodes of one
 //!   configuration never meet it: its links (`schedule.rs` in
 //!   `pslite-van`) begin a new message to a peer only while the messages it
@@ -54,7 +72,10 @@
 //!   message goes on. Parts of one connection arrive in the order they were
 //!   sent, so what the receiver holds incomplete is always a subset of what
 //!   the sender has begun (unless a part was lost, which `PS_RESEND`
-//!   repairs).
+//!   repairs). The budget of all senders is not met either while at most
+//!   four peers send parts at once; more, each with its quarter begun
+//!   beyond its first message, can meet it, and then only `PS_RESEND`
+//!   brings the refused part again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -462,7 +483,10 @@ impl Reassembly {
         let (id, index, count, total, offset) = (p.id, p.index, p.count, p.total, p.offset);
         let len = data_bytes(&part) as u64;
         // Every part carries a byte (but the one part of an empty message).
-        if count == 0 || index >= count || total > self.max_message || u64::from(count) > total.max(1)
+        if count == 0
+            || index >= count
+            || total > self.max_message
+            || u64::from(count) > total.max(1)
         {
             return drop(format!(
                 "part {index} of {count} of message {id}, {total} bytes (at most {})",
@@ -535,7 +559,9 @@ impl Reassembly {
         // part comes), by doubling but never beyond the admitted total.
         let (at, end) = (offset as usize, (offset + len) as usize);
         if end > entry.buf.len() {
-            let want = end.max(entry.buf.capacity().saturating_mul(2)).min(total as usize);
+            let want = end
+                .max(entry.buf.capacity().saturating_mul(2))
+                .min(total as usize);
             if want > entry.buf.capacity()
                 && entry.buf.try_reserve_exact(want - entry.buf.len()).is_err()
             {

@@ -36,6 +36,16 @@ impl Core {
         self.parts.member.table().to_vec()
     }
 
+    /// What this node holds for its peers within `PS_HOLD_LIMIT`, in
+    /// bytes: the messages it holds and its incomplete messages in parts
+    /// (see [`crate::partition::Reassembly::held`]), and how many of those.
+    pub fn held_for_peers(&self) -> (u64, usize) {
+        (
+            self.holds.bytes() as u64 + self.parts.partition.held(),
+            self.parts.partition.incomplete(),
+        )
+    }
+
     /// Whether this node has joined the cluster.
     pub fn is_joined(&self) -> bool {
         self.parts.member.is_joined()
