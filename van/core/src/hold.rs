@@ -35,8 +35,9 @@
 //! are bounded too. What does not fit is refused and handed back; the
 //! holder drops it with a log line. The core's messages held before
 //! joining, for a map and from newcomers count in one budget with the
-//! incomplete messages in parts (`crate::partition`): everything the node
-//! holds for its peers, all senders together.
+//! incomplete messages in parts (`crate::partition`) and the scheduler's
+//! registrations (`crate::registration`): everything the node holds for
+//! its peers, all senders together.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -349,8 +350,9 @@ impl Holds {
     }
 
     /// What the node holds for peers beyond these messages (incomplete
-    /// messages in parts, [`crate::partition::Partitions::held`]): a
-    /// message is held only if it fits the budget with it.
+    /// messages in parts, [`crate::partition::Partitions::held`], and
+    /// registrations): a message is held only if it fits the budget with
+    /// it.
     pub fn set_held_elsewhere(&mut self, bytes: usize) {
         self.elsewhere = bytes;
     }

@@ -37,11 +37,12 @@ impl Core {
     }
 
     /// What this node holds for its peers within `PS_HOLD_LIMIT`, in
-    /// bytes: the messages it holds and its incomplete messages in parts
-    /// (see [`crate::partition::Reassembly::held`]), and how many of those.
+    /// bytes: the messages it holds, its incomplete messages in parts (see
+    /// [`crate::partition::Reassembly::held`]) and registrations; and how
+    /// many incomplete messages.
     pub fn held_for_peers(&self) -> (u64, usize) {
         (
-            self.holds.bytes() as u64 + self.parts.partition.held(),
+            self.held_by_kind().iter().sum::<usize>() as u64,
             self.parts.partition.incomplete(),
         )
     }

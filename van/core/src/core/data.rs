@@ -119,6 +119,17 @@ impl Core {
         self.reject(&msg, "its sender is not in the node table");
     }
 
+    /// What the node holds for its peers, in bytes, by kind: messages held
+    /// ([`crate::hold::Holds`]), incomplete messages in parts and (on the
+    /// scheduler) registrations: one budget, `PS_HOLD_LIMIT`, for them all.
+    pub(super) fn held_by_kind(&self) -> [usize; 3] {
+        [
+            self.holds.bytes(),
+            self.parts.partition.held() as usize,
+            self.parts.registrations.bytes(),
+        ]
+    }
+
     /// Whether `sender` is a member of this node's table other than this
     /// node (whose messages' identities are checked as they arrive).
     pub(super) fn is_peer(&self, sender: NodeId) -> bool {
@@ -137,8 +148,8 @@ impl Core {
     /// it (within the budget of everything held for peers).
     fn hold_newcomer(&mut self, msg: Message) {
         let sender = msg.meta.sender;
-        self.holds
-            .set_held_elsewhere(self.parts.partition.held() as usize);
+        let [_, parts, registrations] = self.held_by_kind();
+        self.holds.set_held_elsewhere(parts + registrations);
         match self.holds.hold(Reason::Newcomer, msg) {
             Ok(()) => debug!("holding data from node {sender} until the next table names it"),
             Err(refused) => self.reject(
@@ -180,8 +191,8 @@ impl Core {
             self.reject(&msg, "its sender's id cannot be a member of this cluster");
             return;
         }
-        self.holds
-            .set_held_elsewhere(self.parts.partition.held() as usize);
+        let [_, parts, registrations] = self.held_by_kind();
+        self.holds.set_held_elsewhere(parts + registrations);
         if let Err(refused) = self.holds.hold(reason, msg) {
             self.reject(
                 &refused.item,

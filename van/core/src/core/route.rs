@@ -95,9 +95,10 @@ impl Core {
             // for peers: dropped before it is acknowledged, so that under
             // PS_RESEND it comes again once there is room. (Anyone else's
             // part is held or dropped by `Core::data_part`.)
+            let [holds, _, registrations] = self.held_by_kind();
             self.parts
                 .partition
-                .set_held_elsewhere(self.holds.bytes() as u64);
+                .set_held_elsewhere((holds + registrations) as u64);
             if let Some(refused) = self.parts.partition.refuses(&msg) {
                 self.counters.dropped(DropReason::HoldLimit);
                 self.dropped.log((sender, "PS_HOLD_LIMIT"), || {
@@ -168,6 +169,8 @@ impl Core {
             // Never obeyed from the wire: a node stops itself in-process.
             Command::Terminate => self.drop_logged(sender, "TERMINATE", "nodes stop themselves"),
             Command::AddNode if is_scheduler && sender == K_EMPTY => {
+                let [holds, parts, _] = self.held_by_kind();
+                self.parts.registrations.set_held_elsewhere(holds + parts);
                 self.to(Part::Registrations, msg, now)
             }
             Command::AddNode if is_scheduler && self.refuses_cxx_node(&msg) => {}
