@@ -17,7 +17,8 @@
 //! `onebit`) workers ask for compressed pushes: against pslite servers the
 //! sums are then no longer exact; against C++ servers, which cannot read
 //! compressed values, they are (the worker logs that it sends them as
-//! they are).
+//! they are). With `KV_APP_PRIORITY` the workers' requests carry that
+//! priority (non-zero: large ones go in parts).
 
 use std::process::ExitCode;
 

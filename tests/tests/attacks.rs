@@ -323,3 +323,219 @@ fn forged_registrations_before_the_nodes_start_are_refused() {
         "{sched}"
     );
 }
+
+/// The sum of the series of metric `name` whose labels contain every one
+/// of `labels`, in a Prometheus text page.
+fn metric_sum(page: &str, name: &str, labels: &[&str]) -> u64 {
+    page.lines()
+        .filter(|l| l.starts_with(name) && l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The server's metrics page, if it answers within a second.
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.0 200 OK").then_some(out)
+}
+
+/// A part of message `id` (`total` bytes, parts of `part` bytes): part
+/// `index`, as pslite's links send it.
+fn forged_part(id: u64, index: u32, total: u64, part: usize) -> Message {
+    let mut msg = junk(0, part);
+    msg.meta.priority = -1;
+    let offset = u64::from(index) * part as u64;
+    msg.meta.partition = Some(Box::new(pslite::proto::partition::Partition {
+        id,
+        index,
+        count: total.div_ceil(part as u64) as u32,
+        total,
+        offset,
+        frames: if index == 0 { vec![total] } else { Vec::new() },
+    }));
+    msg
+}
+
+/// Issue 43's attack on parts, scaled to run in seconds: with no
+/// `PS_AUTH_TOKEN`, made-up identities send a joined server all but the
+/// last part of 64 MiB messages (6 of them) and part 0 of 2 GiB ones (20),
+/// 398 MiB in all, with `PS_HOLD_LIMIT` 16 MiB. The server holds nothing for
+/// them (parts are taken only from members, through the identity the node
+/// table names): its resident and virtual memory stay within the budget
+/// and a margin of what they were, and the job then runs exact, its
+/// workers' requests in parts (`KV_APP_PRIORITY`), none refused for room
+/// (nodes of one configuration never meet the bound).
+#[test]
+fn strangers_cannot_pin_memory_through_parts() {
+    const MIB: u64 = 1 << 20;
+    let port = free_port();
+    let server_port = free_port();
+    let metrics_port = free_port();
+    let workers = two_ports();
+    let common = [
+        ("DMLC_NUM_SERVER", "1".to_string()),
+        ("PS_HOLD_LIMIT", (16 * MIB).to_string()),
+        ("PS_PARTITION_BYTES", (64 << 10).to_string()),
+        ("PS_SHM", "0".to_string()),
+        ("KV_APP_KEYS", "100000".to_string()),
+        ("KV_APP_REPEAT", "20".to_string()),
+        ("KV_APP_PRIORITY", "-1".to_string()),
+    ];
+    let with = |extra: &[(&'static str, String)]| {
+        let mut e = common.to_vec();
+        e.extend(extra.iter().cloned());
+        e
+    };
+    let scheduler = spawn(node_command("kv_app", &env("scheduler", port, &with(&[]))));
+    let server = spawn(node_command(
+        "kv_app",
+        &env(
+            "server",
+            port,
+            &with(&[
+                ("PORT", server_port.to_string()),
+                ("PS_METRICS_PORT", metrics_port.to_string()),
+            ]),
+        ),
+    ));
+    let mut workers: Vec<Spawned> = [workers.0, workers.1]
+        .into_iter()
+        .map(|w| {
+            spawn_with_stdin(node_command(
+                "kv_app",
+                &env("worker", port, &with(&[("PORT", w.to_string())])),
+            ))
+        })
+        .collect();
+    for w in &workers {
+        w.wait_for_line("ready", Duration::from_secs(60))
+            .expect("the cluster did not form");
+    }
+    let pid = server.pid();
+    let before = (rss_mib(pid), proc_status_mib(pid, "VmSize:"));
+    let dropped = |page: &str| {
+        metric_sum(
+            page,
+            "pslite_dropped_total",
+            &["role=\"server\"", "reason=\"unknown_peer\""],
+        )
+    };
+    let dropped_before = scrape(metrics_port).map_or(0, |p| dropped(&p));
+    // The attack: 6 x 63 parts of 1 MiB, and 20 first parts of 2 GiB - 1.
+    let part = 1 << 20;
+    let mut sent = 0u64;
+    let attackers: Vec<Attacker> = (0..6)
+        .map(|i| {
+            let a = Attacker::new(Some(&format!("ps{}", 13 + 2 * i)), server_port);
+            for index in 0..63 {
+                a.send(&forged_part(7, index, 64 * MIB, part));
+                sent += 1;
+            }
+            a
+        })
+        .collect();
+    let mut identities: Vec<Option<String>> =
+        (0..18).map(|i| Some(format!("ps{}", 101 + i))).collect();
+    identities.push(Some("ps9".into())); // a member's id without its key
+    identities.push(None);
+    let others: Vec<Attacker> = identities
+        .iter()
+        .map(|id| {
+            let a = Attacker::new(id.as_deref(), server_port);
+            a.send(&forged_part(8, 0, (2 << 30) - 1, part));
+            sent += 1;
+            a
+        })
+        .collect();
+    // Wait until the server has read and dropped every forged part.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = 0;
+    while Instant::now() < deadline {
+        if let Some(p) = scrape(metrics_port) {
+            seen = dropped(&p).saturating_sub(dropped_before);
+        }
+        if seen >= sent {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = (rss_mib(pid), proc_status_mib(pid, "VmSize:"));
+    drop((attackers, others));
+    eprintln!(
+        "{sent} forged parts ({seen} dropped as from unknown peers): server resident {} -> {} \
+         MiB, virtual {} -> {} MiB (peak resident {} MiB)",
+        before.0,
+        after.0,
+        before.1,
+        after.1,
+        proc_status_mib(pid, "VmHWM:")
+    );
+    assert!(
+        seen >= sent,
+        "the server dropped {seen} of {sent} forged parts"
+    );
+    // PS_HOLD_LIMIT (16 MiB) and a margin for the allocator and ZeroMQ.
+    assert!(
+        after.0 <= before.0 + 16 + 48,
+        "the server went from {} to {} MiB resident",
+        before.0,
+        after.0
+    );
+    assert!(
+        after.1 <= before.1 + 1024,
+        "the server went from {} to {} MiB virtual",
+        before.1,
+        after.1
+    );
+    // The job still runs, in parts: watch the server's counters meanwhile.
+    for w in &mut workers {
+        w.write_stdin("go\n");
+    }
+    let mut last = String::new();
+    let done = Instant::now() + Duration::from_secs(120);
+    let mut finished = [false, false];
+    while Instant::now() < done && !finished.iter().all(|&f| f) {
+        if let Some(p) = scrape(metrics_port) {
+            last = p;
+        }
+        for (w, f) in workers.iter().zip(&mut finished) {
+            *f = *f
+                || w.wait_for_line("sums exact", Duration::from_millis(10))
+                    .is_some();
+        }
+    }
+    let runs: Vec<_> = std::iter::once(scheduler)
+        .chain(std::iter::once(server))
+        .chain(workers)
+        .map(|p| p.wait(Duration::from_secs(120)))
+        .collect();
+    pslite_tests::assert_all_ok(&runs);
+    for run in &runs[2..] {
+        assert!(run.stdout.contains("sums exact"), "{}", run.output());
+    }
+    // 41 requests of 1.2 MB per worker, 19 parts each: far more messages
+    // than requests had arrived when last seen, and none refused for room.
+    let from_workers = metric_sum(
+        &last,
+        "pslite_messages_received_total",
+        &["role=\"server\"", "peer=\"9\""],
+    );
+    eprintln!("the server had received {from_workers} messages from worker 9 when last seen");
+    assert!(
+        from_workers >= 100,
+        "{from_workers} messages from worker 9: not in parts?\n{last}"
+    );
+    let refused = metric_sum(
+        &last,
+        "pslite_dropped_total",
+        &["role=\"server\"", "reason=\"hold_limit\""],
+    );
+    assert_eq!(refused, 0, "{last}");
+}

@@ -45,9 +45,13 @@ pub fn run(kv: &KVWorker<f32>, index: u64, num: usize, repeat: usize) -> Result<
         .map(|i| u64::MAX / num as u64 * i + index)
         .collect();
     let vals = values(index + 7, num);
+    // With KV_APP_PRIORITY (non-zero), requests carry that priority, so
+    // that large ones go in parts (PS_PARTITION_BYTES).
+    let priority = pslite::env_or("KV_APP_PRIORITY", 0i32, "a whole number")?;
+    let opts = || KVOptions::new().priority(priority);
     let mut in_flight = VecDeque::new();
     for _ in 0..repeat {
-        in_flight.push_back(kv.push(&keys, &vals, KVOptions::new())?);
+        in_flight.push_back(kv.push(&keys, &vals, opts())?);
         if in_flight.len() > 10 {
             if let Some(oldest) = in_flight.pop_front() {
                 oldest.wait()?;
@@ -57,10 +61,10 @@ pub fn run(kv: &KVWorker<f32>, index: u64, num: usize, repeat: usize) -> Result<
     for push in in_flight {
         push.wait()?;
     }
-    let pulled = kv.pull(&keys, KVOptions::new())?.take()?;
+    let pulled = kv.pull(&keys, opts())?.take()?;
     compare("pull", &pulled.vals, &vals, repeat as f32)?;
     for round in 1..=repeat {
-        let out = kv.push_pull(&keys, &vals, KVOptions::new())?.take()?;
+        let out = kv.push_pull(&keys, &vals, opts())?.take()?;
         compare("push_pull", &out.vals, &vals, (repeat + round) as f32)?;
     }
     Ok(())

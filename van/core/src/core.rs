@@ -203,7 +203,7 @@ impl Core {
         let parts = Parts {
             member,
             scheduler,
-            registrations: Registrations::default(),
+            registrations: Registrations::with_limit(cfg.hold_limit),
             store: Store::new(cfg, replies.clone()),
             replication: Replication::new(cfg, replica_ts),
             leave: Leave::default(),

@@ -35,8 +35,9 @@ pub enum DropReason {
     /// A duplicate of a message already delivered (resender).
     Duplicate,
     /// A part of a message that would begin beyond its sender's bound on
-    /// incomplete messages (`PS_HOLD_LIMIT / 4`; see `crate::partition`),
-    /// dropped before it was acknowledged.
+    /// incomplete messages (`PS_HOLD_LIMIT / 4`) or beyond the budget of
+    /// everything the node holds for peers (`PS_HOLD_LIMIT`; see
+    /// `crate::partition`), dropped before it was acknowledged.
     HoldLimit,
 }
 

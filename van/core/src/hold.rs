@@ -33,7 +33,11 @@
 //! one peer cannot use the budget up for the others. Every item counts
 //! [`HoldQueue::OVERHEAD`] bytes beyond its payload, so many empty messages
 //! are bounded too. What does not fit is refused and handed back; the
-//! holder drops it with a log line.
+//! holder drops it with a log line. The core's messages held before
+//! joining, for a map and from newcomers count in one budget with the
+//! incomplete messages in parts (`crate::partition`) and the scheduler's
+//! registrations (`crate::registration`): everything the node holds for
+//! its peers, all senders together.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -290,9 +294,10 @@ fn held_by_restore(out: &Output) -> bool {
 }
 
 /// The one place the core holds messages, each with its [`Reason`] (see
-/// the module docs). Messages held before joining and for a map share one
-/// budget (`PS_HOLD_LIMIT`, a quarter per sender), newcomers have their
-/// own, messages of newer maps are bounded in number, and what waits for a
+/// the module docs). Messages held before joining, for a map and from
+/// newcomers share one budget (`PS_HOLD_LIMIT`, a quarter per sender) with
+/// the incomplete messages in parts ([`Holds::set_held_elsewhere`]),
+/// messages of newer maps are bounded in number, and what waits for a
 /// restore in bytes.
 pub struct Holds {
     limit: usize,
@@ -314,6 +319,9 @@ pub struct Holds {
     parked: usize,
     restoring: bool,
     restoring_bytes: usize,
+    /// What the node holds for peers elsewhere (incomplete messages in
+    /// parts), as the core last said: it counts in the same budget.
+    elsewhere: usize,
 }
 
 impl Holds {
@@ -331,7 +339,22 @@ impl Holds {
             parked: 0,
             restoring: false,
             restoring_bytes: 0,
+            elsewhere: 0,
         }
+    }
+
+    /// Bytes of the messages held within the budget (joining, map-less and
+    /// newcomers', with their overheads).
+    pub fn bytes(&self) -> usize {
+        self.early.bytes() + self.newcomers.bytes()
+    }
+
+    /// What the node holds for peers beyond these messages (incomplete
+    /// messages in parts, [`crate::partition::Partitions::held`], and
+    /// registrations): a message is held only if it fits the budget with
+    /// it.
+    pub fn set_held_elsewhere(&mut self, bytes: usize) {
+        self.elsewhere = bytes;
     }
 
     /// Holds `msg` for `reason` (a message reason: not Room or Restoring);
@@ -341,6 +364,17 @@ impl Holds {
     // allocation for nothing: the caller drops it).
     #[allow(clippy::result_large_err)]
     pub fn hold(&mut self, reason: Reason, msg: Message) -> Result<(), Refused<Message>> {
+        if matches!(reason, Reason::Joining | Reason::NoMap | Reason::Newcomer) {
+            // One budget with everything else held for peers.
+            let needed = message_bytes(&msg).saturating_add(HoldQueue::<Message>::OVERHEAD);
+            let in_use = self.bytes().saturating_add(self.elsewhere);
+            if in_use.saturating_add(needed) > self.limit {
+                return Err(Refused {
+                    item: msg,
+                    why: Overflow::Total,
+                });
+            }
+        }
         match reason {
             Reason::Joining | Reason::NoMap => {
                 let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));

@@ -24,7 +24,16 @@
 //!   number (unique per sender and receiver), the part's index, the number
 //!   of parts, the total bytes and where the part's bytes start; part 0
 //!   also carries the whole meta and every frame's length.
-//! - The receiver copies each part's bytes into one buffer per message and
+//! - Parts are taken only from a member of the node table through the
+//!   identity (with the key) the table names for it: the core checks that
+//!   (`Core::data_part` in `core/data.rs`) before a part reaches
+//!   [`Reassembly`], holds one that came before this node joined, or from
+//!   an elastic newcomer, like any data message, and drops anyone else's as
+//!   from an unknown peer, so that no stranger makes this node hold
+//!   anything for a message.
+//! - The receiver copies each part's bytes into one buffer per message,
+//!   grown as parts arrive (to the furthest part's end, never beyond the
+//!   message's `total`: nothing is allocated for an announced size), and
 //!   hands the message on when every part arrived, its frames slices of
 //!   that buffer. Parts may arrive in any order and more than once (a
 //!   resend): a part seen before is ignored. Each part is acknowledged and
@@ -40,12 +49,21 @@
 //!   and together at most a quarter of `PS_HOLD_LIMIT` (64 MiB by default,
 //!   the share of one sender everywhere pslite holds data), and they are
 //!   at most [`MAX_PARTIAL_PER_SENDER`]; a sender's first incomplete
-//!   message is always admitted (up to `PS_MAX_MESSAGE_SIZE`), so one
-//!   message larger than the bound still goes. The first part of a message
-//!   beyond the bound is dropped before it is acknowledged
-//!   ([`DropReason::HoldLimit`], logged naming `PS_HOLD_LIMIT`): under
-//!   `PS_RESEND` its parts come again and are taken once the sender's
-//!   earlier messages completed, so nothing acknowledged is lost.
+//!   message is always admitted (up to `PS_MAX_MESSAGE_SIZE`, as a whole
+//!   message of that size would be), so one message larger than the bound
+//!   still goes.
+//! - **One budget for everything held for peers**: beyond its sender's
+//!   first, a message begins only if its `total` fits what is left of
+//!   `PS_HOLD_LIMIT` for all senders together ([`Reassembly::held`]: the
+//!   other incomplete messages, a first one counting the bytes arrived,
+//!   the others their `total`) with the messages the core holds
+//!   ([`Reassembly::set_held_elsewhere`]; they in turn are held only
+//!   within what is left). Both are checked on the announced `total`,
+//!   before anything is allocated. The first part of a message beyond
+//!   either is dropped before it is acknowledged
+//!   ([`DropReason::HoldLimit`], logged once per sender naming
+//!   `PS_HOLD_LIMIT`): under `PS_RESEND` its parts come again and are
+//!   taken once there is room, so nothing acknowledged is lost.
 //! - The sender keeps the same bound per peer, so that nodes of one
 //!   configuration never meet it: its links (`schedule.rs` in
 //!   `pslite-van`) begin a new message to a peer only while the messages it
@@ -54,7 +72,10 @@
 //!   message goes on. Parts of one connection arrive in the order they were
 //!   sent, so what the receiver holds incomplete is always a subset of what
 //!   the sender has begun (unless a part was lost, which `PS_RESEND`
-//!   repairs).
+//!   repairs). The budget of all senders is not met either while at most
+//!   four peers send parts at once; more, each with its quarter begun
+//!   beyond its first message, can meet it, and then only `PS_RESEND`
+//!   brings the refused part again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -96,6 +117,13 @@ impl PartialBound {
         PartialBound {
             bytes: (hold_limit / 4) as u64,
         }
+    }
+
+    /// The whole budget (`PS_HOLD_LIMIT`) this share is a quarter of: what
+    /// all senders' incomplete messages, with everything else the node
+    /// holds for peers, may count together.
+    pub fn hold_limit(&self) -> u64 {
+        self.bytes.saturating_mul(4)
     }
 
     /// Whether a new message of `total` bytes may begin while `open`
@@ -255,6 +283,18 @@ impl Partitions {
     pub fn incomplete(&self) -> usize {
         self.reassembly.incomplete()
     }
+
+    /// What the incomplete messages count in the budget of everything held
+    /// for peers ([`Reassembly::held`]).
+    pub fn held(&self) -> u64 {
+        self.reassembly.held()
+    }
+
+    /// What the node holds for peers elsewhere
+    /// ([`Reassembly::set_held_elsewhere`]).
+    pub fn set_held_elsewhere(&mut self, bytes: u64) {
+        self.reassembly.set_held_elsewhere(bytes);
+    }
 }
 
 impl Component for Partitions {
@@ -321,25 +361,6 @@ fn routing(meta: &Meta) -> Meta {
     }
 }
 
-/// `n` zero bytes, or `None` if they cannot be allocated. Large buffers
-/// come zeroed from the kernel, page by page as they are written (calloc),
-/// not cleared up front.
-fn zeroed(n: usize) -> Option<Vec<u8>> {
-    if n == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: `ptr` was allocated by the global allocator with the layout
-    // of `n` bytes (what a Vec<u8> of capacity `n` uses), and its `n` bytes
-    // are initialised (zeroed).
-    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
-}
-
 /// A message some of whose parts arrived.
 #[derive(Debug)]
 struct Partial {
@@ -347,10 +368,31 @@ struct Partial {
     total: u64,
     /// Part 0's meta and frame lengths, once it arrived.
     head: Option<(Meta, Vec<u64>)>,
-    got: Vec<bool>,
+    /// Which parts arrived, a bit each, grown to the highest index seen
+    /// (not allocated for the announced count up front).
+    got: Vec<u64>,
     missing: u32,
+    /// The bytes so far: it grows as parts arrive (never allocated at the
+    /// announced size up front), at most to `total`.
     buf: Vec<u8>,
+    /// Data bytes of the parts arrived.
+    received: u64,
+    /// Admitted as its sender's only incomplete message (see
+    /// [`PartialBound`]): it counts in the budget by the bytes received,
+    /// the others by their whole `total` from their first part on.
+    first: bool,
     last: Instant,
+}
+
+impl Partial {
+    /// What it counts in the budget of everything held for peers.
+    fn held(&self) -> u64 {
+        if self.first {
+            self.received
+        } else {
+            self.total
+        }
+    }
 }
 
 /// Why a part was dropped.
@@ -388,6 +430,12 @@ pub struct Reassembly {
     /// Per sender: its incomplete messages and the bytes they claim.
     claims: HashMap<NodeId, (usize, u64)>,
     bound: PartialBound,
+    /// What the incomplete messages of all senders count in the budget
+    /// ([`Partial::held`]).
+    held: u64,
+    /// What the node holds for peers elsewhere (its held messages), as the
+    /// core last said ([`Reassembly::set_held_elsewhere`]).
+    elsewhere: u64,
     /// Messages completed lately (a resend of one of their parts may still
     /// come), oldest first, at most [`MAX_DONE`].
     done: VecDeque<((NodeId, u64), Instant)>,
@@ -409,6 +457,8 @@ impl Reassembly {
             partial: HashMap::new(),
             claims: HashMap::new(),
             bound,
+            held: 0,
+            elsewhere: 0,
             done: VecDeque::new(),
             done_set: HashSet::new(),
             max_message,
@@ -432,7 +482,12 @@ impl Reassembly {
         };
         let (id, index, count, total, offset) = (p.id, p.index, p.count, p.total, p.offset);
         let len = data_bytes(&part) as u64;
-        if count == 0 || index >= count || total > self.max_message {
+        // Every part carries a byte (but the one part of an empty message).
+        if count == 0
+            || index >= count
+            || total > self.max_message
+            || u64::from(count) > total.max(1)
+        {
             return drop(format!(
                 "part {index} of {count} of message {id}, {total} bytes (at most {})",
                 self.max_message
@@ -460,21 +515,24 @@ impl Reassembly {
             if let Some(refused) = self.refuses(&part) {
                 return Accepted::Dropped(refused);
             }
-            let Some(buf) = zeroed(total as usize) else {
-                return drop(format!("message {id}: cannot allocate {total} bytes"));
-            };
+            let first = !self.claims.contains_key(&sender);
             self.partial.insert(
                 key,
                 Partial {
                     count,
                     total,
                     head: None,
-                    got: vec![false; count as usize],
+                    got: Vec::new(),
                     missing: count,
-                    buf,
+                    buf: Vec::new(),
+                    received: 0,
+                    first,
                     last: now,
                 },
             );
+            if !first {
+                self.held += total;
+            }
             let claim = self.claims.entry(sender).or_default();
             claim.0 += 1;
             claim.1 += total;
@@ -489,15 +547,38 @@ impl Reassembly {
                 entry.count, entry.total
             ));
         }
-        if entry.got[index as usize] {
+        let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
+        if entry.got.get(word).is_some_and(|w| w & bit != 0) {
             return Accepted::Pending; // a resend of a part already here
         }
-        let mut at = offset as usize;
+        if word >= entry.got.len() {
+            entry.got.resize(word + 1, 0);
+        }
+        // The buffer grows to the part's end (a part of a later offset
+        // first, as after a lost part, fills the gap with zeros until its
+        // part comes), by doubling but never beyond the admitted total.
+        let (at, end) = (offset as usize, (offset + len) as usize);
+        if end > entry.buf.len() {
+            let want = end
+                .max(entry.buf.capacity().saturating_mul(2))
+                .min(total as usize);
+            if want > entry.buf.capacity()
+                && entry.buf.try_reserve_exact(want - entry.buf.len()).is_err()
+            {
+                return drop(format!("message {id}: cannot allocate {want} bytes"));
+            }
+            entry.buf.resize(end, 0);
+        }
+        let mut at = at;
         for frame in &part.data {
             entry.buf[at..at + frame.len()].copy_from_slice(frame);
             at += frame.len();
         }
-        entry.got[index as usize] = true;
+        entry.got[word] |= bit;
+        entry.received += len;
+        if entry.first {
+            self.held += len;
+        }
         entry.missing -= 1;
         entry.last = now;
         if index == 0 {
@@ -524,7 +605,12 @@ impl Reassembly {
         meta.sender = sender;
         meta.recver = part.meta.recver;
         meta.sender_key = part.meta.sender_key;
-        let buf = Bytes::from(done.buf);
+        // Parts that overlap instead of covering the message leave its end
+        // unwritten: zeros, as the frames' lengths say (part 0 checked
+        // that they sum to `total`).
+        let mut buf = done.buf;
+        buf.resize(done.total as usize, 0);
+        let buf = Bytes::from(buf);
         let mut data = Vec::with_capacity(frames.len());
         let mut start = 0usize;
         for len in frames {
@@ -536,8 +622,13 @@ impl Reassembly {
     }
 
     /// Why `part` cannot be taken now for want of room: it would begin a
-    /// message of its sender beyond the [`PartialBound`] (a part of a
-    /// message begun or completed lately is never refused for room).
+    /// message of its sender beyond the [`PartialBound`], or, beyond the
+    /// sender's first incomplete message, beyond what is left of the budget
+    /// of everything this node holds for peers (`PS_HOLD_LIMIT`, all
+    /// senders together: [`Reassembly::held`] and what the core holds
+    /// elsewhere). Checked on the part's announced total, before anything
+    /// is allocated for it. A part of a message begun or completed lately
+    /// is never refused for room.
     pub fn refuses(&self, part: &Message) -> Option<Dropped> {
         let p = part.meta.partition.as_deref()?;
         let key = (part.meta.sender, p.id);
@@ -545,25 +636,52 @@ impl Reassembly {
             return None;
         }
         let (open, claimed) = self.claims.get(&key.0).copied().unwrap_or_default();
-        if self.bound.admits(open, claimed, p.total) {
+        let budget = self.bound.hold_limit();
+        let in_use = self.held.saturating_add(self.elsewhere);
+        let why = if !self.bound.admits(open, claimed, p.total) {
+            format!(
+                "message {} of {} bytes would begin beyond the bound on one sender's incomplete \
+                 messages ({open} of {claimed} bytes incomplete; at most {} messages and \
+                 PS_HOLD_LIMIT / 4 = {} bytes)",
+                p.id, p.total, MAX_PARTIAL_PER_SENDER, self.bound.bytes
+            )
+        } else if open > 0 && in_use.saturating_add(p.total) > budget {
+            format!(
+                "message {} of {} bytes would pass the budget of everything this node holds for \
+                 its peers (PS_HOLD_LIMIT = {budget} bytes, {in_use} in use)",
+                p.id, p.total
+            )
+        } else {
             return None;
-        }
+        };
         Some(Dropped {
             sender: key.0,
             why: format!(
-                "message {} of {} bytes would begin beyond the bound on one sender's incomplete \
-                 messages ({open} of {claimed} bytes incomplete; at most {} messages and \
-                 PS_HOLD_LIMIT / 4 = {} bytes): it is taken once they completed (its parts \
-                 come again under PS_RESEND)",
-                p.id, p.total, MAX_PARTIAL_PER_SENDER, self.bound.bytes
+                "{why}: it is taken once there is room (its parts come again under PS_RESEND)"
             ),
             reason: DropReason::HoldLimit,
         })
     }
 
+    /// What the incomplete messages of all senders count in the budget of
+    /// everything held for peers: their whole announced size, except each
+    /// sender's first (admitted whatever its size, as a whole message of
+    /// that size would be), which counts the bytes arrived.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// What the node holds for peers beyond its incomplete messages (its
+    /// held messages, [`crate::hold::Holds::bytes`]): it counts in the
+    /// same budget.
+    pub fn set_held_elsewhere(&mut self, bytes: u64) {
+        self.elsewhere = bytes;
+    }
+
     /// Takes message `key` out of the incomplete ones.
     fn remove(&mut self, key: (NodeId, u64)) -> Option<Partial> {
         let p = self.partial.remove(&key)?;
+        self.held = self.held.saturating_sub(p.held());
         release(&mut self.claims, key.0, p.total);
         Some(p)
     }
@@ -591,10 +709,11 @@ impl Reassembly {
             self.done_set.remove(&key);
         }
         let mut dropped = Vec::new();
-        let claims = &mut self.claims;
+        let (claims, held) = (&mut self.claims, &mut self.held);
         self.partial.retain(|&(sender, id), p| {
             let keep = now < p.last + idle;
             if !keep {
+                *held = held.saturating_sub(p.held());
                 release(claims, sender, p.total);
                 dropped.push(Dropped {
                     sender,
@@ -615,7 +734,13 @@ impl Reassembly {
     /// Forgets node `id`'s incomplete messages (it died, or a new process
     /// took its id).
     pub fn forget(&mut self, id: NodeId) {
-        self.partial.retain(|&(sender, _), _| sender != id);
+        let held = &mut self.held;
+        self.partial.retain(|&(sender, _), p| {
+            if sender == id {
+                *held = held.saturating_sub(p.held());
+            }
+            sender != id
+        });
         self.claims.remove(&id);
         self.done.retain(|&((sender, _), _)| sender != id);
         self.done_set.retain(|&(sender, _)| sender != id);

@@ -23,7 +23,9 @@
 //! wait in line ([`Offered::Queued`], up to [`MAX_QUEUED`]) and their check
 //! starts when one ends ([`Registrations::start_queued`]), its deadline
 //! counted from then: a thousand nodes registering within a second all get
-//! in.
+//! in. What the registrations held take counts in the budget of everything
+//! the node holds for peers (`PS_HOLD_LIMIT`, [`registration_bytes`]): one
+//! beyond it is refused at once.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -93,25 +95,77 @@ pub struct Registrations {
     refused: Vec<String>,
     /// Refused registration addresses logged at warning level.
     logged: HashSet<String>,
+    /// Bytes of the registrations held (see [`registration_bytes`]).
+    bytes: usize,
+    /// The budget of everything the node holds for peers (`PS_HOLD_LIMIT`;
+    /// `None`: no bound) and what it holds elsewhere, as the core last said.
+    limit: Option<usize>,
+    elsewhere: usize,
+}
+
+/// What a held registration counts in the budget of everything held for
+/// peers: its data and body, its node entries and a fixed overhead.
+pub fn registration_bytes(msg: &Message) -> usize {
+    let nodes: usize = msg
+        .meta
+        .control
+        .node
+        .iter()
+        .map(|n| 64 + n.hostname.len())
+        .sum();
+    crate::hold::message_bytes(msg) + nodes + crate::hold::HoldQueue::<()>::OVERHEAD
 }
 
 impl Registrations {
+    /// Registrations held within `limit` bytes (`PS_HOLD_LIMIT`) together
+    /// with what the node holds elsewhere
+    /// ([`Registrations::set_held_elsewhere`]).
+    pub fn with_limit(limit: usize) -> Registrations {
+        Registrations {
+            limit: Some(limit),
+            ..Registrations::default()
+        }
+    }
+
+    /// What the node holds for peers beyond the registrations: they are
+    /// held only within what is left of the budget.
+    pub fn set_held_elsewhere(&mut self, bytes: usize) {
+        self.elsewhere = bytes;
+    }
+
+    /// Bytes of the registrations held ([`registration_bytes`]).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Takes registration `msg` (an ADD_NODE naming `node`) at `now`.
     pub fn offer(&mut self, msg: Message, node: &Node, now: Instant) -> Offered {
+        let size = registration_bytes(&msg);
+        let in_use = self.bytes.saturating_add(self.elsewhere);
+        if self.limit.is_some_and(|l| in_use.saturating_add(size) > l) {
+            return Offered::Refused(format!(
+                "holding its {size} bytes would pass the budget of everything the scheduler \
+                 holds for peers (PS_HOLD_LIMIT, {in_use} bytes in use)"
+            ));
+        }
         if let Some(check) = self.checks.iter_mut().find(|c| c.node.same_process(node)) {
             if check.held.len() < MAX_HELD {
                 check.held.push(msg);
+                self.bytes += size;
             }
             return Offered::Held;
         }
         if let Some(check) = self.queued.iter_mut().find(|c| c.node.same_process(node)) {
             if check.held.len() < MAX_HELD {
                 check.held.push(msg);
+                self.bytes += size;
             }
             return Offered::Queued;
         }
+        self.bytes += size;
         if self.checks.len() >= MAX_CHECKS {
             if self.queued.len() >= MAX_QUEUED {
+                self.bytes -= size;
                 return Offered::Refused(format!(
                     "{MAX_CHECKS} registrations are being checked and {MAX_QUEUED} more wait"
                 ));
@@ -171,9 +225,19 @@ impl Registrations {
     /// The check's connection is up: its registrations count.
     pub fn link_up(&mut self, link: NodeId) -> Vec<Message> {
         match self.checks.iter().position(|c| c.link == link) {
-            Some(i) => self.checks.remove(i).held,
+            Some(i) => {
+                let check = self.checks.remove(i);
+                self.release(check).held
+            }
             None => Vec::new(),
         }
+    }
+
+    /// Takes an ended check's registrations off the bytes held.
+    fn release(&mut self, check: Check) -> Check {
+        let held: usize = check.held.iter().map(registration_bytes).sum();
+        self.bytes = self.bytes.saturating_sub(held);
+        check
     }
 
     /// The check's address refused the handshake: its registrations are
@@ -181,6 +245,7 @@ impl Registrations {
     pub fn link_refused(&mut self, link: NodeId, why: &str) -> Option<(Node, String)> {
         let i = self.checks.iter().position(|c| c.link == link)?;
         let check = self.checks.remove(i);
+        let check = self.release(check);
         let why = why.to_string();
         self.remember(&check.node, &why);
         Some((check.node, why))
@@ -195,6 +260,7 @@ impl Registrations {
         self.checks = keep;
         late.into_iter()
             .map(|c| {
+                let c = self.release(c);
                 let why = format!(
                     "nothing at {} completed a ZeroMQ handshake within {:.1} s",
                     c.node.address(),
@@ -324,6 +390,43 @@ mod tests {
         assert_eq!(r.link_up(target.id).len(), 2);
         assert!(!r.is_check(target.id));
         assert!(r.refused().is_empty());
+    }
+
+    /// Registrations held count in the budget of everything held for
+    /// peers, with what the node holds elsewhere: one beyond it is refused
+    /// at once, and an ended check gives its bytes back.
+    #[test]
+    fn registrations_held_stay_within_the_budget() {
+        let (msg, _) = reg(9100);
+        let size = registration_bytes(&msg);
+        let mut r = Registrations::with_limit(3 * size);
+        let now = Instant::now();
+        let mut links = Vec::new();
+        for port in 9100..9103 {
+            let (msg, node) = reg(port);
+            let Offered::Check(target) = r.offer(msg, &node, now) else {
+                panic!("expected a check");
+            };
+            links.push(target.id);
+        }
+        assert_eq!(r.bytes(), 3 * size);
+        let (mut big, node) = reg(9103);
+        big.data = vec![vec![0u8; 1 << 20].into()];
+        let Offered::Refused(why) = r.offer(big, &node, now) else {
+            panic!("beyond the budget");
+        };
+        assert!(why.contains("PS_HOLD_LIMIT"), "{why}");
+        assert_eq!(r.link_up(links[0]).len(), 1);
+        assert_eq!(r.bytes(), 2 * size);
+        r.set_held_elsewhere(size);
+        let (msg, node) = reg(9104);
+        assert!(matches!(r.offer(msg, &node, now), Offered::Refused(_)));
+        r.set_held_elsewhere(0);
+        let (msg, node) = reg(9104);
+        assert!(matches!(r.offer(msg, &node, now), Offered::Check(_)));
+        assert!(r.link_refused(links[1], "no").is_some());
+        assert_eq!(r.tick(now + MAX_CHECK).len(), 2);
+        assert_eq!(r.bytes(), 0);
     }
 
     #[test]

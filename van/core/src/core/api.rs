@@ -36,6 +36,17 @@ impl Core {
         self.parts.member.table().to_vec()
     }
 
+    /// What this node holds for its peers within `PS_HOLD_LIMIT`, in
+    /// bytes: the messages it holds, its incomplete messages in parts (see
+    /// [`crate::partition::Reassembly::held`]) and registrations; and how
+    /// many incomplete messages.
+    pub fn held_for_peers(&self) -> (u64, usize) {
+        (
+            self.held_by_kind().iter().sum::<usize>() as u64,
+            self.parts.partition.incomplete(),
+        )
+    }
+
     /// Whether this node has joined the cluster.
     pub fn is_joined(&self) -> bool {
         self.parts.member.is_joined()

@@ -2,7 +2,8 @@
 //! its sender may send it, waits if it came early (this node has no table
 //! yet, or an elastic newcomer's table is on its way), goes to replication
 //! if it carries a replication part, else is dropped with a log line once
-//! per sender and cause.
+//! per sender and cause. A part of a message cut into parts passes the
+//! same checks before it is reassembled ([`Core::data_part`]).
 
 use std::time::Instant;
 
@@ -43,20 +44,10 @@ impl Core {
             return;
         }
         if !self.parts.member.is_member(sender) {
-            let newcomer = self.cfg.elastic.is_some()
-                && self.cfg.role == Role::Server
-                && ids::role_of_id(sender) == Some(Role::Worker);
-            if !newcomer {
+            if self.is_newcomer(sender) {
+                self.hold_newcomer(msg);
+            } else {
                 self.reject(&msg, "its sender is not in the node table");
-                return;
-            }
-            match self.holds.hold(Reason::Newcomer, msg) {
-                Ok(()) => debug!("holding data from node {sender} until the next table names it"),
-                Err(refused) => self.reject(
-                    &refused.item,
-                    "its sender is not in the node table (and too much data from newcomers \
-                     waits: PS_HOLD_LIMIT)",
-                ),
             }
             return;
         }
@@ -96,6 +87,79 @@ impl Core {
         self.for_apps(Output::Deliver(msg), now);
     }
 
+    /// A part of a message cut into parts: reassembled only if it comes
+    /// from a member of the node table through the identity (with the key)
+    /// the table names for it, so that no stranger makes this node hold
+    /// anything for a message; held like data if it came before this node
+    /// joined or from an elastic newcomer (within `PS_HOLD_LIMIT`), else
+    /// dropped before anything is allocated for it.
+    pub(super) fn data_part(&mut self, msg: Message, now: Instant) {
+        let sender = msg.meta.sender;
+        if sender == K_EMPTY {
+            self.reject(&msg, "its sender has no ps<id> identity");
+            return;
+        }
+        if !self.is_joined() {
+            self.hold(Reason::Joining, msg);
+            return;
+        }
+        if self.is_peer(sender) && self.identity_matches(sender, msg.meta.sender_key) == Some(true)
+        {
+            self.to(Part::Partition, msg, now);
+            return;
+        }
+        if self.identity_matches(sender, msg.meta.sender_key) == Some(false) {
+            self.reject(&msg, "its identity lacks the key of its node's process");
+            return;
+        }
+        if self.is_newcomer(sender) {
+            self.hold_newcomer(msg);
+            return;
+        }
+        self.reject(&msg, "its sender is not in the node table");
+    }
+
+    /// What the node holds for its peers, in bytes, by kind: messages held
+    /// ([`crate::hold::Holds`]), incomplete messages in parts and (on the
+    /// scheduler) registrations: one budget, `PS_HOLD_LIMIT`, for them all.
+    pub(super) fn held_by_kind(&self) -> [usize; 3] {
+        [
+            self.holds.bytes(),
+            self.parts.partition.held() as usize,
+            self.parts.registrations.bytes(),
+        ]
+    }
+
+    /// Whether `sender` is a member of this node's table other than this
+    /// node (whose messages' identities are checked as they arrive).
+    pub(super) fn is_peer(&self, sender: NodeId) -> bool {
+        self.is_joined() && sender != self.me().id && self.parts.member.is_member(sender)
+    }
+
+    /// Elastic mode, on a server: whether a worker id the table does not
+    /// name yet may be a worker whose table is on its way.
+    fn is_newcomer(&self, sender: NodeId) -> bool {
+        self.cfg.elastic.is_some()
+            && self.cfg.role == Role::Server
+            && ids::role_of_id(sender) == Some(Role::Worker)
+    }
+
+    /// Holds what came from an elastic newcomer until the next table names
+    /// it (within the budget of everything held for peers).
+    fn hold_newcomer(&mut self, msg: Message) {
+        let sender = msg.meta.sender;
+        let [_, parts, registrations] = self.held_by_kind();
+        self.holds.set_held_elsewhere(parts + registrations);
+        match self.holds.hold(Reason::Newcomer, msg) {
+            Ok(()) => debug!("holding data from node {sender} until the next table names it"),
+            Err(refused) => self.reject(
+                &refused.item,
+                "its sender is not in the node table (and too much data from newcomers \
+                 waits: PS_HOLD_LIMIT)",
+            ),
+        }
+    }
+
     /// Why a member may not send `msg` to this node, given both roles.
     fn forbidden(&self, msg: &Message) -> Option<&'static str> {
         if msg.meta.simple_app {
@@ -127,6 +191,8 @@ impl Core {
             self.reject(&msg, "its sender's id cannot be a member of this cluster");
             return;
         }
+        let [_, parts, registrations] = self.held_by_kind();
+        self.holds.set_held_elsewhere(parts + registrations);
         if let Err(refused) = self.holds.hold(reason, msg) {
             self.reject(
                 &refused.item,

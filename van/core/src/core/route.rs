@@ -89,10 +89,16 @@ impl Core {
             debug!("dropping {} (PS_DROP_MSG)", crate::describe(&msg));
             return None;
         }
-        if msg.meta.control.is_empty() {
-            // A part whose message would begin beyond its sender's bound on
-            // incomplete messages: dropped before it is acknowledged, so
-            // that under PS_RESEND it comes again once there is room.
+        if msg.meta.partition.is_some() && msg.meta.control.is_empty() && self.is_peer(sender) {
+            // A member's part whose message would begin beyond its bound on
+            // incomplete messages, or beyond the budget of everything held
+            // for peers: dropped before it is acknowledged, so that under
+            // PS_RESEND it comes again once there is room. (Anyone else's
+            // part is held or dropped by `Core::data_part`.)
+            let [holds, _, registrations] = self.held_by_kind();
+            self.parts
+                .partition
+                .set_held_elsewhere((holds + registrations) as u64);
             if let Some(refused) = self.parts.partition.refuses(&msg) {
                 self.counters.dropped(DropReason::HoldLimit);
                 self.dropped.log((sender, "PS_HOLD_LIMIT"), || {
@@ -158,11 +164,13 @@ impl Core {
         match msg.meta.control.cmd {
             // A part of a message cut into parts (acknowledged on its own
             // above): the whole message comes back here once complete.
-            Command::Empty if msg.meta.partition.is_some() => self.to(Part::Partition, msg, now),
+            Command::Empty if msg.meta.partition.is_some() => self.data_part(msg, now),
             Command::Empty => self.data(msg, now),
             // Never obeyed from the wire: a node stops itself in-process.
             Command::Terminate => self.drop_logged(sender, "TERMINATE", "nodes stop themselves"),
             Command::AddNode if is_scheduler && sender == K_EMPTY => {
+                let [holds, parts, _] = self.held_by_kind();
+                self.parts.registrations.set_held_elsewhere(holds + parts);
                 self.to(Part::Registrations, msg, now)
             }
             Command::AddNode if is_scheduler && self.refuses_cxx_node(&msg) => {}

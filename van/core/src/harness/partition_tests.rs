@@ -273,3 +273,62 @@ fn a_message_larger_than_the_hold_limit_is_taken() {
     assert!(net.form(SECOND * 30));
     exchange_big(&mut net, 3, 25 * PART, SECOND * 120);
 }
+
+/// Parts from anyone but a member through the identity the node table
+/// names (issue 43): no ps<id> identity, an id no member has, a member's id
+/// without its key. However large the messages they announce, the server
+/// holds nothing for them (each dropped as from an unknown peer, before
+/// anything is allocated), and the members' large messages in parts still
+/// go through exact.
+#[test]
+fn strangers_parts_are_never_held() {
+    let mut net = Network::cluster(1, 2, parted(resend(50)), 48);
+    assert!(net.form(SECOND * 30));
+    let server = net.members(SERVER_GROUP)[0];
+    let worker = net.members(WORKER_GROUP)[0];
+    let (worker_id, worker_key) = (net.id(worker), net.key_of(net.id(worker)));
+    let strangers = [
+        (pslite_proto::K_EMPTY, None),
+        (13, None),
+        (1001, Some(7)),
+        (worker_id, None),
+        (worker_id, worker_key.map(|k| k ^ 1)),
+    ];
+    let before = net.nodes[server].core.counters().snapshot(net.now);
+    for (n, &(sender, key)) in strangers.iter().enumerate() {
+        for id in 0..20u64 {
+            // Part 0 of a 1 GiB message, and all but the last of a 64 KiB one.
+            let mut huge = big_request(&net, worker, server, 100 + id as i32, PART);
+            huge.meta.partition = Some(Box::new(pslite_proto::partition::Partition {
+                id: 1_000_000 + id + 100 * n as u64,
+                index: 0,
+                count: 1 << 18,
+                total: 1 << 30,
+                offset: 0,
+                frames: vec![4, (1 << 30) - 4],
+            }));
+            huge.data = vec![Bytes::from(vec![0u8; PART])];
+            let small = big_request(&net, worker, server, 200 + id as i32, 16 * PART);
+            let mut parts = crate::partition::Partitioner::new(PART, 5_000_000 + id).split(small);
+            parts.pop();
+            for mut m in std::iter::once(huge).chain(parts) {
+                m.meta.sender = sender;
+                m.meta.sender_key = key;
+                let now = net.now;
+                net.nodes[server].core.handle(m, now);
+                net.flush(server);
+            }
+        }
+    }
+    let c = net.nodes[server].core.counters().snapshot(net.now);
+    assert_eq!(net.nodes[server].core.held_for_peers(), (0, 0));
+    assert!(
+        c.dropped_unknown_peer >= before.dropped_unknown_peer + 5 * 20 * 17,
+        "{c:?}"
+    );
+    assert!(net.nodes[server].delivered.is_empty());
+    // The members' own messages in parts still go through, exact.
+    exchange_big(&mut net, 5, 10 * PART, SECOND * 60);
+    assert_eq!(net.nodes[server].core.held_for_peers(), (0, 0));
+    let _ = worker_key;
+}

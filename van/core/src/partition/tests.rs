@@ -410,3 +410,148 @@ fn the_bound_admits_the_first_message_and_counts_messages_too() {
     assert!(!bound.admits(MAX_PARTIAL_PER_SENDER, 0, 1));
     assert!(!bound.admits(1, u64::MAX, 1));
 }
+
+/// Part `index` of a message of `total` bytes in parts of 100, from
+/// `sender`, as it arrives: 100 bytes (fewer for the last), whatever
+/// `total` announces (no message of that size is made).
+fn part_of(sender: NodeId, id: u64, index: u32, total: u64) -> Message {
+    let count = total.div_ceil(100) as u32;
+    let offset = u64::from(index) * 100;
+    let len = (total - offset).min(100) as usize;
+    let mut m = message(&[len], index as u8);
+    m.meta.sender = sender;
+    m.meta.recver = 8;
+    m.meta.partition = Some(Box::new(Partition {
+        id,
+        index,
+        count,
+        total,
+        offset,
+        frames: if index == 0 { vec![total] } else { Vec::new() },
+    }));
+    m
+}
+
+fn dropped(a: Accepted) -> Dropped {
+    match a {
+        Accepted::Dropped(d) => d,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The attack of issue 43 in miniature: many senders each begin a message
+/// announcing 1 GiB and send one part; others begin messages they never
+/// finish. What they make the node hold is one budget (PS_HOLD_LIMIT) for
+/// all senders together, with what the node holds elsewhere: a sender's
+/// first incomplete message counts (and pins) the bytes arrived, never
+/// its announced size; any further one counts its whole size, checked
+/// before anything is allocated for it, and is refused beyond the budget.
+#[test]
+fn one_budget_holds_for_all_senders_together() {
+    // PS_HOLD_LIMIT 4000: a quarter (1000) per sender.
+    let bound = PartialBound::from_hold_limit(4000);
+    let mut r = Reassembly::new(1 << 31, bound, IDLE);
+    let now = Instant::now();
+    // Ten senders announce 1 GiB each and send part 0: 100 bytes each.
+    for sender in 20..30 {
+        let a = r.accept(part_of(sender, 1, 0, 1 << 30), now);
+        assert!(matches!(a, Accepted::Pending), "{a:?}");
+    }
+    assert_eq!((r.incomplete(), r.held()), (10, 1000));
+    for p in r.partial.values() {
+        assert!(p.buf.capacity() <= 100, "{}", p.buf.capacity());
+        assert!(p.got.len() <= 1);
+    }
+    // Ten more begin messages of 300 bytes: 1000 more.
+    for sender in 40..50 {
+        assert!(matches!(
+            r.accept(part_of(sender, 1, 0, 300), now),
+            Accepted::Pending
+        ));
+    }
+    assert_eq!(r.held(), 2000);
+    // Each of these begins a second one of 600 (within its own quarter):
+    // three fit the budget, the others are refused for it.
+    let mut refused = 0;
+    for sender in 40..50 {
+        match r.accept(part_of(sender, 2, 0, 600), now) {
+            Accepted::Pending => {}
+            Accepted::Dropped(d) => {
+                assert_eq!(d.reason, DropReason::HoldLimit);
+                assert!(d.why.contains("budget of everything"), "{}", d.why);
+                assert!(d.why.contains("PS_HOLD_LIMIT = 4000"), "{}", d.why);
+                refused += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(r.held() <= 4000, "{}", r.held());
+    }
+    assert_eq!((refused, r.held()), (7, 3800));
+    // What the node holds elsewhere counts too.
+    r.set_held_elsewhere(150);
+    let d = dropped(r.accept(part_of(45, 3, 0, 100), now));
+    assert_eq!(d.reason, DropReason::HoldLimit);
+    r.set_held_elsewhere(0);
+    // A sender's first message is still taken (a member's one message may
+    // be as large as a whole message may), counting what arrived.
+    assert!(matches!(
+        r.accept(part_of(60, 1, 0, 1 << 20), now),
+        Accepted::Pending
+    ));
+    assert_eq!(r.held(), 3900);
+    // More parts of the 1 GiB messages count as they arrive.
+    assert!(matches!(
+        r.accept(part_of(20, 1, 1, 1 << 30), now),
+        Accepted::Pending
+    ));
+    assert_eq!(r.held(), 4000);
+    // Senders forgotten (they died) or timed out give their share back, and
+    // a refused message, coming again, is taken.
+    for sender in 20..30 {
+        r.forget(sender);
+    }
+    assert_eq!(r.held(), 2900);
+    assert!(matches!(
+        r.accept(part_of(49, 2, 0, 600), now),
+        Accepted::Pending
+    ));
+    let open = r.incomplete();
+    assert_eq!(r.tick(now + IDLE).len(), open);
+    assert_eq!((r.incomplete(), r.held()), (0, 0));
+}
+
+/// A part far into a message announced huge allocates up to its own end
+/// (the gap zeroed), never the announced size; the count of parts must fit
+/// the bytes announced.
+#[test]
+fn buffers_grow_with_what_arrived() {
+    let mut r = Reassembly::new(1 << 31, WIDE, IDLE);
+    let now = Instant::now();
+    assert!(matches!(
+        r.accept(part_of(9, 1, 7, 1 << 31), now),
+        Accepted::Pending
+    ));
+    let p = r.partial.values().next().expect("begun");
+    assert_eq!(p.buf.len(), 800);
+    assert!(p.buf.capacity() < 4096, "{}", p.buf.capacity());
+    assert_eq!(r.held(), 100);
+    // Four billion parts of one byte each for a message of 1000 bytes.
+    let mut m = part_of(9, 2, 0, 1000);
+    if let Some(p) = m.meta.partition.as_deref_mut() {
+        p.count = u32::MAX;
+    }
+    assert_eq!(dropped(r.accept(m, now)).reason, DropReason::Malformed);
+    // A message whose parts overlap instead of covering it completes with
+    // its announced size (zeros where nothing arrived), never short.
+    let mut r = Reassembly::new(1 << 20, WIDE, IDLE);
+    let first = part_of(9, 3, 0, 200);
+    let mut second = part_of(9, 3, 1, 200);
+    if let Some(p) = second.meta.partition.as_deref_mut() {
+        p.offset = 0;
+    }
+    assert!(matches!(r.accept(first, now), Accepted::Pending));
+    match r.accept(second, now) {
+        Accepted::Complete(whole) => assert_eq!(whole.data[0].len(), 200),
+        other => panic!("{other:?}"),
+    }
+}
