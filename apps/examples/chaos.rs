@@ -145,7 +145,10 @@ fn pusher(po: &Postoffice) -> Result<(), Error> {
     let kv = KVWorker::<f64>::new(po, 0, 0)?;
     let keys = chaos_keys(po)?;
     let me = po.my_id()?;
-    println!("chaos pusher node {me} joined round {:?}", po.joined_round());
+    println!(
+        "chaos pusher node {me} joined round {:?}",
+        po.joined_round()
+    );
     history.line(format!(
         "{{\"node\":{me},\"keys\":{},\"t\":{}}}",
         keys.len(),

@@ -76,6 +76,11 @@ sh = links.sh
 SCHEDULER, SERVERS, READER = 0, (1, 2, 3), 4
 DEATH = re.compile(r"^(\S+)\s+WARN\s+scheduler: (?:node|worker) (\d+) is dead \((.*?)\)")
 NODE_LINE = re.compile(r"chaos (server|pusher|reader) node (\d+)")
+# The scheduler's info lines (RUST_LOG below) saying which address took an
+# id: how a death is traced to a process that never printed its id (killed
+# while it waited to be admitted).
+ASSIGNED = re.compile(r"^(\S+)\s+INFO\s+scheduler: (?:(?:server|worker) ([\d.]+):\d+ registered as node (\d+)"
+                      r"|([\d.]+):\d+ replaces node (\d+))")
 
 
 class Proc:
@@ -146,6 +151,7 @@ class Soak:
         self.restarts = []  # (time, slot)
         self.stopping = False
         self.stuck = []  # pushers that had not left when asked to
+        self.job_over = False  # the scheduler or the reader exited early
         self.exits = []  # (time, proc name, code, killed, last lines)
         hb = args.heartbeat_timeout
         self.env = {
@@ -179,6 +185,8 @@ class Soak:
                    DMLC_NODE_HOST=self.net.ip(slot))
         if role in ("pusher", "reader"):
             env["CHAOS_ROLE"] = role
+        if role == "scheduler":
+            env["RUST_LOG"] = "warn,pslite_van_core::scheduler=info"
         if role == "pusher":
             env["CHAOS_HISTORY"] = self.logs / f"history-{slot}-{gen}.jsonl"
         p = Proc(self.net, slot, role, gen, env, [self.binary], self.logs)
@@ -199,7 +207,7 @@ class Soak:
                 if not p.killed and code != 0:
                     log(f"[{self.t(now)}] {p.name} (node {p.node_id()}) exited with {code}: "
                         f"{p.tail(1)}")
-            if self.stopping and (slot not in SERVERS or code == 0):
+            if self.job_over or (self.stopping and (slot not in SERVERS or code == 0)):
                 continue
             if slot in SERVERS or slot in self.pushers:
                 # A server's replacement waits a moment so that the
@@ -209,7 +217,7 @@ class Soak:
         for when, slot in list(self.restarts):
             if when <= now:
                 self.restarts.remove((when, slot))
-                if self.stopping and slot not in SERVERS:
+                if self.job_over or (self.stopping and slot not in SERVERS):
                     continue
                 p = self.start(slot)
                 log(f"[{self.t(now)}] started {p.name} (replacement)")
@@ -353,6 +361,7 @@ class Soak:
             if not self.procs[SCHEDULER].alive() or not self.procs[READER].alive():
                 log(f"[{self.t(now)}] the {'scheduler' if not self.procs[SCHEDULER].alive() else 'reader'}"
                     f" exited: the job is over")
+                self.job_over = True
                 break
             if now >= next_fault:
                 self.inject(now)
@@ -364,7 +373,7 @@ class Soak:
             p.signal(signal.SIGCONT)
         log(f"[{self.t(self.nemesis_end)}] faults over ({len(self.faults)}), all healed; letting the job settle")
         # Replacements still starting must join before the pushers leave.
-        settle = time.time() + args.settle
+        settle = time.time() + (0 if self.job_over else args.settle)
         while time.time() < settle:
             self.reap(time.time())
             time.sleep(0.1)
@@ -375,13 +384,13 @@ class Soak:
         # A pusher leaves once its push and barrier return, each bounded by
         # CHAOS_WAIT_S; one still there after both is stuck: it is killed
         # (its last push counts as uncertain) so the reader can read.
-        leave_by = time.time() + 3 * args.wait_s + 10
+        leave_by = time.time() + (0 if self.job_over else 3 * args.wait_s + 10)
         while time.time() < leave_by and any(self.procs[s].alive() for s in self.pushers):
             self.reap(time.time())
             time.sleep(0.2)
         for s in self.pushers:
             p = self.procs[s]
-            if p.alive():
+            if p.alive() and not self.job_over:
                 self.stuck.append(p)
                 log(f"[{self.t(time.time())}] {p.name} (node {p.node_id()}) did not leave within "
                     f"{3 * args.wait_s + 10} s: killing it; last lines:\n{p.tail(3)}")
@@ -405,24 +414,50 @@ class Soak:
         """The faults that overlap [start, end]."""
         return [f for f in self.faults if f["start"] <= end and max(f["end"], f["start"]) >= start]
 
-    def describe(self, f):
-        return (f"fault {f['n']} {f['kind']} {f['proc']} (node {f['node']}) {f['detail']} "
-                f"at {self.t(f['start'])}")
+    def node_of(self, name):
+        """The node id of process `name`: printed, or (for one killed before
+        it printed it) the id the scheduler gave its address meanwhile."""
+        for p in self.history:
+            if p.name == name:
+                if p.node_id() is not None:
+                    return p.node_id()
+                end = p.end if p.end is not None else float("inf")
+                ids = [n for t, n, slot in self.assignments() if slot == p.slot and p.start - 1 <= t <= end]
+                return ids[-1] if ids else "?"
+        return "?"
 
-    def deaths(self):
-        """(time, node, why) of every 'node N is dead' of the schedulers."""
+    def describe(self, f):
+        node = f["node"] if f["node"] is not None else self.node_of(f["proc"])
+        return f"fault {f['n']} {f['kind']} {f['proc']} (node {node}) {f['detail']} at {self.t(f['start'])}"
+
+    def scheduler_lines(self, pattern):
+        """(time, match) of the scheduler's log lines that match."""
         out = []
         for p in self.history:
             if p.role != "scheduler":
                 continue
             for line in p.log.read_text(errors="replace").splitlines():
-                m = DEATH.match(line)
+                m = pattern.match(line)
                 if m:
                     try:
                         t = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
                     except ValueError:
                         continue
-                    out.append((t, int(m.group(2)), m.group(3)))
+                    out.append((t, m))
+        return out
+
+    def deaths(self):
+        """(time, node, why) of every 'node N is dead' of the scheduler."""
+        return [(t, int(m.group(2)), m.group(3)) for t, m in self.scheduler_lines(DEATH)]
+
+    def assignments(self):
+        """(time, node, slot) of every id the scheduler gave an address."""
+        by_ip = {self.net.ip(i): i for i in range(self.net.nodes)}
+        out = []
+        for t, m in self.scheduler_lines(ASSIGNED):
+            ip, node = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
+            if ip in by_ip:
+                out.append((t, int(node), by_ip[ip]))
         return out
 
     def explained(self, t, node):
@@ -431,6 +466,12 @@ class Soak:
         before."""
         window = self.args.heartbeat_timeout + 3
         procs = [p for p in self.history if p.node_id() == node and p.start <= t]
+        # The process of the slot that registered with this id last before t.
+        given = [(ta, slot) for ta, n, slot in self.assignments() if n == node and ta <= t]
+        if given:
+            ta, slot = max(given)
+            procs += [p for p in self.history if p.slot == slot and p.start <= ta + 1
+                      and (p.end is None or p.end >= ta - 1)]
         for p in procs:
             p.alive()
             if p.end is not None and p.end <= t + 1:
