@@ -428,6 +428,7 @@ class Soak:
 
     def describe(self, f):
         node = f["node"] if f["node"] is not None else self.node_of(f["proc"])
+        node = 1 if f["role"] == "scheduler" else node
         return f"fault {f['n']} {f['kind']} {f['proc']} (node {node}) {f['detail']} at {self.t(f['start'])}"
 
     def scheduler_lines(self, pattern):
@@ -459,6 +460,36 @@ class Soak:
             if ip in by_ip:
                 out.append((t, int(node), by_ip[ip]))
         return out
+
+    def slot_of(self, node, t):
+        """The slot whose process had id `node` at `t` (None: unknown)."""
+        given = [(ta, slot) for ta, n, slot in self.assignments() if n == node and ta <= t]
+        if given:
+            return max(given)[1]
+        slots = [p.slot for p in self.history if p.node_id() == node]
+        return slots[0] if slots else None
+
+    def likely(self, slot, t):
+        """The fault most likely behind a failure of `slot` at `t`: the latest
+        one shortly before on that slot, else on the scheduler, else on a
+        server (None: no such fault)."""
+        window = self.args.heartbeat_timeout + 10
+        recent = [f for f in self.faults if f["start"] <= t and max(f["end"], f["start"]) >= t - window]
+        for pick in (lambda f: f["slot"] == slot, lambda f: f["slot"] == SCHEDULER,
+                     lambda f: f["slot"] in SERVERS):
+            found = [f for f in recent if pick(f)]
+            if found:
+                return max(found, key=lambda f: f["start"])
+        return None
+
+    def cause(self, slot, t, tally, proc=None):
+        f = self.likely(slot, t)
+        key = f"{f['kind']} of the {f['role']}" if f else "no fault on it, the scheduler or a server"
+        if f and f["slot"] == slot and f["role"] == "pusher":
+            key = (f"{f['kind']} of that pusher" if proc in (None, f["proc"])
+                   else f"{f['kind']} of the pusher before it in that namespace")
+        tally[key] = tally.get(key, 0) + 1
+        return f"likely cause: {self.describe(f)}" if f else f"likely cause: none ({key})"
 
     def explained(self, t, node):
         """Whether a fault or an exit explains node `node` declared dead at
@@ -499,6 +530,7 @@ class Soak:
         deaths = [d for d in self.deaths() if d[0] <= self.stop_time]
         false = [d for d in deaths if not self.explained(d[0], d[1])]
         errors = [(t, h.path.name, e) for h in hs for t, e in h.errors]
+        error_causes, death_causes = {}, {}
         kinds = {}
         for f in self.faults:
             kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
@@ -513,22 +545,24 @@ class Soak:
         if errors:
             print(f"\n### Errors the pushers saw ({len(errors)})\n")
             for t, name, e in sorted(errors):
-                near = self.around(t - args.heartbeat_timeout - 5, t)
                 print(f"- {self.t(t)} {name}: {e}")
-                for f in near:
-                    print(f"    after {self.describe(f)}")
+                _, slot, gen = name.split(".")[0].split("-")
+                print(f"    {self.cause(int(slot), t, error_causes, f'pusher{slot}-{gen}')}")
         print(f"\n### Deaths declared by the scheduler ({len(deaths)}, {len(false)} not explained by a fault)\n")
         for t, node, why in deaths:
             tag = "FALSE" if (t, node, why) in false else "explained"
             print(f"- {self.t(t)} node {node} ({why}): {tag}")
             if tag == "FALSE":
-                for f in self.around(t - args.heartbeat_timeout - 5, t):
-                    print(f"    during/after {self.describe(f)}")
+                print(f"    {self.cause(self.slot_of(node, t), t, death_causes)}")
         print("\n### Longest times no pusher had a push acknowledged\n")
         for length, a, b in gaps[:3]:
             print(f"- {length:.1f} s from {self.t(a)} to {self.t(b)}")
             for f in self.around(a - args.heartbeat_timeout, b):
                 print(f"    {self.describe(f)}")
+        for title, tally in (("push errors", error_causes), ("false deaths", death_causes)):
+            if tally:
+                print(f"\n{title} by likely cause: "
+                      + "; ".join(f"{k}: {v}" for k, v in sorted(tally.items(), key=lambda kv: -kv[1])))
         if result:
             if result["bad"]:
                 print(f"\n### Keys that do not match the histories ({len(result['bad'])})\n")
