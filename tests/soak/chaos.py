@@ -469,21 +469,25 @@ class Soak:
         slots = [p.slot for p in self.history if p.node_id() == node]
         return slots[0] if slots else None
 
-    def likely(self, slot, t):
-        """The fault most likely behind a failure of `slot` at `t`: the latest
-        one shortly before on that slot, else on the scheduler, else on a
-        server (None: no such fault)."""
+    def likely(self, slot, t, began=None, proc=None):
+        """The fault most likely behind a failure of `slot` at `t` (of a
+        request that began at `began`): among the faults shortly before or
+        while it waited, on that process, else on that slot (its namespace),
+        else on the scheduler, else on a server, the most severe (a kill or a stop, then a cut, then a slow
+        link or loss), then the nearest to its beginning (None: none)."""
+        began = t if began is None else min(began, t)
         window = self.args.heartbeat_timeout + 10
-        recent = [f for f in self.faults if f["start"] <= t and max(f["end"], f["start"]) >= t - window]
-        for pick in (lambda f: f["slot"] == slot, lambda f: f["slot"] == SCHEDULER,
-                     lambda f: f["slot"] in SERVERS):
+        severity = {"kill": 0, "stop": 0, "cut": 1, "slow": 2, "loss": 2}
+        recent = [f for f in self.faults if f["start"] <= t and max(f["end"], f["start"]) >= began - window]
+        for pick in (lambda f: f["proc"] == proc, lambda f: f["slot"] == slot,
+                     lambda f: f["slot"] == SCHEDULER, lambda f: f["slot"] in SERVERS):
             found = [f for f in recent if pick(f)]
             if found:
-                return max(found, key=lambda f: f["start"])
+                return min(found, key=lambda f: (severity[f["kind"]], abs(f["start"] - began)))
         return None
 
-    def cause(self, slot, t, tally, proc=None):
-        f = self.likely(slot, t)
+    def cause(self, slot, t, tally, proc=None, began=None):
+        f = self.likely(slot, t, began, proc)
         key = f"{f['kind']} of the {f['role']}" if f else "no fault on it, the scheduler or a server"
         if f and f["slot"] == slot and f["role"] == "pusher":
             key = (f"{f['kind']} of that pusher" if proc in (None, f["proc"])
@@ -515,6 +519,12 @@ class Soak:
 
     def report(self, finished):
         args = self.args
+        # The nemesis's record, for reading the logs afterwards.
+        procs = [{"name": p.name, "slot": p.slot, "role": p.role, "pid": p.pid, "node": p.node_id(),
+                  "start": p.start, "end": p.end, "code": p.proc.returncode, "killed": p.killed}
+                 for p in self.history]
+        (self.logs / "timeline.json").write_text(json.dumps({"t0": self.t0, "faults": self.faults,
+                                                             "processes": procs}, indent=1))
         hs = self.histories()
         final = None
         if self.final_file.exists():
@@ -529,7 +539,7 @@ class Soak:
         gaps = check.stalls(acks, self.nemesis_start, self.nemesis_end)
         deaths = [d for d in self.deaths() if d[0] <= self.stop_time]
         false = [d for d in deaths if not self.explained(d[0], d[1])]
-        errors = [(t, h.path.name, e) for h in hs for t, e in h.errors]
+        errors = [(t, h.path.name, began, e) for h in hs for t, began, e in h.errors]
         error_causes, death_causes = {}, {}
         kinds = {}
         for f in self.faults:
@@ -544,10 +554,10 @@ class Soak:
               f"(failed or never answered): {result['pushes_uncertain'] if result else '-'}")
         if errors:
             print(f"\n### Errors the pushers saw ({len(errors)})\n")
-            for t, name, e in sorted(errors):
+            for t, name, began, e in sorted(errors):
                 print(f"- {self.t(t)} {name}: {e}")
                 _, slot, gen = name.split(".")[0].split("-")
-                print(f"    {self.cause(int(slot), t, error_causes, f'pusher{slot}-{gen}')}")
+                print(f"    {self.cause(int(slot), t, error_causes, f'pusher{slot}-{gen}', began)}")
         print(f"\n### Deaths declared by the scheduler ({len(deaths)}, {len(false)} not explained by a fault)\n")
         for t, node, why in deaths:
             tag = "FALSE" if (t, node, why) in false else "explained"

@@ -37,7 +37,7 @@ class History:
         self.keys = None
         self.invoked = {}  # id -> (seed, t)
         self.done = {}  # id -> (ok, t, err)
-        self.errors = []  # (t, err) of pushes and barriers that failed
+        self.errors = []  # (t, began, err) of pushes and barriers that failed
         self.left = None
         for line in self.path.read_text(errors="replace").splitlines():
             try:
@@ -51,9 +51,10 @@ class History:
             elif "ok" in rec:
                 self.done[rec["id"]] = (rec["ok"], rec["t"], rec.get("err"))
                 if not rec["ok"]:
-                    self.errors.append((rec["t"], rec.get("err", "")))
+                    began = self.invoked.get(rec["id"], (None, rec["t"]))[1]
+                    self.errors.append((rec["t"], began, rec.get("err", "")))
             elif "barrier" in rec:
-                self.errors.append((rec["t"], "barrier: " + rec.get("err", "")))
+                self.errors.append((rec["t"], rec["t"], "barrier: " + rec.get("err", "")))
             elif "left" in rec:
                 self.left = rec["t"]
 
