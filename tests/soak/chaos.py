@@ -461,14 +461,6 @@ class Soak:
                 out.append((t, int(node), by_ip[ip]))
         return out
 
-    def slot_of(self, node, t):
-        """The slot whose process had id `node` at `t` (None: unknown)."""
-        given = [(ta, slot) for ta, n, slot in self.assignments() if n == node and ta <= t]
-        if given:
-            return max(given)[1]
-        slots = [p.slot for p in self.history if p.node_id() == node]
-        return slots[0] if slots else None
-
     def likely(self, slot, t, began=None, proc=None):
         """The fault most likely behind a failure of `slot` at `t` (of a
         request that began at `began`): among the faults shortly before or
@@ -495,26 +487,36 @@ class Soak:
         tally[key] = tally.get(key, 0) + 1
         return f"likely cause: {self.describe(f)}" if f else f"likely cause: none ({key})"
 
-    def explained(self, t, node):
-        """Whether a fault or an exit explains node `node` declared dead at
-        `t`: its process had ended, or was stopped or cut off shortly
-        before."""
-        window = self.args.heartbeat_timeout + 3
-        procs = [p for p in self.history if p.node_id() == node and p.start <= t]
-        # The process of the slot that registered with this id last before t.
+    def holder(self, node, t):
+        """The process that had id `node` at `t`: the one the scheduler last
+        gave it to (a replacement server takes a dead one's id), else the
+        latest started of those that printed it."""
         given = [(ta, slot) for ta, n, slot in self.assignments() if n == node and ta <= t]
         if given:
             ta, slot = max(given)
-            procs += [p for p in self.history if p.slot == slot and p.start <= ta + 1
-                      and (p.end is None or p.end >= ta - 1)]
-        for p in procs:
-            p.alive()
-            if p.end is not None and p.end <= t + 1:
+            live = [p for p in self.history if p.slot == slot and p.start <= ta + 0.5
+                    and (p.end is None or p.end >= ta - 0.5)]
+            if live:
+                return max(live, key=lambda p: p.start)
+        printed = [p for p in self.history if p.node_id() == node and p.start <= t]
+        return max(printed, key=lambda p: p.start) if printed else None
+
+    def explained(self, t, node):
+        """Whether a fault or an exit explains node `node` declared dead at
+        `t`: its process had ended, or was stopped, or its namespace's link
+        was cut, shortly before."""
+        window = self.args.heartbeat_timeout + 3
+        p = self.holder(node, t)
+        if p is None:
+            return False
+        p.alive()
+        if p.end is not None and p.end <= t + 0.5:
+            return True
+        for f in self.faults:
+            ours = f["proc"] == p.name and f["kind"] in ("kill", "stop") \
+                or f["slot"] == p.slot and f["kind"] == "cut"
+            if ours and f["start"] <= t and max(f["end"], f["start"]) >= t - window:
                 return True
-            for f in self.faults:
-                if f["proc"] == p.name and f["kind"] in ("kill", "stop", "cut") \
-                        and f["start"] <= t and max(f["end"], f["start"]) >= t - window:
-                    return True
         return False
 
     def report(self, finished):
@@ -563,7 +565,8 @@ class Soak:
             tag = "FALSE" if (t, node, why) in false else "explained"
             print(f"- {self.t(t)} node {node} ({why}): {tag}")
             if tag == "FALSE":
-                print(f"    {self.cause(self.slot_of(node, t), t, death_causes)}")
+                h = self.holder(node, t)
+                print(f"    {self.cause(h.slot if h else None, t, death_causes, h.name if h else None)}")
         print("\n### Longest times no pusher had a push acknowledged\n")
         for length, a, b in gaps[:3]:
             print(f"- {length:.1f} s from {self.t(a)} to {self.t(b)}")
