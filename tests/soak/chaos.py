@@ -38,8 +38,13 @@ they happen, then
 
 (false_deaths: nodes the scheduler declared dead that were neither killed,
 exited, stopped nor cut off at the time; stalls_s: the longest time no
-pusher had a push acknowledged) and, for each failure, the faults around
-it. Exits 1 when an acknowledged update is lost, a push was applied twice,
+pusher had a push acknowledged; uncertain: pushes that failed or never
+returned; stuck_at_end: pushers that did not leave when asked and were
+killed), each push error and false death with its likely cause (the most
+severe fault shortly before or during it on that process, else its
+namespace, else the scheduler, else a server), and the faults around the
+longest stalls. The logs (kept on failure or with --keep-logs) hold every
+node's output, the histories and timeline.json (faults and processes). Exits 1 when an acknowledged update is lost, a push was applied twice,
 or the job did not finish (its nodes did not all exit 0 within
 `--finish-timeout`). Needs root (ip netns, tc, nft) and the release build
 of the example (`cargo build --release -p pslite --example chaos`).
@@ -78,9 +83,10 @@ DEATH = re.compile(r"^(\S+)\s+WARN\s+scheduler: (?:node|worker) (\d+) is dead \(
 NODE_LINE = re.compile(r"chaos (server|pusher|reader) node (\d+)")
 # The scheduler's info lines (RUST_LOG below) saying which address took an
 # id: how a death is traced to a process that never printed its id (killed
-# while it waited to be admitted).
-ASSIGNED = re.compile(r"^(\S+)\s+INFO\s+scheduler: (?:(?:server|worker) ([\d.]+):\d+ registered as node (\d+)"
-                      r"|([\d.]+):\d+ replaces node (\d+))")
+# while it waited to be admitted). Every process gets a port of its own
+# (PORT), so an address names one process.
+ASSIGNED = re.compile(r"^(\S+)\s+INFO\s+scheduler: (?:(?:server|worker) ([\d.]+:\d+) registered as node (\d+)"
+                      r"|([\d.]+:\d+) replaces node (\d+))")
 
 
 class Proc:
@@ -88,6 +94,7 @@ class Proc:
 
     def __init__(self, net, slot, role, gen, env, argv, logs):
         self.slot, self.role, self.gen = slot, role, gen
+        self.address = f"{env['DMLC_NODE_HOST']}:{env['PORT']}" if "PORT" in env else None
         self.name = f"{role}{slot}-{gen}"
         self.log = logs / f"{self.name}.log"
         full = ["ip", "netns", "exec", net.ns(slot), "env", "-i", f"PATH={os.environ.get('PATH', '')}"]
@@ -141,6 +148,7 @@ class Soak:
         self.final_file = logs / "final.json"
         self.pushers = list(range(READER + 1, READER + 1 + args.pushers))
         self.port = 9400 + os.getpid() % 500
+        self.next_port = 20000  # each server and worker process its own
         self.procs = {}  # slot -> current Proc
         self.history = []  # every Proc ever started
         self.gens = {}
@@ -183,6 +191,9 @@ class Soak:
         self.gens[slot] = gen
         env = dict(self.env, DMLC_ROLE="worker" if role in ("pusher", "reader") else role,
                    DMLC_NODE_HOST=self.net.ip(slot))
+        if role != "scheduler":
+            self.next_port += 1
+            env["PORT"] = self.next_port
         if role in ("pusher", "reader"):
             env["CHAOS_ROLE"] = role
         if role == "scheduler":
@@ -421,8 +432,7 @@ class Soak:
             if p.name == name:
                 if p.node_id() is not None:
                     return p.node_id()
-                end = p.end if p.end is not None else float("inf")
-                ids = [n for t, n, slot in self.assignments() if slot == p.slot and p.start - 1 <= t <= end]
+                ids = [n for _, n, q in self.assignments() if q is p]
                 return ids[-1] if ids else "?"
         return "?"
 
@@ -452,13 +462,13 @@ class Soak:
         return [(t, int(m.group(2)), m.group(3)) for t, m in self.scheduler_lines(DEATH)]
 
     def assignments(self):
-        """(time, node, slot) of every id the scheduler gave an address."""
-        by_ip = {self.net.ip(i): i for i in range(self.net.nodes)}
+        """(time, node, process) of every id the scheduler gave a process."""
+        by_address = {p.address: p for p in self.history if p.address}
         out = []
         for t, m in self.scheduler_lines(ASSIGNED):
-            ip, node = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
-            if ip in by_ip:
-                out.append((t, int(node), by_ip[ip]))
+            address, node = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
+            if address in by_address:
+                out.append((t, int(node), by_address[address]))
         return out
 
     def likely(self, slot, t, began=None, proc=None):
@@ -491,13 +501,9 @@ class Soak:
         """The process that had id `node` at `t`: the one the scheduler last
         gave it to (a replacement server takes a dead one's id), else the
         latest started of those that printed it."""
-        given = [(ta, slot) for ta, n, slot in self.assignments() if n == node and ta <= t]
+        given = [(ta, p) for ta, n, p in self.assignments() if n == node and ta <= t]
         if given:
-            ta, slot = max(given)
-            live = [p for p in self.history if p.slot == slot and p.start <= ta + 0.5
-                    and (p.end is None or p.end >= ta - 0.5)]
-            if live:
-                return max(live, key=lambda p: p.start)
+            return max(given, key=lambda g: g[0])[1]
         printed = [p for p in self.history if p.node_id() == node and p.start <= t]
         return max(printed, key=lambda p: p.start) if printed else None
 
