@@ -576,12 +576,12 @@ class Soak:
         print("\n### Longest times no pusher had a push acknowledged\n")
         for length, a, b in gaps[:3]:
             print(f"- {length:.1f} s from {self.t(a)} to {self.t(b)}")
-            # The pushes that waited through it (and returned): what the
-            # others' barrier waited for.
+            # The pushes that waited through most of it (and returned):
+            # what the others' barrier waited for.
             for h in hs:
                 for i, (_, began) in h.invoked.items():
                     ok, ended, err = h.done.get(i, (None, None, None))
-                    if ended is not None and began <= a + 0.5 and ended >= b - 0.5:
+                    if ended is not None and began <= a + 0.5 and ended >= (a + b) / 2:
                         _, slot, gen = h.path.stem.split("-")
                         how = "acknowledged" if ok else f"failed: {err}"
                         print(f"    push {i} of pusher{slot}-{gen} waited from {self.t(began)} to "
