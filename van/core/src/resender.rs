@@ -1,8 +1,14 @@
 //! The resender (`PS_RESEND=1`) as a state machine without I/O: it
 //! remembers every message sent until the receiver acknowledges it, says
-//! which to send again when their time is up (waiting twice as long after
-//! each try, up to 8 timeouts) and which to give up on, and recognises
-//! messages received twice.
+//! which to send again when their time is up and which to give up on, and
+//! recognises messages received twice.
+//!
+//! The first wait is the receiver's retransmission timeout, from the
+//! measured round trip ([`rtt`], as TCP's); each resend waits twice as long
+//! as the one before, up to 8 `PS_RESEND_TIMEOUT`s. A message is given up
+//! on after at least `max_tries` resends and no sooner than the fixed
+//! schedule of the timeout alone would (`PS_RESEND_TIMEOUT`, doubling up to
+//! 8 of them, `max_tries` times): resending sooner never fails sooner.
 //!
 //! Acknowledgements carry C++ ps-lite's signature,
 //! `app_id << 48 | sender << 40 | recver << 32 | timestamp << 1 | request`
@@ -28,6 +34,10 @@ use pslite_proto::{Command, Message, Meta, NodeId, Role, K_EMPTY};
 use crate::component::{Component, Cx};
 use crate::effects::{Event, Output};
 use crate::error::Failure;
+
+pub mod rtt;
+
+use rtt::Rtt;
 
 /// At most this many received signatures are remembered for de-duplication.
 pub const MAX_SEEN: usize = 1 << 20;
@@ -87,6 +97,9 @@ pub fn needs_ack(msg: &Message) -> bool {
 
 struct Pending {
     msg: Message,
+    /// When it was first sent: the round trip an ACK measures (Karn: only
+    /// while `tries` is 0), and when it may be given up on.
+    sent: Instant,
     next: Instant,
     tries: u32,
     /// Acknowledged, but a data request waits for its response: if its
@@ -127,8 +140,12 @@ pub struct Due {
 
 /// The resender's state for one node.
 pub struct Resender {
+    /// `PS_RESEND_TIMEOUT`: the first wait until a peer's round trip is
+    /// measured, and the longest first wait.
     timeout: Duration,
     max_tries: u32,
+    /// The round trip to each peer.
+    rtt: Rtt,
     /// Unacknowledged messages by (receiver, signature), oldest first.
     pending: BTreeMap<(NodeId, u64), VecDeque<Pending>>,
     /// Received (sender, signature, customer, command), with arrival order.
@@ -152,6 +169,7 @@ impl Resender {
         Resender {
             timeout,
             max_tries,
+            rtt: Rtt::new(timeout),
             pending: BTreeMap::new(),
             seen: HashSet::new(),
             seen_order: VecDeque::new(),
@@ -167,13 +185,35 @@ impl Resender {
         self.earliest
     }
 
-    /// How long a resend of a message can arrive after its first copy.
-    fn window(&self) -> Duration {
+    /// How long after its first copy a message may be given up on: the
+    /// fixed schedule of `PS_RESEND_TIMEOUT` alone.
+    fn patience(&self) -> Duration {
         let mut total = Duration::ZERO;
         for tries in 0..=self.max_tries {
             total += self.timeout * 2u32.pow(tries.min(MAX_BACKOFF.ilog2()));
         }
-        total * 2
+        total
+    }
+
+    /// How long a resend of a message can arrive after its first copy.
+    fn window(&self) -> Duration {
+        (self.patience() + self.timeout * MAX_BACKOFF) * 2
+    }
+
+    /// The wait after try `tries` (0: the first copy) of `msg`: its
+    /// receiver's retransmission timeout, doubled on each resend, at most
+    /// [`MAX_BACKOFF`] `PS_RESEND_TIMEOUT`s.
+    fn wait(rtt: &Rtt, timeout: Duration, msg: &Message, tries: u32) -> Duration {
+        let first = rtt.timeout(msg.meta.recver, msg.data_size());
+        first
+            .saturating_mul(2u32.saturating_pow(tries))
+            .min(timeout * MAX_BACKOFF)
+    }
+
+    /// The retransmission timeout of a small message to `peer` now (for
+    /// logs and tests).
+    pub fn rto(&self, peer: NodeId) -> Duration {
+        self.rtt.timeout(peer, 0)
     }
 
     /// Records a message just sent (with `sender` and `recver` set).
@@ -186,10 +226,11 @@ impl Resender {
             let whole = (msg.meta.recver, whole_signature(&msg.meta));
             self.parts.entry(whole).or_default().push(key.1);
         }
-        let next = now + self.timeout;
+        let next = now + Resender::wait(&self.rtt, self.timeout, msg, 0);
         self.earliest = Some(self.earliest.map_or(next, |e| e.min(next)));
         self.pending.entry(key).or_default().push_back(Pending {
             msg: msg.clone(),
+            sent: now,
             next,
             tries: 0,
             acked: false,
@@ -212,7 +253,7 @@ impl Resender {
     pub fn on_receive(&mut self, msg: &Message, now: Instant) -> (Received, Option<Message>) {
         let m = &msg.meta;
         if m.control.cmd == Command::Ack {
-            self.on_ack(m);
+            self.on_ack(m, now);
             return (Received::Ack, None);
         }
         if !needs_ack(msg) {
@@ -311,7 +352,7 @@ impl Resender {
         }
     }
 
-    fn on_ack(&mut self, ack: &Meta) {
+    fn on_ack(&mut self, ack: &Meta, now: Instant) {
         let key = (ack.sender, ack.control.msg_sig);
         let Some(queue) = self.pending.get_mut(&key) else {
             return;
@@ -324,6 +365,11 @@ impl Resender {
                 .position(|p| !p.acked && p.msg.meta.customer_id == ack.customer_id)
         };
         if let Some(i) = position {
+            let p = &queue[i];
+            if p.tries == 0 {
+                let sample = now.saturating_duration_since(p.sent);
+                self.rtt.sample(ack.sender, sample, p.msg.data_size());
+            }
             if awaits_response(&queue[i].msg) {
                 queue[i].acked = true;
             } else {
@@ -359,6 +405,7 @@ impl Resender {
     pub fn tick(&mut self, now: Instant) -> Due {
         let mut due = Due::default();
         let mut earliest: Option<Instant> = None;
+        let patience = self.patience();
         for queue in self.pending.values_mut() {
             let mut i = 0;
             while i < queue.len() {
@@ -367,14 +414,20 @@ impl Resender {
                     i += 1;
                     continue;
                 }
-                if p.tries >= self.max_tries {
+                if p.tries >= self.max_tries && now >= p.sent + patience {
                     if let Some(p) = queue.remove(i) {
                         due.failed.push(p.msg);
                     }
                     continue;
                 }
                 p.tries += 1;
-                p.next = now + self.timeout * 2u32.pow(p.tries.min(MAX_BACKOFF.ilog2()));
+                let wait = Resender::wait(&self.rtt, self.timeout, &p.msg, p.tries);
+                // The last wait ends no later than the patience does.
+                p.next = if p.tries >= self.max_tries {
+                    (now + wait).min(p.sent + patience).max(now)
+                } else {
+                    now + wait
+                };
                 due.resend.push(p.msg.clone());
                 i += 1;
             }
@@ -455,6 +508,7 @@ impl Resender {
             for p in queue.iter_mut().filter(|p| awaits_response(&p.msg)) {
                 p.acked = false;
                 p.tries = 0;
+                p.sent = now;
                 p.next = now + self.timeout;
                 again.push(p.msg.clone());
             }
@@ -527,8 +581,16 @@ impl Component for Resender {
             if msg.is_control() {
                 // A scheduler that never acknowledged anything runs without
                 // PS_RESEND (a C++ one, say): its silence proves nothing.
+                // Nor does a heartbeat's: the scheduler's silence is judged
+                // by liveness (`member/liveness.rs`), which gives it the
+                // recovery timeout to answer again.
                 let node = cx.facts.config().role != Role::Scheduler;
-                if msg.meta.recver == SCHEDULER && node && self.acknowledged_by(SCHEDULER) {
+                let heartbeat = msg.meta.control.cmd == Command::Heartbeat;
+                if msg.meta.recver == SCHEDULER
+                    && node
+                    && !heartbeat
+                    && self.acknowledged_by(SCHEDULER)
+                {
                     warn!("{failure}");
                     cx.fail(failure);
                 } else {
@@ -642,6 +704,49 @@ mod tests {
         let due = r.tick(now + T * 100);
         assert_eq!(due.failed.len(), 1);
         assert_eq!(r.unacknowledged(), 0);
+    }
+
+    #[test]
+    fn resends_follow_the_measured_round_trip_and_give_up_no_sooner() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T, 3);
+        // Node 8 acknowledges within 1 ms, five times: its timeout drops
+        // from T (100 ms) to the floor.
+        let mut now = t0;
+        for ts in 0..5 {
+            let msg = data(9, 8, ts, 0);
+            r.on_send(&msg, now);
+            let mut ack = Message::control(Command::Ack, 9);
+            ack.meta.sender = 8;
+            ack.meta.control.msg_sig = signature(&msg.meta);
+            ack.meta.customer_id = 0;
+            now += Duration::from_millis(1);
+            r.on_receive(&ack, now);
+        }
+        assert_eq!(r.rto(8), rtt::MIN_RTO);
+        assert_eq!(r.rto(7), rtt::MIN_RTO * 2, "as the peer measured last, twice");
+        assert_eq!(Resender::new(T, 3).rto(8), T, "PS_RESEND_TIMEOUT unmeasured");
+        // A lost message: resent after the floor, then 2x, 4x...
+        let sent = now;
+        r.on_send(&data(9, 8, 100, 0), sent);
+        let mut resends = Vec::new();
+        let mut failed_at = None;
+        while failed_at.is_none() {
+            now += Duration::from_millis(1);
+            let due = r.tick(now);
+            if !due.resend.is_empty() {
+                resends.push(now - sent);
+            }
+            if !due.failed.is_empty() {
+                failed_at = Some(now - sent);
+            }
+        }
+        assert_eq!(resends[0], rtt::MIN_RTO, "{resends:?}");
+        assert_eq!(resends[1], rtt::MIN_RTO * 3, "{resends:?}");
+        // Given up no sooner than the fixed schedule: 1 + 2 + 4 + 8 T.
+        let failed_at = failed_at.unwrap_or_default();
+        assert!(failed_at >= T * 15 && failed_at <= T * 16, "{failed_at:?}");
+        assert!(resends.len() >= 3);
     }
 
     #[test]
