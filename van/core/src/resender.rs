@@ -469,6 +469,32 @@ impl Resender {
         self.pending.retain(|_, q| !q.is_empty());
     }
 
+    /// Forgets the messages for which `settled` holds, as an answer that
+    /// came at `now` settles them (the scheduler's answer to a heartbeat):
+    /// the newest of them, if sent once, measures the round trip as an ACK
+    /// would (the answer comes before the ACK, which then finds nothing;
+    /// older ones were not what it answered).
+    pub fn settle_answered(&mut self, now: Instant, settled: impl Fn(&Message) -> bool) {
+        let mut newest: Option<(Instant, u32, NodeId, usize)> = None;
+        for queue in self.pending.values_mut() {
+            queue.retain(|p| {
+                if !settled(&p.msg) {
+                    return true;
+                }
+                if newest.is_none_or(|(sent, ..)| p.sent > sent) {
+                    let size = p.msg.data_size();
+                    newest = Some((p.sent, p.tries, p.msg.meta.recver, size));
+                }
+                false
+            });
+        }
+        self.pending.retain(|_, q| !q.is_empty());
+        if let Some((sent, 0, peer, size)) = newest {
+            self.rtt
+                .sample(peer, now.saturating_duration_since(sent), size);
+        }
+    }
+
     /// Drops every message waiting for `id` (it is dead for good): the
     /// data requests among them are returned, to be failed.
     pub fn forget_peer(&mut self, id: NodeId) -> Vec<Message> {
@@ -747,6 +773,28 @@ mod tests {
         let failed_at = failed_at.unwrap_or_default();
         assert!(failed_at >= T * 15 && failed_at <= T * 16, "{failed_at:?}");
         assert!(resends.len() >= 3);
+    }
+
+    #[test]
+    fn a_heartbeat_answer_measures_the_round_trip_of_the_newest_heartbeat_only() {
+        let t0 = Instant::now();
+        let heartbeat = |ts| {
+            let mut m = Message::control(Command::Heartbeat, SCHEDULER);
+            m.meta.sender = 9;
+            m.meta.timestamp = ts;
+            m
+        };
+        let mut r = Resender::new(T, 3);
+        // An older heartbeat lost and not resent yet, a newer one answered
+        // 2 ms after it went: the sample is 2 ms, not 1 s.
+        r.on_send(&heartbeat(1), t0);
+        let second = t0 + Duration::from_secs(1);
+        r.on_send(&heartbeat(2), second);
+        r.settle_answered(second + Duration::from_millis(2), |m| {
+            m.meta.control.cmd == Command::Heartbeat
+        });
+        assert_eq!(r.unacknowledged(), 0);
+        assert_eq!(r.rtt.smoothed(SCHEDULER), Some(Duration::from_millis(2)));
     }
 
     #[test]

@@ -153,7 +153,7 @@ mod tests {
         let mut r = Rtt::new(MS * 1000);
         r.sample(8, MS * 20, 100);
         assert_eq!(r.timeout(9, 100), MS * 120);
-        for _ in 0..20 {
+        for _ in 0..100 {
             r.sample(8, US * 35, 100);
         }
         assert_eq!(r.timeout(9, 100), MIN_RTO * 2);
