@@ -21,8 +21,8 @@
 //! is a node the scheduler declared dead (nobody is killed here), or a node
 //! that stopped for a lost scheduler.
 
-use std::process::{Command, ExitCode, Stdio};
 use clap::Parser;
+use std::process::{Command, ExitCode, Stdio};
 
 #[derive(Parser)]
 #[command(about = "kv_replicas with and without message loss, side by side")]
@@ -101,7 +101,11 @@ fn run(args: &Args) -> Result<(), String> {
         lossy.iter().filter(|r| r.exact).count(),
         clean_rate,
         lossy_rate,
-        if clean_rate > 0.0 { lossy_rate / clean_rate } else { 0.0 },
+        if clean_rate > 0.0 {
+            lossy_rate / clean_rate
+        } else {
+            0.0
+        },
         lossy.iter().map(|r| r.false_deaths).sum::<usize>(),
         lossy.iter().map(|r| r.longest_round_ms).max().unwrap_or(0)
     );
@@ -132,8 +136,8 @@ fn launch(
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("cannot run {}: {e}", pslite.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let mut rates = Vec::new();
     let mut longest = 0;
     for line in text.lines() {

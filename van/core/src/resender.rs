@@ -364,11 +364,12 @@ impl Resender {
                 .iter()
                 .position(|p| !p.acked && p.msg.meta.customer_id == ack.customer_id)
         };
+        let mut measured = None;
         if let Some(i) = position {
             let p = &queue[i];
             if p.tries == 0 {
                 let sample = now.saturating_duration_since(p.sent);
-                self.rtt.sample(ack.sender, sample, p.msg.data_size());
+                measured = Some((sample, p.msg.data_size()));
             }
             if awaits_response(&queue[i].msg) {
                 queue[i].acked = true;
@@ -379,6 +380,32 @@ impl Resender {
         if queue.is_empty() {
             self.pending.remove(&key);
         }
+        if let Some((sample, size)) = measured {
+            self.measured(ack.sender, sample, size);
+        }
+    }
+
+    /// A round trip to `peer` measured: the first one to a peer (or the
+    /// node's first at all) also shortens the waits of what was sent
+    /// before it was known (a job's first messages would otherwise wait
+    /// the whole `PS_RESEND_TIMEOUT` when lost).
+    fn measured(&mut self, peer: NodeId, sample: Duration, size: usize) {
+        let first = self.rtt.smoothed(peer).is_none();
+        self.rtt.sample(peer, sample, size);
+        if !first {
+            return;
+        }
+        let mut earliest = self.earliest;
+        for p in self.pending.values_mut().flatten() {
+            if p.tries == 0 && !p.acked {
+                let next = p.sent + Resender::wait(&self.rtt, self.timeout, &p.msg, 0);
+                if next < p.next {
+                    p.next = next;
+                    earliest = Some(earliest.map_or(next, |e| e.min(next)));
+                }
+            }
+        }
+        self.earliest = earliest;
     }
 
     fn expire(&mut self, now: Instant) {
@@ -428,6 +455,16 @@ impl Resender {
                 } else {
                     now + wait
                 };
+                debug!(
+                    "try {} to node {} {:.1} ms after the first (its timeout {:.1} ms)",
+                    p.tries,
+                    p.msg.meta.recver,
+                    now.saturating_duration_since(p.sent).as_secs_f64() * 1e3,
+                    self.rtt
+                        .timeout(p.msg.meta.recver, p.msg.data_size())
+                        .as_secs_f64()
+                        * 1e3
+                );
                 due.resend.push(p.msg.clone());
                 i += 1;
             }
@@ -490,8 +527,7 @@ impl Resender {
         }
         self.pending.retain(|_, q| !q.is_empty());
         if let Some((sent, 0, peer, size)) = newest {
-            self.rtt
-                .sample(peer, now.saturating_duration_since(sent), size);
+            self.measured(peer, now.saturating_duration_since(sent), size);
         }
     }
 
@@ -750,8 +786,16 @@ mod tests {
             r.on_receive(&ack, now);
         }
         assert_eq!(r.rto(8), rtt::MIN_RTO);
-        assert_eq!(r.rto(7), rtt::MIN_RTO * 2, "as the peer measured last, twice");
-        assert_eq!(Resender::new(T, 3).rto(8), T, "PS_RESEND_TIMEOUT unmeasured");
+        assert_eq!(
+            r.rto(7),
+            rtt::MIN_RTO * 2,
+            "as the peer measured last, twice"
+        );
+        assert_eq!(
+            Resender::new(T, 3).rto(8),
+            T,
+            "PS_RESEND_TIMEOUT unmeasured"
+        );
         // A lost message: resent after the floor, then 2x, 4x...
         let sent = now;
         r.on_send(&data(9, 8, 100, 0), sent);
@@ -795,6 +839,25 @@ mod tests {
         });
         assert_eq!(r.unacknowledged(), 0);
         assert_eq!(r.rtt.smoothed(SCHEDULER), Some(Duration::from_millis(2)));
+    }
+
+    #[test]
+    fn what_was_sent_before_the_first_round_trip_waits_no_longer_once_it_is_known() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T * 10, 3);
+        // Sent to 7 before anything was measured, then lost.
+        r.on_send(&data(9, 7, 1, 0), t0);
+        let msg = data(9, 8, 2, 0);
+        r.on_send(&msg, t0);
+        let mut ack = Message::control(Command::Ack, 9);
+        ack.meta.sender = 8;
+        ack.meta.control.msg_sig = signature(&msg.meta);
+        ack.meta.customer_id = 0;
+        r.on_receive(&ack, t0 + Duration::from_millis(1));
+        // Due after twice the floor (7 not measured), not after 1 s.
+        let due = r.tick(t0 + rtt::MIN_RTO * 2);
+        assert_eq!(due.resend.len(), 1);
+        assert_eq!(due.resend[0].meta.recver, 7);
     }
 
     #[test]

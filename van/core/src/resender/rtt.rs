@@ -74,11 +74,7 @@ impl Rtt {
             self.recent = Some(self.timeout(peer, 0));
             return;
         };
-        let diff = if e.srtt > sample {
-            e.srtt - sample
-        } else {
-            sample - e.srtt
-        };
+        let diff = e.srtt.abs_diff(sample);
         e.rttvar = (e.rttvar * 3 + diff) / 4;
         e.srtt = (e.srtt * 7 + sample) / 8;
         self.recent = Some(self.timeout(peer, 0));
@@ -88,7 +84,9 @@ impl Rtt {
     /// `bytes` sent for the first time.
     pub fn timeout(&self, peer: NodeId, bytes: usize) -> Duration {
         let Some(e) = self.peers.get(&peer) else {
-            return self.recent.map_or(self.initial, |t| (t * 2).min(self.initial));
+            return self
+                .recent
+                .map_or(self.initial, |t| (t * 2).min(self.initial));
         };
         let beyond = bytes.saturating_sub(SAMPLED_BYTES) as u64;
         let allowance = Duration::from_nanos(beyond.saturating_mul(ALLOWANCE_NS_PER_BYTE));
