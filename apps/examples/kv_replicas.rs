@@ -6,7 +6,8 @@
 //! - A worker pushes 1 to `KV_KEYS` keys of every range (default 4) for
 //!   `KV_ROUNDS` rounds (default 200), waiting for each push, pausing
 //!   `KV_ROUND_MS` between rounds (default 10), and says `round N` every 20
-//!   rounds. Then the workers meet at a barrier and each pulls every key: it
+//!   rounds, then how long the rounds took (`pushed N rounds in S s,
+//!   longest round M ms`: `kv_loss` reads it). Then the workers meet at a barrier and each pulls every key: it
 //!   must read exactly rounds x workers, or the program fails.
 //!
 //! ```sh
@@ -22,7 +23,7 @@
 //! first, then it exits 0; the scheduler refuses below MIN).
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pslite::{
     env_or, DefaultHandle, Error, KVOptions, KVServer, KVWorker, Postoffice, WORKER_GROUP,
@@ -64,13 +65,22 @@ fn run() -> Result<(), Error> {
             .flat_map(|r| (0..per_range).map(move |i| r.begin + i))
             .collect();
         let ones = vec![1.0f32; keys.len()];
+        let start = Instant::now();
+        let mut longest = Duration::ZERO;
         for round in 1..=rounds {
+            let began = Instant::now();
             kv.wait(kv.push(&keys, &ones, KVOptions::new())?)?;
+            longest = longest.max(began.elapsed());
             if round % 20 == 0 {
                 println!("worker {rank} round {round}");
             }
             std::thread::sleep(Duration::from_millis(pause));
         }
+        println!(
+            "worker {rank} pushed {rounds} rounds in {:.3} s, longest round {} ms",
+            start.elapsed().as_secs_f64(),
+            longest.as_millis()
+        );
         po.barrier(0, WORKER_GROUP)?;
         let pulled = kv.take_pull(kv.pull(&keys, KVOptions::new())?)?;
         let want = (rounds * po.num_workers() as u64) as f32;

@@ -13,10 +13,11 @@ use pslite_proto::NodeId;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     /// Nothing was heard from the scheduler for longer than the heartbeat
-    /// timeout.
+    /// timeout and the recovery timeout together.
     #[error(
         "lost the scheduler at {address}: nothing heard from it for {silent_secs} s \
-         (PS_HEARTBEAT_TIMEOUT is {timeout_secs} s)"
+         (PS_HEARTBEAT_TIMEOUT is {timeout_secs} s, then PS_RECOVERY_TIMEOUT {recovery_secs} s \
+         of calling it again)"
     )]
     SchedulerLost {
         /// Where the scheduler was.
@@ -25,6 +26,8 @@ pub enum Failure {
         silent_secs: u64,
         /// The heartbeat timeout.
         timeout_secs: u64,
+        /// The recovery timeout it was given more.
+        recovery_secs: u64,
     },
     /// The connection to the scheduler closed and it accepts no new one:
     /// its process is gone.

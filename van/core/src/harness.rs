@@ -541,6 +541,8 @@ mod elastic_tests;
 #[cfg(test)]
 mod identity_tests;
 #[cfg(test)]
+mod loss_tests;
+#[cfg(test)]
 mod partition_tests;
 #[cfg(test)]
 mod replica_tests;

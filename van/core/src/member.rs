@@ -106,6 +106,10 @@ pub struct Member {
     next_heartbeat: Option<Instant>,
     /// The scheduler has answered a heartbeat (so its silence means loss).
     scheduler_answers: bool,
+    /// The scheduler has been silent for longer than the heartbeat
+    /// timeout (said once): this node keeps calling it until the recovery
+    /// timeout.
+    scheduler_silent: bool,
     /// The connection to the scheduler closed, since when (`None`: up).
     scheduler_closed: Option<Instant>,
     /// Nodes the scheduler declared dead, since when; and those already
@@ -146,6 +150,7 @@ impl Member {
             last_scheduler_contact: now,
             next_heartbeat: None,
             scheduler_answers: false,
+            scheduler_silent: false,
             scheduler_closed: None,
             dead: HashMap::new(),
             given_up: HashSet::new(),

@@ -1,8 +1,14 @@
 //! The resender (`PS_RESEND=1`) as a state machine without I/O: it
 //! remembers every message sent until the receiver acknowledges it, says
-//! which to send again when their time is up (waiting twice as long after
-//! each try, up to 8 timeouts) and which to give up on, and recognises
-//! messages received twice.
+//! which to send again when their time is up and which to give up on, and
+//! recognises messages received twice.
+//!
+//! The first wait is the receiver's retransmission timeout, from the
+//! measured round trip ([`rtt`], as TCP's); each resend waits twice as long
+//! as the one before, up to 8 `PS_RESEND_TIMEOUT`s. A message is given up
+//! on after at least `max_tries` resends and no sooner than the fixed
+//! schedule of the timeout alone would (`PS_RESEND_TIMEOUT`, doubling up to
+//! 8 of them, `max_tries` times): resending sooner never fails sooner.
 //!
 //! Acknowledgements carry C++ ps-lite's signature,
 //! `app_id << 48 | sender << 40 | recver << 32 | timestamp << 1 | request`
@@ -28,6 +34,10 @@ use pslite_proto::{Command, Message, Meta, NodeId, Role, K_EMPTY};
 use crate::component::{Component, Cx};
 use crate::effects::{Event, Output};
 use crate::error::Failure;
+
+pub mod rtt;
+
+use rtt::Rtt;
 
 /// At most this many received signatures are remembered for de-duplication.
 pub const MAX_SEEN: usize = 1 << 20;
@@ -87,6 +97,9 @@ pub fn needs_ack(msg: &Message) -> bool {
 
 struct Pending {
     msg: Message,
+    /// When it was first sent: the round trip an ACK measures (Karn: only
+    /// while `tries` is 0), and when it may be given up on.
+    sent: Instant,
     next: Instant,
     tries: u32,
     /// Acknowledged, but a data request waits for its response: if its
@@ -127,8 +140,12 @@ pub struct Due {
 
 /// The resender's state for one node.
 pub struct Resender {
+    /// `PS_RESEND_TIMEOUT`: the first wait until a peer's round trip is
+    /// measured, and the longest first wait.
     timeout: Duration,
     max_tries: u32,
+    /// The round trip to each peer.
+    rtt: Rtt,
     /// Unacknowledged messages by (receiver, signature), oldest first.
     pending: BTreeMap<(NodeId, u64), VecDeque<Pending>>,
     /// Received (sender, signature, customer, command), with arrival order.
@@ -152,6 +169,7 @@ impl Resender {
         Resender {
             timeout,
             max_tries,
+            rtt: Rtt::new(timeout),
             pending: BTreeMap::new(),
             seen: HashSet::new(),
             seen_order: VecDeque::new(),
@@ -167,13 +185,35 @@ impl Resender {
         self.earliest
     }
 
-    /// How long a resend of a message can arrive after its first copy.
-    fn window(&self) -> Duration {
+    /// How long after its first copy a message may be given up on: the
+    /// fixed schedule of `PS_RESEND_TIMEOUT` alone.
+    fn patience(&self) -> Duration {
         let mut total = Duration::ZERO;
         for tries in 0..=self.max_tries {
             total += self.timeout * 2u32.pow(tries.min(MAX_BACKOFF.ilog2()));
         }
-        total * 2
+        total
+    }
+
+    /// How long a resend of a message can arrive after its first copy.
+    fn window(&self) -> Duration {
+        (self.patience() + self.timeout * MAX_BACKOFF) * 2
+    }
+
+    /// The wait after try `tries` (0: the first copy) of `msg`: its
+    /// receiver's retransmission timeout, doubled on each resend, at most
+    /// [`MAX_BACKOFF`] `PS_RESEND_TIMEOUT`s.
+    fn wait(rtt: &Rtt, timeout: Duration, msg: &Message, tries: u32) -> Duration {
+        let first = rtt.timeout(msg.meta.recver, msg.data_size());
+        first
+            .saturating_mul(2u32.saturating_pow(tries))
+            .min(timeout * MAX_BACKOFF)
+    }
+
+    /// The retransmission timeout of a small message to `peer` now (for
+    /// logs and tests).
+    pub fn rto(&self, peer: NodeId) -> Duration {
+        self.rtt.timeout(peer, 0)
     }
 
     /// Records a message just sent (with `sender` and `recver` set).
@@ -186,10 +226,11 @@ impl Resender {
             let whole = (msg.meta.recver, whole_signature(&msg.meta));
             self.parts.entry(whole).or_default().push(key.1);
         }
-        let next = now + self.timeout;
+        let next = now + Resender::wait(&self.rtt, self.timeout, msg, 0);
         self.earliest = Some(self.earliest.map_or(next, |e| e.min(next)));
         self.pending.entry(key).or_default().push_back(Pending {
             msg: msg.clone(),
+            sent: now,
             next,
             tries: 0,
             acked: false,
@@ -212,7 +253,7 @@ impl Resender {
     pub fn on_receive(&mut self, msg: &Message, now: Instant) -> (Received, Option<Message>) {
         let m = &msg.meta;
         if m.control.cmd == Command::Ack {
-            self.on_ack(m);
+            self.on_ack(m, now);
             return (Received::Ack, None);
         }
         if !needs_ack(msg) {
@@ -311,7 +352,7 @@ impl Resender {
         }
     }
 
-    fn on_ack(&mut self, ack: &Meta) {
+    fn on_ack(&mut self, ack: &Meta, now: Instant) {
         let key = (ack.sender, ack.control.msg_sig);
         let Some(queue) = self.pending.get_mut(&key) else {
             return;
@@ -323,7 +364,13 @@ impl Resender {
                 .iter()
                 .position(|p| !p.acked && p.msg.meta.customer_id == ack.customer_id)
         };
+        let mut measured = None;
         if let Some(i) = position {
+            let p = &queue[i];
+            if p.tries == 0 {
+                let sample = now.saturating_duration_since(p.sent);
+                measured = Some((sample, p.msg.data_size()));
+            }
             if awaits_response(&queue[i].msg) {
                 queue[i].acked = true;
             } else {
@@ -333,6 +380,32 @@ impl Resender {
         if queue.is_empty() {
             self.pending.remove(&key);
         }
+        if let Some((sample, size)) = measured {
+            self.measured(ack.sender, sample, size);
+        }
+    }
+
+    /// A round trip to `peer` measured: the first one to a peer (or the
+    /// node's first at all) also shortens the waits of what was sent
+    /// before it was known (a job's first messages would otherwise wait
+    /// the whole `PS_RESEND_TIMEOUT` when lost).
+    fn measured(&mut self, peer: NodeId, sample: Duration, size: usize) {
+        let first = self.rtt.smoothed(peer).is_none();
+        self.rtt.sample(peer, sample, size);
+        if !first {
+            return;
+        }
+        let mut earliest = self.earliest;
+        for p in self.pending.values_mut().flatten() {
+            if p.tries == 0 && !p.acked {
+                let next = p.sent + Resender::wait(&self.rtt, self.timeout, &p.msg, 0);
+                if next < p.next {
+                    p.next = next;
+                    earliest = Some(earliest.map_or(next, |e| e.min(next)));
+                }
+            }
+        }
+        self.earliest = earliest;
     }
 
     fn expire(&mut self, now: Instant) {
@@ -359,6 +432,7 @@ impl Resender {
     pub fn tick(&mut self, now: Instant) -> Due {
         let mut due = Due::default();
         let mut earliest: Option<Instant> = None;
+        let patience = self.patience();
         for queue in self.pending.values_mut() {
             let mut i = 0;
             while i < queue.len() {
@@ -367,14 +441,30 @@ impl Resender {
                     i += 1;
                     continue;
                 }
-                if p.tries >= self.max_tries {
+                if p.tries >= self.max_tries && now >= p.sent + patience {
                     if let Some(p) = queue.remove(i) {
                         due.failed.push(p.msg);
                     }
                     continue;
                 }
                 p.tries += 1;
-                p.next = now + self.timeout * 2u32.pow(p.tries.min(MAX_BACKOFF.ilog2()));
+                let wait = Resender::wait(&self.rtt, self.timeout, &p.msg, p.tries);
+                // The last wait ends no later than the patience does.
+                p.next = if p.tries >= self.max_tries {
+                    (now + wait).min(p.sent + patience).max(now)
+                } else {
+                    now + wait
+                };
+                debug!(
+                    "try {} to node {} {:.1} ms after the first (its timeout {:.1} ms)",
+                    p.tries,
+                    p.msg.meta.recver,
+                    now.saturating_duration_since(p.sent).as_secs_f64() * 1e3,
+                    self.rtt
+                        .timeout(p.msg.meta.recver, p.msg.data_size())
+                        .as_secs_f64()
+                        * 1e3
+                );
                 due.resend.push(p.msg.clone());
                 i += 1;
             }
@@ -416,6 +506,31 @@ impl Resender {
         self.pending.retain(|_, q| !q.is_empty());
     }
 
+    /// Forgets the messages for which `settled` holds, as an answer that
+    /// came at `now` settles them (the scheduler's answer to a heartbeat):
+    /// the newest of them, if sent once, measures the round trip as an ACK
+    /// would (the answer comes before the ACK, which then finds nothing;
+    /// older ones were not what it answered).
+    pub fn settle_answered(&mut self, now: Instant, settled: impl Fn(&Message) -> bool) {
+        let mut newest: Option<(Instant, u32, NodeId, usize)> = None;
+        for queue in self.pending.values_mut() {
+            queue.retain(|p| {
+                if !settled(&p.msg) {
+                    return true;
+                }
+                if newest.is_none_or(|(sent, ..)| p.sent > sent) {
+                    let size = p.msg.data_size();
+                    newest = Some((p.sent, p.tries, p.msg.meta.recver, size));
+                }
+                false
+            });
+        }
+        self.pending.retain(|_, q| !q.is_empty());
+        if let Some((sent, 0, peer, size)) = newest {
+            self.measured(peer, now.saturating_duration_since(sent), size);
+        }
+    }
+
     /// Drops every message waiting for `id` (it is dead for good): the
     /// data requests among them are returned, to be failed.
     pub fn forget_peer(&mut self, id: NodeId) -> Vec<Message> {
@@ -455,6 +570,7 @@ impl Resender {
             for p in queue.iter_mut().filter(|p| awaits_response(&p.msg)) {
                 p.acked = false;
                 p.tries = 0;
+                p.sent = now;
                 p.next = now + self.timeout;
                 again.push(p.msg.clone());
             }
@@ -527,8 +643,16 @@ impl Component for Resender {
             if msg.is_control() {
                 // A scheduler that never acknowledged anything runs without
                 // PS_RESEND (a C++ one, say): its silence proves nothing.
+                // Nor does a heartbeat's: the scheduler's silence is judged
+                // by liveness (`member/liveness.rs`), which gives it the
+                // recovery timeout to answer again.
                 let node = cx.facts.config().role != Role::Scheduler;
-                if msg.meta.recver == SCHEDULER && node && self.acknowledged_by(SCHEDULER) {
+                let heartbeat = msg.meta.control.cmd == Command::Heartbeat;
+                if msg.meta.recver == SCHEDULER
+                    && node
+                    && !heartbeat
+                    && self.acknowledged_by(SCHEDULER)
+                {
                     warn!("{failure}");
                     cx.fail(failure);
                 } else {
@@ -642,6 +766,98 @@ mod tests {
         let due = r.tick(now + T * 100);
         assert_eq!(due.failed.len(), 1);
         assert_eq!(r.unacknowledged(), 0);
+    }
+
+    #[test]
+    fn resends_follow_the_measured_round_trip_and_give_up_no_sooner() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T, 3);
+        // Node 8 acknowledges within 1 ms, five times: its timeout drops
+        // from T (100 ms) to the floor.
+        let mut now = t0;
+        for ts in 0..5 {
+            let msg = data(9, 8, ts, 0);
+            r.on_send(&msg, now);
+            let mut ack = Message::control(Command::Ack, 9);
+            ack.meta.sender = 8;
+            ack.meta.control.msg_sig = signature(&msg.meta);
+            ack.meta.customer_id = 0;
+            now += Duration::from_millis(1);
+            r.on_receive(&ack, now);
+        }
+        assert_eq!(r.rto(8), rtt::MIN_RTO);
+        assert_eq!(
+            r.rto(7),
+            rtt::MIN_RTO * 2,
+            "as the peer measured last, twice"
+        );
+        assert_eq!(
+            Resender::new(T, 3).rto(8),
+            T,
+            "PS_RESEND_TIMEOUT unmeasured"
+        );
+        // A lost message: resent after the floor, then 2x, 4x...
+        let sent = now;
+        r.on_send(&data(9, 8, 100, 0), sent);
+        let mut resends = Vec::new();
+        let mut failed_at = None;
+        while failed_at.is_none() {
+            now += Duration::from_millis(1);
+            let due = r.tick(now);
+            if !due.resend.is_empty() {
+                resends.push(now - sent);
+            }
+            if !due.failed.is_empty() {
+                failed_at = Some(now - sent);
+            }
+        }
+        assert_eq!(resends[0], rtt::MIN_RTO, "{resends:?}");
+        assert_eq!(resends[1], rtt::MIN_RTO * 3, "{resends:?}");
+        // Given up no sooner than the fixed schedule: 1 + 2 + 4 + 8 T.
+        let failed_at = failed_at.unwrap_or_default();
+        assert!(failed_at >= T * 15 && failed_at <= T * 16, "{failed_at:?}");
+        assert!(resends.len() >= 3);
+    }
+
+    #[test]
+    fn a_heartbeat_answer_measures_the_round_trip_of_the_newest_heartbeat_only() {
+        let t0 = Instant::now();
+        let heartbeat = |ts| {
+            let mut m = Message::control(Command::Heartbeat, SCHEDULER);
+            m.meta.sender = 9;
+            m.meta.timestamp = ts;
+            m
+        };
+        let mut r = Resender::new(T, 3);
+        // An older heartbeat lost and not resent yet, a newer one answered
+        // 2 ms after it went: the sample is 2 ms, not 1 s.
+        r.on_send(&heartbeat(1), t0);
+        let second = t0 + Duration::from_secs(1);
+        r.on_send(&heartbeat(2), second);
+        r.settle_answered(second + Duration::from_millis(2), |m| {
+            m.meta.control.cmd == Command::Heartbeat
+        });
+        assert_eq!(r.unacknowledged(), 0);
+        assert_eq!(r.rtt.smoothed(SCHEDULER), Some(Duration::from_millis(2)));
+    }
+
+    #[test]
+    fn what_was_sent_before_the_first_round_trip_waits_no_longer_once_it_is_known() {
+        let t0 = Instant::now();
+        let mut r = Resender::new(T * 10, 3);
+        // Sent to 7 before anything was measured, then lost.
+        r.on_send(&data(9, 7, 1, 0), t0);
+        let msg = data(9, 8, 2, 0);
+        r.on_send(&msg, t0);
+        let mut ack = Message::control(Command::Ack, 9);
+        ack.meta.sender = 8;
+        ack.meta.control.msg_sig = signature(&msg.meta);
+        ack.meta.customer_id = 0;
+        r.on_receive(&ack, t0 + Duration::from_millis(1));
+        // Due after twice the floor (7 not measured), not after 1 s.
+        let due = r.tick(t0 + rtt::MIN_RTO * 2);
+        assert_eq!(due.resend.len(), 1);
+        assert_eq!(due.resend[0].meta.recver, 7);
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl Core {
             Command::Barrier => {
                 let answer = (msg.meta.control.barrier_group, msg.meta.request);
                 self.to(Part::Member, msg, now);
-                self.settle_with_scheduler(Command::Barrier, answer);
+                self.settle_with_scheduler(Command::Barrier, answer, now);
                 if self.finalize_pending && !self.finalizing {
                     self.leaving(now);
                 }
@@ -204,7 +204,7 @@ impl Core {
             Command::Heartbeat => {
                 let answer = (msg.meta.control.barrier_group, msg.meta.request);
                 if sender == SCHEDULER {
-                    self.settle_with_scheduler(Command::Heartbeat, answer);
+                    self.settle_with_scheduler(Command::Heartbeat, answer, now);
                 }
                 self.to(Part::Member, msg, now);
             }
@@ -311,19 +311,24 @@ impl Core {
     /// a released barrier proves its requests arrived, a heartbeat answer
     /// makes older heartbeats moot (a C++ scheduler may never acknowledge
     /// them, and they must not be resent or waited for at exit).
-    fn settle_with_scheduler(&mut self, cmd: Command, (group, request): (i32, bool)) {
+    fn settle_with_scheduler(&mut self, cmd: Command, (group, request): (i32, bool), now: Instant) {
         if request {
             return;
         }
         // A C++ scheduler's barrier replies carry no real group: they
         // settle every barrier request.
         let any_group = cmd != Command::Barrier || !ids::is_role_group(group);
-        if let Some(r) = &mut self.parts.resender {
-            r.settle(|m| {
-                m.meta.recver == SCHEDULER
-                    && m.meta.control.cmd == cmd
-                    && (any_group || m.meta.control.barrier_group == group)
-            });
+        let settled = |m: &Message| {
+            m.meta.recver == SCHEDULER
+                && m.meta.control.cmd == cmd
+                && (any_group || m.meta.control.barrier_group == group)
+        };
+        match &mut self.parts.resender {
+            // A heartbeat's answer comes at once: it measures the round
+            // trip to the scheduler (a barrier's waits for the others).
+            Some(r) if cmd == Command::Heartbeat => r.settle_answered(now, settled),
+            Some(r) => r.settle(settled),
+            None => {}
         }
     }
 

@@ -388,8 +388,12 @@ fn nodes_fail_when_the_scheduler_falls_silent() {
         "heartbeats keep nodes alive"
     );
     // Stopped, not dead: its connections stay open, only its silence tells.
+    // The nodes call it for the recovery timeout (5 s) after the heartbeat
+    // timeout (3 s) before they give up.
     net.pause(0);
-    assert!(net.run_until(SECOND * 5, |n| n.nodes[1..]
+    net.run_for(SECOND * 7);
+    assert!(net.nodes[1..].iter().all(|n| n.failures.is_empty()));
+    assert!(net.run_until(SECOND * 3, |n| n.nodes[1..]
         .iter()
         .all(|n| !n.failures.is_empty())));
     for n in &net.nodes[1..] {

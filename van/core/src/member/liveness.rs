@@ -2,15 +2,28 @@
 //! connection that stays closed), the nodes it declares dead and those
 //! nothing replaced in time, and time this node could not hear (deaf, or
 //! stopped) held against nobody.
+//!
+//! A scheduler silent for longer than the heartbeat timeout is not given up
+//! at once: the node says so, calls it four times per heartbeat interval,
+//! and stops only if it stays silent for the recovery timeout more. If it
+//! answers meanwhile, the node carries on: the scheduler, which may have
+//! declared it dead, takes it back (its next heartbeat registers it again)
+//! unless another process took its id (then the node stops, see
+//! `Failure::Replaced`). A closed connection that stays closed (the
+//! scheduler's process is gone) still ends the node at once.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use log::warn;
+use log::{info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Role};
 
 use super::{Member, LINK_GRACE, PAUSE_SLACK, WAIT_LOG_INTERVAL};
+
+/// The shortest gap between heartbeats to a scheduler that does not
+/// answer.
+const MIN_HEARTBEAT_GAP: Duration = Duration::from_millis(10);
 use crate::effects::{Effect, Event};
 use crate::error::Failure;
 
@@ -18,6 +31,14 @@ impl Member {
     /// Something arrived from node `sender`.
     pub fn heard_from(&mut self, sender: NodeId, now: Instant) {
         if sender == SCHEDULER {
+            if self.scheduler_silent {
+                self.scheduler_silent = false;
+                info!(
+                    "the scheduler answers again after {:.1} s of silence: carrying on",
+                    now.saturating_duration_since(self.last_scheduler_contact)
+                        .as_secs_f64()
+                );
+            }
             self.last_scheduler_contact = now;
         }
     }
@@ -155,7 +176,15 @@ impl Member {
             if let (Some(interval), Some(next)) = (self.cfg.heartbeat_interval, self.next_heartbeat)
             {
                 if now >= next {
-                    self.next_heartbeat = Some(now + interval);
+                    // Unanswered (the last answer is older than an
+                    // interval): call again sooner.
+                    let silent = now.saturating_duration_since(self.last_scheduler_contact);
+                    let gap = if silent > interval {
+                        (interval / 4).max(MIN_HEARTBEAT_GAP)
+                    } else {
+                        interval
+                    };
+                    self.next_heartbeat = Some(now + gap);
                     let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
                     msg.meta.control.node.push(self.me.clone());
                     actions.push(Effect::Send(msg));
@@ -172,13 +201,28 @@ impl Member {
                 .filter(|_| self.deaf_since.is_none())
             {
                 let silent = now.saturating_duration_since(self.last_scheduler_contact);
-                if silent > timeout {
+                let recovery = self.cfg.recovery_timeout;
+                if silent > timeout + recovery {
                     actions.extend(self.fail(Failure::SchedulerLost {
                         address: self.cfg.scheduler.address(),
                         silent_secs: silent.as_secs(),
                         timeout_secs: timeout.as_secs(),
+                        recovery_secs: recovery.as_secs(),
                     }));
                     return actions;
+                }
+                if silent > timeout && !self.scheduler_silent {
+                    self.scheduler_silent = true;
+                    warn!(
+                        "nothing heard from the scheduler at {} for {:.1} s (PS_HEARTBEAT_TIMEOUT                          is {} s): still calling it; this node stops if it stays silent for {} s                          more (PS_RECOVERY_TIMEOUT)",
+                        self.cfg.scheduler.address(),
+                        silent.as_secs_f64(),
+                        timeout.as_secs(),
+                        recovery.as_secs()
+                    );
+                    if self.next_heartbeat.is_some() {
+                        self.next_heartbeat = Some(now);
+                    }
                 }
             }
         }
@@ -237,7 +281,12 @@ impl Member {
                 .scheduler_timeout()
                 .filter(|_| self.deaf_since.is_none())
             {
-                consider(self.last_scheduler_contact + timeout + Duration::from_millis(1));
+                let slack = Duration::from_millis(1);
+                if !self.scheduler_silent {
+                    consider(self.last_scheduler_contact + timeout + slack);
+                }
+                let recovery = self.cfg.recovery_timeout;
+                consider(self.last_scheduler_contact + timeout + recovery + slack);
             }
             if let Some(at) = self.scheduler_gone_at() {
                 consider(at + Duration::from_millis(1));
