@@ -17,7 +17,6 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-
 use log::{error, warn};
 use pslite_postoffice::Postoffice;
 use pslite_proto::refusal::Refusal;

@@ -757,11 +757,13 @@ fn auth_token(env: &Env) -> Result<Option<AuthToken>, ConfigError> {
             expected: "a secret of 1 to 255 bytes (it is set but empty, e.g. from an unset shell \
                        variable: set it on every node, or unset it to run without authentication)",
         }),
-        Some(raw) => AuthToken::new(raw.trim()).map(Some).ok_or(ConfigError::Invalid {
-            var: "PS_AUTH_TOKEN",
-            value: format!("<{} bytes>", raw.trim().len()),
-            expected: "a secret of 1 to 255 bytes",
-        }),
+        Some(raw) => AuthToken::new(raw.trim())
+            .map(Some)
+            .ok_or(ConfigError::Invalid {
+                var: "PS_AUTH_TOKEN",
+                value: format!("<{} bytes>", raw.trim().len()),
+                expected: "a secret of 1 to 255 bytes",
+            }),
     }
 }
 
