@@ -746,24 +746,23 @@ fn checkpoint(env: &Env) -> Result<Option<CheckpointConfig>, ConfigError> {
     Ok(Some(cfg))
 }
 
-/// `PS_AUTH_TOKEN`: unset, none; set but empty (`PS_AUTH_TOKEN=$UNSET`),
-/// an error, not "off" (the operator asked for authentication).
+/// `PS_AUTH_TOKEN`: set but empty (`=$UNSET`) is an error, not "off".
 fn auth_token(env: &Env) -> Result<Option<AuthToken>, ConfigError> {
-    match (env.0)("PS_AUTH_TOKEN") {
-        None => Ok(None),
-        Some(raw) if raw.trim().is_empty() => Err(ConfigError::Invalid {
+    let Some(raw) = (env.0)("PS_AUTH_TOKEN") else {
+        return Ok(None);
+    };
+    match raw.trim() {
+        "" => Err(ConfigError::Invalid {
             var: "PS_AUTH_TOKEN",
             value: raw,
             expected: "a secret of 1 to 255 bytes (it is set but empty, e.g. from an unset shell \
                        variable: set it on every node, or unset it to run without authentication)",
         }),
-        Some(raw) => AuthToken::new(raw.trim())
-            .map(Some)
-            .ok_or(ConfigError::Invalid {
-                var: "PS_AUTH_TOKEN",
-                value: format!("<{} bytes>", raw.trim().len()),
-                expected: "a secret of 1 to 255 bytes",
-            }),
+        v => AuthToken::new(v).map(Some).ok_or(ConfigError::Invalid {
+            var: "PS_AUTH_TOKEN",
+            value: format!("<{} bytes>", v.len()),
+            expected: "a secret of 1 to 255 bytes",
+        }),
     }
 }
 
