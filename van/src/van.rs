@@ -274,11 +274,7 @@ impl Van {
     /// scheduler, waits until every node has registered. Returns at once if
     /// this node has already joined.
     pub fn register(&self, customer_id: i32) -> Result<(), VanError> {
-        // ADD_NODE is written without waiting on the scheduler: a
-        // connection that never completes (a refused PS_AUTH_TOKEN whose
-        // refusal came before this send) would block a waiting write
-        // forever, past the refusal that fails the node. Not taken now, it
-        // waits in the link and the receive thread retries it.
+        // No waiting send: one to a refused scheduler blocks past the failure.
         self.wait_in(Mode::NoWait, |core, now| {
             core.register(customer_id, now);
             Ok(core.wait(Wait::Join, None, now))
@@ -305,6 +301,10 @@ impl Van {
     ) -> Result<Done, VanError> {
         let shared = &self.shared;
         let ticket = shared.with_core(mode, start)?;
+        if mode == Mode::NoWait {
+            // What waits in a link, and a new deadline: the receive thread's.
+            shared.waker.wake();
+        }
         let mut locked = wait_while(&shared.changed, lock(&shared.locked), |l| {
             l.core.outcome(ticket).is_none()
         });
