@@ -86,7 +86,9 @@ fn status_requests_naming_members_or_unresolvable_hosts_cost_nothing() {
     let formed = started.elapsed();
     // Answered all the same, on the stranger's own connection.
     let early = early.expect("the stranger ran");
-    assert_eq!(answers(&early, Duration::from_secs(10)), 2000);
+    // (30 s: beside this file's 885 MB store test on 2 loaded cores, the
+    // full suite once read 1771 in 10 s; alone they come in 11-23 s.)
+    assert_eq!(answers(&early, Duration::from_secs(30)), 2000);
     // Mid-job: requests naming every member's port (answering there with
     // the scheduler's identity once took it over on that member).
     cluster.go();
