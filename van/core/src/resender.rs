@@ -694,6 +694,15 @@ impl Component for Resender {
 mod tests {
     use super::*;
 
+    /// Node 8's ACK of `msg` (sent by node 9).
+    fn ack_from_8(msg: &Message) -> Message {
+        let mut ack = Message::control(Command::Ack, 9);
+        ack.meta.sender = 8;
+        ack.meta.control.msg_sig = signature(&msg.meta);
+        ack.meta.customer_id = msg.meta.customer_id;
+        ack
+    }
+
     fn data(sender: NodeId, recver: NodeId, ts: i32, customer: i32) -> Message {
         let mut m = Message::default();
         m.meta.app_id = 0;
@@ -778,10 +787,7 @@ mod tests {
         for ts in 0..5 {
             let msg = data(9, 8, ts, 0);
             r.on_send(&msg, now);
-            let mut ack = Message::control(Command::Ack, 9);
-            ack.meta.sender = 8;
-            ack.meta.control.msg_sig = signature(&msg.meta);
-            ack.meta.customer_id = 0;
+            let ack = ack_from_8(&msg);
             now += Duration::from_millis(1);
             r.on_receive(&ack, now);
         }
@@ -849,10 +855,7 @@ mod tests {
         r.on_send(&data(9, 7, 1, 0), t0);
         let msg = data(9, 8, 2, 0);
         r.on_send(&msg, t0);
-        let mut ack = Message::control(Command::Ack, 9);
-        ack.meta.sender = 8;
-        ack.meta.control.msg_sig = signature(&msg.meta);
-        ack.meta.customer_id = 0;
+        let ack = ack_from_8(&msg);
         r.on_receive(&ack, t0 + Duration::from_millis(1));
         // Due after twice the floor (7 not measured), not after 1 s.
         let due = r.tick(t0 + rtt::MIN_RTO * 2);
@@ -885,10 +888,7 @@ mod tests {
         let b = data(9, 8, 5, 1);
         r.on_send(&a, t0);
         r.on_send(&b, t0);
-        let mut ack = Message::control(Command::Ack, 9);
-        ack.meta.sender = 8;
-        ack.meta.control.msg_sig = signature(&b.meta);
-        ack.meta.customer_id = 1;
+        let ack = ack_from_8(&b);
         r.on_receive(&ack, t0);
         let due = r.tick(t0 + T);
         assert_eq!(due.resend.len(), 1);
@@ -912,10 +912,7 @@ mod tests {
         let mut r = Resender::new(T, 3);
         let request = data(9, 8, 2, 0);
         r.on_send(&request, t0);
-        let mut ack = Message::control(Command::Ack, 9);
-        ack.meta.sender = 8;
-        ack.meta.control.msg_sig = signature(&request.meta);
-        ack.meta.customer_id = 0;
+        let ack = ack_from_8(&request);
         r.on_receive(&ack, t0);
         // Acknowledged: no more resends on timeouts...
         assert_eq!(r.unacknowledged(), 0);
