@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use log::warn;
 use pslite_postoffice::{KeyRange, Postoffice};
-use pslite_proto::{ids, lock, Message, NodeId, FEATURE_COMPRESSION};
+use pslite_proto::{Message, NodeId};
 use pslite_van::Failure;
 
 use crate::compression::{Compression, KeyState, WorkerState};
@@ -60,11 +60,15 @@ use crate::Error;
 mod chunks;
 mod options;
 mod slicer;
+mod stages;
 
-use chunks::{pull_chunks, Placed};
+#[cfg(test)]
+use chunks::pull_chunks;
+use chunks::Placed;
 pub use chunks::{PULL_CHUNK_BYTES, PULL_FIRST_CHUNK_BYTES};
 pub use options::{Callback, KVOptions};
 pub use slicer::{default_slicer, Slicer};
+use stages::Outbound;
 
 /// What a KV request keeps in its record (see [`crate::request`]).
 struct Pending<V: Val> {
@@ -464,6 +468,9 @@ impl<V: Val> KVWorker<V> {
         self.customer.num_responses(ts)
     }
 
+    /// Runs a request's stages (see `stages`): checked, sliced over the
+    /// servers, chunked; registered; then each message addressed, encoded,
+    /// stamped and sent.
     fn send(
         &self,
         push: bool,
@@ -473,98 +480,26 @@ impl<V: Val> KVWorker<V> {
         opts: KVOptions<V>,
     ) -> Result<KVRequest<V>, Error> {
         let inner = self.inner();
-        let kvs = KVPairs {
-            keys,
-            vals,
-            lens: opts.lens.unwrap_or_default(),
-        };
-        kvs.validate(push)?;
-        let compression = match opts.compression {
-            Some(c) => c,
-            None => self.compression(),
-        };
-        if compression.is_some() && !crate::compression::applies_to::<V>() {
-            return Err(Error::InvalidInput(format!(
-                "gradient compression applies to f32 and f64 values, not {:?}",
-                V::DATA_TYPE
-            )));
-        }
-        let ranges = inner.po.server_key_ranges();
-        let sliced = {
+        let lens = opts.lens.unwrap_or_default();
+        let compression = opts.compression.unwrap_or_else(|| self.compression());
+        let kvs = KVPairs { keys, vals, lens };
+        let mut out = stages::checked(push, pull, kvs, compression)?;
+        {
             let slicer = inner.slicer.read().unwrap_or_else(|e| e.into_inner());
-            slicer(&kvs, &ranges)
-        };
-        if sliced.len() != ranges.len() {
-            return Err(Error::InvalidInput(format!(
-                "the slicer returned {} slices for {} servers",
-                sliced.len(),
-                ranges.len()
-            )));
+            stages::sliced(&mut out, &slicer, &inner.po.server_key_ranges())?;
         }
-        let targets: Vec<(usize, KVPairs<V>)> = sliced
-            .into_iter()
-            .enumerate()
-            .filter_map(|(rank, s)| s.map(|s| (rank, s)))
-            .collect();
-        // A large pull goes to each pslite server in chunks of keys, so its
-        // answers stream back while its later keys still travel.
-        let key_bytes = std::mem::size_of::<Key>();
-        let chunk_keys = if pull && !push && compression.is_none() {
-            PULL_CHUNK_BYTES / key_bytes
-        } else {
-            0
-        };
-        // The bool: the message asks for its answer without keys (a pslite
-        // server over the network, which can leave them out).
-        let messages: Vec<(usize, KVPairs<V>, bool)> = if chunk_keys == 0 {
-            targets.into_iter().map(|(r, s)| (r, s, false)).collect()
-        } else {
-            let mut chunked: Vec<Vec<(usize, KVPairs<V>, bool)>> = targets
-                .into_iter()
-                .map(|(rank, slice)| {
-                    let id = ids::server_rank_to_id(rank as i32);
-                    if inner.po.peer_features(id) == 0 || inner.po.shares_memory_with(id) {
-                        // A C++ server (or one not known yet), or one this
-                        // node shares memory with (no wire to wait for; its
-                        // answer's values are taken without a copy): one
-                        // request.
-                        vec![(rank, slice, false)]
-                    } else {
-                        pull_chunks(&slice.keys, PULL_FIRST_CHUNK_BYTES / key_bytes, chunk_keys)
-                            .into_iter()
-                            .map(|keys| {
-                                let ask = keys.len() >= SAME_KEYS_MIN_KEYS;
-                                (rank, KVPairs::new(keys, SArray::new()), ask)
-                            })
-                            .collect()
-                    }
-                })
-                .collect();
-            // Round robin over the servers: each starts answering at once.
-            let rounds = chunked.iter().map(Vec::len).max().unwrap_or(0);
-            let mut out = Vec::new();
-            for round in 0..rounds {
-                for chunks in &mut chunked {
-                    if let Some(chunk) = chunks.get_mut(round) {
-                        out.push(std::mem::take(chunk));
-                    }
-                }
-            }
-            out
-        };
+        stages::chunked(&mut out, &inner.po);
         // Register before sending: responses can arrive at once. A server
         // sent several messages is named once per message.
-        let servers: Vec<NodeId> = messages
+        let servers: Vec<NodeId> = out.messages.iter().map(Outbound::server).collect();
+        let sent_keys: Option<SentKeys> = out
+            .messages
             .iter()
-            .map(|(rank, _, _)| ids::server_rank_to_id(*rank as i32))
-            .collect();
-        let sent_keys: Option<SentKeys> = messages
-            .iter()
-            .any(|(_, _, ask)| *ask)
+            .any(|m| m.same_keys)
             .then(|| Arc::new(Mutex::new(HashMap::new())));
         let pending = Pending {
             pull,
-            keys: kvs.keys.clone(),
+            keys: out.kvs.keys.clone(),
             parts: Vec::new(),
             error: None,
             callback: opts.callback,
@@ -575,69 +510,30 @@ impl<V: Val> KVWorker<V> {
         };
         let request = self.customer.new_request_to(&servers, pending);
         let ts = request.ts();
-        for (i, (rank, slice, ask)) in messages.into_iter().enumerate() {
-            let mut msg = Message::default();
-            msg.meta.app_id = inner.app_id;
-            msg.meta.customer_id = inner.customer_id;
-            msg.meta.request = true;
-            msg.meta.push = push;
-            msg.meta.pull = pull;
-            msg.meta.head = opts.cmd;
-            msg.meta.priority = opts.priority;
+        let head = stages::Head {
+            app_id: inner.app_id,
+            customer_id: inner.customer_id,
+            cmd: opts.cmd,
+            priority: opts.priority,
+        };
+        for (i, m) in std::mem::take(&mut out.messages).into_iter().enumerate() {
             // The first message carries the request's timestamp, further
             // ones an alias of it (gone: the request is over already).
-            msg.meta.timestamp = if i == 0 {
-                ts
-            } else {
-                match self.customer.alias(ts) {
+            let timestamp = match i {
+                0 => ts,
+                _ => match self.customer.alias(ts) {
                     Some(alias) => alias,
                     None => break,
-                }
+                },
             };
-            msg.meta.recver = ids::server_rank_to_id(rank as i32);
-            if let (true, Some(sent)) = (ask, &sent_keys) {
-                lock(sent).insert(msg.meta.timestamp, slice.keys.clone());
-                msg.meta.same_keys = true;
-            }
-            let slice = if push {
-                slice
-            } else {
-                KVPairs {
-                    keys: slice.keys,
-                    vals: SArray::new(),
-                    lens: SArray::new(),
-                }
-            };
-            let (mut frames, types) = slice.to_frames();
-            msg.meta.data_type = types;
-            // Only to servers that read compressed values.
-            if let Some(c) = &compression {
-                if inner.po.peer_features(msg.meta.recver) & FEATURE_COMPRESSION != 0 {
-                    inner
-                        .compressed
-                        .prepare(c, push, pull, &slice, &mut msg.meta, &mut frames);
-                } else {
-                    // Momentum correction is the worker's alone.
-                    inner.compressed.prepare_plain(c, push, &slice, &mut frames);
-                    let server = msg.meta.recver;
-                    lock(&inner.uncompressed).log(server, || {
-                        format!(
-                            "server {server} does not read compressed values (a C++ ps-lite \
-                             server): requests to it go uncompressed, compression {c} applies to pslite \
-                             servers only"
-                        )
-                    });
-                }
-            }
-            msg.data = frames;
+            let mut msg = stages::addressed(&out, &m, &head, timestamp, sent_keys.as_ref());
+            stages::encoded(inner, &out, m.pairs, &mut msg);
             inner.clock.stamp(&inner.po, msg.meta.recver, &mut msg.meta);
-            let recver = msg.meta.recver;
+            let peer = msg.meta.recver;
             if let Err(e) = inner.po.send(msg) {
-                let failure = Failure::SendFailed {
-                    peer: recver,
-                    reason: e.to_string(),
-                };
-                self.customer.fail_request(ts, failure);
+                let reason = e.to_string();
+                self.customer
+                    .fail_request(ts, Failure::SendFailed { peer, reason });
                 return Err(e.into());
             }
         }
@@ -765,56 +661,16 @@ impl<V: Val> Handler for Inner<V> {
         if msg.meta.simple_app || !pending.pull {
             return true; // a command's or a push's answer: counted
         }
-        let sender = msg.meta.sender;
-        // An answer compressed as the request asked.
-        let expanded;
-        let msg = if msg.meta.compression.is_some() {
-            let mut m = msg.clone();
-            if let Err(e) = crate::compression::expand::<V>(&mut m) {
-                warn!("malformed answer from node {sender}: {e}");
-                pending
-                    .error
-                    .get_or_insert(Failure::BadResponse { sender, what: e });
-                return true;
-            }
-            expanded = m;
-            &expanded
-        } else {
-            msg
-        };
-        // An answer that left out its keys: they are its request's.
-        let read = if msg.meta.same_keys {
-            let keys = pending
-                .sent_keys
-                .as_ref()
-                .and_then(|sent| lock(sent).get(&msg.meta.timestamp).cloned());
-            match keys {
-                Some(keys) => KVPairs::from_answer_without_keys(msg, &keys),
-                None => Err(Error::Malformed {
-                    sender,
-                    what: format!(
-                        "an answer without keys to message {} of a request that \
-                         did not ask for one",
-                        msg.meta.timestamp
-                    ),
-                }),
-            }
-        } else {
-            KVPairs::from_message(msg)
-        };
-        match read {
+        match stages::answer::<V>(msg, pending.sent_keys.as_ref()) {
             Ok(kvs) => {
                 if let Some(placed) = pending.placed.as_mut() {
                     placed.place(&pending.keys, &kvs);
                 }
-                pending.parts.push((sender, kvs));
+                pending.parts.push((msg.meta.sender, kvs));
             }
-            Err(e) => {
-                warn!("{e}");
-                pending.error.get_or_insert(Failure::BadResponse {
-                    sender,
-                    what: e.to_string(),
-                });
+            Err(failure) => {
+                warn!("{failure}");
+                pending.error.get_or_insert(failure);
             }
         }
         true

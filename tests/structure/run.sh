@@ -7,7 +7,9 @@
 # - no clock read (Instant::now, SystemTime::now) in the socket-free crate
 #   van/core/src outside its tests and the harness's origin of virtual time;
 # - no two modules of van/src or of van/core/src import each other,
-#   directly or round a loop (imports.py prints the edges).
+#   directly or round a loop (imports.py prints the edges);
+# - KVWorker::send, which runs a request's stages
+#   (apps/src/kv_worker/stages.rs), at most 80 lines (issue 42).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail=0
@@ -66,5 +68,12 @@ for src in van/core/src van/src; do
         fail=1
     fi
 done
+
+send=$(awk '/^    fn send\(/ { f = 1 } f { n++ } f && /^    }$/ { print n; exit }' apps/src/kv_worker.rs)
+echo "KVWorker::send: ${send:-0} lines (limit 80)"
+if [ -z "$send" ] || [ "$send" -gt 80 ]; then
+    echo "FAIL: KVWorker::send (apps/src/kv_worker.rs) is missing or over 80 lines: put the work in a stage"
+    fail=1
+fi
 
 exit "$fail"
