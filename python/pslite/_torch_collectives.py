@@ -675,10 +675,10 @@ class DistributedDataParallel(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         if self._pslite_broadcast_buffers and self._pslite_plan and self.training:
-            buffers = list(self.module.named_buffers())
-            if buffers:
-                for _, b in sorted(buffers, key=lambda x: x[0]):
-                    broadcast_(b.data, 0)
+            # Every buffer at once (in name order), then wait for them all.
+            buffers = sorted(self.module.named_buffers(), key=lambda x: x[0])
+            for handle in [broadcast_async_(b.data, 0) for _, b in buffers]:
+                synchronize(handle)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager

@@ -34,6 +34,14 @@ go through pinned host buffers (not tested here: this machine has no GPU).
 `broadcast_parameters` and `broadcast_optimizer_state` copy a root rank's
 model and optimizer state to every worker, exactly (bytes).
 
+Beside these (python/pslite/_torch_collectives.py, docs/TORCH.md): Horovod's
+collectives on any tensor (`allreduce`, `allgather`, `broadcast`,
+`barrier`, their async forms with `synchronize`/`poll`), `local_rank()`,
+`local_size()`, `cross_rank()`, `cross_size()`, `is_initialized()`,
+torchrun's variables in `os.environ` after `init()`, a
+`DistributedDataParallel` wrapper, and plain `python train.py` as one
+worker of size 1.
+
 `embedding(kv, keys, dim)` is an autograd function whose rows live on the
 servers (an optimizer there applies the pushed gradients): see
 `python/examples/train_ctr.py --torch`.
@@ -105,7 +113,10 @@ def init(po=None):
     float64 gradients, and broadcasts), on the scheduler it runs the job,
     and both exit the process with code 0 once every node has finalized:
     the code after `init()` runs on workers only. Workers finalize at
-    `shutdown()` (called at exit)."""
+    `shutdown()` (called at exit). On a worker it sets torchrun's RANK,
+    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in os.environ from the job.
+    Without DMLC_ROLE (plain `python train.py`) the process is one worker
+    of size 1: no servers, every collective the identity."""
     global _state
     if _state is not None:
         return
