@@ -5,7 +5,6 @@ exactly, a DistributedDataParallel-style wrapper equal to one process, and
 plain `python` running as one worker of size 1. The nodes are
 nodes/torch_coll.py. Skipped without torch."""
 
-import os
 import subprocess
 import sys
 
