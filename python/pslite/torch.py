@@ -34,6 +34,14 @@ go through pinned host buffers (not tested here: this machine has no GPU).
 `broadcast_parameters` and `broadcast_optimizer_state` copy a root rank's
 model and optimizer state to every worker, exactly (bytes).
 
+Beside these (python/pslite/_torch_collectives.py, docs/TORCH.md): Horovod's
+collectives on any tensor (`allreduce`, `allgather`, `broadcast`,
+`barrier`, their async forms with `synchronize`/`poll`), `local_rank()`,
+`local_size()`, `cross_rank()`, `cross_size()`, `is_initialized()`,
+torchrun's variables in `os.environ` after `init()`, a
+`DistributedDataParallel` wrapper, and plain `python train.py` as one
+worker of size 1.
+
 `embedding(kv, keys, dim)` is an autograd function whose rows live on the
 servers (an optimizer there applies the pushed gradients): see
 `python/examples/train_ctr.py --torch`.
@@ -105,9 +113,17 @@ def init(po=None):
     float64 gradients, and broadcasts), on the scheduler it runs the job,
     and both exit the process with code 0 once every node has finalized:
     the code after `init()` runs on workers only. Workers finalize at
-    `shutdown()` (called at exit)."""
+    `shutdown()` (called at exit). On a worker it sets torchrun's RANK,
+    WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in os.environ from the job.
+    Without DMLC_ROLE (plain `python train.py`) the process is one worker
+    of size 1: no servers, every collective the identity."""
     global _state
     if _state is not None:
+        return
+    if po is None and not os.environ.get("DMLC_ROLE"):
+        # Plain `python train.py`: one worker of size 1, as Horovod runs it.
+        _state = _coll.single_state()
+        _coll.exchange_topology(_state)
         return
     po = po or pslite.Postoffice.from_env()
     po.start()
@@ -124,6 +140,7 @@ def init(po=None):
         po.finalize()
         sys.exit(0)
     _state = _State(po)
+    _coll.exchange_topology(_state)  # RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
     hook = sys.excepthook
 
     def failed(*args):
@@ -149,7 +166,7 @@ def shutdown():
     if s is None or s.closed:
         return
     s.closed = True
-    if s.failed:
+    if s.failed or s.po is None:
         return
     for kv in [*s.workers.values(), s.raw]:
         kv.close()
@@ -166,9 +183,9 @@ def size():
     return _st().size
 
 
-def local_rank():
-    """This worker's rank on its machine (`pslite launch` runs one machine)."""
-    return int(os.environ.get("PSLITE_LOCAL_RANK", rank()))
+def is_initialized():
+    """Whether `init()` has run on this worker (and `shutdown()` has not)."""
+    return _state is not None and not _state.closed
 
 
 def _flat_bytes(t):
@@ -190,6 +207,8 @@ def _broadcast_tensors(tensors, root_rank):
     s = _st()
     if not 0 <= root_rank < s.size:
         raise pslite.InvalidInput(f"root_rank must be from 0 to {s.size - 1}, got {root_rank}")
+    if s.po is None:
+        return  # a single process
     part = _partition_bytes()
     servers = len(s.ranges)
     pending = []
@@ -222,6 +241,7 @@ def broadcast_parameters(params, root_rank=0):
     worker); tensors go in name order."""
     items = params.items() if isinstance(params, dict) else params
     named = sorted(((name, t) for name, t in items if torch.is_tensor(t)), key=lambda x: x[0])
+    _coll.check_same_tensors(_st(), named, "broadcast_parameters")
     _broadcast_tensors([t for _, t in named], root_rank)
 
 
@@ -305,6 +325,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         part_bytes = _partition_bytes()
         self._plan = []
         self._by_param = {}
+        self._pslite_sparse = {}  # entry index: sparse_dim of its gradient this round
+        if s.po is None:
+            self._pslite_mc = False  # a single process: nothing to send or compress
+            return
         # Model order: earlier layers first (highest priority).
         for name, p in named:
             if id(p) not in ours or id(p) in self._by_param or not p.requires_grad:
@@ -321,6 +345,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._plan.append(entry)
             self._by_param[id(p)] = entry
             p.register_post_accumulate_grad_hook(self._hook_of(entry))
+        # Before any push: every rank holds the same parameters (else an
+        # error naming the parameter, both shapes and both dtypes).
+        _coll.check_same_tensors(s, [(e.name, e.param) for e in self._plan],
+                                 "DistributedOptimizer")
 
     def _hook_of(self, entry):
         def hook(p):
@@ -338,6 +366,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         entry.absent = p.grad is None
         if entry.absent:
             p.grad = torch.zeros_like(p)
+        elif p.grad.is_sparse:
+            # nn.Embedding(sparse=True): summed dense, made sparse again after.
+            p.grad, self._pslite_sparse[entry.index] = _coll.densify(p.grad)
         elif not p.grad.is_contiguous():
             p.grad = p.grad.contiguous()
         grad = p.grad
@@ -389,6 +420,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # No worker had a gradient: none, as alone (the optimizer
                 # skips it rather than stepping on zeros).
                 entry.param.grad = None
+            elif entry.index in self._pslite_sparse:
+                entry.param.grad = grad.to_sparse(self._pslite_sparse.pop(entry.index))
             entry.requests = None
             entry.passes = 0
 
@@ -643,3 +676,34 @@ def embedding(kv, keys, dim):
         isinstance(keys, np.ndarray) and keys.dtype == np.uint64) else keys
     anchor = torch.zeros((), requires_grad=True)
     return _PullPush.apply(anchor, kv, keys, int(dim))
+
+
+# Collectives, topology, the DDP-style wrapper (python/pslite/_torch_collectives.py).
+from . import _torch_collectives as _coll  # noqa: E402
+from ._torch_collectives import (  # noqa: E402,F401
+    Average,
+    DistributedDataParallel,
+    Handle,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_async,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    cross_rank,
+    cross_size,
+    local_rank,
+    local_size,
+    poll,
+    synchronize,
+)

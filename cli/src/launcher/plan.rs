@@ -187,14 +187,19 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
             Role::Server => true,
             Role::Worker => opts.workers / worker_procs == 1,
         };
+        let expected_rank = rank.filter(|_| own_port && opts.elastic.is_none());
+        let mut env = common(role);
+        if role == Role::Worker && opts.elastic.is_none() && !opts.join {
+            env.extend(torchrun_env(opts, expected_rank));
+        }
         nodes.push(NodeSpec {
             name,
             role,
             program,
             args,
-            env: common(role),
+            env,
             own_port,
-            expected_rank: rank.filter(|_| own_port && opts.elastic.is_none()),
+            expected_rank,
         });
         Ok(())
     };
@@ -230,6 +235,27 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
         add(name, Role::Worker, &opts.worker_program, Some(i))?;
     }
     Ok(nodes)
+}
+
+/// torchrun's variables for a worker of a job of fixed size (every worker
+/// of one launch runs on this machine): `WORLD_SIZE` and `LOCAL_WORLD_SIZE`,
+/// and for a process of one worker `RANK` and `LOCAL_RANK`, the rank the
+/// scheduler will give it (its launch index: see [`NodeSpec::expected_rank`]).
+/// `pslite.torch.init()` sets them again from the job once it has started.
+/// A variable given with `--env` is left as given.
+fn torchrun_env(opts: &LaunchOptions, rank: Option<usize>) -> Vec<(String, String)> {
+    let mut vars = vec![
+        ("WORLD_SIZE", opts.workers.to_string()),
+        ("LOCAL_WORLD_SIZE", opts.workers.to_string()),
+    ];
+    if let Some(rank) = rank {
+        vars.push(("RANK", rank.to_string()));
+        vars.push(("LOCAL_RANK", rank.to_string()));
+    }
+    vars.into_iter()
+        .filter(|(k, _)| opts.env.iter().all(|(given, _)| given != k))
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// The variables that make a node's `python` the launcher's: its
@@ -336,6 +362,43 @@ mod tests {
         assert_eq!(nodes[1].program, "python3");
         assert!(nodes[1].env.iter().all(|(k, _)| k != "PATH"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn workers_of_a_fixed_job_get_torchruns_variables() {
+        let var = |n: &NodeSpec, k: &str| {
+            n.env
+                .iter()
+                .rev()
+                .find(|(name, _)| name == k)
+                .map(|(_, v)| v.clone())
+        };
+        let mut o = opts();
+        o.servers = 2;
+        o.workers = 3;
+        let nodes = plan(&o, 9000).unwrap();
+        for (i, worker) in nodes[3..].iter().enumerate() {
+            let i = i.to_string();
+            assert_eq!(var(worker, "RANK").as_deref(), Some(i.as_str()));
+            assert_eq!(var(worker, "LOCAL_RANK").as_deref(), Some(i.as_str()));
+            assert_eq!(var(worker, "WORLD_SIZE").as_deref(), Some("3"));
+            assert_eq!(var(worker, "LOCAL_WORLD_SIZE").as_deref(), Some("3"));
+        }
+        // Not for the scheduler and servers; not RANK for a process of
+        // several workers; none for elastic workers; --env wins.
+        assert!(nodes[..3].iter().all(|n| var(n, "WORLD_SIZE").is_none()));
+        o.worker_procs = Some(1);
+        let nodes = plan(&o, 9000).unwrap();
+        assert_eq!(var(&nodes[3], "RANK"), None);
+        assert_eq!(var(&nodes[3], "WORLD_SIZE").as_deref(), Some("3"));
+        o.worker_procs = None;
+        o.elastic = Some((1, 3));
+        let nodes = plan(&o, 9000).unwrap();
+        assert!(nodes.iter().all(|n| var(n, "WORLD_SIZE").is_none()));
+        o.elastic = None;
+        o.env = vec![("RANK".into(), "7".into())];
+        let nodes = plan(&o, 9000).unwrap();
+        assert_eq!(var(&nodes[3], "RANK").as_deref(), Some("7"));
     }
 
     #[test]
