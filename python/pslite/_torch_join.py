@@ -16,6 +16,7 @@ in about one round trip instead of waiting forever.
 
 import re
 import sys
+import time
 import weakref
 
 import numpy as np
@@ -104,8 +105,9 @@ def announce_finished(s):
     try:
         for kv, keys in _targets(s):
             requests.append(kv.push(keys, _rank_values(kv, s.rank), cmd=_FINISHED))
+        deadline = time.monotonic() + _FINISHED_WAIT
         for req in requests:
-            req.wait(timeout=_FINISHED_WAIT)
+            req.wait(timeout=max(0.0, deadline - time.monotonic()))
     except pslite.Error as e:
         print(f"pslite.torch: could not tell the servers that worker rank {s.rank} has "
               f"finished: {e}", file=sys.stderr, flush=True)
