@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 LINES = [
     "GradScaler plain form: equals one process on the global batch",
     "synchronize + skip_synchronize: equals one process, each gradient pushed once",
+    "GradScaler: an overflow on one worker skips the step on every worker",
     "autocast bfloat16 + GradScaler: the update is one process's",
     "torch.bfloat16 parameters: the gradient is the float32 mean rounded once",
     "torch.float16 parameters: the gradient is the float32 mean rounded once",

@@ -11,6 +11,9 @@ counts (once per worker), and `PASS amp <rank>` at the end.
   clip_grad_norm_; with opt.skip_synchronize(): scaler.step(opt)``): equal
   to one process with the same clipping, and every gradient pushed once
   per step.
+- an overflow in one worker's gradients: every worker skips that step
+  (the averages overflow everywhere) and halves its scale; the models
+  stay equal.
 - autocast bfloat16 on a float32 model with GradScaler: the update is one
   process's within bfloat16's rounding (the bug this guards against made it
   65 536 times too large).
@@ -141,6 +144,32 @@ def scaler_horovod_form():
           flush=True)
 
 
+def scaler_skips_together():
+    rank, size = pt.rank(), pt.size()
+    model = start(torch.float64, 7)
+    before = copy.deepcopy(model)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    x, y = data(torch.float64)[0]
+    for step in range(2):
+        opt.zero_grad()
+        loss = loss_of(model, shard(x, rank, size), shard(y, rank, size))
+        if rank == 1 and step == 0:
+            loss = loss * float("inf")  # this worker's gradients overflow
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        if step == 0:
+            for p, q in zip(model.parameters(), before.parameters()):
+                assert torch.equal(p, q), "a worker stepped on an overflowed average"
+            assert scaler.get_scale() == 2.0 ** 15, scaler.get_scale()
+    everyone = pt.broadcast_object(copy.deepcopy(model.state_dict()), root_rank=0)
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, everyone[name]), f"{name}: the workers' models differ"
+    print("GradScaler: an overflow on one worker skips the step on every worker", flush=True)
+
+
 def autocast_bfloat16():
     rank, size = pt.rank(), pt.size()
     model = start(torch.float32, 3)
@@ -249,7 +278,7 @@ def skip_refused():
 pt.init()  # servers and the scheduler serve here, then exit
 torch.set_num_threads(1)
 only = sys.argv[1:]
-checks = [scaler_plain_form, scaler_horovod_form, autocast_bfloat16,
+checks = [scaler_plain_form, scaler_horovod_form, scaler_skips_together, autocast_bfloat16,
           lambda: half_parameters(torch.bfloat16), lambda: half_parameters(torch.float16),
           predivide, skip_refused]
 for check in checks:
