@@ -2,6 +2,8 @@
 //! over one round of every worker and then answers them all with the sum:
 //! an all-reduce through the servers, as BytePS's servers do for
 //! data-parallel training (`pslite.torch.DistributedOptimizer` runs on it).
+//! Workers that run out of data join ([`JOIN`]) or say they finished
+//! ([`FINISHED`]): see `all_reduce/members.rs`.
 
 use std::collections::HashMap;
 
@@ -11,6 +13,9 @@ use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
 use crate::kv_server::KVServer;
 use crate::sarray::SArray;
 use crate::Refusal;
+
+mod members;
+pub use members::{FINISHED, JOIN};
 
 /// One key set's round: the values pushed so far (summed once all are
 /// in: one pass over memory) and the requests waiting for the sum.
@@ -84,6 +89,12 @@ fn sum<V: Val>(parts: &[SArray<V>], scale: Option<Scale<V>>) -> Vec<V> {
 /// nothing to pull between rounds). Every answer of a round shares one
 /// buffer (no copies).
 ///
+/// A worker out of data sends [`JOIN`]: until every worker has joined, the
+/// rounds complete without the joined ones (their parts count as zeros: a
+/// mean still divides by `workers`), and then every join is answered. A
+/// worker that ends without joining sends [`FINISHED`]: the rounds that
+/// wait for it, then and later, are refused, naming its rank.
+///
 /// ```no_run
 /// # fn demo(po: &pslite::Postoffice) -> Result<(), pslite::Error> {
 /// let server = pslite::KVServer::<f32>::new(po, 0)?;
@@ -95,6 +106,8 @@ pub struct AllReduceHandle<V: Val> {
     rounds: HashMap<Key, Round<V>>,
     /// Set by [`AllReduceHandle::averaging`].
     mean: Option<fn(&mut [V], f64)>,
+    /// The workers that joined or finished.
+    members: members::Members<V>,
 }
 
 impl<V: Val> AllReduceHandle<V> {
@@ -104,6 +117,7 @@ impl<V: Val> AllReduceHandle<V> {
             workers: workers.max(1),
             rounds: HashMap::new(),
             mean: None,
+            members: members::Members::default(),
         }
     }
 
@@ -133,9 +147,18 @@ impl<V: Val> AllReduceHandle<V> {
                 "an all-reduce server answers pushes and push-pulls, not pulls alone".into(),
             ));
         }
+        if meta.cmd == JOIN {
+            return self.join(meta, req);
+        }
         let Some(&first) = req.keys.first() else {
             return Ok(vec![(meta.clone(), KVPairs::default())]);
         };
+        if let Some(reason) = self
+            .members
+            .refuses(meta.sender, first, self.rounds.get(&first))
+        {
+            return Err(refuse(reason));
+        }
         if meta.cmd == AVERAGE && self.mean.is_none() {
             return Err(refuse(
                 "this all-reduce server sums only: it cannot average values of this type".into(),
@@ -169,14 +192,20 @@ impl<V: Val> AllReduceHandle<V> {
         }
         round.parts.push(req.vals);
         round.waiting.push(meta.clone());
-        if round.waiting.len() < self.workers {
+        if round.waiting.len() < self.members.needed(self.workers) {
             return Ok(Vec::new());
         }
+        Ok(self.complete(first))
+    }
+
+    /// Round `first`'s answers (the round ends): its sum, or its mean over
+    /// every worker (joined workers count, as zeros).
+    fn complete(&mut self, first: Key) -> Vec<(KVMeta, KVPairs<V>)> {
         let Some(round) = self.rounds.remove(&first) else {
-            return Ok(Vec::new());
+            return Vec::new();
         };
         let mean = match (self.mean, round.waiting.iter().any(|m| m.cmd == AVERAGE)) {
-            (Some(f), true) => Some((f, 1.0 / round.parts.len() as f64)),
+            (Some(f), true) => Some((f, 1.0 / self.workers as f64)),
             _ => None,
         };
         let sum = KVPairs {
@@ -184,7 +213,7 @@ impl<V: Val> AllReduceHandle<V> {
             vals: SArray::from_vec(sum(&round.parts, mean)),
             lens: round.lens,
         };
-        Ok(round
+        round
             .waiting
             .into_iter()
             .map(|m| {
@@ -195,20 +224,28 @@ impl<V: Val> AllReduceHandle<V> {
                 };
                 (m, pairs)
             })
-            .collect())
+            .collect()
     }
 
     /// The handle as a closure for [`KVServer::set_request_handle`].
     pub fn into_handle(mut self) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static {
-        move |meta, req, server| match self.apply(meta, req) {
-            Ok(answers) => {
-                for (m, pairs) in answers {
-                    if let Err(e) = server.response(&m, pairs) {
-                        warn!("cannot answer node {}: {e}", m.sender);
-                    }
+        move |meta, req, server| {
+            let answers = if meta.cmd == FINISHED {
+                for (m, refusal) in self.finish(meta) {
+                    server.refuse(&m, refusal);
+                }
+                vec![(meta.clone(), KVPairs::default())]
+            } else {
+                match self.apply(meta, req) {
+                    Ok(answers) => answers,
+                    Err(refusal) => return server.refuse(meta, refusal),
+                }
+            };
+            for (m, pairs) in answers {
+                if let Err(e) = server.response(&m, pairs) {
+                    warn!("cannot answer node {}: {e}", m.sender);
                 }
             }
-            Err(refusal) => server.refuse(meta, refusal),
         }
     }
 }

@@ -77,7 +77,7 @@ mod staleness;
 
 use std::process::ExitCode;
 
-pub use all_reduce::{AllReduceHandle, Mean, AVERAGE};
+pub use all_reduce::{AllReduceHandle, Mean, AVERAGE, FINISHED, JOIN};
 pub use compression::{parse_compression, Compression, CompressionKind, KeyState};
 pub use customer::{Customer, Handler, Request};
 /// Which engine thread owns a key (`PS_SERVER_THREADS`).

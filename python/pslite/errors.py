@@ -136,6 +136,15 @@ class UnknownApp(RequestRefused, LookupError):
     PS_APP_WAIT."""
 
 
+class WorkerFinished(RequestRefused):
+    """A worker ended (its script finished) while this one still had rounds
+    that need it: `pslite.torch` names the parameter that waits and the
+    finished worker's rank (`rank`). Workers with fewer batches call
+    `pslite.torch.join()` instead of ending."""
+
+    rank = None
+
+
 class StoreError(Error):
     """A store call failed."""
 
@@ -181,6 +190,7 @@ __all__ = [
     "DtypeMismatch",
     "LengthMismatch",
     "UnknownApp",
+    "WorkerFinished",
     "StoreError",
     "TooLarge",
     "Refused",

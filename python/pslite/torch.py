@@ -30,6 +30,19 @@ the same pass) and answer every worker, and the answer is copied into the
 gradient's own memory as it arrives, on pslite's thread, while the
 backward pass goes on (CPU tensors go without a copy on the sending side). CUDA tensors
 go through pinned host buffers (not tested here: this machine has no GPU).
+`backward()` returns once every gradient is the average (as with DDP), so
+what reads them before `step()` sees the averages: mixed precision's
+`GradScaler` (``scaler.scale(loss).backward(); scaler.step(opt);
+scaler.update()``), `clip_grad_norm_`. Horovod's form works too:
+``opt.synchronize()`` then ``with opt.skip_synchronize(): scaler.step(opt)``.
+float16 and bfloat16 gradients are summed as float32 and rounded once on
+the way back; `gradient_predivide_factor` divides before the sum and
+multiplies after (Horovod's).
+
+Uneven inputs: a worker whose data ends calls `join()` and takes part as
+zeros until every worker has joined; a worker that ends without it makes
+the ones still pushing fail at once with `pslite.WorkerFinished`, naming
+the parameter that waits and the finished rank (docs/TORCH.md).
 
 `broadcast_parameters` and `broadcast_optimizer_state` copy a root rank's
 model and optimizer state to every worker, exactly (bytes).
@@ -48,6 +61,7 @@ servers (an optimizer there applies the pushed gradients): see
 """
 
 import atexit
+import contextlib
 import io
 import os
 import sys
@@ -57,8 +71,15 @@ import torch
 
 import pslite
 
+from . import _torch_join as _join
+from ._torch_join import join  # noqa: F401  (pslite.torch.join)
+
 #: Apps on every server: float32 and float64 gradients, raw bytes (broadcasts).
 _APPS = {torch.float32: (0, "float32"), torch.float64: (2, "float64")}
+#: Gradients summed as another type: half precision goes as float32 (a sum
+#: of float16 values in float16 overflows at 65504 and rounds at every
+#: addition; in float32 the mean rounds once, on the way back).
+_WIRE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 _RAW_APP = 1
 #: The command that asks the servers for the mean instead of the sum.
 _AVERAGE = 1
@@ -168,6 +189,7 @@ def shutdown():
     s.closed = True
     if s.failed or s.po is None:
         return
+    _join.announce_finished(s)  # a worker still pushing fails now, naming this rank
     for kv in [*s.workers.values(), s.raw]:
         kv.close()
     s.po.finalize()
@@ -284,20 +306,26 @@ class _Param:
     flight."""
 
     __slots__ = ("index", "name", "param", "group", "parts", "kv", "passes", "requests", "host",
-                 "absent")
+                 "absent", "wire")
 
-    def __init__(self, index, name, param, group, parts, kv):
+    def __init__(self, index, name, param, group, parts, kv, wire):
         self.index, self.name, self.param, self.parts, self.kv = index, name, param, parts, kv
         self.group = group  # its param group's index
+        self.wire = wire  # the dtype its gradient is summed in
         self.passes = 0
         self.requests = None
         self.host = None
         self.absent = False
 
+    def staged(self, grad):
+        """Whether `grad` goes through the host buffer (a CUDA tensor, or a
+        half-precision one summed as float32)."""
+        return grad.device.type != "cpu" or grad.dtype != self.wire
+
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 average, momentum_correction):
+                 average, momentum_correction, gradient_predivide_factor=1.0):
         super(self.__class__, self).__init__(params)
         self._compression = _compression_of(compression)
         self._pslite_mc = _momentum_correction_of(momentum_correction, self._compression, self)
@@ -307,6 +335,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         s = _st()
         self._passes = backward_passes_per_step
         self._average = average
+        self._pslite_predivide = _predivide_of(gradient_predivide_factor, average, self._pslite_mc)
+        # Whether every gradient is this step's sum (synchronize() ran and no
+        # backward hook since), whether step() skips synchronize(), and
+        # whether a backward pass has its end-of-pass synchronize() queued.
+        self._pslite_synced = False
+        self._pslite_skip = False
+        self._pslite_queued = False
+        _join.track(self)
         in_groups = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is None:
             named = [(f"param.{i}", p) for i, p in enumerate(in_groups)]
@@ -333,15 +369,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for name, p in named:
             if id(p) not in ours or id(p) in self._by_param or not p.requires_grad:
                 continue
-            if p.dtype not in _APPS:
+            wire = _WIRE.get(p.dtype, p.dtype)
+            if wire not in _APPS:
                 raise pslite.InvalidInput(
                     f"parameter {name} is {p.dtype}: DistributedOptimizer sums float32 and "
-                    f"float64 gradients")
-            app, _ = _APPS[p.dtype]
-            per_part = max(1, part_bytes // p.element_size())
+                    f"float64 gradients (float16 and bfloat16 ones as float32)")
+            app, _ = _APPS[wire]
+            per_part = max(1, part_bytes // wire.itemsize)
             parts = [_Part(s.new_key(app), at, min(at + per_part, p.numel()))
                      for at in range(0, p.numel(), per_part)]
-            entry = _Param(len(self._plan), name, p, group_of[id(p)], parts, s.workers[p.dtype])
+            entry = _Param(len(self._plan), name, p, group_of[id(p)], parts, s.workers[wire],
+                           wire)
             self._plan.append(entry)
             self._by_param[id(p)] = entry
             p.register_post_accumulate_grad_hook(self._hook_of(entry))
@@ -352,10 +390,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _hook_of(self, entry):
         def hook(p):
+            self._pslite_synced = False
             entry.passes += 1
             if entry.passes == self._passes:
                 self._push(entry)
+                if not self._pslite_queued:
+                    # The gradients are complete when backward() returns
+                    # (as with DDP): whatever reads them before step()
+                    # (GradScaler.unscale_, clip_grad_norm_) sees the sums.
+                    self._pslite_queued = True
+                    torch.autograd.Variable._execution_engine.queue_callback(
+                        self._pslite_backward_done)
         return hook
+
+    def _pslite_backward_done(self):
+        self._pslite_queued = False
+        self.synchronize()
 
     def _push(self, entry):
         p = entry.param
@@ -385,17 +435,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 with torch.no_grad():
                     grad.add_(p.detach(), alpha=wd)
             compression = self._momentum_compression(momentum, bool(group.get("nesterov")))
-        if grad.device.type != "cpu":
+        f = self._pslite_predivide
+        if entry.staged(grad):
             if entry.host is None:
-                entry.host = torch.empty(grad.numel(), dtype=grad.dtype,
+                entry.host = torch.empty(grad.numel(), dtype=entry.wire,
                                          pin_memory=torch.cuda.is_available())
             entry.host.copy_(grad.reshape(-1))
+            if f != 1:
+                entry.host.div_(f)
             flat = entry.host.numpy()
         else:
+            if f != 1:
+                with torch.no_grad():
+                    grad.div_(f)
             flat = grad.detach().reshape(-1).numpy()
         priority = -entry.index
-        # cmd 1: the servers answer with the mean (summed and divided in one pass).
-        cmd = _AVERAGE if self._average else 0
+        # cmd 1: the servers answer with the mean (summed and divided in one
+        # pass); with a predivide factor they sum, and synchronize() scales.
+        cmd = _AVERAGE if self._average and f == 1 else 0
         entry.requests = [
             entry.kv.push_pull(part.keys, flat[part.begin:part.end],
                                out=flat[part.begin:part.end], cmd=cmd, priority=priority,
@@ -406,15 +463,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Waits for every gradient's sum (pushing the gradients whose hook
         has not run: parameters without a gradient send zeros, so that every
         worker's round completes; one that no worker had a gradient for
-        keeps none), earlier layers first."""
+        keeps none), earlier layers first. The end of each backward pass
+        that pushed runs it, so it does nothing again until the next
+        backward pass (or `step()`, `zero_grad()`)."""
+        if self._pslite_synced:
+            return
+        self._pslite_queued = False
         for entry in self._plan:
             if entry.requests is None:
                 self._push(entry)
+        post = self._pslite_predivide / size() if self._pslite_predivide != 1 else None
         for entry in self._plan:
             for req in entry.requests:
-                req.wait()  # its values are in the gradient already
+                try:
+                    req.wait()  # its values are in the gradient already
+                except pslite.RequestRefused as e:
+                    for other in self._plan:
+                        other.requests, other.passes = None, 0
+                    mapped = _join.finished_error(e, f"the gradient of parameter {entry.name}")
+                    if mapped is None:
+                        raise
+                    raise mapped from e
             grad = entry.param.grad
-            if grad.device.type != "cpu":
+            staged = entry.staged(grad)
+            if post is not None:
+                with torch.no_grad():
+                    (entry.host if staged else grad).mul_(post)
+            if staged:
                 grad.copy_(entry.host.view_as(grad))
             if entry.absent and not grad.any():
                 # No worker had a gradient: none, as alone (the optimizer
@@ -424,6 +499,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 entry.param.grad = grad.to_sparse(self._pslite_sparse.pop(entry.index))
             entry.requests = None
             entry.passes = 0
+        self._pslite_synced = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """`step()` inside it does not synchronize: after `synchronize()`,
+        as with Horovod (``opt.synchronize(); scaler.unscale_(opt); ...;
+        with opt.skip_synchronize(): scaler.step(opt)``). A step whose
+        gradients are still being summed is refused."""
+        self._pslite_skip = True
+        try:
+            yield
+        finally:
+            self._pslite_skip = False
 
     def _momentum_compression(self, momentum, nesterov):
         key = (float(momentum), nesterov)
@@ -439,7 +527,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._pslite_mc
 
     def step(self, closure=None):
-        self.synchronize()
+        if not self._pslite_skip:
+            self.synchronize()
+        elif not self._pslite_synced and any(
+                e.requests is not None or e.passes for e in self._plan):
+            raise pslite.InvalidInput(
+                "step() inside skip_synchronize() while gradients are not summed yet: call "
+                "opt.synchronize() before it")
+        self._pslite_synced = False  # the next synchronize() sums again
         if not self._pslite_mc:
             return super(self.__class__, self).step(closure)
         # The averages already carry the momentum and weight decay of the
@@ -548,6 +643,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=True):
         if any(e.requests is not None for e in self._plan):
             raise RuntimeError("zero_grad() while gradients are in flight: call step() first")
+        self._pslite_synced = False
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
@@ -565,6 +661,26 @@ def _compression_of(compression):
     raise pslite.InvalidInput(
         f"compression must be a pslite.Compression, a string such as 'topk:0.01' or None, "
         f"not {type(compression).__name__}")
+
+
+def _predivide_of(factor, average, momentum_correction):
+    """DistributedOptimizer's `gradient_predivide_factor` (Horovod's)."""
+    try:
+        f = float(factor)
+    except (TypeError, ValueError):
+        f = 0.0
+    if not f > 0 or f == float("inf"):
+        raise pslite.InvalidInput(
+            f"gradient_predivide_factor must be a number above 0, got {factor!r}")
+    if f != 1 and not average:
+        raise pslite.InvalidInput(
+            "gradient_predivide_factor applies to averaged gradients (average=True): with "
+            "average=False the servers' sum is the answer")
+    if f != 1 and momentum_correction:
+        raise pslite.InvalidInput(
+            "gradient_predivide_factor does not go with momentum correction: pass "
+            "momentum_correction=False")
+    return f
 
 
 def _momentum_correction_of(setting, compression, optimizer):
@@ -599,7 +715,8 @@ def _momentum_correction_of(setting, compression, optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
-                         backward_passes_per_step=1, average=True, momentum_correction=None):
+                         backward_passes_per_step=1, average=True, momentum_correction=None,
+                         gradient_predivide_factor=1.0):
     """`optimizer` made data-parallel: before each `step()`, every
     parameter's gradient is averaged (summed with ``average=False``) over
     the workers through the servers. Gradients are pushed from backward
@@ -638,12 +755,24 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     worse with it; SGD, some group with momentum, no dampening, not
     maximize), False turns it off (the optimizer's own
     momentum, as before), True insists (an error where it does not apply).
-    `opt.momentum_correction` says which. The result is an instance of the
-    optimizer's own class (LR schedulers take it)."""
+    `opt.momentum_correction` says which.
+
+    When `backward()` returns, every gradient pushed in it is already the
+    average (the end of the pass waits for the sums), so `GradScaler`
+    (``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``)
+    and gradient clipping read the averages. `opt.synchronize()` waits for
+    them explicitly and does nothing again until the next backward pass;
+    ``with opt.skip_synchronize(): opt.step()`` steps without it
+    (Horovod's form). float16 and bfloat16 parameters are accepted: their
+    gradients are summed as float32 and rounded once on the way back.
+    ``gradient_predivide_factor=f`` (Horovod's) divides each gradient by
+    `f` before the sum and the sum by ``size() / f`` after (average=True
+    only). The result is an instance of the optimizer's own class (LR
+    schedulers take it)."""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               average, momentum_correction)
+               average, momentum_correction, gradient_predivide_factor)
     dist.load_state_dict(optimizer.state_dict())
     return dist
 

@@ -42,6 +42,11 @@ impl PyDefaultHandle {
 /// worker pushes (or push-pulls) the same keys once per round (requests
 /// with `cmd=1` get the mean instead: float32 and float64); a pull
 /// alone, or other keys or lengths under a round's first key, are refused.
+/// A worker out of data sends `cmd=100` (join: until every worker has
+/// joined, rounds complete without it, a mean still divides by every
+/// worker; each join is answered with the last joiner's values), a worker
+/// that ends `cmd=101` (rounds that wait for it are refused, naming its
+/// rank): `pslite.torch.join()` and its shutdown.
 #[pyclass(module = "pslite", frozen, name = "AllReduceHandle")]
 pub struct PyAllReduceHandle {
     workers: usize,

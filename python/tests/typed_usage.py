@@ -18,6 +18,8 @@ def worker(po: pslite.Postoffice) -> float:
         kv.pull(keys).wait()
     except pslite.DtypeMismatch as e:
         print(e.node, e.timestamp)
+    except pslite.WorkerFinished as e:
+        print(e.rank)
     except pslite.RequestRefused:
         pass
     return float(pairs.vals.sum())
