@@ -19,7 +19,10 @@ fn node(role: &str, port: u16) -> Spawned {
         ("PS_HEARTBEAT_TIMEOUT", "3"),
     ];
     if role == "scheduler" {
-        extra.push(("RUST_LOG", "info,pslite_van_core::scheduler::barriers=debug"));
+        extra.push((
+            "RUST_LOG",
+            "info,pslite_van_core::scheduler::barriers=debug",
+        ));
     }
     if role == "worker" {
         extra.push(("BARRIER_WAIT_STDIN", "1"));

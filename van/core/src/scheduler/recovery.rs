@@ -184,7 +184,10 @@ impl Scheduler {
             .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
             .map(|(_, &since)| since + self.cfg.recovery_timeout)
             .min();
-        [alive, recovery, closed, outage].into_iter().flatten().min()
+        [alive, recovery, closed, outage]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The dead list, as a HEARTBEAT to every live pslite node.
