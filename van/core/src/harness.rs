@@ -555,6 +555,8 @@ mod loss_tests;
 #[cfg(test)]
 mod partition_tests;
 #[cfg(test)]
+mod release_tests;
+#[cfg(test)]
 mod replica_tests;
 #[cfg(test)]
 mod servers_tests;
