@@ -175,6 +175,7 @@ impl Core {
                     num_workers: cfg.num_workers,
                     me: me.clone(),
                     heartbeat_timeout: cfg.heartbeat_timeout,
+                    heartbeat_interval: cfg.heartbeat_interval,
                     recovery_timeout: cfg.recovery_timeout,
                     watch_all: cfg.watch_all,
                     elastic: cfg.elastic,

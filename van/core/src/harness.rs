@@ -131,6 +131,11 @@ pub struct Network {
     pub heartbeats_lost: std::collections::HashSet<usize>,
     /// Parts of messages put on the wire, by receiving node.
     pub parts_sent_to: HashMap<usize, usize>,
+    /// Links cut (see [`Network::cut_link`]), until when.
+    cuts: HashMap<usize, Instant>,
+    /// Connections whose packets wait for TCP's next retransmission after
+    /// a cut: (from, to) -> when they arrive.
+    stalls: HashMap<(usize, usize), Instant>,
 }
 
 /// Steps at one virtual instant after which the harness calls it a busy
@@ -166,6 +171,8 @@ impl Network {
             disk_faults: DiskFaults::default(),
             heartbeats_lost: std::collections::HashSet::new(),
             parts_sent_to: HashMap::new(),
+            cuts: HashMap::new(),
+            stalls: HashMap::new(),
         }
     }
 
@@ -534,6 +541,9 @@ use pslite_proto::Node;
 mod backpressure_tests;
 #[cfg(test)]
 mod checkpoint_tests;
+mod cut;
+#[cfg(test)]
+mod cut_tests;
 #[cfg(test)]
 mod deadline_tests;
 #[cfg(test)]
@@ -544,6 +554,8 @@ mod identity_tests;
 mod loss_tests;
 #[cfg(test)]
 mod partition_tests;
+#[cfg(test)]
+mod release_tests;
 #[cfg(test)]
 mod replica_tests;
 #[cfg(test)]

@@ -67,6 +67,11 @@ pub struct SchedulerConfig {
     /// A node whose last message is older than this is dead
     /// (`PS_HEARTBEAT_TIMEOUT`); `None` means never.
     pub heartbeat_timeout: Option<Duration>,
+    /// How often the nodes send heartbeats (`PS_HEARTBEAT_INTERVAL`):
+    /// (almost) every node silent for longer than this and a quarter is
+    /// this scheduler's own outage (see `scheduler/outage.rs`); `None`
+    /// (no heartbeats) never is.
+    pub heartbeat_interval: Option<Duration>,
     /// The timeout applies to every node (`PS_HEARTBEAT_TIMEOUT` was set);
     /// otherwise only to nodes that send heartbeats (pslite nodes do by
     /// default; C++ nodes only when told to), so a silent C++ node is never
@@ -131,6 +136,9 @@ pub struct Scheduler {
     /// lives (it cannot answer their heartbeats).
     deaf_since: Option<Instant>,
     next_keepalive: Option<Instant>,
+    /// This scheduler's own outage: it heard from (almost) no node at once
+    /// (see `scheduler/outage.rs`).
+    outage: Option<Instant>,
     /// The table changed since it was last announced (after the cluster
     /// formed).
     table_changed: bool,
@@ -204,6 +212,7 @@ impl Scheduler {
             cfg,
             deaf_since: None,
             next_keepalive: None,
+            outage: None,
             table_changed: false,
             replacing: Vec::new(),
             stopping: None,
@@ -262,6 +271,9 @@ impl Scheduler {
         let mut back = Vec::new();
         if sender != K_EMPTY && self.is_member(sender) {
             self.last_seen.insert(sender, now);
+            if self.outage.is_some() {
+                self.watch_outage(now);
+            }
             if self.dead_since.contains_key(&sender) && !self.is_dead(sender, now) {
                 // Stopped or cut off, not dead: nothing took its place, so
                 // it is taken back, and everyone is told at once.
@@ -382,6 +394,7 @@ impl Component for Scheduler {
 
 mod barriers;
 mod elastic;
+mod outage;
 mod recovery;
 mod status;
 mod stop;

@@ -71,6 +71,7 @@ proptest! {
             num_workers: 2,
             me,
             heartbeat_timeout: heartbeats.then(|| Duration::from_secs(1)),
+            heartbeat_interval: None,
             recovery_timeout: Duration::from_secs(3),
             watch_all: true,
             elastic: None,

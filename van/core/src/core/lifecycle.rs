@@ -304,6 +304,15 @@ impl Core {
         }
     }
 
+    /// On the scheduler, the processes it holds dead at `now` (none
+    /// elsewhere).
+    pub fn declared_dead(&self, now: Instant) -> Vec<NodeId> {
+        self.parts
+            .scheduler
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.dead_nodes(now))
+    }
+
     /// Ids of nodes silent for longer than `timeout` (ps-lite's
     /// `GetDeadNodes`): on the scheduler, servers and workers; elsewhere,
     /// the scheduler.

@@ -261,9 +261,10 @@ impl Network {
                 } else {
                     0
                 });
+            let at = self.through_cuts(i, to, self.now + delay);
             self.queues.seq += 1;
             self.queues.packets.push(Reverse(Packet {
-                at: self.now + delay,
+                at,
                 seq: self.queues.seq,
                 to,
                 identity,

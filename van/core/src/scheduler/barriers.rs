@@ -140,10 +140,15 @@ impl Scheduler {
             return Vec::new();
         }
         let round = self.barriers.remove(&group).unwrap_or_default();
+        // A failed-over server that arrived waits too (stopped, say, and
+        // declared dead meanwhile): it is released with the others, or it
+        // would wait in that barrier for good once it runs again.
+        let arrived: BTreeSet<NodeId> = round.arrived.iter().map(|&(id, _)| id).collect();
         let mut members: BTreeSet<NodeId> = self
             .process_nodes()
             .into_iter()
-            .filter(|n| ids::group_contains(group, n.id) && !self.failed_over.contains(&n.id))
+            .filter(|n| ids::group_contains(group, n.id))
+            .filter(|n| !self.failed_over.contains(&n.id) || arrived.contains(&n.id))
             .map(|n| n.id)
             .collect();
         if group & ids::SCHEDULER_GROUP != 0 {

@@ -42,6 +42,7 @@ impl Scheduler {
         if !self.ready {
             return actions;
         }
+        self.watch_outage(now);
         for node in std::mem::take(&mut self.waiting) {
             match self.dead_of_role(node.role, now) {
                 Some(pid) => actions.extend(self.recover(pid, &node, now)),
@@ -160,6 +161,12 @@ impl Scheduler {
             return closed;
         }
         let slack = Duration::from_millis(1);
+        let outage = self.outage_timeout();
+        // In this scheduler's own outage, silence is allowed longer.
+        let timeout = match self.outage {
+            Some(_) => timeout + self.cfg.recovery_timeout,
+            None => timeout,
+        };
         let alive = self
             .processes()
             .into_iter()
@@ -177,7 +184,10 @@ impl Scheduler {
             .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
             .map(|(_, &since)| since + self.cfg.recovery_timeout)
             .min();
-        [alive, recovery, closed].into_iter().flatten().min()
+        [alive, recovery, closed, outage]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The dead list, as a HEARTBEAT to every live pslite node.
@@ -271,9 +281,15 @@ impl Scheduler {
         }
         // The time spent deaf counts as nobody's silence.
         let until = self.deaf_since.map_or(now, |since| since.min(now));
-        self.last_seen
-            .get(&id)
-            .is_none_or(|&seen| until.saturating_duration_since(seen) > timeout)
+        let Some(&seen) = self.last_seen.get(&id) else {
+            return true;
+        };
+        let silent = until.saturating_duration_since(seen);
+        if silent <= timeout {
+            return false;
+        }
+        // In this scheduler's own outage, the live get longer.
+        self.dead_since.contains_key(&id) || silent > self.silence_allowed(timeout, now)
     }
 
     /// Whether process `id`'s connection closed at least [`LINK_GRACE`]

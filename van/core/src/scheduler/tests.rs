@@ -19,6 +19,7 @@ fn scheduler(num_servers: i32, num_workers: i32, timeout: Option<u64>) -> Schedu
             num_workers,
             me,
             heartbeat_timeout: timeout.map(Duration::from_secs),
+            heartbeat_interval: None,
             recovery_timeout: Duration::from_secs(30),
             watch_all: true,
             elastic: None,
@@ -631,6 +632,7 @@ fn elastic_status_gives_round_ranks_and_lists_waiting_workers() {
             num_workers: 2,
             me,
             heartbeat_timeout: None,
+            heartbeat_interval: None,
             recovery_timeout: Duration::from_secs(30),
             watch_all: true,
             elastic: Some(RendezvousConfig {
