@@ -49,9 +49,11 @@ import torch
 
 import pslite
 
-#: Apps on every server: float32 and float64 gradients, raw bytes (broadcasts).
-_APPS = {torch.float32: (0, "float32"), torch.float64: (2, "float64")}
-_RAW_APP = 1
+#: Apps on every server: float32 and float64 gradients, raw bytes (broadcasts);
+#: one layout with the servers' (`pslite.serve_all_reduce`, `pslite torch-server`).
+_APPS = {t: (pslite._pslite.ALL_REDUCE_APPS[name], name)
+         for t, name in ((torch.float32, "float32"), (torch.float64, "float64"))}
+_RAW_APP = pslite._pslite.ALL_REDUCE_APPS["raw"]
 #: The command that asks the servers for the mean instead of the sum.
 _AVERAGE = 1
 #: BytePS's default partition size.
@@ -112,15 +114,13 @@ def init(po=None):
     po = po or pslite.Postoffice.from_env()
     po.start()
     if po.is_server:
-        servers = [pslite.KVServer(po, app_id=app, dtype=name) for app, name in _APPS.values()]
-        servers.append(pslite.KVServer(po, app_id=_RAW_APP, dtype="raw"))
-        for server in servers:
-            server.set_request_handle(pslite.AllReduceHandle(po.num_workers))
-        po.finalize()
-        for server in servers:
-            server.close()
+        pslite._pslite.serve_all_reduce(po)
         sys.exit(0)
     if not po.is_worker:
+        if os.environ.get("PSLITE_LAUNCH_UNIX_NS"):
+            print("pslite.torch: the scheduler and servers ran this script and imported torch; "
+                  "`pslite launch --torch` starts them natively, in well under a second",
+                  file=sys.stderr, flush=True)
         po.finalize()
         sys.exit(0)
     _state = _State(po)

@@ -34,21 +34,8 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::invalid;
 
-/// One byte of raw data, typed OTHER on the wire as C++ ps-lite's
-/// `KVWorker<char>` types its values (MXNet's KVStore sends such frames).
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Zeroable, Pod)]
-pub struct RawByte(pub u8);
-
-impl AddAssign for RawByte {
-    fn add_assign(&mut self, other: RawByte) {
-        self.0 = self.0.wrapping_add(other.0);
-    }
-}
-
-impl Val for RawByte {
-    const DATA_TYPE: DataType = DataType::Other;
-}
+/// One byte of raw data (typed OTHER on the wire): `pslite::RawByte`.
+pub use pslite::RawByte;
 
 /// An element type that crosses between NumPy and pslite.
 pub trait Elem: Pod + Send + Sync + 'static {
