@@ -14,7 +14,8 @@ BytePS users know it, and embedding rows that live on the servers.
         loss_fn(model(x), y).backward()   # each gradient is pushed as soon as it is ready
         opt.step()                        # waits for the sums, then steps
 
-Run every role from one script: ``pslite launch -s 2 -w 2 -- python train.py``.
+Run every role from one script: ``pslite launch -s 2 -w 2 -- python train.py``; with
+``pslite launch --torch`` the scheduler and servers run natively and only the workers run it.
 
 `DistributedOptimizer` averages (or sums) every parameter's gradient over
 the workers through the servers before each step, like

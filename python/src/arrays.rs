@@ -23,11 +23,10 @@
 //! thread that holds the GIL, so no pslite thread ever waits for the GIL to
 //! free memory.
 
-use std::ops::AddAssign;
 use std::sync::Mutex;
 
-use bytemuck::{Pod, Zeroable};
-use pslite::{DataType, SArray, Val};
+use bytemuck::Pod;
+use pslite::SArray;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
