@@ -1,28 +1,40 @@
 //! [`AllReduceHandle`]: a server request handle that sums each key's pushes
 //! over one round of every worker and then answers them all with the sum:
 //! an all-reduce through the servers, as BytePS's servers do for
-//! data-parallel training (`pslite.torch.DistributedOptimizer` runs on it).
+//! data-parallel training (`pslite.torch.DistributedOptimizer` runs on it),
+//! and [`serve_all_reduce`]: the apps of such a job's servers, served by
+//! `pslite.torch.init()` and by the native `pslite torch-server` alike.
 //! Workers that run out of data join ([`JOIN`]) or say they finished
 //! ([`FINISHED`]): see `all_reduce/members.rs`.
+//!
+//! A round's sum is the same bits whatever order its parts arrived in: the
+//! parts are held until the round is complete (as before: one pass over
+//! memory) and added in the order of their senders' node ids, which for
+//! workers is their rank order (worker r is node 9 + 2r). Float addition
+//! is not associative, so adding in arrival order made two runs of one job
+//! differ in the last bit at 3 workers or more.
 
 use std::collections::HashMap;
 
 use log::warn;
 
-use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
+use pslite_postoffice::Postoffice;
+
+use crate::kv_pairs::{KVMeta, KVPairs, Key, RawByte, Val};
 use crate::kv_server::KVServer;
 use crate::sarray::SArray;
-use crate::Refusal;
+use crate::{Error, Refusal};
 
 mod members;
 pub use members::{FINISHED, JOIN};
 
-/// One key set's round: the values pushed so far (summed once all are
-/// in: one pass over memory) and the requests waiting for the sum.
+/// One key set's round: the values pushed so far with their senders
+/// (summed once all are in, in sender order: one pass over memory) and
+/// the requests waiting for the sum.
 struct Round<V: Val> {
     keys: SArray<Key>,
     lens: SArray<i32>,
-    parts: Vec<SArray<V>>,
+    parts: Vec<(i32, SArray<V>)>,
     waiting: Vec<KVMeta>,
 }
 
@@ -57,7 +69,8 @@ const BLOCK: usize = 16 * 1024;
 /// Multiplies values by a factor ([`Mean::scale`]), and the factor.
 type Scale<V> = (fn(&mut [V], f64), f64);
 
-/// The sum of `parts` (all of one length), times the scale if given.
+/// The sum of `parts` (all of one length), added in the order given,
+/// times the scale if given.
 fn sum<V: Val>(parts: &[SArray<V>], scale: Option<Scale<V>>) -> Vec<V> {
     let n = parts.first().map_or(0, |p| p.len());
     let mut out = Vec::with_capacity(n);
@@ -83,7 +96,9 @@ fn sum<V: Val>(parts: &[SArray<V>], scale: Option<Scale<V>>) -> Vec<V> {
 /// Sums a round of pushes per key set: each of `workers` workers pushes (or
 /// push-pulls) the same keys once per round; when the last one is in, every
 /// request of the round is answered (a push-pull with the sum, a push
-/// empty) and the next round starts from zero. A round is named by its
+/// empty) and the next round starts from zero. The parts are added in the
+/// order of their senders' node ids (rank order), never in arrival order,
+/// so the sum's bits do not depend on timing. A round is named by its
 /// first key: a request whose keys or value counts differ from its round's
 /// is refused ([`Refusal::Lengths`]), and so is a pull alone (there is
 /// nothing to pull between rounds). Every answer of a round shares one
@@ -178,7 +193,7 @@ impl<V: Val> AllReduceHandle<V> {
                 req.keys.len()
             )));
         }
-        if let Some(held) = round.parts.first().map(|p| p.len()) {
+        if let Some(held) = round.parts.first().map(|(_, p)| p.len()) {
             if held != req.vals.len() {
                 return Err(Refusal::Lengths {
                     app: meta.app_id,
@@ -190,7 +205,7 @@ impl<V: Val> AllReduceHandle<V> {
         } else {
             round.lens = req.lens.clone();
         }
-        round.parts.push(req.vals);
+        round.parts.push((meta.sender, req.vals));
         round.waiting.push(meta.clone());
         if round.waiting.len() < self.members.needed(self.workers) {
             return Ok(Vec::new());
@@ -201,16 +216,20 @@ impl<V: Val> AllReduceHandle<V> {
     /// Round `first`'s answers (the round ends): its sum, or its mean over
     /// every worker (joined workers count, as zeros).
     fn complete(&mut self, first: Key) -> Vec<(KVMeta, KVPairs<V>)> {
-        let Some(round) = self.rounds.remove(&first) else {
+        let Some(mut round) = self.rounds.remove(&first) else {
             return Vec::new();
         };
+        // Stable: a sender's own parts (a worker that pushed twice) keep
+        // their order.
+        round.parts.sort_by_key(|(sender, _)| *sender);
+        let parts: Vec<SArray<V>> = round.parts.into_iter().map(|(_, p)| p).collect();
         let mean = match (self.mean, round.waiting.iter().any(|m| m.cmd == AVERAGE)) {
             (Some(f), true) => Some((f, 1.0 / self.workers as f64)),
             _ => None,
         };
         let sum = KVPairs {
             keys: round.keys,
-            vals: SArray::from_vec(sum(&round.parts, mean)),
+            vals: SArray::from_vec(sum(&parts, mean)),
             lens: round.lens,
         };
         round
@@ -248,6 +267,46 @@ impl<V: Val> AllReduceHandle<V> {
             }
         }
     }
+}
+
+/// The app ids of a data-parallel job's servers ([`serve_all_reduce`]):
+/// what `pslite.torch`'s workers push to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllReduceApps {
+    /// float32 gradients, averaged (`cmd` [`AVERAGE`]) or summed.
+    pub float32: i32,
+    /// Raw bytes, summed with wrap-around (broadcasts: every worker but
+    /// the root sends zeros).
+    pub raw: i32,
+    /// float64 gradients, averaged or summed.
+    pub float64: i32,
+}
+
+/// The one layout of a data-parallel job's apps, read by the servers
+/// ([`serve_all_reduce`]) and by `pslite.torch`'s workers
+/// (`pslite._pslite.ALL_REDUCE_APPS`).
+pub const ALL_REDUCE_APPS: AllReduceApps = AllReduceApps {
+    float32: 0,
+    raw: 1,
+    float64: 2,
+};
+
+/// Serves a data-parallel job as one of its servers until every node has
+/// finalized: the [`ALL_REDUCE_APPS`], each an [`AllReduceHandle`] over the
+/// job's workers (averaging where the type can be divided). `po` must be a
+/// started server. `pslite.torch.init()` on a server and the native
+/// `pslite torch-server` (what `pslite launch --torch` runs) both call it.
+pub fn serve_all_reduce(po: &Postoffice) -> Result<(), Error> {
+    let workers = usize::try_from(po.num_workers()).unwrap_or(1);
+    let float32 = KVServer::<f32>::new(po, ALL_REDUCE_APPS.float32)?;
+    float32.set_request_handle(AllReduceHandle::new(workers).averaging().into_handle());
+    let raw = KVServer::<RawByte>::new(po, ALL_REDUCE_APPS.raw)?;
+    raw.set_request_handle(AllReduceHandle::new(workers).into_handle());
+    let float64 = KVServer::<f64>::new(po, ALL_REDUCE_APPS.float64)?;
+    float64.set_request_handle(AllReduceHandle::new(workers).averaging().into_handle());
+    po.finalize(0, true)?;
+    drop((float32, raw, float64));
+    Ok(())
 }
 
 #[cfg(test)]
@@ -327,5 +386,82 @@ mod tests {
         assert!(h
             .apply(&pull, KVPairs::new(vec![5, 6], Vec::new()))
             .is_err());
+    }
+
+    /// Every order of `items` (Heap's algorithm).
+    fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
+        fn go<T: Clone>(k: usize, a: &mut Vec<T>, out: &mut Vec<Vec<T>>) {
+            if k <= 1 {
+                out.push(a.clone());
+                return;
+            }
+            for i in 0..k {
+                go(k - 1, a, out);
+                let j = if k % 2 == 0 { i } else { 0 };
+                a.swap(j, k - 1);
+            }
+        }
+        let mut out = Vec::new();
+        go(items.len(), &mut items.to_vec(), &mut out);
+        out
+    }
+
+    #[test]
+    fn a_round_sums_in_sender_order_whatever_the_arrival_order() {
+        // Five workers (nodes 9, 11, .., 17) whose values differ in scale,
+        // so that float addition in another order rounds differently.
+        let parts: Vec<(i32, Vec<f64>)> = (0..5)
+            .map(|r| {
+                let vals = (0..64)
+                    .map(|i| {
+                        let x = f64::from(i * 7 + r * 13 + 1).sin();
+                        x * 10f64.powi(4 * r - 8) * if r % 2 == 0 { 1.0 } else { -1.0 }
+                    })
+                    .collect();
+                (9 + 2 * r, vals)
+            })
+            .collect();
+        let in_rank_order: Vec<f64> = (0..64)
+            .map(|i| {
+                let mut s = parts[0].1[i];
+                for (_, p) in &parts[1..] {
+                    s += p[i];
+                }
+                s * 0.2
+            })
+            .collect();
+        let mut arrival_order_differs = false;
+        for order in permutations(&parts) {
+            let mut h = AllReduceHandle::<f64>::new(5).averaging();
+            let mut answers = Vec::new();
+            for (sender, vals) in &order {
+                let mut m = meta(*sender, true);
+                m.cmd = AVERAGE;
+                answers = h.apply(&m, KVPairs::new(vec![3], vals.clone())).unwrap();
+            }
+            assert_eq!(answers.len(), 5);
+            for (_, pairs) in &answers {
+                let bits: Vec<u64> = pairs.vals.iter().map(|v| v.to_bits()).collect();
+                let want: Vec<u64> = in_rank_order.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(
+                    bits,
+                    want,
+                    "arrival order {:?}",
+                    order.iter().map(|p| p.0).collect::<Vec<_>>()
+                );
+            }
+            // What summing in arrival order would have given.
+            let arrival: Vec<f64> = (0..64)
+                .map(|i| order.iter().skip(1).fold(order[0].1[i], |s, p| s + p.1[i]) * 0.2)
+                .collect();
+            arrival_order_differs |= arrival
+                .iter()
+                .zip(&in_rank_order)
+                .any(|(a, b)| a.to_bits() != b.to_bits());
+        }
+        assert!(
+            arrival_order_differs,
+            "the values must make the order matter"
+        );
     }
 }

@@ -34,6 +34,24 @@ impl_val!(
     u8 => UInt8, u16 => UInt16, u32 => UInt32, u64 => UInt64
 );
 
+/// One byte of raw data, typed OTHER on the wire as C++ ps-lite's
+/// `KVWorker<char>` types its values (MXNet's KVStore sends such frames);
+/// sums wrap (an all-reduce of bytes that all workers but one send as
+/// zeros is a broadcast: `pslite.torch`'s raw app).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Zeroable, bytemuck::Pod)]
+pub struct RawByte(pub u8);
+
+impl AddAssign for RawByte {
+    fn add_assign(&mut self, other: RawByte) {
+        self.0 = self.0.wrapping_add(other.0);
+    }
+}
+
+impl Val for RawByte {
+    const DATA_TYPE: DataType = DataType::Other;
+}
+
 /// Whether a frame typed `frame` can be read as `V`: its own type, raw
 /// bytes (`OTHER`, as C++ `KVWorker<char>` sends), or any one-byte type for
 /// one-byte values.

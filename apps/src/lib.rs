@@ -77,13 +77,16 @@ mod staleness;
 
 use std::process::ExitCode;
 
-pub use all_reduce::{AllReduceHandle, Mean, AVERAGE, FINISHED, JOIN};
+pub use all_reduce::{
+    serve_all_reduce, AllReduceApps, AllReduceHandle, Mean, ALL_REDUCE_APPS, AVERAGE, FINISHED,
+    JOIN,
+};
 pub use compression::{parse_compression, Compression, CompressionKind, KeyState};
 pub use customer::{Customer, Handler, Request};
 /// Which engine thread owns a key (`PS_SERVER_THREADS`).
 pub use engine::shard_of;
 pub use error::{Error, Failure};
-pub use kv_pairs::{KVMeta, KVPairs, Key, Val};
+pub use kv_pairs::{KVMeta, KVPairs, Key, RawByte, Val};
 pub use kv_server::{ConcurrentHandle, DefaultHandle, KVServer, ReplicatedHandle};
 pub use kv_worker::{
     default_slicer, Callback, KVOptions, KVRequest, KVWorker, Slicer, PULL_CHUNK_BYTES,

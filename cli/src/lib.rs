@@ -127,6 +127,14 @@ enum Commands {
         /// At most this many restarts in all (--restart-on-failure).
         #[arg(long, default_value_t = 3, value_name = "N")]
         max_restarts: u32,
+        /// A `pslite.torch` job: the scheduler and the servers run natively
+        /// (this command's `pslite scheduler` and `pslite torch-server`) and
+        /// only the workers run PROGRAM, so they start in well under a
+        /// second and never import torch. For jobs whose servers are
+        /// `pslite.torch.init()`'s (DistributedOptimizer, broadcasts), not
+        /// ones that serve apps of their own.
+        #[arg(long, conflicts_with_all = ["scheduler_program", "server_program"])]
+        torch: bool,
         /// The scheduler's program instead of PROGRAM; `pslite` runs this
         /// binary's `pslite scheduler` (e.g. for mxnet_server and mxnet_worker).
         #[arg(long, value_name = "PROGRAM")]
@@ -156,6 +164,13 @@ enum Commands {
     /// (DMLC_NUM_SERVER, DMLC_NUM_WORKER, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT),
     /// for a cluster of any ps-lite programs. DMLC_ROLE may be unset.
     Scheduler,
+    /// Run one server of a `pslite.torch` job natively, configured from the
+    /// environment (DMLC_ROLE=server and the rest, as `pslite launch` sets
+    /// them): the apps `pslite.torch.init()` serves on a server (float32
+    /// app 0, raw bytes app 1, float64 app 2, each summing or averaging a
+    /// round of every worker's pushes in rank order), until every node
+    /// finalizes. `pslite launch --torch` runs it on every server.
+    TorchServer,
     /// Run PROGRAM as one node of a cluster started by mpirun, srun or
     /// Kubernetes: the role and cluster size come from the launcher.
     ///
@@ -270,6 +285,7 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
             exit_grace,
             restart_on_failure,
             max_restarts,
+            torch,
             scheduler_program,
             server_program,
             worker_program,
@@ -286,18 +302,23 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
                 eprintln!("pslite launch: --exit-grace must be a number of seconds, 0 or more");
                 return ExitCode::from(2);
             }
-            let scheduler_program = match scheduler_program {
-                Some(p) if p == "pslite" => match self_program() {
-                    Ok(mut me) => {
-                        me.push("scheduler".into());
-                        Some(me)
-                    }
-                    Err(e) => {
-                        eprintln!("pslite launch: cannot find this program to run `pslite scheduler`: {e}");
-                        return ExitCode::from(2);
-                    }
-                },
-                p => p.map(|p| vec![p]),
+            // --torch conflicts with both programs (clap refuses the pair).
+            let native_scheduler = torch || scheduler_program.as_deref() == Some("pslite".as_ref());
+            let scheduler_program = if native_scheduler {
+                match self_command("scheduler") {
+                    Ok(me) => Some(me),
+                    Err(code) => return code,
+                }
+            } else {
+                scheduler_program.map(|p| vec![p])
+            };
+            let server_program = if torch {
+                match self_command("torch-server") {
+                    Ok(me) => Some(me),
+                    Err(code) => return code,
+                }
+            } else {
+                server_program.map(|p| vec![p])
             };
             let mut program = program.into_iter();
             let shape = match launch_shape(servers, workers, start_workers, add_worker) {
@@ -318,7 +339,7 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
                 program: program.next().unwrap_or_default(),
                 args: program.collect(),
                 scheduler_program,
-                server_program: server_program.map(|p| vec![p]),
+                server_program,
                 worker_program: worker_program.map(|p| vec![p]),
                 python: crate::invocation().python,
                 exit_grace: Duration::from_secs_f64(exit_grace),
@@ -337,6 +358,7 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
         }
         Commands::Demo(args) => demo::main(&args),
         Commands::Scheduler => pslite::exit_code(run_scheduler()),
+        Commands::TorchServer => pslite::exit_code(run_torch_server()),
         Commands::Exec {
             servers,
             port,
@@ -346,6 +368,21 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
         Commands::Status(args) => status::main(&args),
         Commands::Store(args) => store::main(&args),
         Commands::Checkpoint(args) => checkpoint::main(&args),
+    }
+}
+
+/// This command with `subcommand` (`pslite scheduler`), for a node to run;
+/// the exit code to return when this program cannot be found.
+fn self_command(subcommand: &str) -> Result<Vec<OsString>, ExitCode> {
+    match self_program() {
+        Ok(mut me) => {
+            me.push(subcommand.into());
+            Ok(me)
+        }
+        Err(e) => {
+            eprintln!("pslite launch: cannot find this program to run `pslite {subcommand}`: {e}");
+            Err(ExitCode::from(2))
+        }
     }
 }
 
@@ -467,4 +504,18 @@ fn run_scheduler() -> Result<(), pslite::Error> {
     po.finalize(0, true)?;
     println!("scheduler: every node finalized");
     Ok(())
+}
+
+fn run_torch_server() -> Result<(), pslite::Error> {
+    let po = Postoffice::from_env()?;
+    if !po.is_server() {
+        return Err(pslite::ConfigError::Invalid {
+            var: "DMLC_ROLE",
+            value: po.role().to_string(),
+            expected: "server for `pslite torch-server` (`pslite launch --torch` runs it)",
+        }
+        .into());
+    }
+    po.start(0, true)?;
+    pslite::serve_all_reduce(&po)
 }

@@ -228,8 +228,12 @@ impl CustomerRouter {
         routes.generation
     }
 
-    /// Wakes [`CustomerRouter::wait_for_held`] (to stop the clock thread).
+    /// Wakes [`CustomerRouter::wait_for_held`] (to stop the clock thread):
+    /// a new generation, so that the wait's condition changes (a bare
+    /// notification left it waiting out its 1 s timeout, which every
+    /// `finalize` paid) and a wake just before the wait is not lost.
     pub fn wake(&self) {
+        self.routes().generation += 1;
         self.held_changed.notify_all();
     }
 
@@ -641,5 +645,21 @@ mod tests {
         drop(rx);
         assert_eq!(rooms.load(Ordering::SeqCst), 2);
         assert!(matches!(r.offer(msg(0, 0, 9), &room), Delivered::Taken));
+    }
+
+    #[test]
+    fn wake_ends_a_wait_for_held_at_once() {
+        // finalize stops the clock thread this way: before, the wait went
+        // on to its deadline (1 s at each finalize; here 60 s).
+        let r = Arc::new(CustomerRouter::new(Role::Worker, 10, 1 << 20));
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let waiter = Arc::clone(&r);
+        let thread = std::thread::spawn(move || {
+            let _ = tx.send(waiter.wait_for_held(0, Instant::now() + Duration::from_secs(60)));
+        });
+        r.wake();
+        let seen = rx.recv_timeout(Duration::from_secs(30));
+        assert!(seen.is_ok(), "wait_for_held still waits after wake()");
+        thread.join().unwrap();
     }
 }

@@ -18,9 +18,14 @@ SERVER_GROUP: int
 WORKER_GROUP: int
 ALL_GROUP: int
 DTYPES: list[str]
+#: The app id of each value type on a data-parallel job's servers (pslite.torch).
+ALL_REDUCE_APPS: dict[str, int]
 
 def _cli(argv: list[str], python: str) -> NoReturn:
     """Runs the `pslite` command (`pslite.__main__`) and exits the process."""
+
+def serve_all_reduce(po: Postoffice) -> None:
+    """Serves pslite.torch's apps on a started server until every node finalizes."""
 
 def frozen(array: ArrayLike, dtype: Optional[DType] = None) -> np.ndarray:
     """A read-only copy that pslite owns: pushed again and again without a copy."""

@@ -669,7 +669,8 @@ class DistributedDataParallel(torch.nn.Module):
             per_part = max(1, part_bytes // p.element_size())
             parts = [pt._Part(s.new_key(app), at, min(at + per_part, p.numel()))
                      for at in range(0, p.numel(), per_part)]
-            entry = pt._Param(len(self._pslite_plan), n, p, 0, parts, s.workers[p.dtype])
+            entry = pt._Param(len(self._pslite_plan), n, p, 0, parts, s.workers[p.dtype],
+                              p.dtype)
             self._pslite_plan.append(entry)
             p.register_post_accumulate_grad_hook(self._pslite_hook(entry))
 

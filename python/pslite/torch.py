@@ -14,7 +14,8 @@ BytePS users know it, and embedding rows that live on the servers.
         loss_fn(model(x), y).backward()   # each gradient is pushed as soon as it is ready
         opt.step()                        # waits for the sums, then steps
 
-Run every role from one script: ``pslite launch -s 2 -w 2 -- python train.py``.
+Run every role from one script: ``pslite launch -s 2 -w 2 -- python train.py``; with
+``pslite launch --torch`` the scheduler and servers run natively and only the workers run it.
 
 `DistributedOptimizer` averages (or sums) every parameter's gradient over
 the workers through the servers before each step, like
@@ -74,13 +75,15 @@ import pslite
 from . import _torch_join as _join
 from ._torch_join import join  # noqa: F401  (pslite.torch.join)
 
-#: Apps on every server: float32 and float64 gradients, raw bytes (broadcasts).
-_APPS = {torch.float32: (0, "float32"), torch.float64: (2, "float64")}
+#: Apps on every server: float32 and float64 gradients, raw bytes (broadcasts);
+#: one layout with the servers' (`pslite.serve_all_reduce`, `pslite torch-server`).
+_APPS = {t: (pslite._pslite.ALL_REDUCE_APPS[name], name)
+         for t, name in ((torch.float32, "float32"), (torch.float64, "float64"))}
 #: Gradients summed as another type: half precision goes as float32 (a sum
 #: of float16 values in float16 overflows at 65504 and rounds at every
 #: addition; in float32 the mean rounds once, on the way back).
 _WIRE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
-_RAW_APP = 1
+_RAW_APP = pslite._pslite.ALL_REDUCE_APPS["raw"]
 #: The command that asks the servers for the mean instead of the sum.
 _AVERAGE = 1
 #: BytePS's default partition size.
@@ -149,15 +152,13 @@ def init(po=None):
     po = po or pslite.Postoffice.from_env()
     po.start()
     if po.is_server:
-        servers = [pslite.KVServer(po, app_id=app, dtype=name) for app, name in _APPS.values()]
-        servers.append(pslite.KVServer(po, app_id=_RAW_APP, dtype="raw"))
-        for server in servers:
-            server.set_request_handle(pslite.AllReduceHandle(po.num_workers))
-        po.finalize()
-        for server in servers:
-            server.close()
+        pslite._pslite.serve_all_reduce(po)
         sys.exit(0)
     if not po.is_worker:
+        if os.environ.get("PSLITE_LAUNCH_UNIX_NS"):
+            print("pslite.torch: the scheduler and servers ran this script and imported torch; "
+                  "`pslite launch --torch` starts them natively, in well under a second",
+                  file=sys.stderr, flush=True)
         po.finalize()
         sys.exit(0)
     _state = _State(po)

@@ -23,32 +23,18 @@
 //! thread that holds the GIL, so no pslite thread ever waits for the GIL to
 //! free memory.
 
-use std::ops::AddAssign;
 use std::sync::Mutex;
 
-use bytemuck::{Pod, Zeroable};
-use pslite::{DataType, SArray, Val};
+use bytemuck::Pod;
+use pslite::SArray;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::invalid;
 
-/// One byte of raw data, typed OTHER on the wire as C++ ps-lite's
-/// `KVWorker<char>` types its values (MXNet's KVStore sends such frames).
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Zeroable, Pod)]
-pub struct RawByte(pub u8);
-
-impl AddAssign for RawByte {
-    fn add_assign(&mut self, other: RawByte) {
-        self.0 = self.0.wrapping_add(other.0);
-    }
-}
-
-impl Val for RawByte {
-    const DATA_TYPE: DataType = DataType::Other;
-}
+/// One byte of raw data (typed OTHER on the wire): `pslite::RawByte`.
+pub use pslite::RawByte;
 
 /// An element type that crosses between NumPy and pslite.
 pub trait Elem: Pod + Send + Sync + 'static {

@@ -10,6 +10,7 @@ use crate::errors::{invalid, IntoPy};
 use crate::pairs::{PyKVMeta, PyKVPairs};
 use crate::postoffice::PyPostoffice;
 use crate::simple_app::PySimpleData;
+use crate::wait::interruptible;
 
 per_dtype!(
     /// A server app of any value type.
@@ -309,4 +310,28 @@ impl PyKVServer {
     fn close(&mut self) {
         self.server.close();
     }
+}
+
+/// Serves a data-parallel job (`pslite.torch`) as one of its servers until
+/// every node has finalized: float32, raw and float64 all-reduce apps at
+/// `ALL_REDUCE_APPS` (`pslite::serve_all_reduce`, which the native
+/// `pslite torch-server` runs too). `po` must be a started server.
+#[pyfunction]
+pub fn serve_all_reduce(py: Python<'_>, po: &PyPostoffice) -> PyResult<()> {
+    if !po.po.is_server() {
+        return Err(invalid("serve_all_reduce runs on a server's Postoffice"));
+    }
+    let po = po.po.clone();
+    interruptible(py, "serve", move || pslite::serve_all_reduce(&po))?.py()
+}
+
+/// `ALL_REDUCE_APPS`: the app id of each value type on a data-parallel
+/// job's servers (`{"float32": 0, "raw": 1, "float64": 2}`).
+pub fn all_reduce_apps(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let apps = pyo3::types::PyDict::new(py);
+    let a = pslite::ALL_REDUCE_APPS;
+    apps.set_item("float32", a.float32)?;
+    apps.set_item("raw", a.raw)?;
+    apps.set_item("float64", a.float64)?;
+    Ok(apps)
 }
