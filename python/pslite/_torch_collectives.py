@@ -24,6 +24,8 @@ import torch
 
 import pslite
 
+from . import _torch_join
+
 #: Reduction operations, as Horovod names them.
 Average = "average"
 Sum = "sum"
@@ -734,7 +736,17 @@ class DistributedDataParallel(torch.nn.Module):
             self._pslite_push(entry)
         for entry in self._pslite_plan:
             for req in entry.requests:
-                req.wait()
+                try:
+                    req.wait()
+                except pslite.RequestRefused as e:
+                    # As DistributedOptimizer: a finished worker is named.
+                    for other in self._pslite_plan:
+                        other.requests, other.passes = None, 0
+                    mapped = _torch_join.finished_error(
+                        e, f"the gradient of parameter {entry.name}")
+                    if mapped is None:
+                        raise
+                    raise mapped from e
             p = entry.param
             if p.grad.device.type != "cpu":
                 p.grad.copy_(entry.host.view_as(p.grad))

@@ -23,9 +23,10 @@ def test_join_lets_a_worker_with_fewer_batches_finish():
     assert len(re.findall(r"PASS uneven [01]", run.stdout)) == 2, out
 
 
-def test_without_join_the_waiting_worker_fails_in_seconds_naming_rank_and_parameter():
+@pytest.mark.parametrize("mode", ["nojoin", "nojoin-ddp"])
+def test_without_join_the_waiting_worker_fails_in_seconds_naming_rank_and_parameter(mode):
     began = time.monotonic()
-    run = launch(2, 2, node_script("uneven.py"), "nojoin", timeout=90)
+    run = launch(2, 2, node_script("uneven.py"), mode, timeout=90)
     elapsed = time.monotonic() - began
     out = run.stdout + run.stderr
     assert run.returncode != 0, out

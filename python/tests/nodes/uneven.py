@@ -13,7 +13,8 @@ usual. Prints `PASS uneven <rank>`.
 ``uneven.py nojoin``: the same without join(): rank 1 prints `FINISHED
 <time>` and ends; rank 0, still training, must fail with
 pslite.WorkerFinished naming rank 1 and the parameter that waits: it prints
-`REFUSED <time> <message>` and raises.
+`REFUSED <time> <message>` and raises. ``uneven.py nojoin-ddp``: the same
+with `pt.DistributedDataParallel` instead of DistributedOptimizer.
 """
 
 import copy
@@ -70,8 +71,13 @@ mode = sys.argv[1]
 torch.manual_seed(1)
 model = Net()
 start = copy.deepcopy(model)
-opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                              named_parameters=model.named_parameters())
+if mode == "nojoin-ddp":
+    # The DistributedDataParallel wrapper names a finished worker as well.
+    model = pt.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+else:
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                  named_parameters=model.named_parameters())
 try:
     for x, y in batches(rank):
         opt.zero_grad()
@@ -80,7 +86,7 @@ try:
 except pslite.WorkerFinished as e:
     print(f"REFUSED {time.time():.3f} {e}", flush=True)
     raise
-if mode == "nojoin":
+if mode.startswith("nojoin"):
     print(f"FINISHED {time.time():.3f}", flush=True)
     sys.exit(0)
 last = pt.join()
