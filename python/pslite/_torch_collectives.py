@@ -663,16 +663,16 @@ class DistributedDataParallel(torch.nn.Module):
         pt.broadcast_parameters(module.state_dict(), root_rank=0)
         part_bytes = _partition_bytes()
         for n, p in named:
-            if p.dtype not in pt._APPS:
+            wire = pt._WIRE.get(p.dtype, p.dtype)  # half precision: summed as float32
+            if wire not in pt._APPS:
                 raise pslite.InvalidInput(
                     f"parameter {n} is {p.dtype}: DistributedDataParallel averages float32 and "
-                    f"float64 gradients")
-            app, _ = pt._APPS[p.dtype]
-            per_part = max(1, part_bytes // p.element_size())
+                    f"float64 gradients (float16 and bfloat16 ones as float32)")
+            app, _ = pt._APPS[wire]
+            per_part = max(1, part_bytes // wire.itemsize)
             parts = [pt._Part(s.new_key(app), at, min(at + per_part, p.numel()))
                      for at in range(0, p.numel(), per_part)]
-            entry = pt._Param(len(self._pslite_plan), n, p, 0, parts, s.workers[p.dtype],
-                              p.dtype)
+            entry = pt._Param(len(self._pslite_plan), n, p, 0, parts, s.workers[wire], wire)
             self._pslite_plan.append(entry)
             p.register_post_accumulate_grad_hook(self._pslite_hook(entry))
 
@@ -717,9 +717,9 @@ class DistributedDataParallel(torch.nn.Module):
             entry.passes = sparse_dim or 0
             p.grad = dense if dense.is_contiguous() else dense.contiguous()
         grad = p.grad
-        if grad.device.type != "cpu":
+        if entry.staged(grad):  # a CUDA or half-precision gradient: through a host buffer
             if entry.host is None:
-                entry.host = torch.empty(grad.numel(), dtype=grad.dtype,
+                entry.host = torch.empty(grad.numel(), dtype=entry.wire,
                                          pin_memory=torch.cuda.is_available())
             entry.host.copy_(grad.reshape(-1))
             flat = entry.host.numpy()
@@ -748,8 +748,8 @@ class DistributedDataParallel(torch.nn.Module):
                         raise
                     raise mapped from e
             p = entry.param
-            if p.grad.device.type != "cpu":
-                p.grad.copy_(entry.host.view_as(p.grad))
+            if entry.staged(p.grad):
+                p.grad.copy_(entry.host.view_as(p.grad))  # the mean rounded once
             if entry.absent and not p.grad.any():
                 p.grad = None
             elif entry.passes:

@@ -275,6 +275,21 @@ def ddp():
     opt.zero_grad()
     loss_fn(model(data[0][0][:local], spare=(rank == 0)), data[0][1][:local]).backward()
     assert inner.spare.weight.grad is not None
+    # Half precision: summed as float32, the mean rounded once (as
+    # DistributedOptimizer does).
+    for dtype in (torch.bfloat16, torch.float16):
+        torch.manual_seed(7)
+        half = torch.nn.Linear(6, 4).to(dtype)
+        wrapped = pt.DistributedDataParallel(half)
+        copies = [copy.deepcopy(half) for _ in range(size)]
+        xh = torch.randn(2 * size, 6, generator=torch.Generator().manual_seed(8)).to(dtype)
+        wrapped(xh[2 * rank:2 * rank + 2]).float().pow(2).sum().backward()
+        for r, c in enumerate(copies):
+            c(xh[2 * r:2 * r + 2]).float().pow(2).sum().backward()
+        for (name, p), *theirs in zip(half.named_parameters(), *[c.parameters() for c in copies]):
+            mean = (sum(t.grad.float() for t in theirs) * (1.0 / size)).to(dtype)
+            assert p.grad.dtype == dtype, f"{dtype} {name}: gradient is {p.grad.dtype}"
+            assert torch.equal(p.grad, mean), f"{dtype} {name}: not the float32 mean rounded once"
     print(f"ddp rank {rank}: equals one process on the global batch", flush=True)
 
 
