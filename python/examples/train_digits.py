@@ -22,12 +22,13 @@ Needs torch and scikit-learn (``pip install torch scikit-learn``).
 """
 
 import argparse
+import importlib.util
+import os
 import sys
 import time
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 
 import pslite
 import pslite.torch as pt
@@ -48,10 +49,26 @@ class Net(torch.nn.Module):
         return self.fc2(x)
 
 
+def digits():
+    """scikit-learn's bundled digits as (images (n, 8, 8), labels (n,)), read
+    straight from the file inside the installed package: importing sklearn
+    costs each worker a second or more of start-up."""
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.exists(path):
+            table = np.loadtxt(path, delimiter=",")
+            return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits  # a layout without the file
+
+    bunch = load_digits()
+    return bunch.images, bunch.target
+
+
 def data():
-    digits = load_digits()
-    x = torch.from_numpy((digits.images / 16.0).astype(np.float32)).unsqueeze(1)
-    y = torch.from_numpy(digits.target.astype(np.int64))
+    images, target = digits()
+    x = torch.from_numpy((images / 16.0).astype(np.float32)).unsqueeze(1)
+    y = torch.from_numpy(target.astype(np.int64))
     order = torch.from_numpy(np.random.default_rng(0).permutation(len(y)))
     test = order[:360]
     train = order[360:]
