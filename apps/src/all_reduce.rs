@@ -25,7 +25,9 @@ use crate::kv_server::KVServer;
 use crate::sarray::SArray;
 use crate::{Error, Refusal};
 
+mod colocated;
 mod members;
+pub use colocated::ColocatedServer;
 pub use members::{FINISHED, JOIN};
 
 /// One key set's round: the values pushed so far with their senders

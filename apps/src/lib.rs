@@ -78,8 +78,8 @@ mod staleness;
 use std::process::ExitCode;
 
 pub use all_reduce::{
-    serve_all_reduce, AllReduceApps, AllReduceHandle, Mean, ALL_REDUCE_APPS, AVERAGE, FINISHED,
-    JOIN,
+    serve_all_reduce, AllReduceApps, AllReduceHandle, ColocatedServer, Mean, ALL_REDUCE_APPS,
+    AVERAGE, FINISHED, JOIN,
 };
 pub use compression::{parse_compression, Compression, CompressionKind, KeyState};
 pub use customer::{Customer, Handler, Request};

@@ -135,6 +135,12 @@ enum Commands {
         /// ones that serve apps of their own.
         #[arg(long, conflicts_with_all = ["scheduler_program", "server_program"])]
         torch: bool,
+        /// A `pslite.torch` job with its servers inside the workers'
+        /// processes: no server process runs, each worker also serves a
+        /// slice of the keys (--servers is the number of workers), so that
+        /// slice never crosses its host's link (PSLITE_COLOCATE=1).
+        #[arg(long, conflicts_with_all = ["server_program", "worker_procs", "add_worker"])]
+        colocate: bool,
         /// The scheduler's program instead of PROGRAM; `pslite` runs this
         /// binary's `pslite scheduler` (e.g. for mxnet_server and mxnet_worker).
         #[arg(long, value_name = "PROGRAM")]
@@ -286,6 +292,7 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
             restart_on_failure,
             max_restarts,
             torch,
+            colocate,
             scheduler_program,
             server_program,
             worker_program,
@@ -321,7 +328,9 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
                 server_program.map(|p| vec![p])
             };
             let mut program = program.into_iter();
-            let shape = match launch_shape(servers, workers, start_workers, add_worker) {
+            let shape = match launch_shape(servers, workers, start_workers, add_worker)
+                .and_then(|shape| colocated_shape(shape, servers, colocate))
+            {
                 Ok(shape) => shape,
                 Err(e) => {
                     eprintln!("pslite launch: {e}");
@@ -349,6 +358,7 @@ pub fn main_with(args: impl IntoIterator<Item = OsString>, invocation: Invocatio
                 }),
                 max_restarts,
                 log_dir,
+                colocate,
                 ..LaunchOptions::default()
             };
             if add_worker {
@@ -452,6 +462,27 @@ fn launch_shape(
             servers,
             workers: 1,
             elastic: None,
+        }),
+    }
+}
+
+/// With --colocate, a server per worker: --servers, if given, must say so.
+fn colocated_shape(shape: Shape, servers: Option<usize>, colocate: bool) -> Result<Shape, String> {
+    if !colocate {
+        return Ok(shape);
+    }
+    if shape.elastic.is_some() {
+        return Err("--colocate needs a fixed number of workers, not MIN:MAX".into());
+    }
+    match servers {
+        Some(s) if s != shape.workers => Err(format!(
+            "--colocate runs one server in each worker's process: leave out --servers, or give \
+             --servers {} (the number of workers), not {s}",
+            shape.workers
+        )),
+        _ => Ok(Shape {
+            servers: shape.workers,
+            ..shape
         }),
     }
 }

@@ -1,6 +1,6 @@
 """Type stubs of pslite's native module (see the package docstring)."""
 
-from typing import Any, Callable, Iterator, NoReturn, Optional, Sequence, Tuple, Union, final
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -217,6 +217,14 @@ class AllReduceHandle:
     def __new__(cls, num_workers: int) -> AllReduceHandle: ...
     @property
     def num_workers(self) -> int: ...
+
+@final
+class ColocatedServer:
+    """A server node inside this worker's process (colocated mode)."""
+    @staticmethod
+    def start(env: Mapping[str, str]) -> ColocatedServer: ...
+    def is_finished(self) -> bool: ...
+    def join(self) -> None: ...
 
 @final
 class SimpleData:

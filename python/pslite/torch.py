@@ -105,6 +105,7 @@ class _State:
         self.parts = {app: 0 for app, _ in _APPS.values()}
         self.failed = False
         self.closed = False
+        self.colocated = None  # this process's server node (colocated mode)
 
     def new_key(self, app):
         """The next part's key of `app`: parts spread over the servers."""
@@ -116,6 +117,15 @@ class _State:
 
 
 _state = None
+
+
+def _colocated():
+    """Whether this worker's process also hosts a server node
+    (PSLITE_COLOCATE=1, which `pslite launch --colocate` sets)."""
+    raw = os.environ.get("PSLITE_COLOCATE", "").strip()
+    if raw not in ("", "0", "1"):
+        raise pslite.ConfigError(f"PSLITE_COLOCATE must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def _partition_bytes():
@@ -151,7 +161,14 @@ def init(po=None):
         _coll.exchange_topology(_state)
         return
     po = po or pslite.Postoffice.from_env()
+    colocated = None
+    if po.is_worker and _colocated():
+        # This process also serves a slice of the keys (`pslite launch
+        # --colocate`): its server node starts beside the worker's.
+        colocated = pslite._pslite.ColocatedServer.start(dict(os.environ))
     po.start()
+    if colocated is not None and colocated.is_finished():
+        colocated.join()  # it failed: raise its error
     if po.is_server:
         pslite._pslite.serve_all_reduce(po)
         sys.exit(0)
@@ -163,6 +180,7 @@ def init(po=None):
         po.finalize()
         sys.exit(0)
     _state = _State(po)
+    _state.colocated = colocated
     _coll.exchange_topology(_state)  # RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
     hook = sys.excepthook
 
@@ -195,6 +213,8 @@ def shutdown():
     for kv in [*s.workers.values(), s.raw]:
         kv.close()
     s.po.finalize()
+    if s.colocated is not None:
+        s.colocated.join()  # every node has finalized: it ends now
     # The interpreter's last collection then skips what is alive at exit
     # (torch's objects, mostly): a second less of exit here. Python never
     # promised __del__ for objects alive at exit, so nothing changes.

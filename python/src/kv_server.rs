@@ -335,3 +335,38 @@ pub fn all_reduce_apps(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict
     apps.set_item("float64", a.float64)?;
     Ok(apps)
 }
+
+/// A server node inside this worker's process (colocated mode,
+/// `pslite launch --colocate`): `pslite::ColocatedServer`.
+#[pyclass(module = "pslite", name = "ColocatedServer")]
+pub struct PyColocatedServer {
+    server: Option<pslite::ColocatedServer>,
+}
+
+#[pymethods]
+impl PyColocatedServer {
+    /// Starts the server node that `env` (the worker's variables) describes
+    /// with the role server and a free port; raises `ConfigError` at once
+    /// for a bad configuration.
+    #[staticmethod]
+    fn start(env: std::collections::HashMap<String, String>) -> PyResult<PyColocatedServer> {
+        let server = pslite::ColocatedServer::start(|name| env.get(name).cloned()).py()?;
+        Ok(PyColocatedServer {
+            server: Some(server),
+        })
+    }
+
+    /// Whether the node has ended (served and finalized, or failed).
+    fn is_finished(&self) -> bool {
+        self.server.as_ref().is_none_or(|s| s.is_finished())
+    }
+
+    /// Waits for the node to end (call it after the worker's finalize) and
+    /// raises its error, if it failed. Later calls return at once.
+    fn join(&mut self, py: Python<'_>) -> PyResult<()> {
+        match self.server.take() {
+            Some(server) => interruptible(py, "colocated", move || server.join())?.py(),
+            None => Ok(()),
+        }
+    }
+}

@@ -94,6 +94,7 @@ fn _pslite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv_server::PyKVServer>()?;
     m.add_class::<kv_server::PyDefaultHandle>()?;
     m.add_class::<kv_server::PyAllReduceHandle>()?;
+    m.add_class::<kv_server::PyColocatedServer>()?;
     m.add_class::<pairs::PyKVPairs>()?;
     m.add_class::<pairs::PyKVMeta>()?;
     m.add_class::<request::PyRequest>()?;

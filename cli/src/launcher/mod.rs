@@ -123,6 +123,9 @@ pub struct LaunchOptions {
     /// a `.py` program runs under it. Without it, a `.py` program runs
     /// under `python3` from the PATH.
     pub python: Option<PathBuf>,
+    /// The servers live inside the workers' processes (`--colocate`): no
+    /// server process starts; each worker gets `PSLITE_COLOCATE=1`.
+    pub colocate: bool,
 }
 
 impl Default for LaunchOptions {
@@ -151,6 +154,7 @@ impl Default for LaunchOptions {
             log_dir: None,
             announce: true,
             python: None,
+            colocate: false,
         }
     }
 }

@@ -147,6 +147,9 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
             env.push(("GLIBC_TUNABLES".into(), MALLOC_TUNABLES.into()));
         }
         env.extend(python_env(opts.python.as_deref()));
+        if role == Role::Worker && opts.colocate {
+            env.push(("PSLITE_COLOCATE".into(), "1".into()));
+        }
         if role == Role::Worker && opts.worker_procs.is_some() {
             env.push((
                 "PSLITE_WORKERS_PER_PROCESS".into(),
@@ -218,7 +221,8 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
         &opts.scheduler_program,
         None,
     )?;
-    for i in 0..opts.servers {
+    // Colocated servers start inside the workers' processes.
+    for i in (0..opts.servers).filter(|_| !opts.colocate) {
         add(
             format!("server {i}"),
             Role::Server,
@@ -362,6 +366,21 @@ mod tests {
         assert_eq!(nodes[1].program, "python3");
         assert!(nodes[1].env.iter().all(|(k, _)| k != "PATH"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn colocated_jobs_start_no_server_process_and_tell_the_workers() {
+        let mut o = opts();
+        o.servers = 3;
+        o.workers = 3;
+        o.colocate = true;
+        let nodes = plan(&o, 9000).unwrap();
+        let roles: Vec<Role> = nodes.iter().map(|n| n.role).collect();
+        assert_eq!(roles, [Role::Scheduler, Role::Worker, Role::Worker, Role::Worker]);
+        let has = |n: &NodeSpec, k: &str, v: &str| n.env.iter().any(|(a, b)| a == k && b == v);
+        assert!(nodes.iter().all(|n| has(n, "DMLC_NUM_SERVER", "3")));
+        assert!(nodes[1..].iter().all(|n| has(n, "PSLITE_COLOCATE", "1")));
+        assert!(!nodes[0].env.iter().any(|(k, _)| k == "PSLITE_COLOCATE"));
     }
 
     #[test]
