@@ -8,7 +8,10 @@ and how long the job took to end after training (exit_s: the launcher's
 exit after the last worker's final line). Each mode runs --repeat times,
 in turn, and prints its median:
 
-    RESULT torch_start mode=torch launch_to_exit_s=.. train_s=.. start_s=.. exit_s=..
+    RESULT torch_start mode=torch launch_to_exit_s=.. train_s=.. start_s=.. exit_s=.. import_torch_s=..
+
+import_torch_s is how long two Pythons importing torch side by side take,
+measured after each launch: the part of start_s that no launcher can save.
 
 --mode torch (the default) launches with --torch (the scheduler and the
 servers native); --mode script runs the script as every role; --mode both
@@ -30,12 +33,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DIGITS = os.path.join(REPO, "python", "examples", "train_digits.py")
 
 
-def run_once(pslite, torch_mode, extra):
+def run_once(pslite, torch_mode, extra, script=DIGITS):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_"))}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     argv = [pslite, "launch", "-s", "2", "-w", "2", "--timeout", "600",
-            *(["--torch"] if torch_mode else []), "--", sys.executable, DIGITS, *extra]
+            *(["--torch"] if torch_mode else []), "--", sys.executable, script, *extra]
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -57,19 +60,33 @@ def run_once(pslite, torch_mode, extra):
             "exit_s": total - max(finished)}
 
 
+def import_torch_s():
+    """How long two processes take to start Python and import torch side by
+    side, as the two workers do (the floor of a worker's start: neither
+    pslite nor the launcher can make it shorter)."""
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", "import os, torch; os._exit(0)"])
+             for _ in range(2)]
+    if any(p.wait() != 0 for p in procs):
+        sys.exit("torch_start: `import torch` failed")
+    return time.monotonic() - t0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("torch", "script", "both"), default="torch")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pslite", default=os.path.join(REPO, "target", "release", "pslite"))
+    ap.add_argument("--script", default=DIGITS, help="the training script (train_digits.py)")
     ap.add_argument("args", nargs="*", help="train_digits.py's arguments (after --)")
     args = ap.parse_args()
     modes = {"torch": [True], "script": [False], "both": [True, False]}[args.mode]
     runs = {m: [] for m in modes}
     for _ in range(args.repeat):
         for m in modes:
-            r = run_once(args.pslite, m, args.args)
+            r = run_once(args.pslite, m, args.args, args.script)
+            r["import_torch_s"] = import_torch_s()
             runs[m].append(r)
             print(f"run mode={'torch' if m else 'script'} "
                   + " ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
