@@ -20,6 +20,10 @@ all of them alike) and each figure is the median of its runs:
 
     RESULT torch <model> W=<n> ddp_ms=<..> pslite_ms=<..> pslite_shm0_ms=<..>
 
+With --colocate, pslite also runs with its servers inside the workers'
+processes (`pslite launch --colocate`, W servers), with shared memory and
+with PS_SHM=0, adding pslite_colocated_ms=<..> pslite_colocated_shm0_ms=<..>.
+
 Needs torch. Run from a venv where `pip install ./python` put pslite.
 """
 
@@ -131,12 +135,13 @@ def run_ddp(args, workers):
     return step_ms(outs[0], "DDP")
 
 
-def run_pslite(args, workers, shm):
+def run_pslite(args, workers, shm, colocate=False):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env = {k: v for k, v in env.items() if not k.startswith(("DMLC_", "PS_"))}
     if not shm:
         env["PS_SHM"] = "0"
-    cmd = [sys.executable, "-m", "pslite", "launch", "-s", str(args.servers), "-w", str(workers),
+    shape = ["--colocate"] if colocate else ["-s", str(args.servers)]
+    cmd = [sys.executable, "-m", "pslite", "launch", *shape, "-w", str(workers),
            "--timeout", str(args.timeout), "--", *node_args(args, "pslite")]
     run = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, timeout=args.timeout + 30)
@@ -155,6 +160,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--colocate", action="store_true",
+                    help="also run pslite with its servers in the workers' processes "
+                         "(`pslite launch --colocate`), with shared memory and with PS_SHM=0")
     ap.add_argument("--node", choices=["ddp", "pslite"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -166,17 +174,27 @@ def main():
         args.model_one = model
         for workers in [int(w) for w in args.workers.split(",")]:
             runs = {"ddp": [], "ps": [], "ps0": []}
+            if args.colocate:
+                runs.update(col=[], col0=[])
             for _ in range(args.repeat):
                 runs["ddp"].append(run_ddp(args, workers))
                 runs["ps"].append(run_pslite(args, workers, shm=True))
                 runs["ps0"].append(run_pslite(args, workers, shm=False))
+                if args.colocate:
+                    runs["col"].append(run_pslite(args, workers, shm=True, colocate=True))
+                    runs["col0"].append(run_pslite(args, workers, shm=False, colocate=True))
             print(f"# {model} W={workers} runs (ms): "
                   + "  ".join(f"{k} {' '.join(f'{v:.0f}' for v in vs)}" for k, vs in runs.items()),
                   flush=True)
             ddp, ps, ps0 = (statistics.median(runs[k]) for k in ("ddp", "ps", "ps0"))
+            colocated = ""
+            if args.colocate:
+                col, col0 = (statistics.median(runs[k]) for k in ("col", "col0"))
+                colocated = (f" pslite_colocated_ms={col:.1f} pslite_colocated_shm0_ms={col0:.1f}"
+                             f"  (colocated/DDP {col / ddp:.2f}, PS_SHM=0 {col0 / ddp:.2f})")
             print(f"RESULT torch {model} W={workers} ddp_ms={ddp:.1f} pslite_ms={ps:.1f} "
                   f"pslite_shm0_ms={ps0:.1f}  (pslite/DDP {ps / ddp:.2f}, "
-                  f"PS_SHM=0 {ps0 / ddp:.2f})", flush=True)
+                  f"PS_SHM=0 {ps0 / ddp:.2f}){colocated}", flush=True)
     return 0
 
 
