@@ -209,7 +209,7 @@ impl<V: Val> AllReduceHandle<V> {
         }
         round.parts.push((meta.sender, req.vals));
         round.waiting.push(meta.clone());
-        if round.waiting.len() < self.members.needed(self.workers) {
+        if round.waiting.len() < self.members.needed(self.workers, first) {
             return Ok(Vec::new());
         }
         Ok(self.complete(first))

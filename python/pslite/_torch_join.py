@@ -42,16 +42,19 @@ def _pt():
 
 
 def _targets(s):
-    """One (KVWorker, key array) per app of every server: the first key of
-    each server's range (commands never touch a round)."""
+    """One (KVWorker, key array) per app of every server: the first and the
+    last key of each server's range (a join counts for the rounds of that
+    range: with PS_REPLICAS a server also backs up other ranges, whose
+    joins it sees too; commands never touch a round)."""
     kvs = [*s.workers.values(), s.raw]
-    return [(kv, np.array([begin], dtype=np.uint64)) for kv in kvs for begin, _ in s.ranges]
+    return [(kv, np.array([begin, end - 1], dtype=np.uint64))
+            for kv in kvs for begin, end in s.ranges]
 
 
 def _rank_values(kv, rank):
     if kv.dtype == "raw":
-        return np.array([rank % 256], dtype=np.uint8)
-    return np.array([rank], dtype=kv.dtype)
+        return np.array([rank % 256] * 2, dtype=np.uint8)
+    return np.array([rank] * 2, dtype=kv.dtype)
 
 
 def track(optimizer):

@@ -15,8 +15,13 @@ from conftest import launch, node_script
 torch = pytest.importorskip("torch")
 
 
-def test_join_lets_a_worker_with_fewer_batches_finish():
-    run = launch(2, 2, node_script("uneven.py"), "join")
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_join_lets_a_worker_with_fewer_batches_finish(replicas):
+    # PS_REPLICAS=2: each server also backs up the other's range and sees
+    # every join of it (joins count per range; they once counted twice).
+    options = ("--torch",) if replicas > 1 else ()
+    run = launch(2, 2, node_script("uneven.py"), "join", options=options,
+                 PS_REPLICAS=str(replicas))
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     assert "join: equals one process under the rules" in run.stdout, out

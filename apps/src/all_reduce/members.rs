@@ -6,15 +6,23 @@
 //! it had pushed zeros), and its join is answered once the last worker has
 //! joined. A worker that finished never pushes again: the rounds that wait
 //! for it are refused at once, naming its rank, instead of waiting forever.
+//!
+//! Joins are counted per key range: a join carries the first and the last
+//! key of the server's range it is sent for, and counts for the rounds of
+//! that range only. With replicated ranges (`PS_REPLICAS`) one handle holds
+//! the range it is primary of and the ranges it backs up, and sees every
+//! worker join each of them: each range's joins are its own, as on the
+//! range's other replicas.
 
 use super::{AllReduceHandle, Round};
 use crate::ids::id_to_rank;
 use crate::kv_pairs::{KVMeta, KVPairs, Key, Val};
 use crate::Refusal;
 
-/// The command (`cmd`) of a worker's join: a push-pull of one key of the
-/// server's range, answered once every worker has joined, with the values
-/// the last worker to join pushed (`pslite.torch.join()` pushes its rank).
+/// The command (`cmd`) of a worker's join: a push-pull of the first and
+/// the last key of the server's range (or one key: the whole key space),
+/// answered once every worker has joined that range, with the values the
+/// last worker to join pushed (`pslite.torch.join()` pushes its rank).
 pub const JOIN: i32 = 100;
 
 /// The command (`cmd`) of a worker that ends: a push of one key of the
@@ -22,18 +30,30 @@ pub const JOIN: i32 = 100;
 /// worker, open or later, is refused with its rank.
 pub const FINISHED: i32 = 101;
 
-/// Who joined (in order), their held join requests, and who finished.
+/// The joins of one key range `[first, last]`: who joined, in order, with
+/// their held requests.
+struct Joins<V: Val> {
+    first: Key,
+    last: Key,
+    held: Vec<(i32, KVMeta, KVPairs<V>)>,
+}
+
+impl<V: Val> Joins<V> {
+    fn has(&self, rank: i32) -> bool {
+        self.held.iter().any(|(r, _, _)| *r == rank)
+    }
+}
+
+/// The joins of each key range, and who finished.
 pub(super) struct Members<V: Val> {
-    joined: Vec<i32>,
-    joins: Vec<(KVMeta, KVPairs<V>)>,
+    ranges: Vec<Joins<V>>,
     finished: Vec<i32>,
 }
 
 impl<V: Val> Default for Members<V> {
     fn default() -> Self {
         Members {
-            joined: Vec::new(),
-            joins: Vec::new(),
+            ranges: Vec::new(),
             finished: Vec::new(),
         }
     }
@@ -49,9 +69,15 @@ fn finished_reason(rank: i32, key: Key) -> String {
 }
 
 impl<V: Val> Members<V> {
-    /// Parts that complete a round of `workers` workers.
-    pub(super) fn needed(&self, workers: usize) -> usize {
-        workers.saturating_sub(self.joined.len()).max(1)
+    /// The joins of the range that holds `key`, if any worker joined it.
+    fn of(&self, key: Key) -> Option<&Joins<V>> {
+        self.ranges.iter().find(|j| j.first <= key && key <= j.last)
+    }
+
+    /// Parts that complete a round of `key` among `workers` workers.
+    pub(super) fn needed(&self, workers: usize, key: Key) -> usize {
+        let joined = self.of(key).map_or(0, |j| j.held.len());
+        workers.saturating_sub(joined).max(1)
     }
 
     /// Why a push of `sender` to the round of `key` (None: a new round)
@@ -64,7 +90,7 @@ impl<V: Val> Members<V> {
         round: Option<&Round<V>>,
     ) -> Option<String> {
         let rank = id_to_rank(sender);
-        if self.joined.contains(&rank) {
+        if self.of(key).is_some_and(|j| j.has(rank)) {
             return Some(format!(
                 "worker rank {rank} pushed key {key} after it joined (pslite.torch.join()): a \
                  joined worker pushes nothing until every worker has joined"
@@ -101,16 +127,56 @@ impl<V: Val> AllReduceHandle<V> {
                  join of worker rank {rank} can never complete"
             )));
         }
-        if self.members.joined.contains(&rank) {
+        let (Some(&first), Some(&last)) = (req.keys.first(), req.keys.last()) else {
+            return Err(refuse(format!(
+                "the join of worker rank {rank} carries no key: it names the first and the last \
+                 key of the server's range"
+            )));
+        };
+        // One key: the whole key space (a join sent before ranges counted).
+        let last = if req.keys.len() == 1 { Key::MAX } else { last };
+        let first = if req.keys.len() == 1 { 0 } else { first };
+        let members = &mut self.members;
+        let index = match members
+            .ranges
+            .iter()
+            .position(|j| j.first == first && j.last == last)
+        {
+            Some(i) => i,
+            None => {
+                if members
+                    .ranges
+                    .iter()
+                    .any(|j| j.first <= last && first <= j.last)
+                {
+                    return Err(refuse(format!(
+                        "the join of worker rank {rank} names keys {first}..={last}, which \
+                         overlap the range another join named: every worker joins each \
+                         server's range as a whole"
+                    )));
+                }
+                members.ranges.push(Joins {
+                    first,
+                    last,
+                    held: Vec::new(),
+                });
+                members.ranges.len() - 1
+            }
+        };
+        let joins = &mut members.ranges[index];
+        if joins.has(rank) {
             return Err(refuse(format!("worker rank {rank} joined twice")));
         }
-        self.members.joined.push(rank);
-        self.members.joins.push((meta.clone(), req));
-        let needed = self.members.needed(self.workers);
+        joins.held.push((rank, meta.clone(), req));
+        let complete = joins.held.len() >= self.workers;
         let mut ready: Vec<Key> = self
             .rounds
             .iter()
-            .filter(|(_, round)| round.waiting.len() >= needed)
+            .filter(|(&key, round)| {
+                first <= key
+                    && key <= last
+                    && round.waiting.len() >= self.members.needed(self.workers, key)
+            })
             .map(|(&key, _)| key)
             .collect();
         ready.sort_unstable();
@@ -118,16 +184,21 @@ impl<V: Val> AllReduceHandle<V> {
         for key in ready {
             answers.extend(self.complete(key));
         }
-        if self.members.joined.len() >= self.workers {
-            self.members.joined.clear();
-            let joins = std::mem::take(&mut self.members.joins);
-            let last = joins
+        if complete {
+            let joins = self.members.ranges.swap_remove(index);
+            let values = joins
+                .held
                 .last()
-                .map(|(_, pairs)| pairs.clone())
+                .map(|(_, _, pairs)| pairs.clone())
                 .unwrap_or_default();
-            answers.extend(joins.into_iter().map(|(m, _)| {
+            answers.extend(joins.held.into_iter().map(|(_, m, own)| {
                 let pairs = if m.pull {
-                    last.clone()
+                    // Its own keys, the last join's values.
+                    KVPairs {
+                        keys: own.keys,
+                        vals: values.vals.clone(),
+                        lens: own.lens,
+                    }
                 } else {
                     KVPairs::default()
                 };
@@ -147,8 +218,8 @@ impl<V: Val> AllReduceHandle<V> {
         let mut out = Vec::new();
         // A held join can no longer complete: its worker is told, and is
         // no longer joined.
-        self.members.joined.clear();
-        for (m, _) in std::mem::take(&mut self.members.joins) {
+        let held = std::mem::take(&mut self.members.ranges);
+        for (_, m, _) in held.into_iter().flat_map(|j| j.held) {
             let reason = format!(
                 "worker rank {rank} has finished without joining (pslite.torch.join()), so this \
                  join can never complete"
@@ -256,6 +327,49 @@ mod tests {
         }
         let (m, p) = push(2, 0, 5, 1.0);
         assert_eq!(h.apply(&m, p).unwrap()[0].1.vals[0], 3.0);
+    }
+
+    #[test]
+    fn joins_count_per_key_range_as_on_each_replica_of_it() {
+        // One handle holds ranges [0, 99] and [100, 199] (a primary and a
+        // backup with PS_REPLICAS=2): rank 0 joins both, rank 1 only the
+        // first, so far.
+        let mut h = AllReduceHandle::<f64>::new(2);
+        let join = |rank: i32, first: Key, last: Key| {
+            (
+                meta(rank, JOIN),
+                KVPairs::new(vec![first, last], vec![rank as f64; 2]),
+            )
+        };
+        for (rank, first, last) in [(0, 0, 99), (0, 100, 199)] {
+            let (m, p) = join(rank, first, last);
+            assert!(h.apply(&m, p).unwrap().is_empty());
+        }
+        // Joining the other range is not joining twice; the same one is.
+        let (m, p) = join(0, 100, 199);
+        assert!(reason(&h.apply(&m, p).unwrap_err()).contains("joined twice"));
+        // Rank 1's push to the second range completes without rank 0.
+        let (m, p) = push(1, 0, 150, 4.0);
+        assert_eq!(h.apply(&m, p).unwrap()[0].1.vals[0], 4.0);
+        // Its join of the first range answers both joins of that range,
+        // each with its own keys and the last join's values.
+        let (m, p) = join(1, 0, 99);
+        let done = h.apply(&m, p).unwrap();
+        assert_eq!(done.len(), 2);
+        for (_, pairs) in &done {
+            assert_eq!(
+                (&pairs.keys[..], &pairs.vals[..]),
+                (&[0, 99][..], &[1.0, 1.0][..])
+            );
+        }
+        // The first range needs everyone again; the second still not rank 0.
+        let (m, p) = push(1, 0, 50, 1.0);
+        assert!(h.apply(&m, p).unwrap().is_empty());
+        let (m, p) = push(0, 0, 160, 1.0);
+        assert!(reason(&h.apply(&m, p).unwrap_err()).contains("after it joined"));
+        // A join naming part of a range another join named is refused.
+        let (m, p) = join(1, 100, 150);
+        assert!(reason(&h.apply(&m, p).unwrap_err()).contains("overlap"));
     }
 
     #[test]

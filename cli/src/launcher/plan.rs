@@ -376,7 +376,10 @@ mod tests {
         o.colocate = true;
         let nodes = plan(&o, 9000).unwrap();
         let roles: Vec<Role> = nodes.iter().map(|n| n.role).collect();
-        assert_eq!(roles, [Role::Scheduler, Role::Worker, Role::Worker, Role::Worker]);
+        assert_eq!(
+            roles,
+            [Role::Scheduler, Role::Worker, Role::Worker, Role::Worker]
+        );
         let has = |n: &NodeSpec, k: &str, v: &str| n.env.iter().any(|(a, b)| a == k && b == v);
         assert!(nodes.iter().all(|n| has(n, "DMLC_NUM_SERVER", "3")));
         assert!(nodes[1..].iter().all(|n| has(n, "PSLITE_COLOCATE", "1")));
