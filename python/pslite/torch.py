@@ -648,6 +648,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
+class Compression:
+    """Horovod's names for DistributedOptimizer's `compression=`
+    (``hvd.Compression.fp16``): `none`, `fp16` and `bf16` (each value cast
+    to a 16-bit float on the wire both ways: float16/bfloat16 gradients go
+    exactly, the servers sum in float32 and their answer is rounded once),
+    and pslite's `onebit`. Any other spec string or `pslite.Compression`
+    is taken too."""
+
+    none = None
+    fp16 = "fp16"
+    bf16 = "bf16"
+    onebit = "onebit"
+
+
 def _compression_of(compression):
     """DistributedOptimizer's `compression=`: None (or "none") for none; a
     spec string compresses the pushes and the servers' sums
@@ -703,6 +717,9 @@ def _momentum_correction_of(setting, compression, optimizer):
         why = "a param group has dampening (momentum correction has none)"
     elif any(g.get("maximize", False) for g in groups):
         why = "a param group maximizes"
+    elif setting is None and compression.kind in ("fp16", "bf16"):
+        # A cast holds nothing back: the optimizer's own momentum is exact.
+        return False
     elif setting is None and compression.kind == "2bit":
         # Measured (docs/BENCHMARKS.md, 2026-11-29): train_digits with
         # 2bit:0.01 at momentum 0.9 reached 0.54 with it and 0.67 without
@@ -727,7 +744,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     every worker must build the same model and optimizer in the same order.
     With ``backward_passes_per_step=N`` gradients accumulate over N backward
     passes before they are sent. With `compression` (``"onebit"``,
-    ``"topk:0.01"``, ``"randomk:0.01"``, ``"2bit:0.5"``, or a
+    ``"topk:0.01"``, ``"randomk:0.01"``, ``"2bit:0.5"``, ``"fp16"``,
+    ``"bf16"`` (casts, as Horovod's ``Compression.fp16``: half the bytes,
+    no error feedback; also ``pslite.torch.Compression.fp16``), or a
     `pslite.Compression`), gradients go compressed, with error feedback on
     each worker, and a spec string also has the servers compress the
     averaged gradients they answer (every worker gets the same values, so
@@ -753,7 +772,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     that one's. The servers' residuals of compressed answers (kept per
     worker on the servers) are not in it. ``momentum_correction=None`` (default) turns it on
     where it applies (a compressor other than ``2bit``, which measured
-    worse with it; SGD, some group with momentum, no dampening, not
+    worse with it, and the casts ``fp16`` and ``bf16``, which hold nothing back; SGD, some group with momentum, no dampening, not
     maximize), False turns it off (the optimizer's own
     momentum, as before), True insists (an error where it does not apply).
     `opt.momentum_correction` says which.
