@@ -508,14 +508,15 @@ fn as_f32<V: Val>(vals: &[V]) -> Option<Cow<'_, [f32]>> {
     }
 }
 
-/// `f32` values as `V`'s bytes (`V` is `f32` or `f64`).
+/// `f32` values as `V`'s bytes (`V` is `f32` or `f64`), without copying
+/// `f32` ones.
 fn from_f32<V: Val>(vals: Vec<f32>) -> Bytes {
     match V::DATA_TYPE {
         DataType::Double => {
             let wide: Vec<f64> = vals.into_iter().map(f64::from).collect();
-            Bytes::from(bytemuck::cast_slice::<f64, u8>(&wide).to_vec())
+            crate::sarray::SArray::from_vec(wide).bytes().clone()
         }
-        _ => Bytes::from(bytemuck::cast_slice::<f32, u8>(&vals).to_vec()),
+        _ => crate::sarray::SArray::from_vec(vals).bytes().clone(),
     }
 }
 
