@@ -18,6 +18,9 @@ pub(crate) enum Half {
     Bf16,
 }
 
+/// One value at a time (the tests' view; `compress` and `decompress` loop
+/// per format).
+#[cfg(test)]
 impl Half {
     fn encode(self, x: f32) -> u16 {
         match self {
