@@ -29,7 +29,7 @@ and, per mode:
 
 `wire_ms` is the mode's bytes on its busiest link (one direction) x 8 /
 rate, computed from DistributedOptimizer's plan (parts of
-PSLITE_PARTITION_BYTES, part n on server n % S): each worker sends and
+PSLITE_PARTITION_BYTES, each on the server with the fewest values so far): each worker sends and
 receives every gradient once; each server receives and answers its parts
 from every worker. `ddp_wire_ms` is a ring all-reduce's, 2 (W - 1) / W of
 the gradients each way per rank. `compute_ms` is rank 0's step without any
@@ -194,11 +194,11 @@ def node(args):
 
 # --------------------------------------------------------------- the wire
 
-def part_sizes(name):
+def part_sizes(name, partition_bytes=PARTITION_BYTES):
     """Values of every part DistributedOptimizer cuts `name`'s gradients
     into, in plan order (model order; every parameter float32)."""
     model = build(name)[0]
-    per_part = PARTITION_BYTES // 4
+    per_part = partition_bytes // 4
     out = []
     for p in model.parameters():
         if p.requires_grad:
@@ -218,13 +218,24 @@ def wire_bytes(mode, n):
     raise ValueError(f"no wire model for mode {mode}")
 
 
+def placement(parts, servers):
+    """The server of each part, as pslite.torch places them: on the server
+    with the fewest values so far (the lowest rank of those)."""
+    load, out = [0] * servers, []
+    for n in parts:
+        j = min(range(servers), key=lambda i: (load[i], i))
+        load[j] += n
+        out.append(j)
+    return out
+
+
 def wire_ms(mode, parts, workers, servers, gbit):
     """The busiest link's bytes in one direction x 8 / rate: a worker's
     (every part once each way) or a server's (its parts, from and to every
     worker)."""
     per_server = [0] * servers
-    for i, n in enumerate(parts):
-        per_server[i % servers] += wire_bytes(mode, n)
+    for server, n in zip(placement(parts, servers), parts):
+        per_server[server] += wire_bytes(mode, n)
     worker = sum(wire_bytes(mode, n) for n in parts)
     busiest = max(worker, workers * max(per_server))
     return busiest * 8 / (gbit * 1e9) * 1e3
@@ -314,7 +325,7 @@ class Bench:
     def one(self, rate, model, workers):
         """DDP and every mode, --repeat times in turn; RESULT lines."""
         servers = self.args.servers_for(workers)
-        parts = part_sizes(model)
+        parts = part_sizes(model, int(self.env.get("PSLITE_PARTITION_BYTES", PARTITION_BYTES)))
         runs = {"ddp": []} | {m: [] for m in self.args.modes}
         self.compute = []
         for r in range(self.args.repeat):
