@@ -16,11 +16,16 @@
 //! - `topk[:K]`: the K values of largest magnitude and their positions;
 //! - `randomk[:K]`: K values at positions drawn from a seed both ends derive
 //!   alike (only the values travel);
-//! - `2bit[:T]`: MXNet's 2-bit quantisation with threshold T (16x).
+//! - `2bit[:T]`: MXNet's 2-bit quantisation with threshold T (16x);
+//! - `fp16`, `bf16`: each value cast to a 16-bit float (2x, Horovod's
+//!   `Compression.fp16`): float16 (bfloat16) values cross exactly, others
+//!   are rounded once to nearest; the server still sums in `f32`, and a
+//!   compressed answer (the sum, or the mean) is rounded once.
 //!
 //! K is a fraction of the values (below 1; default 0.01) or a number of
 //! them (1 and more); T defaults to 0.5. With error feedback (on by
-//! default) the worker keeps, per key, what compression left out and adds
+//! default, except for the casts `fp16` and `bf16`, whose rounding is
+//! below a gradient's noise, as in Horovod) the worker keeps, per key, what compression left out and adds
 //! it to the key's next values. A message with fewer than
 //! [`MIN_VALUES`] values, or that compression would not make smaller, goes
 //! uncompressed (its residuals are sent along and cleared).
@@ -30,6 +35,7 @@
 //! The compressors themselves are pure code over `f32` slices
 //! (`compression/*.rs`), tested on their own.
 
+mod cast;
 mod feedback;
 mod onebit;
 mod randomk;
@@ -112,7 +118,7 @@ impl Compression {
         Compression {
             kind,
             param,
-            error_feedback: true,
+            error_feedback: !kind_is_cast(kind),
             answers: false,
             answer_feedback: false,
             seed: DEFAULT_SEED,
@@ -125,6 +131,24 @@ impl Compression {
     /// `onebit`: signs and one scale.
     pub fn onebit() -> Compression {
         Compression::new(CompressionKind::OneBit, 0.0)
+    }
+
+    /// `fp16`: each value cast to IEEE half precision (error feedback off
+    /// unless asked for).
+    pub fn fp16() -> Compression {
+        Compression::new(CompressionKind::Fp16, 0.0)
+    }
+
+    /// `bf16`: each value cast to bfloat16 (error feedback off unless
+    /// asked for).
+    pub fn bf16() -> Compression {
+        Compression::new(CompressionKind::Bf16, 0.0)
+    }
+
+    /// Whether the compressor is a cast (`fp16`, `bf16`): every value goes,
+    /// rounded.
+    pub fn is_cast(&self) -> bool {
+        kind_is_cast(self.kind)
     }
 
     /// `topk`: the `k` values of largest magnitude: a fraction (below 1) or
@@ -153,7 +177,8 @@ impl Compression {
     }
 
     /// Keeps what compression leaves out of each key's values and adds it
-    /// to the key's next values (on by default).
+    /// to the key's next values (on by default; off by default for `fp16`
+    /// and `bf16`).
     pub fn error_feedback(mut self, on: bool) -> Compression {
         self.error_feedback = on;
         self
@@ -318,6 +343,8 @@ impl Compression {
             CompressionKind::TopK => Compression::topk(msg.param).ok()?,
             CompressionKind::RandomK => Compression::randomk(msg.param).ok()?,
             CompressionKind::TwoBit => Compression::two_bit(msg.param).ok()?,
+            CompressionKind::Fp16 => Compression::fp16(),
+            CompressionKind::Bf16 => Compression::bf16(),
         };
         // The request's seed: every worker's request of these keys in step
         // carries the same, and a push-pull's answer keeps randomk's values
@@ -325,6 +352,11 @@ impl Compression {
         // answer carries all of it).
         Some(c.seed(msg.seed).error_feedback(msg.answer_feedback))
     }
+}
+
+/// `fp16` and `bf16`: casts, which send every value.
+fn kind_is_cast(kind: CompressionKind) -> bool {
+    matches!(kind, CompressionKind::Fp16 | CompressionKind::Bf16)
 }
 
 fn check_k(name: &str, k: f32) -> Result<f32, Error> {
@@ -345,6 +377,8 @@ impl fmt::Display for Compression {
             CompressionKind::TopK => write!(f, "topk:{}", self.param),
             CompressionKind::RandomK => write!(f, "randomk:{}", self.param),
             CompressionKind::TwoBit => write!(f, "2bit:{}", self.param),
+            CompressionKind::Fp16 => f.write_str("fp16"),
+            CompressionKind::Bf16 => f.write_str("bf16"),
         }
     }
 }
@@ -352,7 +386,8 @@ impl fmt::Display for Compression {
 impl FromStr for Compression {
     type Err = Error;
 
-    /// `onebit`, `topk[:K]`, `randomk[:K]` or `2bit[:THRESHOLD]`.
+    /// `onebit`, `topk[:K]`, `randomk[:K]`, `2bit[:THRESHOLD]`, `fp16` or
+    /// `bf16`.
     fn from_str(s: &str) -> Result<Compression, Error> {
         let s = s.trim();
         let (name, param) = match s.split_once(':') {
@@ -372,9 +407,11 @@ impl FromStr for Compression {
             "topk" => Compression::topk(number(DEFAULT_FRACTION)?),
             "randomk" => Compression::randomk(number(DEFAULT_FRACTION)?),
             "2bit" | "twobit" => Compression::two_bit(number(DEFAULT_THRESHOLD)?),
+            "fp16" | "float16" if param.is_none() => Ok(Compression::fp16()),
+            "bf16" | "bfloat16" if param.is_none() => Ok(Compression::bf16()),
             _ => Err(Error::InvalidInput(format!(
-                "unknown compression {s:?}: expected onebit, topk[:K], randomk[:K] or \
-                 2bit[:THRESHOLD] (K a fraction below 1 or a count)"
+                "unknown compression {s:?}: expected onebit, topk[:K], randomk[:K], \
+                 2bit[:THRESHOLD], fp16 or bf16 (K a fraction below 1 or a count)"
             ))),
         }
     }
@@ -389,12 +426,19 @@ pub fn parse_compression(s: &str) -> Result<Option<Compression>, Error> {
     }
 }
 
-/// Values compressed for the wire: the meta part, the payload, and what the
-/// receiver will read back (for error feedback).
+/// Values compressed for the wire: the meta part and the payload.
 pub(crate) struct Encoded {
     pub(crate) msg: CompressionMsg,
     pub(crate) payload: Vec<u8>,
-    pub(crate) sent: Vec<f32>,
+}
+
+impl Encoded {
+    /// What the receiver will read back (for error feedback and masking;
+    /// computed when asked: a cast without feedback never needs it).
+    pub(crate) fn sent(&self) -> Vec<f32> {
+        // `encode` checked that the payload decodes.
+        decode(&self.msg, &self.payload).unwrap_or_default()
+    }
 }
 
 /// Compresses `values` with `c` (randomk positions from `seed`); `None`
@@ -417,12 +461,13 @@ pub(crate) fn encode(c: &Compression, values: &[f32], seed: u64) -> Option<Encod
             msg.k = c.k_for(n) as u64;
             randomk::compress(values, msg.k as usize, seed)
         }
+        CompressionKind::Fp16 => cast::compress(values, cast::Half::F16),
+        CompressionKind::Bf16 => cast::compress(values, cast::Half::Bf16),
     };
     if payload.len() >= n * 4 {
         return None;
     }
-    let sent = decode(&msg, &payload).ok()?;
-    Some(Encoded { msg, payload, sent })
+    Some(Encoded { msg, payload })
 }
 
 /// The values compressed `payload` stands for, as `msg` describes them;
@@ -443,6 +488,8 @@ pub(crate) fn decode(msg: &CompressionMsg, payload: &[u8]) -> Result<Vec<f32>, S
         CompressionKind::TwoBit => twobit::decompress(payload, count, msg.param),
         CompressionKind::TopK => topk::decompress(payload, count, k),
         CompressionKind::RandomK => randomk::decompress(payload, count, k, msg.seed),
+        CompressionKind::Fp16 => cast::decompress(payload, count, cast::Half::F16),
+        CompressionKind::Bf16 => cast::decompress(payload, count, cast::Half::Bf16),
     }
 }
 
@@ -461,14 +508,15 @@ fn as_f32<V: Val>(vals: &[V]) -> Option<Cow<'_, [f32]>> {
     }
 }
 
-/// `f32` values as `V`'s bytes (`V` is `f32` or `f64`).
+/// `f32` values as `V`'s bytes (`V` is `f32` or `f64`), without copying
+/// `f32` ones.
 fn from_f32<V: Val>(vals: Vec<f32>) -> Bytes {
     match V::DATA_TYPE {
         DataType::Double => {
             let wide: Vec<f64> = vals.into_iter().map(f64::from).collect();
-            Bytes::from(bytemuck::cast_slice::<f64, u8>(&wide).to_vec())
+            crate::sarray::SArray::from_vec(wide).bytes().clone()
         }
-        _ => Bytes::from(bytemuck::cast_slice::<f32, u8>(&vals).to_vec()),
+        _ => crate::sarray::SArray::from_vec(vals).bytes().clone(),
     }
 }
 
@@ -567,12 +615,15 @@ impl WorkerState {
                 };
                 let corrected: &[f32] = with_residuals.as_deref().unwrap_or(pushed);
                 let encoded = encode(c, corrected, seed);
+                let sent = encoded
+                    .as_ref()
+                    .filter(|_| c.error_feedback || c.masks())
+                    .map(Encoded::sent);
                 if c.error_feedback {
-                    let sent = encoded.as_ref().map(|e| &e.sent[..]);
-                    lock(&self.feedback).keep(&slice.keys, layout, corrected, sent);
+                    lock(&self.feedback).keep(&slice.keys, layout, corrected, sent.as_deref());
                 }
-                if let Some(e) = encoded.as_ref().filter(|_| c.masks()) {
-                    lock(&self.velocity).mask(&slice.keys, layout, &e.sent);
+                if let Some(sent) = sent.as_deref().filter(|_| c.masks()) {
+                    lock(&self.velocity).mask(&slice.keys, layout, sent);
                 }
                 match (encoded, with_residuals.or(stepped)) {
                     (Some(e), _) => {
@@ -698,7 +749,8 @@ pub(crate) fn compress_answer<V: Val>(
     let to_send: &[f32] = corrected.as_deref().unwrap_or(&values);
     let encoded = encode(c, to_send, c.seed);
     if let Some(f) = feedback {
-        f.keep(keys, layout, to_send, encoded.as_ref().map(|e| &e.sent[..]));
+        let sent = encoded.as_ref().map(Encoded::sent);
+        f.keep(keys, layout, to_send, sent.as_deref());
     }
     match encoded {
         Some(e) => {

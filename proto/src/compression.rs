@@ -16,6 +16,10 @@ pub enum CompressionKind {
     RandomK = 3,
     /// MXNet's 2-bit quantisation: `+threshold`, `-threshold` or 0.
     TwoBit = 4,
+    /// Each value cast to IEEE half precision (`f16`), 2 bytes.
+    Fp16 = 5,
+    /// Each value cast to bfloat16 (the top 16 bits of an `f32`), 2 bytes.
+    Bf16 = 6,
 }
 
 impl CompressionKind {
@@ -26,6 +30,8 @@ impl CompressionKind {
             2 => CompressionKind::TopK,
             3 => CompressionKind::RandomK,
             4 => CompressionKind::TwoBit,
+            5 => CompressionKind::Fp16,
+            6 => CompressionKind::Bf16,
             _ => return None,
         })
     }
@@ -38,7 +44,7 @@ pub struct CompressionMsg {
     /// The compressor.
     pub kind: CompressionKind,
     /// Its parameter: TopK and RandomK the fraction kept (below 1) or the
-    /// number kept (1 and more), TwoBit the threshold; unused by OneBit.
+    /// number kept (1 and more), TwoBit the threshold; unused by OneBit, Fp16 and Bf16.
     pub param: f32,
     /// `Some(n)` when this message's values frame is compressed: it stands
     /// for `n` values.

@@ -143,8 +143,8 @@ Ts = Union[Request, int]
 
 @final
 class Compression:
-    """Gradient compression of a worker's pushes: onebit, topk[:K], randomk[:K], 2bit[:T]."""
-    def __new__(cls, spec: str, error_feedback: bool = True, compress_answers: bool = False,
+    """Gradient compression of a worker's pushes: onebit, topk[:K], randomk[:K], 2bit[:T], fp16, bf16."""
+    def __new__(cls, spec: str, error_feedback: Optional[bool] = None, compress_answers: bool = False,
                 seed: Optional[int] = None, answer_feedback: bool = False,
                 momentum: float = 0.0, nesterov: bool = False,
                 momentum_masking: bool = False) -> Compression: ...

@@ -63,7 +63,7 @@ class _SingleState:
     def __init__(self):
         self.closed = False
 
-    def new_key(self, app):
+    def new_key(self, app, values=1):
         return 0
 
 
@@ -670,7 +670,8 @@ class DistributedDataParallel(torch.nn.Module):
                     f"float64 gradients (float16 and bfloat16 ones as float32)")
             app, _ = pt._APPS[wire]
             per_part = max(1, part_bytes // wire.itemsize)
-            parts = [pt._Part(s.new_key(app), at, min(at + per_part, p.numel()))
+            parts = [pt._Part(s.new_key(app, min(per_part, p.numel() - at)), at,
+                              min(at + per_part, p.numel()))
                      for at in range(0, p.numel(), per_part)]
             entry = pt._Param(len(self._pslite_plan), n, p, 0, parts, s.workers[wire], wire)
             self._pslite_plan.append(entry)

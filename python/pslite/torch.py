@@ -105,19 +105,27 @@ class _State:
         for dtype, (app, name) in _APPS.items():
             self.workers[dtype] = pslite.KVWorker(po, app_id=app, dtype=name)
         self.raw = pslite.KVWorker(po, app_id=_RAW_APP, dtype="raw")
-        # Parts handed out so far, per app: part n goes to server n % S.
-        self.parts = {app: 0 for app, _ in _APPS.values()}
+        # Per app and server: parts handed out so far, and their values.
+        servers = len(self.ranges)
+        self.parts = {app: [0] * servers for app, _ in _APPS.values()}
+        self.values = {app: [0] * servers for app, _ in _APPS.values()}
         self.failed = False
         self.closed = False
         self.colocated = None  # this process's server node (colocated mode)
 
-    def new_key(self, app):
-        """The next part's key of `app`: parts spread over the servers."""
-        n = self.parts[app]
-        self.parts[app] = n + 1
-        servers = len(self.ranges)
-        begin, _ = self.ranges[n % servers]
-        return begin + n // servers
+    def new_key(self, app, values=1):
+        """The key of `app`'s next part, of `values` values: on the server
+        that holds the fewest of `app`'s values so far (the lowest rank of
+        those), so that parts of unequal sizes spread evenly in bytes (by
+        count, ResNet-18's busiest of 4 servers carried 1.5x the mean; parts
+        of one size still go round the servers in turn)."""
+        load = self.values[app]
+        j = min(range(len(load)), key=lambda i: (load[i], i))
+        load[j] += values
+        n = self.parts[app][j]
+        self.parts[app][j] = n + 1
+        begin, _ = self.ranges[j]
+        return begin + n
 
 
 _state = None
@@ -407,7 +415,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     f"float64 gradients (float16 and bfloat16 ones as float32)")
             app, _ = _APPS[wire]
             per_part = max(1, part_bytes // wire.itemsize)
-            parts = [_Part(s.new_key(app), at, min(at + per_part, p.numel()))
+            parts = [_Part(s.new_key(app, min(per_part, p.numel() - at)), at,
+                           min(at + per_part, p.numel()))
                      for at in range(0, p.numel(), per_part)]
             entry = _Param(len(self._plan), name, p, group_of[id(p)], parts, s.workers[wire],
                            wire)
@@ -678,6 +687,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
+class Compression:
+    """Horovod's names for DistributedOptimizer's `compression=`
+    (``hvd.Compression.fp16``): `none`, `fp16` and `bf16` (each value cast
+    to a 16-bit float on the wire both ways: float16/bfloat16 gradients go
+    exactly, the servers sum in float32 and their answer is rounded once),
+    and pslite's `onebit`. Any other spec string or `pslite.Compression`
+    is taken too."""
+
+    none = None
+    fp16 = "fp16"
+    bf16 = "bf16"
+    onebit = "onebit"
+
+
 def _compression_of(compression):
     """DistributedOptimizer's `compression=`: None (or "none") for none; a
     spec string compresses the pushes and the servers' sums
@@ -733,6 +756,9 @@ def _momentum_correction_of(setting, compression, optimizer):
         why = "a param group has dampening (momentum correction has none)"
     elif any(g.get("maximize", False) for g in groups):
         why = "a param group maximizes"
+    elif setting is None and compression.kind in ("fp16", "bf16"):
+        # A cast holds nothing back: the optimizer's own momentum is exact.
+        return False
     elif setting is None and compression.kind == "2bit":
         # Measured (docs/BENCHMARKS.md, 2026-11-29): train_digits with
         # 2bit:0.01 at momentum 0.9 reached 0.54 with it and 0.67 without
@@ -757,7 +783,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     every worker must build the same model and optimizer in the same order.
     With ``backward_passes_per_step=N`` gradients accumulate over N backward
     passes before they are sent. With `compression` (``"onebit"``,
-    ``"topk:0.01"``, ``"randomk:0.01"``, ``"2bit:0.5"``, or a
+    ``"topk:0.01"``, ``"randomk:0.01"``, ``"2bit:0.5"``, ``"fp16"``,
+    ``"bf16"`` (casts, as Horovod's ``Compression.fp16``: half the bytes,
+    no error feedback; also ``pslite.torch.Compression.fp16``), or a
     `pslite.Compression`), gradients go compressed, with error feedback on
     each worker, and a spec string also has the servers compress the
     averaged gradients they answer (every worker gets the same values, so
@@ -783,7 +811,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     that one's. The servers' residuals of compressed answers (kept per
     worker on the servers) are not in it. ``momentum_correction=None`` (default) turns it on
     where it applies (a compressor other than ``2bit``, which measured
-    worse with it; SGD, some group with momentum, no dampening, not
+    worse with it, and the casts ``fp16`` and ``bf16``, which hold nothing back; SGD, some group with momentum, no dampening, not
     maximize), False turns it off (the optimizer's own
     momentum, as before), True insists (an error where it does not apply).
     `opt.momentum_correction` says which.

@@ -4,7 +4,7 @@ from typing import Any, Iterable, Mapping, Optional, TypeVar, Union
 import numpy.typing as npt
 import torch
 
-from ._pslite import Compression, KVWorker, Postoffice
+from ._pslite import Compression as _Compression, KVWorker, Postoffice
 
 DEFAULT_PARTITION_BYTES: int
 
@@ -20,9 +20,15 @@ def cross_rank() -> int: ...
 def cross_size() -> int: ...
 def is_initialized() -> bool: ...
 def join() -> int: ...
+class Compression:
+    none: None
+    fp16: str
+    bf16: str
+    onebit: str
+
 def DistributedOptimizer(optimizer: Opt,
                          named_parameters: Optional[Iterable[tuple[str, torch.Tensor]]] = None,
-                         compression: Union[Compression, str, None] = None,
+                         compression: Union[_Compression, str, None] = None,
                          backward_passes_per_step: int = 1,
                          average: bool = True,
                          momentum_correction: Optional[bool] = None,

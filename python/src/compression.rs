@@ -7,9 +7,11 @@ use pyo3::prelude::*;
 use crate::errors::{invalid, IntoPy};
 
 /// Gradient compression of a `KVWorker`'s pushes: `spec` is `"onebit"`,
-/// `"topk[:K]"`, `"randomk[:K]"` or `"2bit[:THRESHOLD]"` (K a fraction of
+/// `"topk[:K]"`, `"randomk[:K]"`, `"2bit[:THRESHOLD]"` (K a fraction of
 /// the values below 1, default 0.01, or a whole number of them; THRESHOLD
-/// default 0.5). With `error_feedback` (default) the worker adds what
+/// default 0.5), `"fp16"` or `"bf16"` (each value cast to a 16-bit float:
+/// float16 or bfloat16 values cross exactly). With `error_feedback`
+/// (default: on, off for the casts `fp16` and `bf16`) the worker adds what
 /// compression left out of a key's values to the key's next ones. With
 /// `compress_answers` the servers compress their answers to pulls and
 /// push-pulls the same way (for answers that are gradients, e.g. a sum of
@@ -36,11 +38,11 @@ pub struct PyCompression {
 #[pymethods]
 impl PyCompression {
     #[new]
-    #[pyo3(signature = (spec, error_feedback = true, compress_answers = false, seed = None, answer_feedback = false, momentum = 0.0, nesterov = false, momentum_masking = false))]
+    #[pyo3(signature = (spec, error_feedback = None, compress_answers = false, seed = None, answer_feedback = false, momentum = 0.0, nesterov = false, momentum_masking = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         spec: &str,
-        error_feedback: bool,
+        error_feedback: Option<bool>,
         compress_answers: bool,
         seed: Option<u64>,
         answer_feedback: bool,
@@ -49,8 +51,10 @@ impl PyCompression {
         momentum_masking: bool,
     ) -> PyResult<PyCompression> {
         let mut c: Compression = spec.parse().py()?;
+        if let Some(on) = error_feedback {
+            c = c.error_feedback(on);
+        }
         c = c
-            .error_feedback(error_feedback)
             .compress_answers(compress_answers)
             .answer_feedback(answer_feedback)
             .momentum(momentum)
@@ -63,7 +67,7 @@ impl PyCompression {
         Ok(PyCompression { inner: c })
     }
 
-    /// The compressor: "onebit", "topk", "randomk" or "2bit".
+    /// The compressor: "onebit", "topk", "randomk", "2bit", "fp16" or "bf16".
     #[getter]
     fn kind(&self) -> &'static str {
         match self.inner.kind() {
@@ -71,6 +75,8 @@ impl PyCompression {
             CompressionKind::TopK => "topk",
             CompressionKind::RandomK => "randomk",
             CompressionKind::TwoBit => "2bit",
+            CompressionKind::Fp16 => "fp16",
+            CompressionKind::Bf16 => "bf16",
         }
     }
 

@@ -1,7 +1,8 @@
 """pslite.torch with mixed precision (issue 40 items 1 and 3): GradScaler's
 update equals one process's on the global batch (exact in float64: the
 plain form and Horovod's synchronize + skip_synchronize), autocast
-bfloat16, bfloat16 and float16 parameters, gradient_predivide_factor. The
+bfloat16, bfloat16 and float16 parameters (also with fp16 and bf16
+compression), gradient_predivide_factor. The
 checks run in python/tests/nodes/amp_equal.py on every worker. Skipped
 without torch."""
 
@@ -20,6 +21,9 @@ LINES = [
     "autocast bfloat16 + GradScaler: the update is one process's",
     "torch.bfloat16 parameters: the gradient is the float32 mean rounded once",
     "torch.float16 parameters: the gradient is the float32 mean rounded once",
+    # fp16 and bf16 compression (16 bits on the wire both ways): the same.
+    "torch.float16 parameters with fp16: the gradient is the float32 mean rounded once",
+    "torch.bfloat16 parameters with bf16: the gradient is the float32 mean rounded once",
     "gradient_predivide_factor: (sum of g/f) * f/size exactly",
     "skip_synchronize: a step before the sums is refused",
 ]

@@ -81,6 +81,8 @@ fn each_compressor_reaches_the_handle_decompressed_and_saves_bytes() {
         ("2bit:1", plain / 10),
         ("topk:0.05", plain / 5),
         ("randomk:0.05", plain / 5),
+        ("fp16", plain * 11 / 20),
+        ("bf16", plain * 11 / 20),
     ] {
         let compression: Compression = spec.parse().unwrap();
         // Without error feedback: each push is judged on its own.
@@ -124,6 +126,14 @@ fn each_compressor_reaches_the_handle_decompressed_and_saves_bytes() {
                             0.0
                         };
                         assert_eq!(*g, want, "{spec}");
+                    }
+                }
+                pslite::CompressionKind::Fp16 | pslite::CompressionKind::Bf16 => {
+                    // Every value, rounded to nearest (11 or 8 significant bits).
+                    let bits = if spec == "fp16" { 11 } else { 8 };
+                    for (g, o) in v.iter().zip(original) {
+                        let tolerance = o.abs() * 2f32.powi(-bits);
+                        assert!((g - o).abs() <= tolerance, "{spec}: {o} -> {g}");
                     }
                 }
                 _ => {

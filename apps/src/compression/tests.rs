@@ -19,6 +19,9 @@ fn kinds() -> Vec<Compression> {
         Compression::topk(7.0).unwrap(),
         Compression::randomk(0.25).unwrap(),
         Compression::two_bit(0.5).unwrap(),
+        // The casts keep no feedback unless asked: here they are asked.
+        Compression::fp16().error_feedback(true),
+        Compression::bf16().error_feedback(true),
     ]
 }
 
@@ -34,7 +37,7 @@ proptest! {
             prop_assert!(e.payload.len() < n * 4, "{c}: not smaller");
             let back = decode(&e.msg, &e.payload).unwrap();
             prop_assert_eq!(back.len(), n);
-            prop_assert_eq!(&back, &e.sent);
+            prop_assert_eq!(&back, &e.sent());
             match c.kind() {
                 CompressionKind::OneBit => {
                     let scale = values.iter().map(|v| f64::from(v.abs())).sum::<f64>() / n as f64;
@@ -68,6 +71,16 @@ proptest! {
                     for i in 0..n {
                         let want = if at.binary_search(&i).is_ok() { values[i] } else { 0.0 };
                         prop_assert_eq!(back[i], want);
+                    }
+                }
+                CompressionKind::Fp16 | CompressionKind::Bf16 => {
+                    prop_assert_eq!(e.payload.len(), n * 2);
+                    // Rounded to nearest: within half a unit of the last place
+                    // (11 and 8 significant bits; these values are normal).
+                    let bits = if c.kind() == CompressionKind::Fp16 { 11 } else { 8 };
+                    for (x, y) in values.iter().zip(&back) {
+                        let tolerance = x.abs().max(6.2e-5) * 2f32.powi(-bits);
+                        prop_assert!((x - y).abs() <= tolerance, "{}: {} -> {}", c, x, y);
                     }
                 }
             }
@@ -110,7 +123,7 @@ proptest! {
     /// with an error or reads the count it claims; it never panics.
     #[test]
     fn hostile_compressed_values_never_panic(
-        kind in 1i32..5,
+        kind in 1i32..7,
         param in any::<f32>(),
         count in prop_oneof![0u64..2000, Just(MAX_VALUES + 1), any::<u64>()],
         k in prop_oneof![0u64..300, any::<u64>()],
@@ -175,6 +188,10 @@ fn names_parse_and_print() {
         ("2bit", "2bit:0.5"),
         ("2bit:0.1", "2bit:0.1"),
         (" TopK:0.3 ", "topk:0.3"),
+        ("fp16", "fp16"),
+        ("float16", "fp16"),
+        ("BF16", "bf16"),
+        ("bfloat16", "bf16"),
     ] {
         let c: Compression = s.parse().unwrap();
         assert_eq!(c.to_string(), shown);
@@ -191,6 +208,8 @@ fn names_parse_and_print() {
         "2bit:0",
         "2bit:-1",
         "onebit:3",
+        "fp16:1",
+        "bf16:",
     ] {
         assert!(bad.parse::<Compression>().is_err(), "{bad:?} accepted");
     }
@@ -565,5 +584,61 @@ fn a_restored_key_state_carries_on_the_velocity_and_residual() {
         // Restoring nothing clears the key.
         restored.restore(keys[0], &KeyState::default());
         assert_eq!(restored.key_state(keys[0]), KeyState::default());
+    }
+}
+
+#[test]
+fn casts_keep_no_feedback_unless_asked_and_half_values_cross_exactly() {
+    assert!(!Compression::fp16().has_error_feedback());
+    assert!(!"bf16".parse::<Compression>().unwrap().has_error_feedback());
+    assert!(Compression::onebit().has_error_feedback());
+    let state = WorkerState::default();
+    let keys: Vec<u64> = (0..64).collect();
+    // float16 numbers (k / 1024 for small k) and a value it must round.
+    let mut g: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) / 1024.0).collect();
+    g[5] = 0.1;
+    let (msg, got) = push_through(&state, &Compression::fp16(), &keys, &g);
+    assert_eq!(msg.data[1].len(), 64 * 2, "two bytes a value");
+    assert_eq!(state.residual(5), None, "no feedback kept");
+    for (i, (x, y)) in g.iter().zip(&got).enumerate() {
+        if i == 5 {
+            assert_eq!(*y, 0.099975586, "0.1 rounded to the nearest float16");
+        } else {
+            assert_eq!(x, y, "a float16 value crosses exactly");
+        }
+    }
+}
+
+/// Two workers push float16 gradients as fp16; the server sums them in
+/// f32 and takes the mean, and its fp16 answer is that mean rounded once.
+#[test]
+fn an_fp16_mean_is_summed_in_f32_and_rounded_once() {
+    for c in [Compression::fp16(), Compression::bf16()] {
+        let keys: Vec<u64> = (0..100).collect();
+        let a: Vec<f32> = (0..100).map(|i| 1.0 + i as f32 / 128.0).collect();
+        let b: Vec<f32> = (0..100).map(|i| 3.0 / 1024.0 * i as f32).collect();
+        let (_, ga) = push_through(&WorkerState::default(), &c, &keys, &a);
+        let (_, gb) = push_through(&WorkerState::default(), &c, &keys, &b);
+        let mean: Vec<f32> = ga.iter().zip(&gb).map(|(x, y)| (x + y) / 2.0).collect();
+        let mut answer = kv_message(&[0], SArray::from_vec(mean.clone()).bytes().clone());
+        answer.meta.data_type[1] = DataType::Float;
+        let answer_with = Compression::for_answer(&c.compress_answers(true).msg(0)).unwrap();
+        compress_answer::<f32>(&answer_with, &mut answer, &[0], &[], None);
+        assert_eq!(answer.data[1].len(), 200, "{c}: compressed");
+        expand::<f32>(&mut answer).unwrap();
+        let got = KVPairs::<f32>::from_message(&answer).unwrap();
+        let half = if c.kind() == CompressionKind::Fp16 {
+            cast::Half::F16
+        } else {
+            cast::Half::Bf16
+        };
+        let once = cast::decompress(&cast::compress(&mean, half), 100, half).unwrap();
+        assert_eq!(&got.vals[..], &once[..], "{c}");
+        if c.kind() == CompressionKind::Fp16 {
+            // Here the inputs are float16 numbers: nothing rounded before
+            // the mean (a sum in float16 would have rounded, e.g. at 99).
+            assert_eq!(ga, a);
+            assert_eq!(gb, b);
+        }
     }
 }

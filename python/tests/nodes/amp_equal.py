@@ -196,7 +196,9 @@ def autocast_bfloat16():
           f"{worst:.2g})", flush=True)
 
 
-def half_parameters(dtype):
+def half_parameters(dtype, compression=None):
+    """With `compression` "fp16" ("bf16") too: the gradients cross as
+    16-bit values both ways, and the answer is still the mean rounded once."""
     rank, size = pt.rank(), pt.size()
     model = start(dtype, 4)
     mine = pt.broadcast_object(copy.deepcopy(model.state_dict()), root_rank=0)
@@ -204,7 +206,8 @@ def half_parameters(dtype):
         assert torch.equal(t, mine[name]), f"{dtype} {name} differs after the broadcast"
     copies = [copy.deepcopy(model) for _ in range(size)]
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
-                                  named_parameters=model.named_parameters())
+                                  named_parameters=model.named_parameters(),
+                                  compression=compression)
     x, y = data(torch.float32)[0]
     x = x.to(dtype)
     opt.zero_grad()
@@ -222,7 +225,8 @@ def half_parameters(dtype):
     torch.optim.SGD(stepped.parameters(), lr=0.5).step()
     for (name, p), q in zip(model.named_parameters(), stepped.parameters()):
         assert torch.equal(p, q), f"{dtype} {name}: the step differs from SGD's"
-    print(f"{dtype} parameters: the gradient is the float32 mean rounded once", flush=True)
+    print(f"{dtype} parameters{' with ' + compression if compression else ''}: the gradient "
+          f"is the float32 mean rounded once", flush=True)
 
 
 def predivide():
@@ -280,6 +284,8 @@ torch.set_num_threads(1)
 only = sys.argv[1:]
 checks = [scaler_plain_form, scaler_horovod_form, scaler_skips_together, autocast_bfloat16,
           lambda: half_parameters(torch.bfloat16), lambda: half_parameters(torch.float16),
+          lambda: half_parameters(torch.float16, pt.Compression.fp16),
+          lambda: half_parameters(torch.bfloat16, pt.Compression.bf16),
           predivide, skip_refused]
 for check in checks:
     if not only or getattr(check, "__name__", "") in only:
