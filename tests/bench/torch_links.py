@@ -11,8 +11,10 @@ In one run, for each rate, model and number of workers W:
 - pslite, in each mode of MODES: `servers` (S servers in namespaces of
   their own, `pslite torch-server`, plain float32 gradients), `fp16` and
   `bf16` (the same, gradients cast to 16 bits on the wire both ways),
-  `onebit` (signs and a scale both ways, with error feedback). Modes not
-  built yet (`colocated`, `hosts`) are listed and skipped silently.
+  `onebit` (signs and a scale both ways, with error feedback),
+  `colocated` (no server processes: each worker's process also serves a
+  slice of the keys, PSLITE_COLOCATE=1, as `pslite launch --colocate`).
+  Modes not built yet (`hosts`) are listed and skipped silently.
 
 Models: python/examples/torch_bench.py's `large` (six 2048x2048 layers:
 100 MB of float32 gradients a step, batch 8) and `resnet18` (torchvision's
@@ -72,7 +74,7 @@ MODES = {
     "fp16": {"compression": "fp16"},
     "bf16": {"compression": "bf16"},
     "onebit": {"compression": "onebit"},
-    "colocated": None,  # issue 39 item 3: servers inside the workers
+    "colocated": {"compression": None, "colocate": True},  # servers inside the workers
     "hosts": None,  # issue 39 item 4: a reduction per host first
 }
 DEFAULT_MODES = [m for m, spec in MODES.items() if spec is not None]
@@ -209,7 +211,7 @@ def part_sizes(name, partition_bytes=PARTITION_BYTES):
 def wire_bytes(mode, n):
     """Bytes of a part of `n` float32 values on the wire in `mode` (the
     values frame; keys and metas are a few dozen bytes a part)."""
-    if mode == "servers" or n < MIN_VALUES:
+    if mode in ("servers", "colocated") or n < MIN_VALUES:
         return 4 * n
     if mode in ("fp16", "bf16"):
         return 2 * n
@@ -237,6 +239,11 @@ def wire_ms(mode, parts, workers, servers, gbit):
     for server, n in zip(placement(parts, servers), parts):
         per_server[server] += wire_bytes(mode, n)
     worker = sum(wire_bytes(mode, n) for n in parts)
+    if MODES[mode].get("colocate"):
+        # A worker's host also holds server j: out go its parts for the
+        # other servers and its server's answers to the other workers.
+        busiest = max(worker - mine + (workers - 1) * mine for mine in per_server)
+        return busiest * 8 / (gbit * 1e9) * 1e3
     busiest = max(worker, workers * max(per_server))
     return busiest * 8 / (gbit * 1e9) * 1e3
 
@@ -309,13 +316,18 @@ class Bench:
         self.port += 1
         servers = self.args.servers_for(workers)
         compression = MODES[mode]["compression"] or "none"
-        common = {"DMLC_NUM_SERVER": servers, "DMLC_NUM_WORKER": workers,
+        colocate = MODES[mode].get("colocate", False)
+        common = {"DMLC_NUM_SERVER": workers if colocate else servers, "DMLC_NUM_WORKER": workers,
                   "DMLC_PS_ROOT_URI": self.net.ip(0), "DMLC_PS_ROOT_PORT": self.port,
                   "PS_START_TIMEOUT": 120}
         nodes = []
         roles = ["scheduler"] + ["server"] * servers + ["worker"] * workers
         for i, role in enumerate(roles):
+            if colocate and role == "server":
+                continue  # the workers' processes serve (PSLITE_COLOCATE=1)
             env = dict(common, DMLC_ROLE=role, DMLC_NODE_HOST=self.net.ip(i))
+            if colocate and role == "worker":
+                env["PSLITE_COLOCATE"] = 1
             argv = {"scheduler": [self.pslite, "scheduler"],
                     "server": [self.pslite, "torch-server"]}.get(
                         role, self.node_argv(model, "pslite", compression))
@@ -338,7 +350,8 @@ class Bench:
         rows = []
         for mode in self.args.modes:
             ps = statistics.median(runs[mode])
-            wire = wire_ms(mode, parts, workers, servers, rate)
+            on = workers if MODES[mode].get("colocate") else servers
+            wire = wire_ms(mode, parts, workers, on, rate)
             rows.append((mode, ps, wire))
             print(f"RESULT torch_links rate={rate} model={model} W={workers} mode={mode} "
                   f"ddp_ms={ddp:.1f} pslite_ms={ps:.1f} wire_ms={wire:.1f} ddp_wire_ms={ring:.1f} "
