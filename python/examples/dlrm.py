@@ -193,19 +193,28 @@ def schedule(args, world, rank):
     return train, test
 
 
-def loop(args, world, rank, data, step_fn, predict_fn, barrier, gather, log):
-    """Trains on this rank's share, returns (sps, auc) as rank 0 measured
-    (every rank returns them; auc over every rank's held-out predictions)."""
+def loop(args, world, rank, data, step_fn, predict_fn, barrier, gather, log, prefetch=None,
+         flush=None):
+    """Trains on this rank's share, returns (sps, auc, seconds) as this rank
+    measured (auc over every rank's held-out predictions). With `prefetch`,
+    the next batch's ids are handed to it before each step."""
     import torch
 
     train, test = schedule(args, world, rank)
     barrier()
     t0 = time.perf_counter()
-    for s, blocks in enumerate(train):
-        x, ids, y = data.blocks(blocks)
-        step_fn(torch.from_numpy(x), torch.from_numpy(ids), torch.from_numpy(y))
+    batch = [torch.from_numpy(a) for a in data.blocks(train[0])]
+    for s in range(len(train)):
+        x, ids, y = batch
+        if s + 1 < len(train):
+            batch = [torch.from_numpy(a) for a in data.blocks(train[s + 1])]
+            if prefetch is not None:
+                prefetch(batch[1])
+        step_fn(x, ids, y)
         if args.log_every and s % args.log_every == 0 and rank == 0:
             log(f"step {s}/{len(train)}, {time.perf_counter() - t0:.1f} s")
+    if flush is not None:
+        flush()
     barrier()
     elapsed = time.perf_counter() - t0
     sps = len(train) * args.batch / elapsed
@@ -301,14 +310,12 @@ def run_pslite(args):
         torch.optim.Adagrad(model.parameters(), lr=args.dense_lr, eps=args.eps),
         named_parameters=model.named_parameters())
     shift = torch.arange(TABLES, dtype=torch.int64) * TABLE_STRIDE
-    offsets = None
+
+    def keys(ids):  # one bag of one id per (sample, table)
+        return (ids + shift).reshape(-1, 1)
 
     def embed(ids):
-        nonlocal offsets
-        n = ids.shape[0]
-        if offsets is None or offsets.numel() != n * TABLES:
-            offsets = torch.arange(n * TABLES)
-        return bag((ids + shift).reshape(-1), offsets).view(n, TABLES, args.dim)
+        return bag(keys(ids)).view(ids.shape[0], TABLES, args.dim)
 
     def step(x, ids, y):
         dense_opt.zero_grad()
@@ -320,7 +327,8 @@ def run_pslite(args):
         return torch.sigmoid(model(x, embed(ids)))
 
     sps, a, elapsed = loop(args, world, rank, data, step, predict, pt.barrier, pt.allgather,
-                           lambda m: log(f"rank {rank}: {m}"))
+                           lambda m: log(f"rank {rank}: {m}"), flush=bag.flush,
+                           prefetch=(lambda ids: bag.prefetch(keys(ids))) if args.prefetch else None)
     rss = pt.allgather(torch.tensor([peak_rss_mb()]))
     if rank == 0:
         log(f"pslite W={world}: {elapsed:.1f} s")
@@ -479,7 +487,8 @@ def trainer_argv(args, trainer):
             "--lr", str(args.lr), "--dense-lr", str(args.dense_lr), "--eps", str(args.eps),
             "--init", str(args.init), "--initial-acc", str(args.initial_acc),
             "--seed", str(args.seed), "--threads", str(args.threads),
-            "--torchrec-sharding", args.torchrec_sharding, "--log-every", str(args.log_every)]
+            "--torchrec-sharding", args.torchrec_sharding,
+            *(["--prefetch"] if args.prefetch else []), "--log-every", str(args.log_every)]
     return [os.path.abspath(__file__), *argv]
 
 
@@ -589,6 +598,9 @@ def main():
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--trainers", type=lambda s: s.split(","), default=["pslite", "torchrec", "plain"])
     ap.add_argument("--torchrec-python", default="~/.cache/pslite/torchrec-venv/bin/python")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="pslite: pull the next batch's rows while this one trains (rows one "
+                    "step stale)")
     ap.add_argument("--torchrec-sharding", default="row_wise",
                     help="TorchRec's sharding type (row_wise, table_wise, ...)")
     ap.add_argument("--dim", type=int, default=16)
