@@ -20,6 +20,7 @@ use log::warn;
 
 use pslite_postoffice::Postoffice;
 
+use crate::embedding::TorchServerHandle;
 use crate::kv_pairs::{KVMeta, KVPairs, Key, RawByte, Val};
 use crate::kv_server::KVServer;
 use crate::sarray::SArray;
@@ -246,26 +247,31 @@ impl<V: Val> AllReduceHandle<V> {
             .collect()
     }
 
-    /// The handle as a closure for [`KVServer::set_request_handle`].
-    pub fn into_handle(mut self) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static {
-        move |meta, req, server| {
-            let answers = if meta.cmd == FINISHED {
-                for (m, refusal) in self.finish(meta) {
-                    server.refuse(&m, refusal);
-                }
-                vec![(meta.clone(), KVPairs::default())]
-            } else {
-                match self.apply(meta, req) {
-                    Ok(answers) => answers,
-                    Err(refusal) => return server.refuse(meta, refusal),
-                }
-            };
-            for (m, pairs) in answers {
-                if let Err(e) = server.response(&m, pairs) {
-                    warn!("cannot answer node {}: {e}", m.sender);
-                }
+    /// Handles one request as [`AllReduceHandle::into_handle`]'s closure
+    /// does: adds it to its round (or takes a worker's [`FINISHED`]) and
+    /// sends the answers that are due.
+    pub fn handle(&mut self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
+        let answers = if meta.cmd == FINISHED {
+            for (m, refusal) in self.finish(meta) {
+                server.refuse(&m, refusal);
+            }
+            vec![(meta.clone(), KVPairs::default())]
+        } else {
+            match self.apply(meta, req) {
+                Ok(answers) => answers,
+                Err(refusal) => return server.refuse(meta, refusal),
+            }
+        };
+        for (m, pairs) in answers {
+            if let Err(e) = server.response(&m, pairs) {
+                warn!("cannot answer node {}: {e}", m.sender);
             }
         }
+    }
+
+    /// The handle as a closure for [`KVServer::set_request_handle`].
+    pub fn into_handle(mut self) -> impl FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + 'static {
+        move |meta, req, server| self.handle(meta, req, server)
     }
 }
 
@@ -293,13 +299,15 @@ pub const ALL_REDUCE_APPS: AllReduceApps = AllReduceApps {
 
 /// Serves a data-parallel job as one of its servers until every node has
 /// finalized: the [`ALL_REDUCE_APPS`], each an [`AllReduceHandle`] over the
-/// job's workers (averaging where the type can be divided). `po` must be a
+/// job's workers (averaging where the type can be divided), the float32
+/// app also the job's embedding tables ([`crate::embedding`]: a
+/// [`TorchServerHandle`], replicated and checkpointed). `po` must be a
 /// started server. `pslite.torch.init()` on a server and the native
 /// `pslite torch-server` (what `pslite launch --torch` runs) both call it.
 pub fn serve_all_reduce(po: &Postoffice) -> Result<(), Error> {
     let workers = usize::try_from(po.num_workers()).unwrap_or(1);
     let float32 = KVServer::<f32>::new(po, ALL_REDUCE_APPS.float32)?;
-    float32.set_request_handle(AllReduceHandle::new(workers).averaging().into_handle());
+    float32.set_replicated_handle(TorchServerHandle::new(workers));
     let raw = KVServer::<RawByte>::new(po, ALL_REDUCE_APPS.raw)?;
     raw.set_request_handle(AllReduceHandle::new(workers).into_handle());
     let float64 = KVServer::<f64>::new(po, ALL_REDUCE_APPS.float64)?;

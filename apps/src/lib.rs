@@ -63,6 +63,7 @@
 mod all_reduce;
 pub mod compression;
 mod customer;
+pub mod embedding;
 mod engine;
 mod error;
 mod kv_pairs;

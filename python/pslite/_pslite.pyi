@@ -20,6 +20,7 @@ ALL_GROUP: int
 DTYPES: list[str]
 #: The app id of each value type on a data-parallel job's servers (pslite.torch).
 ALL_REDUCE_APPS: dict[str, int]
+EMBEDDING_CMDS: dict[str, int]
 
 def _cli(argv: list[str], python: str) -> NoReturn:
     """Runs the `pslite` command (`pslite.__main__`) and exits the process."""

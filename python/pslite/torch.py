@@ -56,9 +56,13 @@ torchrun's variables in `os.environ` after `init()`, a
 `DistributedDataParallel` wrapper, and plain `python train.py` as one
 worker of size 1.
 
-`embedding(kv, keys, dim)` is an autograd function whose rows live on the
-servers (an optimizer there applies the pushed gradients): see
-`python/examples/train_ctr.py --torch`.
+Embedding tables on the servers (python/pslite/_torch_embedding.py,
+docs/TORCH.md): `EmbeddingBag` and `Embedding` modules whose rows live on the
+servers, sharded by key, created on first touch and trained there by a
+row-wise optimizer (`SGD`, `RowWiseAdaGrad`, `RowWiseAdam`).
+`embedding(kv, keys, dim)` is the lower-level autograd function over a
+KVWorker of your own (an optimizer in your servers' handle applies the
+pushed gradients): see `python/examples/train_ctr.py --torch`.
 """
 
 import atexit
@@ -190,6 +194,7 @@ def shutdown():
     s.closed = True
     if s.failed or s.po is None:
         return
+    _emb.shutdown(s)  # the embedding gradients still in flight
     _join.announce_finished(s)  # a worker still pushing fails now, naming this rank
     for kv in [*s.workers.values(), s.raw]:
         kv.close()
@@ -837,3 +842,14 @@ from ._torch_collectives import (  # noqa: E402,F401
     poll,
     synchronize,
 )
+
+# Embedding tables on the servers (python/pslite/_torch_embedding.py).
+from . import _torch_embedding as _emb  # noqa: E402
+from ._torch_embedding import (  # noqa: E402,F401
+    SGD,
+    Embedding,
+    EmbeddingBag,
+    RowWiseAdaGrad,
+    RowWiseAdam,
+)
+from ._torch_embedding import stats as embedding_stats  # noqa: E402,F401

@@ -75,3 +75,59 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, broadcast_buffers: bool = True) -> None: ...
     def forward(self, *args: Any, **kwargs: Any) -> Any: ...
     def no_sync(self) -> AbstractContextManager[None]: ...
+
+# Embedding tables on the servers (python/pslite/_torch_embedding.py).
+class SGD:
+    lr: float
+    def __init__(self, lr: float) -> None: ...
+
+class RowWiseAdaGrad:
+    lr: float
+    eps: float
+    initial_accumulator: float
+    def __init__(self, lr: float = 0.01, eps: float = 1e-8,
+                 initial_accumulator: float = 0.0) -> None: ...
+
+class RowWiseAdam:
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    def __init__(self, lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None: ...
+
+EmbeddingOptimizer = Union[SGD, RowWiseAdaGrad, RowWiseAdam]
+EmbeddingInit = Union[str, tuple[Any, ...]]
+
+class EmbeddingBag(torch.nn.Module):
+    embedding_dim: int
+    mode: str
+    name: str
+    seed: int
+    table: int
+    optimizer: EmbeddingOptimizer
+    init: EmbeddingInit
+    include_last_offset: bool
+    def __init__(self, embedding_dim: int, *, mode: str = "sum",
+                 optimizer: Optional[EmbeddingOptimizer] = None,
+                 init: EmbeddingInit = ("uniform", -0.05, 0.05), name: Optional[str] = None,
+                 seed: int = 0, include_last_offset: bool = False) -> None: ...
+    def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
+                per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor: ...
+    def prefetch(self, ids: torch.Tensor) -> None: ...
+    def flush(self) -> None: ...
+
+class Embedding(torch.nn.Module):
+    embedding_dim: int
+    name: str
+    seed: int
+    table: int
+    optimizer: EmbeddingOptimizer
+    init: EmbeddingInit
+    def __init__(self, embedding_dim: int, *, optimizer: Optional[EmbeddingOptimizer] = None,
+                 init: EmbeddingInit = ("uniform", -0.05, 0.05), name: Optional[str] = None,
+                 seed: int = 0) -> None: ...
+    def forward(self, ids: torch.Tensor) -> torch.Tensor: ...
+    def prefetch(self, ids: torch.Tensor) -> None: ...
+    def flush(self) -> None: ...
+
+def embedding_stats() -> list[dict[str, int]]: ...

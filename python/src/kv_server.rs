@@ -335,3 +335,16 @@ pub fn all_reduce_apps(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict
     apps.set_item("float64", a.float64)?;
     Ok(apps)
 }
+
+/// `EMBEDDING_CMDS`: the `cmd` bits of embedding-table requests on the
+/// float32 app (`pslite::embedding`): `{"embedding": .., "config": ..,
+/// "table_mask": .., "stats_words": ..}`.
+pub fn embedding_cmds(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use pslite::embedding as e;
+    let cmds = pyo3::types::PyDict::new(py);
+    cmds.set_item("embedding", e::EMBEDDING)?;
+    cmds.set_item("config", e::CONFIG)?;
+    cmds.set_item("table_mask", e::TABLE_MASK)?;
+    cmds.set_item("stats_words", e::STATS_WORDS)?;
+    Ok(cmds)
+}

@@ -1,0 +1,295 @@
+"""A worker of test_torch_embedding.py (`pslite launch --torch`): the
+servers' embedding tables checked against NumPy and torch.nn. Each worker
+checks tables of its own (names with its rank), so workers never change
+each other's rows; both create table "shared" alike (accepted) and rank 1
+then creates "conflict" with other settings than rank 0 (refused). Prints
+"PASS <check>" per check and "PASS embedding" at the end; EMB_CASE picks
+another run (replicas: see the test)."""
+
+import os
+import sys
+
+import numpy as np
+import torch
+
+import pslite
+import pslite.torch as pt
+
+CASE = os.environ.get("EMB_CASE", "all")
+GOLDEN = 0x9E3779B97F4A7C15
+ROW = 0xD1B54A32D192ED03
+M64 = (1 << 64) - 1
+
+
+def mix(x):
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & M64
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & M64
+    return x ^ (x >> 33)
+
+
+def key_of(table, i):
+    return mix((i & M64) ^ mix(table ^ GOLDEN))
+
+
+def uniform_row(seed, key, dim, low, high):
+    """embedding/init.rs's uniform row, written out again."""
+    s = mix(seed ^ mix(key ^ ROW))
+    out = []
+    for j in range(dim):
+        w = mix((s + (j + 1) * GOLDEN) & M64)
+        u = (w >> 40) / float(1 << 24)
+        out.append(np.float32(low + (high - low) * u))
+    return np.array(out, dtype=np.float32)
+
+
+def ms(g):
+    return np.float32(np.mean(g.astype(np.float64) ** 2))
+
+
+def step_ref(opt, w, state, g):
+    """One row's update as the servers write it (float32, the mean of g^2
+    in float64 rounded once)."""
+    f = np.float32
+    if isinstance(opt, pt.SGD):
+        return w - f(opt.lr) * g
+    if isinstance(opt, pt.RowWiseAdaGrad):
+        state["G"] = f(state.get("G", f(opt.initial_accumulator)) + ms(g))
+        s = f(opt.lr) / (np.sqrt(state["G"]) + f(opt.eps))
+        return w - f(s) * g
+    b1, b2 = f(opt.betas[0]), f(opt.betas[1])
+    t = state["t"] = state.get("t", 0) + 1
+    state["v"] = f(b2 * f(state.get("v", f(0))) + (f(1) - b2) * ms(g))
+    state["m"] = (b1 * state.get("m", np.zeros_like(w)) + (f(1) - b1) * g).astype(np.float32)
+    bc1 = f(1 - float(b1) ** t)
+    bc2 = f(1 - float(b2) ** t)
+    s = f(opt.lr) / (bc1 * (np.sqrt(f(state["v"] / bc2)) + f(opt.eps)))
+    return (w - f(s) * state["m"]).astype(np.float32)
+
+
+def close(got, want, what, rtol=2e-5, atol=1e-6):
+    got = np.asarray(got, dtype=np.float32)
+    want = np.asarray(want, dtype=np.float32)
+    if got.shape != want.shape or not np.allclose(got, want, rtol=rtol, atol=atol):
+        err = np.abs(got - want).max() if got.shape == want.shape else "shape"
+        raise AssertionError(f"{what}: got\n{got}\nwant\n{want}\n(max error {err})")
+
+
+def rows(module, ids):
+    with torch.no_grad():
+        if isinstance(module, pt.EmbeddingBag):
+            ids = torch.as_tensor(ids, dtype=torch.int64)
+            return module(ids.view(-1, 1)).numpy()
+        return module(torch.as_tensor(ids, dtype=torch.int64)).numpy()
+
+
+def misuse_before_init():
+    bag = pt.EmbeddingBag(4, name="early")
+    try:
+        bag(torch.tensor([[1, 2]]))
+    except pslite.NotStarted as e:
+        assert "init" in str(e), e
+    else:
+        raise AssertionError("a forward before pslite.torch.init() was not refused")
+    print("PASS before init", flush=True)
+
+
+def check_duplicates(r):
+    # Row-wise AdaGrad: a row pushed once with the summed gradient differs
+    # from one pushed per occurrence (the accumulator would grow twice).
+    opt = pt.RowWiseAdaGrad(lr=0.5)
+    emb = pt.Embedding(3, optimizer=opt, init="zeros", name=f"dup.{r}")
+    ids = torch.tensor([5, 5, 7, 5, -5])
+    coef = torch.arange(15, dtype=torch.float32).view(5, 3) / 10 - 0.6
+    (emb(ids) * coef).sum().backward()
+    emb.flush()
+    c = coef.numpy()
+    for i, occurrences in ((5, [0, 1, 3]), (7, [2]), (-5, [4])):
+        g = c[occurrences].sum(axis=0)
+        close(rows(emb, [i])[0], step_ref(opt, np.zeros(3, np.float32), {}, g), f"id {i}")
+    print("PASS duplicates", flush=True)
+
+
+def check_initializers(r):
+    n, dim = 2000, 8
+    ids = torch.arange(n) * 7919 - 10**12
+    zeros = pt.Embedding(dim, init="zeros", name=f"zeros.{r}", optimizer=pt.SGD(1.0))
+    assert not rows(zeros, ids).any()
+    uni = pt.EmbeddingBag(5, init=("uniform", -0.5, 1.5), seed=3, name=f"uni.{r}")
+    got = rows(uni, ids[:50])
+    for i, row in zip(ids[:50].tolist(), got):
+        want = uniform_row(3, key_of(uni.table, i), 5, -0.5, 1.5)
+        assert np.array_equal(row, want), (i, row, want)
+    normal = pt.Embedding(dim, init=("normal", 0.2), seed=11, name=f"normal.{r}")
+    vals = rows(normal, ids)
+    assert abs(vals.mean()) < 0.01 and abs(vals.std() - 0.2) < 0.01, (vals.mean(), vals.std())
+    again = rows(normal, ids)  # pulled again: the same rows
+    assert np.array_equal(vals, again)
+    print("PASS initializers", flush=True)
+
+
+def check_optimizers(r):
+    rng = np.random.default_rng(r)
+    for k, opt in enumerate((pt.SGD(0.3),
+                             pt.RowWiseAdaGrad(lr=0.2, eps=1e-3, initial_accumulator=0.1),
+                             pt.RowWiseAdam(lr=0.05, betas=(0.8, 0.95), eps=1e-6))):
+        dim, universe = 5, 12
+        emb = pt.Embedding(dim, optimizer=opt, init=("uniform", -1, 1), name=f"opt{k}.{r}")
+        w = {i: rows(emb, [i])[0].copy() for i in range(universe)}
+        state = {i: {} for i in range(universe)}
+        for step in range(4):
+            ids = rng.integers(0, universe, size=10)  # duplicates, rows left out
+            coef = rng.standard_normal((10, dim)).astype(np.float32)
+            (emb(torch.from_numpy(ids)) * torch.from_numpy(coef)).sum().backward()
+            for i in np.unique(ids):
+                g = coef[ids == i].sum(axis=0, dtype=np.float32)
+                w[i] = step_ref(opt, w[i], state[i], g)
+        got = rows(emb, list(range(universe)))
+        close(got, np.stack([w[i] for i in range(universe)]), f"{opt!r} after 4 steps")
+    print("PASS optimizers", flush=True)
+
+
+def check_pooling(r):
+    n, dim = 20, 4
+    for mode in ("sum", "mean"):
+        bag = pt.EmbeddingBag(dim, mode=mode, optimizer=pt.SGD(1.0), name=f"pool.{mode}.{r}")
+        view = pt.Embedding(dim, optimizer=pt.SGD(1.0), name=f"pool.{mode}.{r}")  # same table
+        w = torch.from_numpy(rows(view, list(range(n))).copy())
+        ref = torch.nn.EmbeddingBag.from_pretrained(w.clone(), mode=mode, freeze=False)
+        inp = torch.tensor([3, 1, 3, 19, 0, 7, 7, 7, 2])
+        offsets = torch.tensor([0, 3, 3, 5])  # an empty bag
+        weights = torch.linspace(0.5, 2.0, inp.numel()) if mode == "sum" else None
+        out = bag(inp, offsets, per_sample_weights=weights)
+        want = ref(inp, offsets, per_sample_weights=weights)
+        close(out.detach(), want.detach(), f"{mode} 1-D")
+        coef = torch.randn(out.shape)
+        (out * coef).sum().backward()
+        (want * coef).sum().backward()
+        bag.flush()
+        close(rows(view, list(range(n))), (w - ref.weight.grad).numpy(), f"{mode} gradient")
+        two_d = torch.tensor([[1, 2, 2], [19, 0, 5]])
+        close(bag(two_d).detach(), torch.nn.EmbeddingBag.from_pretrained(
+            torch.from_numpy(rows(view, list(range(n)))), mode=mode)(two_d), f"{mode} 2-D")
+        # A prefetched batch gives the same rows.
+        bag.prefetch(two_d)
+        close(bag(two_d).detach(), bag(two_d.clone()).detach(), f"{mode} prefetched")
+    print("PASS pooling", flush=True)
+
+
+def check_ids(r):
+    emb = pt.Embedding(2, optimizer=pt.SGD(1.0), init="zeros", name=f"ids.{r}")
+    ids = torch.tensor([-1, 2**63 - 1, -2**63, 0, 1])
+    coef = torch.arange(10, dtype=torch.float32).view(5, 2) + 1
+    (emb(ids) * coef).sum().backward()
+    close(rows(emb, ids), -coef.numpy(), "64-bit ids")
+    out = emb(ids.view(5, 1, 1))
+    assert out.shape == (5, 1, 1, 2), out.shape
+    bad = [(lambda: emb(ids.float()), "int64"),
+           (lambda: emb([1, 2]), "torch.Tensor"),
+           (lambda: pt.EmbeddingBag(2, name=f"ids.{r}.bag")(ids, torch.tensor([0, 3, 2])),
+            "never decrease"),
+           (lambda: pt.EmbeddingBag(2, name=f"ids.{r}.bag")(ids), "offsets"),
+           (lambda: pt.EmbeddingBag(2, mode="max"), "mode"),
+           (lambda: pt.Embedding(2, init=("laplace", 1)), "init"),
+           (lambda: pt.Embedding(2, optimizer=torch.optim.SGD), "optimizer")]
+    for call, says in bad:
+        try:
+            call()
+        except pslite.InvalidInput as e:
+            assert says in str(e), (says, e)
+        else:
+            raise AssertionError(f"not refused ({says})")
+    print("PASS ids", flush=True)
+
+
+def check_spread(r):
+    emb = pt.Embedding(1, init="zeros", optimizer=pt.SGD(1.0), name=f"spread.{r}")
+    before = pt.embedding_stats()
+    ids = torch.from_numpy(np.random.default_rng(5).integers(-2**63, 2**63 - 1, 4000))
+    rows(emb, ids)
+    after = pt.embedding_stats()
+    made = [a["rows"] - b["rows"] for a, b in zip(after, before)]
+    if r == 0 and len(made) == 2:
+        print(f"rows per server: {made}", flush=True)
+    assert all(m > 0 for m in made), made
+    print("PASS spread", flush=True)
+
+
+def check_conflict(r):
+    pt.EmbeddingBag(6, name="shared", optimizer=pt.RowWiseAdam())
+    pt.barrier()
+    if r == 1:
+        try:
+            pt.EmbeddingBag(6, name="shared", optimizer=pt.RowWiseAdam(lr=0.5))
+        except pslite.RequestRefused as e:
+            assert '"shared"' in str(e) and "lr=0.5" in str(e), e
+            print(f"refused: {e}", flush=True)
+        else:
+            raise AssertionError("a conflicting table was accepted")
+    pt.barrier()
+    print("PASS conflict", flush=True)
+
+
+def check_memory(r, n=200_000, dim=16):
+    if r != 0:
+        return
+    n = int(os.environ.get("EMB_MEMORY_ROWS", n))
+    emb = pt.Embedding(dim, init="zeros", name="memory")
+    before = pt.embedding_stats()
+    ids = torch.arange(n)
+    for at in range(0, n, 50_000):
+        rows(emb, ids[at:at + 50_000])
+    after = pt.embedding_stats()
+    made = sum(a["rows"] - b["rows"] for a, b in zip(after, before))
+    store = sum(a["store_bytes"] - b["store_bytes"] for a, b in zip(after, before))
+    rss = sum(a["rss_bytes"] - b["rss_bytes"] for a, b in zip(after, before))
+    assert made == n, (made, n)
+    print(f"MEMORY rows={n} dim={dim} row_bytes={dim * 4} store_bytes_per_row={store / n:.1f} "
+          f"rss_bytes_per_row={rss / n:.1f} target={1.2 * dim * 4 + 16:.1f}", flush=True)
+    print("PASS memory", flush=True)
+
+
+def replicas(r):
+    """Rows trained, the test kills a server (stdin says when), the rows
+    read back exactly and training goes on."""
+    opt = pt.RowWiseAdaGrad(lr=0.1)
+    emb = pt.EmbeddingBag(4, optimizer=opt, name="kept", seed=1)
+    ids = torch.arange(300) * 1_000_003
+    for step in range(3):
+        (emb(ids.view(-1, 3)) * (step + 1)).sum().backward()
+    emb.flush()
+    before = rows(emb, ids)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    after = rows(emb, ids)
+    assert np.array_equal(before, after), "rows changed or were lost with the server"
+    (emb(ids.view(-1, 3))).sum().backward()
+    emb.flush()
+    assert not np.array_equal(rows(emb, ids), after)
+    print("PASS replicas", flush=True)
+
+
+def main():
+    if CASE == "all":
+        misuse_before_init()
+    pt.init()
+    r = pt.rank()
+    if CASE == "replicas":
+        replicas(r)
+        return
+    if CASE == "memory":
+        check_memory(r)
+        return
+    check_duplicates(r)
+    check_initializers(r)
+    check_optimizers(r)
+    check_pooling(r)
+    check_ids(r)
+    check_spread(r)
+    check_conflict(r)
+    check_memory(r)
+    print("PASS embedding", flush=True)
+
+
+main()
