@@ -506,8 +506,10 @@ def collect(procs, timeout, trainer, world):
         outs.append(out or "")
     for out in outs:
         for line in out.splitlines():
-            if line.startswith("RESULT dlrm") and f"trainer={trainer}" in line:
-                return line, None
+            # (a line of a launched worker comes after its "[worker r (node n)] ")
+            at = line.find("RESULT dlrm ")
+            if at >= 0 and f" trainer={trainer} " in line:
+                return line[at:], None
     codes = [p.returncode for p in procs]
     return None, f"{trainer} W={world}: no RESULT line (exit codes {codes})"
 
