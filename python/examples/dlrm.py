@@ -331,7 +331,10 @@ def run_pslite(args):
                            prefetch=(lambda ids: bag.prefetch(keys(ids))) if args.prefetch else None)
     rss = pt.allgather(torch.tensor([peak_rss_mb()]))
     if rank == 0:
-        log(f"pslite W={world}: {elapsed:.1f} s")
+        held = pt.embedding_stats()
+        log(f"pslite W={world}: {elapsed:.1f} s; the servers hold "
+            f"{sum(h['rows'] for h in held)} rows (of {args.rows}: rows are made on first "
+            f"touch), {sum(h['store_bytes'] for h in held) / 2**20:.0f} MB of tables")
         # the servers' RSS is the driver's to measure (it sees their processes)
         print(result_line(args, world, "pslite", sps, a, float(rss.max()), 0), flush=True)
     pt.shutdown()
