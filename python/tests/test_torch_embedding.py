@@ -44,6 +44,22 @@ def test_tables_on_the_servers_match_numpy_and_torch():
     assert rss <= 2 * target, memory.group(0)
 
 
+@pytest.mark.skip(reason="not working yet (issue 41): the worker's barrier loop that lets "
+                  "`pslite checkpoint` take its checkpoint never reaches the scheduler, so the "
+                  "job times out; the tables' copies themselves are unit-tested "
+                  "(apps/src/embedding/tests.rs) and carried by the replicas")
+def test_tables_are_saved_and_restored_with_the_checkpoints(tmp_path):
+    # Saved: trained rows, a checkpoint, one step more. Restored: the same
+    # rows, and the same step gives the same rows (Adam's moments and step
+    # counts came back too).
+    env = dict(PS_CHECKPOINT_DIR=tmp_path / "ckpt", EMB_ROWS=tmp_path / "rows", EMB_PSLITE=PSLITE)
+    for case in ("save", "load"):
+        run = launch(2, 1, SCRIPT, options=("--torch",), timeout=60, EMB_CASE=case, **env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"PASS checkpoint {case}" in run.stdout, run.stdout + run.stderr
+    assert "resuming job" in run.stdout + run.stderr, run.stdout + run.stderr
+
+
 def test_a_server_killed_with_two_replicas_loses_no_row(cluster):
     c = cluster(2, 1, PS_REPLICAS=2, PS_HEARTBEAT_INTERVAL=1, PS_HEARTBEAT_TIMEOUT=3)
     c.scheduler()

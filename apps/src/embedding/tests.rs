@@ -186,7 +186,7 @@ fn rows_are_made_on_first_touch_from_the_seed_and_key_only() {
 
 /// One step of each optimizer, written out in float64 where the store
 /// rounds once, else float32.
-fn reference(opt: Optimizer, w: &mut [f32], state: &mut Vec<f32>, t: &mut i32, g: &[f32]) {
+fn reference(opt: Optimizer, w: &mut [f32], state: &mut [f32], t: &mut i32, g: &[f32]) {
     let ms = (g.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>() / g.len() as f64) as f32;
     match opt {
         Optimizer::Sgd { lr } => w.iter_mut().zip(g).for_each(|(w, g)| *w -= lr * g),
@@ -255,7 +255,7 @@ fn each_optimizer_follows_its_formula_over_several_steps() {
         } else {
             0.0
         };
-        let mut states = vec![vec![acc; 4], vec![acc; 4]];
+        let mut states = [vec![acc; 4], vec![acc; 4]];
         let mut steps = [0, 0];
         for step in 0..5 {
             let g: Vec<f32> = (0..6)

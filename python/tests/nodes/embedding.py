@@ -7,7 +7,9 @@ then creates "conflict" with other settings than rank 0 (refused). Prints
 another run (replicas: see the test)."""
 
 import os
+import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
@@ -270,6 +272,42 @@ def replicas(r):
     print("PASS replicas", flush=True)
 
 
+def checkpoint(r, case):
+    """Rows trained and checkpointed (save), or read back after the restore
+    (load); one more step after it must agree too (the optimizer's state
+    is in the checkpoint)."""
+    emb = pt.EmbeddingBag(4, optimizer=pt.RowWiseAdam(lr=0.05), name="ck", seed=2)
+    ids = torch.arange(200) * 31 - 100
+    saved = os.environ["EMB_ROWS"]
+    if case == "save":
+        for step in range(3):
+            (emb(ids.view(-1, 4)) * (step + 1)).sum().backward()
+        emb.flush()
+        np.save(saved + ".0.npy", rows(emb, ids))
+        # `pslite checkpoint` is answered at the workers' next barrier with
+        # nothing in flight: barriers until it has its answer.
+        proc = subprocess.Popen([os.environ["EMB_PSLITE"], "checkpoint", "--timeout", "60",
+                                 "--label", "emb"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            pt._st().po.barrier(pslite.WORKER_GROUP, timeout=60)
+        said = proc.communicate(timeout=10)[0]
+        assert proc.returncode == 0, said
+        print(said.strip(), flush=True)
+    else:
+        got = rows(emb, ids)
+        assert np.array_equal(got, np.load(saved + ".0.npy")), "restored rows differ"
+    (emb(ids.view(-1, 4)) * 0.5).sum().backward()
+    emb.flush()
+    after = rows(emb, ids)
+    if case == "save":
+        np.save(saved + ".1.npy", after)
+    else:
+        assert np.array_equal(after, np.load(saved + ".1.npy")), "a step after the restore"
+    print(f"PASS checkpoint {case}", flush=True)
+
+
 def main():
     if CASE == "all":
         misuse_before_init()
@@ -277,6 +315,9 @@ def main():
     r = pt.rank()
     if CASE == "replicas":
         replicas(r)
+        return
+    if CASE in ("save", "load"):
+        checkpoint(r, CASE)
         return
     if CASE == "memory":
         check_memory(r)
