@@ -8,9 +8,10 @@ and how long the job took to end after training (exit_s: the launcher's
 exit after the last worker's final line). Each mode runs --repeat times,
 in turn, and prints its median:
 
-    RESULT torch_start mode=torch launch_to_exit_s=.. train_s=.. start_s=.. exit_s=.. import_torch_s=..
+    RESULT torch_start mode=torch launch_to_exit_s=.. train_s=.. start_s=.. exit_s=.. torch_alone_s=..
 
-import_torch_s is how long two Pythons importing torch side by side take,
+torch_alone_s is how long two Pythons take side by side to import torch and
+make a first optimizer (torch.optim imports torch._dynamo, over a second),
 measured after each launch: the part of start_s that no launcher can save.
 
 --mode torch (the default) launches with --torch (the scheduler and the
@@ -60,15 +61,20 @@ def run_once(pslite, torch_mode, extra, script=DIGITS):
             "exit_s": total - max(finished)}
 
 
-def import_torch_s():
-    """How long two processes take to start Python and import torch side by
-    side, as the two workers do (the floor of a worker's start: neither
-    pslite nor the launcher can make it shorter)."""
+#: What torch itself does before any training script can train: import it
+#: and make a first optimizer (which imports torch._dynamo: over a second).
+TORCH_ALONE = ("import os, torch; "
+               "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1); os._exit(0)")
+
+
+def torch_alone_s():
+    """How long two processes take to start Python, import torch and make a
+    first optimizer side by side, as the two workers do: the floor of a
+    worker's start, which neither pslite nor the launcher can shorten."""
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-c", "import os, torch; os._exit(0)"])
-             for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", TORCH_ALONE]) for _ in range(2)]
     if any(p.wait() != 0 for p in procs):
-        sys.exit("torch_start: `import torch` failed")
+        sys.exit("torch_start: torch alone failed")
     return time.monotonic() - t0
 
 
@@ -86,7 +92,7 @@ def main():
     for _ in range(args.repeat):
         for m in modes:
             r = run_once(args.pslite, m, args.args, args.script)
-            r["import_torch_s"] = import_torch_s()
+            r["torch_alone_s"] = torch_alone_s()
             runs[m].append(r)
             print(f"run mode={'torch' if m else 'script'} "
                   + " ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
