@@ -252,7 +252,13 @@ impl<V: Val> KVServer<V> {
     /// `PS_SERVER_THREADS`, else 1); set before
     /// [`KVServer::set_concurrent_request_handle`].
     pub fn set_threads(&self, threads: usize) {
-        let threads = threads.clamp(1, pslite_postoffice::config::MAX_SERVER_THREADS as usize);
+        let threads = threads.clamp(
+            1,
+            pslite_postoffice::settings::PS_SERVER_THREADS
+                .kind
+                .range
+                .max as usize,
+        );
         self.inner().threads.store(threads, Ordering::SeqCst);
     }
 

@@ -94,10 +94,12 @@ pub use kv_worker::{
     PULL_FIRST_CHUNK_BYTES,
 };
 pub use logging::init_logging;
-/// Reading the `DMLC_*`/`PS_*` variables (the one range rule every numeric
-/// variable follows: `config::parse_numeric`).
+/// A node's configuration, read from the variables of [`settings`].
 pub use pslite_postoffice::config;
 pub use pslite_postoffice::launched;
+/// Every environment variable pslite reads, declared once (the README's
+/// table comes from it).
+pub use pslite_postoffice::settings;
 pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membership, Postoffice};
 /// The wire format crate: protobuf structs, codec, golden frames.
@@ -130,8 +132,8 @@ pub fn env_or<T: std::str::FromStr>(
     default: T,
     expected: &'static str,
 ) -> Result<T, Error> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+    match pslite_postoffice::settings::foreign(var).map(|v| v.to_string_lossy().into_owned()) {
+        Some(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
             ConfigError::Invalid {
                 var,
                 value: v,

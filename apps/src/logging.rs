@@ -53,8 +53,10 @@ fn builder(verbose: Option<&str>, rust_log: Option<&str>) -> env_logger::Builder
 /// `RUST_LOG` on top of it. Safe to call more than once: only the first
 /// call installs the logger.
 pub fn init_logging() {
-    let verbose = std::env::var("PS_VERBOSE").ok();
-    let rust_log = std::env::var("RUST_LOG").ok();
+    use pslite_postoffice::settings::{foreign, PS_VERBOSE};
+    // A bad PS_VERBOSE is the node's configuration's to report.
+    let verbose = PS_VERBOSE.get().ok().map(|v| v.to_string());
+    let rust_log = foreign("RUST_LOG").and_then(|v| v.into_string().ok());
     // Err: a logger is installed already (an earlier call, or the program's own).
     let _ = builder(verbose.as_deref(), rust_log.as_deref()).try_init();
 }

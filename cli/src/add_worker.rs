@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pslite::proto::store::{StoreMsg, StoreOp, StoreStatus};
+use pslite::settings::{DMLC_PS_ROOT_PORT, DMLC_PS_ROOT_URI};
 use pslite::Role;
 
 use crate::launcher::{admin_client, parse_launch_record, LaunchOptions, LAUNCH_KEY};
@@ -41,10 +42,6 @@ pub fn run(
     }
 }
 
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
 /// Finds the scheduler, checks it answers and is elastic, and fills in
 /// `opts` for one worker of its cluster.
 fn prepare(
@@ -54,18 +51,14 @@ fn prepare(
     workers: Option<WorkerCount>,
 ) -> Result<(), String> {
     let host = host
-        .or_else(|| var("DMLC_PS_ROOT_URI"))
+        .or_else(|| DMLC_PS_ROOT_URI.get().ok())
         .unwrap_or_else(|| "127.0.0.1".into());
     let port = match opts.port {
         Some(p) => p,
-        None => match var("DMLC_PS_ROOT_PORT") {
-            Some(v) => v
-                .trim()
-                .parse::<u16>()
-                .ok()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| format!("DMLC_PS_ROOT_PORT must be a port number, got {v:?}"))?,
-            None => {
+        None => match DMLC_PS_ROOT_PORT.get() {
+            Ok(p) => p as u16,
+            Err(e @ pslite::ConfigError::OutOfRange { .. }) => return Err(e.to_string()),
+            Err(_) => {
                 return Err(
                     "which cluster? pass --port (and --host) of its scheduler, or set \
                      DMLC_PS_ROOT_PORT (and DMLC_PS_ROOT_URI)"
@@ -74,11 +67,8 @@ fn prepare(
             }
         },
     };
-    let local = matches!(
-        var("DMLC_LOCAL").as_deref().map(str::trim),
-        Some("1" | "true")
-    );
-    let mut client = admin_client(&host, port, local, var("PS_AUTH_TOKEN").as_deref(), None)?;
+    let (local, token) = crate::launcher::admin_settings(&[]);
+    let mut client = admin_client(&host, port, local, token.as_deref(), None)?;
     let table = client
         .status(ASK_TIMEOUT)
         .map_err(|e| format!("cannot reach the cluster's scheduler: {e}"))?;

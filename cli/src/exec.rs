@@ -20,9 +20,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use pslite::config::{
-    parse_num_servers, parse_num_workers, parse_numeric, NodeCount, Numeric, Unit,
-};
+use pslite::settings::{self as s, NodeCount, Numeric, Unit};
 use pslite::ConfigError;
 
 /// The scheduler port when neither `--port`, `DMLC_PS_ROOT_PORT` nor a
@@ -223,35 +221,6 @@ pub fn slurm_port(job_id: u32) -> u16 {
     10_000 + (job_id % 20_000) as u16
 }
 
-/// Checks every `DMLC_*`/`PS_*` number already set by the rule every node
-/// applies ([`pslite::config::NUMERIC_VARIABLES`]), so a bad value fails
-/// here, once, instead of in the program (or in a dry run's plan).
-fn check_numbers(lookup: &dyn Fn(&str) -> Option<String>) -> Result<(), ExecError> {
-    for &(var, _) in pslite::config::NUMERIC_VARIABLES {
-        let Some(value) = lookup(var).filter(|v| !v.trim().is_empty()) else {
-            continue;
-        };
-        if var == "DMLC_NUM_WORKER" {
-            parse_num_workers(&value)?;
-        } else if var == "DMLC_NUM_SERVER" {
-            parse_num_servers(&value)?;
-        } else {
-            parse_numeric(var, &value)?;
-        }
-    }
-    if let Some(role) = lookup("DMLC_ROLE").filter(|v| !v.trim().is_empty()) {
-        if role.trim().parse::<pslite::Role>().is_err() {
-            return Err(ConfigError::Invalid {
-                var: "DMLC_ROLE",
-                value: role,
-                expected: "scheduler, server or worker",
-            }
-            .into());
-        }
-    }
-    Ok(())
-}
-
 /// Refuses cluster sizes set by hand that disagree with a job of `size`
 /// processes with `servers` servers (from `--servers`, or else from
 /// `DMLC_NUM_SERVER`): the cluster would wait for nodes that never come.
@@ -270,8 +239,8 @@ fn check_sizes(
         )
     };
     let workers = size - 1 - servers;
-    if let Some(value) = lookup("DMLC_NUM_SERVER").filter(|v| !v.trim().is_empty()) {
-        let fits = match parse_num_servers(&value)? {
+    if let Some(value) = s::DMLC_NUM_SERVER.if_set(lookup)? {
+        let fits = match value {
             NodeCount::Fixed(n) => n == u64::from(servers),
             // Servers that join and leave: no more than MAX may start.
             NodeCount::Elastic { max, .. } => u64::from(servers) <= max,
@@ -279,13 +248,13 @@ fn check_sizes(
         if !fits {
             return Err(ExecError::Disagrees {
                 var: "DMLC_NUM_SERVER",
-                value: value.trim().to_string(),
+                value: value.to_string(),
                 detail: format!("--servers {servers}"),
             });
         }
     }
-    if let Some(value) = lookup("DMLC_NUM_WORKER").filter(|v| !v.trim().is_empty()) {
-        let fits = match parse_num_workers(&value)? {
+    if let Some(value) = s::DMLC_NUM_WORKER.if_set(lookup)? {
+        let fits = match value {
             NodeCount::Fixed(n) => n == u64::from(workers),
             // Elastic: more may join later, no more than MAX may start.
             NodeCount::Elastic { max, .. } => u64::from(workers) <= max,
@@ -293,7 +262,7 @@ fn check_sizes(
         if !fits {
             return Err(ExecError::Disagrees {
                 var: "DMLC_NUM_WORKER",
-                value: value.trim().to_string(),
+                value: value.to_string(),
                 detail: job(workers),
             });
         }
@@ -378,24 +347,25 @@ fn locate(
                         "a StatefulSet pod name <set>-<ordinal> (or set JOB_COMPLETION_INDEX)",
                 })?,
             };
-            let size = required(
-                lookup,
-                "PSLITE_WORLD_SIZE",
-                "set it to the number of pods (1 scheduler + servers + workers)",
-            )?;
-            let host = match lookup("PSLITE_SERVICE").filter(|s| !s.trim().is_empty()) {
+            let size = s::PSLITE_WORLD_SIZE
+                .read(lookup)?
+                .ok_or(ExecError::Missing {
+                    var: s::PSLITE_WORLD_SIZE.name,
+                    hint: "set it to the number of pods (1 scheduler + servers + workers)",
+                })? as u32;
+            let host = match s::PSLITE_SERVICE.read(lookup)? {
                 None => None,
                 Some(service) => {
                     // A StatefulSet's pod 0, or an indexed Job's pod 0 with
                     // the pod's subdomain set to the Service.
-                    let set = lookup("PSLITE_POD_PREFIX")
-                        .filter(|s| !s.is_empty())
+                    let set = s::PSLITE_POD_PREFIX
+                        .read(lookup)?
                         .or_else(|| hostname.rsplit_once('-').map(|(set, _)| set.to_string()))
                         .ok_or(ExecError::Missing {
                             var: "PSLITE_POD_PREFIX",
                             hint: "set it to the pods' name without the ordinal",
                         })?;
-                    Some(format!("{set}-0.{}", service.trim()))
+                    Some(format!("{set}-0.{service}"))
                 }
             };
             Ok((rank, size, host))
@@ -416,7 +386,9 @@ pub fn plan(
             env.push((var.to_string(), value));
         }
     };
-    check_numbers(lookup)?;
+    // Every variable already set, by the rule every node applies: a bad
+    // value fails here, once, not in the program (or a dry run's plan).
+    s::check(lookup)?;
     let Some(engine) = detect(lookup) else {
         if set("DMLC_ROLE") {
             return Ok(Plan {
@@ -435,13 +407,11 @@ pub fn plan(
             expected: "below the job size",
         });
     }
-    let servers = match (opts.servers, lookup("DMLC_NUM_SERVER")) {
+    let servers = match (opts.servers, s::DMLC_NUM_SERVER.if_set(lookup)?) {
         (Some(s), _) => s,
         // Servers that join and leave: the job starts with MIN.
-        (None, Some(v)) if !v.trim().is_empty() => match parse_num_servers(&v)? {
-            NodeCount::Fixed(n) | NodeCount::Elastic { min: n, .. } => n as u32,
-        },
-        (None, _) => 1,
+        (None, Some(NodeCount::Fixed(n) | NodeCount::Elastic { min: n, .. })) => n as u32,
+        (None, None) => 1,
     };
     if servers == 0 || size < servers + 2 {
         return Err(ExecError::TooSmall { size, servers });
@@ -518,7 +488,7 @@ fn wait_resolvable(host: &str, timeout: Duration) -> bool {
 /// process with `program`. Returns only on failure (or after a dry run).
 pub fn run(opts: &ExecOptions, dry_run: bool, program: &[OsString]) -> std::process::ExitCode {
     use std::os::unix::process::CommandExt;
-    let lookup = |var: &str| std::env::var(var).ok();
+    let lookup = s::environment();
     let plan = match plan(&lookup, opts) {
         Ok(plan) => plan,
         Err(e) => {
@@ -534,17 +504,15 @@ pub fn run(opts: &ExecOptions, dry_run: bool, program: &[OsString]) -> std::proc
         return std::process::ExitCode::SUCCESS;
     }
     // plan() checked the numbers.
-    let verbose = lookup("PS_VERBOSE")
-        .and_then(|v| parse_numeric("PS_VERBOSE", &v).ok())
-        .is_some_and(|v| v >= 1);
+    let verbose = s::PS_VERBOSE.read(&lookup).is_ok_and(|v| v >= 1);
     if verbose {
         eprintln!("pslite exec: {}", plan.summary(&lookup));
     }
     if plan.engine == Some(Engine::Kubernetes) {
         if let Some(host) = plan.get("DMLC_PS_ROOT_URI") {
-            let secs = lookup("PS_START_TIMEOUT")
-                .and_then(|v| parse_numeric("PS_START_TIMEOUT", &v).ok())
-                .unwrap_or(300);
+            let secs = s::PS_START_TIMEOUT
+                .read(&lookup)
+                .unwrap_or(s::PS_START_TIMEOUT.kind.default);
             if !wait_resolvable(host, Duration::from_secs(secs)) {
                 eprintln!(
                     "pslite exec: the scheduler's host {host} did not resolve within {secs} s \

@@ -68,6 +68,7 @@ enum Commands {
     /// or SIGHUP (saying so; a second one kills the nodes at once). The
     /// nodes, and whatever they started, die with the launcher even when it
     /// is killed with SIGKILL.
+    #[command(after_long_help = pslite::settings::help())]
     Launch {
         /// Number of servers [default: 1; with --add-worker, what the cluster
         /// recorded].
@@ -513,7 +514,8 @@ fn run_launch(opts: &LaunchOptions) -> ExitCode {
 }
 
 fn run_scheduler() -> Result<(), pslite::Error> {
-    let config = Config::from_lookup(|name| match (name, std::env::var(name).ok()) {
+    let env = pslite::settings::environment();
+    let config = Config::from_lookup(|name| match (name, env(name)) {
         ("DMLC_ROLE", None) => Some("scheduler".into()),
         (_, value) => value,
     })?;

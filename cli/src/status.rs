@@ -70,37 +70,32 @@ fn seconds(s: &str) -> Result<f64, String> {
 /// bad setting, says so as `pslite <command>` and gives the exit code.
 pub fn connect(command: &str, at: &SchedulerAddr) -> Result<(AdminClient, String), ExitCode> {
     let (port, reply_host) = (at.port, at.reply_host.as_deref());
+    use pslite::settings::{DMLC_PS_ROOT_PORT, DMLC_PS_ROOT_URI};
     let host = at
         .host
         .clone()
-        .or_else(|| std::env::var("DMLC_PS_ROOT_URI").ok())
+        .or_else(|| DMLC_PS_ROOT_URI.get().ok())
         .unwrap_or_else(|| "127.0.0.1".into());
     let port = match port {
         Some(p) => p,
-        None => match std::env::var("DMLC_PS_ROOT_PORT")
-            .map(|v| pslite::config::parse_numeric("DMLC_PS_ROOT_PORT", &v))
-        {
-            Ok(Ok(p)) => p as u16,
-            Ok(Err(e)) => {
-                eprintln!("pslite {command}: {e}; or pass --port");
-                return Err(ExitCode::from(2));
-            }
-            Err(_) => {
+        None => match DMLC_PS_ROOT_PORT.get() {
+            Ok(p) => p as u16,
+            Err(pslite::ConfigError::Missing { .. }) => {
                 eprintln!(
                     "pslite {command}: which scheduler? pass --port (and --host), or set \
                      DMLC_PS_ROOT_PORT (and DMLC_PS_ROOT_URI)"
                 );
                 return Err(ExitCode::from(2));
             }
+            Err(e) => {
+                eprintln!("pslite {command}: {e}; or pass --port");
+                return Err(ExitCode::from(2));
+            }
         },
     };
     // A DMLC_LOCAL=1 cluster's scheduler listens on ipc:///tmp/<port>; a
     // cluster with PS_AUTH_TOKEN answers only clients that present it.
-    let local = matches!(
-        std::env::var("DMLC_LOCAL").ok().as_deref().map(str::trim),
-        Some("1" | "true")
-    );
-    let token = std::env::var("PS_AUTH_TOKEN").ok();
+    let (local, token) = crate::launcher::admin_settings(&[]);
     match crate::launcher::admin_client(&host, port, local, token.as_deref(), reply_host) {
         Ok(c) => Ok((c, format!("{host}:{port}"))),
         Err(e) => {

@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// The variable the launcher sets on the scheduler it starts: the path of
 /// the file a pslite scheduler writes once it listens.
-pub const MARK_VAR: &str = "PSLITE_LAUNCH_MARK";
+pub const MARK_VAR: &str = crate::settings::PSLITE_LAUNCH_MARK.name;
 
 /// What the mark file holds: `pslite scheduler <port>`.
 pub fn mark_text(port: i32) -> String {
@@ -24,7 +24,7 @@ pub fn mark_text(port: i32) -> String {
 /// docs): to a temporary name, then renamed, so the launcher never reads a
 /// part. A failure is logged: the launcher then names nodes by launch order.
 pub(crate) fn mark_scheduler(port: i32) {
-    let Some(path) = std::env::var_os(MARK_VAR) else {
+    let Ok(Some(path)) = crate::settings::PSLITE_LAUNCH_MARK.get() else {
         return;
     };
     if let Err(e) = write_mark(Path::new(&path), port) {

@@ -20,9 +20,10 @@ pub mod metrics;
 mod postoffice;
 mod queue;
 mod router;
+pub mod settings;
 pub mod store;
 
-pub use config::{Config, ConfigError, DEFAULT_QUEUE_LIMIT};
+pub use config::{Config, ConfigError};
 pub use postoffice::{key_ranges, Error, KeyRange, Membership, Postoffice};
 pub use pslite_van::Counters;
 pub use queue::{CustomerQueue, Deliveries};

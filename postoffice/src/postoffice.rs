@@ -172,7 +172,10 @@ impl Postoffice {
                 Some(van) => Arc::clone(van),
                 None => {
                     if self.inner.config.malloc_tune {
-                        pslite_van::heap::keep_large_buffers();
+                        let tunables = crate::settings::foreign("GLIBC_TUNABLES");
+                        pslite_van::heap::keep_large_buffers(
+                            &tunables.unwrap_or_default().to_string_lossy(),
+                        );
                     }
                     let dispatch = Arc::clone(&self.inner.router) as Arc<dyn pslite_van::Dispatch>;
                     let van = Van::start_with_counters(

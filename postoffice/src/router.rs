@@ -148,7 +148,7 @@ impl CustomerRouter {
         CustomerRouter {
             role,
             queue_limit: queue_limit.max(1),
-            app_wait: Duration::from_millis(crate::config::DEFAULT_APP_WAIT_MS),
+            app_wait: Duration::from_millis(crate::settings::PS_APP_WAIT.kind.default),
             routes: Mutex::new(Routes {
                 customers: HashMap::new(),
                 failure: None,

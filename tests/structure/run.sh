@@ -8,6 +8,8 @@
 #   van/core/src outside its tests and the harness's origin of virtual time;
 # - no two modules of van/src or of van/core/src import each other,
 #   directly or round a loop (imports.py prints the edges);
+# - no environment read (env::var, var_os, vars) outside the settings table,
+#   postoffice/src/settings.rs, in product code (tests and examples may);
 # - KVWorker::send, which runs a request's stages
 #   (apps/src/kv_worker/stages.rs), at most 80 lines (issue 42).
 set -euo pipefail
@@ -58,6 +60,25 @@ if [ -n "$bad" ]; then
     fail=1
 else
     echo "no Instant::now/SystemTime::now in van/core/src product code"
+fi
+
+envs=$(git ls-files '*.rs' \
+    | grep -Ev '(^|/)(tests|examples|benches)/|(^|/)tests\.rs$|_tests\.rs$|^postoffice/src/settings\.rs$' \
+    | xargs grep -nE 'env::var(_os)?\(|env::vars(_os)?\(' || true)
+bad=""
+while IFS= read -r hit; do
+    [ -n "$hit" ] || continue
+    file=${hit%%:*}
+    rest=${hit#*:}
+    line=${rest%%:*}
+    if [ "$line" -le "$(product_lines "$file")" ]; then bad+="$hit"$'\n'; fi
+done <<< "$envs"
+if [ -n "$bad" ]; then
+    echo "FAIL: environment reads outside postoffice/src/settings.rs (declare the variable there):"
+    printf '%s' "$bad"
+    fail=1
+else
+    echo "no environment read outside the settings table (postoffice/src/settings.rs)"
 fi
 
 for src in van/core/src van/src; do

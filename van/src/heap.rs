@@ -57,13 +57,12 @@ pub enum Tuned {
 
 /// Turns glibc's `mmap` of large blocks off and sets its mmap and trim
 /// thresholds (see the module's text), the first time it is called in a
-/// process.
-pub fn keep_large_buffers() -> Tuned {
+/// process, unless `tunables` (the value of `GLIBC_TUNABLES`) sets either.
+pub fn keep_large_buffers(tunables: &str) -> Tuned {
     static ONCE: Once = Once::new();
     let mut outcome = Tuned::AlreadyDone;
     ONCE.call_once(|| {
-        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-        outcome = if user_chose(&tunables) {
+        outcome = if user_chose(tunables) {
             Tuned::UserTunables
         } else {
             set_thresholds()
@@ -120,11 +119,12 @@ mod tests {
 
     #[test]
     fn sets_the_thresholds_once() {
-        let first = keep_large_buffers();
-        if std::env::var("GLIBC_TUNABLES").map_or(true, |t| !user_chose(&t)) {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        let first = keep_large_buffers(&tunables);
+        if !user_chose(&tunables) {
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             assert_eq!(first, Tuned::Set);
         }
-        assert_eq!(keep_large_buffers(), Tuned::AlreadyDone);
+        assert_eq!(keep_large_buffers(&tunables), Tuned::AlreadyDone);
     }
 }

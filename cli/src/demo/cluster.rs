@@ -345,12 +345,10 @@ pub fn run_cluster(args: &DemoArgs) -> Result<ExitCode, Error> {
     }
     if args.elastic || args.kill_server.is_some() {
         // A killed worker is noticed by its missing heartbeats: soon.
-        for (var, value) in [
-            ("PS_HEARTBEAT_INTERVAL", "1"),
-            ("PS_HEARTBEAT_TIMEOUT", "3"),
-        ] {
-            if std::env::var_os(var).is_none() {
-                env.push((var.to_string(), value.to_string()));
+        use pslite::settings::{environment, PS_HEARTBEAT_INTERVAL, PS_HEARTBEAT_TIMEOUT};
+        for (var, value) in [(PS_HEARTBEAT_INTERVAL, "1"), (PS_HEARTBEAT_TIMEOUT, "3")] {
+            if !var.is_set(&environment()) {
+                env.push((var.name.to_string(), value.to_string()));
             }
         }
     }

@@ -166,13 +166,10 @@ pub const LAUNCH_KEY: &str = "pslite.launch";
 /// `PS_REPLICAS` as the nodes get it (the options' environment, else this
 /// process's); 1 if unset. A bad value is the nodes' to report.
 fn replicas(env: &[(String, String)]) -> u32 {
-    env.iter()
-        .rev()
-        .find(|(k, _)| k == "PS_REPLICAS")
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var("PS_REPLICAS").ok())
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(1)
+    let setting = &pslite::settings::PS_REPLICAS;
+    setting
+        .read(&pslite::settings::overlay(env))
+        .unwrap_or(setting.kind.default) as u32
 }
 
 /// The value of [`LAUNCH_KEY`] for a cluster of `servers` servers and
@@ -585,7 +582,7 @@ fn self_command() -> String {
         if let Some(bin) = python.parent() {
             let script = bin.join("pslite");
             if script.is_file() {
-                let first_on_path = std::env::var_os("PATH").and_then(|path| {
+                let first_on_path = pslite::settings::foreign("PATH").and_then(|path| {
                     std::env::split_paths(&path).find(|d| d.join("pslite").is_file())
                 });
                 return if first_on_path.is_some_and(|d| d == bin) {
@@ -610,7 +607,7 @@ fn native_command() -> String {
     let Ok(me) = std::env::current_exe().and_then(|p| p.canonicalize()) else {
         return "pslite".into();
     };
-    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+    let on_path = pslite::settings::foreign("PATH").is_some_and(|path| {
         std::env::split_paths(&path).any(|dir| {
             dir.join("pslite")
                 .canonicalize()
@@ -648,18 +645,13 @@ fn shell_word(word: &str) -> String {
 /// environment (the launch's own variables first, then the launcher's):
 /// whether the cluster is local (`DMLC_LOCAL`: IPC) and its `PS_AUTH_TOKEN`.
 pub(crate) fn admin_settings(env: &[(String, String)]) -> (bool, Option<String>) {
-    let var = |name: &str| {
-        env.iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var(name).ok())
-    };
-    let local = matches!(
-        var("DMLC_LOCAL").as_deref().map(str::trim),
-        Some("1" | "true")
-    );
-    (local, var("PS_AUTH_TOKEN"))
+    use pslite::settings::{overlay, DMLC_LOCAL, PS_AUTH_TOKEN};
+    let env = overlay(env);
+    // The token as set: admin_client says what is wrong with it.
+    (
+        DMLC_LOCAL.read(&env).unwrap_or(false),
+        env(PS_AUTH_TOKEN.name),
+    )
 }
 
 /// An admin client of the scheduler at `host`:`port` (over IPC with

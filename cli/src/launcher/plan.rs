@@ -8,6 +8,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
+use pslite::settings;
 use pslite_proto::Role;
 
 use super::{LaunchError, LaunchOptions, MALLOC_TUNABLES};
@@ -99,28 +100,25 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
     let advertised = opts.node_host.as_deref().unwrap_or(&opts.host);
     // The launcher sets DMLC_NODE_HOST, which a node prefers to
     // DMLC_INTERFACE: refuse rather than silently override.
-    if let Some(interface) = std::env::var_os("DMLC_INTERFACE").filter(|v| !v.is_empty()) {
+    if let Ok(Some(interface)) = settings::DMLC_INTERFACE.get() {
         return Err(LaunchError::Invalid(format!(
-            "DMLC_INTERFACE is set ({}), but pslite launch gives every node DMLC_NODE_HOST={} \
-             (--host), which takes precedence: unset DMLC_INTERFACE, or pass that \
-             interface's address as --host",
-            interface.to_string_lossy(),
-            advertised
+            "DMLC_INTERFACE is set ({interface}), but pslite launch gives every node \
+             DMLC_NODE_HOST={advertised} (--host), which takes precedence: unset \
+             DMLC_INTERFACE, or pass that interface's address as --host",
         )));
     }
-    if let Ok(node_host) = std::env::var("DMLC_NODE_HOST") {
-        if !node_host.is_empty() && node_host != advertised {
+    if let Ok(Some(node_host)) = settings::DMLC_NODE_HOST.get() {
+        if node_host != advertised {
             return Err(LaunchError::Invalid(format!(
                 "DMLC_NODE_HOST is set ({node_host}), but pslite launch gives every node \
                  DMLC_NODE_HOST={advertised} (--host): unset it, or pass --host {node_host}"
             )));
         }
     }
-    if let Some(port) = std::env::var_os("PORT").filter(|v| !v.is_empty()) {
+    if let Some(port) = settings::environment()(settings::PORT.name).filter(|v| !v.is_empty()) {
         return Err(LaunchError::Invalid(format!(
-            "PORT is set ({}), but pslite launch gives every server and worker a port of its \
-             own (PORT): unset it",
-            port.to_string_lossy()
+            "PORT is set ({port}), but pslite launch gives every server and worker a port of its \
+             own (PORT): unset it"
         )));
     }
     // Nodes can measure their start-up from this instant.
@@ -143,7 +141,7 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
             ("PSLITE_LAUNCH_UNIX_NS".into(), launched_ns.to_string()),
         ];
         env.extend(opts.env.iter().cloned());
-        if std::env::var_os("GLIBC_TUNABLES").is_none() {
+        if settings::foreign("GLIBC_TUNABLES").is_none() {
             env.push(("GLIBC_TUNABLES".into(), MALLOC_TUNABLES.into()));
         }
         env.extend(python_env(opts.python.as_deref()));
@@ -161,13 +159,7 @@ pub fn plan(opts: &LaunchOptions, port: u16) -> Result<Vec<NodeSpec>, LaunchErro
     // Check once what every node would check, so a bad value is one line,
     // not one per node.
     let env = common(Role::Worker);
-    pslite::Config::from_lookup(|name| {
-        env.iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var(name).ok())
-    })?;
+    pslite::Config::from_lookup(settings::overlay(&env))?;
     let command = |own: &Option<Vec<OsString>>| {
         let (program, args) = match own.as_deref() {
             Some([program, args @ ..]) => (program.clone(), args.to_vec()),
@@ -273,7 +265,7 @@ fn python_env(python: Option<&Path>) -> Vec<(String, String)> {
         return Vec::new();
     };
     let mut dirs = vec![bin.to_path_buf()];
-    if let Some(path) = std::env::var_os("PATH") {
+    if let Some(path) = pslite::settings::foreign("PATH") {
         dirs.extend(std::env::split_paths(&path).filter(|d| d != bin));
     }
     let mut env = Vec::new();
@@ -305,14 +297,9 @@ fn python_program(
 /// launcher's environment or `opts.env`): then the launcher says which
 /// process is which node, too.
 pub fn connections_logged(opts: &LaunchOptions) -> bool {
-    let verbose = opts
-        .env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PS_VERBOSE")
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var("PS_VERBOSE").ok());
-    verbose.is_some_and(|v| v.trim().parse::<u32>().is_ok_and(|v| v >= 1))
+    settings::PS_VERBOSE
+        .read(&settings::overlay(&opts.env))
+        .is_ok_and(|v| v >= 1)
 }
 
 #[cfg(test)]

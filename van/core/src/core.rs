@@ -170,15 +170,8 @@ impl Core {
         let scheduler = is_scheduler.then(|| {
             Scheduler::new(
                 SchedulerConfig {
-                    num_servers: cfg.num_servers,
-                    min_servers: cfg.min_servers,
-                    num_workers: cfg.num_workers,
                     me: me.clone(),
-                    heartbeat_timeout: cfg.heartbeat_timeout,
-                    heartbeat_interval: cfg.heartbeat_interval,
-                    recovery_timeout: cfg.recovery_timeout,
-                    watch_all: cfg.watch_all,
-                    elastic: cfg.elastic,
+                    van: cfg.clone(),
                 },
                 now,
             )
@@ -187,13 +180,7 @@ impl Core {
             MemberConfig {
                 me: me.clone(),
                 scheduler: scheduler_node.clone(),
-                num_servers: cfg.num_servers,
-                num_workers: cfg.num_workers,
-                start_timeout: cfg.start_timeout,
-                heartbeat_interval: cfg.heartbeat_interval,
-                heartbeat_timeout: cfg.heartbeat_timeout,
-                watch_all: cfg.watch_all,
-                recovery_timeout: cfg.recovery_timeout,
+                van: cfg.clone(),
             },
             now,
         );

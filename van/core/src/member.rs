@@ -26,6 +26,7 @@ use pslite_proto::ids::{NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Node, Role};
 
 use crate::component::{Component, Cx};
+use crate::config::VanConfig;
 use crate::effects::{Effect, Event, Output};
 use crate::error::Failure;
 
@@ -43,7 +44,9 @@ pub const PAUSE_SLACK: Duration = Duration::from_secs(2);
 /// How often a node still waiting to join says so.
 pub const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// What the node side needs to know.
+/// What the node side needs to know: who it is, where the scheduler is,
+/// and the node's settings (cluster size, `PS_START_TIMEOUT`, heartbeats,
+/// `PS_RECOVERY_TIMEOUT`: the fields of [`VanConfig`] it reads).
 #[derive(Clone, Debug)]
 pub struct MemberConfig {
     /// This node: role, host and port (id [`K_EMPTY`](pslite_proto::K_EMPTY), or [`SCHEDULER`] on
@@ -51,23 +54,8 @@ pub struct MemberConfig {
     pub me: Node,
     /// The scheduler (id 1, its host and port).
     pub scheduler: Node,
-    /// `DMLC_NUM_SERVER`.
-    pub num_servers: i32,
-    /// `DMLC_NUM_WORKER`.
-    pub num_workers: i32,
-    /// How long joining may take (`PS_START_TIMEOUT`).
-    pub start_timeout: Duration,
-    /// How often to send heartbeats (`PS_HEARTBEAT_INTERVAL`).
-    pub heartbeat_interval: Option<Duration>,
-    /// Silence from the scheduler after which it counts as lost
-    /// (`PS_HEARTBEAT_TIMEOUT`).
-    pub heartbeat_timeout: Option<Duration>,
-    /// Watch the scheduler from the start (`PS_HEARTBEAT_TIMEOUT` was set);
-    /// otherwise only once it has answered a heartbeat.
-    pub watch_all: bool,
-    /// How long a node declared dead may stay unreplaced before barriers and
-    /// requests that wait for it fail (`PS_RECOVERY_TIMEOUT`).
-    pub recovery_timeout: Duration,
+    /// The node's settings.
+    pub van: VanConfig,
 }
 
 /// How a barrier this node waits on ended.

@@ -37,7 +37,7 @@
 //! job that stops: every node told why).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use log::{debug, warn};
 use pslite_proto::ids::NodeId;
@@ -45,44 +45,19 @@ use pslite_proto::stats::NodeCounters;
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
 use crate::component::{Component, Cx};
+use crate::config::VanConfig;
 use crate::effects::{Effect, Event};
-use crate::rendezvous::{Rendezvous, RendezvousConfig};
+use crate::rendezvous::Rendezvous;
 
-/// What the scheduler needs to know about the cluster it forms.
+/// What the scheduler needs to know: its own node and the cluster's
+/// settings (size, `MIN:MAX` of servers or workers, heartbeats,
+/// `PS_RECOVERY_TIMEOUT`: the fields of [`VanConfig`] it reads).
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// `DMLC_NUM_SERVER` (MAX, when servers join and leave).
-    pub num_servers: i32,
-    /// Servers that join and leave (`DMLC_NUM_SERVER=MIN:MAX`): MIN. The
-    /// cluster forms once every worker and at least MIN servers registered;
-    /// a server registering later, with fewer than MAX in the table, gets
-    /// the next rank (is added like a replacement); one that left counts as
-    /// dead for good (its ranges moved first), and a later server may take
-    /// its id. `None`: ps-lite's fixed number of servers.
-    pub min_servers: Option<i32>,
-    /// `DMLC_NUM_WORKER`.
-    pub num_workers: i32,
     /// The scheduler's own node (role SCHEDULER, id 1, its host and port).
     pub me: Node,
-    /// A node whose last message is older than this is dead
-    /// (`PS_HEARTBEAT_TIMEOUT`); `None` means never.
-    pub heartbeat_timeout: Option<Duration>,
-    /// How often the nodes send heartbeats (`PS_HEARTBEAT_INTERVAL`):
-    /// (almost) every node silent for longer than this and a quarter is
-    /// this scheduler's own outage (see `scheduler/outage.rs`); `None`
-    /// (no heartbeats) never is.
-    pub heartbeat_interval: Option<Duration>,
-    /// The timeout applies to every node (`PS_HEARTBEAT_TIMEOUT` was set);
-    /// otherwise only to nodes that send heartbeats (pslite nodes do by
-    /// default; C++ nodes only when told to), so a silent C++ node is never
-    /// declared dead by a default.
-    pub watch_all: bool,
-    /// How long a dead node may stay unreplaced before the barriers that
-    /// wait for it fail (`PS_RECOVERY_TIMEOUT`).
-    pub recovery_timeout: Duration,
-    /// Elastic mode (`DMLC_NUM_WORKER=MIN:MAX`): the rounds' bounds and
-    /// periods; `None` is ps-lite's fixed number of workers.
-    pub elastic: Option<RendezvousConfig>,
+    /// The cluster's settings.
+    pub van: VanConfig,
 }
 
 /// How many registrations are still missing, per role.
@@ -196,7 +171,7 @@ impl Scheduler {
             disconnected: HashMap::new(),
             replaced: Vec::new(),
             warned: HashSet::new(),
-            elastic: cfg.elastic.map(|rc| Elastic {
+            elastic: cfg.van.elastic.map(|rc| Elastic {
                 rdzv: Rendezvous::new(rc, now),
                 next_server: 0,
                 next_worker: 0,
@@ -259,9 +234,10 @@ impl Scheduler {
     pub fn missing(&self) -> Missing {
         let count = |role| self.nodes.iter().filter(|n| n.role == role).count() as i32;
         Missing {
-            servers: (self.cfg.min_servers.unwrap_or(self.cfg.num_servers) - count(Role::Server))
-                .max(0),
-            workers: (self.cfg.num_workers - count(Role::Worker)).max(0),
+            servers: (self.cfg.van.min_servers.unwrap_or(self.cfg.van.num_servers)
+                - count(Role::Server))
+            .max(0),
+            workers: (self.cfg.van.num_workers - count(Role::Worker)).max(0),
         }
     }
 

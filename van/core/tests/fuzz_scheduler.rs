@@ -12,6 +12,7 @@ use pslite_proto::ids;
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 use pslite_van_core::effects::Effect;
 use pslite_van_core::scheduler::{Scheduler, SchedulerConfig};
+use pslite_van_core::VanConfig;
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -65,17 +66,16 @@ proptest! {
         let mut me = Node::new(Role::Scheduler, "127.0.0.1", 8999);
         me.id = 1;
         let t0 = Instant::now();
-        let mut s = Scheduler::new(SchedulerConfig {
+        let van = VanConfig {
             num_servers: 2,
-            min_servers: None,
             num_workers: 2,
-            me,
             heartbeat_timeout: heartbeats.then(|| Duration::from_secs(1)),
             heartbeat_interval: None,
             recovery_timeout: Duration::from_secs(3),
             watch_all: true,
-            elastic: None,
-        }, t0);
+            ..VanConfig::default()
+        };
+        let mut s = Scheduler::new(SchedulerConfig { me, van }, t0);
         let mut now = t0;
         for (msg, dt) in msgs {
             now += Duration::from_millis(dt);

@@ -82,7 +82,7 @@ impl Member {
         let outcome = match msg.meta.control.failed_peer {
             Some(id) => Err(Failure::PeerDead {
                 id,
-                secs: self.cfg.recovery_timeout.as_secs(),
+                secs: self.cfg.van.recovery_timeout.as_secs(),
             }),
             None => Ok(()),
         };

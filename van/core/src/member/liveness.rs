@@ -95,7 +95,7 @@ impl Member {
                     warn!(
                         "the scheduler declared node {id} dead: waiting up to {} s for a \
                          replacement (PS_RECOVERY_TIMEOUT)",
-                        self.cfg.recovery_timeout.as_secs()
+                        self.cfg.van.recovery_timeout.as_secs()
                     );
                 }
                 self.dead.insert(id, now);
@@ -165,7 +165,7 @@ impl Member {
                 j.next_log = now + WAIT_LOG_INTERVAL;
                 actions.push(Effect::Event(Event::Waiting {
                     waited: now - j.since,
-                    limit: self.cfg.start_timeout,
+                    limit: self.cfg.van.start_timeout,
                 }));
             }
         }
@@ -173,7 +173,8 @@ impl Member {
             return actions;
         }
         if self.me.role != Role::Scheduler {
-            if let (Some(interval), Some(next)) = (self.cfg.heartbeat_interval, self.next_heartbeat)
+            if let (Some(interval), Some(next)) =
+                (self.cfg.van.heartbeat_interval, self.next_heartbeat)
             {
                 if now >= next {
                     // Unanswered (the last answer is older than an
@@ -201,7 +202,7 @@ impl Member {
                 .filter(|_| self.deaf_since.is_none())
             {
                 let silent = now.saturating_duration_since(self.last_scheduler_contact);
-                let recovery = self.cfg.recovery_timeout;
+                let recovery = self.cfg.van.recovery_timeout;
                 if silent > timeout + recovery {
                     actions.extend(self.fail(Failure::SchedulerLost {
                         address: self.cfg.scheduler.address(),
@@ -228,7 +229,8 @@ impl Member {
         }
         let listening = self.deaf_since.is_none();
         for (&id, &since) in &self.dead {
-            if listening && now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
+            if listening && now >= since + self.cfg.van.recovery_timeout && self.given_up.insert(id)
+            {
                 warn!(
                     "node {id} was declared dead {} s ago and nothing replaced it: what waits \
                      on it fails",
@@ -285,7 +287,7 @@ impl Member {
                 if !self.scheduler_silent {
                     consider(self.last_scheduler_contact + timeout + slack);
                 }
-                let recovery = self.cfg.recovery_timeout;
+                let recovery = self.cfg.van.recovery_timeout;
                 consider(self.last_scheduler_contact + timeout + recovery + slack);
             }
             if let Some(at) = self.scheduler_gone_at() {
@@ -297,7 +299,7 @@ impl Member {
         if self.joined && self.failure.is_none() && self.deaf_since.is_none() {
             for (id, &since) in &self.dead {
                 if !self.given_up.contains(id) {
-                    consider(since + self.cfg.recovery_timeout);
+                    consider(since + self.cfg.van.recovery_timeout);
                 }
             }
         }
@@ -308,10 +310,11 @@ impl Member {
     /// watched: always when the timeout was set; by default only while this
     /// node sends heartbeats and the scheduler has answered one.
     pub(super) fn scheduler_timeout(&self) -> Option<Duration> {
-        let answers = self.scheduler_answers && self.cfg.heartbeat_interval.is_some();
+        let answers = self.scheduler_answers && self.cfg.van.heartbeat_interval.is_some();
         self.cfg
+            .van
             .heartbeat_timeout
-            .filter(|_| self.cfg.watch_all || answers)
+            .filter(|_| self.cfg.van.watch_all || answers)
     }
 
     /// Nodes the scheduler declared dead that nothing replaced in time.

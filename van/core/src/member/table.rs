@@ -26,12 +26,12 @@ impl Member {
         if self.joining.is_none() {
             self.joining = Some(Joining {
                 since: now,
-                deadline: now + self.cfg.start_timeout,
+                deadline: now + self.cfg.van.start_timeout,
                 next_log: now + WAIT_LOG_INTERVAL,
             });
             actions.push(Effect::Event(Event::Waiting {
                 waited: Duration::ZERO,
-                limit: self.cfg.start_timeout,
+                limit: self.cfg.van.start_timeout,
             }));
         }
         if self.me.role != Role::Scheduler {
@@ -170,7 +170,7 @@ impl Member {
         self.joined = true;
         self.joining = None;
         self.last_scheduler_contact = now;
-        self.next_heartbeat = self.cfg.heartbeat_interval.map(|_| now);
+        self.next_heartbeat = self.cfg.van.heartbeat_interval.map(|_| now);
         // Reconnect to the scheduler under the new identity, and connect to
         // this node itself. Other peers are connected on first send (the
         // core's `prepare`): C++ ps-lite connects to every node of the other

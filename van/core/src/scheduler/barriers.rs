@@ -184,7 +184,7 @@ impl Scheduler {
             .iter()
             .filter(|&(&id, &since)| {
                 ids::group_contains(group, id)
-                    && now >= since + self.cfg.recovery_timeout
+                    && now >= since + self.cfg.van.recovery_timeout
                     && !self.failed_over.contains(&id)
             })
             .map(|(&id, _)| id)
@@ -200,7 +200,7 @@ impl Scheduler {
         warn!(
             "scheduler: barrier over group {group} fails: node {dead} is dead and was not \
              replaced within {} s",
-            self.cfg.recovery_timeout.as_secs()
+            self.cfg.van.recovery_timeout.as_secs()
         );
         let waiting: BTreeSet<NodeId> = round.arrived.iter().map(|&(id, _)| id).collect();
         waiting
@@ -232,7 +232,7 @@ impl Scheduler {
             size += 1;
         }
         if group & ids::SERVER_GROUP != 0 {
-            size += match self.cfg.min_servers {
+            size += match self.cfg.van.min_servers {
                 // The servers in the table (those that left or failed over
                 // are not waited for: see `try_release`).
                 Some(_) => self
@@ -240,11 +240,11 @@ impl Scheduler {
                     .iter()
                     .filter(|n| n.role == Role::Server)
                     .count() as i32,
-                None => self.cfg.num_servers,
+                None => self.cfg.van.num_servers,
             };
         }
         if group & ids::WORKER_GROUP != 0 {
-            size += self.cfg.num_workers;
+            size += self.cfg.van.num_workers;
         }
         size
     }
@@ -284,7 +284,7 @@ impl Scheduler {
             expected += 1;
         }
         if group & ids::SERVER_GROUP != 0 {
-            expected += self.cfg.num_servers as usize;
+            expected += self.cfg.van.num_servers as usize;
         }
         if group & ids::WORKER_GROUP != 0 {
             match self.round() {

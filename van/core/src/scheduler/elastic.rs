@@ -58,7 +58,7 @@ impl Scheduler {
                 warn!(
                     "scheduler: worker {id} is dead (no message for more than {} s): it leaves \
                      the elastic round",
-                    self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
+                    self.cfg.van.heartbeat_timeout.unwrap_or_default().as_secs()
                 );
             }
             actions.extend(self.leave(id, now));
@@ -177,14 +177,14 @@ impl Scheduler {
         let mut entry = node.clone();
         entry.is_recovery = false;
         if node.role == Role::Server {
-            if servers >= self.cfg.num_servers {
+            if servers >= self.cfg.van.num_servers {
                 self.dropped(
                     sender,
                     "ADD_NODE from _: all _ servers have registered",
                     format!(
                         "scheduler: dropping ADD_NODE from {node}: all {} servers have registered \
                      (is DMLC_NUM_SERVER right?)",
-                        self.cfg.num_servers
+                        self.cfg.van.num_servers
                     ),
                 );
                 return Vec::new();
@@ -438,7 +438,10 @@ impl Scheduler {
     /// Elastic mode: the cluster forms once every server registered and
     /// the first round began.
     pub(super) fn maybe_form(&mut self, now: Instant) -> Vec<Effect> {
-        if self.ready || self.round().is_none() || self.count(Role::Server) < self.cfg.num_servers {
+        if self.ready
+            || self.round().is_none()
+            || self.count(Role::Server) < self.cfg.van.num_servers
+        {
             return Vec::new();
         }
         self.ready = true;

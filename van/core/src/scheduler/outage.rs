@@ -29,8 +29,8 @@ impl Scheduler {
     /// one by one never look like it. `None` without heartbeats (silence is
     /// then no sign of anything) or without a heartbeat timeout.
     fn outage_gap(&self) -> Option<Duration> {
-        self.cfg.heartbeat_timeout?;
-        let interval = self.cfg.heartbeat_interval?;
+        self.cfg.van.heartbeat_timeout?;
+        let interval = self.cfg.van.heartbeat_interval?;
         Some(interval + interval / 4)
     }
 
@@ -99,7 +99,7 @@ impl Scheduler {
                      node is declared dead for its silence until they are heard again, unless \
                      silent for {} s more than the heartbeat timeout (PS_RECOVERY_TIMEOUT)",
                     self.outage_gap().unwrap_or_default().as_millis(),
-                    self.cfg.recovery_timeout.as_secs()
+                    self.cfg.van.recovery_timeout.as_secs()
                 );
                 self.outage = Some(now);
             }
@@ -127,7 +127,7 @@ impl Scheduler {
     /// up).
     pub(super) fn silence_allowed(&self, timeout: Duration, now: Instant) -> Duration {
         if self.outage.is_some() || self.nobody_heard(now) {
-            timeout + self.cfg.recovery_timeout
+            timeout + self.cfg.van.recovery_timeout
         } else {
             timeout
         }

@@ -63,7 +63,7 @@ impl Scheduler {
                 } else {
                     warn!(
                         "scheduler: node {id} is dead (no message for more than {} s)",
-                        self.cfg.heartbeat_timeout.unwrap_or_default().as_secs()
+                        self.cfg.van.heartbeat_timeout.unwrap_or_default().as_secs()
                     );
                 }
                 self.dead_since.insert(id, now);
@@ -90,7 +90,7 @@ impl Scheduler {
                 self.next_keepalive = self
                     .ready
                     .then_some(now)
-                    .filter(|_| self.cfg.heartbeat_timeout.is_some());
+                    .filter(|_| self.cfg.van.heartbeat_timeout.is_some());
             }
             (false, Some(since)) => {
                 self.deaf_since = None;
@@ -111,7 +111,8 @@ impl Scheduler {
     /// tells the pslite ones it lives (the dead list, as every heartbeat
     /// answer), three times per heartbeat timeout.
     pub(super) fn keepalive(&mut self, now: Instant) -> Vec<Effect> {
-        let (Some(at), Some(timeout)) = (self.next_keepalive, self.cfg.heartbeat_timeout) else {
+        let (Some(at), Some(timeout)) = (self.next_keepalive, self.cfg.van.heartbeat_timeout)
+        else {
             return Vec::new();
         };
         if now < at {
@@ -147,7 +148,7 @@ impl Scheduler {
     }
 
     pub(super) fn liveness_timeout(&self) -> Option<Instant> {
-        let timeout = self.cfg.heartbeat_timeout?;
+        let timeout = self.cfg.van.heartbeat_timeout?;
         // Closed connections of processes not dead yet (before the cluster
         // forms, only elastic workers waiting for a round have one).
         let closed = self
@@ -164,14 +165,14 @@ impl Scheduler {
         let outage = self.outage_timeout();
         // In this scheduler's own outage, silence is allowed longer.
         let timeout = match self.outage {
-            Some(_) => timeout + self.cfg.recovery_timeout,
+            Some(_) => timeout + self.cfg.van.recovery_timeout,
             None => timeout,
         };
         let alive = self
             .processes()
             .into_iter()
             .filter(|id| !self.dead_since.contains_key(id))
-            .filter(|id| self.cfg.watch_all || self.heartbeating.contains(id))
+            .filter(|id| self.cfg.van.watch_all || self.heartbeating.contains(id))
             .filter_map(|id| self.last_seen.get(&id))
             .map(|&seen| seen + timeout + slack)
             .min();
@@ -182,7 +183,7 @@ impl Scheduler {
             .iter()
             .filter(|&(&id, _)| !self.failed_over.contains(&id))
             .filter(|&(&id, _)| self.barriers.keys().any(|&g| ids::group_contains(g, id)))
-            .map(|(_, &since)| since + self.cfg.recovery_timeout)
+            .map(|(_, &since)| since + self.cfg.van.recovery_timeout)
             .min();
         [alive, recovery, closed, outage]
             .into_iter()
@@ -270,13 +271,13 @@ impl Scheduler {
         if self.left.contains(&id) {
             return true;
         }
-        let Some(timeout) = self.cfg.heartbeat_timeout else {
+        let Some(timeout) = self.cfg.van.heartbeat_timeout else {
             return false;
         };
         if self.gone(id, now) {
             return true;
         }
-        if !self.cfg.watch_all && !self.heartbeating.contains(&id) {
+        if !self.cfg.van.watch_all && !self.heartbeating.contains(&id) {
             return false;
         }
         // The time spent deaf counts as nobody's silence.
@@ -315,7 +316,7 @@ impl Scheduler {
         let known = waiting || self.nodes.iter().any(|n| n.id == id);
         // Every registered process, C++ nodes that send no heartbeats too:
         // a closed connection that stays closed is a process that is gone.
-        let watched = self.cfg.heartbeat_timeout.is_some() && known;
+        let watched = self.cfg.van.heartbeat_timeout.is_some() && known;
         watched.then_some(since + LINK_GRACE)
     }
 

@@ -97,7 +97,7 @@ impl Scheduler {
 
     /// A registration while the job stops: the process is told why (once).
     pub(super) fn tell_registered(&mut self, node: &Node, now: Instant) -> Vec<Effect> {
-        let everyone = (self.cfg.num_servers + self.cfg.num_workers).max(1) as usize;
+        let everyone = (self.cfg.van.num_servers + self.cfg.van.num_workers).max(1) as usize;
         let Some(s) = &mut self.stopping else {
             return Vec::new();
         };

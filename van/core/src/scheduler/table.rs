@@ -97,8 +97,8 @@ impl Scheduler {
             return Vec::new();
         }
         let (have, want) = match node.role {
-            Role::Server => (self.count(Role::Server), self.cfg.num_servers),
-            _ => (self.count(Role::Worker), self.cfg.num_workers),
+            Role::Server => (self.count(Role::Server), self.cfg.van.num_servers),
+            _ => (self.count(Role::Worker), self.cfg.van.num_workers),
         };
         if have >= want {
             self.dropped(
@@ -121,12 +121,13 @@ impl Scheduler {
             node.customer_id
         );
         self.nodes.push(node);
-        let complete = match self.cfg.min_servers {
+        let complete = match self.cfg.van.min_servers {
             // Every worker and at least MIN servers (more if present).
             Some(min) => {
-                self.count(Role::Worker) == self.cfg.num_workers && self.count(Role::Server) >= min
+                self.count(Role::Worker) == self.cfg.van.num_workers
+                    && self.count(Role::Server) >= min
             }
-            None => self.nodes.len() as i32 == self.cfg.num_servers + self.cfg.num_workers,
+            None => self.nodes.len() as i32 == self.cfg.van.num_servers + self.cfg.van.num_workers,
         };
         if complete {
             self.form_cluster(now)
@@ -231,7 +232,7 @@ impl Scheduler {
         match self.dead_of_role(node.role, now) {
             Some(pid) => self.recover(pid, node, now),
             None if node.role == Role::Server && self.server_room() => self.join_server(node, now),
-            None if self.cfg.heartbeat_timeout.is_some() => {
+            None if self.cfg.van.heartbeat_timeout.is_some() => {
                 info!(
                     "scheduler: {} waits to replace the next {} that stops sending heartbeats",
                     node.address(),
@@ -256,13 +257,13 @@ impl Scheduler {
     /// Servers that join and leave: whether the table has fewer than MAX
     /// servers (a new one gets the next rank).
     pub(super) fn server_room(&self) -> bool {
-        self.cfg.min_servers.is_some()
+        self.cfg.van.min_servers.is_some()
             && (self
                 .process_nodes()
                 .iter()
                 .filter(|n| n.role == Role::Server)
                 .count() as i32)
-                < self.cfg.num_servers
+                < self.cfg.van.num_servers
     }
 
     /// A server joins the running job with the next rank: an empty entry

@@ -4,8 +4,10 @@
 use super::*;
 use crate::effects::{Effect, Event};
 use crate::member::LINK_GRACE;
+use crate::rendezvous::RendezvousConfig;
 use pslite_proto::ids::{self, SCHEDULER};
 use pslite_proto::stats::NodeStatus;
+use std::time::Duration;
 
 const HOST: &str = "127.0.0.1";
 
@@ -14,15 +16,15 @@ fn scheduler(num_servers: i32, num_workers: i32, timeout: Option<u64>) -> Schedu
     me.id = SCHEDULER;
     Scheduler::new(
         SchedulerConfig {
-            num_servers,
-            min_servers: None,
-            num_workers,
             me,
-            heartbeat_timeout: timeout.map(Duration::from_secs),
-            heartbeat_interval: None,
-            recovery_timeout: Duration::from_secs(30),
-            watch_all: true,
-            elastic: None,
+            van: VanConfig {
+                num_servers,
+                num_workers,
+                heartbeat_timeout: timeout.map(Duration::from_secs),
+                heartbeat_interval: None,
+                watch_all: true,
+                ..VanConfig::default()
+            },
         },
         Instant::now(),
     )
@@ -404,7 +406,7 @@ fn a_node_without_heartbeats_whose_connection_stays_closed_is_dead() {
     // watches only nodes that do: a closed connection still tells.
     let t0 = Instant::now();
     let mut s = formed_1_2_2(Some(10), t0);
-    s.cfg.watch_all = false;
+    s.cfg.van.watch_all = false;
     assert!(s.nodes().iter().all(|n| !n.pslite));
     s.link_down(8, t0 + Duration::from_secs(2));
     // ZeroMQ reconnects to a live process within the grace.
@@ -627,20 +629,21 @@ fn elastic_status_gives_round_ranks_and_lists_waiting_workers() {
     me.id = SCHEDULER;
     let mut s = Scheduler::new(
         SchedulerConfig {
-            num_servers: 1,
-            min_servers: None,
-            num_workers: 2,
             me,
-            heartbeat_timeout: None,
-            heartbeat_interval: None,
-            recovery_timeout: Duration::from_secs(30),
-            watch_all: true,
-            elastic: Some(RendezvousConfig {
-                min: 2,
-                max: 2,
-                last_call: Duration::from_secs(1),
-                timeout: Duration::from_secs(60),
-            }),
+            van: VanConfig {
+                num_servers: 1,
+                num_workers: 2,
+                heartbeat_timeout: None,
+                heartbeat_interval: None,
+                watch_all: true,
+                elastic: Some(RendezvousConfig {
+                    min: 2,
+                    max: 2,
+                    last_call: Duration::from_secs(1),
+                    timeout: Duration::from_secs(60),
+                }),
+                ..VanConfig::default()
+            },
         },
         Instant::now(),
     );
