@@ -379,6 +379,13 @@ settings! {
     /// which nodes can measure their start-up
     PSLITE_LAUNCH_UNIX_NS: Numeric = Numeric::new(Unit::Count, 0, u64::MAX),
         "kv_bench, pslite.torch";
+    /// set by `pslite launch --colocate` on workers: a `pslite.torch` worker's process also runs
+    /// one of the job's servers (no server process runs)
+    PSLITE_COLOCATE: Flag = Flag(false), "pslite.torch";
+    /// `pslite.torch`: the most bytes of one gradient part (larger tensors are cut into parts
+    /// spread over the servers)
+    PSLITE_PARTITION_BYTES: Num = Numeric::new(Unit::Bytes, 64, MAX_BYTES).or(4_096_000),
+        "pslite.torch";
     /// set by `pslite launch --worker-procs` on workers: the workers each process runs
     PSLITE_WORKERS_PER_PROCESS: Numeric = NODES, "examples";
     /// Kubernetes: the number of pods (1 scheduler + servers + workers)

@@ -134,10 +134,10 @@ _state = None
 def _colocated():
     """Whether this worker's process also hosts a server node
     (PSLITE_COLOCATE=1, which `pslite launch --colocate` sets)."""
-    raw = os.environ.get("PSLITE_COLOCATE", "").strip()
-    if raw not in ("", "0", "1"):
+    raw = os.environ.get("PSLITE_COLOCATE", "").strip().lower()
+    if raw not in ("", "0", "1", "false", "true", "no", "yes", "off", "on"):
         raise pslite.ConfigError(f"PSLITE_COLOCATE must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return raw in ("1", "true", "yes", "on")
 
 
 def _partition_bytes():

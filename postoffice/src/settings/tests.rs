@@ -32,7 +32,7 @@ fn every_variable_is_declared_once_with_a_doc() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), count, "a variable declared twice");
-    assert_eq!(count, 52, "45 DMLC_*/PS_* variables, PORT and 6 PSLITE_*");
+    assert_eq!(count, 54, "45 DMLC_*/PS_* variables, PORT and 8 PSLITE_*");
     for s in SETTINGS {
         assert!(
             !s.doc().is_empty() && !s.readers().is_empty(),
