@@ -356,7 +356,7 @@ def run_torchrec(args):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     world, rank = args.world, args.rank
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}",
                             rank=rank, world_size=world)
     sizes = table_sizes(args.rows)
     data = Synthetic(sizes, args.seed)
@@ -624,6 +624,7 @@ def main():
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--master-addr", default="127.0.0.1", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.small:
         args.rows, args.samples, args.test = 200_000, 98_304, 16_384
