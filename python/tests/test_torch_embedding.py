@@ -11,7 +11,8 @@ and a conflicting one refused naming it, row expiry and feature admission
 the other worker pushes (never older than its staleness, fewer rows
 pulled, a staleness of 0 the same as no cache), and the bytes a row costs
 on the servers. Another kills a server of a PS_REPLICAS=2 job: no row is
-lost.
+lost, and a table with expiry and admission decides after the kill as it
+would have without it.
 Skipped without torch."""
 
 import os

@@ -382,14 +382,26 @@ def check_cache(r, staleness=2, steps=10):
 
 def replicas(r):
     """Rows trained, the test kills a server (stdin says when), the rows
-    read back exactly and training goes on."""
+    read back exactly and training goes on. A table with expiry and
+    admission goes on deciding as before the kill: a count made before it
+    admits an id after it, and rows expire at the push they would have."""
     opt = pt.RowWiseAdaGrad(lr=0.1)
     emb = pt.EmbeddingBag(4, optimizer=opt, name="kept", seed=1)
     ids = torch.arange(300) * 1_000_003
-    for step in range(3):
-        (emb(ids.view(-1, 3)) * (step + 1)).sum().backward()
+    for k in range(3):
+        (emb(ids.view(-1, 3)) * (k + 1)).sum().backward()
     emb.flush()
     before = rows(emb, ids)
+    # 1 worker, expire_after=3: 3 pushes of a range without a row expire it.
+    life = pt.Embedding(2, optimizer=pt.SGD(1.0), init=("uniform", -0.5, 0.5), seed=3,
+                        expire_after=3, admit_after=2, name="kept.life")
+    ticker, targets = list(range(64)), list(range(1000, 1010))
+    assert {key_of(life.table, i) >> 63 for i in ticker} == {0, 1}
+    fresh = np.stack([uniform_row(3, key_of(life.table, i), 2, -0.5, 0.5) for i in targets])
+    step(life, ticker)  # push 1 of each range: ticker counted
+    step(life, ticker + targets)  # push 2: ticker admitted, targets counted
+    life_before = rows(life, ticker)
+    assert life_before.any() and not rows(life, targets).any()
     print("READY", flush=True)
     sys.stdin.readline()
     after = rows(emb, ids)
@@ -397,6 +409,13 @@ def replicas(r):
     (emb(ids.view(-1, 3))).sum().backward()
     emb.flush()
     assert not np.array_equal(rows(emb, ids), after)
+    assert np.array_equal(rows(life, ticker), life_before), "expiring rows lost"
+    step(life, targets)  # push 3: the targets' second, counted before the kill
+    close(rows(life, targets), fresh - 1, "admitted after the kill")
+    step(life, targets)  # push 4: 2 pushes without the ticker
+    assert np.array_equal(rows(life, ticker), life_before), "expired too early"
+    step(life, targets)  # push 5: 3 pushes without the ticker: expired (zeros: admission)
+    assert not rows(life, ticker).any(), "not expired after the kill"
     print("PASS replicas", flush=True)
 
 
