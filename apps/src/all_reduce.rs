@@ -309,7 +309,8 @@ pub const ALL_REDUCE_APPS: AllReduceApps = AllReduceApps {
 pub fn serve_all_reduce(po: &Postoffice) -> Result<(), Error> {
     let workers = usize::try_from(po.num_workers()).unwrap_or(1);
     let float32 = KVServer::<f32>::new(po, ALL_REDUCE_APPS.float32)?;
-    float32.set_replicated_handle(TorchServerHandle::new(workers));
+    let begins = po.server_key_ranges().iter().map(|r| r.begin).collect();
+    float32.set_replicated_handle(TorchServerHandle::new(workers, begins));
     let raw = KVServer::<RawByte>::new(po, ALL_REDUCE_APPS.raw)?;
     raw.set_request_handle(AllReduceHandle::new(workers).into_handle());
     let float64 = KVServer::<f64>::new(po, ALL_REDUCE_APPS.float64)?;

@@ -21,8 +21,9 @@
 //!   order with its data. The same configuration again is accepted; another
 //!   one is refused, naming the table.
 //! - `EMBEDDING | CONFIG` (table 0): a pull of [`STATS_WORDS`] words per key:
-//!   this server's tables, rows, store bytes, resident bytes and the rows'
-//!   own bytes ([`Tables::stats`]).
+//!   this server's tables, rows, store bytes, resident bytes, the rows'
+//!   own bytes, rows expired, rows admitted, candidates held and gradients
+//!   dropped ([`Tables::stats`]).
 //!
 //! **Keys.** A table's id is a hash of its name ([`table_id`]); id `i`
 //! of table `t` is key [`key_of`]`(t, i)`, a bijective mix of the 64 bits
@@ -31,6 +32,7 @@
 //! and the key only (`embedding/init.rs`).
 //!
 //! **Memory**: `embedding/table.rs` (a slab of rows and a `u32` index).
+//! **Expiry and admission** (per table): `embedding/lifecycle.rs`.
 
 use std::collections::BTreeMap;
 
@@ -44,13 +46,17 @@ use crate::Refusal;
 
 mod config;
 mod init;
+mod lifecycle;
 mod optim;
 mod snapshot;
 mod table;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Init, Optimizer, TableConfig, MAX_DIM, MAX_NAME};
+pub use config::{
+    Init, Optimizer, TableConfig, MAX_ADMIT_AFTER, MAX_DIM, MAX_EXPIRE_AFTER, MAX_NAME,
+};
+pub use lifecycle::MAX_CANDIDATES;
 pub use table::{Table, CHUNK_ROWS};
 
 /// The `cmd` bit of a table's request on a data-parallel job's float32
@@ -62,9 +68,10 @@ pub const CONFIG: i32 = 1 << 28;
 /// The bits of a table's id in `cmd`.
 pub const TABLE_MASK: i32 = CONFIG - 1;
 /// Words per key of a statistics pull: tables, then rows, store bytes,
-/// resident bytes of the process and the rows' own bytes (`dim * 4` each),
-/// each a `u64` as two words (low first).
-pub const STATS_WORDS: usize = 9;
+/// resident bytes of the process, the rows' own bytes (`dim * 4` each),
+/// rows expired, rows admitted, candidates held and row gradients dropped
+/// (not admitted yet), each a `u64` as two words (low first).
+pub const STATS_WORDS: usize = 17;
 
 /// MurmurHash3's 64-bit finalizer: a bijection of 64 bits that mixes them.
 pub fn mix(mut x: u64) -> u64 {
@@ -99,15 +106,42 @@ fn in_range(key: Key, begin: Key, end: Key) -> bool {
 }
 
 /// Every table a server holds (see the module's doc).
-#[derive(Default)]
 pub struct Tables {
     tables: BTreeMap<u32, Table>,
+    /// The job's workers (a table step of expiry is a push from each).
+    workers: usize,
+    /// The first key of each of the servers' key ranges (expiry's clocks
+    /// and admission's counts are per range).
+    begins: Vec<Key>,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Tables {
+            tables: BTreeMap::new(),
+            workers: 1,
+            begins: vec![0],
+        }
+    }
 }
 
 impl Tables {
-    /// No table.
+    /// No table, one worker, one key range.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// No table, for a job of `workers` workers and servers whose key
+    /// ranges start at `begins`.
+    pub fn for_job(workers: usize, mut begins: Vec<Key>) -> Self {
+        begins.push(0);
+        begins.sort_unstable();
+        begins.dedup();
+        Tables {
+            tables: BTreeMap::new(),
+            workers: workers.max(1),
+            begins,
+        }
     }
 
     /// The table of id `table`, if configured.
@@ -174,6 +208,10 @@ impl Tables {
             self.configure(config).map_err(refuse)?;
             return Ok(KVPairs::default());
         }
+        let job = lifecycle::Job {
+            workers: self.workers,
+            begins: &self.begins,
+        };
         let Some(t) = self.tables.get_mut(&table) else {
             return Err(refuse(format!(
                 "embedding table id {table} is not configured on this server (a module sends \
@@ -192,18 +230,26 @@ impl Tables {
                     req.vals.len()
                 )));
             }
-            for (i, &key) in req.keys.iter().enumerate() {
-                let slot = t.touch(key).map_err(&refuse)?;
-                t.apply(slot, &req.vals[i * dim..(i + 1) * dim]);
+            if lifecycle::enabled(&t.config) {
+                lifecycle::push(t, job, &req.keys, &req.vals).map_err(&refuse)?;
+            } else {
+                for (i, &key) in req.keys.iter().enumerate() {
+                    let slot = t.touch(key).map_err(&refuse)?;
+                    t.apply(slot, &req.vals[i * dim..(i + 1) * dim]);
+                }
             }
         }
         if !meta.pull {
             return Ok(KVPairs::default());
         }
         let mut vals = Vec::with_capacity(req.keys.len() * dim);
-        for &key in req.keys.iter() {
-            let slot = t.touch(key).map_err(&refuse)?;
-            vals.extend_from_slice(t.values(slot));
+        if lifecycle::enabled(&t.config) {
+            lifecycle::pull(t, job, &req.keys, &mut vals);
+        } else {
+            for &key in req.keys.iter() {
+                let slot = t.touch(key).map_err(&refuse)?;
+                vals.extend_from_slice(t.values(slot));
+            }
         }
         Ok(KVPairs {
             keys: req.keys.clone(),
@@ -213,7 +259,8 @@ impl Tables {
     }
 
     /// [`STATS_WORDS`] words: tables, rows, store bytes, resident bytes,
-    /// the rows' own bytes.
+    /// the rows' own bytes, rows expired, rows admitted, candidates,
+    /// gradients dropped.
     pub fn stats(&self) -> [u32; STATS_WORDS] {
         let rows: usize = self.tables.values().map(Table::len).sum();
         let bytes: usize = self.tables.values().map(Table::bytes).sum();
@@ -222,9 +269,25 @@ impl Tables {
             .values()
             .map(|t| t.len() * t.config.dim as usize * 4)
             .sum();
+        let life =
+            |f: fn(&Table) -> u64| -> usize { self.tables.values().map(f).sum::<u64>() as usize };
+        let expired = life(|t| t.life.expired);
+        let admitted = life(|t| t.life.admitted);
+        let candidates = life(|t| t.life.candidates() as u64);
+        let dropped = life(|t| t.life.dropped);
         let mut out = [0u32; STATS_WORDS];
         out[0] = self.tables.len() as u32;
-        for (i, v) in [rows, bytes, resident_bytes(), own].into_iter().enumerate() {
+        let all = [
+            rows,
+            bytes,
+            resident_bytes(),
+            own,
+            expired,
+            admitted,
+            candidates,
+            dropped,
+        ];
+        for (i, v) in all.into_iter().enumerate() {
             out[1 + 2 * i] = v as u32;
             out[2 + 2 * i] = (v as u64 >> 32) as u32;
         }
@@ -245,6 +308,8 @@ impl Tables {
         let mut next: BTreeMap<u32, Table> = BTreeMap::new();
         for (id, t) in &self.tables {
             let mut kept = Table::new(t.config.clone());
+            kept.life = t.life.clone();
+            kept.life.ranges.retain(|&b, _| !in_range(b, begin, end));
             for row in t.rows() {
                 let key = u64::from(row[0]) | (u64::from(row[1]) << 32);
                 if !in_range(key, begin, end) {
@@ -253,7 +318,7 @@ impl Tables {
             }
             next.insert(*id, kept);
         }
-        for (config, rows) in copy {
+        for (config, rows, ranges) in copy {
             let t = match next.get_mut(&config.table) {
                 Some(t) if t.config == config => t,
                 Some(t) => {
@@ -280,6 +345,7 @@ impl Tables {
                 }
                 t.insert_words(row)?;
             }
+            t.life.ranges.extend(ranges);
         }
         self.tables = next;
         Ok(())
@@ -312,11 +378,12 @@ pub struct TorchServerHandle {
 }
 
 impl TorchServerHandle {
-    /// Rounds of `workers` workers, averaging, and no table.
-    pub fn new(workers: usize) -> Self {
+    /// Rounds of `workers` workers, averaging, and no table; the servers'
+    /// key ranges start at `begins` ([`Tables::for_job`]).
+    pub fn new(workers: usize, begins: Vec<Key>) -> Self {
         TorchServerHandle {
             all_reduce: AllReduceHandle::new(workers).averaging(),
-            tables: Tables::new(),
+            tables: Tables::for_job(workers, begins),
         }
     }
 

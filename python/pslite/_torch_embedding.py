@@ -29,6 +29,14 @@ errors raised) and at `flush()` and shutdown. `prefetch(ids)` starts the pull
 of a batch ahead (its rows are as the servers hold them when it is called: a
 push sent later is not in them, one step of staleness).
 
+Per table, `expire_after=N` drops rows no push touched for N steps (a step:
+one push from each worker, counted per key range of the servers) and
+`admit_after=K` gives an id a row at the K-th push that carries it (zeros
+before, gradients dropped): docs/TORCH.md, "Row expiry and feature
+admission". Per module, `cache_rows=R, cache_staleness=S` keeps pulled rows
+on the worker for S forwards (each the servers' row as its pull found it):
+"A cache of hot rows".
+
 The servers learn a table's settings when the module is first used (or at
 creation after `pt.init()`): the same settings from every worker are
 accepted, other ones refused with `pslite.RequestRefused` naming the table.
@@ -59,6 +67,8 @@ _U33 = np.uint64(33)
 _C1 = np.uint64(0xFF51AFD7ED558CCD)
 _C2 = np.uint64(0xC4CEB9FE1A85EC53)
 _MAX_NAME = 256
+_MAX_EXPIRE_AFTER = 1 << 30
+_MAX_ADMIT_AFTER = 1 << 16
 #: Names of modules created without one, in creation order.
 _unnamed = itertools.count()
 
@@ -235,25 +245,30 @@ def stats():
     """Each server's tables as it counts them: a list (one per key range,
     answered by its primary) of dicts with "tables", "rows", "store_bytes"
     (the slab and index allocated), "rss_bytes" (the server process's
-    resident bytes) and "row_bytes" (``rows * dim * 4``)."""
+    resident bytes), "row_bytes" (``rows * dim * 4``), and for tables with
+    expiry or admission "rows_expired", "rows_admitted" (since the server
+    started), "candidates" (ids counted, not admitted yet) and
+    "gradients_dropped" (row gradients of ids not admitted yet)."""
     s = _state()
     kv = _kv(s)
     keys = _range_keys(s)
     out = np.zeros(len(keys) * _STATS_WORDS, dtype=np.float32)
     kv.pull(keys, cmd=_EMBEDDING | _CONFIG, out=out).wait()
     words = out.view(np.uint32).astype(np.uint64).reshape(len(keys), _STATS_WORDS)
-    names = ("rows", "store_bytes", "rss_bytes", "row_bytes")
+    names = ("rows", "store_bytes", "rss_bytes", "row_bytes", "rows_expired", "rows_admitted",
+             "candidates", "gradients_dropped")
     return [dict(tables=int(w[0]), **{n: int(w[1 + 2 * i]) | (int(w[2 + 2 * i]) << 32)
                                        for i, n in enumerate(names)}) for w in words]
 
 
 class _Batch:
     """One forward's distinct ids: their keys in order, where each id's
-    row is, and the pull of the rows."""
+    row is, and the pull of the rows (of those not in the module's cache)."""
 
-    __slots__ = ("ids", "keys", "index", "rows", "request")
+    __slots__ = ("ids", "keys", "index", "rows", "request", "cache", "step", "missed",
+                 "pulled")
 
-    def __init__(self, module, ids):
+    def __init__(self, module, ids, step):
         flat = ids.reshape(-1).to("cpu", torch.int64)
         unique, inverse = torch.unique(flat, sorted=True, return_inverse=True)
         keys = key_of(module.table, unique.numpy())
@@ -265,14 +280,66 @@ class _Batch:
         self.index = torch.from_numpy(position)[inverse]
         self.rows = torch.empty((order.size, module.embedding_dim), dtype=torch.float32)
         self.request = None
-        if order.size:
-            self.request = module._kv.pull(self.keys, cmd=module._cmd, out=self.rows.numpy())
+        self.cache, self.step, self.missed = module._cache, step, None
+        want, out = self.keys, self.rows.numpy()
+        if self.cache is not None and order.size:
+            self.missed = self.cache.fill(self.keys, out, step)
+            want = pslite.frozen(self.keys[self.missed])
+            self.pulled = np.empty((want.size, module.embedding_dim), dtype=np.float32)
+            out = self.pulled
+        if want.size:
+            module.pull_requests += 1
+            module.rows_pulled += int(want.size)
+            self.request = module._kv.pull(want, cmd=module._cmd, out=out)
 
     def wait(self):
         if self.request is not None:
             self.request.wait()
             self.request = None
+            if self.missed is not None:
+                self.rows.numpy()[self.missed] = self.pulled
+                self.cache.store(self.keys[self.missed], self.pulled, self.step)
+                self.missed = self.pulled = None
         return self.rows
+
+
+class _Cache:
+    """A worker's copies of rows it pulled (`cache_rows`, `cache_staleness`:
+    docs/TORCH.md, "A cache of hot rows"): each the servers' row as the pull
+    found it, used by the forwards up to `staleness` after the one that
+    pulled it, then pulled again; the oldest pulls make room."""
+
+    def __init__(self, rows, staleness, dim):
+        self.staleness = staleness
+        self.values = np.empty((rows, dim), dtype=np.float32)
+        self.pulled_at = np.empty(rows, dtype=np.int64)
+        self.slots = {}  # key -> slot, oldest pull first
+        self.free = list(range(rows - 1, -1, -1))
+
+    def fill(self, keys, out, step):
+        """Copies the fresh enough rows of `keys` into `out`; the positions
+        of the others (to pull)."""
+        missed = []
+        slots = self.slots
+        for j, k in enumerate(keys.tolist()):
+            slot = slots.get(k)
+            if slot is not None and step - self.pulled_at[slot] <= self.staleness:
+                out[j] = self.values[slot]
+            else:
+                missed.append(j)
+        return np.array(missed, dtype=np.int64)
+
+    def store(self, keys, rows, step):
+        slots = self.slots
+        for k, row in zip(keys.tolist(), rows):
+            slot = slots.pop(k, None)
+            if slot is None:
+                if not self.free:
+                    self.free.append(slots.pop(next(iter(slots))))
+                slot = self.free.pop()
+            slots[k] = slot
+            self.values[slot] = row
+            self.pulled_at[slot] = step
 
 
 class _Rows(torch.autograd.Function):
@@ -305,8 +372,19 @@ class _Table(torch.nn.Module):
     _KIND = "table"
 
     def __init__(self, embedding_dim, optimizer=None, init=("uniform", -0.05, 0.05),
-                 name=None, seed=0):
+                 name=None, seed=0, expire_after=0, admit_after=0, cache_rows=0,
+                 cache_staleness=0):
         super().__init__()
+        for what, v, most in (("expire_after", expire_after, _MAX_EXPIRE_AFTER),
+                              ("admit_after", admit_after, _MAX_ADMIT_AFTER),
+                              ("cache_rows", cache_rows, 1 << 31),
+                              ("cache_staleness", cache_staleness, 1 << 31)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= most:
+                raise pslite.InvalidInput(f"{what} must be an int from 0 to {most}, got {v!r}")
+        if cache_staleness and not cache_rows:
+            raise pslite.InvalidInput(
+                f"cache_staleness={cache_staleness} needs cache_rows (how many rows the worker "
+                "keeps) above 0")
         if not isinstance(embedding_dim, int) or not 1 <= embedding_dim <= 1 << 16:
             raise pslite.InvalidInput(
                 f"embedding_dim must be an int from 1 to 65536, got {embedding_dim!r}")
@@ -327,14 +405,24 @@ class _Table(torch.nn.Module):
         self.init = init
         self.name = name
         self.seed = seed
+        self.expire_after = expire_after
+        self.admit_after = admit_after if admit_after > 1 else 0
+        self.cache_rows, self.cache_staleness = cache_rows, cache_staleness
+        self._cache = (_Cache(cache_rows, cache_staleness, embedding_dim) if cache_staleness
+                       else None)  # staleness 0: every forward pulls, as without a cache
+        #: Forwards so far (the cache's clock), pull requests sent and rows
+        #: asked for in them (rows found in the cache are not pulled).
+        self.forwards = 0
+        self.pull_requests = 0
+        self.rows_pulled = 0
         self.table = table_id(name)
         self._cmd = _EMBEDDING | self.table
         opt = optimizer._words()
         name_bytes = name.encode()
         padded = name_bytes + b"\0" * (-len(name_bytes) % 4)
         self._words = np.array(
-            [1, self.table, embedding_dim, opt[0], *opt[1:], *_init_words(init),
-             seed & 0xFFFFFFFF, seed >> 32, len(name_bytes),
+            [2, self.table, embedding_dim, opt[0], *opt[1:], *_init_words(init),
+             seed & 0xFFFFFFFF, seed >> 32, expire_after, self.admit_after, len(name_bytes),
              *np.frombuffer(padded, dtype="<u4").tolist()], dtype=np.uint32)
         self._state = None
         self._prefetched = []
@@ -343,8 +431,10 @@ class _Table(torch.nn.Module):
             self._ready()
 
     def extra_repr(self):
+        extra = "".join(f", {k}={getattr(self, k)}" for k in (
+            "expire_after", "admit_after", "cache_rows", "cache_staleness") if getattr(self, k))
         return (f"{self.embedding_dim}, name={self.name!r}, optimizer={self.optimizer!r}, "
-                f"init={self.init!r}, seed={self.seed}")
+                f"init={self.init!r}, seed={self.seed}{extra}")
 
     def _ready(self):
         """Sends the table's settings to the servers once; the worker."""
@@ -382,19 +472,20 @@ class _Table(torch.nn.Module):
         uses them). The rows are as the servers hold them now."""
         _check_ids(ids)
         self._ready()
-        self._prefetched.append(_Batch(self, ids))
+        self._prefetched.append(_Batch(self, ids, self.forwards + 1 + len(self._prefetched)))
         while len(self._prefetched) > 8:
             self._prefetched.pop(0).wait()
 
     def _batch(self, ids):
         _check_ids(ids)
         self._ready()
+        self.forwards += 1
         for i, b in enumerate(self._prefetched):
             if b.ids.shape == ids.shape and torch.equal(b.ids.to(ids.device), ids):
                 del self._prefetched[:i + 1]
                 self._drain()
                 return b
-        batch = _Batch(self, ids)
+        batch = _Batch(self, ids, self.forwards)
         self._drain()  # sent before the pull: applied before it is read
         return batch
 
@@ -413,12 +504,14 @@ class EmbeddingBag(_Table):
     _KIND = "embedding_bag"
 
     def __init__(self, embedding_dim, *, mode="sum", optimizer=None,
-                 init=("uniform", -0.05, 0.05), name=None, seed=0, include_last_offset=False):
+                 init=("uniform", -0.05, 0.05), name=None, seed=0, include_last_offset=False,
+                 expire_after=0, admit_after=0, cache_rows=0, cache_staleness=0):
         if mode not in ("sum", "mean"):
             raise pslite.InvalidInput(f"mode must be \"sum\" or \"mean\", got {mode!r}")
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
-        super().__init__(embedding_dim, optimizer, init, name, seed)
+        super().__init__(embedding_dim, optimizer, init, name, seed, expire_after, admit_after,
+                         cache_rows, cache_staleness)
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         _check_ids(input, "input")
@@ -466,8 +559,10 @@ class Embedding(_Table):
     _KIND = "embedding"
 
     def __init__(self, embedding_dim, *, optimizer=None, init=("uniform", -0.05, 0.05),
-                 name=None, seed=0):
-        super().__init__(embedding_dim, optimizer, init, name, seed)
+                 name=None, seed=0, expire_after=0, admit_after=0, cache_rows=0,
+                 cache_staleness=0):
+        super().__init__(embedding_dim, optimizer, init, name, seed, expire_after, admit_after,
+                         cache_rows, cache_staleness)
 
     def forward(self, ids):
         batch = self._batch(ids)

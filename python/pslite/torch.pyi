@@ -113,10 +113,19 @@ class EmbeddingBag(torch.nn.Module):
     optimizer: EmbeddingOptimizer
     init: EmbeddingInit
     include_last_offset: bool
+    expire_after: int
+    admit_after: int
+    cache_rows: int
+    cache_staleness: int
+    forwards: int
+    pull_requests: int
+    rows_pulled: int
     def __init__(self, embedding_dim: int, *, mode: str = "sum",
                  optimizer: Optional[EmbeddingOptimizer] = None,
                  init: EmbeddingInit = ("uniform", -0.05, 0.05), name: Optional[str] = None,
-                 seed: int = 0, include_last_offset: bool = False) -> None: ...
+                 seed: int = 0, include_last_offset: bool = False, expire_after: int = 0,
+                 admit_after: int = 0, cache_rows: int = 0,
+                 cache_staleness: int = 0) -> None: ...
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor: ...
     def prefetch(self, ids: torch.Tensor) -> None: ...
@@ -129,9 +138,17 @@ class Embedding(torch.nn.Module):
     table: int
     optimizer: EmbeddingOptimizer
     init: EmbeddingInit
+    expire_after: int
+    admit_after: int
+    cache_rows: int
+    cache_staleness: int
+    forwards: int
+    pull_requests: int
+    rows_pulled: int
     def __init__(self, embedding_dim: int, *, optimizer: Optional[EmbeddingOptimizer] = None,
                  init: EmbeddingInit = ("uniform", -0.05, 0.05), name: Optional[str] = None,
-                 seed: int = 0) -> None: ...
+                 seed: int = 0, expire_after: int = 0, admit_after: int = 0,
+                 cache_rows: int = 0, cache_staleness: int = 0) -> None: ...
     def forward(self, ids: torch.Tensor) -> torch.Tensor: ...
     def prefetch(self, ids: torch.Tensor) -> None: ...
     def flush(self) -> None: ...

@@ -6,8 +6,13 @@ initializer (a uniform row equal to the stream written out in Python),
 each optimizer against NumPy over several steps, pooling against
 torch.nn.EmbeddingBag with the same weights (and its gradient), 64-bit and
 negative ids, misuse refused, the same table from two workers accepted
-and a conflicting one refused naming it, and the bytes a row costs on the
-servers. Another kills a server of a PS_REPLICAS=2 job: no row is lost.
+and a conflicting one refused naming it, row expiry and feature admission
+(Monolith's) with the servers' counts, a worker's cache of rows read while
+the other worker pushes (never older than its staleness, fewer rows
+pulled, a staleness of 0 the same as no cache), and the bytes a row costs
+on the servers. Another kills a server of a PS_REPLICAS=2 job: no row is
+lost, and a table with expiry and admission decides after the kill as it
+would have without it.
 Skipped without torch."""
 
 import os
@@ -28,8 +33,10 @@ def test_tables_on_the_servers_match_numpy_and_torch():
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     for check in ("duplicates", "initializers", "optimizers", "pooling", "ids", "spread",
-                  "conflict", "embedding"):
+                  "conflict", "cache", "embedding"):
         assert run.stdout.count(f"PASS {check}") == 2, (check, out)
+    for check in ("expiry", "admission"):  # rank 0's
+        assert run.stdout.count(f"PASS {check}") == 1, (check, out)
     assert run.stdout.count("PASS before init") == 2, out
     assert "refused: " in run.stdout and '"shared"' in run.stdout, out
     memory = re.search(r"MEMORY .*store_bytes_per_row=([0-9.]+) rss_bytes_per_row=([0-9.]+) "

@@ -6,15 +6,21 @@
 //!
 //! Words: `[version, table, dim, optimizer, lr, eps, beta1, beta2,
 //! initial_accumulator, init, init_a, init_b, seed_lo, seed_hi,
-//! name_len, name bytes (little-endian, 4 a word)...]`; float settings as
-//! f32 bits; settings an optimizer or initializer does not use are 0.
+//! expire_after, admit_after, name_len, name bytes (little-endian, 4 a
+//! word)...]`; float settings as f32 bits; settings an optimizer or
+//! initializer does not use are 0. Version 1 (read still, from older
+//! checkpoints) has no `expire_after` and `admit_after` words: both 0.
 
 use std::fmt;
 
 /// The version word of a configuration record.
-const VERSION: u32 = 1;
-/// Words before the name.
-const HEAD: usize = 15;
+const VERSION: u32 = 2;
+/// Words before the name (version 2; version 1 had 13 + 2).
+const HEAD: usize = 17;
+/// The largest `expire_after` (steps) and `admit_after` (pushes).
+pub const MAX_EXPIRE_AFTER: u32 = 1 << 30;
+/// The largest `admit_after`.
+pub const MAX_ADMIT_AFTER: u32 = 1 << 16;
 /// The longest table name, in bytes.
 pub const MAX_NAME: usize = 256;
 /// The largest row, in float32 values.
@@ -105,6 +111,13 @@ pub struct TableConfig {
     pub seed: u64,
     /// The row-wise optimizer.
     pub optimizer: Optimizer,
+    /// Rows untouched by pushes for this many steps (a step: one push of
+    /// the table from each worker, counted per key range) are dropped; 0:
+    /// never (`embedding/lifecycle.rs`).
+    pub expire_after: u32,
+    /// An id gets a row at the push that carries it for the
+    /// `admit_after`-th time; 0 or 1: at the first.
+    pub admit_after: u32,
 }
 
 impl TableConfig {
@@ -145,6 +158,8 @@ impl TableConfig {
             f32::to_bits(b),
             self.seed as u32,
             (self.seed >> 32) as u32,
+            self.expire_after,
+            self.admit_after,
             name.len() as u32,
         ];
         for chunk in name.chunks(4) {
@@ -157,27 +172,37 @@ impl TableConfig {
 
     /// Reads a record of words; the error says what is wrong with it.
     pub fn from_words(words: &[u32]) -> Result<TableConfig, String> {
-        if words.len() < HEAD {
+        let head = match words.first() {
+            Some(1) => HEAD - 2,
+            Some(&VERSION) => HEAD,
+            Some(v) => {
+                return Err(format!(
+                    "a table's configuration of version {v} (this server reads versions 1 to \
+                     {VERSION}: upgrade the servers)"
+                ))
+            }
+            None => 0,
+        };
+        if head == 0 || words.len() < head {
             return Err(format!(
-                "a table's configuration has {} words, at least {HEAD} expected",
+                "a table's configuration has {} words, at least {head} expected",
                 words.len()
             ));
         }
-        if words[0] != VERSION {
-            return Err(format!(
-                "a table's configuration of version {} (this server reads version {VERSION})",
-                words[0]
-            ));
-        }
         let f = |i: usize| f32::from_bits(words[i]);
-        let name_len = words[14] as usize;
-        if name_len > MAX_NAME || words.len() != HEAD + name_len.div_ceil(4) {
+        let name_len = words[head - 1] as usize;
+        if name_len > MAX_NAME || words.len() != head + name_len.div_ceil(4) {
             return Err(format!(
                 "a table's configuration has {} words for a name of {name_len} bytes",
                 words.len()
             ));
         }
-        let bytes: Vec<u8> = words[HEAD..]
+        let (expire_after, admit_after) = if head == HEAD {
+            (words[14], words[15])
+        } else {
+            (0, 0)
+        };
+        let bytes: Vec<u8> = words[head..]
             .iter()
             .flat_map(|w| w.to_le_bytes())
             .take(name_len)
@@ -215,6 +240,8 @@ impl TableConfig {
             init,
             seed: u64::from(words[12]) | (u64::from(words[13]) << 32),
             optimizer,
+            expire_after,
+            admit_after,
         };
         config.check()?;
         Ok(config)
@@ -228,6 +255,20 @@ impl TableConfig {
                 "table {name:?}: id {} is outside 1..={}",
                 self.table,
                 super::TABLE_MASK
+            ));
+        }
+        if self.expire_after > MAX_EXPIRE_AFTER {
+            return Err(format!(
+                "table {name:?}: expire_after must be from 0 (never) to {MAX_EXPIRE_AFTER} \
+                 steps, got {}",
+                self.expire_after
+            ));
+        }
+        if self.admit_after > MAX_ADMIT_AFTER {
+            return Err(format!(
+                "table {name:?}: admit_after must be from 0 (at once) to {MAX_ADMIT_AFTER} \
+                 occurrences, got {}",
+                self.admit_after
             ));
         }
         if self.dim == 0 || self.dim > MAX_DIM {
@@ -296,10 +337,11 @@ impl TableConfig {
         }
     }
 
-    /// Words per row in the store: the key (2), the values, the state.
+    /// Words per row in the store: the key (2), the values, the state,
+    /// and with expiry the table step of the row's last push (1).
     pub fn stride(&self) -> usize {
         let dim = self.dim as usize;
-        2 + dim + self.optimizer.state_words(dim)
+        2 + dim + self.optimizer.state_words(dim) + usize::from(self.expire_after > 0)
     }
 }
 
@@ -344,6 +386,13 @@ impl fmt::Display for TableConfig {
             f,
             "dim {}, init {}, seed {}, optimizer {}",
             self.dim, self.init, self.seed, self.optimizer
-        )
+        )?;
+        if self.expire_after > 0 {
+            write!(f, ", expire_after {}", self.expire_after)?;
+        }
+        if self.admit_after > 1 {
+            write!(f, ", admit_after {}", self.admit_after)?;
+        }
+        Ok(())
     }
 }

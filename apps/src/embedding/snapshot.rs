@@ -4,11 +4,21 @@
 //! (`u32`), then per table its configuration's words (a `u32` count, the
 //! words: `embedding/config.rs`), its rows in the range (a `u64` count)
 //! and each row's words as the store keeps them (the key as two words,
-//! the values, the optimizer's state). Every table is in every copy, with
-//! no rows if none is in the range, so a copy carries the configurations.
+//! the values, the optimizer's state, with expiry the last push's clock),
+//! then for a table with expiry or admission its key ranges' clocks and
+//! candidates (`embedding/lifecycle.rs`). Every table is in every copy,
+//! with no rows if none is in the range, so a copy carries the
+//! configurations.
+
+use std::collections::BTreeMap;
 
 use super::config::TableConfig;
+use super::lifecycle::{self, RangeState};
 use super::table::Table;
+
+/// A table in a copy: its configuration, its rows' words, its ranges'
+/// expiry and admission state.
+pub type TableCopy = (TableConfig, Vec<u32>, BTreeMap<u64, RangeState>);
 
 const MAGIC: &[u8; 8] = b"PSLEMB01";
 
@@ -35,13 +45,16 @@ pub fn encode<'a>(tables: impl Iterator<Item = &'a Table>, keep: impl Fn(u64) ->
             }
         }
         out[count_at..count_at + 8].copy_from_slice(&count.to_le_bytes());
+        if lifecycle::enabled(&t.config) {
+            lifecycle::encode(&t.life, &keep, &mut out);
+        }
     }
     out
 }
 
 /// Reads `data` as [`encode`] wrote it: each table's configuration and its
 /// rows' words; the error says where it is wrong.
-pub fn decode(data: &[u8]) -> Result<Vec<(TableConfig, Vec<u32>)>, String> {
+pub fn decode(data: &[u8]) -> Result<Vec<TableCopy>, String> {
     let mut at = 0usize;
     let mut take = |n: usize| -> Result<&[u8], String> {
         let bytes = at
@@ -76,7 +89,12 @@ pub fn decode(data: &[u8]) -> Result<Vec<(TableConfig, Vec<u32>)>, String> {
             .and_then(|r| r.checked_mul(config.stride() * 4))
             .ok_or_else(|| format!("table {:?}: {rows} rows cannot be held", config.name))?;
         let row_words: Vec<u32> = take(len)?.chunks_exact(4).map(word).collect();
-        out.push((config, row_words));
+        let ranges = if lifecycle::enabled(&config) {
+            lifecycle::decode(&config.name, &mut take)?
+        } else {
+            BTreeMap::new()
+        };
+        out.push((config, row_words, ranges));
     }
     if at != data.len() {
         return Err(format!(

@@ -5,10 +5,13 @@
 //! that finds a key's row by comparing the key stored in the row itself.
 //! Per row that is the row's bytes, 8 for the key, the state, and 4 / load
 //! (5.3 to 8) bytes of index; a chunk is allocated whole but its pages are
-//! touched (resident) only as rows fill it. Rows are never removed one by
-//! one: a restore rebuilds the table.
+//! touched (resident) only as rows fill it. Rows are removed by
+//! [`Table::retain`] (expiry's sweep: the rows kept move down, the index is
+//! rebuilt, emptied chunks freed) and by a restore, which rebuilds the
+//! table.
 
 use super::config::TableConfig;
+use super::lifecycle::Lifecycle;
 use super::{init, optim};
 
 /// Rows per chunk of the slab.
@@ -26,6 +29,8 @@ pub struct Table {
     chunks: Vec<Vec<u32>>,
     len: usize,
     index: Vec<u32>,
+    /// Expiry and admission (`embedding/lifecycle.rs`).
+    pub(super) life: Lifecycle,
 }
 
 impl Table {
@@ -37,6 +42,7 @@ impl Table {
             chunks: Vec::new(),
             len: 0,
             index: Vec::new(),
+            life: Lifecycle::default(),
         }
     }
 
@@ -152,14 +158,76 @@ impl Table {
         self.len += 1;
         self.index_insert(key, slot);
         if rest.is_none() {
-            let dim = self.config.dim as usize;
-            let (init, seed, opt) = (self.config.init, self.config.seed, self.config.optimizer);
-            let words = &mut self.row_words_mut(slot)[2..];
-            let (vals, state) = words.split_at_mut(dim);
-            init::fill(init, seed, key, bytemuck::cast_slice_mut(vals));
-            optim::init_state(&opt, state);
+            self.reset(slot);
         }
         Ok(slot)
+    }
+
+    /// Makes the row in `slot` its initial row again (values and state;
+    /// the last push's clock is left to the caller).
+    pub fn reset(&mut self, slot: usize) {
+        let dim = self.config.dim as usize;
+        let (init, seed, opt) = (self.config.init, self.config.seed, self.config.optimizer);
+        let state_words = opt.state_words(dim);
+        let words = self.row_words_mut(slot);
+        let key = u64::from(words[0]) | (u64::from(words[1]) << 32);
+        let (vals, state) = words[2..2 + dim + state_words].split_at_mut(dim);
+        init::fill(init, seed, key, bytemuck::cast_slice_mut(vals));
+        optim::init_state(&opt, state);
+    }
+
+    /// The initial values of the row of `key`, written to `out`.
+    pub fn initial_values(&self, key: u64, out: &mut [f32]) {
+        init::fill(self.config.init, self.config.seed, key, out);
+    }
+
+    /// The clock of the last push of the row in `slot` (0 without expiry).
+    pub fn last_push(&self, slot: usize) -> u32 {
+        if self.config.expire_after == 0 {
+            return 0;
+        }
+        self.row_words(slot)[self.stride - 1]
+    }
+
+    /// Sets the clock of the last push of the row in `slot` (with expiry).
+    pub fn set_last_push(&mut self, slot: usize, clock: u32) {
+        if self.config.expire_after > 0 {
+            let last = self.stride - 1;
+            self.row_words_mut(slot)[last] = clock;
+        }
+    }
+
+    /// Keeps the rows for which `keep(key, last push)` holds, in their
+    /// order, and rebuilds the index; chunks left empty are freed. The
+    /// number of rows removed.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64, u32) -> bool) -> usize {
+        let mut kept = 0;
+        for slot in 0..self.len {
+            if !keep(self.key_at(slot), self.last_push(slot)) {
+                continue;
+            }
+            if kept != slot {
+                let row = self.row_words(slot).to_vec();
+                self.row_words_mut(kept).copy_from_slice(&row);
+            }
+            kept += 1;
+        }
+        let removed = self.len - kept;
+        if removed == 0 {
+            return 0;
+        }
+        self.len = kept;
+        self.chunks.truncate(kept.div_ceil(CHUNK_ROWS));
+        let full = self.chunks.len().saturating_sub(1) * CHUNK_ROWS;
+        if let Some(last) = self.chunks.last_mut() {
+            last.truncate((kept - full) * self.stride);
+        }
+        self.index.fill(EMPTY);
+        for slot in 0..self.len {
+            let key = self.key_at(slot);
+            self.index_insert(key, slot);
+        }
+        removed
     }
 
     /// The slot of `key`'s row, made on first touch.
@@ -180,7 +248,7 @@ impl Table {
     pub fn apply(&mut self, slot: usize, g: &[f32]) {
         let dim = self.config.dim as usize;
         let opt = self.config.optimizer;
-        let words = &mut self.row_words_mut(slot)[2..];
+        let words = &mut self.row_words_mut(slot)[2..2 + dim + opt.state_words(dim)];
         let (vals, state) = words.split_at_mut(dim);
         optim::step(&opt, bytemuck::cast_slice_mut(vals), state, g);
     }

@@ -25,6 +25,8 @@ fn config(name: &str, dim: u32, optimizer: Optimizer, init: Init) -> TableConfig
         init,
         seed: 7,
         optimizer,
+        expire_after: 0,
+        admit_after: 0,
     }
 }
 
@@ -103,7 +105,7 @@ fn a_configuration_round_trips_and_bad_ones_are_refused() {
     assert!(TableConfig::from_words(&w).unwrap_err().contains("dim"));
     assert!(TableConfig::from_words(&w[..5]).is_err());
     let mut w = c.to_words();
-    w[14] = 1000;
+    w[16] = 1000;
     assert!(TableConfig::from_words(&w).is_err());
 }
 
@@ -354,4 +356,258 @@ fn a_row_costs_its_bytes_plus_the_key_state_and_a_compact_index() {
         assert!(table.find(k).is_some());
     }
     assert!(table.find(key_of(c.table, n + 1)).is_none());
+}
+
+/// Tables of a job of `workers` workers whose servers' key ranges start
+/// at `begins`, with `c` configured.
+fn job_with(c: &TableConfig, workers: usize, begins: Vec<u64>) -> Tables {
+    let mut t = Tables::for_job(workers, begins);
+    t.configure(c.clone()).unwrap();
+    t
+}
+
+fn stat(t: &Tables, i: usize) -> u64 {
+    let s = t.stats();
+    u64::from(s[1 + 2 * i]) | (u64::from(s[2 + 2 * i]) << 32)
+}
+const EXPIRED: usize = 4;
+const ADMITTED: usize = 5;
+const CANDIDATES: usize = 6;
+const DROPPED: usize = 7;
+
+fn initial(c: &TableConfig, key: u64) -> Vec<f32> {
+    let mut out = vec![0.0; c.dim as usize];
+    Table::new(c.clone()).initial_values(key, &mut out);
+    out
+}
+
+#[test]
+fn expiry_and_admission_round_trip_in_the_configuration_and_bad_values_are_refused() {
+    let mut c = config("life", 3, ADAGRAD, Init::Zeros);
+    c.expire_after = 100;
+    c.admit_after = 5;
+    assert_eq!(TableConfig::from_words(&c.to_words()).unwrap(), c);
+    // A version 1 record (an older checkpoint's): neither.
+    let mut v1 = c.to_words();
+    v1.drain(14..16);
+    v1[0] = 1;
+    let old = TableConfig::from_words(&v1).unwrap();
+    assert_eq!((old.expire_after, old.admit_after), (0, 0));
+    assert_eq!(old.name, "life");
+    for (expire, admit, says) in [
+        (MAX_EXPIRE_AFTER + 1, 0, "expire_after"),
+        (0, MAX_ADMIT_AFTER + 1, "admit_after"),
+    ] {
+        let mut bad = c.clone();
+        (bad.expire_after, bad.admit_after) = (expire, admit);
+        let mut w = bad.to_words();
+        assert!(TableConfig::from_words(&w).unwrap_err().contains(says));
+        w[14] = 0;
+        w[15] = 0;
+        assert!(TableConfig::from_words(&w).is_ok());
+    }
+    // Workers that disagree: refused, naming the setting.
+    let mut t = with(&c);
+    let mut other = c.clone();
+    other.expire_after = 7;
+    let e = t.configure(other).unwrap_err();
+    assert!(
+        e.contains("expire_after 100") && e.contains("expire_after 7"),
+        "{e}"
+    );
+}
+
+#[test]
+fn rows_untouched_for_n_steps_expire_and_come_back_as_new_rows() {
+    // 2 workers, expire_after 3: a row expires after 6 pushes without it.
+    let mut c = config(
+        "exp",
+        2,
+        Optimizer::Sgd { lr: 1.0 },
+        Init::Uniform {
+            low: -1.0,
+            high: 1.0,
+        },
+    );
+    c.expire_after = 3;
+    let mut t = job_with(&c, 2, vec![0]);
+    let (a, b, e) = (key_of(c.table, 1), key_of(c.table, 2), key_of(c.table, 3));
+    let one = [1.0f32, 1.0];
+    // A pull makes no row (pulls are not replicated): it answers the
+    // initial row.
+    assert_eq!(pull(&mut t, c.table, &[b]), initial(&c, b));
+    assert_eq!(t.table(c.table).unwrap().len(), 0);
+    push(&mut t, c.table, &[b], &one).unwrap(); // push 1: b's last
+    push(&mut t, c.table, &[e], &one).unwrap(); // push 2: e's last
+    let trained: Vec<f32> = initial(&c, b).iter().map(|v| v - 1.0).collect();
+    for _ in 0..4 {
+        push(&mut t, c.table, &[a], &one).unwrap(); // pushes 3..=6
+    }
+    // 5 pushes without b: still held.
+    assert_eq!(pull(&mut t, c.table, &[b]), trained);
+    // e, pushed at 2 then at 8 (5 pushes without it, 3..=7): kept.
+    push(&mut t, c.table, &[a], &one).unwrap(); // push 7: b expires
+    assert_eq!(pull(&mut t, c.table, &[b]), initial(&c, b));
+    push(&mut t, c.table, &[e], &one).unwrap(); // push 8
+    let e_trained: Vec<f32> = initial(&c, e).iter().map(|v| v - 2.0).collect();
+    assert_eq!(pull(&mut t, c.table, &[e]), e_trained);
+    // The sweep (every 3 pushes) removed b: its memory is reused.
+    push(&mut t, c.table, &[a], &one).unwrap(); // push 9
+    assert_eq!(t.table(c.table).unwrap().len(), 2);
+    assert_eq!(stat(&t, EXPIRED), 1);
+    // Pushed again: a new row from the initializer, this push applied.
+    push(&mut t, c.table, &[b], &[0.5, 0.5]).unwrap();
+    let fresh: Vec<f32> = initial(&c, b).iter().map(|v| v - 0.5).collect();
+    assert_eq!(pull(&mut t, c.table, &[b]), fresh);
+    // An expired row pushed before a sweep removed it is made anew too
+    // (e: last pushed at 8, expired from clock 14, swept at 15).
+    for _ in 0..4 {
+        push(&mut t, c.table, &[a], &one).unwrap();
+    }
+    push(&mut t, c.table, &[e], &one).unwrap();
+    let e_fresh: Vec<f32> = initial(&c, e).iter().map(|v| v - 1.0).collect();
+    assert_eq!(pull(&mut t, c.table, &[e]), e_fresh);
+    assert_eq!(stat(&t, EXPIRED), 2);
+}
+
+#[test]
+fn expired_rows_give_their_memory_to_new_ones() {
+    let mut c = config("reuse", 8, ADAGRAD, Init::Zeros);
+    c.expire_after = 2;
+    let mut t = job_with(&c, 1, vec![0]);
+    let mut most = 0;
+    for epoch in 0..20u64 {
+        // Each step pushes 5 000 ids never seen before.
+        let mut keys: Vec<u64> = (0..5000)
+            .map(|i| key_of(c.table, epoch * 5000 + i))
+            .collect();
+        keys.sort_unstable();
+        push(&mut t, c.table, &keys, &vec![0.1; keys.len() * 8]).unwrap();
+        most = most.max(t.table(c.table).unwrap().bytes());
+    }
+    let table = t.table(c.table).unwrap();
+    assert!(table.len() <= 10_000, "{} rows held", table.len());
+    assert!(stat(&t, EXPIRED) >= 80_000, "{}", stat(&t, EXPIRED));
+    // Never more than 4 steps' rows of memory (chunks and index).
+    let row = table.stride() * 4;
+    assert!(
+        most <= 4 * 5000 * row + 8 * 4 * 5000,
+        "{most} bytes at most"
+    );
+}
+
+#[test]
+fn ids_get_a_row_at_their_kth_push_and_answer_zeros_before() {
+    let mut c = config(
+        "adm",
+        2,
+        Optimizer::Sgd { lr: 1.0 },
+        Init::Uniform {
+            low: -1.0,
+            high: 1.0,
+        },
+    );
+    c.admit_after = 3;
+    let mut t = job_with(&c, 1, vec![0]);
+    let (x, y) = (key_of(c.table, 10), key_of(c.table, 11));
+    for n in 1..=2 {
+        push(&mut t, c.table, &[x, y], &[1.0, 1.0, 9.0, 9.0]).unwrap();
+        assert_eq!(
+            pull(&mut t, c.table, &[x]),
+            vec![0.0, 0.0],
+            "after {n} pushes"
+        );
+    }
+    assert_eq!(t.table(c.table).unwrap().len(), 0);
+    assert_eq!((stat(&t, CANDIDATES), stat(&t, DROPPED)), (2, 4));
+    // Pulls do not count.
+    pull(&mut t, c.table, &[x, y]);
+    push(&mut t, c.table, &[x], &[0.5, 0.5]).unwrap();
+    let admitted: Vec<f32> = initial(&c, x).iter().map(|v| v - 0.5).collect();
+    assert_eq!(pull(&mut t, c.table, &[x]), admitted);
+    assert_eq!(pull(&mut t, c.table, &[y]), vec![0.0, 0.0]);
+    assert_eq!((stat(&t, ADMITTED), stat(&t, CANDIDATES)), (1, 1));
+    // Admitted: every later push applies.
+    push(&mut t, c.table, &[x], &[0.5, 0.5]).unwrap();
+    let twice: Vec<f32> = admitted.iter().map(|v| v - 0.5).collect();
+    assert_eq!(pull(&mut t, c.table, &[x]), twice);
+}
+
+#[test]
+fn expired_rows_must_be_admitted_again_and_old_candidates_are_forgotten() {
+    let mut c = config("both", 1, Optimizer::Sgd { lr: 1.0 }, Init::Zeros);
+    (c.expire_after, c.admit_after) = (4, 2);
+    let mut t = job_with(&c, 1, vec![0]);
+    let (x, y, z) = (key_of(c.table, 1), key_of(c.table, 2), key_of(c.table, 3));
+    push(&mut t, c.table, &[x, y], &[1.0, 1.0]).unwrap(); // 1: counted
+    push(&mut t, c.table, &[x], &[1.0]).unwrap(); // 2: admitted
+    assert_eq!(pull(&mut t, c.table, &[x]), vec![-1.0]);
+    for _ in 0..4 {
+        push(&mut t, c.table, &[z], &[0.0]).unwrap(); // 3..=6
+    }
+    // x expired (4 pushes without it), y's count forgotten.
+    assert_eq!(pull(&mut t, c.table, &[x]), vec![0.0]);
+    push(&mut t, c.table, &[x, y], &[1.0, 1.0]).unwrap();
+    assert_eq!(pull(&mut t, c.table, &[x, y]), vec![0.0, 0.0]);
+    push(&mut t, c.table, &[x, y], &[2.0, 2.0]).unwrap();
+    assert_eq!(pull(&mut t, c.table, &[x, y]), vec![-2.0, -2.0]);
+}
+
+/// The replicas of a range apply its pushes in order, among other ranges'
+/// pushes that differ from server to server: every decision is the same.
+#[test]
+fn replicas_holding_other_ranges_decide_alike_and_copies_carry_the_state() {
+    let mut c = config("rep", 2, ADAGRAD, Init::Normal { std: 0.1 });
+    (c.expire_after, c.admit_after) = (3, 2);
+    let half = 1u64 << 63;
+    // `a` holds both ranges (primary of one, backup of the other), `b`
+    // only the upper one.
+    let mut a = job_with(&c, 2, vec![0, half]);
+    let mut b = job_with(&c, 2, vec![0, half]);
+    let mut rng = 0x1234_5678u64;
+    let mut upper_keys = Vec::new();
+    for step in 0..400 {
+        rng = mix(rng);
+        let mut keys: Vec<u64> = (0..6)
+            .map(|i| key_of(c.table, (rng >> (8 * i)) % 40))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let (lo, hi): (Vec<u64>, Vec<u64>) = keys.iter().partition(|&&k| k < half);
+        let g = |n: usize| vec![0.25 + step as f32 * 1e-3; n * 2];
+        if !lo.is_empty() && step % 3 != 0 {
+            push(&mut a, c.table, &lo, &g(lo.len())).unwrap();
+        }
+        if !hi.is_empty() {
+            push(&mut a, c.table, &hi, &g(hi.len())).unwrap();
+            push(&mut b, c.table, &hi, &g(hi.len())).unwrap();
+            upper_keys.extend(hi);
+        }
+    }
+    upper_keys.sort_unstable();
+    upper_keys.dedup();
+    assert_eq!(
+        pull(&mut a, c.table, &upper_keys),
+        pull(&mut b, c.table, &upper_keys)
+    );
+    assert!(stat(&a, EXPIRED) > 0 && stat(&a, ADMITTED) > 0);
+    // A copy of the upper range, restored on a third server, goes on alike.
+    let mut d = job_with(&c, 2, vec![0, half]);
+    d.restore(half, u64::MAX, &a.snapshot(half, u64::MAX))
+        .unwrap();
+    for step in 0..50 {
+        let keys: Vec<u64> = upper_keys
+            .iter()
+            .copied()
+            .skip(step % 5)
+            .step_by(4)
+            .collect();
+        let g = vec![0.5; keys.len() * 2];
+        push(&mut b, c.table, &keys, &g).unwrap();
+        push(&mut d, c.table, &keys, &g).unwrap();
+        assert_eq!(
+            pull(&mut b, c.table, &upper_keys),
+            pull(&mut d, c.table, &upper_keys)
+        );
+    }
 }

@@ -2,7 +2,9 @@
 servers' embedding tables checked against NumPy and torch.nn. Each worker
 checks tables of its own (names with its rank), so workers never change
 each other's rows; both create table "shared" alike (accepted) and rank 1
-then creates "conflict" with other settings than rank 0 (refused). Prints
+then creates "conflict" with other settings than rank 0 (refused). Rank 0
+alone checks expiry and admission (the statistics are the servers'); in
+the cache check rank 1 pushes and rank 0 reads through a cache. Prints
 "PASS <check>" per check and "PASS embedding" at the end; EMB_CASE picks
 another run (replicas: see the test)."""
 
@@ -252,16 +254,154 @@ def check_memory(r, n=200_000, dim=16):
     print("PASS memory", flush=True)
 
 
+def stats_delta(before, key):
+    return sum(a[key] - b[key] for a, b in zip(pt.embedding_stats(), before))
+
+
+def step(module, ids, grad=1.0):
+    """One training step of `module` alone: every row of `ids` gets `grad`."""
+    ids = torch.as_tensor(ids, dtype=torch.int64)
+    if isinstance(module, pt.EmbeddingBag):
+        ids = ids.view(-1, 1)  # bags of one
+    (module(ids) * grad).sum().backward()
+    module.flush()
+
+
+def check_expiry(r):
+    """Rows untouched for expire_after steps (a step: a push from each of
+    the 2 workers, per key range) read as new rows, are removed, and come
+    back from the initializer. Rank 0 only: the statistics are the
+    servers' (every table's)."""
+    if r != 0:
+        return
+    low, high, seed, dim = -0.5, 0.5, 4, 3
+    emb = pt.Embedding(dim, optimizer=pt.SGD(1.0), init=("uniform", low, high), seed=seed,
+                       expire_after=2, name="expiry")
+    ticker = list(range(64))  # pushed every step, to both servers' ranges
+    halves = {key_of(emb.table, i) >> 63 for i in ticker}
+    assert halves == {0, 1}, halves
+    targets = list(range(1000, 1010))
+    fresh = np.stack([uniform_row(seed, key_of(emb.table, i), dim, low, high) for i in targets])
+    before = pt.embedding_stats()
+    step(emb, ticker + targets)  # push 1 of each range
+    close(rows(emb, targets), fresh - 1, "trained")
+    for _ in range(3):
+        step(emb, ticker)  # pushes 2..4: 3 pushes without the targets
+    close(rows(emb, targets), fresh - 1, "kept for 2 steps (4 pushes) less one")
+    step(emb, ticker)  # push 5: 4 pushes without them, 2 steps of 2 workers
+    assert np.array_equal(rows(emb, targets), fresh), "expired rows read as new ones"
+    step(emb, ticker)  # push 6: the sweep (every 2 pushes) removes them
+    assert stats_delta(before, "rows_expired") == len(targets), pt.embedding_stats()
+    step(emb, targets, 0.25)
+    close(rows(emb, targets), fresh - 0.25, "pushed again: a new row")
+    bad = [(lambda: pt.Embedding(2, expire_after=-1), "expire_after"),
+           (lambda: pt.Embedding(2, admit_after=1 << 20), "admit_after"),
+           (lambda: pt.Embedding(2, cache_staleness=2), "cache_rows")]
+    for call, says in bad:
+        try:
+            call()
+        except pslite.InvalidInput as e:
+            assert says in str(e), (says, e)
+        else:
+            raise AssertionError(f"not refused ({says})")
+    print(f"expiry: {stats_delta(before, 'rows_expired')} rows expired", flush=True)
+    print("PASS expiry", flush=True)
+
+
+def check_admission(r):
+    """An id gets its row at the admit_after-th push that carries it; pulls
+    before answer zeros and the pushes' gradients are dropped."""
+    if r != 0:
+        return
+    low, high, seed = -0.5, 0.5, 9
+    emb = pt.EmbeddingBag(2, optimizer=pt.SGD(1.0), init=("uniform", low, high), seed=seed,
+                          admit_after=3, name="admission")
+    before = pt.embedding_stats()
+    for n in (1, 2):
+        step(emb, [5, 6])
+        assert not rows(emb, [5, 6]).any(), f"not admitted after {n} pushes: zeros"
+    assert stats_delta(before, "candidates") == 2, pt.embedding_stats()
+    assert stats_delta(before, "gradients_dropped") == 4, pt.embedding_stats()
+    assert stats_delta(before, "rows") == 0
+    step(emb, [5], 0.5)  # the third push of id 5
+    close(rows(emb, [5])[0], uniform_row(seed, key_of(emb.table, 5), 2, low, high) - 0.5,
+          "admitted at the third push")
+    assert not rows(emb, [6]).any()
+    assert stats_delta(before, "rows_admitted") == 1, pt.embedding_stats()
+    assert stats_delta(before, "rows") == 1, pt.embedding_stats()
+    print("PASS admission", flush=True)
+
+
+def check_cache(r, staleness=2, steps=10):
+    """Rank 1 pushes a gradient of 1 to row 7 each step; rank 0 reads it
+    through a cache of staleness 2: it pulls every third forward and reads
+    the row as the servers held it then (never more than 2 steps old). A
+    cache of staleness 0 trains exactly as no cache."""
+    name = "cache.shared"
+    pt.barrier()  # rank 0's checks of the servers' statistics are over
+    if r == 1:
+        writer = pt.Embedding(1, optimizer=pt.SGD(1.0), init="zeros", name=name)
+    else:
+        reader = pt.Embedding(1, optimizer=pt.SGD(1.0), init="zeros", name=name,
+                              cache_rows=16, cache_staleness=staleness)
+        plain = pt.Embedding(1, optimizer=pt.SGD(1.0), init="zeros", name=name)
+    for k in range(1, steps + 1):
+        if r == 1:
+            step(writer, [7])
+        pt.barrier()
+        if r == 0:
+            got = float(rows(reader, [7, 8])[0, 0])
+            pulled_at = k - (k - 1) % (staleness + 1)
+            assert got == -pulled_at, (k, got, pulled_at)
+            assert -k <= got <= -(k - staleness), (k, got)
+            assert float(rows(plain, [7])[0, 0]) == -k
+        pt.barrier()
+    if r == 0:
+        want = 2 * (steps + staleness) // (staleness + 1)
+        assert reader.rows_pulled == want, (reader.rows_pulled, want)
+        assert plain.rows_pulled == steps, plain.rows_pulled
+        print(f"cache: {reader.rows_pulled} rows pulled over {steps} forwards with "
+              f"staleness {staleness}, {2 * steps} without a cache", flush=True)
+        # Staleness 0: the same rows and pulls as without a cache.
+        rng = np.random.default_rng(3)
+        # (zeros: two tables' rows differ by their keys' initial values only)
+        a = pt.Embedding(4, optimizer=pt.RowWiseAdaGrad(lr=0.1), name="cache.a", init="zeros")
+        b = pt.Embedding(4, optimizer=pt.RowWiseAdaGrad(lr=0.1), name="cache.b", init="zeros",
+                         cache_rows=64, cache_staleness=0)
+        for _ in range(5):
+            ids = torch.from_numpy(rng.integers(0, 30, size=12))
+            coef = torch.randn(12, 4)
+            out_a, out_b = a(ids), b(ids)
+            assert torch.equal(out_a, out_b)
+            (out_a * coef).sum().backward()
+            (out_b * coef).sum().backward()
+        assert np.array_equal(rows(a, range(30)), rows(b, range(30)))
+        assert a.rows_pulled == b.rows_pulled
+    print("PASS cache", flush=True)
+
+
 def replicas(r):
     """Rows trained, the test kills a server (stdin says when), the rows
-    read back exactly and training goes on."""
+    read back exactly and training goes on. A table with expiry and
+    admission goes on deciding as before the kill: a count made before it
+    admits an id after it, and rows expire at the push they would have."""
     opt = pt.RowWiseAdaGrad(lr=0.1)
     emb = pt.EmbeddingBag(4, optimizer=opt, name="kept", seed=1)
     ids = torch.arange(300) * 1_000_003
-    for step in range(3):
-        (emb(ids.view(-1, 3)) * (step + 1)).sum().backward()
+    for k in range(3):
+        (emb(ids.view(-1, 3)) * (k + 1)).sum().backward()
     emb.flush()
     before = rows(emb, ids)
+    # 1 worker, expire_after=3: 3 pushes of a range without a row expire it.
+    life = pt.Embedding(2, optimizer=pt.SGD(1.0), init=("uniform", -0.5, 0.5), seed=3,
+                        expire_after=3, admit_after=2, name="kept.life")
+    ticker, targets = list(range(64)), list(range(1000, 1010))
+    assert {key_of(life.table, i) >> 63 for i in ticker} == {0, 1}
+    fresh = np.stack([uniform_row(3, key_of(life.table, i), 2, -0.5, 0.5) for i in targets])
+    step(life, ticker)  # push 1 of each range: ticker counted
+    step(life, ticker + targets)  # push 2: ticker admitted, targets counted
+    life_before = rows(life, ticker)
+    assert life_before.any() and not rows(life, targets).any()
     print("READY", flush=True)
     sys.stdin.readline()
     after = rows(emb, ids)
@@ -269,6 +409,13 @@ def replicas(r):
     (emb(ids.view(-1, 3))).sum().backward()
     emb.flush()
     assert not np.array_equal(rows(emb, ids), after)
+    assert np.array_equal(rows(life, ticker), life_before), "expiring rows lost"
+    step(life, targets)  # push 3: the targets' second, counted before the kill
+    close(rows(life, targets), fresh - 1, "admitted after the kill")
+    step(life, targets)  # push 4: 2 pushes without the ticker
+    assert np.array_equal(rows(life, ticker), life_before), "expired too early"
+    step(life, targets)  # push 5: 3 pushes without the ticker: expired (zeros: admission)
+    assert not rows(life, ticker).any(), "not expired after the kill"
     print("PASS replicas", flush=True)
 
 
@@ -329,6 +476,9 @@ def main():
     check_ids(r)
     check_spread(r)
     check_conflict(r)
+    check_expiry(r)
+    check_admission(r)
+    check_cache(r)
     check_memory(r)
     print("PASS embedding", flush=True)
 
