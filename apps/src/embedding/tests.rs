@@ -75,6 +75,29 @@ fn keys_and_table_ids_are_the_ones_python_computes() {
 }
 
 #[test]
+fn ids_come_back_from_their_keys() {
+    for x in [0, 1, 5, u64::MAX, 1 << 63, 0x0123_4567_89ab_cdef] {
+        assert_eq!(unmix(mix(x)), x);
+        for table in [1, 7, table_id("user"), TABLE_MASK as u32] {
+            assert_eq!(id_of(table, key_of(table, x)), x);
+        }
+    }
+}
+
+#[test]
+fn an_initial_row_is_the_row_a_first_touch_makes() {
+    let c = config("t", 6, ADAGRAD, Init::Normal { std: 0.3 });
+    let mut t = with(&c);
+    let keys = [key_of(c.table, 3), key_of(c.table, 9)];
+    let mut sorted = keys;
+    sorted.sort_unstable();
+    let made = pull(&mut t, c.table, &sorted);
+    for (i, &k) in sorted.iter().enumerate() {
+        assert_eq!(initial_row(&c, k), made[i * 6..(i + 1) * 6]);
+    }
+}
+
+#[test]
 fn a_configuration_round_trips_and_bad_ones_are_refused() {
     let c = config(
         "item émb",
