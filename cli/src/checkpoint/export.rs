@@ -18,6 +18,8 @@
 //! last, listing the checkpoint and each table's name, id, dimension,
 //! initializer, seed, optimizer, rows and files. The optimizer's state is
 //! not exported (inference does not need it; the checkpoint keeps it).
+//! Memory: every table's ids and values (their bytes), one server file
+//! being read, and a copy in id order of the table being written.
 //! Dense weights are not in the checkpoint: the servers of a `pslite.torch`
 //! job hold no dense parameters (they sum gradients), so they come from the
 //! user's `torch.save` of the model.
@@ -56,8 +58,10 @@ pub struct ExportArgs {
 /// One table gathered from every range.
 struct Gathered {
     config: TableConfig,
-    /// (id, the row's values), in the files' order.
-    rows: Vec<(i64, Vec<f32>)>,
+    /// The ids, in the files' order.
+    ids: Vec<i64>,
+    /// Their rows' values (as f32 bits), `dim` a row, in the same order.
+    values: Vec<u32>,
 }
 
 /// Runs `pslite checkpoint export`; what it wrote, or why not.
@@ -152,7 +156,8 @@ fn gather(dir: &Path, manifest: &Manifest) -> Result<BTreeMap<u32, Gathered>, St
         for (config, words) in copy {
             let t = tables.entry(config.table).or_insert_with(|| Gathered {
                 config: config.clone(),
-                rows: Vec::new(),
+                ids: Vec::new(),
+                values: Vec::new(),
             });
             if t.config != config {
                 return Err(format!(
@@ -163,9 +168,8 @@ fn gather(dir: &Path, manifest: &Manifest) -> Result<BTreeMap<u32, Gathered>, St
             let dim = config.dim as usize;
             for row in words.chunks_exact(config.stride()) {
                 let key = u64::from(row[0]) | (u64::from(row[1]) << 32);
-                let values = row[2..2 + dim].iter().map(|w| f32::from_bits(*w)).collect();
-                t.rows
-                    .push((embedding::id_of(config.table, key) as i64, values));
+                t.ids.push(embedding::id_of(config.table, key) as i64);
+                t.values.extend_from_slice(&row[2..2 + dim]);
             }
         }
     }
@@ -218,21 +222,18 @@ fn read_range(dir: &Path, manifest: &Manifest, r: u32) -> Result<format::ServerF
 }
 
 /// Writes one table's two `.npy` files; its entry in `tables.json`.
-fn write_table(
-    out: &Path,
-    mut t: Gathered,
-    total: &mut usize,
-) -> Result<serde_json::Value, String> {
-    t.rows.sort_unstable_by_key(|(id, _)| *id);
+fn write_table(out: &Path, t: Gathered, total: &mut usize) -> Result<serde_json::Value, String> {
     let c = &t.config;
     let stem = file_stem(c);
     let dim = c.dim as usize;
-    let n = t.rows.len();
-    let ids: Vec<u8> = t.rows.iter().flat_map(|(id, _)| id.to_le_bytes()).collect();
-    let vals: Vec<u8> = t
-        .rows
+    let n = t.ids.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_unstable_by_key(|&i| t.ids[i]);
+    let ids: Vec<u8> = order.iter().flat_map(|&i| t.ids[i].to_le_bytes()).collect();
+    let vals: Vec<u8> = order
         .iter()
-        .flat_map(|(_, v)| v.iter().flat_map(|x| x.to_le_bytes()))
+        .flat_map(|&i| t.values[i * dim..(i + 1) * dim].iter())
+        .flat_map(|w| w.to_le_bytes())
         .collect();
     let ids_name = format!("{stem}.ids.npy");
     let rows_name = format!("{stem}.rows.npy");
