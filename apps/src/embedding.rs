@@ -82,6 +82,27 @@ pub fn mix(mut x: u64) -> u64 {
     x ^ (x >> 33)
 }
 
+/// The inverse of [`mix`]: `unmix(mix(x)) == x`.
+pub fn unmix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(inverse(0xC4CE_B9FE_1A85_EC53));
+    x ^= x >> 33;
+    x = x.wrapping_mul(inverse(0xFF51_AFD7_ED55_8CCD));
+    x ^ (x >> 33)
+}
+
+/// The multiplicative inverse of odd `c` modulo 2^64 (Newton's iteration:
+/// each step doubles the bits that are right, 3 of them at the start).
+const fn inverse(c: u64) -> u64 {
+    let mut x = c;
+    let mut i = 0;
+    while i < 5 {
+        x = x.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
 /// The id of the table named `name`: its FNV-1a hash in [`TABLE_MASK`]'s
 /// bits (never 0). Two names with one id are refused at configuration.
 pub fn table_id(name: &str) -> u32 {
@@ -97,6 +118,32 @@ pub fn table_id(name: &str) -> u32 {
 /// `table`: `mix(id ^ mix(table ^ GOLDEN))`.
 pub fn key_of(table: u32, id: u64) -> Key {
     mix(id ^ mix(u64::from(table) ^ 0x9E37_79B9_7F4A_7C15))
+}
+
+/// The id whose key is `key` in table `table`: the inverse of [`key_of`]
+/// (a serving export turns the servers' keys back into the ids).
+pub fn id_of(table: u32, key: Key) -> u64 {
+    unmix(key) ^ mix(u64::from(table) ^ 0x9E37_79B9_7F4A_7C15)
+}
+
+/// The values of the row a table configured as `config` makes for `key`
+/// on first touch (what a lookup of an id never trained answers).
+pub fn initial_row(config: &TableConfig, key: Key) -> Vec<f32> {
+    let mut out = vec![0.0; config.dim as usize];
+    init::fill(config.init, config.seed, key, &mut out);
+    out
+}
+
+/// Each table's configuration and its rows' words (the key as two words,
+/// the values, the optimizer's state: [`TableConfig::stride`] words a row)
+/// in a copy [`Tables::snapshot`] made (a checkpoint's float32 section of
+/// a `pslite.torch` job); the error says where it is wrong.
+pub fn decode_copy(data: &[u8]) -> Result<Vec<(TableConfig, Vec<u32>)>, String> {
+    let copy = snapshot::decode(data)?;
+    Ok(copy
+        .into_iter()
+        .map(|(config, rows, _)| (config, rows))
+        .collect())
 }
 
 /// Whether `key` is in `[begin, end)` (`end == u64::MAX`: every key from
@@ -297,7 +344,11 @@ impl Tables {
     /// The configurations and rows of keys `[begin, end)`
     /// (`embedding/snapshot.rs`).
     pub fn snapshot(&self, begin: Key, end: Key) -> Vec<u8> {
-        snapshot::encode(self.tables.values(), |k| in_range(k, begin, end))
+        let job = lifecycle::Job {
+            workers: self.workers,
+            begins: &self.begins,
+        };
+        snapshot::encode(self.tables.values(), job, |k| in_range(k, begin, end))
     }
 
     /// Replaces the rows of keys `[begin, end)` by `data`'s (from

@@ -7,13 +7,23 @@
 //! scheduler says why: no `PS_CHECKPOINT_DIR`, a C++ server, a server that
 //! died or could not write), 2 on a bad setting or a scheduler that does
 //! not answer.
+//!
+//! `pslite checkpoint export DIR --out OUT` reads a complete checkpoint of
+//! a `pslite.torch` job instead and writes its embedding tables as NumPy
+//! files for serving (`checkpoint/export.rs`).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod export;
+
 /// Options of `pslite checkpoint`.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct CheckpointArgs {
+    /// Instead of taking a checkpoint, export one.
+    #[command(subcommand)]
+    pub action: Option<CheckpointCommand>,
     /// Where the scheduler is.
     #[command(flatten)]
     pub scheduler: crate::status::SchedulerAddr,
@@ -24,6 +34,20 @@ pub struct CheckpointArgs {
     /// workers' next barrier).
     #[arg(long, default_value_t = 600.0, value_parser = seconds)]
     pub timeout: f64,
+}
+
+/// What `pslite checkpoint` does besides taking one.
+#[derive(clap::Subcommand, Debug)]
+pub enum CheckpointCommand {
+    /// Write a pslite.torch job's embedding tables from a complete
+    /// checkpoint as NumPy files one process loads for inference
+    /// (pslite.torch.load_tables): per table NAME.ids.npy (int64) and
+    /// NAME.rows.npy (float32), and tables.json with each table's settings.
+    /// Dense weights are not in checkpoints: save them with torch.save.
+    ///
+    /// Reads the files only (no running job needed). Exits 1 if the
+    /// checkpoint is missing, damaged or holds no table.
+    Export(export::ExportArgs),
 }
 
 fn seconds(s: &str) -> Result<f64, String> {
@@ -38,6 +62,18 @@ const ACCEPT: Duration = Duration::from_secs(5);
 
 /// Runs `pslite checkpoint`.
 pub fn main(args: &CheckpointArgs) -> ExitCode {
+    if let Some(CheckpointCommand::Export(export)) = &args.action {
+        return match export::run(export) {
+            Ok(said) => {
+                println!("{said}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("pslite checkpoint export: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let (mut client, scheduler) = match crate::status::connect("checkpoint", &args.scheduler) {
         Ok(c) => c,
         Err(code) => return code,

@@ -227,7 +227,9 @@ enum Commands {
     ///
     /// A job started again with the same PS_CHECKPOINT_DIR restores the
     /// newest complete checkpoint before serving. Exits 1 if the checkpoint
-    /// is refused or fails, 2 if the scheduler does not answer.
+    /// is refused or fails, 2 if the scheduler does not answer. `pslite
+    /// checkpoint export DIR --out OUT` writes a pslite.torch job's
+    /// embedding tables from a checkpoint as NumPy files for serving.
     Checkpoint(checkpoint::CheckpointArgs),
 }
 

@@ -316,7 +316,10 @@ impl Postoffice {
 
     /// Waits until every member of `group` (a sum of [`ids::SCHEDULER_GROUP`],
     /// [`ids::SERVER_GROUP`], [`ids::WORKER_GROUP`]) has called `barrier` for
-    /// it. Returns at once if this node is the group's only member.
+    /// it. Returns at once if this node is the group's only member, unless
+    /// the cluster takes checkpoints: a checkpoint is taken at a barrier the
+    /// scheduler sees, so with `PS_CHECKPOINT_DIR` a lone worker's barriers
+    /// go to it too.
     pub fn barrier(&self, customer_id: i32, group: i32) -> Result<(), Error> {
         self.barrier_with_timeout(customer_id, group, None)
     }
@@ -334,10 +337,37 @@ impl Postoffice {
         let alone = ids::group_members(group, c.num_servers, c.num_workers).len() <= 1;
         // Elastic barriers are where waiting workers are admitted: always
         // asked of the scheduler.
-        if role_ok && alone && c.elastic.is_none() {
+        if role_ok && alone && c.elastic.is_none() && !van.checkpointing() {
             return Ok(());
         }
         Ok(van.barrier(customer_id, group, timeout)?)
+    }
+
+    /// Takes a checkpoint of the servers now (`PS_CHECKPOINT_DIR`), as a
+    /// collective of the workers: each calls it at the same point of its
+    /// work with no request in flight, exactly one with `ask` (it asks the
+    /// scheduler for a checkpoint labelled `label`). They meet at a barrier
+    /// over the workers, where the checkpoint is taken, and are released
+    /// once it is complete or failed. Returns the asker's result (its id,
+    /// directory and files; `None` to the others); a refused or failed
+    /// checkpoint is [`pslite_van::Failure::Checkpoint`], to the asker
+    /// only. Each step waits up to `timeout`.
+    pub fn checkpoint(
+        &self,
+        customer_id: i32,
+        label: &str,
+        ask: bool,
+        timeout: Duration,
+    ) -> Result<Option<pslite_proto::checkpoint::CheckpointMsg>, Error> {
+        let van = self.van()?;
+        let asked = ask.then(|| van.checkpoint(label, timeout));
+        // The barrier even after a refusal: the other workers wait there.
+        self.barrier_with_timeout(customer_id, ids::WORKER_GROUP, Some(timeout))?;
+        match asked {
+            None => Ok(None),
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok((ticket, _))) => Ok(Some(van.checkpoint_result(ticket, timeout)?)),
+        }
     }
 
     /// Registers a customer (an app instance); data messages for it arrive

@@ -28,6 +28,10 @@ def _cli(argv: list[str], python: str) -> NoReturn:
 def serve_all_reduce(po: Postoffice) -> None:
     """Serves pslite.torch's apps on a started server until every node finalizes."""
 
+def embedding_initial_rows(config: list[int], keys: list[int]) -> list[float]:
+    """The rows the servers make on first touch for `keys` of the table whose
+    configuration record is `config`, one row after another."""
+
 def frozen(array: ArrayLike, dtype: Optional[DType] = None) -> np.ndarray:
     """A read-only copy that pslite owns: pushed again and again without a copy."""
 
@@ -57,6 +61,7 @@ class Postoffice:
     def start(self, customer_id: int = 0, do_barrier: bool = True) -> None: ...
     def finalize(self, customer_id: int = 0, do_barrier: bool = True) -> None: ...
     def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None) -> None: ...
+    def checkpoint(self, label: str, ask: bool, timeout: float = 600.0, customer_id: int = 0) -> Optional[dict[str, Any]]: ...
     @property
     def role(self) -> str: ...
     @property

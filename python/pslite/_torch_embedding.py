@@ -202,6 +202,16 @@ def _init_words(init):
         f"init must be \"zeros\", (\"uniform\", low, high) or (\"normal\", std), got {init!r}")
 
 
+def config_words(table, dim, optimizer, init, seed, name, expire_after=0, admit_after=0):
+    """A table's configuration record, version 2 (`embedding/config.rs`)."""
+    opt = optimizer._words()
+    name_bytes = name.encode()
+    padded = name_bytes + b"\0" * (-len(name_bytes) % 4)
+    return np.array([2, table, dim, opt[0], *opt[1:], *_init_words(init), seed & 0xFFFFFFFF,
+                     seed >> 32, expire_after, admit_after, len(name_bytes),
+                     *np.frombuffer(padded, dtype="<u4").tolist()], dtype=np.uint32)
+
+
 def _pt():
     from . import torch as pt
     return pt
@@ -213,7 +223,7 @@ def _kv(s):
     if kv is None:
         kv = pslite.KVWorker(s.po, app_id=_APP, customer_id=_CUSTOMER, dtype="float32")
         s.embedding_kv = kv
-        s.embedding_modules = weakref.WeakSet()  # those with pushes in flight
+        s.embedding_modules = weakref.WeakSet()  # those used on this job
     return kv
 
 
@@ -239,6 +249,15 @@ def shutdown(s):
     for module in list(s.embedding_modules):
         module._drain()
     kv.close()
+
+
+def settle(s):
+    """Waits until no request of the tables is in flight: every pushed
+    gradient applied, every prefetch answered (kept for its forward)."""
+    for module in list(getattr(s, "embedding_modules", ())):
+        module._drain()
+        for batch in module._prefetched:
+            batch.wait()
 
 
 def stats():
@@ -417,13 +436,8 @@ class _Table(torch.nn.Module):
         self.rows_pulled = 0
         self.table = table_id(name)
         self._cmd = _EMBEDDING | self.table
-        opt = optimizer._words()
-        name_bytes = name.encode()
-        padded = name_bytes + b"\0" * (-len(name_bytes) % 4)
-        self._words = np.array(
-            [2, self.table, embedding_dim, opt[0], *opt[1:], *_init_words(init),
-             seed & 0xFFFFFFFF, seed >> 32, expire_after, self.admit_after, len(name_bytes),
-             *np.frombuffer(padded, dtype="<u4").tolist()], dtype=np.uint32)
+        self._words = config_words(self.table, embedding_dim, optimizer, init, seed, name,
+                                   expire_after, self.admit_after)
         self._state = None
         self._prefetched = []
         self._pending = []
@@ -445,6 +459,7 @@ class _Table(torch.nn.Module):
             vals = np.tile(self._words.view(np.float32), len(keys))
             kv.push(keys, vals, cmd=_EMBEDDING | _CONFIG | self.table).wait()
             self._state = s
+            s.embedding_modules.add(self)
         return s.embedding_kv
 
     @property
@@ -456,7 +471,6 @@ class _Table(torch.nn.Module):
         req = self._kv.push(keys, g.reshape(-1).numpy(), cmd=self._cmd)
         # Sent without a copy: the gradient is kept until the push completes.
         self._pending.append((req, g))
-        self._state.embedding_modules.add(self)
 
     def _drain(self):
         pending, self._pending = self._pending, []
@@ -513,6 +527,19 @@ class EmbeddingBag(_Table):
         super().__init__(embedding_dim, optimizer, init, name, seed, expire_after, admit_after,
                          cache_rows, cache_staleness)
 
+    @classmethod
+    def from_export(cls, path, name=None, *, mode="sum", unknown=None,
+                    include_last_offset=False):
+        """An EmbeddingBag answered in this process from table `name` (may
+        be left out if it is the only one) of an export (`pslite checkpoint
+        export ... --out PATH`): no job, no gradient. Ids not in the export
+        get the table's initial row (`unknown="init"`; the default unless the
+        table has admission), zeros ("zeros"), or
+        are refused ("error"); see pslite.torch.load_tables."""
+        from ._torch_serving import embedding_bag_from_export
+        return embedding_bag_from_export(path, name, mode=mode, unknown=unknown,
+                                         include_last_offset=include_last_offset)
+
     def forward(self, input, offsets=None, per_sample_weights=None):
         _check_ids(input, "input")
         if input.dim() == 2:
@@ -563,6 +590,13 @@ class Embedding(_Table):
                  cache_staleness=0):
         super().__init__(embedding_dim, optimizer, init, name, seed, expire_after, admit_after,
                          cache_rows, cache_staleness)
+
+    @classmethod
+    def from_export(cls, path, name=None, *, unknown=None):
+        """An Embedding answered in this process from an export (see
+        EmbeddingBag.from_export)."""
+        from ._torch_serving import embedding_from_export
+        return embedding_from_export(path, name, unknown=unknown)
 
     def forward(self, ids):
         batch = self._batch(ids)

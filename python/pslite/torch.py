@@ -59,7 +59,9 @@ worker of size 1.
 Embedding tables on the servers (python/pslite/_torch_embedding.py,
 docs/TORCH.md): `EmbeddingBag` and `Embedding` modules whose rows live on the
 servers, sharded by key, created on first touch and trained there by a
-row-wise optimizer (`SGD`, `RowWiseAdaGrad`, `RowWiseAdam`).
+row-wise optimizer (`SGD`, `RowWiseAdaGrad`, `RowWiseAdam`); `checkpoint()`
+saves them on the servers, `load_tables` and `from_export` serve an export
+in one process (python/pslite/_torch_serving.py).
 `embedding(kv, keys, dim)` is the lower-level autograd function over a
 KVWorker of your own (an optimizer in your servers' handle applies the
 pushed gradients): see `python/examples/train_ctr.py --torch`.
@@ -906,3 +908,4 @@ from ._torch_embedding import (  # noqa: E402,F401
     RowWiseAdam,
 )
 from ._torch_embedding import stats as embedding_stats  # noqa: E402,F401
+from ._torch_serving import ExportedTable, checkpoint, load_tables  # noqa: E402,F401

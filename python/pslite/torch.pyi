@@ -1,6 +1,8 @@
+import os
 from contextlib import AbstractContextManager
 from typing import Any, Iterable, Mapping, Optional, TypeVar, Union
 
+import numpy as np
 import numpy.typing as npt
 import torch
 
@@ -130,6 +132,10 @@ class EmbeddingBag(torch.nn.Module):
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor: ...
     def prefetch(self, ids: torch.Tensor) -> None: ...
     def flush(self) -> None: ...
+    @classmethod
+    def from_export(cls, path: Union[str, os.PathLike[str]], name: Optional[str] = None, *,
+                    mode: str = "sum", unknown: str | None = None,
+                    include_last_offset: bool = False) -> EmbeddingBag: ...
 
 class Embedding(torch.nn.Module):
     embedding_dim: int
@@ -152,5 +158,26 @@ class Embedding(torch.nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor: ...
     def prefetch(self, ids: torch.Tensor) -> None: ...
     def flush(self) -> None: ...
+    @classmethod
+    def from_export(cls, path: Union[str, os.PathLike[str]], name: Optional[str] = None, *,
+                    unknown: str | None = None) -> Embedding: ...
 
 def embedding_stats() -> list[dict[str, int]]: ...
+
+# Checkpoints and serving (python/pslite/_torch_serving.py).
+def checkpoint(label: str = "pslite.torch.checkpoint",
+               timeout: float = 600.0) -> dict[str, Any]: ...
+
+class ExportedTable:
+    name: str
+    table: int
+    embedding_dim: int
+    init: EmbeddingInit
+    seed: int
+    optimizer: EmbeddingOptimizer
+    ids: np.ndarray
+    rows: np.ndarray
+    def __len__(self) -> int: ...
+    def lookup(self, ids: Any, unknown: str | None = None) -> np.ndarray: ...
+
+def load_tables(path: Union[str, os.PathLike[str]]) -> dict[str, ExportedTable]: ...

@@ -349,6 +349,22 @@ pub fn embedding_cmds(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>
     Ok(cmds)
 }
 
+/// `embedding_initial_rows(config, keys)`: the rows the servers make on
+/// first touch for `keys` in the table whose configuration record is
+/// `config` (the words a `pslite.torch` module sends), one row after
+/// another (`len(keys) * dim` values). The lookups of a served export
+/// answer ids it does not hold with them.
+#[pyfunction]
+pub fn embedding_initial_rows(config: Vec<u32>, keys: Vec<u64>) -> PyResult<Vec<f32>> {
+    use pslite::embedding as e;
+    let config = e::TableConfig::from_words(&config).map_err(invalid)?;
+    config.check().map_err(invalid)?;
+    Ok(keys
+        .iter()
+        .flat_map(|&k| e::initial_row(&config, k))
+        .collect())
+}
+
 /// A server node inside this worker's process (colocated mode,
 /// `pslite launch --colocate`): `pslite::ColocatedServer`.
 #[pyclass(module = "pslite", name = "ColocatedServer")]

@@ -108,6 +108,7 @@ fn _pslite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(misaligned_copies, m)?)?;
     m.add_function(wrap_pyfunction!(cli::_cli, m)?)?;
     m.add_function(wrap_pyfunction!(kv_server::serve_all_reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_server::embedding_initial_rows, m)?)?;
     m.add("ALL_REDUCE_APPS", kv_server::all_reduce_apps(m.py())?)?;
     m.add("EMBEDDING_CMDS", kv_server::embedding_cmds(m.py())?)?;
     m.add("SCHEDULER_GROUP", pslite::SCHEDULER_GROUP)?;

@@ -102,6 +102,42 @@ impl PyPostoffice {
         .py()
     }
 
+    /// Takes a checkpoint of the servers (`PS_CHECKPOINT_DIR`) as a
+    /// collective of the workers: every worker calls it at the same point
+    /// with no request in flight, exactly one with `ask`; they meet at a
+    /// barrier where it is taken, released once it is complete. Returns to
+    /// the asker a dict (`id`, `dir`, `files`: names, `bytes`,
+    /// `elapsed_ms`), `None` to the others; raises `CheckpointFailed` (the
+    /// asker) if it was refused or failed. Each step waits up to `timeout`
+    /// seconds. `pslite.torch.checkpoint()` is the way to call it.
+    #[pyo3(signature = (label, ask, timeout = 600.0, customer_id = 0))]
+    fn checkpoint<'py>(
+        &self,
+        py: Python<'py>,
+        label: String,
+        ask: bool,
+        timeout: f64,
+        customer_id: i32,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let limit = seconds(Some(timeout))?.unwrap_or_default();
+        let po = self.po.clone();
+        let done = interruptible(py, "checkpoint", move || {
+            po.checkpoint(customer_id, &label, ask, limit)
+        })?
+        .py()?;
+        let Some(done) = done else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("id", done.id)?;
+        d.set_item("dir", done.dir)?;
+        let files: Vec<&str> = done.files.iter().map(|f| f.name.as_str()).collect();
+        d.set_item("files", files)?;
+        d.set_item("bytes", done.files.iter().map(|f| f.size).sum::<u64>())?;
+        d.set_item("elapsed_ms", done.elapsed_ms)?;
+        Ok(Some(d))
+    }
+
     /// `"scheduler"`, `"server"` or `"worker"`.
     #[getter]
     fn role(&self) -> &'static str {

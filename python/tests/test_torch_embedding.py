@@ -18,12 +18,16 @@ Skipped without torch."""
 import os
 import re
 import signal
+import subprocess
 
+import numpy as np
 import pytest
 
 from conftest import PSLITE, launch, node_script, read_until
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+import pslite  # noqa: E402
+import pslite.torch as pt  # noqa: E402
 
 SCRIPT = node_script("embedding.py")
 
@@ -51,20 +55,114 @@ def test_tables_on_the_servers_match_numpy_and_torch():
     assert rss <= 2 * target, memory.group(0)
 
 
-@pytest.mark.skip(reason="not working yet (issue 41): the worker's barrier loop that lets "
-                  "`pslite checkpoint` take its checkpoint never reaches the scheduler, so the "
-                  "job times out; the tables' copies themselves are unit-tested "
-                  "(apps/src/embedding/tests.rs) and carried by the replicas")
 def test_tables_are_saved_and_restored_with_the_checkpoints(tmp_path):
-    # Saved: trained rows, a checkpoint, one step more. Restored: the same
-    # rows, and the same step gives the same rows (Adam's moments and step
-    # counts came back too).
-    env = dict(PS_CHECKPOINT_DIR=tmp_path / "ckpt", EMB_ROWS=tmp_path / "rows", EMB_PSLITE=PSLITE)
+    # Saved: trained rows, pt.checkpoint() (a lone worker: its barrier goes
+    # to the scheduler, where the checkpoint is taken), one step more.
+    # Restored: the same rows, and the same step gives the same rows
+    # (Adam's moments and step counts came back too).
+    env = dict(PS_CHECKPOINT_DIR=tmp_path / "ckpt", EMB_ROWS=tmp_path / "rows")
     for case in ("save", "load"):
         run = launch(2, 1, SCRIPT, options=("--torch",), timeout=60, EMB_CASE=case, **env)
         assert run.returncode == 0, run.stdout + run.stderr
         assert f"PASS checkpoint {case}" in run.stdout, run.stdout + run.stderr
     assert "resuming job" in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+def export(ckpt, out):
+    return subprocess.run([PSLITE, "checkpoint", "export", str(ckpt), "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_an_exported_checkpoint_answers_lookups_in_one_process(tmp_path):
+    # Two workers train tables of their own and one they share, take a
+    # checkpoint and note the rows the servers held and their modules'
+    # pooled outputs; the checkpoint exported is loaded here (no job).
+    ckpt, rows, out = tmp_path / "ckpt", tmp_path / "rows", tmp_path / "served"
+    run = launch(2, 2, SCRIPT, options=("--torch",), timeout=60, EMB_CASE="export",
+                 PS_CHECKPOINT_DIR=ckpt, EMB_ROWS=rows)
+    assert run.returncode == 0 and run.stdout.count("PASS export") == 2, run.stdout + run.stderr
+    done = export(ckpt, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exported 5 tables" in done.stdout, done.stdout
+    tables = pt.load_tables(out)
+    assert sorted(tables) == ["item.0", "item.1", "shared", "user.0", "user.1"], tables
+    assert tables["user.1"].init == ("normal", pytest.approx(0.1)) and tables["user.1"].seed == 7
+    assert isinstance(tables["item.0"].optimizer, pt.RowWiseAdaGrad)
+    saved = [np.load(f"{rows}.{r}.npz") for r in range(2)]
+    shared_ids = np.union1d(saved[0]["shared_ids"], saved[1]["shared_ids"])
+    assert np.array_equal(tables["shared"].ids, shared_ids)
+    for r, s in enumerate(saved):
+        # Exactly the ids trained before the checkpoint, with the servers' rows.
+        for name in ("user", "item"):
+            t = tables[f"{name}.{r}"]
+            assert np.array_equal(t.ids, s["ids"]), name
+            assert np.array_equal(t.lookup(s["ids"]), s[name]), name
+        assert np.array_equal(tables["shared"].lookup(s["shared_ids"]), s["shared"])
+        # The modules answered from the export give the trained modules'
+        # outputs, ids never trained (their initial rows) included.
+        bags = torch.from_numpy(s["bags"])
+        user = pt.EmbeddingBag.from_export(out, f"user.{r}", mode="mean")
+        item = pt.Embedding.from_export(out, f"item.{r}")
+        shared = pt.EmbeddingBag.from_export(out, "shared")
+        with torch.no_grad():
+            assert torch.equal(user(bags), torch.from_numpy(s["user_bags"]))
+            assert torch.equal(item(bags), torch.from_numpy(s["item_bags"]))
+            got = shared(bags.view(-1), torch.from_numpy(s["offsets"]),
+                         per_sample_weights=torch.from_numpy(s["weights"]))
+            assert torch.equal(got, torch.from_numpy(s["shared_bags"]))
+    # Unknown ids: the initial row (above), zeros, or refused.
+    t = tables["user.0"]
+    unseen = np.array([10**15 + 1, 10**15 + 2])
+    assert not pt.EmbeddingBag.from_export(out, "user.0", unknown="zeros")(
+        torch.from_numpy(unseen).view(1, 2)).any()
+    assert t.lookup(unseen).any() and not t.lookup(unseen, unknown="zeros").any()
+    with pytest.raises(pslite.InvalidInput, match="not in the export"):
+        t.lookup(unseen, unknown="error")
+    with pytest.raises(pslite.InvalidInput, match="not 'nope'"):
+        pt.Embedding.from_export(out, "nope")
+
+
+def test_bad_exports_are_refused_saying_why(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "served"
+    done = export(tmp_path / "missing", out)
+    assert done.returncode == 1 and "is not a directory" in done.stderr, done.stderr
+    with pytest.raises(pslite.InvalidInput, match="tables.json does not exist"):
+        pt.load_tables(tmp_path / "missing")
+    # A checkpoint of a job that made no table.
+    run = launch(1, 1, SCRIPT, options=("--torch",), timeout=60, EMB_CASE="no tables",
+                 PS_CHECKPOINT_DIR=ckpt)
+    assert run.returncode == 0, run.stdout + run.stderr
+    done = export(ckpt, out)
+    assert done.returncode == 1 and "holds no embedding table" in done.stderr, done.stderr
+    assert "panicked" not in done.stderr
+    # A server's file changed by one byte: refused naming it, nothing written.
+    (server_file,) = (ckpt / "checkpoint-000001").glob("*.ckpt")
+    data = bytearray(server_file.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    server_file.write_bytes(bytes(data))
+    done = export(ckpt, out)
+    assert done.returncode == 1 and server_file.name in done.stderr, done.stderr
+    assert "corrupt" in done.stderr and not out.exists(), done.stderr
+
+
+def test_a_damaged_export_is_refused_naming_the_file(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "served"
+    run = launch(1, 1, SCRIPT, options=("--torch",), timeout=60, EMB_CASE="save",
+                 PS_CHECKPOINT_DIR=ckpt, EMB_ROWS=tmp_path / "rows")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert export(ckpt, out).returncode == 0
+    assert len(pt.load_tables(out)["ck"]) == 200
+    rows = out / "ck.rows.npy"
+    whole = rows.read_bytes()
+    rows.write_bytes(whole[:-7])  # truncated
+    with pytest.raises(pslite.InvalidInput, match="ck.rows.npy"):
+        pt.load_tables(out)
+    rows.write_bytes(b"not numpy" + whole[9:])
+    with pytest.raises(pslite.InvalidInput, match="ck.rows.npy"):
+        pt.load_tables(out)
+    (out / "ck.ids.npy").unlink()
+    with pytest.raises(pslite.InvalidInput, match="ck.ids.npy"):
+        pt.load_tables(out)
 
 
 def test_a_server_killed_with_two_replicas_loses_no_row(cluster):

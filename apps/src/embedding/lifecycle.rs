@@ -108,6 +108,21 @@ pub fn enabled(config: &TableConfig) -> bool {
     config.expire_after > 0 || config.admit_after > 1
 }
 
+/// Whether a row of `t` whose words are `row` (as [`Table::rows`] gives
+/// them) is live: held and not expired. A copy leaves expired rows out,
+/// which reads the same as keeping them (an expired row is a row that does
+/// not exist), so an export or a restore never sees them.
+pub fn live(t: &Table, job: Job, row: &[u32]) -> bool {
+    let horizon = job.horizon(&t.config);
+    if horizon == 0 {
+        return true;
+    }
+    let key = u64::from(row[0]) | (u64::from(row[1]) << 32);
+    let clock = t.life.ranges.get(&job.range_of(key)).map_or(0, |r| r.clock);
+    let last = row.last().copied().unwrap_or(0);
+    clock.wrapping_sub(last) < horizon
+}
+
 /// Whether the row in `slot` has expired at `clock`.
 fn expired(t: &Table, slot: usize, clock: u32, horizon: u32) -> bool {
     horizon > 0 && clock.wrapping_sub(t.last_push(slot)) >= horizon

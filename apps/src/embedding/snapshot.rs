@@ -22,8 +22,13 @@ pub type TableCopy = (TableConfig, Vec<u32>, BTreeMap<u64, RangeState>);
 
 const MAGIC: &[u8; 8] = b"PSLEMB01";
 
-/// The tables' configurations and their rows whose key `keep` accepts.
-pub fn encode<'a>(tables: impl Iterator<Item = &'a Table>, keep: impl Fn(u64) -> bool) -> Vec<u8> {
+/// The tables' configurations and their live rows (not expired in `job`)
+/// whose key `keep` accepts.
+pub fn encode<'a>(
+    tables: impl Iterator<Item = &'a Table>,
+    job: lifecycle::Job,
+    keep: impl Fn(u64) -> bool,
+) -> Vec<u8> {
     let tables: Vec<&Table> = tables.collect();
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
@@ -37,7 +42,7 @@ pub fn encode<'a>(tables: impl Iterator<Item = &'a Table>, keep: impl Fn(u64) ->
         let mut count = 0u64;
         for row in t.rows() {
             let key = u64::from(row[0]) | (u64::from(row[1]) << 32);
-            if keep(key) {
+            if keep(key) && lifecycle::live(t, job, row) {
                 for w in row {
                     out.extend_from_slice(&w.to_le_bytes());
                 }

@@ -77,6 +77,29 @@ fn keys_and_table_ids_are_the_ones_python_computes() {
 }
 
 #[test]
+fn ids_come_back_from_their_keys() {
+    for x in [0, 1, 5, u64::MAX, 1 << 63, 0x0123_4567_89ab_cdef] {
+        assert_eq!(unmix(mix(x)), x);
+        for table in [1, 7, table_id("user"), TABLE_MASK as u32] {
+            assert_eq!(id_of(table, key_of(table, x)), x);
+        }
+    }
+}
+
+#[test]
+fn an_initial_row_is_the_row_a_first_touch_makes() {
+    let c = config("t", 6, ADAGRAD, Init::Normal { std: 0.3 });
+    let mut t = with(&c);
+    let keys = [key_of(c.table, 3), key_of(c.table, 9)];
+    let mut sorted = keys;
+    sorted.sort_unstable();
+    let made = pull(&mut t, c.table, &sorted);
+    for (i, &k) in sorted.iter().enumerate() {
+        assert_eq!(initial_row(&c, k), made[i * 6..(i + 1) * 6]);
+    }
+}
+
+#[test]
 fn a_configuration_round_trips_and_bad_ones_are_refused() {
     let c = config(
         "item émb",
@@ -610,4 +633,27 @@ fn replicas_holding_other_ranges_decide_alike_and_copies_carry_the_state() {
             pull(&mut d, c.table, &upper_keys)
         );
     }
+}
+
+#[test]
+fn a_copy_leaves_expired_rows_out() {
+    // 1 worker, expire_after 4: a row expires after 4 pushes without it;
+    // the sweep runs every 2 pushes, so copy right after the expiring push.
+    let mut c = config("gone", 2, Optimizer::Sgd { lr: 1.0 }, Init::Zeros);
+    c.expire_after = 4;
+    let mut t = job_with(&c, 1, vec![0]);
+    let (a, b) = (key_of(c.table, 1), key_of(c.table, 2));
+    push(&mut t, c.table, &[b], &[1.0, 1.0]).unwrap(); // push 1: b's last
+    for _ in 0..4 {
+        push(&mut t, c.table, &[a], &[1.0, 1.0]).unwrap(); // pushes 2..=5
+    }
+    // b expired at push 5; the sweep (every 2 pushes) has not removed it.
+    assert_eq!(t.table(c.table).unwrap().len(), 2, "held until a sweep");
+    let copy = super::decode_copy(&t.snapshot(0, u64::MAX)).unwrap();
+    let keys: Vec<u64> = copy[0]
+        .1
+        .chunks_exact(copy[0].0.stride())
+        .map(|row| u64::from(row[0]) | (u64::from(row[1]) << 32))
+        .collect();
+    assert_eq!(keys, vec![a], "only the live row is copied");
 }

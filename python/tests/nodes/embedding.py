@@ -6,12 +6,10 @@ then creates "conflict" with other settings than rank 0 (refused). Rank 0
 alone checks expiry and admission (the statistics are the servers'); in
 the cache check rank 1 pushes and rank 0 reads through a cache. Prints
 "PASS <check>" per check and "PASS embedding" at the end; EMB_CASE picks
-another run (replicas: see the test)."""
+another run (replicas, save and load, export, no tables: see the tests)."""
 
 import os
-import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
@@ -421,27 +419,22 @@ def replicas(r):
 
 def checkpoint(r, case):
     """Rows trained and checkpointed (save), or read back after the restore
-    (load); one more step after it must agree too (the optimizer's state
-    is in the checkpoint)."""
+    (load); one more step after it must agree too (Adam's moments and step
+    counts are in the checkpoint)."""
     emb = pt.EmbeddingBag(4, optimizer=pt.RowWiseAdam(lr=0.05), name="ck", seed=2)
     ids = torch.arange(200) * 31 - 100
     saved = os.environ["EMB_ROWS"]
     if case == "save":
         for step in range(3):
             (emb(ids.view(-1, 4)) * (step + 1)).sum().backward()
-        emb.flush()
+        # A prefetch and the last backward's push still in flight:
+        # pt.checkpoint() waits for both before its barrier.
+        emb.prefetch(ids.view(-1, 4))
+        (emb(ids.view(-1, 4)) * 4).sum().backward()
+        info = pt.checkpoint("emb")
+        print(f"checkpoint {info['id']} written to {info['dir']} ({len(info['files'])} files)",
+              flush=True)
         np.save(saved + ".0.npy", rows(emb, ids))
-        # `pslite checkpoint` is answered at the workers' next barrier with
-        # nothing in flight: barriers until it has its answer.
-        proc = subprocess.Popen([os.environ["EMB_PSLITE"], "checkpoint", "--timeout", "60",
-                                 "--label", "emb"], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            pt._st().po.barrier(pslite.WORKER_GROUP, timeout=60)
-        said = proc.communicate(timeout=10)[0]
-        assert proc.returncode == 0, said
-        print(said.strip(), flush=True)
     else:
         got = rows(emb, ids)
         assert np.array_equal(got, np.load(saved + ".0.npy")), "restored rows differ"
@@ -455,6 +448,41 @@ def checkpoint(r, case):
     print(f"PASS checkpoint {case}", flush=True)
 
 
+def export(r):
+    """Each worker trains tables of its own and one both share, takes a
+    checkpoint, and writes (EMB_ROWS.<rank>.npz) the rows the servers held
+    then and the pooled outputs of its modules for batches with ids never
+    trained; the test exports the checkpoint and compares."""
+    user = pt.EmbeddingBag(6, mode="mean", optimizer=pt.RowWiseAdam(lr=0.05),
+                           init=("normal", 0.1), name=f"user.{r}", seed=7)
+    item = pt.Embedding(3, optimizer=pt.RowWiseAdaGrad(lr=0.2), name=f"item.{r}")
+    shared = pt.EmbeddingBag(2, optimizer=pt.SGD(0.1), init="zeros", name="shared")
+    rng = np.random.default_rng(r)
+    universe = rng.integers(-2**62, 2**62, 300)
+    batches = [rng.choice(universe, (16, 5)) for _ in range(4)]
+    for batch in map(torch.from_numpy, batches):
+        loss = user(batch).square().sum() + item(batch).sum() + shared(batch[:, :2]).sum()
+        loss.backward()
+    pt.checkpoint("export")
+    ids = np.unique(np.concatenate(batches))
+    shared_ids = np.unique(np.concatenate([b[:, :2] for b in batches]))
+    out = {"ids": ids, "user": rows(user, ids), "item": rows(item, ids),
+           "shared_ids": shared_ids, "shared": rows(shared, shared_ids)}
+    # Batches with ids never trained: their rows are made now, after the
+    # checkpoint (the export answers them with the initial rows too).
+    bags = torch.from_numpy(np.concatenate([rng.choice(universe, (8, 3)),
+                                            rng.integers(0, 10**6, (8, 2))], axis=1))
+    flat, offsets = bags.view(-1), torch.tensor([0, 4, 4, 9, 20, 33])
+    weights = torch.linspace(0.1, 1.0, flat.numel())
+    with torch.no_grad():
+        out.update(bags=bags.numpy(), offsets=offsets.numpy(), weights=weights.numpy(),
+                   user_bags=user(bags).numpy(), item_bags=item(bags).numpy(),
+                   shared_bags=shared(flat, offsets, per_sample_weights=weights).numpy())
+    np.savez(f"{os.environ['EMB_ROWS']}.{r}.npz", **out)
+    pt.barrier()
+    print("PASS export", flush=True)
+
+
 def main():
     if CASE == "all":
         misuse_before_init()
@@ -465,6 +493,12 @@ def main():
         return
     if CASE in ("save", "load"):
         checkpoint(r, CASE)
+        return
+    if CASE == "export":
+        export(r)
+        return
+    if CASE == "no tables":
+        print(f"checkpoint {pt.checkpoint('nothing')['id']}", flush=True)
         return
     if CASE == "memory":
         check_memory(r)
