@@ -173,8 +173,14 @@ impl Postoffice {
                 None => {
                     if self.inner.config.malloc_tune {
                         let tunables = crate::settings::foreign("GLIBC_TUNABLES");
+                        // Arenas capped on workers only (their answers are
+                        // freed by the application's threads); servers keep
+                        // glibc's arena per thread.
+                        let arenas = self.inner.config.role() != Role::Worker
+                            || crate::settings::foreign("MALLOC_ARENA_MAX").is_some();
                         pslite_van::heap::keep_large_buffers(
                             &tunables.unwrap_or_default().to_string_lossy(),
+                            arenas,
                         );
                     }
                     let dispatch = Arc::clone(&self.inner.router) as Arc<dyn pslite_van::Dispatch>;

@@ -345,8 +345,9 @@ settings! {
     /// `0` leaves glibc's malloc as it is. Unset, a server or a worker (not the scheduler, which
     /// moves no large data and keeps its store's memory bounded; `1` tunes it too) turns off
     /// malloc's `mmap` of large blocks (`M_MMAP_MAX` 0), raises its mmap threshold to 32 MiB and
-    /// its trim threshold to 1 GiB, once per process and only where `GLIBC_TUNABLES` sets none of
-    /// these, so that the buffers ZeroMQ and the apps allocate for each large message are reused
+    /// its trim threshold to 1 GiB and, on a worker, caps its arenas at 2 (unless
+    /// `MALLOC_ARENA_MAX` is set),
+    /// once per process and only where `GLIBC_TUNABLES` sets none of these, so that the buffers ZeroMQ and the apps allocate for each large message are reused
     /// instead of faulted in and zeroed afresh (40-50% of a node's CPU at 5 Gbit/s; a 120 MB push
     /// at 2+2 from 1.10-1.31x to 1.07-1.14x the wire's limit, median 1.09x,
     /// `docs/BENCHMARKS.md`); a process then keeps the memory it freed (up to 1 GiB above its

@@ -642,4 +642,3 @@ fn a_change_of_a_round_not_held_brings_the_whole_table() {
     );
     assert!(everyone_in(&net, 0, &[9, 11]));
 }
-
