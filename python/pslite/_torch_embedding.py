@@ -227,6 +227,18 @@ def _kv(s):
     return kv
 
 
+def clock():
+    """Ends this worker's training step for the embedding tables and
+    returns the new step count. With `PS_STALENESS=s` (bounded staleness,
+    SSP) a pull of rows at step `c` is answered once every live worker's
+    pushes of steps up to `c - s - 1` are applied (`s = 0`: every worker
+    sees every other's pushes of the steps before; unset: asynchronous,
+    and this only counts). Call it once a step, after the backward (its
+    pushes are sent then); the dense parameters' DistributedOptimizer
+    stays synchronous."""
+    return _kv(_state()).clock()
+
+
 def _state():
     s = _pt()._st()  # NotStarted before pslite.torch.init()
     if s.po is None:

@@ -907,5 +907,6 @@ from ._torch_embedding import (  # noqa: E402,F401
     RowWiseAdaGrad,
     RowWiseAdam,
 )
+from ._torch_embedding import clock as embedding_clock  # noqa: E402,F401
 from ._torch_embedding import stats as embedding_stats  # noqa: E402,F401
 from ._torch_serving import ExportedTable, checkpoint, load_tables  # noqa: E402,F401

@@ -177,3 +177,15 @@ def test_a_server_killed_with_two_replicas_loses_no_row(cluster):
     lines = read_until(worker, "PASS replicas", 60)
     assert lines, lines
     assert worker.wait(30) == 0
+
+
+@pytest.mark.parametrize("s", [0, 2])
+def test_bounded_staleness_keeps_the_rows_within_s_steps(s):
+    # PS_STALENESS with pt.embedding_clock(): no worker reads another's row
+    # more than s steps behind, and the straggler makes the bound reached.
+    run = launch(2, 3, SCRIPT, options=("--torch",), timeout=90, EMB_CASE="staleness",
+                 PS_STALENESS=s)
+    assert run.returncode == 0, run.stdout + run.stderr
+    gaps = [int(g) for g in re.findall(r"PASS staleness rank \d+ gap (\d+)", run.stdout)]
+    assert len(gaps) == 3, run.stdout + run.stderr
+    assert max(gaps) == s, run.stdout

@@ -378,6 +378,31 @@ def check_cache(r, staleness=2, steps=10):
     print("PASS cache", flush=True)
 
 
+def staleness(r, steps=12):
+    """PS_STALENESS=s with `pt.embedding_clock()`: each worker adds 1 a step
+    to its own row (SGD, lr 1, gradient -1), reads every worker's row and
+    checks none is more than s steps behind; rank 1 is a straggler."""
+    import time
+
+    s = int(os.environ["PS_STALENESS"])
+    w = pt.size()
+    emb = pt.Embedding(1, optimizer=pt.SGD(lr=1.0), init="zeros", name="clocks")
+    everyone = torch.arange(w)
+    gap = 0
+    for c in range(steps):
+        (emb(torch.tensor([r])) * -1.0).sum().backward()
+        seen = rows(emb, everyone)[:, 0]
+        for other, v in enumerate(seen):
+            behind = c - int(v)
+            gap = max(gap, behind)
+            assert other == r or behind <= s, (r, c, other, behind, s)
+        if r == 1:
+            time.sleep(0.03)  # a straggler (load, not synchronisation)
+        assert pt.embedding_clock() == c + 1
+    emb.flush()
+    print(f"PASS staleness rank {r} gap {gap}", flush=True)
+
+
 def replicas(r):
     """Rows trained, the test kills a server (stdin says when), the rows
     read back exactly and training goes on. A table with expiry and
@@ -502,6 +527,9 @@ def main():
         return
     if CASE == "memory":
         check_memory(r)
+        return
+    if CASE == "staleness":
+        staleness(r)
         return
     check_duplicates(r)
     check_initializers(r)
