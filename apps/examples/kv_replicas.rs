@@ -23,6 +23,8 @@
 //! first, then it exits 0; the scheduler refuses below MIN).
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use pslite::{
@@ -49,10 +51,12 @@ fn run() -> Result<(), Error> {
             me.id,
             if me.is_recovery { " (replacement)" } else { "" }
         );
-        if po.config().van.min_servers.is_some() {
-            leave_on_sigterm(&po, me.id)?;
-        }
-        Some(server)
+        let leaving = if po.config().van.min_servers.is_some() {
+            Some(leave_on_sigterm(&po, me.id)?)
+        } else {
+            None
+        };
+        Some((server, leaving))
     } else {
         None
     };
@@ -96,27 +100,45 @@ fn run() -> Result<(), Error> {
         println!("worker {rank} exact: {} keys hold {want}", keys.len());
     }
     po.finalize(0, true)?;
+    // A server that left: the leave let `finalize` return; its thread says
+    // so before the process exits.
+    if let Some((_, Some(leaving))) = &_server {
+        if leaving.started.load(Ordering::SeqCst) {
+            let _ = leaving.done.recv_timeout(Duration::from_secs(60));
+        }
+    }
     Ok(())
+}
+
+/// A leave on SIGTERM: whether it started, and a message once it is done.
+struct Leaving {
+    started: Arc<AtomicBool>,
+    done: mpsc::Receiver<()>,
 }
 
 /// SIGTERM makes this server leave the job: the scheduler moves its ranges
 /// to the other servers, then lets it go; the barrier `main` waits on ends
 /// and the process exits 0. A refused leave (fewer than MIN would stay)
 /// exits 1.
-fn leave_on_sigterm(po: &Postoffice, id: i32) -> Result<(), Error> {
+fn leave_on_sigterm(po: &Postoffice, id: i32) -> Result<Leaving, Error> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM])
         .map_err(|e| Error::App(format!("cannot handle SIGTERM: {e}")))?;
     let po = po.clone();
+    let started = Arc::new(AtomicBool::new(false));
+    let (tx, done) = mpsc::channel();
+    let flag = Arc::clone(&started);
     std::thread::spawn(move || {
         if signals.forever().next().is_none() {
             return;
         }
+        flag.store(true, Ordering::SeqCst);
         println!("server node {id} leaving the job");
         if let Err(e) = po.leave_job(Duration::from_secs(60)) {
             eprintln!("server node {id} cannot leave the job: {e}");
             std::process::exit(1);
         }
         println!("server node {id} left the job");
+        let _ = tx.send(());
     });
-    Ok(())
+    Ok(Leaving { started, done })
 }
