@@ -15,7 +15,8 @@ target_bytes_per_row the issue's 1.2 * dim * 4 + 16 (row-wise AdaGrad's
 state included in the store); worker_rss_mb the largest worker's peak
 resident memory (ru_maxrss). The default, 16.8 M rows of dim 64, is 4.3 GB
 of rows on 4 servers (about 5 GB of memory in all); `--rows 200000` is a
-quick check. Run from the repository, with a Python that has torch; the
+quick check; `EMB_SIZE_TRACE=1` prints each worker's resident, anonymous
+and shared memory every 8 pulls of the fill. Run from the repository, with a Python that has torch; the
 `pslite` command comes from --pslite (default target/release/pslite).
 """
 

@@ -78,6 +78,17 @@ def close(got, want, what, rtol=2e-5, atol=1e-6):
         raise AssertionError(f"{what}: got\n{got}\nwant\n{want}\n(max error {err})")
 
 
+def refused(bad):
+    """Each (call, says) raises InvalidInput whose text names `says`."""
+    for call, says in bad:
+        try:
+            call()
+        except pslite.InvalidInput as e:
+            assert says in str(e), (says, e)
+        else:
+            raise AssertionError(f"not refused ({says})")
+
+
 def rows(module, ids):
     with torch.no_grad():
         if isinstance(module, pt.EmbeddingBag):
@@ -195,13 +206,7 @@ def check_ids(r):
            (lambda: pt.EmbeddingBag(2, mode="max"), "mode"),
            (lambda: pt.Embedding(2, init=("laplace", 1)), "init"),
            (lambda: pt.Embedding(2, optimizer=torch.optim.SGD), "optimizer")]
-    for call, says in bad:
-        try:
-            call()
-        except pslite.InvalidInput as e:
-            assert says in str(e), (says, e)
-        else:
-            raise AssertionError(f"not refused ({says})")
+    refused(bad)
     print("PASS ids", flush=True)
 
 
@@ -295,13 +300,7 @@ def check_expiry(r):
     bad = [(lambda: pt.Embedding(2, expire_after=-1), "expire_after"),
            (lambda: pt.Embedding(2, admit_after=1 << 20), "admit_after"),
            (lambda: pt.Embedding(2, cache_staleness=2), "cache_rows")]
-    for call, says in bad:
-        try:
-            call()
-        except pslite.InvalidInput as e:
-            assert says in str(e), (says, e)
-        else:
-            raise AssertionError(f"not refused ({says})")
+    refused(bad)
     print(f"expiry: {stats_delta(before, 'rows_expired')} rows expired", flush=True)
     print("PASS expiry", flush=True)
 
