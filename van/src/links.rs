@@ -5,9 +5,10 @@
 //! Each link hands ZeroMQ about `PS_PARTITION_BYTES` at a time: what
 //! ZeroMQ still holds of a link's large frames is counted (each frame
 //! handed over by reference carries a guard that ZeroMQ drops once it has
-//! written the frame to the kernel), and further messages wait in the
-//! link's [`SendQueue`] ([`crate::schedule`]: higher priority first, first
-//! come first served among equals, nothing waits forever) until it drops
+//! written the frame to the kernel: [`window`]), and further messages
+//! wait in the link's [`SendQueue`](crate::schedule::SendQueue)
+//! ([`crate::schedule`]: higher priority first, first come first served
+//! among equals, nothing waits forever) until it drops
 //! below. With large messages cut into parts ([`crate::partition`]), a
 //! message of higher priority waits for at most about one part of a lower
 //! one. A message's parts are queued together ([`Links::send_parts`]), and
@@ -36,21 +37,23 @@
 //! message prepared for the new peer finds it and waits there until the
 //! thread that carries out the connection has opened the socket.
 
-use std::borrow::Cow;
+mod dealer;
+mod outgoing;
+mod window;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Instant;
 
-use bytes::Bytes;
 use log::{debug, info, trace, warn};
-use pslite_proto::{lock, wait_while, Message, Node, NodeId, K_EMPTY};
+use pslite_proto::{lock, wait_while, Message, Node, NodeId};
 
 use crate::context::{Context, Socket};
 use crate::counters::Counters;
 use crate::monitor::Monitors;
 use crate::partition::PartialBound;
-use crate::schedule::{PartOf, Queued, SendQueue, CONTROL_PRIORITY, MAX_WAIT};
+use crate::schedule::Queued;
 use crate::shm;
 use crate::transport;
 use crate::LogOnce;
@@ -58,13 +61,6 @@ use crate::Route;
 use crate::VanConfig;
 use crate::VanError;
 
-/// How long DEALERs keep unsent messages when closed.
-const LINGER_MS: i32 = 1000;
-/// How long a DEALER waits for its TCP connection to be accepted before
-/// ZeroMQ abandons the attempt and retries (after `ZMQ_RECONNECT_IVL`,
-/// 100 ms by default). Loopback and LAN connections take well under a
-/// millisecond; a longer wait means the SYN was dropped.
-const CONNECT_TIMEOUT_MS: i32 = 500;
 /// Messages a link may hold before an app thread's send waits for room
 /// (unless `DMLC_PS_WATER_MARK` says otherwise): ZeroMQ's own default
 /// high-water mark, which bounded the same wait before links queued.
@@ -73,6 +69,9 @@ pub(crate) const MAX_QUEUED: usize = 1000;
 const OVERHEAD: usize = 64;
 
 pub(crate) use crate::transport::zmq_err;
+use dealer::open_dealer;
+use outgoing::Outgoing;
+use window::{Pump, Sched};
 
 /// Whether a write may wait for the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,114 +80,6 @@ pub(crate) enum Mode {
     Wait,
     /// The receive thread: what cannot be written at once waits in the link.
     NoWait,
-}
-
-/// A message encoded for the wire (its data frames borrowed until it has
-/// to wait).
-struct Outgoing<'a> {
-    recver: NodeId,
-    meta: Vec<u8>,
-    data: Cow<'a, [Bytes]>,
-    /// Its frames moved into shared memory, given back if it never leaves.
-    staged: Option<shm::Staged>,
-    /// Queued by the receive thread: counts against the link's budget.
-    budgeted: bool,
-    /// The message it is a part of, if it is one.
-    part: Option<PartOf>,
-    /// Its place in the queue.
-    priority: i64,
-}
-
-impl Outgoing<'_> {
-    fn into_owned(self) -> Outgoing<'static> {
-        Outgoing {
-            recver: self.recver,
-            meta: self.meta,
-            data: Cow::Owned(self.data.into_owned()),
-            staged: self.staged,
-            budgeted: self.budgeted,
-            part: self.part,
-            priority: self.priority,
-        }
-    }
-
-    /// Bytes on the wire (meta and data frames; shared-memory frames are
-    /// empty there).
-    fn bytes(&self) -> usize {
-        self.meta.len() + self.data.iter().map(Bytes::len).sum::<usize>()
-    }
-}
-
-/// A link's queue and what ZeroMQ holds of it.
-struct SchedState {
-    queue: SendQueue<Outgoing<'static>>,
-    /// Bytes of large frames handed to ZeroMQ and not written yet.
-    in_flight: usize,
-    /// Bytes queued by the receive thread (within the budget).
-    budgeted: usize,
-    /// Something waits for a retry (a write that would have blocked, or a
-    /// socket another thread held or that is not open yet).
-    stuck: bool,
-    /// The link is gone: nothing more is queued, waiters leave.
-    closed: bool,
-}
-
-/// A link's scheduling, shared with the guards of the frames ZeroMQ holds.
-struct Sched {
-    state: Mutex<SchedState>,
-    /// An app thread waiting for room in the queue.
-    room: Condvar,
-    /// ZeroMQ may hold this many bytes of the link's large frames.
-    window: usize,
-    /// The node's sending thread, woken when ZeroMQ has room again.
-    pump: Arc<Pump>,
-    /// This link's peer, for the pump.
-    peer: NodeId,
-}
-
-/// One large frame ZeroMQ holds: its bytes count against the window until
-/// ZeroMQ drops it (it was written, or failed).
-struct Credit {
-    sched: Arc<Sched>,
-    bytes: usize,
-}
-
-impl Drop for Credit {
-    fn drop(&mut self) {
-        // Runs on ZeroMQ's I/O thread (or the sender's, on a failed send):
-        // count and wake, never touch a socket.
-        let wake = {
-            let mut st = lock(&self.sched.state);
-            st.in_flight = st.in_flight.saturating_sub(self.bytes);
-            !st.queue.is_empty() && st.in_flight < self.sched.window && !st.closed
-        };
-        if wake {
-            self.sched.pump.wake(self.sched.peer);
-        }
-    }
-}
-
-/// The node's sending thread's wake-ups: the links whose ZeroMQ has room
-/// and whose queues wait.
-#[derive(Default)]
-struct Pump {
-    wanted: Mutex<(bool, Vec<NodeId>)>,
-    ready: Condvar,
-}
-
-impl Pump {
-    fn wake(&self, peer: NodeId) {
-        let mut w = lock(&self.wanted);
-        if !w.1.contains(&peer) {
-            w.1.push(peer);
-        }
-        self.ready.notify_one();
-    }
-
-    fn stop(&self) {
-        lock(&self.wanted).0 = true;
-        self.ready.notify_all();
-    }
 }
 
 /// One peer's connection.
@@ -208,7 +99,7 @@ pub(crate) struct Links {
     ctx: Context,
     config: VanConfig,
     links: Mutex<HashMap<NodeId, Arc<Link>>>,
-    /// Links whose queue is stuck (see [`SchedState::stuck`]).
+    /// Links whose queue is stuck (see [`window::SchedState::stuck`]).
     stuck: AtomicUsize,
     counters: Arc<Counters>,
     pool: Option<Arc<shm::Pool>>,
@@ -226,53 +117,6 @@ pub(crate) struct Links {
     max_queued: usize,
     /// Each peer's bound on this node's incomplete messages.
     bound: PartialBound,
-}
-
-/// Opens a DEALER connected to `endpoint` as `ps<identity>` or
-/// `ps<identity>/<key>` (anonymous for [`K_EMPTY`]), with `config`'s linger,
-/// high-water mark and token; `before_connect` runs on it just before it
-/// connects (to watch it from its first event).
-fn open_dealer(
-    ctx: &Context,
-    config: &VanConfig,
-    identity: NodeId,
-    key: Option<u64>,
-    endpoint: &str,
-    before_connect: impl FnOnce(&zmq::Socket) -> Result<(), VanError>,
-) -> Result<Socket, VanError> {
-    let socket = ctx
-        .socket(zmq::DEALER)
-        .map_err(zmq_err("creating a DEALER"))?;
-    if identity != K_EMPTY {
-        socket
-            .set_identity(transport::keyed_identity(identity, key).as_bytes())
-            .map_err(zmq_err("setting the identity"))?;
-    }
-    socket
-        .set_linger(LINGER_MS)
-        .map_err(zmq_err("setting LINGER"))?;
-    // A SYN lost to a full listen queue is otherwise retried by TCP after
-    // 1 s (then 3 s, 7 s ...): give up on the attempt sooner and let
-    // ZeroMQ reconnect after its interval.
-    socket
-        .set_connect_timeout(CONNECT_TIMEOUT_MS)
-        .map_err(zmq_err("setting CONNECT_TIMEOUT"))?;
-    crate::auth::secure_dealer(&socket, config.auth_token.as_ref())?;
-    if let Some(hwm) = config.water_mark {
-        socket
-            .set_sndhwm(hwm)
-            .map_err(zmq_err("setting the send high-water mark"))?;
-    }
-    if endpoint.starts_with("tcp://[") {
-        socket
-            .set_ipv6(true)
-            .map_err(zmq_err("enabling IPv6 on a DEALER"))?;
-    }
-    before_connect(&socket)?;
-    socket
-        .connect(endpoint)
-        .map_err(zmq_err(format!("connecting to {endpoint}")))?;
-    Ok(socket)
 }
 
 impl Links {
@@ -304,7 +148,7 @@ impl Links {
     }
 
     /// Starts this node's sending thread: it writes what waits in a link
-    /// once ZeroMQ has written enough of what it holds ([`Credit`]), and
+    /// once ZeroMQ has written enough of what it holds ([`window`]), and
     /// ends with [`Links::clear`] or when the links are dropped.
     pub(crate) fn start_pump(self: &Arc<Self>) -> Result<(), VanError> {
         let links: Weak<Links> = Arc::downgrade(self);
@@ -312,14 +156,7 @@ impl Links {
         std::thread::Builder::new()
             .name("pslite-send".into())
             .spawn(move || loop {
-                let peers = {
-                    let w = wait_while(&pump.ready, lock(&pump.wanted), |w| !w.0 && w.1.is_empty());
-                    let mut w = w;
-                    if w.0 {
-                        return;
-                    }
-                    std::mem::take(&mut w.1)
-                };
+                let Some(peers) = pump.next() else { return };
                 let Some(links) = links.upgrade() else { return };
                 for peer in peers {
                     if let Some(link) = links.link(peer) {
@@ -360,25 +197,14 @@ impl Links {
     pub(crate) fn reserve(&self, id: NodeId) {
         // ZeroMQ holds at most about one part beyond what it writes (0:
         // no limit, everything goes to ZeroMQ at once).
-        let window = match self.config.partition_bytes {
-            0 => usize::MAX,
-            n => n,
-        };
         let link = Arc::new(Link {
             socket: Mutex::new(None),
-            sched: Arc::new(Sched {
-                state: Mutex::new(SchedState {
-                    queue: SendQueue::with_bound(MAX_WAIT, self.bound),
-                    in_flight: 0,
-                    budgeted: 0,
-                    stuck: false,
-                    closed: false,
-                }),
-                room: Condvar::new(),
-                window,
-                pump: Arc::clone(&self.pump),
-                peer: id,
-            }),
+            sched: Arc::new(Sched::new(
+                self.config.partition_bytes,
+                self.bound,
+                &self.pump,
+                id,
+            )),
             shm_pid: AtomicU32::new(0),
         });
         if let Some(old) = lock(&self.links).insert(id, link) {
@@ -530,45 +356,8 @@ impl Links {
     /// `msg` encoded for `link` (its large frames in shared memory when the
     /// peer shares this host).
     fn outgoing<'a>(&self, link: &Link, msg: &'a Message) -> Outgoing<'a> {
-        let recver = msg.meta.recver;
         let shm_pid = link.shm_pid.load(Ordering::Relaxed);
-        let staged = match &self.pool {
-            Some(pool) if shm_pid != 0 => pool.stage(&msg.data, shm_pid),
-            _ => None,
-        };
-        // Control messages go before any data; data by its priority.
-        let priority = if msg.meta.control.is_empty() {
-            i64::from(msg.meta.priority)
-        } else {
-            CONTROL_PRIORITY
-        };
-        let part = match msg.meta.partition.as_deref() {
-            Some(p) if msg.meta.control.is_empty() => Some(PartOf {
-                message: p.id,
-                total: p.total,
-            }),
-            _ => None,
-        };
-        match staged {
-            Some(mut st) => Outgoing {
-                recver,
-                meta: msg.meta.encode_with_shm(&st.frames),
-                data: Cow::Owned(std::mem::take(&mut st.data)),
-                staged: Some(st),
-                budgeted: false,
-                part,
-                priority,
-            },
-            None => Outgoing {
-                recver,
-                meta: msg.meta.encode(),
-                data: Cow::Borrowed(&msg.data),
-                staged: None,
-                budgeted: false,
-                part,
-                priority,
-            },
-        }
+        Outgoing::encode(msg, self.pool.as_deref(), shm_pid)
     }
 
     /// An app thread waits while `link` holds its most messages (the
@@ -751,17 +540,7 @@ impl Links {
             Mode::Wait => 0,
             Mode::NoWait => zmq::DONTWAIT,
         };
-        let sched = &link.sched;
-        let mut credit = |bytes: usize| -> Option<Box<dyn Send>> {
-            if sched.window == usize::MAX {
-                return None;
-            }
-            lock(&sched.state).in_flight += bytes;
-            Some(Box::new(Credit {
-                sched: Arc::clone(sched),
-                bytes,
-            }))
-        };
+        let mut credit = |bytes: usize| link.sched.credit(bytes);
         transport::send_message_guarded(socket, &out.meta, &out.data, flags, &mut credit)
     }
 
@@ -851,6 +630,7 @@ fn lock_socket(link: &Link, mode: Mode) -> Option<MutexGuard<'_, Option<Socket>>
 mod tests {
     use std::time::{Duration, Instant};
 
+    use bytes::Bytes;
     use pslite_proto::{Meta, Role};
 
     use super::*;
