@@ -33,30 +33,38 @@
 //! The wire form is `PBMeta.compression` (field 131) with the values frame
 //! replaced by the compressed bytes, typed `OTHER`; see docs/PROTOCOL.md.
 //! The compressors themselves are pure code over `f32` slices
-//! (`compression/*.rs`), tested on their own.
+//! (`compression/{onebit,topk,randomk,twobit,cast}.rs`), tested on their
+//! own; a worker's state (error feedback, momentum, seeds) is in
+//! `compression/worker.rs`, a server's compressed answers in
+//! `compression/answer.rs`.
 
+mod answer;
 mod cast;
 mod feedback;
 mod onebit;
 mod randomk;
 mod topk;
 mod twobit;
+mod worker;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Mutex;
 
 use bytes::Bytes;
 pub use pslite_proto::compression::CompressionKind;
 use pslite_proto::compression::CompressionMsg;
-use pslite_proto::{lock, DataType, Message};
+use pslite_proto::{DataType, Message};
 
-use crate::kv_pairs::{KVPairs, Key, Val};
+use crate::kv_pairs::Val;
 use crate::Error;
 
+#[cfg(test)]
+use answer::compress_answer;
+pub(crate) use answer::AnswerFeedback;
 pub(crate) use feedback::{ErrorFeedback, Layout, Velocity};
+pub use worker::KeyState;
+pub(crate) use worker::WorkerState;
 
 /// Messages with fewer values go uncompressed.
 pub const MIN_VALUES: usize = 16;
@@ -525,170 +533,6 @@ pub(crate) fn applies_to<V: Val>() -> bool {
     matches!(V::DATA_TYPE, DataType::Float | DataType::Double)
 }
 
-/// What a worker's compression holds for one key, to save with a
-/// checkpoint and restore ([`KVWorker::compression_state`],
-/// [`KVWorker::set_compression_state`]): the key's values are compressed
-/// and sent with these added, so a worker restarted without them loses
-/// what compression held back and the momentum.
-///
-/// [`KVWorker::compression_state`]: crate::KVWorker::compression_state
-/// [`KVWorker::set_compression_state`]: crate::KVWorker::set_compression_state
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct KeyState {
-    /// Momentum correction's velocity (`u = momentum * u + g`, one value
-    /// per value of the key), `None` before the key's first push with
-    /// momentum.
-    pub velocity: Option<Vec<f32>>,
-    /// Error feedback's residual: what compression has held back so far
-    /// (`None`: nothing).
-    pub residual: Option<Vec<f32>>,
-}
-
-/// A worker's compression state: error feedback, momentum correction's
-/// velocities and the push counts `randomk` seeds derive from.
-#[derive(Default)]
-pub(crate) struct WorkerState {
-    feedback: Mutex<ErrorFeedback>,
-    velocity: Mutex<Velocity>,
-    /// Messages compressed so far per first key (so workers pushing the
-    /// same keys in step derive the same seeds).
-    counts: Mutex<HashMap<Key, u64>>,
-}
-
-impl WorkerState {
-    /// What this worker's compression holds for key `key`.
-    pub(crate) fn key_state(&self, key: Key) -> KeyState {
-        KeyState {
-            velocity: lock(&self.velocity).get(key).map(<[f32]>::to_vec),
-            residual: lock(&self.feedback).residual(key).map(<[f32]>::to_vec),
-        }
-    }
-
-    /// Replaces what this worker's compression holds for key `key`.
-    pub(crate) fn restore(&self, key: Key, state: &KeyState) {
-        lock(&self.velocity).set(key, state.velocity.as_deref());
-        lock(&self.feedback).set(key, state.residual.as_deref());
-    }
-
-    /// The seed of the next message whose first key is `first`.
-    fn next_seed(&self, c: &Compression, first: Key) -> u64 {
-        let mut counts = lock(&self.counts);
-        let n = counts.entry(first).or_insert(0);
-        *n += 1;
-        let mut mix = randomk::SplitMix64::new(c.seed ^ first.rotate_left(17) ^ n.rotate_left(43));
-        mix.next_u64()
-    }
-
-    /// Prepares one server's share of a request: compresses a push's values
-    /// (with error feedback) and asks for a compressed answer, as `c` says.
-    /// The caller checked that the server reads compressed values.
-    pub(crate) fn prepare<V: Val>(
-        &self,
-        c: &Compression,
-        push: bool,
-        pull: bool,
-        slice: &KVPairs<V>,
-        meta: &mut pslite_proto::Meta,
-        frames: &mut [Bytes],
-    ) {
-        let Some(first) = slice.keys.first().copied() else {
-            return;
-        };
-        let needs_seed = c.kind == CompressionKind::RandomK;
-        let seed = if needs_seed {
-            self.next_seed(c, first)
-        } else {
-            0
-        };
-        let mut msg = (c.answers && pull).then(|| c.msg(seed));
-        if push && !slice.vals.is_empty() {
-            if let Some(values) = as_f32(&slice.vals) {
-                let layout = layout_of(slice);
-                let stepped = c.has_momentum().then(|| {
-                    lock(&self.velocity).step(&slice.keys, layout, &values, c.momentum, c.nesterov)
-                });
-                let pushed: &[f32] = stepped.as_deref().unwrap_or(&values);
-                let with_residuals = if c.error_feedback {
-                    lock(&self.feedback).corrected(&slice.keys, layout, pushed)
-                } else {
-                    None
-                };
-                let corrected: &[f32] = with_residuals.as_deref().unwrap_or(pushed);
-                let encoded = encode(c, corrected, seed);
-                let sent = encoded
-                    .as_ref()
-                    .filter(|_| c.error_feedback || c.masks())
-                    .map(Encoded::sent);
-                if c.error_feedback {
-                    lock(&self.feedback).keep(&slice.keys, layout, corrected, sent.as_deref());
-                }
-                if let Some(sent) = sent.as_deref().filter(|_| c.masks()) {
-                    lock(&self.velocity).mask(&slice.keys, layout, sent);
-                }
-                match (encoded, with_residuals.or(stepped)) {
-                    (Some(e), _) => {
-                        let mut m = e.msg;
-                        m.answer = c.answers && pull;
-                        msg = Some(m);
-                        frames[1] = Bytes::from(e.payload);
-                        meta.data_type[1] = DataType::Other;
-                    }
-                    // Uncompressed, with the residuals it carries.
-                    (None, Some(v)) => frames[1] = from_f32::<V>(v),
-                    (None, None) => {}
-                }
-            }
-        }
-        meta.compression = msg.map(Box::new);
-    }
-
-    /// A push's values for a server that does not read compressed values:
-    /// with momentum correction, the velocity (uncompressed, so nothing is
-    /// held back and nothing masked); otherwise as they are.
-    pub(crate) fn prepare_plain<V: Val>(
-        &self,
-        c: &Compression,
-        push: bool,
-        slice: &KVPairs<V>,
-        frames: &mut [Bytes],
-    ) {
-        if !(push && c.has_momentum()) || slice.vals.is_empty() {
-            return;
-        }
-        if let Some(values) = as_f32(&slice.vals) {
-            let stepped = lock(&self.velocity).step(
-                &slice.keys,
-                layout_of(slice),
-                &values,
-                c.momentum,
-                c.nesterov,
-            );
-            frames[1] = from_f32::<V>(stepped);
-        }
-    }
-
-    /// The velocity momentum correction keeps for `key`.
-    #[cfg(test)]
-    fn velocity(&self, key: Key) -> Option<Vec<f32>> {
-        lock(&self.velocity).get(key).map(<[f32]>::to_vec)
-    }
-
-    /// The residual error feedback keeps for `key`.
-    #[cfg(test)]
-    fn residual(&self, key: Key) -> Option<Vec<f32>> {
-        lock(&self.feedback).residual(key).map(<[f32]>::to_vec)
-    }
-}
-
-/// How many values each key of `slice` has.
-fn layout_of<V: Val>(slice: &KVPairs<V>) -> Layout<'_> {
-    if slice.lens.is_empty() {
-        Layout::Uniform(slice.vals.len() / slice.keys.len().max(1))
-    } else {
-        Layout::Lens(&slice.lens)
-    }
-}
-
 /// Decompresses a received KV message's values in place (its meta then says
 /// the values are plain; the answer request, if any, stays). Does nothing
 /// to a message whose values are not compressed.
@@ -717,94 +561,6 @@ pub(crate) fn expand<V: Val>(msg: &mut Message) -> Result<(), String> {
         *t = V::DATA_TYPE;
     }
     Ok(())
-}
-
-/// Compresses an answer's values as the request asked (`c` from
-/// [`Compression::for_answer`]): sets the meta and replaces the values
-/// frame, or leaves the meta when it is not worth it. With `feedback` (the
-/// residuals of the worker the answer goes to; `c` has error feedback on),
-/// each key's residual is added before compressing and what the answer
-/// leaves out is kept: `keys` and `lens` are the answer's.
-pub(crate) fn compress_answer<V: Val>(
-    c: &Compression,
-    msg: &mut Message,
-    keys: &[Key],
-    lens: &[i32],
-    feedback: Option<&mut ErrorFeedback>,
-) {
-    let Some(vals) = msg.data.get(1) else { return };
-    let Ok(vals) = crate::sarray::SArray::<V>::from_bytes(vals.clone()) else {
-        return;
-    };
-    let Some(values) = as_f32(&vals) else { return };
-    let layout = if lens.is_empty() {
-        Layout::Uniform(values.len() / keys.len().max(1))
-    } else {
-        Layout::Lens(lens)
-    };
-    let feedback = feedback.filter(|_| c.error_feedback);
-    let corrected = feedback
-        .as_ref()
-        .and_then(|f| f.corrected(keys, layout, &values));
-    let to_send: &[f32] = corrected.as_deref().unwrap_or(&values);
-    let encoded = encode(c, to_send, c.seed);
-    if let Some(f) = feedback {
-        let sent = encoded.as_ref().map(Encoded::sent);
-        f.keep(keys, layout, to_send, sent.as_deref());
-    }
-    match encoded {
-        Some(e) => {
-            let mut m = e.msg;
-            m.answer = false;
-            m.answer_feedback = false;
-            msg.meta.compression = Some(Box::new(m));
-            msg.data[1] = Bytes::from(e.payload);
-            if let Some(t) = msg.meta.data_type.get_mut(1) {
-                *t = DataType::Other;
-            }
-        }
-        // Uncompressed, with the residuals it carries.
-        None => {
-            if let Some(v) = corrected {
-                msg.data[1] = from_f32::<V>(v);
-            }
-        }
-    }
-}
-
-/// A server's error feedback on its compressed answers: the residuals of
-/// each worker's answers, by worker node id.
-#[derive(Default)]
-pub(crate) struct AnswerFeedback {
-    workers: Mutex<HashMap<pslite_proto::NodeId, ErrorFeedback>>,
-}
-
-impl AnswerFeedback {
-    /// Compresses `msg`, an answer to worker `worker`, as
-    /// [`compress_answer`] does, with that worker's residuals.
-    pub(crate) fn compress<V: Val>(
-        &self,
-        c: &Compression,
-        worker: pslite_proto::NodeId,
-        msg: &mut Message,
-        keys: &[Key],
-        lens: &[i32],
-    ) {
-        if !c.error_feedback {
-            return compress_answer::<V>(c, msg, keys, lens, None);
-        }
-        let mut workers = lock(&self.workers);
-        let feedback = workers.entry(worker).or_default();
-        compress_answer::<V>(c, msg, keys, lens, Some(feedback));
-    }
-
-    /// Worker `worker`'s residual for `key`.
-    #[cfg(test)]
-    pub(crate) fn residual(&self, worker: pslite_proto::NodeId, key: Key) -> Option<Vec<f32>> {
-        lock(&self.workers)
-            .get(&worker)
-            .and_then(|f| f.residual(key).map(<[f32]>::to_vec))
-    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,16 @@ pub(crate) enum Layout<'a> {
 }
 
 impl<'a> Layout<'a> {
+    /// The layout of `values` values over `keys` keys: `lens` when given
+    /// (a request's lengths), else the same number for every key.
+    pub(crate) fn of(keys: usize, values: usize, lens: &'a [i32]) -> Layout<'a> {
+        if lens.is_empty() {
+            Layout::Uniform(values / keys.max(1))
+        } else {
+            Layout::Lens(lens)
+        }
+    }
+
     /// `(key index, range of its values)` for `n` keys.
     fn ranges(self, n: usize) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> + 'a {
         let mut at = 0;

@@ -6,6 +6,7 @@ use pslite_proto::compression::{CompressionKind, CompressionMsg};
 use pslite_proto::{DataType, Message};
 
 use super::*;
+use crate::kv_pairs::KVPairs;
 use crate::sarray::SArray;
 
 fn gradient() -> impl Strategy<Value = Vec<f32>> {
