@@ -2,7 +2,7 @@
 //! resends, and parts a hostile peer could send.
 
 use proptest::prelude::*;
-use pslite_proto::DataType;
+use pslite_proto::{DataType, NodeId};
 
 use super::*;
 
