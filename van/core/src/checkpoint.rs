@@ -9,6 +9,9 @@
 //!   which servers write which ranges, when it is complete, what to delete.
 //! - [`server::CheckpointServer`] (server): copies its ranges from its apps
 //!   into one file; restores the ranges it holds before serving.
+//! - `plan.rs` the scheduler's plan of a checkpoint from what it knows of
+//!   the cluster; `releasing.rs` a barrier's releases gathered on their way
+//!   out; `requests.rs` a node's own requests and their answers.
 //! - [`format`](mod@format): the file format; [`disk`]: the only code that touches
 //!   files, carried out by the driver for the [`disk::Io`] the core asks for.
 //!
@@ -65,6 +68,9 @@ pub mod checkpoints;
 pub mod disk;
 pub mod format;
 pub mod master;
+mod plan;
+mod releasing;
+mod requests;
 pub mod server;
 
 use self::disk::Found;

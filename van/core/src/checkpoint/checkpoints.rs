@@ -16,7 +16,7 @@
 //! - facts: which servers hold which ranges (the scheduler's table, the
 //!   dead, the range map) make the plan.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -26,8 +26,10 @@ use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Role, K_EMPTY};
 
 use super::disk::IoResult;
-use super::format::Shape;
 use super::master::{CheckpointMaster, MasterOut, Plan, Requester};
+use super::plan;
+use super::releasing::Releasing;
+use super::requests::Requests;
 use super::server::{CheckpointServer, ServerOut};
 use super::{Catalog, DEFAULT_TIMEOUT};
 use crate::component::{Component, Cx, Facts};
@@ -42,16 +44,6 @@ use crate::reply::Replies;
 /// waits for its members to leave before it fails.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The answers kept for a node's own requests at most.
-const MAX_ANSWERS: usize = 64;
-
-/// The releases of one barrier on their way out, until all have come.
-struct Releasing {
-    group: i32,
-    to: Vec<NodeId>,
-    releases: Vec<Message>,
-}
-
 /// This node's checkpoint state.
 pub struct Checkpoints {
     /// On a scheduler with `PS_CHECKPOINT_DIR`.
@@ -60,9 +52,8 @@ pub struct Checkpoints {
     server: Option<CheckpointServer>,
     /// The cluster checkpoints (its node table said so).
     on: bool,
-    /// This node's requests: ticket -> (ACCEPTED, RESULT) once here.
-    answers: HashMap<u64, (Option<CheckpointMsg>, Option<CheckpointMsg>)>,
-    next_ticket: u64,
+    /// This node's requests and their answers.
+    requests: Requests,
     /// The apps of a server (copied and restored); app 0 unless set.
     apps: BTreeSet<i32>,
     /// The job stops (why, and when this node fails at the latest): on the
@@ -73,13 +64,6 @@ pub struct Checkpoints {
     releasing: Option<Releasing>,
     /// Drops already warned about, by sender and cause.
     dropped: LogOnce<(NodeId, &'static str)>,
-}
-
-/// Whether `msg` is a barrier release (not a failure reply).
-fn is_release(msg: &Message) -> bool {
-    msg.meta.control.cmd == Command::Barrier
-        && !msg.meta.request
-        && msg.meta.control.failed_peer.is_none()
 }
 
 impl Checkpoints {
@@ -96,8 +80,7 @@ impl Checkpoints {
             on: master.is_some(),
             master,
             server: None,
-            answers: HashMap::new(),
-            next_ticket: 1,
+            requests: Requests::new(),
             apps: BTreeSet::from([0]),
             stopping: None,
             releasing: None,
@@ -132,32 +115,19 @@ impl Checkpoints {
                     .into(),
             }));
         }
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        if self.answers.len() >= MAX_ANSWERS {
-            if let Some(&oldest) = self.answers.keys().min() {
-                self.answers.remove(&oldest);
-            }
-        }
-        self.answers.insert(ticket, (None, None));
-        let mut req = CheckpointMsg::new(CheckpointOp::Request, 0);
-        req.label = label.to_string();
-        req.ticket = ticket;
-        let mut msg = Message::control(Command::Checkpoint, SCHEDULER);
-        msg.meta.request = true;
-        msg.meta.checkpoint = Some(Box::new(req));
+        let (ticket, msg) = self.requests.open(label);
         cx.send(msg);
         Ok(ticket)
     }
 
     /// The answers to request `ticket` so far (ACCEPTED, RESULT).
     pub fn answer(&self, ticket: u64) -> (Option<CheckpointMsg>, Option<CheckpointMsg>) {
-        self.answers.get(&ticket).cloned().unwrap_or_default()
+        self.requests.answer(ticket)
     }
 
     /// Forgets request `ticket` (its waiter returned).
     pub fn end(&mut self, ticket: u64) {
-        self.answers.remove(&ticket);
+        self.requests.end(ticket);
     }
 
     /// On a server: the apps whose state is checkpointed.
@@ -269,19 +239,9 @@ impl Checkpoints {
 
     /// This server's checkpoint state (made on first use).
     fn server(&mut self, facts: &dyn Facts) -> &mut CheckpointServer {
-        let me = facts.me().id;
-        let own = facts.config().checkpoint.as_ref().map(|c| c.dir.clone());
-        let timeout = facts
-            .config()
-            .checkpoint
-            .as_ref()
-            .map_or(DEFAULT_TIMEOUT, |c| c.timeout);
-        let apps = self.apps.clone();
-        self.server.get_or_insert_with(|| {
-            let mut s = CheckpointServer::new(me, ids::id_to_rank(me), own, timeout);
-            s.set_apps(apps);
-            s
-        })
+        let apps = &self.apps;
+        self.server
+            .get_or_insert_with(|| new_server(facts, facts.me().id, apps))
     }
 
     /// On a node, before membership takes in a node table from the
@@ -305,100 +265,16 @@ impl Checkpoints {
         };
         let me = mine.id;
         let ranges: Vec<u32> = match msg.meta.replica.as_ref().and_then(|r| r.map.as_ref()) {
-            Some(map) => (0..map.ranges.len() as u32)
-                .filter(|&r| map.ranges[r as usize].replicas.contains(&me))
-                .collect(),
+            Some(map) => plan::held_by(map, me),
             None => vec![ids::id_to_rank(me) as u32],
         };
-        let cfg = cx.facts.config();
-        let own = cfg.checkpoint.as_ref().map(|c| c.dir.clone());
-        let timeout = cfg
-            .checkpoint
-            .as_ref()
-            .map_or(DEFAULT_TIMEOUT, |c| c.timeout);
-        let mut s = CheckpointServer::new(me, ids::id_to_rank(me), own, timeout);
-        s.set_apps(self.apps.clone());
+        let mut s = new_server(cx.facts, me, &self.apps);
         s.on_info(info, ranges, true, now);
         if s.holds() {
             cx.holds.start_restore();
         }
         self.server = Some(s);
         self.flush(now, cx);
-    }
-
-    /// On the scheduler: which server writes which ranges now, or why no
-    /// checkpoint can be taken (a C++ server, a dead one, a lost range).
-    fn plan(facts: &dyn Facts, now: Instant) -> Plan {
-        if facts.config().role != Role::Scheduler {
-            return Plan::default();
-        }
-        let mut servers: Vec<_> = facts
-            .registered()
-            .iter()
-            .filter(|n| n.role == Role::Server)
-            .cloned()
-            .collect();
-        servers.sort_by_key(|n| n.id);
-        servers.dedup_by_key(|n| n.id);
-        if let Some(cxx) = servers.iter().find(|n| !n.pslite) {
-            return Plan {
-                refused: Some(format!(
-                    "server {} is C++ ps-lite, which cannot write checkpoints (only pslite \
-                     servers can)",
-                    cxx.id
-                )),
-                ..Plan::default()
-            };
-        }
-        let dead: BTreeSet<NodeId> = facts.dead_nodes(now).into_iter().collect();
-        if let Some(map) = facts.range_map() {
-            let mut plan = Plan {
-                shape: Shape {
-                    ranges: map.ranges.iter().map(|r| (r.begin, r.end)).collect(),
-                    replicas: map.replicas,
-                    map_version: map.version,
-                },
-                ..Plan::default()
-            };
-            for (r, range) in map.ranges.iter().enumerate() {
-                if range.replicas.is_empty() {
-                    plan.refused = Some(format!(
-                        "key range {r} has no replica left: its state is gone"
-                    ));
-                    return plan;
-                }
-            }
-            for n in &servers {
-                let held: Vec<u32> = (0..map.ranges.len() as u32)
-                    .filter(|&r| map.ranges[r as usize].replicas.contains(&n.id))
-                    .collect();
-                if !held.is_empty() && !dead.contains(&n.id) {
-                    plan.servers.push((n.id, ids::id_to_rank(n.id), held));
-                }
-            }
-            return plan;
-        }
-        let ranges = crate::replica::key_ranges(facts.config().num_servers.max(1) as usize);
-        let mut plan = Plan {
-            shape: Shape {
-                ranges,
-                replicas: 1,
-                map_version: 0,
-            },
-            ..Plan::default()
-        };
-        for n in &servers {
-            if dead.contains(&n.id) {
-                plan.refused = Some(format!(
-                    "server {} is dead and not replaced: its key range cannot be written",
-                    n.id
-                ));
-                return plan;
-            }
-            let rank = ids::id_to_rank(n.id);
-            plan.servers.push((n.id, rank, vec![rank as u32]));
-        }
-        plan
     }
 
     /// On the scheduler, once every release of a barrier came through the
@@ -411,7 +287,7 @@ impl Checkpoints {
             return;
         };
         let plan = if m.is_pending() {
-            Self::plan(cx.facts, now)
+            plan::current(cx.facts, now)
         } else {
             Plan::default()
         };
@@ -509,6 +385,16 @@ impl Checkpoints {
     }
 }
 
+/// A server's checkpoint state for node `me` (this node), copying `apps`.
+fn new_server(facts: &dyn Facts, me: NodeId, apps: &BTreeSet<i32>) -> CheckpointServer {
+    let cfg = facts.config().checkpoint.as_ref();
+    let own = cfg.map(|c| c.dir.clone());
+    let timeout = cfg.map_or(DEFAULT_TIMEOUT, |c| c.timeout);
+    let mut s = CheckpointServer::new(me, ids::id_to_rank(me), own, timeout);
+    s.set_apps(apps.clone());
+    s
+}
+
 impl Component for Checkpoints {
     /// A CHECKPOINT control message: a request (on the scheduler), a
     /// server's report, the scheduler's order to write, an answer to this
@@ -546,7 +432,7 @@ impl Component for Checkpoints {
                 };
                 let label = ck.label.clone();
                 match &mut self.master {
-                    Some(m) => m.request(from, &label, Self::plan(cx.facts, now).refused),
+                    Some(m) => m.request(from, &label, plan::current(cx.facts, now).refused),
                     None => {
                         let mut no = CheckpointMsg::new(CheckpointOp::Accepted, 0);
                         no.error = "this cluster takes no checkpoints: its scheduler has no \
@@ -593,12 +479,7 @@ impl Component for Checkpoints {
             CheckpointOp::Accepted | CheckpointOp::Result
                 if sender == SCHEDULER && !msg.meta.request =>
             {
-                if let Some(slot) = self.answers.get_mut(&ck.ticket) {
-                    if ck.op == CheckpointOp::Accepted {
-                        slot.0 = Some(ck.clone());
-                    } else {
-                        slot.1 = Some(ck.clone());
-                    }
+                if self.requests.answered(ck) {
                     cx.changed();
                 }
             }
@@ -668,11 +549,7 @@ impl Component for Checkpoints {
                 self.flush(now, cx);
             }
             Event::Releasing { group, to } if self.master.is_some() && !to.is_empty() => {
-                self.releasing = Some(Releasing {
-                    group: *group,
-                    to: to.clone(),
-                    releases: Vec::with_capacity(to.len()),
-                });
+                self.releasing = Some(Releasing::new(*group, to));
             }
             _ => {}
         }
@@ -689,19 +566,15 @@ impl Component for Checkpoints {
         let Some(r) = &mut self.releasing else {
             return Ok(Some(msg));
         };
-        if !is_release(&msg)
-            || msg.meta.control.barrier_group != r.group
-            || !r.to.contains(&msg.meta.recver)
-        {
-            return Ok(Some(msg));
-        }
-        r.releases.push(msg);
-        if r.releases.len() == r.to.len() {
-            if let Some(releasing) = self.releasing.take() {
-                self.released(releasing, now, cx);
+        let Some(msg) = r.gather(msg) else {
+            if r.is_complete() {
+                if let Some(releasing) = self.releasing.take() {
+                    self.released(releasing, now, cx);
+                }
             }
-        }
-        Ok(None)
+            return Ok(None);
+        };
+        Ok(Some(msg))
     }
 
     /// The scheduler's node tables carry the checkpoint to restore; a
