@@ -34,7 +34,8 @@
 //!
 //! The parts: [`args`] (the options), [`node`] (the nodes' code),
 //! [`report`] (what nodes tell the launching process), [`cluster`] (the
-//! launching process), [`progress`] (the bar), [`data`], [`model`] and
+//! launching process; `churn.rs` the workers it adds and kills and the
+//! server it kills), [`progress`] (the bar), [`data`], [`model`] and
 //! [`plot`].
 //!
 //! A node run without `--report` (for example by
@@ -42,6 +43,7 @@
 //! itself, and worker 0 fails if the accuracy is below the threshold.
 
 pub mod args;
+mod churn;
 pub mod cluster;
 pub mod data;
 pub mod model;
