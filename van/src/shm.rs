@@ -14,6 +14,8 @@
 //! - `mapping.rs`: one segment mapped, its header read and written with
 //!   atomic accesses only (another process writes it too).
 //! - `slot.rs`: the slot protocol: who counts what in a segment's header.
+//! - `segment.rs`: one segment of a sender: its memfd, what its data area
+//!   holds (a frame kept to send again) and its receivers' slots.
 //! - `pool.rs`: a sender's segments ([`Pool`]), a message's frames staged
 //!   into them ([`Pool::stage`]), the bounds on memory and descriptors.
 //! - `receiver.rs`: a receiver's mappings of its peers' segments
@@ -89,6 +91,7 @@ mod mapping;
 mod pool;
 mod ranges;
 mod receiver;
+mod segment;
 mod slot;
 mod track;
 
