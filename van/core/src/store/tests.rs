@@ -1,5 +1,6 @@
 use super::*;
-use pslite_proto::store::{OverLimit, StoreLimit};
+use bytes::Bytes;
+use pslite_proto::store::{OverLimit, StoreLimit, StoreStatus};
 
 fn t0() -> Instant {
     Instant::now()
