@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use log::{error, warn};
-use pslite_postoffice::{Counters, CustomerQueue, Delivery, Inline, Postoffice};
+use pslite_postoffice::{Counters, CustomerQueue, Delivery, Inline, Postoffice, Ready};
 use pslite_proto::{ids, lock, Message, NodeId, K_EMPTY};
 use pslite_van::Failure;
 
@@ -325,12 +325,14 @@ pub struct Customer<H: Handler> {
 impl<H: Handler> Customer<H> {
     /// Registers (app_id, customer_id) with `po` and starts its thread,
     /// which calls `handler` for every message until the customer is
-    /// dropped.
+    /// dropped. What `ready` does not take yet waits in the Postoffice
+    /// until [`Customer::set_ready`].
     pub fn new(
         po: &Postoffice,
         app_id: i32,
         customer_id: i32,
         handler: H,
+        ready: Ready,
     ) -> Result<Arc<Customer<H>>, Error> {
         let warn_after = po.config().request_warn;
         let customer = Arc::new(Customer {
@@ -354,7 +356,7 @@ impl<H: Handler> Customer<H> {
             Some(customer) => customer.inline(msg),
             None => Some(msg),
         });
-        let queue = po.register_customer_inline(app_id, customer_id, inline)?;
+        let queue = po.register_customer_inline(app_id, customer_id, inline, ready)?;
         let weak = Arc::downgrade(&customer);
         let spawned = std::thread::Builder::new()
             .name(format!("pslite-app{app_id}-customer{customer_id}"))
@@ -367,6 +369,17 @@ impl<H: Handler> Customer<H> {
             }
         }
         Ok(customer)
+    }
+
+    /// The customer now takes what `ready` says (the app set a handle):
+    /// what waited for it in the Postoffice comes, in order.
+    pub fn set_ready(&self, ready: Ready) {
+        self.po.customer_ready(self.app_id, self.customer_id, ready);
+    }
+
+    /// How many messages wait in the Postoffice for this customer.
+    pub fn waiting(&self) -> usize {
+        self.po.held_for(self.app_id, self.customer_id)
     }
 
     /// The app id.

@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use log::warn;
-use pslite_postoffice::{KeyRange, Postoffice};
+use pslite_postoffice::{KeyRange, Postoffice, Ready};
 use pslite_proto::{Message, NodeId};
 use pslite_van::Failure;
 
@@ -251,7 +251,7 @@ impl<V: Val> KVWorker<V> {
             uncompressed: Mutex::new(pslite_van::LogOnce::new(log::Level::Warn)),
         };
         Ok(KVWorker {
-            customer: Customer::new(po, app_id, customer_id, inner)?,
+            customer: Customer::new(po, app_id, customer_id, inner, Ready::ALL)?,
         })
     }
 

@@ -27,5 +27,5 @@ pub use config::{Config, ConfigError};
 pub use postoffice::{key_ranges, Error, KeyRange, Membership, Postoffice};
 pub use pslite_van::Counters;
 pub use queue::{CustomerQueue, Deliveries};
-pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};
+pub use router::{CustomerKey, CustomerRouter, Delivery, Inline, Ready};
 pub use store::{Store, StoreError, StoreEvent, Watch};
