@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use log::{error, warn};
+use pslite_postoffice::Failure;
 use pslite_postoffice::{Counters, CustomerQueue, Delivery, Inline, Postoffice, Ready};
 use pslite_proto::{ids, lock, Message, NodeId, K_EMPTY};
-use pslite_van::Failure;
 
 use crate::request::{Answer, Completion, Outcome, Overdue, RequestTable};
 use crate::Error;

@@ -622,7 +622,13 @@ impl<V: Val> Handler for Inner<V> {
         false
     }
 
-    fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
+    fn on_complete(
+        &self,
+        _ts: i32,
+        _payload: &mut (),
+        _failure: Option<pslite_postoffice::Failure>,
+    ) {
+    }
 
     fn on_snapshot(&self, customer: &Arc<Customer<Self>>, token: u64, begin: u64, end: u64) {
         self.run(customer, Work::Snapshot { token, begin, end });

@@ -66,7 +66,7 @@ pub(crate) fn send_request<H: Handler>(
         msg.meta.timestamp = request.ts();
         msg.meta.recver = id;
         if let Err(e) = po.send(msg) {
-            let failure = pslite_van::Failure::SendFailed {
+            let failure = pslite_postoffice::Failure::SendFailed {
                 peer: id,
                 reason: e.to_string(),
             };
@@ -299,5 +299,11 @@ impl Handler for Inner {
         }
     }
 
-    fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
+    fn on_complete(
+        &self,
+        _ts: i32,
+        _payload: &mut (),
+        _failure: Option<pslite_postoffice::Failure>,
+    ) {
+    }
 }

@@ -282,7 +282,9 @@ fn simple_app_requests_wait_for_its_request_handle_in_order() {
     let sent: Vec<_> = (1..=3)
         .map(|head| w.request(head, b"", to).unwrap())
         .collect();
-    wait_for("three requests to wait", || c.servers[0].held_for(2, 2) == 3);
+    wait_for("three requests to wait", || {
+        c.servers[0].held_for(2, 2) == 3
+    });
     assert_eq!(c.servers[0].held_messages(), 0, "the app is registered");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let heads = Arc::clone(&seen);
