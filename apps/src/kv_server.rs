@@ -16,7 +16,7 @@
 //! responses unchanged (see `engine.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use log::{error, warn};
 use pslite_postoffice::{Postoffice, Ready};
@@ -658,84 +658,9 @@ impl<V: Val> Handler for Inner<V> {
     }
 }
 
-/// A request handle that runs on engine threads
-/// ([`KVServer::set_concurrent_handle`]): `handle` as a concurrent closure
-/// would, and `check`, which says whether the handle would take a request
-/// or part without applying anything of it. On a push cut over threads,
-/// every part is checked before any is handled, so a refused push applies
-/// nothing. A handle must then refuse exactly what its check refuses.
-pub trait ConcurrentHandle<V: Val>: Send + Sync + 'static {
-    /// Whether the handle takes `req` (the keys of one thread, or a whole
-    /// request); runs on the thread that owns the keys. By default, every
-    /// request.
-    fn check(&self, _meta: &KVMeta, _req: &KVPairs<V>) -> Result<(), Refusal> {
-        Ok(())
-    }
-
-    /// Handles `req` and answers it ([`KVServer::answer`]).
-    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>);
-}
-
-/// A concurrent closure: no check.
-struct Unchecked<F>(F);
-
-impl<V: Val, F> ConcurrentHandle<V> for Unchecked<F>
-where
-    F: Fn(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + Sync + 'static,
-{
-    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
-        (self.0)(meta, req, server)
-    }
-}
-
-/// A concurrent handle on a server's engine threads.
-struct OnEngine<V: Val, H> {
-    customer: Weak<Customer<Inner<V>>>,
-    handle: H,
-}
-
-impl<V: Val, H: ConcurrentHandle<V>> crate::engine::Runs<V> for OnEngine<V, H> {
-    fn check(&self, meta: &KVMeta, part: &KVPairs<V>) -> Result<(), Refusal> {
-        self.handle.check(meta, part)
-    }
-
-    fn run(&self, meta: &KVMeta, part: KVPairs<V>) {
-        let Some(customer) = self.customer.upgrade() else {
-            return; // the server is gone
-        };
-        let server = KVServer { customer };
-        let po = &server.inner().po;
-        crate::simple_app::contain_panic(
-            po,
-            || {
-                if let Some(engine) = server.inner().engine.get() {
-                    engine.part_failed(meta);
-                }
-                server.response_message(meta, KVPairs::default())
-            },
-            || self.handle.handle(meta, part, &server),
-        );
-    }
-
-    fn refuse(&self, meta: &KVMeta, refusal: Refusal) {
-        if let Some(customer) = self.customer.upgrade() {
-            crate::refusal::refuse(&customer.handler().po, &request_meta(meta), refusal);
-        }
-    }
-}
-
-impl<V: Val> ConcurrentHandle<V> for DefaultHandle<V> {
-    fn check(&self, meta: &KVMeta, req: &KVPairs<V>) -> Result<(), Refusal> {
-        self.check_lengths(meta, req)
-    }
-
-    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
-        let res = self.apply(meta, &req);
-        if let Err(e) = server.answer(meta, res) {
-            warn!("cannot answer node {}: {e}", meta.sender);
-        }
-    }
-}
+mod concurrent;
+pub use concurrent::ConcurrentHandle;
+use concurrent::{OnEngine, Unchecked};
 
 mod default_handle;
 pub use default_handle::DefaultHandle;
