@@ -323,24 +323,16 @@ impl CustomerRouter {
         lock(&self.routes)
     }
 
-    /// Registers a customer; its queue starts with whatever was held for it.
-    /// `None` if the customer is already registered.
+    /// Registers a customer that takes everything; its queue starts with
+    /// whatever was held for it. `None` if the customer is already
+    /// registered.
     pub fn register(&self, key: CustomerKey) -> Option<CustomerQueue> {
-        self.register_inline(key, None)
+        self.register_ready(key, None, Ready::ALL)
     }
 
-    /// Registers a customer with an inline handler (see [`Inline`]), which
-    /// sees its messages first, on the receive thread.
-    pub fn register_inline(
-        &self,
-        key: CustomerKey,
-        inline: Option<Inline>,
-    ) -> Option<CustomerQueue> {
-        self.register_ready(key, inline, Ready::ALL)
-    }
-
-    /// Registers a customer that takes what `ready` says; the rest waits
-    /// here until [`CustomerRouter::set_ready`] lets it through. Its queue
+    /// Registers a customer that takes what `ready` says, with an inline
+    /// handler (see [`Inline`]) that sees its messages first, on the receive
+    /// thread; the rest waits here until [`CustomerRouter::set_ready`]. Its queue
     /// starts with what was held for it that it takes (in order, up to the
     /// first it does not take). `None` if the customer is already
     /// registered.
