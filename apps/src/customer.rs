@@ -21,96 +21,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use log::{error, warn};
-use pslite_postoffice::{Counters, CustomerQueue, Delivery, Inline, Postoffice};
+use pslite_postoffice::Failure;
+use pslite_postoffice::{Counters, CustomerQueue, Delivery, Inline, Postoffice, Ready};
 use pslite_proto::{ids, lock, Message, NodeId, K_EMPTY};
-use pslite_van::Failure;
 
 use crate::request::{Answer, Completion, Outcome, Overdue, RequestTable};
 use crate::Error;
 
-/// What an app does with the messages its customer receives, and what it
-/// keeps per request it sends. Runs on the customer's thread, one message
-/// at a time (or on the receive thread, for messages it takes inline).
-///
-/// A panic in any of these fails the request concerned with
-/// [`Failure::HandlerPanicked`]; the customer goes on.
-pub trait Handler: Send + Sync + Sized + 'static {
-    /// What the app keeps in each request's record: e.g. the parts each
-    /// server answered, a callback and the pulled values.
-    type Payload: Send + 'static;
-
-    /// A request from another node.
-    fn on_request(&self, customer: &Arc<Customer<Self>>, msg: Message);
-
-    /// A response to one of this customer's requests, from a node that owes
-    /// one, before it is counted: records what it carries in the request's
-    /// `payload`. Returns false to leave it uncounted (it does not belong
-    /// to the request). Runs under the request table's lock: quick work
-    /// only, no user code, never a call back into the customer.
-    fn on_response(&self, msg: &Message, payload: &mut Self::Payload) -> bool;
-
-    /// A counted response, outside the lock, before the request completes:
-    /// where user code that sees responses runs. Default: nothing.
-    fn after_response(&self, customer: &Arc<Customer<Self>>, msg: Message) {
-        let _ = (customer, msg);
-    }
-
-    /// Every response of request `ts` has arrived (or it failed with
-    /// `failure`); runs once per request, before waits for it return.
-    fn on_complete(&self, ts: i32, payload: &mut Self::Payload, failure: Option<Failure>);
-
-    /// Replicated key ranges: copy the app's state of keys `[begin, end)`
-    /// for a joining server and hand it to the node (`Van::snapshot_taken`
-    /// with `token`). Default: the app cannot (logged; the copy waits).
-    fn on_snapshot(&self, customer: &Arc<Customer<Self>>, token: u64, begin: u64, end: u64) {
-        let _ = (customer, token, begin, end);
-        error!("this app cannot copy its state to a joining server");
-    }
-
-    /// Replicated key ranges: replace the app's state of keys `[begin, end)`
-    /// by a peer's copy, then tell the node (`Van::restored` with `token`).
-    fn on_restore(
-        &self,
-        customer: &Arc<Customer<Self>>,
-        token: u64,
-        begin: u64,
-        end: u64,
-        data: bytes::Bytes,
-    ) {
-        let _ = (customer, token, begin, end, data);
-        error!("this app cannot restore a copy of its state");
-    }
-
-    /// Whether `msg` may be handled on the receive thread, skipping the
-    /// customer's thread: for cheap work that never blocks (responses a
-    /// worker only counts, or requests whose app asked for it). `payload`
-    /// is the open request a response belongs to (`None` for a request);
-    /// for a response it runs under the request table's lock, as
-    /// [`Handler::on_response`] does. Default: no.
-    fn handles_inline(&self, msg: &Message, payload: Option<&Self::Payload>) -> bool {
-        let _ = (msg, payload);
-        false
-    }
-
-    /// Whether a completed request's payload holds a result still to be
-    /// taken (pulled values): waiting for it then keeps its record for
-    /// [`Customer::take`]. Default: no.
-    fn holds_result(payload: &Self::Payload) -> bool {
-        let _ = payload;
-        false
-    }
-}
-
-/// The message of a caught panic.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
+mod handler;
+pub use handler::{panic_message, Handler};
 
 /// The request table and what waits on it, shared by a customer, its
 /// thread and the handles of its requests.
@@ -325,12 +244,14 @@ pub struct Customer<H: Handler> {
 impl<H: Handler> Customer<H> {
     /// Registers (app_id, customer_id) with `po` and starts its thread,
     /// which calls `handler` for every message until the customer is
-    /// dropped.
+    /// dropped. What `ready` does not take yet waits in the Postoffice
+    /// until [`Customer::set_ready`].
     pub fn new(
         po: &Postoffice,
         app_id: i32,
         customer_id: i32,
         handler: H,
+        ready: Ready,
     ) -> Result<Arc<Customer<H>>, Error> {
         let warn_after = po.config().request_warn;
         let customer = Arc::new(Customer {
@@ -354,7 +275,7 @@ impl<H: Handler> Customer<H> {
             Some(customer) => customer.inline(msg),
             None => Some(msg),
         });
-        let queue = po.register_customer_inline(app_id, customer_id, inline)?;
+        let queue = po.register_customer_inline(app_id, customer_id, inline, ready)?;
         let weak = Arc::downgrade(&customer);
         let spawned = std::thread::Builder::new()
             .name(format!("pslite-app{app_id}-customer{customer_id}"))
@@ -367,6 +288,17 @@ impl<H: Handler> Customer<H> {
             }
         }
         Ok(customer)
+    }
+
+    /// The customer now takes what `ready` says (the app set a handle):
+    /// what waited for it in the Postoffice comes, in order.
+    pub fn set_ready(&self, ready: Ready) {
+        self.po.customer_ready(self.app_id, self.customer_id, ready);
+    }
+
+    /// How many messages wait in the Postoffice for this customer.
+    pub fn waiting(&self) -> usize {
+        self.po.held_for(self.app_id, self.customer_id)
     }
 
     /// The app id.

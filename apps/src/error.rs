@@ -1,7 +1,7 @@
 //! The error type of everything a ps-lite program calls.
 
+pub use pslite_postoffice::Failure;
 use pslite_proto::NodeId;
-pub use pslite_van::Failure;
 
 /// An error of pslite: configuration, the node's life cycle, the transport,
 /// or an app (bad input, a request that failed or timed out).
@@ -81,8 +81,8 @@ impl From<pslite_postoffice::ConfigError> for Error {
     }
 }
 
-impl From<pslite_van::VanError> for Error {
-    fn from(e: pslite_van::VanError) -> Self {
+impl From<pslite_postoffice::VanError> for Error {
+    fn from(e: pslite_postoffice::VanError) -> Self {
         Error::Postoffice(e.into())
     }
 }

@@ -3,7 +3,8 @@
 //! Its request handle gets each request's [`KVMeta`] and [`KVPairs`] and
 //! answers with [`KVServer::response`], at once or later, from any thread
 //! (the handle gets a `KVServer` it may clone). Requests that arrive before
-//! a handle is set wait for it. SimpleApp commands to the app (a C++
+//! a handle is set wait for it, in the Postoffice's hold (`PS_HOLD_LIMIT`).
+//! SimpleApp commands to the app (a C++
 //! `KVServer` is also a SimpleApp) go to [`KVServer::set_simple_request_handle`]. [`DefaultHandle`] is ps-lite's
 //! `KVServerDefaultHandle`: a store that sums pushes and answers pulls, here
 //! also for several (and variable numbers of) values per key.
@@ -15,14 +16,12 @@
 //! responses unchanged (see `engine.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use log::{error, warn};
-use pslite_postoffice::Postoffice;
+use pslite_postoffice::{Postoffice, Ready};
 use pslite_proto::refusal::Refusal;
-use pslite_proto::{lock, Message, Meta, NodeId};
-use pslite_van::hold::message_bytes;
-use pslite_van::{HoldQueue, LogOnce};
+use pslite_proto::{lock, Message, Meta};
 
 use crate::compression::AnswerFeedback;
 use crate::customer::{Customer, Handler};
@@ -34,8 +33,8 @@ use crate::Error;
 type Handle<V> = Box<dyn FnMut(&KVMeta, KVPairs<V>, &KVServer<V>) + Send>;
 type SimpleHandle<V> = Box<dyn FnMut(&SimpleData, &KVServer<V>) + Send>;
 
-/// Requests waiting for handles, in arrival order.
-enum Queued<V: Val> {
+/// What a handle runs: a request, or a key-range copy to make or restore.
+enum Work<V: Val> {
     Kv(KVMeta, KVPairs<V>),
     Simple(SimpleData),
     /// Replicated key ranges: a copy of keys `[begin, end)` to make.
@@ -53,53 +52,38 @@ enum Queued<V: Val> {
     },
 }
 
-/// The handles, behind one lock so that queued requests keep their order.
+/// The handles, behind one lock.
 struct Handles<V: Val> {
     kv: Option<Handle<V>>,
     simple: Option<SimpleHandle<V>>,
     /// The replicated handle's state, which copies and restores key ranges.
     ranges: Option<Box<dyn RangeCopy>>,
-    /// Requests waiting for their handle (within `PS_HOLD_LIMIT`).
-    queued: HoldQueue<Queued<V>>,
-    /// Senders whose requests were dropped for want of room, warned about.
-    dropped: LogOnce<NodeId>,
 }
 
 impl<V: Val> Handles<V> {
-    /// Whether `req` can be handled now.
-    fn ready_for(&self, req: &Queued<V>) -> bool {
-        match req {
-            Queued::Kv(..) => self.kv.is_some(),
+    /// What the server takes with these handles; the Postoffice holds the
+    /// rest, in order, until a handle is set.
+    fn ready(&self) -> Ready {
+        let kv = self.kv.is_some();
+        Ready {
+            kv,
             // Without a simple handle, the KV handle's presence means
             // "answer empty" (ps-lite's default).
-            Queued::Simple(_) => self.simple.is_some() || self.kv.is_some(),
+            simple: self.simple.is_some() || kv,
             // A plain KV handle's presence means "cannot copy" (the request
             // fails instead of holding every later one).
-            Queued::Snapshot { .. } | Queued::Restore { .. } => {
-                self.ranges.is_some() || self.kv.is_some()
-            }
+            copies: self.ranges.is_some() || kv,
         }
     }
 
-    /// Queues `req` from `sender` (`bytes` of payload) until its handle is
-    /// set; if too much waits already, hands it back with why (to refuse).
-    fn queue(
-        &mut self,
-        sender: NodeId,
-        bytes: usize,
-        req: Queued<V>,
-    ) -> Option<(Queued<V>, String)> {
-        let refused = self.queued.push(sender, bytes, req).err()?;
-        let waiting = self.queued.len();
-        let limit = self.queued.limit();
-        let why = format!(
-            "{waiting} requests already wait for this server's request handle (PS_HOLD_LIMIT \
-             is {limit} bytes): set the handle sooner, or raise PS_HOLD_LIMIT"
-        );
-        self.dropped.log(sender, || {
-            format!("refusing requests from node {sender}: {why}")
-        });
-        Some((refused.item, why))
+    /// Whether `work` can be handled now.
+    fn ready_for(&self, work: &Work<V>) -> bool {
+        let ready = self.ready();
+        match work {
+            Work::Kv(..) => ready.kv,
+            Work::Simple(_) => ready.simple,
+            Work::Snapshot { .. } | Work::Restore { .. } => ready.copies,
+        }
     }
 }
 
@@ -189,8 +173,6 @@ impl<V: Val> KVServer<V> {
                 kv: None,
                 simple: None,
                 ranges: None,
-                queued: HoldQueue::new(po.config().van.hold_limit),
-                dropped: LogOnce::new(log::Level::Warn),
             }),
             inline: AtomicBool::new(false),
             threads: AtomicUsize::new(po.config().server_threads.max(1)),
@@ -199,7 +181,7 @@ impl<V: Val> KVServer<V> {
             partial_refusal: AtomicBool::new(false),
         };
         Ok(KVServer {
-            customer: Customer::new(po, app_id, app_id, inner)?,
+            customer: Customer::new(po, app_id, app_id, inner, Ready::NONE)?,
         })
     }
 
@@ -215,7 +197,7 @@ impl<V: Val> KVServer<V> {
     ) {
         let mut handles = lock(&self.inner().handles);
         handles.kv = Some(Box::new(handle));
-        self.drain(&mut handles);
+        self.opened(handles);
     }
 
     /// Sets a request handle whose state can be copied by key range (see
@@ -231,7 +213,7 @@ impl<V: Val> KVServer<V> {
         handles.kv = Some(Box::new(move |meta, req, server| {
             lock(&shared).handle(meta, req, server)
         }));
-        self.drain(&mut handles);
+        self.opened(handles);
     }
 
     /// Like [`KVServer::set_request_handle`], but the handle runs on the
@@ -328,12 +310,12 @@ impl<V: Val> KVServer<V> {
     ) {
         let mut handles = lock(&self.inner().handles);
         handles.simple = Some(Box::new(handle));
-        self.drain(&mut handles);
+        self.opened(handles);
     }
 
-    /// How many requests wait for a handle.
+    /// How many requests wait for a handle (in the Postoffice).
     pub fn queued_requests(&self) -> usize {
-        lock(&self.inner().handles).queued.len()
+        self.customer.waiting()
     }
 
     /// Answers SimpleApp command `req` with `body`.
@@ -341,20 +323,18 @@ impl<V: Val> KVServer<V> {
         crate::simple_app::send_response(&self.inner().po, self.inner().app_id, req, body)
     }
 
-    /// Handles queued requests while their handles exist, in order.
-    fn drain(&self, handles: &mut Handles<V>) {
-        while handles.queued.front().is_some_and(|r| handles.ready_for(r)) {
-            if let Some(next) = handles.queued.pop_front() {
-                self.dispatch(handles, next);
-            }
-        }
+    /// A handle was set: the Postoffice hands over what waited for it.
+    fn opened(&self, handles: std::sync::MutexGuard<'_, Handles<V>>) {
+        let ready = handles.ready();
+        drop(handles);
+        self.customer.set_ready(ready);
     }
 
     /// Runs one request's handle (see [`Handles::ready_for`]).
-    fn dispatch(&self, handles: &mut Handles<V>, req: Queued<V>) {
+    fn dispatch(&self, handles: &mut Handles<V>, req: Work<V>) {
         let po = &self.inner().po;
         match req {
-            Queued::Kv(meta, kvs) => {
+            Work::Kv(meta, kvs) => {
                 if let Some(handle) = handles.kv.as_mut() {
                     crate::simple_app::contain_panic(
                         po,
@@ -363,7 +343,7 @@ impl<V: Val> KVServer<V> {
                     );
                 }
             }
-            Queued::Simple(data) => match handles.simple.as_mut() {
+            Work::Simple(data) => match handles.simple.as_mut() {
                 Some(handle) => crate::simple_app::contain_panic(
                     po,
                     || crate::simple_app::response_message(self.inner().app_id, &data, b""),
@@ -375,7 +355,7 @@ impl<V: Val> KVServer<V> {
                     }
                 }
             },
-            Queued::Snapshot { token, begin, end } => {
+            Work::Snapshot { token, begin, end } => {
                 let Ok(van) = po.van() else { return };
                 match &handles.ranges {
                     Some(ranges) => {
@@ -388,7 +368,7 @@ impl<V: Val> KVServer<V> {
                     }
                 }
             }
-            Queued::Restore {
+            Work::Restore {
                 token,
                 begin,
                 end,
@@ -525,44 +505,32 @@ impl<V: Val> KVServer<V> {
 }
 
 impl<V: Val> Inner<V> {
-    /// Runs `req` (from `sender`, `bytes` of payload) now if nothing waits
-    /// before it and its handle is set, else queues it.
-    fn queue(&self, customer: &Arc<Customer<Self>>, sender: NodeId, bytes: usize, req: Queued<V>) {
+    /// Runs `work`'s handle. The Postoffice delivers nothing before its
+    /// handle is set ([`Handles::ready`]); should it, a request is refused.
+    fn run(&self, customer: &Arc<Customer<Self>>, work: Work<V>) {
         let server = KVServer {
             customer: Arc::clone(customer),
         };
         let mut handles = lock(&self.handles);
-        if handles.queued.is_empty() && handles.ready_for(&req) {
-            server.dispatch(&mut handles, req);
+        if handles.ready_for(&work) {
+            server.dispatch(&mut handles, work);
             return;
         }
-        let Some((refused, why)) = handles.queue(sender, bytes, req) else {
-            return;
-        };
         drop(handles);
-        let meta = match &refused {
-            Queued::Kv(meta, _) => request_meta(meta),
-            Queued::Simple(data) => simple_meta(self.app_id, data),
-            // This node's own copies count no payload: never refused.
-            Queued::Snapshot { .. } | Queued::Restore { .. } => return,
+        let reason = format!("KVServer app {} has no handle for it yet", self.app_id);
+        error!("{reason}");
+        let meta = match &work {
+            Work::Kv(meta, _) => request_meta(meta),
+            Work::Simple(data) => simple_meta(self.app_id, data),
+            Work::Snapshot { .. } | Work::Restore { .. } => return,
         };
         let refusal = Refusal::Other {
             app: self.app_id,
-            reason: why,
+            reason,
         };
         crate::refusal::refuse(&self.po, &meta, refusal);
     }
-
-    /// Queues a key-range copy or restore request, which this node's own
-    /// core made (one per range at a time): it counts no payload against
-    /// `PS_HOLD_LIMIT`, so a restore of a large range is never refused.
-    fn queue_copy(&self, customer: &Arc<Customer<Self>>, req: Queued<V>) {
-        self.queue(customer, OWN_CORE, 0, req);
-    }
 }
-
-/// The sender of copy and restore requests (this node's core; no peer).
-const OWN_CORE: NodeId = -1;
 
 /// The meta of the request message `req` was read from (as much of it as
 /// an answer echoes).
@@ -599,7 +567,6 @@ impl<V: Val> Handler for Inner<V> {
     type Payload = ();
 
     fn on_request(&self, customer: &Arc<Customer<Self>>, mut msg: Message) {
-        let (sender, bytes) = (msg.meta.sender, message_bytes(&msg));
         // Compressed values (a pslite worker that knows this server reads
         // them): the handle sees them decompressed.
         let expanded = crate::compression::expand::<V>(&mut msg);
@@ -612,7 +579,7 @@ impl<V: Val> Handler for Inner<V> {
             return;
         }
         let req = if msg.meta.simple_app {
-            Queued::Simple(SimpleData::of(&msg))
+            Work::Simple(SimpleData::of(&msg))
         } else {
             // The values frame's type (a pull sends an empty one, typed too).
             if let Some(&sent) = msg.meta.data_type.get(1).filter(|&&t| !accepts::<V>(t)) {
@@ -631,7 +598,7 @@ impl<V: Val> Handler for Inner<V> {
                     });
                     return;
                 }
-                Ok(kvs) => Queued::Kv(KVMeta::with_keys(&msg, Some(&kvs.keys)), kvs),
+                Ok(kvs) => Work::Kv(KVMeta::with_keys(&msg, Some(&kvs.keys)), kvs),
                 Err(e) => {
                     refuse(Refusal::Other {
                         app: self.app_id,
@@ -641,7 +608,7 @@ impl<V: Val> Handler for Inner<V> {
                 }
             }
         };
-        self.queue(customer, sender, bytes, req);
+        self.run(customer, req);
     }
 
     fn on_response(&self, msg: &Message, _payload: &mut ()) -> bool {
@@ -655,10 +622,16 @@ impl<V: Val> Handler for Inner<V> {
         false
     }
 
-    fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
+    fn on_complete(
+        &self,
+        _ts: i32,
+        _payload: &mut (),
+        _failure: Option<pslite_postoffice::Failure>,
+    ) {
+    }
 
     fn on_snapshot(&self, customer: &Arc<Customer<Self>>, token: u64, begin: u64, end: u64) {
-        self.queue_copy(customer, Queued::Snapshot { token, begin, end });
+        self.run(customer, Work::Snapshot { token, begin, end });
     }
 
     fn on_restore(
@@ -669,9 +642,9 @@ impl<V: Val> Handler for Inner<V> {
         end: u64,
         data: bytes::Bytes,
     ) {
-        self.queue_copy(
+        self.run(
             customer,
-            Queued::Restore {
+            Work::Restore {
                 token,
                 begin,
                 end,
@@ -685,84 +658,9 @@ impl<V: Val> Handler for Inner<V> {
     }
 }
 
-/// A request handle that runs on engine threads
-/// ([`KVServer::set_concurrent_handle`]): `handle` as a concurrent closure
-/// would, and `check`, which says whether the handle would take a request
-/// or part without applying anything of it. On a push cut over threads,
-/// every part is checked before any is handled, so a refused push applies
-/// nothing. A handle must then refuse exactly what its check refuses.
-pub trait ConcurrentHandle<V: Val>: Send + Sync + 'static {
-    /// Whether the handle takes `req` (the keys of one thread, or a whole
-    /// request); runs on the thread that owns the keys. By default, every
-    /// request.
-    fn check(&self, _meta: &KVMeta, _req: &KVPairs<V>) -> Result<(), Refusal> {
-        Ok(())
-    }
-
-    /// Handles `req` and answers it ([`KVServer::answer`]).
-    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>);
-}
-
-/// A concurrent closure: no check.
-struct Unchecked<F>(F);
-
-impl<V: Val, F> ConcurrentHandle<V> for Unchecked<F>
-where
-    F: Fn(&KVMeta, KVPairs<V>, &KVServer<V>) + Send + Sync + 'static,
-{
-    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
-        (self.0)(meta, req, server)
-    }
-}
-
-/// A concurrent handle on a server's engine threads.
-struct OnEngine<V: Val, H> {
-    customer: Weak<Customer<Inner<V>>>,
-    handle: H,
-}
-
-impl<V: Val, H: ConcurrentHandle<V>> crate::engine::Runs<V> for OnEngine<V, H> {
-    fn check(&self, meta: &KVMeta, part: &KVPairs<V>) -> Result<(), Refusal> {
-        self.handle.check(meta, part)
-    }
-
-    fn run(&self, meta: &KVMeta, part: KVPairs<V>) {
-        let Some(customer) = self.customer.upgrade() else {
-            return; // the server is gone
-        };
-        let server = KVServer { customer };
-        let po = &server.inner().po;
-        crate::simple_app::contain_panic(
-            po,
-            || {
-                if let Some(engine) = server.inner().engine.get() {
-                    engine.part_failed(meta);
-                }
-                server.response_message(meta, KVPairs::default())
-            },
-            || self.handle.handle(meta, part, &server),
-        );
-    }
-
-    fn refuse(&self, meta: &KVMeta, refusal: Refusal) {
-        if let Some(customer) = self.customer.upgrade() {
-            crate::refusal::refuse(&customer.handler().po, &request_meta(meta), refusal);
-        }
-    }
-}
-
-impl<V: Val> ConcurrentHandle<V> for DefaultHandle<V> {
-    fn check(&self, meta: &KVMeta, req: &KVPairs<V>) -> Result<(), Refusal> {
-        self.check_lengths(meta, req)
-    }
-
-    fn handle(&self, meta: &KVMeta, req: KVPairs<V>, server: &KVServer<V>) {
-        let res = self.apply(meta, &req);
-        if let Err(e) = server.answer(meta, res) {
-            warn!("cannot answer node {}: {e}", meta.sender);
-        }
-    }
-}
+mod concurrent;
+pub use concurrent::ConcurrentHandle;
+use concurrent::{OnEngine, Unchecked};
 
 mod default_handle;
 pub use default_handle::DefaultHandle;

@@ -46,9 +46,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use log::warn;
-use pslite_postoffice::{KeyRange, Postoffice};
+use pslite_postoffice::Failure;
+use pslite_postoffice::{KeyRange, Postoffice, Ready};
 use pslite_proto::{Message, NodeId};
-use pslite_van::Failure;
 
 use crate::compression::{Compression, KeyState, WorkerState};
 use crate::customer::{Customer, Handler, Request};
@@ -125,7 +125,7 @@ struct Inner<V: Val> {
     /// Bounded staleness: the bound and this worker's clock.
     clock: crate::staleness::Clock,
     /// Servers told of once: compression asked, but they cannot read it.
-    uncompressed: Mutex<pslite_van::LogOnce<NodeId>>,
+    uncompressed: Mutex<pslite_postoffice::LogOnce<NodeId>>,
 }
 
 /// A push, pull or push-pull sent by a [`KVWorker`]: wait for it, and take
@@ -248,10 +248,10 @@ impl<V: Val> KVWorker<V> {
             compression: RwLock::new(None),
             compressed: WorkerState::default(),
             clock: crate::staleness::Clock::new(po.config().staleness),
-            uncompressed: Mutex::new(pslite_van::LogOnce::new(log::Level::Warn)),
+            uncompressed: Mutex::new(pslite_postoffice::LogOnce::new(log::Level::Warn)),
         };
         Ok(KVWorker {
-            customer: Customer::new(po, app_id, customer_id, inner)?,
+            customer: Customer::new(po, app_id, customer_id, inner, Ready::ALL)?,
         })
     }
 

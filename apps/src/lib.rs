@@ -94,6 +94,11 @@ pub use kv_worker::{
     PULL_FIRST_CHUNK_BYTES,
 };
 pub use logging::init_logging;
+/// Talking to a running cluster's scheduler from outside it (`pslite status`).
+pub use pslite_postoffice::admin;
+/// Checkpoints of the servers' key ranges (`PS_CHECKPOINT_DIR`): the file format
+/// and the directory scans.
+pub use pslite_postoffice::checkpoint;
 /// A node's configuration, read from the variables of [`settings`].
 pub use pslite_postoffice::config;
 pub use pslite_postoffice::launched;
@@ -101,6 +106,9 @@ pub use pslite_postoffice::launched;
 /// table comes from it).
 pub use pslite_postoffice::settings;
 pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};
+/// The process's file descriptor limit, raised for a large job (see
+/// the Van's `context`).
+pub use pslite_postoffice::{fit_descriptor_limit, DescriptorFit};
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membership, Postoffice};
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;
@@ -108,14 +116,6 @@ pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GRO
 pub use pslite_proto::refusal::Refusal;
 pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
-/// Talking to a running cluster's scheduler from outside it (`pslite status`).
-pub use pslite_van::admin;
-/// Checkpoints of the servers' key ranges (`PS_CHECKPOINT_DIR`): the file format
-/// and the directory scans.
-pub use pslite_van::checkpoint;
-/// The process's file descriptor limit, raised for a large job (see
-/// `pslite_van::context`).
-pub use pslite_van::context::{fit_descriptor_limit, DescriptorFit};
 pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 

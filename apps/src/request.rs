@@ -45,8 +45,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
+use pslite_postoffice::Failure;
 use pslite_proto::NodeId;
-use pslite_van::Failure;
 
 use crate::Error;
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 use bytes::Bytes;
-use pslite_van::shm::Tracked;
+use pslite_postoffice::Tracked;
 
 #[cfg(target_endian = "big")]
 compile_error!("pslite's wire format is little-endian; big-endian hosts are not supported");

@@ -4,9 +4,10 @@
 //! [`SimpleApp::request`] returns a [`Request`] to wait on (or its
 //! timestamp, for [`SimpleApp::wait`] as in ps-lite).
 //!
-//! Requests that arrive before a request handle is set wait for it (C++
-//! ps-lite answers them with an empty default reply instead, so a handle
-//! set a moment too late misses them).
+//! Requests that arrive before a request handle is set wait for it, in the
+//! Postoffice's hold (`PS_HOLD_LIMIT`; C++ ps-lite answers them with an
+//! empty default reply instead, so a handle set a moment too late misses
+//! them).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
@@ -14,9 +15,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::{error, warn};
-use pslite_postoffice::Postoffice;
+use pslite_postoffice::{Postoffice, Ready};
 use pslite_proto::{lock, Message, NodeId};
-use pslite_van::{HoldQueue, LogOnce};
 
 use crate::customer::{panic_message, Customer, Handler, Request};
 use crate::Error;
@@ -66,7 +66,7 @@ pub(crate) fn send_request<H: Handler>(
         msg.meta.timestamp = request.ts();
         msg.meta.recver = id;
         if let Err(e) = po.send(msg) {
-            let failure = pslite_van::Failure::SendFailed {
+            let failure = pslite_postoffice::Failure::SendFailed {
                 peer: id,
                 reason: e.to_string(),
             };
@@ -151,10 +151,14 @@ struct Inner {
     po: Postoffice,
     request_handle: Mutex<Option<Handle>>,
     response_handle: Mutex<Option<Handle>>,
-    /// Requests that arrived before the request handle (within
-    /// `PS_HOLD_LIMIT`), and the senders of those dropped beyond it.
-    queued: Mutex<(HoldQueue<SimpleData>, LogOnce<NodeId>)>,
 }
+
+/// What a SimpleApp takes before its request handle is set: key-value
+/// requests (refused at once) and copies, not its commands.
+const NO_HANDLE: Ready = Ready {
+    simple: false,
+    ..Ready::ALL
+};
 
 /// A request/response app; cheap to clone (clones share the app).
 #[derive(Clone)]
@@ -174,13 +178,9 @@ impl SimpleApp {
             po: po.clone(),
             request_handle: Mutex::new(None),
             response_handle: Mutex::new(None),
-            queued: Mutex::new((
-                HoldQueue::new(po.config().van.hold_limit),
-                LogOnce::new(log::Level::Warn),
-            )),
         };
         Ok(SimpleApp {
-            customer: Customer::new(po, app_id, customer_id, inner)?,
+            customer: Customer::new(po, app_id, customer_id, inner, NO_HANDLE)?,
         })
     }
 
@@ -216,15 +216,10 @@ impl SimpleApp {
     }
 
     /// Sets what to do with each request; requests that arrived before are
-    /// handled now, in order.
+    /// handled next, in order.
     pub fn set_request_handle(&self, handle: impl FnMut(&SimpleData, &SimpleApp) + Send + 'static) {
-        let mut slot = lock(&self.inner().request_handle);
-        let mut handle: Handle = Box::new(handle);
-        let queued = lock(&self.inner().queued).0.drain();
-        for req in queued {
-            self.inner().run(&mut handle, &req, self);
-        }
-        *slot = Some(handle);
+        *lock(&self.inner().request_handle) = Some(Box::new(handle));
+        self.customer.set_ready(Ready::ALL);
     }
 
     /// Sets what to do with each response (they are counted either way).
@@ -284,34 +279,10 @@ impl Handler for Inner {
             customer: Arc::clone(customer),
         };
         let req = SimpleData::of(&msg);
-        let mut slot = lock(&self.request_handle);
-        match slot.as_mut() {
+        // The Postoffice holds requests until the handle is set.
+        match lock(&self.request_handle).as_mut() {
             Some(handle) => self.run(handle, &req, &app),
-            None => {
-                let mut queued = lock(&self.queued);
-                let (waiting, dropped) = &mut *queued;
-                let sender = req.sender;
-                if waiting.push(sender, req.body.len(), req).is_err() {
-                    let (n, limit) = (waiting.len(), waiting.limit());
-                    let why = format!(
-                        "{n} requests already wait for its request handle (PS_HOLD_LIMIT is \
-                         {limit} bytes): set the handle sooner, or raise PS_HOLD_LIMIT"
-                    );
-                    dropped.log(sender, || {
-                        format!(
-                            "SimpleApp {} refusing requests from node {sender}: {why}",
-                            self.app_id
-                        )
-                    });
-                    drop(queued);
-                    drop(slot);
-                    let refusal = pslite_proto::refusal::Refusal::Other {
-                        app: self.app_id,
-                        reason: why,
-                    };
-                    crate::refusal::refuse(&self.po, &msg.meta, refusal);
-                }
-            }
+            None => error!("SimpleApp {}: a request before its handle", self.app_id),
         }
     }
 
@@ -328,5 +299,11 @@ impl Handler for Inner {
         }
     }
 
-    fn on_complete(&self, _ts: i32, _payload: &mut (), _failure: Option<pslite_van::Failure>) {}
+    fn on_complete(
+        &self,
+        _ts: i32,
+        _payload: &mut (),
+        _failure: Option<pslite_postoffice::Failure>,
+    ) {
+    }
 }

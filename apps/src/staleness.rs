@@ -2,14 +2,14 @@
 //! [`KVWorker::set_staleness`](crate::KVWorker::set_staleness),
 //! [`KVWorker::clock`](crate::KVWorker::clock)): its clock, the clock and
 //! bound its requests carry, and the ticks it sends its servers. The
-//! servers' gate is in the core (`pslite_van::staleness`).
+//! servers' gate is in the core (the Van's `staleness`).
 
 use std::sync::Mutex;
 
 use pslite_postoffice::Postoffice;
+use pslite_postoffice::WorkerClock;
 use pslite_proto::staleness::StalenessMsg;
 use pslite_proto::{ids, Meta, NodeId, FEATURE_STALENESS};
-use pslite_van::staleness::WorkerClock;
 
 use crate::Error;
 

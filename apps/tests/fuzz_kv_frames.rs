@@ -25,7 +25,10 @@ fn frames() -> impl Strategy<Value = (Vec<Vec<u8>>, Vec<i32>, usize)> {
 
 fn message(frames: Vec<Vec<u8>>, types: Vec<i32>, offset: usize) -> Message {
     let mut msg = Message::default();
-    msg.meta.data_type = types.into_iter().filter_map(DataType::from_i32).collect();
+    msg.meta.data_type = types
+        .into_iter()
+        .filter_map(|t| DataType::try_from(t).ok())
+        .collect();
     // Offsets make frames misaligned, as ZeroMQ may deliver them.
     msg.data = frames
         .into_iter()

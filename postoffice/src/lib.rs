@@ -26,6 +26,23 @@ pub mod store;
 pub use config::{Config, ConfigError};
 pub use postoffice::{key_ranges, Error, KeyRange, Membership, Postoffice};
 pub use pslite_van::Counters;
+// The driver's names the layers above use: the apps (`pslite`) and the
+// Python package reach the Van only through these and the Postoffice
+// (`tests/structure/run.sh` checks that apps/src names no `pslite_van`).
+/// Talking to a running cluster's scheduler from outside it (`pslite status`).
+pub use pslite_van::admin;
+/// Checkpoints of the servers' key ranges (`PS_CHECKPOINT_DIR`): the file
+/// format and the directory scans.
+pub use pslite_van::checkpoint;
+/// The process's file descriptor limit, raised for a large job.
+pub use pslite_van::context::{fit_descriptor_limit, DescriptorFit};
+/// Message buffers whose bytes may travel through shared memory.
+pub use pslite_van::shm::Tracked;
+/// A worker's clock under bounded staleness (`PS_STALENESS`).
+pub use pslite_van::staleness::WorkerClock;
+/// Why a request, a barrier or the node failed; an error of the Van; one
+/// log line per peer and cause.
+pub use pslite_van::{Failure, LogOnce, VanError};
 pub use queue::{CustomerQueue, Deliveries};
-pub use router::{CustomerKey, CustomerRouter, Delivery, Inline};
+pub use router::{CustomerKey, CustomerRouter, Delivery, Inline, Ready};
 pub use store::{Store, StoreError, StoreEvent, Watch};

@@ -17,7 +17,7 @@ use pslite_van::{Counters, Van, VanError};
 
 use crate::metrics::{self, MetricsServer};
 use crate::queue::CustomerQueue;
-use crate::router::{CustomerRouter, Inline};
+use crate::router::{CustomerRouter, Inline, Ready};
 use crate::{Config, ConfigError};
 
 /// A Postoffice error: configuration, start-up, or the transport.
@@ -389,16 +389,19 @@ impl Postoffice {
     }
 
     /// Like [`Postoffice::register_customer`], with a handler that sees each
-    /// message first, on the receive thread, and may keep it (see [`Inline`]).
+    /// message first, on the receive thread, and may keep it (see [`Inline`]),
+    /// taking what `ready` says; the rest waits in the Postoffice until
+    /// [`Postoffice::customer_ready`] (see [`Ready`]).
     pub fn register_customer_inline(
         &self,
         app_id: i32,
         customer_id: i32,
         inline: Inline,
+        ready: Ready,
     ) -> Result<CustomerQueue, Error> {
         self.inner
             .router
-            .register_inline((app_id, customer_id), Some(inline))
+            .register_ready((app_id, customer_id), Some(inline), ready)
             .ok_or(Error::DuplicateCustomer {
                 app_id,
                 customer_id,
@@ -414,6 +417,18 @@ impl Postoffice {
     /// yet (they are delivered when the customer registers).
     pub fn held_messages(&self) -> usize {
         self.inner.router.held()
+    }
+
+    /// Customer (`app_id`, `customer_id`) now takes what `ready` says (its
+    /// request handle is set): what waited for it is delivered, in order.
+    pub fn customer_ready(&self, app_id: i32, customer_id: i32, ready: Ready) {
+        self.inner.router.set_ready((app_id, customer_id), ready);
+    }
+
+    /// How many data messages wait for customer (`app_id`, `customer_id`):
+    /// it has not registered, or does not take them yet.
+    pub fn held_for(&self, app_id: i32, customer_id: i32) -> usize {
+        self.inner.router.held_for((app_id, customer_id))
     }
 
     /// Sends a message; returns the bytes sent.

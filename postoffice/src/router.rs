@@ -2,16 +2,26 @@
 //!
 //! A message names its app (`app_id`) and, on a worker, its customer
 //! (`customer_id`; servers and the scheduler use the app id for both, as
-//! ps-lite does). Messages for a customer that has not registered yet are
-//! held, in order, and handed over when it registers: a server may receive
-//! pushes before its `KVServer` exists (C++ ps-lite aborts after 5 s there).
-//! What is held is bounded in bytes, in total and per sender
-//! (`PS_HOLD_LIMIT`), so strangers cannot pin memory. A request held longer
-//! than `PS_APP_WAIT` (or one that does not fit) is refused: the requester
-//! is answered with [`Refusal::NoApp`] (or why it did not fit) and its wait
-//! fails, rather than waiting for an app that may never exist
-//! ([`CustomerRouter::expire_held`] and [`CustomerRouter::take_refusals`],
-//! driven by the Postoffice's clock thread).
+//! ps-lite does).
+//!
+//! This is the one place where messages wait for an app that is not ready:
+//! a customer that has not registered yet (a server may receive pushes
+//! before its `KVServer` exists; C++ ps-lite aborts after 5 s there), or one
+//! that registered but does not take that kind of delivery yet ([`Ready`]:
+//! a `KVServer` or `SimpleApp` whose request handle is not set). What waits
+//! is held in arrival order and handed over, in that order, once the
+//! customer takes it ([`CustomerRouter::register_ready`],
+//! [`CustomerRouter::set_ready`]); a delivery its customer could take waits
+//! too while an earlier one for that customer waits. What is held is
+//! bounded in bytes, in total and per sender (`PS_HOLD_LIMIT`), so strangers
+//! cannot pin memory; a request that does not fit is refused, saying why
+//! (logged once per sender, then at debug level). A request for a customer
+//! that has not registered, held longer than `PS_APP_WAIT`, is refused: the
+//! requester is answered with [`Refusal::NoApp`] and its wait fails, rather
+//! than waiting for an app that may never exist
+//! ([`CustomerRouter::expire_held`], driven by the Postoffice's clock
+//! thread). A registered app's requests wait for its handle as long as it
+//! takes.
 //!
 //! Each customer's queue holds at most `PS_QUEUE_LIMIT` data messages
 //! ([`CustomerQueue`]): when a handler falls behind, the next message is
@@ -27,7 +37,7 @@ use log::{debug, warn};
 use pslite_proto::refusal::{self, Refusal};
 use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
 use pslite_van::hold::message_bytes;
-use pslite_van::{Delivered, Dispatch, Failure, HoldQueue, Room};
+use pslite_van::{Delivered, Dispatch, Failure, HoldQueue, LogOnce, Room};
 
 use crate::queue::{customer_queue, CustomerQueue, QueueSender, Refused};
 
@@ -87,19 +97,74 @@ pub enum Delivery {
 /// counting responses); it must never block.
 pub type Inline = Arc<dyn Fn(Message) -> Option<Message> + Send + Sync>;
 
+/// Which deliveries a registered customer takes now; the others wait in
+/// the router, in order (see the module's doc). Responses and notices
+/// (failures, dead peers) are always taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// Key-value requests (every request that is not a SimpleApp command).
+    pub kv: bool,
+    /// SimpleApp requests (commands).
+    pub simple: bool,
+    /// Replicated key ranges: copy and restore requests for the app.
+    pub copies: bool,
+}
+
+impl Ready {
+    /// Takes everything (a worker's customer, an app whose handles are set).
+    pub const ALL: Ready = Ready {
+        kv: true,
+        simple: true,
+        copies: true,
+    };
+
+    /// Takes no request yet (only responses and notices).
+    pub const NONE: Ready = Ready {
+        kv: false,
+        simple: false,
+        copies: false,
+    };
+
+    /// Whether the customer takes `msg` now.
+    pub fn takes_message(self, msg: &Message) -> bool {
+        match (msg.meta.request, msg.meta.simple_app) {
+            (false, _) => true,
+            (true, true) => self.simple,
+            (true, false) => self.kv,
+        }
+    }
+
+    /// Whether the customer takes `delivery` now.
+    pub fn takes(self, delivery: &Delivery) -> bool {
+        match delivery {
+            Delivery::Message(msg) => self.takes_message(msg),
+            Delivery::Snapshot { .. } | Delivery::Restore { .. } => self.copies,
+            Delivery::Undeliverable { .. }
+            | Delivery::PeerDead { .. }
+            | Delivery::NodeFailed(_) => true,
+        }
+    }
+}
+
 struct Route {
     queue: Arc<QueueSender>,
     inline: Option<Inline>,
+    ready: Ready,
 }
+
+/// What waits for a customer: for whom, what, since when.
+type Held = (CustomerKey, Delivery, Instant);
 
 struct Routes {
     customers: HashMap<CustomerKey, Route>,
     failure: Option<Failure>,
-    /// What came for customers that have not registered (`PS_HOLD_LIMIT`),
+    /// What came for customers that are not ready for it (`PS_HOLD_LIMIT`),
     /// in arrival order: messages, and (replicated key ranges) copy and
     /// restore requests for server apps (a server that replaces a dead one
     /// gets its copies as soon as it joins, before its `KVServer` exists).
-    held: HoldQueue<(CustomerKey, Delivery, Instant)>,
+    held: HoldQueue<Held>,
+    /// Senders whose requests were refused for want of room, warned about.
+    refused: LogOnce<NodeId>,
     /// When each held request arrived, oldest first (a request delivered
     /// since leaves its instant behind: it only costs a wake-up).
     held_requests: VecDeque<Instant>,
@@ -153,6 +218,7 @@ impl CustomerRouter {
                 customers: HashMap::new(),
                 failure: None,
                 held: HoldQueue::new(hold_limit),
+                refused: LogOnce::new(log::Level::Warn),
                 held_requests: VecDeque::new(),
                 refusals: Vec::new(),
                 generation: 0,
@@ -181,8 +247,14 @@ impl CustomerRouter {
             while routes.held_requests.front().is_some_and(due) {
                 routes.held_requests.pop_front();
             }
-            let expired = routes.held.take_if(|(_, delivery, since)| {
-                matches!(delivery, Delivery::Message(m) if m.meta.request) && due(since)
+            // A registered customer's requests wait for its handle.
+            let Routes {
+                held, customers, ..
+            } = &mut *routes;
+            let expired = held.take_if(|(key, delivery, since)| {
+                matches!(delivery, Delivery::Message(m) if m.meta.request)
+                    && due(since)
+                    && !customers.contains_key(key)
             });
             for ((app, customer), delivery, since) in expired {
                 let Delivery::Message(msg) = delivery else {
@@ -251,24 +323,30 @@ impl CustomerRouter {
         lock(&self.routes)
     }
 
-    /// Registers a customer; its queue starts with whatever was held for it.
-    /// `None` if the customer is already registered.
+    /// Registers a customer that takes everything; its queue starts with
+    /// whatever was held for it. `None` if the customer is already
+    /// registered.
     pub fn register(&self, key: CustomerKey) -> Option<CustomerQueue> {
-        self.register_inline(key, None)
+        self.register_ready(key, None, Ready::ALL)
     }
 
-    /// Registers a customer with an inline handler (see [`Inline`]), which
-    /// sees its messages first, on the receive thread.
-    pub fn register_inline(
+    /// Registers a customer that takes what `ready` says, with an inline
+    /// handler (see [`Inline`]) that sees its messages first, on the receive
+    /// thread; the rest waits here until [`CustomerRouter::set_ready`]. Its queue
+    /// starts with what was held for it that it takes (in order, up to the
+    /// first it does not take). `None` if the customer is already
+    /// registered.
+    pub fn register_ready(
         &self,
         key: CustomerKey,
         inline: Option<Inline>,
+        ready: Ready,
     ) -> Option<CustomerQueue> {
         let mut routes = self.routes();
         if routes.customers.contains_key(&key) {
             return None;
         }
-        let held = routes.held.take_if(|(k, _, _)| *k == key);
+        let held = take_ready(&mut routes.held, key, ready);
         let (tx, rx) = customer_queue(self.queue_limit);
         if let Some(failure) = &routes.failure {
             tx.push(Delivery::NodeFailed(failure.clone()));
@@ -282,17 +360,59 @@ impl CustomerRouter {
             );
         }
         // What was held goes in whatever the limit.
-        for (_, delivery, _) in held {
+        for delivery in held {
             tx.push(delivery);
         }
         let queue = Arc::new(tx);
-        routes.customers.insert(key, Route { queue, inline });
+        routes.customers.insert(
+            key,
+            Route {
+                queue,
+                inline,
+                ready,
+            },
+        );
         Some(rx)
+    }
+
+    /// Customer `key` now takes what `ready` says: what was held for it is
+    /// handed over in order, up to the first it does not take.
+    pub fn set_ready(&self, key: CustomerKey, ready: Ready) {
+        let mut routes = self.routes();
+        let held = take_ready(&mut routes.held, key, ready);
+        let Some(route) = routes.customers.get_mut(&key) else {
+            return;
+        };
+        route.ready = ready;
+        if !held.is_empty() {
+            debug!(
+                "app {} customer {}: delivering {} messages that waited for it",
+                key.0,
+                key.1,
+                held.len()
+            );
+        }
+        // What was held goes in whatever the limit.
+        for delivery in held {
+            route.queue.push(delivery);
+        }
     }
 
     /// How many messages wait for customers that have not registered.
     pub fn held(&self) -> usize {
-        self.routes().held.len()
+        let routes = self.routes();
+        let registered = |key: &CustomerKey| routes.customers.contains_key(key);
+        routes
+            .held
+            .iter()
+            .filter(|(k, _, _)| !registered(k))
+            .count()
+    }
+
+    /// How many messages wait for customer `key` (registered or not).
+    pub fn held_for(&self, key: CustomerKey) -> usize {
+        let routes = self.routes();
+        routes.held.iter().filter(|(k, _, _)| *k == key).count()
     }
 
     /// Bytes held for customers that have not registered.
@@ -306,12 +426,46 @@ impl CustomerRouter {
     }
 }
 
+/// Takes what is held for `key` that `ready` lets through: in order, up to
+/// the first delivery it does not take.
+fn take_ready(held: &mut HoldQueue<Held>, key: CustomerKey, ready: Ready) -> Vec<Delivery> {
+    let mut blocked = false;
+    let taken = held.take_if(|(k, delivery, _)| {
+        if *k != key || blocked {
+            return false;
+        }
+        blocked = !ready.takes(delivery);
+        !blocked
+    });
+    taken.into_iter().map(|(_, delivery, _)| delivery).collect()
+}
+
+impl Routes {
+    /// The route of customer `key` if it takes what `takes` says now:
+    /// registered, and (unless `always`, a response or notice) ready for
+    /// it with nothing held for it before it.
+    fn open(
+        &self,
+        key: CustomerKey,
+        always: bool,
+        takes: impl Fn(Ready) -> bool,
+    ) -> Option<&Route> {
+        let route = self.customers.get(&key)?;
+        if always {
+            return Some(route);
+        }
+        let waits = self.held.iter().any(|(k, _, _)| *k == key);
+        (takes(route.ready) && !waits).then_some(route)
+    }
+}
+
 impl CustomerRouter {
     /// Queues `what` for server app `app` (customer `app`, as ps-lite keys
     /// server apps), in order with its requests.
     fn to_app(&self, app: i32, what: Delivery) {
         let mut routes = self.routes();
-        let Some(queue) = routes.customers.get(&(app, app)).map(|r| r.queue.clone()) else {
+        let open = routes.open((app, app), false, |ready| ready.takes(&what));
+        let Some(queue) = open.map(|r| r.queue.clone()) else {
             match routes
                 .held
                 .push(OWN_CORE, 0, ((app, app), what, Instant::now()))
@@ -351,21 +505,21 @@ impl Dispatch for CustomerRouter {
             return Delivered::Taken;
         }
         let key = self.key_of(&msg);
-        let inline = self
+        let open = self
             .routes()
-            .customers
-            .get(&key)
-            .and_then(|r| r.inline.clone());
-        let msg = match inline {
+            .open(key, !msg.meta.request, |ready| ready.takes_message(&msg))
+            .map(|r| r.inline.clone());
+        let is_open = open.is_some();
+        let msg = match open {
             // Not under the lock: the handler may take its time.
-            Some(inline) => match inline(msg) {
+            Some(Some(inline)) => match inline(msg) {
                 Some(msg) => msg,
                 None => return Delivered::Taken,
             },
-            None => msg,
+            _ => msg,
         };
         let mut routes = self.routes();
-        if let Some(route) = routes.customers.get(&key) {
+        if let Some(route) = routes.customers.get(&key).filter(|_| is_open) {
             match route.queue.offer(msg, room) {
                 Ok(()) => return Delivered::Taken,
                 Err(Refused::Full(msg)) => {
@@ -389,7 +543,8 @@ impl Dispatch for CustomerRouter {
         let bytes = message_bytes(&msg);
         let request = msg.meta.request;
         let now = Instant::now();
-        if request && self.app_wait.is_zero() {
+        let registered = routes.customers.contains_key(&key);
+        if request && self.app_wait.is_zero() && !registered {
             let refusal = Refusal::NoApp {
                 app: key.0,
                 customer: key.1,
@@ -407,7 +562,7 @@ impl Dispatch for CustomerRouter {
         {
             Ok(()) => {
                 debug!(
-                    "holding a message for app {} customer {} until it registers",
+                    "holding a message for app {} customer {} until it is ready",
                     key.0, key.1
                 );
                 if request {
@@ -419,12 +574,25 @@ impl Dispatch for CustomerRouter {
             }
             Err(refused) => {
                 let limit = routes.held.limit();
-                let reason = format!(
-                    "there is no app {} customer {} yet, and too much data waits for apps \
-                     that were not created (PS_HOLD_LIMIT is {limit} bytes)",
-                    key.0, key.1
-                );
-                warn!("refusing a message from node {sender}: {reason}");
+                let waiting = routes.held.len();
+                let (app, customer) = key;
+                let reason = if registered {
+                    format!(
+                        "app {app} customer {customer} has no request handle yet, and \
+                         {waiting} messages already wait for apps that are not ready \
+                         (PS_HOLD_LIMIT is {limit} bytes): set the handle sooner, or raise \
+                         PS_HOLD_LIMIT"
+                    )
+                } else {
+                    format!(
+                        "there is no app {app} customer {customer} yet, and {waiting} messages \
+                         already wait for apps that are not ready (PS_HOLD_LIMIT is {limit} \
+                         bytes): create the app sooner, or raise PS_HOLD_LIMIT"
+                    )
+                };
+                routes.refused.log(sender, || {
+                    format!("refusing messages from node {sender}: {reason}")
+                });
                 let (_, delivery, _) = refused.item;
                 if let Delivery::Message(msg) = delivery {
                     if msg.meta.request {
@@ -572,6 +740,47 @@ mod tests {
         let rx0 = r.register((0, 0)).unwrap();
         assert_eq!(ts(&rx0.try_recv().unwrap()), 3);
         assert!(r.register((0, 0)).is_none());
+    }
+
+    #[test]
+    fn requests_wait_for_a_registered_app_until_it_is_ready_in_order() {
+        let r = CustomerRouter::new(Role::Server, 10, 1 << 20);
+        let request = |ts, simple| {
+            let mut m = msg(4, 4, ts);
+            m.meta.request = true;
+            m.meta.simple_app = simple;
+            m
+        };
+        r.deliver(request(1, false));
+        let rx = r.register_ready((4, 4), None, Ready::NONE).unwrap();
+        r.deliver(request(2, true));
+        r.deliver(msg(4, 4, 3)); // a response: always taken
+        assert_eq!(ts(&rx.try_recv().unwrap()), 3);
+        assert!(rx.try_recv().is_err());
+        assert_eq!(
+            (r.held(), r.held_for((4, 4))),
+            (0, 2),
+            "held for a registered app"
+        );
+        // Never refused for waiting: the app exists, its handle is late.
+        let late = Instant::now() + Duration::from_secs(3600);
+        assert!(r.expire_held(late).is_empty());
+        // Commands only: the KV request first still waits, and the command
+        // behind it.
+        let commands = Ready {
+            simple: true,
+            ..Ready::NONE
+        };
+        r.set_ready((4, 4), commands);
+        assert!(rx.try_recv().is_err());
+        r.deliver(request(4, true));
+        assert_eq!(r.held_for((4, 4)), 3, "behind what waits");
+        r.set_ready((4, 4), Ready::ALL);
+        let got: Vec<_> = rx.try_iter().map(|d| ts(&d)).collect();
+        assert_eq!(got, vec![1, 2, 4]);
+        r.deliver(request(5, false));
+        assert_eq!(ts(&rx.try_recv().unwrap()), 5);
+        assert_eq!(r.held_for((4, 4)), 0);
     }
 
     #[test]

@@ -167,7 +167,7 @@ impl Meta {
         let data_type = pb
             .data_type
             .iter()
-            .map(|&t| DataType::from_i32(t).ok_or(DecodeError::UnknownDataType(t)))
+            .map(|&t| DataType::try_from(t).map_err(|_| DecodeError::UnknownDataType(t)))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Meta {
             head: pb.head.unwrap_or(0),
@@ -242,7 +242,7 @@ fn control_to_pb(ctrl: &Control) -> PbControl {
 }
 
 fn control_from_pb(pb: PbControl) -> Result<Control, DecodeError> {
-    let cmd = Command::from_i32(pb.cmd).ok_or(DecodeError::UnknownCommand(pb.cmd))?;
+    let cmd = Command::try_from(pb.cmd).map_err(|_| DecodeError::UnknownCommand(pb.cmd))?;
     let node = pb
         .node
         .into_iter()
@@ -296,7 +296,7 @@ pub(crate) fn node_to_pb(node: &Node) -> PbNode {
 
 pub(crate) fn node_from_pb(pb: PbNode) -> Result<Node, DecodeError> {
     Ok(Node {
-        role: Role::from_i32(pb.role).ok_or(DecodeError::UnknownRole(pb.role))?,
+        role: Role::try_from(pb.role).map_err(|_| DecodeError::UnknownRole(pb.role))?,
         id: pb.id.unwrap_or(K_EMPTY),
         hostname: pb.hostname.unwrap_or_default(),
         port: pb.port.unwrap_or(0),

@@ -5,37 +5,9 @@
 
 use crate::pb::PbCompression;
 
-/// A compressor, with its wire number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CompressionKind {
-    /// The sign of each value and one scale (the mean magnitude).
-    OneBit = 1,
-    /// The `k` values of largest magnitude, with their positions.
-    TopK = 2,
-    /// `k` values at positions drawn from a seed both ends know.
-    RandomK = 3,
-    /// MXNet's 2-bit quantisation: `+threshold`, `-threshold` or 0.
-    TwoBit = 4,
-    /// Each value cast to IEEE half precision (`f16`), 2 bytes.
-    Fp16 = 5,
-    /// Each value cast to bfloat16 (the top 16 bits of an `f32`), 2 bytes.
-    Bf16 = 6,
-}
-
-impl CompressionKind {
-    /// The compressor with wire number `value`.
-    pub fn from_i32(value: i32) -> Option<CompressionKind> {
-        Some(match value {
-            1 => CompressionKind::OneBit,
-            2 => CompressionKind::TopK,
-            3 => CompressionKind::RandomK,
-            4 => CompressionKind::TwoBit,
-            5 => CompressionKind::Fp16,
-            6 => CompressionKind::Bf16,
-            _ => return None,
-        })
-    }
-}
+/// A compressor, with its wire number (declared in `meta.proto`, generated
+/// by prost).
+pub use crate::pb::CompressionKind;
 
 /// The compression part of a KV message's meta. Equal when every field is
 /// bit for bit (a NaN parameter equals itself: it is refused on arrival).
@@ -90,7 +62,7 @@ impl CompressionMsg {
     /// `None` if the compressor is unknown.
     pub(crate) fn from_pb(pb: PbCompression) -> Option<CompressionMsg> {
         Some(CompressionMsg {
-            kind: CompressionKind::from_i32(pb.kind.unwrap_or(0))?,
+            kind: CompressionKind::try_from(pb.kind?).ok()?,
             param: pb.param.unwrap_or(0.0),
             count: pb.count,
             k: pb.k.unwrap_or(0),

@@ -111,7 +111,7 @@ impl Refusal {
     /// is never lost.
     pub fn from_pb(pb: PbRefusal) -> Refusal {
         let app = pb.app.unwrap_or(crate::K_EMPTY);
-        let data_type = |t: Option<i32>| t.and_then(DataType::from_i32);
+        let data_type = |t: Option<i32>| t.and_then(|t| DataType::try_from(t).ok());
         match pb.kind {
             Some(DATA_TYPE) => match (data_type(pb.held_type), data_type(pb.sent_type)) {
                 (Some(held), Some(sent)) => Refusal::DataType { app, held, sent },

@@ -30,11 +30,11 @@ fn role() -> impl Strategy<Value = Role> {
 }
 
 fn command() -> impl Strategy<Value = Command> {
-    (0..6i32).prop_map(|c| Command::from_i32(c).unwrap())
+    (0..6i32).prop_map(|c| Command::try_from(c).unwrap())
 }
 
 fn data_type() -> impl Strategy<Value = DataType> {
-    (0..12i32).prop_map(|t| DataType::from_i32(t).unwrap())
+    (0..12i32).prop_map(|t| DataType::try_from(t).unwrap())
 }
 
 fn node() -> impl Strategy<Value = Node> {

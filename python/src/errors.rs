@@ -9,7 +9,7 @@
 
 use pslite::{Error, Failure, Refusal, StoreError};
 use pslite_postoffice::Error as PoError;
-use pslite_van::VanError;
+use pslite_postoffice::VanError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;

@@ -11,7 +11,13 @@
 # - no environment read (env::var, var_os, vars) outside the settings table,
 #   postoffice/src/settings.rs, in product code (tests and examples may);
 # - KVWorker::send, which runs a request's stages
-#   (apps/src/kv_worker/stages.rs), at most 80 lines (issue 42).
+#   (apps/src/kv_worker/stages.rs), at most 80 lines (issue 42);
+# - the apps use only the Van's and the Postoffice's public API (issue 42):
+#   apps/Cargo.toml has no pslite-van in [dependencies] (dev-dependencies
+#   may: the raw ZeroMQ bench), and no file of apps/src names `pslite_van`
+#   outside a string literal or a comment (a log target such as
+#   "pslite_van::van" is a string): what the apps need of the driver is
+#   re-exported by pslite_postoffice (postoffice/src/lib.rs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail=0
@@ -95,6 +101,19 @@ echo "KVWorker::send: ${send:-0} lines (limit 80)"
 if [ -z "$send" ] || [ "$send" -gt 80 ]; then
     echo "FAIL: KVWorker::send (apps/src/kv_worker.rs) is missing or over 80 lines: put the work in a stage"
     fail=1
+fi
+
+van_dep=$(awk '/^\[/ { d = ($0 == "[dependencies]") } d && /^pslite-van[ .=]/' apps/Cargo.toml)
+van_uses=$(grep -rn 'pslite_van' apps/src --include='*.rs' \
+    | awk '{ line = $0; sub(/^[^:]*:[0-9]+:/, "", line); gsub(/"([^"\\]|\\.)*"/, "", line);
+             sub(/\/\/.*/, "", line); if (line ~ /pslite_van/) print }' || true)
+if [ -n "$van_dep" ] || [ -n "$van_uses" ]; then
+    echo "FAIL: the apps reach the Van directly (use what pslite_postoffice re-exports):"
+    [ -z "$van_dep" ] || echo "apps/Cargo.toml [dependencies]: $van_dep"
+    [ -z "$van_uses" ] || echo "$van_uses"
+    fail=1
+else
+    echo "apps/src names no pslite_van (the Van through pslite_postoffice only)"
 fi
 
 exit "$fail"

@@ -256,7 +256,7 @@ fn requests_wait_for_a_handle_and_data_waits_for_its_app() {
         t1.wait_timeout(Duration::from_millis(50)),
         Err(Error::Timeout { .. })
     ));
-    // The app registers without a handle: the request is queued in the app.
+    // The app registers without a handle: the request waits, for the app.
     let server = KVServer::<f32>::new(&c.servers[0], 0).unwrap();
     assert_eq!(c.servers[0].held_messages(), 0);
     let t2 = w.push(&[1, 2], &[1.0, 2.0], KVOptions::new()).unwrap();
@@ -267,6 +267,36 @@ fn requests_wait_for_a_handle_and_data_waits_for_its_app() {
     t2.wait_timeout(T).unwrap();
     let pull = w.pull(&[1, 2], KVOptions::new()).unwrap();
     assert_eq!(&pull.take_timeout(T).unwrap().vals[..], &[2.0, 4.0]);
+    drop((w, server));
+    c.finalize();
+}
+
+#[test]
+fn simple_app_requests_wait_for_its_request_handle_in_order() {
+    let c = LocalCluster::start(1, 1);
+    // The server's SimpleApp exists without a handle: the Postoffice holds
+    // the requests for it (the one queue for apps that are not ready).
+    let server = pslite::SimpleApp::new(&c.servers[0], 2, 2).unwrap();
+    let w = pslite::SimpleApp::new(&c.workers[0], 2, 0).unwrap();
+    let to = c.servers[0].my_id().unwrap();
+    let sent: Vec<_> = (1..=3)
+        .map(|head| w.request(head, b"", to).unwrap())
+        .collect();
+    wait_for("three requests to wait", || {
+        c.servers[0].held_for(2, 2) == 3
+    });
+    assert_eq!(c.servers[0].held_messages(), 0, "the app is registered");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let heads = Arc::clone(&seen);
+    server.set_request_handle(move |req, app| {
+        heads.lock().unwrap().push(req.head);
+        app.response(req, b"").unwrap();
+    });
+    for request in sent {
+        request.wait_timeout(T).unwrap();
+    }
+    assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3], "in arrival order");
+    assert_eq!(c.servers[0].held_for(2, 2), 0);
     drop((w, server));
     c.finalize();
 }

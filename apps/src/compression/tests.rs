@@ -132,7 +132,7 @@ proptest! {
         payload in prop::collection::vec(any::<u8>(), 0..600),
     ) {
         let msg = CompressionMsg {
-            kind: CompressionKind::from_i32(kind).unwrap(),
+            kind: CompressionKind::try_from(kind).unwrap(),
             param,
             count: Some(count),
             k,

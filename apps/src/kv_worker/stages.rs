@@ -29,9 +29,9 @@
 
 use std::mem::size_of;
 
+use pslite_postoffice::Failure;
 use pslite_postoffice::{KeyRange, Postoffice};
 use pslite_proto::{ids, lock, Message, NodeId, FEATURE_COMPRESSION};
-use pslite_van::Failure;
 
 use super::chunks::{pull_chunks, PULL_CHUNK_BYTES, PULL_FIRST_CHUNK_BYTES};
 use super::{Inner, SentKeys, Slicer, SAME_KEYS_MIN_KEYS};

@@ -249,7 +249,7 @@ pub enum LaunchError {
 /// processes: each costs the launcher two output pipes and a reserved port
 /// until it starts (a thousand nodes need more than the usual 1 024). The
 /// nodes inherit it (and raise their own as their job needs, see
-/// `pslite_van::context`).
+/// the Van's `context`).
 fn fit_descriptors(nodes: usize) {
     let need = 4 * nodes as u64 + 64;
     match pslite::fit_descriptor_limit(need) {

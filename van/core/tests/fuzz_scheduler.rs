@@ -34,7 +34,7 @@ fn message() -> impl Strategy<Value = Message> {
         -1..3i32,
     )
         .prop_map(|(cmd, sender, nodes, group, request, customer)| {
-            let mut msg = Message::control(Command::from_i32(cmd).unwrap(), 1);
+            let mut msg = Message::control(Command::try_from(cmd).unwrap(), 1);
             msg.meta.sender = sender;
             msg.meta.request = request;
             msg.meta.customer_id = customer;
@@ -43,7 +43,7 @@ fn message() -> impl Strategy<Value = Message> {
                 .into_iter()
                 .map(|(role, port, cid, host)| {
                     let mut n = Node::new(
-                        Role::from_i32(role).unwrap(),
+                        Role::try_from(role).unwrap(),
                         if host { "127.0.0.1" } else { "10.0.0.1" },
                         port,
                     );
