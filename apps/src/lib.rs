@@ -116,6 +116,9 @@ pub use pslite_van::checkpoint;
 /// The process's file descriptor limit, raised for a large job (see
 /// `pslite_van::context`).
 pub use pslite_van::context::{fit_descriptor_limit, DescriptorFit};
+/// A blocking call of the runtime (joining, a barrier, a store request, a
+/// checkpoint, a server's leave), given to `Van::call`, and how it ended.
+pub use pslite_van::{Call, Done};
 pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 
