@@ -346,13 +346,12 @@ impl Network {
     }
 
     /// How node `i`'s barrier `ticket` ended, if it has (its failure as
-    /// the node has it).
+    /// the node has it; a barrier with a deadline: see [`Network::answer`]).
     pub fn outcome(&self, i: usize, ticket: Ticket) -> Option<BarrierOutcome> {
         let outcome = self.nodes[i].core.outcome(ticket)?;
         Some(outcome.map(drop).map_err(|e| match e {
             VanError::Failed(f) => f,
-            VanError::BarrierTimeout { group, secs, .. } => Failure::BarrierTimeout { group, secs },
-            e => panic!("a barrier does not end with {e}"),
+            e => panic!("a barrier without a deadline ended with {e}"),
         }))
     }
 

@@ -251,8 +251,8 @@ impl Core {
                 if let Some(f) = self.failure() {
                     return Some(Err(f.clone().into()));
                 }
-                w.timed_out
-                    .then(|| Err(Failure::StoreNoAnswer { waited: limit }.into()))
+                let secs = limit.as_secs_f64();
+                w.timed_out.then_some(Err(VanError::StoreNoAnswer { secs }))
             }
             Wait::CheckpointAccepted(request) | Wait::CheckpointResult(request) => {
                 if let Some(f) = self.failure() {
