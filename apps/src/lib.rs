@@ -116,6 +116,9 @@ pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GRO
 pub use pslite_proto::refusal::Refusal;
 pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
+/// A blocking call of the runtime (joining, a barrier, a store request, a
+/// checkpoint, a server's leave), given to `Van::call`, and how it ended.
+pub use pslite_postoffice::{Call, Done};
 pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 

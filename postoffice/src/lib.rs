@@ -42,7 +42,7 @@ pub use pslite_van::shm::Tracked;
 pub use pslite_van::staleness::WorkerClock;
 /// Why a request, a barrier or the node failed; an error of the Van; one
 /// log line per peer and cause.
-pub use pslite_van::{Failure, LogOnce, VanError};
+pub use pslite_van::{Call, Done, Failure, LogOnce, VanError};
 pub use queue::{CustomerQueue, Deliveries};
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline, Ready};
 pub use store::{Store, StoreError, StoreEvent, Watch};

@@ -13,7 +13,7 @@ use log::{debug, error, warn};
 use pslite_proto::ids::{self, NodeId};
 use pslite_proto::stats::NodeCounters;
 use pslite_proto::{lock, Message, Node, Role};
-use pslite_van::{Counters, Van, VanError};
+use pslite_van::{Call, Counters, Van, VanError};
 
 use crate::metrics::{self, MetricsServer};
 use crate::queue::CustomerQueue;
@@ -199,7 +199,12 @@ impl Postoffice {
         if self.inner.config.role() == Role::Scheduler {
             crate::launched::mark_scheduler(van.my_node().port);
         }
-        van.register(customer_id)?;
+        van.call(
+            Call::Join {
+                customer: customer_id,
+            },
+            None,
+        )?;
         self.start_metrics(&van);
         self.start_app_clock(&van);
         // A recovered node, and an elastic worker admitted after the first
@@ -346,7 +351,12 @@ impl Postoffice {
         if role_ok && alone && c.elastic.is_none() && !van.checkpointing() {
             return Ok(());
         }
-        Ok(van.barrier(customer_id, group, timeout)?)
+        let barrier = Call::Barrier {
+            customer: customer_id,
+            group,
+        };
+        van.call(barrier, timeout)?;
+        Ok(())
     }
 
     /// Takes a checkpoint of the servers now (`PS_CHECKPOINT_DIR`), as a
@@ -366,14 +376,16 @@ impl Postoffice {
         timeout: Duration,
     ) -> Result<Option<pslite_proto::checkpoint::CheckpointMsg>, Error> {
         let van = self.van()?;
-        let asked = ask.then(|| van.checkpoint(label, timeout));
+        let label = label.to_string();
+        let asked = ask.then(|| van.call(Call::Checkpoint { label }, Some(timeout)));
         // The barrier even after a refusal: the other workers wait there.
         self.barrier_with_timeout(customer_id, ids::WORKER_GROUP, Some(timeout))?;
-        match asked {
-            None => Ok(None),
-            Some(Err(e)) => Err(e.into()),
-            Some(Ok((ticket, _))) => Ok(Some(van.checkpoint_result(ticket, timeout)?)),
-        }
+        let Some(accepted) = asked else {
+            return Ok(None);
+        };
+        let (request, _) = accepted?.checkpoint()?;
+        let result = van.call(Call::CheckpointResult { request }, Some(timeout))?;
+        Ok(Some(result.checkpoint()?.1))
     }
 
     /// Registers a customer (an app instance); data messages for it arrive
@@ -538,7 +550,8 @@ impl Postoffice {
     /// scheduler refuses (fewer than MIN servers would stay) or does not
     /// let it go within `limit`; the server then goes on serving.
     pub fn leave_job(&self, limit: Duration) -> Result<(), Error> {
-        Ok(self.van()?.leave_job(limit)?)
+        self.van()?.call(Call::Leave, Some(limit))?;
+        Ok(())
     }
 
     /// Whether this node runs in elastic mode (`DMLC_NUM_WORKER=MIN:MAX`).

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pslite_proto::store::{OverLimit, StoreMsg, StoreOp, StoreStatus};
-use pslite_van::{Van, VanError};
+use pslite_van::{Call, Van, VanError};
 
 /// Which bound of the store a request went over (see [`StoreError::TooLarge`]).
 pub use pslite_proto::store::StoreLimit;
@@ -234,9 +234,8 @@ impl Store {
                 .unwrap_or(self.van.config().store_limits.max_timeout),
             _ => Duration::ZERO,
         };
-        let answer = self
-            .van
-            .store_call(req, self.timeout.max(waits) + ANSWER_GRACE)?;
+        let limit = self.timeout.max(waits) + ANSWER_GRACE;
+        let answer = self.van.call(Call::Store(req), Some(limit))?.store()?;
         match answer.status {
             StoreStatus::Ok => Ok(answer),
             StoreStatus::Timeout => Err(StoreError::Timeout {

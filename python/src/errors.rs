@@ -40,8 +40,6 @@ pub fn failure_kind(failure: &Failure) -> &'static str {
             Refusal::NoApp { .. } => "UnknownApp",
             Refusal::Other { .. } => "RequestRefused",
         },
-        // The Van reports these as VanError::BarrierTimeout/StoreNoAnswer.
-        Failure::BarrierTimeout { .. } | Failure::StoreNoAnswer { .. } => "Timeout",
     }
 }
 

@@ -21,7 +21,7 @@ use pslite_proto::ids::WORKER_GROUP;
 use pslite_proto::Role;
 use pslite_van_core::harness::{Network, Traffic, SCHEDULER_PORT};
 use pslite_van_core::rendezvous::RendezvousConfig;
-use pslite_van_core::VanConfig;
+use pslite_van_core::{Ticket, VanConfig};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -199,7 +199,7 @@ fn simulate(n: usize, seed: u64) -> Vec<Row> {
     let joiner = net.add(Role::Worker, 30_000 + workers as i32);
     net.register(joiner);
     net.run_for(SECOND / 10);
-    let waiters: Vec<(usize, u64)> = net
+    let waiters: Vec<(usize, Ticket)> = net
         .members(WORKER_GROUP)
         .into_iter()
         .map(|i| (i, net.barrier(i, WORKER_GROUP)))

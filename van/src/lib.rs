@@ -20,7 +20,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use pslite_proto::{Message, Role};
-//! use pslite_van::{Dispatch, Van, VanConfig};
+//! use pslite_van::{Call, Dispatch, Van, VanConfig};
 //!
 //! struct Print;
 //! impl Dispatch for Print {
@@ -30,8 +30,8 @@
 //! }
 //!
 //! let van = Van::start(VanConfig::local(Role::Worker, 1, 1, 9091), Arc::new(Print))?;
-//! van.register(0)?; // joins the cluster
-//! van.barrier(0, 7, None)?; // everyone
+//! van.call(Call::Join { customer: 0 }, None)?; // joins the cluster
+//! van.call(Call::Barrier { customer: 0, group: 7 }, None)?; // everyone
 //! # Ok::<(), pslite_van::VanError>(())
 //! ```
 
@@ -53,9 +53,9 @@ mod van;
 pub use dispatch::{Delivered, Dispatch, Room};
 pub use pslite_van_core::{
     counters, effects, hold, partition, rendezvous, replica, resender, scheduler, staleness, store,
-    AuthToken, BarrierOutcome, Core, Counters, DrainOutcome, Failure, HoldQueue, LogOnce, Member,
-    MemberConfig, Output, Resender, Route, Scheduler, SchedulerConfig, StartTimeout, VanConfig,
-    VanError, WaitingFor, WAIT_LOG_INTERVAL,
+    AuthToken, BarrierOutcome, Call, Core, Counters, Done, DrainOutcome, Failure, HoldQueue,
+    LogOnce, Member, MemberConfig, Output, Resender, Route, Scheduler, SchedulerConfig,
+    StartTimeout, VanConfig, VanError, WaitingFor, WAIT_LOG_INTERVAL,
 };
 pub use pslite_van_core::{describe, LinkEvent, DEFAULT_PARTITION_BYTES};
 pub use transport::Transport;

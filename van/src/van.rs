@@ -2,16 +2,18 @@
 //! thread, and moves frames between them and the [`Core`], which takes every
 //! protocol decision and owns every deadline. The receive loop sleeps until
 //! a message arrives or the core's next deadline ([`Core::poll_timeout`]).
-//! Every blocking call (`register`, `barrier`, a store call, a checkpoint,
-//! a server's leave, the exit drain and flush) is one wait
-//! (`Van::wait`) on a ticket the core completes or times out; the caller
+//! Every blocking call (joining, a barrier, a store request, a checkpoint,
+//! a server's leave, the exit drain and flush) is a [`Call`] given to
+//! [`Van::call`], one wait on a ticket the core completes or times out at
+//! the deadline the caller gave; the caller
 //! sleeps on a condition variable that the driver signals while holding
 //! the core's lock, so no wake-up is lost. The Van reads the clocks and
 //! passes them in; it keeps no deadline of its own.
 //!
 //! The core's outputs are carried out by `pslite_van_core::carry`, the
-//! Van's side of it being `van/out.rs`; `van/features.rs` holds the calls
-//! of the features (replicated ranges, checkpoints, the store, a leave).
+//! Van's side of it being `van/out.rs`; `van/features.rs` holds what the
+//! features are told or asked without waiting (replicated ranges,
+//! checkpoints, the store's watchers).
 //!
 //! The receive loop never blocks on anything but its own wait:
 //! - a message the apps cannot take (a full customer queue) is parked in the
@@ -50,7 +52,7 @@ use crate::VanConfig;
 use crate::VanError;
 use crate::{Core, LinkEvent, Output};
 use pslite_van_core::carry;
-use pslite_van_core::{Done, Ticket, Wait};
+use pslite_van_core::{Call, Done, EXIT_FLUSH};
 
 mod features;
 mod out;
@@ -113,7 +115,7 @@ struct Shared {
 impl Van {
     /// Binds this node's ROUTER, starts the receive thread and, on a
     /// non-scheduler node, opens the first-contact connection to the
-    /// scheduler. Call [`Van::register`] to join the cluster.
+    /// scheduler. Join the cluster with [`Van::call`] ([`Call::Join`]).
     ///
     /// A scheduler configured with port 0 binds a free port (see
     /// [`Van::my_node`]), which is handy for tests.
@@ -269,38 +271,22 @@ impl Van {
         })
     }
 
-    /// Joins the cluster as `customer_id`: sends ADD_NODE to the scheduler and
-    /// waits (up to the start timeout) until the node table arrives. On the
-    /// scheduler, waits until every node has registered. Returns at once if
-    /// this node has already joined.
-    pub fn register(&self, customer_id: i32) -> Result<(), VanError> {
-        // No waiting send: one to a refused scheduler blocks past the failure.
-        self.wait_in(Mode::NoWait, |core, now| {
-            core.register(customer_id, now);
-            Ok(core.wait(Wait::Join, None, now))
-        })
-        .map(drop)
-    }
-
-    /// The one way a caller blocks: `start` begins a wait in the core (a
-    /// call like any other); the caller then sleeps on the condition
-    /// variable until the core completes the ticket or times it out (every
-    /// deadline is the core's: the receive thread ticks it).
-    fn wait(
-        &self,
-        start: impl FnOnce(&mut Core, Instant) -> Result<Ticket, VanError>,
-    ) -> Result<Done, VanError> {
-        self.wait_in(Mode::Wait, start)
-    }
-
-    /// [`Van::wait`], writing what `start` sends in `mode`.
-    fn wait_in(
-        &self,
-        mode: Mode,
-        start: impl FnOnce(&mut Core, Instant) -> Result<Ticket, VanError>,
-    ) -> Result<Done, VanError> {
+    /// The one way a caller blocks: `call` starts in the core (joining, a
+    /// barrier, a store request, a checkpoint, a server's leave, ...: see
+    /// [`Call`]) and the caller sleeps on the condition variable until the
+    /// core completes its ticket or times it out after `limit` (every
+    /// deadline is the core's: the receive thread ticks it). Joining waits
+    /// up to `PS_START_TIMEOUT` whatever `limit` says, and returns at once
+    /// if this node has joined.
+    pub fn call(&self, call: Call, limit: Option<Duration>) -> Result<Done, VanError> {
+        // No waiting send while joining: one to a refused scheduler blocks
+        // past the failure.
+        let mode = match call {
+            Call::Join { .. } => Mode::NoWait,
+            _ => Mode::Wait,
+        };
         let shared = &self.shared;
-        let ticket = shared.with_core(mode, start)?;
+        let ticket = shared.with_core(mode, |core, now| core.call(call, limit, now))?;
         if mode == Mode::NoWait {
             // What waits in a link, and a new deadline: the receive thread's.
             shared.waker.wake();
@@ -347,23 +333,6 @@ impl Van {
                 Err(e)
             }
         }
-    }
-
-    /// Waits until every member of `group` (a sum of 1 scheduler, 2 servers,
-    /// 4 workers) has called `barrier` for it; `timeout` bounds the wait.
-    /// Fails with [`Failure::PeerDead`](crate::Failure::PeerDead) if a member died and nothing
-    /// replaced it within the recovery timeout (a pslite scheduler only).
-    pub fn barrier(
-        &self,
-        customer_id: i32,
-        group: i32,
-        timeout: Option<Duration>,
-    ) -> Result<(), VanError> {
-        self.wait(|core, now| {
-            let token = core.barrier(customer_id, group, timeout, now)?;
-            Ok(core.wait(Wait::Barrier(token), None, now))
-        })
-        .map(drop)
     }
 
     /// Runs `f` on the core (for the read-only accessors below).
@@ -461,7 +430,7 @@ impl Van {
     }
 
     /// Stops the receive thread and closes every socket, after the exit
-    /// drain (see `Core::finish`). Waits in `register` or `barrier` fail with
+    /// drain (see `Core::finish`). Calls waiting (joining, a barrier) fail with
     /// [`Failure::Stopped`](crate::Failure::Stopped).
     pub fn stop(&self) {
         let Some(thread) = lock(&self.thread).take() else {
@@ -470,24 +439,18 @@ impl Van {
         let shared = &self.shared;
         // The exit drain: what this node sent is given time to be
         // acknowledged.
-        let _ = self.wait(|core, now| {
-            core.store_leave(now);
-            core.finish(now);
-            Ok(core.wait(Wait::Drain, None, now))
-        });
+        let _ = self.call(Call::Drain, None);
         // What waits in a link (queued behind higher priorities or what
         // ZeroMQ still writes, written while another thread held its
         // socket, or to a peer slow to read) goes out before the sockets
         // close: the last barrier's release to a node, say. The receive
         // thread retries it and says when nothing waits (up to EXIT_FLUSH).
         shared.flushing.store(true, Ordering::SeqCst);
-        let _ = self.wait(|core, now| {
-            let waiting = shared.links.any_queued();
-            if waiting {
-                debug!("stopping: writing the messages that wait for their peers");
-            }
-            Ok(core.exit_flush(waiting, now))
-        });
+        let waiting = shared.links.any_queued();
+        if waiting {
+            debug!("stopping: writing the messages that wait for their peers");
+        }
+        let _ = self.call(Call::Flush { waiting }, Some(EXIT_FLUSH));
         shared.stopping.store(true, Ordering::SeqCst);
         shared.waker.wake();
         if thread.join().is_err() {

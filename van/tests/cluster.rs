@@ -8,7 +8,7 @@ use std::time::Duration;
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use pslite_proto::ids;
 use pslite_proto::{Message, Role};
-use pslite_van::{Dispatch, Transport, Van, VanConfig, VanError};
+use pslite_van::{Call, Dispatch, Transport, Van, VanConfig, VanError};
 
 struct ToChannel(Sender<Message>);
 
@@ -66,7 +66,7 @@ fn form(s: i32, w: i32, transport: Transport) -> Cluster {
     let joins: Vec<_> = all
         .iter()
         .cloned()
-        .map(|van| thread::spawn(move || van.register(0)))
+        .map(|van| thread::spawn(move || van.call(Call::Join { customer: 0 }, None)))
         .collect();
     for j in joins {
         j.join().unwrap().unwrap();
@@ -103,7 +103,10 @@ impl Cluster {
             .map(|van| {
                 thread::spawn(move || {
                     for _ in 0..rounds {
-                        van.barrier(0, group, Some(Duration::from_secs(20)))?;
+                        van.call(
+                            Call::Barrier { customer: 0, group },
+                            Some(Duration::from_secs(20)),
+                        )?;
                     }
                     Ok::<(), VanError>(())
                 })
@@ -158,7 +161,10 @@ fn barrier_rejects_groups_without_this_node() {
     let worker = &c.workers[0];
     for group in [0, 1, 2, 3, 8, 9, -4] {
         assert!(matches!(
-            worker.barrier(0, group, Some(Duration::from_secs(1))),
+            worker.call(
+                Call::Barrier { customer: 0, group },
+                Some(Duration::from_secs(1))
+            ),
             Err(VanError::InvalidGroup(_))
         ));
     }
@@ -219,8 +225,11 @@ fn a_missing_node_times_out_with_the_count() {
     let mut cfg = config(Role::Worker, 2, 1, port, Transport::Tcp);
     cfg.start_timeout = Duration::from_millis(800);
     let w = Van::start(cfg, Arc::new(ToChannel(tx))).unwrap();
-    let join = thread::spawn(move || w.register(0));
-    match scheduler.register(0).unwrap_err() {
+    let join = thread::spawn(move || w.call(Call::Join { customer: 0 }, None));
+    match scheduler
+        .call(Call::Join { customer: 0 }, None)
+        .unwrap_err()
+    {
         VanError::StartTimeout(t) => {
             assert_eq!((t.missing_servers, t.missing_workers), (Some(2), Some(0)));
             assert!(
@@ -242,7 +251,7 @@ fn an_unreachable_scheduler_times_out() {
     cfg.start_timeout = Duration::from_millis(300);
     let (tx, _rx) = unbounded();
     let worker = Van::start(cfg, Arc::new(ToChannel(tx))).unwrap();
-    let err = worker.register(0).unwrap_err();
+    let err = worker.call(Call::Join { customer: 0 }, None).unwrap_err();
     assert!(matches!(err, VanError::StartTimeout(_)), "{err}");
 }
 
@@ -270,7 +279,7 @@ fn if_the_receive_thread_dies_every_wait_fails_at_once() {
     let (worker, _wrx) = start(Role::Worker, 1, 1, port, Transport::Tcp);
     let joins: Vec<_> = [scheduler.clone(), server.clone(), worker.clone()]
         .into_iter()
-        .map(|van| thread::spawn(move || van.register(0)))
+        .map(|van| thread::spawn(move || van.call(Call::Join { customer: 0 }, None)))
         .collect();
     for j in joins {
         j.join().unwrap().unwrap();
@@ -279,7 +288,15 @@ fn if_the_receive_thread_dies_every_wait_fails_at_once() {
     // message kills its receive thread, which must end that wait.
     let waiter = {
         let server = server.clone();
-        thread::spawn(move || server.barrier(0, ids::ALL_GROUP, Some(Duration::from_secs(60))))
+        thread::spawn(move || {
+            server.call(
+                Call::Barrier {
+                    customer: 0,
+                    group: ids::ALL_GROUP,
+                },
+                Some(Duration::from_secs(60)),
+            )
+        })
     };
     let mut msg = Message::default();
     msg.meta.app_id = 0;
@@ -297,7 +314,15 @@ fn if_the_receive_thread_dies_every_wait_fails_at_once() {
         "{err}"
     );
     // Later calls fail at once too.
-    let err = server.barrier(0, ids::ALL_GROUP, None).unwrap_err();
+    let err = server
+        .call(
+            Call::Barrier {
+                customer: 0,
+                group: ids::ALL_GROUP,
+            },
+            None,
+        )
+        .unwrap_err();
     assert!(matches!(
         err.failure(),
         Some(pslite_van::Failure::ReceiveThreadDied { .. })

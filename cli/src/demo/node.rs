@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use log::{info, warn};
-use pslite::{Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray};
+use pslite::{
+    Call, Done, Error, KVMeta, KVOptions, KVPairs, KVServer, KVWorker, Postoffice, SArray,
+};
 use pslite_proto::{lock, Role};
 
 use super::args::DemoArgs;
@@ -428,10 +430,16 @@ fn train(
         let ticket = match (&args.checkpoint_dir, rank) {
             (Some(_), 0) => match po
                 .van()?
-                .checkpoint(&epoch_label(epoch), CHECKPOINT_WAIT)
+                .call(
+                    Call::Checkpoint {
+                        label: epoch_label(epoch),
+                    },
+                    Some(CHECKPOINT_WAIT),
+                )
+                .and_then(Done::checkpoint)
                 .map_err(Error::from)
             {
-                Ok(ticket) => Some(ticket),
+                Ok((request, _)) => Some(request),
                 Err(e) if checkpoint_failed(&e) => {
                     warn!("no checkpoint after epoch {epoch}: {e}; training goes on");
                     None
@@ -441,13 +449,14 @@ fn train(
             _ => None,
         };
         po.barrier(0, pslite::WORKER_GROUP)?;
-        if let Some((ticket, _)) = ticket {
+        if let Some(request) = ticket {
             match po
                 .van()?
-                .checkpoint_result(ticket, CHECKPOINT_WAIT)
+                .call(Call::CheckpointResult { request }, Some(CHECKPOINT_WAIT))
+                .and_then(Done::checkpoint)
                 .map_err(Error::from)
             {
-                Ok(done) => info!(
+                Ok((_, done)) => info!(
                     "checkpoint {} (epoch {epoch}) written to {}",
                     done.id, done.dir
                 ),

@@ -1,6 +1,6 @@
 //! Checkpoints (`PS_CHECKPOINT_DIR`, pslite servers only): every server
 //! writes its key ranges to a file, consistently across servers, on demand
-//! (`pslite checkpoint`, the driver's `Van::checkpoint`) and every
+//! (`pslite checkpoint`, `Call::Checkpoint`) and every
 //! `PS_CHECKPOINT_INTERVAL` seconds; a job started with the same directory
 //! restores the last complete one before its servers serve. Socket-free
 //! state machines with time passed in, a component of the core together

@@ -3,8 +3,8 @@
 //!
 //! The driver (`pslite_van::Van`, or the harness) feeds it what arrives
 //! ([`Core::handle`]), what the apps send ([`Core::send`]), the user's
-//! calls ([`Core::register`], [`Core::barrier`], a store request...) and
-//! the time ([`Core::tick`] at [`Core::poll_timeout`]); it collects
+//! blocking calls (a [`Call`] to [`Core::call`]: joining, a barrier, a
+//! store request...) and the time ([`Core::tick`] at [`Core::poll_timeout`]); it collects
 //! [`Output`]s to carry out ([`Core::take_output`], then `crate::carry`).
 //!
 //! The core itself decides little: it is a router. Each message goes
@@ -59,7 +59,7 @@ pub use features::REFUSAL_WAIT;
 pub use lifecycle::{DrainOutcome, DRAIN_RESEND_TIMEOUTS, LEAVE_LAST, MAX_DRAIN};
 use parts::{Origin, Parts};
 pub use route::IdentityRefused;
-pub use waits::{Done, Ticket, Wait, EXIT_FLUSH};
+pub use waits::{Call, Done, Ticket, EXIT_FLUSH};
 
 /// One node's control plane.
 pub struct Core {
@@ -316,7 +316,7 @@ impl Core {
         self.wall = (now, wall);
         if self.drain.is_none() {
             for part in parts::Part::CLOCK {
-                self.call(part, now, |c, cx| c.tick(now, cx));
+                self.on_part(part, now, |c, cx| c.tick(now, cx));
             }
         } else {
             self.with_store(now, |s, cx| s.tick_host(now, cx));

@@ -196,26 +196,6 @@ pub enum Failure {
         /// Why.
         refusal: pslite_proto::refusal::Refusal,
     },
-    /// A barrier was not released before its waiter's deadline (the Van
-    /// reports it as [`VanError::BarrierTimeout`], with the identities
-    /// heard from too early).
-    #[error("barrier over group {group} was not released within {secs} s")]
-    BarrierTimeout {
-        /// The barrier's group.
-        group: i32,
-        /// How long it waited.
-        secs: u64,
-    },
-    /// A store request got no answer before its caller's deadline (the Van
-    /// reports it as [`VanError::StoreNoAnswer`]).
-    #[error(
-        "the scheduler did not answer a store request within {:.1} s: is it still running?",
-        waited.as_secs_f64()
-    )]
-    StoreNoAnswer {
-        /// How long it waited.
-        waited: Duration,
-    },
 }
 
 /// The cluster did not form before the start deadline (`PS_START_TIMEOUT`).
@@ -380,21 +360,10 @@ pub enum VanError {
 }
 
 impl From<Failure> for VanError {
-    /// A failure as the Van reports it: deadlines as their own variants
-    /// (`identity_conflicts` of a barrier timeout left empty), the rest as
-    /// [`VanError::Failed`].
+    /// A failure as the Van reports it: [`VanError::Failed`] (the
+    /// deadlines of calls are the waits', reported as their own variants).
     fn from(failure: Failure) -> VanError {
-        match failure {
-            Failure::BarrierTimeout { group, secs } => VanError::BarrierTimeout {
-                group,
-                secs,
-                identity_conflicts: Vec::new(),
-            },
-            Failure::StoreNoAnswer { waited } => VanError::StoreNoAnswer {
-                secs: waited.as_secs_f64(),
-            },
-            other => VanError::Failed(other),
-        }
+        VanError::Failed(failure)
     }
 }
 

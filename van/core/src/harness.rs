@@ -22,8 +22,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::config::VanConfig;
-use crate::core::Core;
-use crate::error::Failure;
+use crate::core::{Call, Core, Done, Ticket};
+use crate::error::{Failure, VanError};
 use crate::member::BarrierOutcome;
 
 /// What the network does to packets. Losses and duplicates model
@@ -131,6 +131,8 @@ pub struct Network {
     pub heartbeats_lost: std::collections::HashSet<usize>,
     /// Parts of messages put on the wire, by receiving node.
     pub parts_sent_to: HashMap<usize, usize>,
+    /// The servers that asked to leave the job, and their calls' tickets.
+    pub leaving: HashMap<usize, Ticket>,
     /// Links cut (see [`Network::cut_link`]), until when.
     cuts: HashMap<usize, Instant>,
     /// Connections whose packets wait for TCP's next retransmission after
@@ -171,6 +173,7 @@ impl Network {
             disk_faults: DiskFaults::default(),
             heartbeats_lost: std::collections::HashSet::new(),
             parts_sent_to: HashMap::new(),
+            leaving: HashMap::new(),
             cuts: HashMap::new(),
             stalls: HashMap::new(),
         }
@@ -309,7 +312,9 @@ impl Network {
     pub fn register(&mut self, i: usize) {
         let now = self.now;
         let node = &mut self.nodes[i];
-        net::timed(&mut node.core_time, || node.core.register(0, now));
+        let join = Call::Join { customer: 0 };
+        net::timed(&mut node.core_time, || node.core.call(join, None, now))
+            .expect("joining is never refused");
         self.flush(i);
     }
 
@@ -322,26 +327,48 @@ impl Network {
     }
 
     /// Node `i` starts waiting on a barrier over `group`.
-    pub fn barrier(&mut self, i: usize, group: i32) -> u64 {
+    pub fn barrier(&mut self, i: usize, group: i32) -> Ticket {
         self.barrier_within(i, group, None)
     }
 
     /// Node `i` starts waiting on a barrier over `group`, for at most
     /// `timeout`.
-    pub fn barrier_within(&mut self, i: usize, group: i32, timeout: Option<Duration>) -> u64 {
+    pub fn barrier_within(&mut self, i: usize, group: i32, timeout: Option<Duration>) -> Ticket {
         let now = self.now;
         let node = &mut self.nodes[i];
-        let token = net::timed(&mut node.core_time, || {
-            node.core.barrier(0, group, timeout, now)
+        let barrier = Call::Barrier { customer: 0, group };
+        let ticket = net::timed(&mut node.core_time, || {
+            node.core.call(barrier, timeout, now)
         })
         .expect("barrier request refused");
         self.flush(i);
-        token
+        ticket
     }
 
-    /// How node `i`'s barrier `token` ended, if it has.
-    pub fn outcome(&self, i: usize, token: u64) -> Option<BarrierOutcome> {
-        self.nodes[i].core.barrier_outcome(token)
+    /// How node `i`'s barrier `ticket` ended, if it has (its failure as
+    /// the node has it; a barrier with a deadline: see [`Network::answer`]).
+    pub fn outcome(&self, i: usize, ticket: Ticket) -> Option<BarrierOutcome> {
+        let outcome = self.nodes[i].core.outcome(ticket)?;
+        Some(outcome.map(drop).map_err(|e| match e {
+            VanError::Failed(f) => f,
+            e => panic!("a barrier without a deadline ended with {e}"),
+        }))
+    }
+
+    /// How node `i`'s call `ticket` ended, if it has.
+    pub fn answer(&self, i: usize, ticket: Ticket) -> Option<Result<Done, VanError>> {
+        self.nodes[i].core.outcome(ticket)
+    }
+
+    /// Node `i` starts `call`, waiting up to `limit` (the call must start).
+    pub fn call(&mut self, i: usize, call: Call, limit: Option<Duration>) -> Ticket {
+        let now = self.now;
+        let ticket = self.nodes[i]
+            .core
+            .call(call, limit, now)
+            .expect("the call was refused");
+        self.flush(i);
+        ticket
     }
 
     /// The indices of the live nodes in `group`.
@@ -355,7 +382,7 @@ impl Network {
     /// Every live member enters a barrier over everyone; whether all were
     /// released within `limit`.
     pub fn barrier_over_all(&mut self, limit: Duration) -> bool {
-        let waiters: Vec<(usize, u64)> = self
+        let waiters: Vec<(usize, Ticket)> = self
             .members(ids::ALL_GROUP)
             .into_iter()
             .map(|i| (i, self.barrier(i, ids::ALL_GROUP)))
@@ -381,8 +408,8 @@ impl Network {
     }
 
     /// Node `i` sends store request `req` (its caller waits up to an
-    /// hour); ask its core for the answer with the id returned.
-    pub fn store(&mut self, i: usize, req: pslite_proto::store::StoreMsg) -> u64 {
+    /// hour); ask [`Network::answer`] with the ticket returned.
+    pub fn store(&mut self, i: usize, req: pslite_proto::store::StoreMsg) -> Ticket {
         self.store_within(i, req, Duration::from_secs(3600))
     }
 
@@ -392,20 +419,14 @@ impl Network {
         i: usize,
         req: pslite_proto::store::StoreMsg,
         limit: Duration,
-    ) -> u64 {
-        let now = self.now;
-        let id = self.nodes[i]
-            .core
-            .store_request(req, limit, now)
-            .expect("store request refused");
-        self.flush(i);
-        id
+    ) -> Ticket {
+        self.call(i, Call::Store(req), Some(limit))
     }
 
     /// Node `i` watches store key `key`: its events are recorded in
     /// [`SimNode::store_events`] under the watcher returned second; ask the
-    /// core for the WATCH answer with the id returned first.
-    pub fn store_watch(&mut self, i: usize, key: &str) -> (u64, u64) {
+    /// core for the WATCH answer with the ticket returned first.
+    pub fn store_watch(&mut self, i: usize, key: &str) -> (Ticket, u64) {
         let watcher = self.nodes[i].core.store_watch(key);
         let req = pslite_proto::store::StoreMsg::request(
             pslite_proto::store::StoreOp::Watch,
@@ -431,11 +452,10 @@ impl Network {
         self.flush(i);
     }
 
-    /// Node `i` leaves the store (as at finalize): its watches end.
+    /// Node `i` stops as the Van stops it (its exit drain begins): its
+    /// store watches end.
     pub fn store_leave(&mut self, i: usize) {
-        let now = self.now;
-        self.nodes[i].core.store_leave(now);
-        self.flush(i);
+        self.call(i, Call::Drain, None);
     }
 
     /// Node `i`'s apps drain their queues and take any number again: what

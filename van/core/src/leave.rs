@@ -40,7 +40,7 @@ pub enum Leave {
 
 impl Leave {
     /// Asks the scheduler to let this server leave (see
-    /// `Core::leave_job`).
+    /// `Call::Leave`).
     pub fn ask(&mut self, cx: &mut Cx<'_>) -> Result<(), VanError> {
         let refuse = |detail: &str| VanError::Setup {
             what: "leave the job",

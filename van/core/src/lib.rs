@@ -60,7 +60,7 @@ pub mod staleness;
 pub mod store;
 
 pub use crate::core::{
-    Core, Done, DrainOutcome, IdentityRefused, Ticket, Wait, DRAIN_RESEND_TIMEOUTS, EXIT_FLUSH,
+    Call, Core, Done, DrainOutcome, IdentityRefused, Ticket, DRAIN_RESEND_TIMEOUTS, EXIT_FLUSH,
     LEAVE_LAST, MAX_DRAIN, REFUSAL_WAIT,
 };
 pub use config::{AuthToken, VanConfig, DEFAULT_PARTITION_BYTES};

@@ -65,8 +65,6 @@ pub(super) struct BarrierWaiter {
     token: u64,
     group: i32,
     outcome: Option<BarrierOutcome>,
-    /// When the waiter gives up, and after how long (its timeout).
-    deadline: Option<(Instant, Duration)>,
 }
 
 pub(super) struct Joining {

@@ -15,7 +15,6 @@
 //! [`component::Store`] makes host and client one component of the core.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 use log::debug;
 use pslite_proto::store::{StoreMsg, StoreOp};
@@ -32,19 +31,12 @@ mod host;
 #[derive(Default)]
 pub struct StoreClient {
     next_id: u64,
-    /// Requests sent, by id.
-    calls: HashMap<u64, Call>,
+    /// Requests sent, by id, and their answers once here (their deadline
+    /// is the caller's wait).
+    calls: HashMap<u64, Option<StoreMsg>>,
     next_watcher: u64,
     /// The watchers of each watched key.
     watches: HashMap<String, Vec<u64>>,
-}
-
-/// One request in flight.
-struct Call {
-    /// When its waiter gives up, and its limit.
-    deadline: Instant,
-    limit: Duration,
-    answer: Option<Result<StoreMsg, Duration>>,
 }
 
 /// What a store message from the scheduler means here.
@@ -70,18 +62,10 @@ pub enum ClientInput {
 }
 
 impl StoreClient {
-    /// Gives `req` a fresh id and records it as in flight, answered by
-    /// `now + limit` or given up then ([`StoreClient::tick`]); returns the id.
-    pub fn start(&mut self, req: &mut StoreMsg, limit: Duration, now: Instant) -> u64 {
+    /// Gives `req` a fresh id and records it as in flight; returns the id.
+    pub fn start(&mut self, req: &mut StoreMsg) -> u64 {
         let id = self.fresh_id(req);
-        self.calls.insert(
-            id,
-            Call {
-                deadline: now + limit,
-                limit,
-                answer: None,
-            },
-        );
+        self.calls.insert(id, None);
         id
     }
 
@@ -92,39 +76,14 @@ impl StoreClient {
         req.id
     }
 
-    /// The answer to request `id` once here, or its limit if none came in
-    /// time.
-    pub fn answer(&self, id: u64) -> Option<Result<&StoreMsg, Duration>> {
-        self.calls
-            .get(&id)
-            .and_then(|c| c.answer.as_ref())
-            .map(|a| a.as_ref().map_err(|limit| *limit))
+    /// The answer to request `id` once here.
+    pub fn answer(&self, id: u64) -> Option<&StoreMsg> {
+        self.calls.get(&id).and_then(Option::as_ref)
     }
 
     /// Forgets request `id` (its caller returned).
     pub fn end(&mut self, id: u64) {
         self.calls.remove(&id);
-    }
-
-    /// Gives up on the requests whose deadline passed; whether any did.
-    pub fn tick(&mut self, now: Instant) -> bool {
-        let mut changed = false;
-        for call in self.calls.values_mut() {
-            if call.answer.is_none() && now >= call.deadline {
-                call.answer = Some(Err(call.limit));
-                changed = true;
-            }
-        }
-        changed
-    }
-
-    /// When [`StoreClient::tick`] has work next.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.calls
-            .values()
-            .filter(|c| c.answer.is_none())
-            .map(|c| c.deadline)
-            .min()
     }
 
     /// A new watcher of `key`; its events come as [`ClientInput::Event`].
@@ -177,8 +136,8 @@ impl StoreClient {
             };
         }
         match self.calls.get_mut(&msg.id) {
-            Some(call) if call.answer.is_none() => {
-                call.answer = Some(Ok(msg));
+            Some(answer) if answer.is_none() => {
+                *answer = Some(msg);
                 ClientInput::Answer
             }
             _ => {

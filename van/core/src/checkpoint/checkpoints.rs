@@ -100,7 +100,7 @@ impl Checkpoints {
         self.on
     }
 
-    /// Asks the scheduler for a checkpoint (see `Core::checkpoint_request`).
+    /// Asks the scheduler for a checkpoint (see `Call::Checkpoint`).
     pub fn request(&mut self, label: &str, cx: &mut Cx<'_>) -> Result<u64, VanError> {
         if let Some(f) = cx.facts.failure() {
             return Err(f.clone().into());

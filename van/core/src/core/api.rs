@@ -1,19 +1,20 @@
 //! What a caller asks the core directly about the node: who it is, what
-//! it knows of the cluster, joining, barriers. Each call goes to the
-//! component it concerns; the features' own calls (the store,
-//! checkpoints, replication, a server's leave) are in `features.rs`.
+//! it knows of the cluster, whether it joined. Each question goes to the
+//! component it concerns; the features' own (replication, checkpoints'
+//! files, the store's watchers) are in `features.rs`, and the blocking
+//! calls (joining, barriers, the store's requests, ...) are the one
+//! [`Core::call`] of `waits.rs`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use pslite_proto::ids::{self, NodeId, SCHEDULER};
+use pslite_proto::ids::{NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Node, Role};
 
 use super::Core;
 use crate::counters::Counters;
-use crate::effects::{Effect, WaitingFor};
+use crate::effects::WaitingFor;
 use crate::error::{Failure, StartTimeout, VanError};
-use crate::member::BarrierOutcome;
 
 impl Core {
     /// What this node counts.
@@ -89,11 +90,6 @@ impl Core {
         self.rejected
     }
 
-    /// Starts joining the cluster as `customer_id` (see [`Core::join_status`]).
-    pub fn register(&mut self, customer_id: i32, now: Instant) {
-        self.with_member(now, |m, cx| cx.fx.extend(m.register(customer_id, now)));
-    }
-
     /// What this node waits for while it joins.
     pub(super) fn waiting_for(&self) -> WaitingFor {
         match &self.parts.scheduler {
@@ -123,7 +119,7 @@ impl Core {
     }
 
     /// `None` while joining; then joined, or why not.
-    pub fn join_status(&self) -> Option<Result<(), VanError>> {
+    pub(crate) fn join_status(&self) -> Option<Result<(), VanError>> {
         let member = &self.parts.member;
         if member.is_joined() {
             return Some(Ok(()));
@@ -144,40 +140,5 @@ impl Core {
             identity_conflicts: self.identity_conflicts(),
             refused_registrations: self.parts.registrations.refused().into(),
         }))))
-    }
-
-    /// Starts waiting on a barrier over `group` as `customer_id`; ask
-    /// [`Core::barrier_outcome`] with the token.
-    /// [`Core::tick`] ends it with [`Failure::BarrierTimeout`] once `timeout`
-    /// has passed.
-    pub fn barrier(
-        &mut self,
-        customer_id: i32,
-        group: i32,
-        timeout: Option<Duration>,
-        now: Instant,
-    ) -> Result<u64, VanError> {
-        let role = self.cfg.role;
-        if !ids::is_role_group(group) || group & ids::role_group(role) == 0 {
-            return Err(VanError::InvalidGroup(group));
-        }
-        if !self.is_joined() {
-            return Err(VanError::NotReady);
-        }
-        Ok(self.with_member(now, |m, cx| {
-            let (token, request) = m.barrier(customer_id, group, timeout, now);
-            cx.fx.push(Effect::Send(request));
-            token
-        }))
-    }
-
-    /// How barrier `token` ended, if it has.
-    pub fn barrier_outcome(&self, token: u64) -> Option<BarrierOutcome> {
-        self.parts.member.barrier_outcome(token)
-    }
-
-    /// Forgets barrier `token` (its waiter returned).
-    pub fn end_barrier(&mut self, token: u64) {
-        self.parts.member.end_barrier(token);
     }
 }

@@ -45,7 +45,7 @@ impl Core {
     pub(super) fn route_event(&mut self, event: Event, origin: Origin, now: Instant) {
         for &part in listeners(&event) {
             if Origin::Part(part) != origin {
-                self.call(part, now, |c, cx| c.on_event(&event, now, cx));
+                self.on_part(part, now, |c, cx| c.on_event(&event, now, cx));
             }
         }
         match event {

@@ -1,7 +1,9 @@
-//! What a caller asks of the features: the key-value store, checkpoints,
-//! replicated key ranges (and the apps' answers to their copy requests),
-//! a server's leave. Each goes to its component; the core only decides
-//! which one (an app's answer by its token).
+//! What a caller tells or asks the features without waiting: the
+//! key-value store's watchers, checkpoints (the scheduler's catalog, the
+//! driver's file operations), replicated key ranges (and the apps' answers
+//! to their copy requests). Each goes to its component; the core only
+//! decides which one (an app's answer by its token). What a caller waits
+//! for is a [`super::Call`].
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicUsize;
@@ -10,43 +12,17 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use log::warn;
-use pslite_proto::checkpoint::CheckpointMsg;
 use pslite_proto::replica::RangeMap;
-use pslite_proto::store::StoreMsg;
 
 use super::Core;
 use crate::checkpoint::disk::IoResult;
 use crate::checkpoint::{is_checkpoint_token, Catalog};
-use crate::error::{Failure, VanError};
 
 /// How long a scheduler that refuses the job at start waits for the nodes
 /// to register so it can tell them why (see [`Core::refuse_job`]).
 pub const REFUSAL_WAIT: Duration = Duration::from_secs(30);
 
 impl Core {
-    /// Sends store request `req` to the scheduler; ask
-    /// [`Core::store_answer`] with the id it returns (it fails with
-    /// [`Failure::StoreNoAnswer`] once `limit` has passed). Fails if this
-    /// node has not joined or the scheduler is not pslite (C++ ps-lite has
-    /// no store).
-    pub fn store_request(
-        &mut self,
-        req: StoreMsg,
-        limit: Duration,
-        now: Instant,
-    ) -> Result<u64, VanError> {
-        self.with_store(now, |s, cx| s.request(req, limit, now, cx))
-    }
-
-    /// The answer to store request `id`, once here; the node's failure if
-    /// it failed (the scheduler was lost, say).
-    pub fn store_answer(&self, id: u64) -> Option<Result<StoreMsg, Failure>> {
-        self.parts
-            .store
-            .answer(id)
-            .or_else(|| self.failure().map(|f| Err(f.clone())))
-    }
-
     /// On the scheduler: how many store requests wait for keys (0 elsewhere).
     pub fn store_waiting(&self) -> usize {
         self.parts.store.waiting()
@@ -55,18 +31,6 @@ impl Core {
     /// On the scheduler: how many store watches there are (0 elsewhere).
     pub fn store_watches(&self) -> usize {
         self.parts.store.watch_count()
-    }
-
-    /// This node is leaving (finalized): if it watches keys, tells the
-    /// scheduler to drop its watches (one UNWATCH without a key), so no
-    /// event goes to a process that is gone.
-    pub fn store_leave(&mut self, now: Instant) {
-        self.with_store(now, |s, cx| s.leave(cx));
-    }
-
-    /// Forgets store request `id` (its waiter returned).
-    pub fn end_store(&mut self, id: u64) {
-        self.parts.store.end(id);
     }
 
     /// A new watcher of `key` in this process: every later change of it
@@ -115,29 +79,6 @@ impl Core {
     /// Whether this node's cluster takes checkpoints (known once joined).
     pub fn checkpointing(&self) -> bool {
         self.parts.checkpoints.is_on()
-    }
-
-    /// Asks the scheduler for a checkpoint at the workers' next barrier
-    /// (labelled `label`); ask [`Core::checkpoint_answer`] with the ticket.
-    pub fn checkpoint_request(&mut self, label: &str, now: Instant) -> Result<u64, VanError> {
-        self.with_checkpoints(now, |c, cx| c.request(label, cx))
-    }
-
-    /// The answers to request `ticket` so far (ACCEPTED, RESULT); the node's
-    /// failure if it failed.
-    pub fn checkpoint_answer(
-        &self,
-        ticket: u64,
-    ) -> Result<(Option<CheckpointMsg>, Option<CheckpointMsg>), Failure> {
-        if let Some(f) = self.failure() {
-            return Err(f.clone());
-        }
-        Ok(self.parts.checkpoints.answer(ticket))
-    }
-
-    /// Forgets request `ticket` (its waiter returned).
-    pub fn end_checkpoint(&mut self, ticket: u64) {
-        self.parts.checkpoints.end(ticket);
     }
 
     /// A file operation the driver carried out for token `token`.
@@ -211,18 +152,5 @@ impl Core {
         } else {
             warn!("app {app} refused a copy of its state: {why}");
         }
-    }
-
-    /// On a server of a job whose servers join and leave: asks the
-    /// scheduler to let this server leave. Its ranges move to the other
-    /// servers first; [`Core::leave_outcome`] tells when it may exit.
-    pub fn leave_job(&mut self, now: Instant) -> Result<(), VanError> {
-        self.with_leave(now, |l, cx| l.ask(cx))
-    }
-
-    /// How this server's leave ended: `None` while the scheduler has not
-    /// answered (or it was not asked); `Some(Err)` says why it was refused.
-    pub fn leave_outcome(&self) -> Option<Result<(), String>> {
-        self.parts.leave.outcome()
     }
 }

@@ -342,7 +342,7 @@ impl Core {
     }
 
     /// Runs `f` on component `part` (skipped if this node has none).
-    pub(crate) fn call(
+    pub(crate) fn on_part(
         &mut self,
         part: Part,
         now: Instant,

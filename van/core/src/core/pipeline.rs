@@ -108,7 +108,7 @@ impl Core {
     ) -> Result<Option<Message>, Failure> {
         for &stage in &Part::PIPELINE[first.min(Part::PIPELINE.len())..] {
             let mut result = Ok(None);
-            self.call(stage, now, |c, cx| result = c.outgoing(msg, now, cx));
+            self.on_part(stage, now, |c, cx| result = c.outgoing(msg, now, cx));
             match result? {
                 Some(m) => msg = m,
                 None => return Ok(None),

@@ -219,10 +219,10 @@ impl Core {
     pub(super) fn to(&mut self, part: Part, msg: Message, now: Instant) {
         if msg.is_control() {
             for reader in Part::ATTACHMENTS {
-                self.call(reader, now, |c, cx| c.attached(&msg, now, cx));
+                self.on_part(reader, now, |c, cx| c.attached(&msg, now, cx));
             }
         }
-        self.call(part, now, |c, cx| c.handle(msg, now, cx));
+        self.on_part(part, now, |c, cx| c.handle(msg, now, cx));
     }
 
     /// A REPLICA control message: a copy that comes before this server has

@@ -1,49 +1,95 @@
-//! What a caller of the driver blocks on: a [`Ticket`] the core completes
-//! (joined, a barrier released, an answer here) or times out (its deadline
-//! is the core's, ticked like any other), so the driver has one wait for
-//! every call and no clock of its own.
+//! What a caller asks the core and blocks on: a [`Call`] (join, a barrier,
+//! a store request, a checkpoint, a server's leave, the exit drain and
+//! flush) given to [`Core::call`], which starts it and returns a
+//! [`Ticket`]; the core completes the ticket (joined, a barrier released,
+//! an answer here) or times it out at the deadline the caller gave (the
+//! core's, ticked like any other), so the driver has one wait for every
+//! call and no clock of its own, and no component keeps a caller's
+//! deadline.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use pslite_proto::checkpoint::CheckpointMsg;
+use pslite_proto::ids;
 use pslite_proto::store::StoreMsg;
 
 use super::Core;
+use crate::effects::Effect;
 use crate::error::{Failure, VanError};
 
-/// How long [`Core::exit_flush`] waits for the driver to write what waits
-/// in its links before the sockets close.
+/// How long the exit flush ([`Call::Flush`]) waits for the driver to
+/// write what waits in its links before the sockets close.
 pub const EXIT_FLUSH: Duration = Duration::from_secs(1);
 
-/// What a caller waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
-    /// This node to join ([`Core::register`]).
-    Join,
-    /// Barrier `token` ([`Core::barrier`]).
-    Barrier(u64),
-    /// The answer to store request `id` ([`Core::store_request`]).
-    Store(u64),
-    /// The scheduler's acceptance of checkpoint request `ticket`
-    /// ([`Core::checkpoint_request`]).
-    CheckpointAccepted(u64),
-    /// The result of checkpoint request `ticket`.
-    CheckpointResult(u64),
-    /// The scheduler's answer to this server's leave ([`Core::leave_job`]).
+/// A blocking call of a user, given to [`Core::call`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Call {
+    /// Join the cluster as customer `customer` (ADD_NODE to the scheduler;
+    /// on the scheduler, every node registering). Its deadline is
+    /// `PS_START_TIMEOUT`'s, kept by the member; returns at once if joined.
+    Join {
+        /// The customer joining.
+        customer: i32,
+    },
+    /// Wait until every member of `group` (a sum of 1 scheduler, 2
+    /// servers, 4 workers) has entered a barrier over it.
+    Barrier {
+        /// The customer entering.
+        customer: i32,
+        /// The group.
+        group: i32,
+    },
+    /// A request to the key-value store the scheduler hosts; done with
+    /// [`Done::Store`].
+    Store(StoreMsg),
+    /// Ask the scheduler for a checkpoint labelled `label`, taken at the
+    /// workers' next barrier where none has a request in flight; done once
+    /// accepted ([`Done::Checkpoint`], whose `request` the result is
+    /// waited for with).
+    Checkpoint {
+        /// The checkpoint's label.
+        label: String,
+    },
+    /// The result of accepted checkpoint `request` (every server's file,
+    /// in [`Done::Checkpoint`]'s answer).
+    CheckpointResult {
+        /// From the acceptance.
+        request: u64,
+    },
+    /// On a server of a job whose servers join and leave: leave it once
+    /// its ranges are on the other servers.
     Leave,
-    /// The exit drain ([`Core::finish`]).
+    /// The exit drain: this node stops once what it sent is acknowledged
+    /// (see `Core::finish`); its store watches end.
     Drain,
-    /// The driver's writes waiting in its links, before the sockets close
-    /// ([`Core::exit_flush`]).
+    /// The driver's writes waiting in its links go out before the sockets
+    /// close (for up to [`EXIT_FLUSH`]); `waiting`: whether any waits now
+    /// (the driver says [`Core::links_flushed`] once none does).
+    Flush {
+        /// Whether a write waits in a link now.
+        waiting: bool,
+    },
+}
+
+/// What the core waits on for a ticket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    Join,
+    Barrier { token: u64, group: i32 },
+    Store(u64),
+    CheckpointAccepted(u64),
+    CheckpointResult(u64),
+    Leave,
+    Drain,
     Flush,
 }
 
-/// A wait the core keeps: ask [`Core::outcome`], then [`Core::end_wait`].
+/// A call under way: ask [`Core::outcome`], then [`Core::end_wait`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ticket(u64);
 
-/// How a wait ended well.
+/// How a call ended well.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Done {
     /// Joined, released, left, drained, flushed.
@@ -51,7 +97,32 @@ pub enum Done {
     /// A store request's answer.
     Store(StoreMsg),
     /// A checkpoint request's acceptance or result.
-    Checkpoint(CheckpointMsg),
+    Checkpoint {
+        /// The request, for [`Call::CheckpointResult`].
+        request: u64,
+        /// The scheduler's answer: the checkpoint's id, and in a result
+        /// its directory and files.
+        answer: CheckpointMsg,
+    },
+}
+
+impl Done {
+    /// A store call's answer ([`VanError::NotReady`] for another call's).
+    pub fn store(self) -> Result<StoreMsg, VanError> {
+        match self {
+            Done::Store(answer) => Ok(answer),
+            _ => Err(VanError::NotReady),
+        }
+    }
+
+    /// A checkpoint call's request and answer ([`VanError::NotReady`] for
+    /// another call's).
+    pub fn checkpoint(self) -> Result<(u64, CheckpointMsg), VanError> {
+        match self {
+            Done::Checkpoint { request, answer } => Ok((request, answer)),
+            _ => Err(VanError::NotReady),
+        }
+    }
 }
 
 struct Waiting {
@@ -66,7 +137,7 @@ struct Waiting {
 pub(super) struct Waits {
     waiting: BTreeMap<Ticket, Waiting>,
     next: u64,
-    /// The driver's links have nothing waiting (see [`Core::exit_flush`]).
+    /// The driver's links have nothing waiting (see [`Call::Flush`]).
     flushed: bool,
 }
 
@@ -94,10 +165,53 @@ impl Waits {
 }
 
 impl Core {
-    /// Starts a wait for `wait`, timed out after `limit` if one is given
-    /// (the waits whose end the components time, a barrier's or a store
-    /// request's, have none here).
-    pub fn wait(&mut self, wait: Wait, limit: Option<Duration>, now: Instant) -> Ticket {
+    /// Starts `call` and returns the ticket to wait on; the wait times out
+    /// after `limit` if one is given (a call the core cannot start fails
+    /// at once: a barrier over a group this node is not in, say).
+    pub fn call(
+        &mut self,
+        call: Call,
+        limit: Option<Duration>,
+        now: Instant,
+    ) -> Result<Ticket, VanError> {
+        let wait = match call {
+            Call::Join { customer } => {
+                self.with_member(now, |m, cx| cx.fx.extend(m.register(customer, now)));
+                Wait::Join
+            }
+            Call::Barrier { customer, group } => {
+                if !ids::is_role_group(group) || group & ids::role_group(self.cfg.role) == 0 {
+                    return Err(VanError::InvalidGroup(group));
+                }
+                if !self.is_joined() {
+                    return Err(VanError::NotReady);
+                }
+                let token = self.with_member(now, |m, cx| {
+                    let (token, request) = m.barrier(customer, group);
+                    cx.fx.push(Effect::Send(request));
+                    token
+                });
+                Wait::Barrier { token, group }
+            }
+            Call::Store(req) => Wait::Store(self.with_store(now, |s, cx| s.request(req, cx))?),
+            Call::Checkpoint { label } => {
+                Wait::CheckpointAccepted(self.with_checkpoints(now, |c, cx| c.request(&label, cx))?)
+            }
+            Call::CheckpointResult { request } => Wait::CheckpointResult(request),
+            Call::Leave => {
+                self.with_leave(now, |l, cx| l.ask(cx))?;
+                Wait::Leave
+            }
+            Call::Drain => {
+                self.with_store(now, |s, cx| s.leave(cx));
+                self.finish(now);
+                Wait::Drain
+            }
+            Call::Flush { waiting } => {
+                self.waits.flushed = !waiting;
+                Wait::Flush
+            }
+        };
         let waits = &mut self.waits;
         let ticket = Ticket(waits.next);
         waits.next += 1;
@@ -109,44 +223,53 @@ impl Core {
                 timed_out: false,
             },
         );
-        ticket
+        Ok(ticket)
     }
 
-    /// How the wait on `ticket` ended; `None` while it goes on.
+    /// How the call of `ticket` ended; `None` while it goes on.
     pub fn outcome(&self, ticket: Ticket) -> Option<Result<Done, VanError>> {
         let w = self.waits.waiting.get(&ticket)?;
         let limit = w.deadline.map_or(Duration::ZERO, |d| d.1);
         match w.wait {
             Wait::Join => self.join_status().map(|r| r.map(|()| Done::Ok)),
-            Wait::Barrier(token) => {
-                let outcome = self.barrier_outcome(token)?;
-                Some(
-                    outcome
-                        .map(|()| Done::Ok)
-                        .map_err(|failure| match VanError::from(failure) {
-                            VanError::BarrierTimeout { group, secs, .. } => {
-                                VanError::BarrierTimeout {
-                                    group,
-                                    secs,
-                                    identity_conflicts: self.identity_conflicts(),
-                                }
-                            }
-                            e => e,
-                        }),
-                )
+            Wait::Barrier { token, group } => {
+                let timeout = VanError::BarrierTimeout {
+                    group,
+                    secs: limit.as_secs(),
+                    identity_conflicts: self.identity_conflicts(),
+                };
+                match self.parts.member.barrier_outcome(token) {
+                    Some(Ok(())) => Some(Ok(Done::Ok)),
+                    Some(Err(f)) => Some(Err(f.into())),
+                    None => w.timed_out.then_some(Err(timeout)),
+                }
             }
             Wait::Store(id) => {
-                let answer = self.store_answer(id)?;
-                Some(answer.map(Done::Store).map_err(VanError::from))
+                if let Some(answer) = self.parts.store.answer(id) {
+                    return Some(Ok(Done::Store(answer.clone())));
+                }
+                if let Some(f) = self.failure() {
+                    return Some(Err(f.clone().into()));
+                }
+                let secs = limit.as_secs_f64();
+                w.timed_out.then_some(Err(VanError::StoreNoAnswer { secs }))
             }
-            Wait::CheckpointAccepted(ticket) | Wait::CheckpointResult(ticket) => {
+            Wait::CheckpointAccepted(request) | Wait::CheckpointResult(request) => {
+                if let Some(f) = self.failure() {
+                    return Some(Err(f.clone().into()));
+                }
                 let result = matches!(w.wait, Wait::CheckpointResult(_));
-                let answers = match self.checkpoint_answer(ticket) {
-                    Ok(answers) => answers,
-                    Err(f) => return Some(Err(f.into())),
-                };
+                let answers = self.parts.checkpoints.answer(request);
                 if let Some(answer) = if result { answers.1 } else { answers.0 } {
-                    return Some(Ok(Done::Checkpoint(answer)));
+                    if answer.error.is_empty() {
+                        return Some(Ok(Done::Checkpoint { request, answer }));
+                    }
+                    let detail = if result {
+                        format!("checkpoint {} failed: {}", answer.id, answer.error)
+                    } else {
+                        format!("checkpoint refused: {}", answer.error)
+                    };
+                    return Some(Err(Failure::Checkpoint { detail }.into()));
                 }
                 w.timed_out.then(|| {
                     Err(Failure::Checkpoint {
@@ -166,7 +289,7 @@ impl Core {
                 })
             }
             Wait::Leave => {
-                if let Some(outcome) = self.leave_outcome() {
+                if let Some(outcome) = self.parts.leave.outcome() {
                     return Some(
                         outcome
                             .map(|()| Done::Ok)
@@ -200,31 +323,22 @@ impl Core {
     }
 
     /// The waiter of `ticket` returned: the wait and what it waited on are
-    /// forgotten.
+    /// forgotten (an accepted checkpoint's request stays, for its result).
     pub fn end_wait(&mut self, ticket: Ticket) {
+        let accepted = matches!(self.outcome(ticket), Some(Ok(_)));
         let Some(w) = self.waits.waiting.remove(&ticket) else {
             return;
         };
         match w.wait {
-            Wait::Barrier(token) => self.end_barrier(token),
-            Wait::Store(id) => self.end_store(id),
-            Wait::CheckpointResult(t) => self.end_checkpoint(t),
-            Wait::Join | Wait::CheckpointAccepted(_) | Wait::Leave | Wait::Drain | Wait::Flush => {}
+            Wait::Barrier { token, .. } => self.parts.member.end_barrier(token),
+            Wait::Store(id) => self.parts.store.end(id),
+            Wait::CheckpointResult(request) => self.parts.checkpoints.end(request),
+            Wait::CheckpointAccepted(request) if !accepted => self.parts.checkpoints.end(request),
+            _ => {}
         }
     }
 
-    /// The node stops: the driver's writes that wait in its links (to a
-    /// peer slow to read, or written while another thread held the socket)
-    /// go out before the sockets close, for up to [`EXIT_FLUSH`]. `waiting`:
-    /// whether any waits now; the driver says [`Core::links_flushed`] once
-    /// none does.
-    pub fn exit_flush(&mut self, waiting: bool, now: Instant) -> Ticket {
-        self.waits.flushed = !waiting;
-        self.wait(Wait::Flush, Some(EXIT_FLUSH), now)
-    }
-
-    /// Nothing waits in the driver's links any more (see
-    /// [`Core::exit_flush`]).
+    /// Nothing waits in the driver's links any more (see [`Call::Flush`]).
     pub fn links_flushed(&mut self) {
         if !self.waits.flushed {
             self.waits.flushed = true;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
+use pslite_proto::checkpoint::CheckpointMsg;
 use pslite_proto::DataType;
 
 use super::*;
@@ -109,22 +110,28 @@ fn has(net: &Network, path: &Path) -> bool {
     net.disk.contains_key(path)
 }
 
+/// The worker asks for a checkpoint labelled `label`: the ticket of its
+/// result, once the scheduler accepted it.
+fn accepted(net: &mut Network, label: &str) -> Ticket {
+    let asked = net.call(
+        3,
+        Call::Checkpoint {
+            label: label.into(),
+        },
+        None,
+    );
+    assert!(net.run_until(SECOND, |n| n.answer(3, asked).is_some()));
+    let Some(Ok(Done::Checkpoint { request, .. })) = net.answer(3, asked) else {
+        panic!("the scheduler did not accept the checkpoint");
+    };
+    net.nodes[3].core.end_wait(asked);
+    net.call(3, Call::CheckpointResult { request }, None)
+}
+
 /// The worker asks for a checkpoint and meets at a barrier: the barrier
 /// is released only once the manifest is written.
-fn checkpoint_at_barrier(net: &mut Network, label: &str) -> u64 {
-    let now = net.now;
-    let ticket = net.nodes[3]
-        .core
-        .checkpoint_request(label, now)
-        .expect("checkpoint request");
-    net.flush(3);
-    let accepted = net.run_until(SECOND, |n| {
-        n.nodes[3]
-            .core
-            .checkpoint_answer(ticket)
-            .is_ok_and(|(a, _)| a.is_some())
-    });
-    assert!(accepted, "the scheduler did not accept the checkpoint");
+fn checkpoint_at_barrier(net: &mut Network, label: &str) -> Ticket {
+    let ticket = accepted(net, label);
     let token = net.barrier(3, ids::WORKER_GROUP);
     let manifest = disk::checkpoint_dir(&dir(), 1).join(disk::MANIFEST);
     let released = net.run_until(SECOND * 5, |n| n.outcome(3, token).is_some());
@@ -146,12 +153,9 @@ fn checkpoint_is_taken_at_a_barrier_and_a_new_job_restores_it_exactly() {
     let before = sums(&net);
     assert_eq!(before, vec![12, 12, 12]);
     let ticket = checkpoint_at_barrier(&mut net, "first");
-    let (_, result) = net.nodes[3]
-        .core
-        .checkpoint_answer(ticket)
-        .expect("answers");
-    let result = result.expect("the requester got the result");
-    assert!(result.error.is_empty(), "{}", result.error);
+    let Some(Ok(Done::Checkpoint { answer: result, .. })) = net.answer(3, ticket) else {
+        panic!("the requester got no result");
+    };
     assert_eq!((result.id, result.files.len()), (1, 2));
     // Pushes after the barrier are not in it.
     push(&mut net, 3, 100);
@@ -212,12 +216,7 @@ fn a_truncated_file_is_refused_and_stops_the_job_with_nothing_loaded() {
 fn a_pending_checkpoint_waits_for_a_barrier_with_nothing_in_flight() {
     let mut net = job(&BTreeMap::new(), None, 5);
     assert!(net.form(SECOND * 10));
-    let now = net.now;
-    let ticket = net.nodes[3]
-        .core
-        .checkpoint_request("later", now)
-        .expect("request");
-    net.flush(3);
+    let ticket = accepted(&mut net, "later");
     net.run_for(SECOND);
     // A worker that says it has requests in flight does not qualify.
     net.nodes[3].core.counters().request_started();
@@ -232,11 +231,10 @@ fn a_pending_checkpoint_waits_for_a_barrier_with_nothing_in_flight() {
         has(&net, &manifest),
         "not taken at a barrier with nothing in flight"
     );
-    let (_, result) = net.nodes[3]
-        .core
-        .checkpoint_answer(ticket)
-        .expect("answers");
-    assert!(result.is_some_and(|r| r.error.is_empty()));
+    assert!(matches!(
+        net.answer(3, ticket),
+        Some(Ok(Done::Checkpoint { .. }))
+    ));
 }
 
 #[test]
@@ -274,35 +272,21 @@ fn holds_any(net: &Network, id: u64) -> bool {
 }
 
 /// The worker asks for a checkpoint and meets at a barrier, which is
-/// released; returns the requester's RESULT.
-fn checkpoint_result(net: &mut Network, label: &str) -> pslite_proto::checkpoint::CheckpointMsg {
-    let now = net.now;
-    let ticket = net.nodes[3]
-        .core
-        .checkpoint_request(label, now)
-        .expect("checkpoint request");
-    net.flush(3);
-    let answered = |n: &Network, result: bool| {
-        n.nodes[3]
-            .core
-            .checkpoint_answer(ticket)
-            .is_ok_and(|(a, r)| if result { r.is_some() } else { a.is_some() })
-    };
-    assert!(
-        net.run_until(SECOND, |n| answered(n, false)),
-        "not accepted"
-    );
+/// released; returns the requester's result (a failed checkpoint's
+/// error says why).
+fn checkpoint_result(net: &mut Network, label: &str) -> Result<CheckpointMsg, String> {
+    let ticket = accepted(net, label);
     let token = net.barrier(3, ids::WORKER_GROUP);
     assert!(
         net.run_until(SECOND * 5, |n| n.outcome(3, token).is_some()
-            && answered(n, true)),
+            && n.answer(3, ticket).is_some()),
         "the barrier was not released, or the requester not answered"
     );
-    let (_, result) = net.nodes[3]
-        .core
-        .checkpoint_answer(ticket)
-        .expect("answers");
-    result.expect("the result")
+    match net.answer(3, ticket) {
+        Some(Ok(Done::Checkpoint { answer, .. })) => Ok(answer),
+        Some(Err(e)) => Err(e.to_string()),
+        other => panic!("not a checkpoint's result: {other:?}"),
+    }
 }
 
 /// A job whose server rank 0 finds its disk full and whose server rank 1
@@ -314,10 +298,10 @@ fn full_disk_job(seed: u64, hold: &str) -> Network {
     net.run_for(SECOND);
     net.disk_faults.fail = vec![(".server-0.".into(), ENOSPC.into())];
     net.disk_faults.hold = vec![hold.into()];
-    let result = checkpoint_result(&mut net, "full");
+    let result = checkpoint_result(&mut net, "full").unwrap_err();
     assert!(
-        result.id == 1 && result.error.contains(ENOSPC),
-        "{result:?}"
+        result.contains("checkpoint 1 failed") && result.contains(ENOSPC),
+        "{result}"
     );
     assert_eq!(net.disk_faults.held(), 1, "{:?}", net.disk_faults.log);
     net
@@ -359,8 +343,8 @@ fn a_failed_checkpoint_is_deleted_only_after_every_writer_ended() {
     // And the job goes on: the next checkpoint completes.
     net.disk_faults.fail.clear();
     net.disk_faults.hold.clear();
-    let result = checkpoint_result(&mut net, "after");
-    assert!(result.id == 2 && result.error.is_empty(), "{result:?}");
+    let result = checkpoint_result(&mut net, "after").expect("the checkpoint");
+    assert_eq!(result.id, 2, "{result:?}");
     assert!(has(
         &net,
         &disk::checkpoint_dir(&dir(), 2).join(disk::MANIFEST)
@@ -431,10 +415,10 @@ fn a_writer_that_dies_counts_as_ended_and_the_next_job_starts_fresh() {
 fn a_write_abandoned_for_a_newer_checkpoint_is_reported_when_it_ends() {
     let mut net = full_disk_job(10, "ckpt-000001.server-1");
     // Checkpoint 2 is taken while server 1 still writes checkpoint 1's file.
-    let result = checkpoint_result(&mut net, "next");
+    let result = checkpoint_result(&mut net, "next").unwrap_err();
     assert!(
-        result.id == 2 && result.error.contains(ENOSPC),
-        "{result:?}"
+        result.contains("checkpoint 2 failed") && result.contains(ENOSPC),
+        "{result}"
     );
     assert!(net.run_until(SECOND, |n| n
         .disk_faults

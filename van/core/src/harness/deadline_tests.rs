@@ -47,20 +47,23 @@ fn a_barrier_times_out_at_its_deadline_and_the_cluster_goes_on() {
     let t = net.barrier_within(w1, WORKER_GROUP, Some(SECOND * 5));
     let untimed = net.barrier(0, ALL_GROUP);
     net.run_for(SECOND * 5 - MS);
-    assert_eq!(net.outcome(w1, t), None);
-    assert!(net.run_until(SECOND, |n| n.outcome(w1, t).is_some()));
+    assert!(net.answer(w1, t).is_none());
+    assert!(net.run_until(SECOND, |n| n.answer(w1, t).is_some()));
     assert_eq!(net.now - started, SECOND * 5);
-    assert_eq!(
-        net.outcome(w1, t),
-        Some(Err(Failure::BarrierTimeout {
-            group: WORKER_GROUP,
-            secs: 5
-        }))
+    let Some(Err(err)) = net.answer(w1, t) else {
+        panic!("the barrier did not time out");
+    };
+    assert!(
+        matches!(
+            err,
+            crate::VanError::BarrierTimeout {
+                group: WORKER_GROUP,
+                secs: 5,
+                ..
+            }
+        ),
+        "{err:?}"
     );
-    let err = crate::VanError::from(Failure::BarrierTimeout {
-        group: WORKER_GROUP,
-        secs: 5,
-    });
     assert!(
         err.to_string()
             .contains("barrier over group 4 was not released within 5 s"),
@@ -73,7 +76,7 @@ fn a_barrier_times_out_at_its_deadline_and_the_cluster_goes_on() {
     // The next barrier of the group releases both (the late entry of
     // worker 11 counts for the round worker 9 gave up on: the scheduler
     // keeps no timeouts).
-    net.nodes[w1].core.end_barrier(t);
+    net.nodes[w1].core.end_wait(t);
     let a = net.barrier(w2, WORKER_GROUP);
     let b = net.barrier(w1, WORKER_GROUP);
     assert!(net.run_until(SECOND, |n| n.outcome(w2, a) == Some(Ok(()))));
@@ -90,23 +93,20 @@ fn a_store_call_without_an_answer_ends_at_its_limit() {
     get.timeout = Some(SECOND * 3600);
     let id = net.store_within(1, get, SECOND * 2);
     let started = net.now;
-    assert!(net.run_until(SECOND * 10, |n| n.nodes[1].core.store_answer(id).is_some()));
+    assert!(net.run_until(SECOND * 10, |n| n.answer(1, id).is_some()));
     assert_eq!(net.now - started, SECOND * 2);
-    assert_eq!(
-        net.nodes[1].core.store_answer(id),
-        Some(Err(Failure::StoreNoAnswer { waited: SECOND * 2 }))
-    );
+    assert!(matches!(
+        net.answer(1, id),
+        Some(Err(crate::VanError::StoreNoAnswer { secs })) if secs == 2.0
+    ));
     // The answer that comes later finds nobody waiting, and harms nothing.
-    net.nodes[1].core.end_store(id);
+    net.nodes[1].core.end_wait(id);
     let s = net.store(1, {
         let mut set = StoreMsg::request(StoreOp::Set, vec!["missing".into()]);
         set.value = Some(bytes::Bytes::from_static(b"v"));
         set
     });
-    assert!(net.run_until(SECOND, |n| matches!(
-        n.nodes[1].core.store_answer(s),
-        Some(Ok(_))
-    )));
+    assert!(net.run_until(SECOND, |n| matches!(n.answer(1, s), Some(Ok(_)))));
 }
 
 #[test]

@@ -148,7 +148,7 @@ fn a_joiner_waits_and_is_admitted_when_a_worker_barrier_completes() {
     let push = net.request(c, 1, 7);
     net.send(c, push);
     assert!(net.run_until(SECOND, |n| n.nodes[1].delivered.len() == 1));
-    let t: Vec<(usize, u64)> = [a, b]
+    let t: Vec<(usize, Ticket)> = [a, b]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
         .collect();
@@ -191,7 +191,7 @@ fn a_dead_member_ends_the_round_and_a_pending_barrier_releases_the_survivors() {
 #[test]
 fn barriers_count_the_rounds_members_not_max() {
     let (mut net, _, _) = two_running(5, 2, 4);
-    let waiters: Vec<(usize, u64)> = net
+    let waiters: Vec<(usize, Ticket)> = net
         .members(ALL_GROUP)
         .into_iter()
         .map(|i| (i, net.barrier(i, ALL_GROUP)))
@@ -285,7 +285,7 @@ fn a_newcomers_data_that_beats_the_table_to_a_server_is_held_until_it() {
     net.nodes[1].core.handle(push, now);
     net.flush(1);
     assert!(net.nodes[1].delivered.is_empty());
-    let t: Vec<(usize, u64)> = [2, 3]
+    let t: Vec<(usize, Ticket)> = [2, 3]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
         .collect();
@@ -422,7 +422,7 @@ fn after_a_death_joiners_wait_for_a_barrier_unless_the_survivors_are_below_min()
     net.kill(ws[2]);
     assert!(net.run_until(SECOND * 5, |n| everyone_in(n, 1, &[9, 11])));
     assert!(!net.nodes[d].core.is_joined(), "admitted at a barrier only");
-    let t: Vec<(usize, u64)> = ws[..2]
+    let t: Vec<(usize, Ticket)> = ws[..2]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
         .collect();
@@ -457,7 +457,7 @@ fn a_newcomer_is_not_excused_from_a_barrier_no_worker_reached() {
     let ts = net.barrier(1, ALL_GROUP);
     let t0 = net.barrier(0, ALL_GROUP);
     let c = join(&mut net);
-    let t: Vec<(usize, u64)> = [a, b]
+    let t: Vec<(usize, Ticket)> = [a, b]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
         .collect();
@@ -465,14 +465,14 @@ fn a_newcomer_is_not_excused_from_a_barrier_no_worker_reached() {
     assert!(t
         .iter()
         .all(|&(i, t)| matches!(net.outcome(i, t), Some(Ok(())))));
-    let t: Vec<(usize, u64)> = [a, b]
+    let t: Vec<(usize, Ticket)> = [a, b]
         .iter()
         .map(|&i| (i, net.barrier(i, ALL_GROUP)))
         .collect();
     net.run_for(SECOND);
     assert!(net.outcome(1, ts).is_none(), "the newcomer has not arrived");
     let tc = net.barrier(c, ALL_GROUP);
-    let all: Vec<(usize, u64)> = t.into_iter().chain([(c, tc), (1, ts), (0, t0)]).collect();
+    let all: Vec<(usize, Ticket)> = t.into_iter().chain([(c, tc), (1, ts), (0, t0)]).collect();
     assert!(net.run_until(SECOND, |n| all
         .iter()
         .all(|&(i, t)| matches!(n.outcome(i, t), Some(Ok(()))))));
@@ -512,7 +512,7 @@ fn under_resend_a_joiner_waits_long_without_failing() {
         "{:?}",
         net.nodes[c].failures
     );
-    let t: Vec<(usize, u64)> = [a, b]
+    let t: Vec<(usize, Ticket)> = [a, b]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
         .collect();
@@ -557,7 +557,7 @@ fn a_new_round_goes_to_the_members_as_a_change() {
     let n = net.nodes.len() as u64;
     let before = net.nodes[0].traffic;
     let joiner = join(&mut net);
-    let waiters: Vec<(usize, u64)> = workers
+    let waiters: Vec<(usize, Ticket)> = workers
         .iter()
         .map(|&w| (w, net.barrier(w, WORKER_GROUP)))
         .collect();

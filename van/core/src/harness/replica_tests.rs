@@ -474,7 +474,7 @@ fn the_finalize_barrier_does_not_wait_for_a_failed_over_server() {
     let mut net = cluster(2, 1, 2, false, 7);
     net.kill(net.index_of(10).unwrap());
     assert!(net.run_until(SECOND * 3, |n| map(n).ranges[1].primary() == Some(8)));
-    let waiters: Vec<(usize, u64)> = net
+    let waiters: Vec<(usize, Ticket)> = net
         .members(ALL)
         .into_iter()
         .map(|i| (i, net.barrier(i, ALL)))

@@ -83,21 +83,24 @@ fn join(net: &mut Network, port: i32) -> usize {
     i
 }
 
-/// Server `i` asks to leave.
+/// Server `i` asks to leave (kept in `net.leaving`).
 fn ask_leave(net: &mut Network, i: usize) {
-    let now = net.now;
-    net.nodes[i]
-        .core
-        .leave_job(now)
-        .expect("a joined server may ask to leave");
-    net.flush(i);
+    let ticket = net.call(i, Call::Leave, None);
+    net.leaving.insert(i, ticket);
+}
+
+/// How server `i`'s leave ended: `None` while the scheduler has not
+/// answered (or it was not asked); `Some(Err)` says why it was refused.
+fn left(net: &Network, i: usize) -> Option<Result<(), String>> {
+    let outcome = net.answer(i, *net.leaving.get(&i)?)?;
+    Some(outcome.map(drop).map_err(|e| e.to_string()))
 }
 
 /// Servers the scheduler let go exit (their process ends, as after
 /// `leave_job` returns); each must hold no range by then. Returns how many.
 fn exit_left(net: &mut Network) -> usize {
     let left: Vec<usize> = (1..net.nodes.len())
-        .filter(|&i| net.nodes[i].alive && net.nodes[i].core.leave_outcome() == Some(Ok(())))
+        .filter(|&i| net.nodes[i].alive && left(net, i) == Some(Ok(())))
         .collect();
     for &i in &left {
         let id = net.id(i);
@@ -205,11 +208,8 @@ fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
             job.push(&mut net, w1, &all);
             net.run_for(MS * 20);
         }
-        assert!(net.run_until(SECOND * 5, |n| n.nodes[leaver]
-            .core
-            .leave_outcome()
-            .is_some()));
-        assert_eq!(net.nodes[leaver].core.leave_outcome(), Some(Ok(())));
+        assert!(net.run_until(SECOND * 5, |n| left(n, leaver).is_some()));
+        assert_eq!(left(&net, leaver), Some(Ok(())));
         assert_eq!(exit_left(&mut net), 1);
         for _ in 0..5 {
             job.push(&mut net, w1, &all);
@@ -230,8 +230,8 @@ fn a_leave_below_min_is_refused_and_the_server_goes_on() {
     let (mut net, [w0, _]) = job(2, 3, 2, 1, false, 4);
     let s = net.index_of(10).unwrap();
     ask_leave(&mut net, s);
-    assert!(net.run_until(SECOND, |n| n.nodes[s].core.leave_outcome().is_some()));
-    let why = net.nodes[s].core.leave_outcome().unwrap().unwrap_err();
+    assert!(net.run_until(SECOND, |n| left(n, s).is_some()));
+    let why = left(&net, s).unwrap().unwrap_err();
     assert!(why.contains("MIN (2)"), "{why}");
     let mut job = Job::default();
     job.push(&mut net, w0, &keys(3));
@@ -249,7 +249,7 @@ fn a_joiner_takes_the_id_of_a_server_that_left() {
     settle(&mut net, &mut job, SECOND);
     let s = net.index_of(10).unwrap();
     ask_leave(&mut net, s);
-    assert!(net.run_until(SECOND * 5, |n| n.nodes[s].core.leave_outcome().is_some()));
+    assert!(net.run_until(SECOND * 5, |n| left(n, s).is_some()));
     assert_eq!(exit_left(&mut net), 1);
     let joiner = join(&mut net, 10_005);
     job.push(&mut net, w0, &all);
@@ -438,7 +438,7 @@ fn run_schedule(
         }
         exit_left(&mut net);
         // A refused leave: the server stays.
-        leaving.retain(|&i| !matches!(net.nodes[i].core.leave_outcome(), Some(Err(_))));
+        leaving.retain(|&i| !matches!(left(&net, i), Some(Err(_))));
         job.collect(&net);
     }
     let answered = settle_exiting(&mut net, &mut job, SECOND * 20);

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use pslite_proto::store::{StoreMsg, StoreOp, StoreStatus};
 
 use super::{Faults, Network};
-use crate::{Failure, VanConfig};
+use crate::{Call, Done, Failure, Ticket, VanConfig};
 
 fn req(op: StoreOp, key: &str) -> StoreMsg {
     StoreMsg::request(op, vec![key.to_string()])
@@ -23,8 +23,11 @@ fn set(key: &str, value: &str) -> StoreMsg {
 
 const SECOND: Duration = Duration::from_secs(1);
 
-fn answer(net: &Network, i: usize, id: u64) -> Option<StoreMsg> {
-    net.nodes[i].core.store_answer(id).and_then(Result::ok)
+fn answer(net: &Network, i: usize, ticket: Ticket) -> Option<StoreMsg> {
+    match net.answer(i, ticket)? {
+        Ok(Done::Store(answer)) => Some(answer),
+        _ => None,
+    }
 }
 
 #[test]
@@ -98,12 +101,12 @@ fn a_waiting_get_fails_when_the_scheduler_is_lost() {
     let g = net.store(2, get);
     net.run_for(SECOND);
     net.kill(0);
-    assert!(net.run_until(SECOND * 30, |n| n.nodes[2].core.store_answer(g).is_some()));
+    assert!(net.run_until(SECOND * 30, |n| n.answer(2, g).is_some()));
     assert!(matches!(
-        net.nodes[2].core.store_answer(g),
-        Some(Err(
+        net.answer(2, g),
+        Some(Err(crate::VanError::Failed(
             Failure::SchedulerLost { .. } | Failure::SchedulerClosed { .. }
-        ))
+        )))
     ));
 }
 
@@ -195,7 +198,8 @@ fn a_node_whose_scheduler_is_not_pslite_is_refused_at_once() {
     };
     let now = std::time::Instant::now();
     let mut core = crate::Core::new(&cfg, 10_001, now, std::time::SystemTime::UNIX_EPOCH, 1);
-    core.register(0, now);
+    core.call(Call::Join { customer: 0 }, None, now)
+        .expect("join");
     // The table a C++ scheduler sends: its entries carry no pslite mark.
     let mut server = Node::new(Role::Server, "127.0.0.1", 10_000);
     server.id = 8;
@@ -209,7 +213,7 @@ fn a_node_whose_scheduler_is_not_pslite_is_refused_at_once() {
     core.handle(table, now);
     assert!(core.is_joined());
     core.take_output();
-    let e = core.store_request(req(StoreOp::Get, "k"), SECOND, now);
+    let e = core.call(Call::Store(req(StoreOp::Get, "k")), Some(SECOND), now);
     assert!(matches!(e, Err(crate::VanError::StoreUnsupported)), "{e:?}");
     assert!(
         !core

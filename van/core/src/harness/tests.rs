@@ -176,14 +176,14 @@ fn a_scheduler_times_out_naming_the_missing_nodes() {
 }
 
 /// Every live member of `group` enters a barrier; returns (index, token).
-fn enter(net: &mut Network, group: i32) -> Vec<(usize, u64)> {
+fn enter(net: &mut Network, group: i32) -> Vec<(usize, Ticket)> {
     net.members(group)
         .into_iter()
         .map(|i| (i, net.barrier(i, group)))
         .collect()
 }
 
-fn all_released(net: &Network, waiters: &[(usize, u64)]) -> bool {
+fn all_released(net: &Network, waiters: &[(usize, Ticket)]) -> bool {
     waiters
         .iter()
         .all(|&(i, t)| matches!(net.outcome(i, t), Some(Ok(()))))
@@ -724,7 +724,7 @@ proptest! {
                 "group {} not released", group
             );
             for &(i, t) in &waiters {
-                net.nodes[i].core.end_barrier(t);
+                net.nodes[i].core.end_wait(t);
             }
         }
         for n in &net.nodes {

@@ -151,7 +151,7 @@ fn a_worker_with_its_part_of_the_table_goes_through_elastic_rounds() {
     let c = net.add(Role::Worker, 11_002);
     net.register(c);
     net.run_for(SECOND / 10);
-    let waiters: Vec<(usize, u64)> = [a, b]
+    let waiters: Vec<(usize, Ticket)> = [a, b]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
         .collect();
@@ -174,7 +174,7 @@ fn a_worker_with_its_part_of_the_table_goes_through_elastic_rounds() {
     net.run_for(SECOND * 2);
     tables_trimmed(&net, 5);
     push_pull(&mut net, b, 30, 5, 4, 7);
-    let waiters: Vec<(usize, u64)> = [b, c]
+    let waiters: Vec<(usize, Ticket)> = [b, c]
         .iter()
         .map(|&i| (i, net.barrier(i, WORKER_GROUP)))
         .collect();

@@ -1,8 +1,6 @@
 //! Barrier waits: the request, the scheduler's release (or its failure
-//! naming a dead node), a waiter's deadline, and every wait ending when
-//! this server leaves the job.
-
-use std::time::{Duration, Instant};
+//! naming a dead node), and every wait ending when this server leaves
+//! the job.
 
 use log::{debug, warn};
 use pslite_proto::ids::{self, SCHEDULER};
@@ -12,16 +10,10 @@ use super::{BarrierOutcome, BarrierWaiter, Member};
 use crate::error::Failure;
 
 impl Member {
-    /// Starts waiting on a barrier over `group`, giving up after `timeout`
-    /// ([`Failure::BarrierTimeout`] at the tick past it): the token to ask
-    /// about it and the BARRIER request to send.
-    pub fn barrier(
-        &mut self,
-        customer_id: i32,
-        group: i32,
-        timeout: Option<Duration>,
-        now: Instant,
-    ) -> (u64, Message) {
+    /// Starts waiting on a barrier over `group` (its deadline is the
+    /// caller's wait): the token to ask about it and the BARRIER request
+    /// to send.
+    pub fn barrier(&mut self, customer_id: i32, group: i32) -> (u64, Message) {
         let token = self.next_token;
         self.next_token += 1;
         let mut outcome = None;
@@ -32,7 +24,6 @@ impl Member {
             token,
             group,
             outcome,
-            deadline: timeout.map(|t| (now + t, t)),
         });
         let mut msg = Message::control(Command::Barrier, SCHEDULER);
         msg.meta.request = true;

@@ -128,8 +128,8 @@ impl Member {
         }
     }
 
-    /// Clock-driven work: the start deadline and its log lines, barrier
-    /// deadlines, heartbeats, a silent scheduler, dead nodes that stay
+    /// Clock-driven work: the start deadline and its log lines,
+    /// heartbeats, a silent scheduler, dead nodes that stay
     /// unreplaced.
     pub fn tick(&mut self, now: Instant) -> Vec<Effect> {
         let mut actions = Vec::new();
@@ -137,18 +137,6 @@ impl Member {
             let late = now.saturating_duration_since(due);
             if late > PAUSE_SLACK && self.joined && self.failure.is_none() {
                 self.resumed(late, now);
-            }
-        }
-        for w in &mut self.barriers {
-            match w.deadline {
-                Some((at, timeout)) if w.outcome.is_none() && now >= at => {
-                    w.outcome = Some(Err(Failure::BarrierTimeout {
-                        group: w.group,
-                        secs: timeout.as_secs(),
-                    }));
-                    actions.push(Effect::Changed);
-                }
-                _ => {}
             }
         }
         if let Some(j) = &mut self.joining {
@@ -267,11 +255,6 @@ impl Member {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-        for w in &self.barriers {
-            if let (None, Some((at, _))) = (&w.outcome, w.deadline) {
-                consider(at);
-            }
-        }
         if let Some(j) = &self.joining {
             consider(j.deadline.min(j.next_log));
         }

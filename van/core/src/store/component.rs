@@ -2,10 +2,10 @@
 //! ([`StoreHost`]) answering members and admin clients (within the budget
 //! of unread answers) and forgetting the waits and watches of nodes that
 //! died or were replaced; on every node the client ([`StoreClient`]): its
-//! requests, their deadlines, its watchers.
+//! requests and its watchers.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use log::{debug, info, warn};
 use pslite_proto::ids::{NodeId, SCHEDULER};
@@ -15,8 +15,8 @@ use pslite_proto::{Command, Message, Role, K_EMPTY};
 use super::{ClientInput, Requester, StoreClient, StoreHost, StoreReply};
 use crate::component::{Component, Cx};
 use crate::config::VanConfig;
-use crate::effects::{Effect, Event, Output};
-use crate::error::{Failure, VanError};
+use crate::effects::{Event, Output};
+use crate::error::VanError;
 use crate::log_once::LogOnce;
 use crate::reply::{reply_size, Replies};
 
@@ -50,15 +50,9 @@ impl Store {
         }
     }
 
-    /// Sends store request `req` to the scheduler (see
-    /// `Core::store_request`).
-    pub fn request(
-        &mut self,
-        mut req: StoreMsg,
-        limit: Duration,
-        now: Instant,
-        cx: &mut Cx<'_>,
-    ) -> Result<u64, VanError> {
+    /// Sends store request `req` to the scheduler (see `Call::Store`);
+    /// returns its id.
+    pub fn request(&mut self, mut req: StoreMsg, cx: &mut Cx<'_>) -> Result<u64, VanError> {
         if let Some(f) = cx.facts.failure() {
             return Err(f.clone().into());
         }
@@ -69,17 +63,14 @@ impl Store {
         if !pslite {
             return Err(VanError::StoreUnsupported);
         }
-        let id = self.client.start(&mut req, limit, now);
+        let id = self.client.start(&mut req);
         send(req, cx);
         Ok(id)
     }
 
     /// The answer to store request `id`, once here.
-    pub fn answer(&self, id: u64) -> Option<Result<StoreMsg, Failure>> {
-        match self.client.answer(id)? {
-            Ok(answer) => Some(Ok(answer.clone())),
-            Err(waited) => Some(Err(Failure::StoreNoAnswer { waited })),
-        }
+    pub fn answer(&self, id: u64) -> Option<&StoreMsg> {
+        self.client.answer(id)
     }
 
     /// On the scheduler: how many store requests wait for keys (0 elsewhere).
@@ -296,26 +287,16 @@ impl Component for Store {
     }
 
     /// The host forgets the dead (while this node listens: a deaf node
-    /// hears from nobody), requests past their deadline fail, waits past
-    /// theirs are answered.
+    /// hears from nobody) and waits past their deadline are answered.
     fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
         if cx.facts.is_listening() {
             self.forget_dead(now, cx);
-        }
-        if self.client.tick(now) {
-            cx.fx.push(Effect::Changed);
         }
         self.tick_host(now, cx);
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        [
-            self.host.as_ref().and_then(StoreHost::poll_timeout),
-            self.client.poll_timeout(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.host.as_ref().and_then(StoreHost::poll_timeout)
     }
 
     /// A node replaced by a restarted process loses its waits and watches.

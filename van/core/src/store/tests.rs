@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 use bytes::Bytes;
 use pslite_proto::store::{OverLimit, StoreLimit, StoreStatus};
