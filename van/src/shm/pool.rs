@@ -297,7 +297,7 @@ impl Pool {
     /// names the segment that holds it, whichever peer it went to. The pool
     /// knows the bytes are unchanged while the buffer lives: a
     /// [`super::Tracked`] (every large `SArray`) says when it dies; of any
-    /// other frame the pool keeps a clone (see [`HELD_IDLE`]).
+    /// other frame the pool keeps a clone (see [`HELD_IDLE`](super::HELD_IDLE)).
     pub fn send(&self, frame: &Bytes, to_pid: u32, index: u32) -> Option<Sent> {
         let len = frame.len();
         if len == 0 || len > MAX_CAPACITY {
