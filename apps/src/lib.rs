@@ -110,15 +110,15 @@ pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, St
 /// the Van's `context`).
 pub use pslite_postoffice::{fit_descriptor_limit, DescriptorFit};
 pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membership, Postoffice};
+/// A blocking call of the runtime (joining, a barrier, a store request, a
+/// checkpoint, a server's leave), given to `Van::call`, and how it ended.
+pub use pslite_postoffice::{Call, Done};
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};
 pub use pslite_proto::refusal::Refusal;
 pub use pslite_proto::stats::{NodeCounters, NodeStatus, PeerCounters};
 pub use pslite_proto::{Command, Control, DataType, Message, Meta, Node, Role};
-/// A blocking call of the runtime (joining, a barrier, a store request, a
-/// checkpoint, a server's leave), given to `Van::call`, and how it ended.
-pub use pslite_postoffice::{Call, Done};
 pub use sarray::{misaligned_copies, FrameLengthError, SArray};
 pub use simple_app::{SimpleApp, SimpleData};
 
