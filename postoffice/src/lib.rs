@@ -15,6 +15,8 @@
 //! ```
 
 pub mod config;
+mod error;
+mod key_range;
 pub mod launched;
 pub mod metrics;
 mod postoffice;
@@ -24,7 +26,9 @@ pub mod settings;
 pub mod store;
 
 pub use config::{Config, ConfigError};
-pub use postoffice::{key_ranges, Error, KeyRange, Membership, Postoffice};
+pub use error::Error;
+pub use key_range::{key_ranges, KeyRange};
+pub use postoffice::{Membership, Postoffice};
 pub use pslite_van::Counters;
 // The driver's names the layers above use: the apps (`pslite`) and the
 // Python package reach the Van only through these and the Postoffice
