@@ -18,6 +18,8 @@
 #   outside a string literal or a comment (a log target such as
 #   "pslite_van::van" is a string): what the apps need of the driver is
 #   re-exported by pslite_postoffice (postoffice/src/lib.rs).
+# - the core's components (Scheduler, Member, replica, resender, effects,
+#   Core, Output...) are not re-exported by van/src/lib.rs (issue 42).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail=0
@@ -114,6 +116,28 @@ if [ -n "$van_dep" ] || [ -n "$van_uses" ]; then
     fail=1
 else
     echo "apps/src names no pslite_van (the Van through pslite_postoffice only)"
+fi
+
+# The core's components stay inside the driver (issue 42): van/src/lib.rs
+# re-exports none of them publicly (a `pub(crate) use` for the driver's own
+# modules is fine).
+components=$(python3 - <<'PY'
+import re
+src = open("van/src/lib.rs").read()
+names = set()
+for m in re.finditer(r"^pub use pslite_van_core::(\{[^}]*\}|[^;]+);", src, re.M):
+    names |= {n.strip().split("::")[0] for n in m.group(1).strip("{}").split(",") if n.strip()}
+bad = names & {"scheduler", "replica", "resender", "effects", "carry", "component", "member",
+               "checkpoint", "Core", "Member", "MemberConfig", "Scheduler", "SchedulerConfig",
+               "Resender", "ReplicaServer", "Output", "Route"}
+print(" ".join(sorted(bad)))
+PY
+)
+if [ -n "$components" ]; then
+    echo "FAIL: van/src/lib.rs re-exports the core's components or outputs: $components"
+    fail=1
+else
+    echo "van/src/lib.rs re-exports none of the core's components"
 fi
 
 exit "$fail"

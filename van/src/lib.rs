@@ -51,12 +51,14 @@ pub mod transport;
 mod van;
 
 pub use dispatch::{Delivered, Dispatch, Room};
+// What the layers above use of the core (the Postoffice's router, settings
+// and metrics; the apps reach these through pslite_postoffice).
 pub use pslite_van_core::{
-    counters, effects, hold, partition, rendezvous, replica, resender, scheduler, staleness, store,
-    AuthToken, BarrierOutcome, Call, Core, Counters, Done, DrainOutcome, Failure, HoldQueue,
-    LogOnce, Member, MemberConfig, Output, Resender, Route, Scheduler, SchedulerConfig,
-    StartTimeout, VanConfig, VanError, WaitingFor, WAIT_LOG_INTERVAL,
+    counters, hold, partition, rendezvous, staleness, store, AuthToken, Call, Counters, Done,
+    Failure, HoldQueue, LogOnce, StartTimeout, VanConfig, VanError, DEFAULT_PARTITION_BYTES,
 };
-pub use pslite_van_core::{describe, LinkEvent, DEFAULT_PARTITION_BYTES};
+// The core's components and outputs: the driver's own business, not
+// re-exported (issue 42: components private to the core).
+pub(crate) use pslite_van_core::{describe, Core, LinkEvent, Output, Route, WaitingFor};
 pub use transport::Transport;
 pub use van::Van;

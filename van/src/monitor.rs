@@ -18,8 +18,8 @@ use pslite_proto::lock;
 
 use crate::auth::{detached_socket, read_event, MonitorEvent};
 use crate::context::Context;
-pub use crate::LinkEvent;
 use crate::VanError;
+pub use pslite_van_core::LinkEvent;
 
 /// Which events a watch asks libzmq for.
 const EVENTS: u16 = zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16

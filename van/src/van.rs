@@ -191,7 +191,7 @@ impl Van {
         let mut checkpoint_lock = None;
         if let (Some(ck), true) = (&config.checkpoint, is_scheduler) {
             // What to restore is decided before anyone can register.
-            let ranges = crate::replica::key_ranges(config.num_servers.max(1) as usize);
+            let ranges = pslite_van_core::replica::key_ranges(config.num_servers.max(1) as usize);
             match crate::checkpoint::open_dir(ck, &ranges) {
                 Ok((catalog, lock)) => {
                     checkpoint_lock = Some(lock);
