@@ -37,9 +37,13 @@ use log::{debug, warn};
 use pslite_proto::refusal::{self, Refusal};
 use pslite_proto::{lock, Message, NodeId, Role, K_EMPTY};
 use pslite_van::hold::message_bytes;
-use pslite_van::{Delivered, Dispatch, Failure, HoldQueue, LogOnce, Room};
+use pslite_van::{Delivered, Dispatch, Failure, LogOnce, Room};
 
 use crate::queue::{customer_queue, CustomerQueue, QueueSender, Refused};
+pub use waiting::Ready;
+use waiting::Waiting;
+
+mod waiting;
 
 /// (app id, customer id).
 pub type CustomerKey = (i32, i32);
@@ -97,63 +101,11 @@ pub enum Delivery {
 /// counting responses); it must never block.
 pub type Inline = Arc<dyn Fn(Message) -> Option<Message> + Send + Sync>;
 
-/// Which deliveries a registered customer takes now; the others wait in
-/// the router, in order (see the module's doc). Responses and notices
-/// (failures, dead peers) are always taken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ready {
-    /// Key-value requests (every request that is not a SimpleApp command).
-    pub kv: bool,
-    /// SimpleApp requests (commands).
-    pub simple: bool,
-    /// Replicated key ranges: copy and restore requests for the app.
-    pub copies: bool,
-}
-
-impl Ready {
-    /// Takes everything (a worker's customer, an app whose handles are set).
-    pub const ALL: Ready = Ready {
-        kv: true,
-        simple: true,
-        copies: true,
-    };
-
-    /// Takes no request yet (only responses and notices).
-    pub const NONE: Ready = Ready {
-        kv: false,
-        simple: false,
-        copies: false,
-    };
-
-    /// Whether the customer takes `msg` now.
-    pub fn takes_message(self, msg: &Message) -> bool {
-        match (msg.meta.request, msg.meta.simple_app) {
-            (false, _) => true,
-            (true, true) => self.simple,
-            (true, false) => self.kv,
-        }
-    }
-
-    /// Whether the customer takes `delivery` now.
-    pub fn takes(self, delivery: &Delivery) -> bool {
-        match delivery {
-            Delivery::Message(msg) => self.takes_message(msg),
-            Delivery::Snapshot { .. } | Delivery::Restore { .. } => self.copies,
-            Delivery::Undeliverable { .. }
-            | Delivery::PeerDead { .. }
-            | Delivery::NodeFailed(_) => true,
-        }
-    }
-}
-
 struct Route {
     queue: Arc<QueueSender>,
     inline: Option<Inline>,
     ready: Ready,
 }
-
-/// What waits for a customer: for whom, what, since when.
-type Held = (CustomerKey, Delivery, Instant);
 
 struct Routes {
     customers: HashMap<CustomerKey, Route>,
@@ -162,7 +114,7 @@ struct Routes {
     /// in arrival order: messages, and (replicated key ranges) copy and
     /// restore requests for server apps (a server that replaces a dead one
     /// gets its copies as soon as it joins, before its `KVServer` exists).
-    held: HoldQueue<Held>,
+    held: Waiting,
     /// Senders whose requests were refused for want of room, warned about.
     refused: LogOnce<NodeId>,
     /// When each held request arrived, oldest first (a request delivered
@@ -217,7 +169,7 @@ impl CustomerRouter {
             routes: Mutex::new(Routes {
                 customers: HashMap::new(),
                 failure: None,
-                held: HoldQueue::new(hold_limit),
+                held: Waiting::new(hold_limit),
                 refused: LogOnce::new(log::Level::Warn),
                 held_requests: VecDeque::new(),
                 refusals: Vec::new(),
@@ -346,7 +298,7 @@ impl CustomerRouter {
         if routes.customers.contains_key(&key) {
             return None;
         }
-        let held = take_ready(&mut routes.held, key, ready);
+        let held = routes.held.take_ready(key, ready);
         let (tx, rx) = customer_queue(self.queue_limit);
         if let Some(failure) = &routes.failure {
             tx.push(Delivery::NodeFailed(failure.clone()));
@@ -379,7 +331,7 @@ impl CustomerRouter {
     /// handed over in order, up to the first it does not take.
     pub fn set_ready(&self, key: CustomerKey, ready: Ready) {
         let mut routes = self.routes();
-        let held = take_ready(&mut routes.held, key, ready);
+        let held = routes.held.take_ready(key, ready);
         let Some(route) = routes.customers.get_mut(&key) else {
             return;
         };
@@ -412,7 +364,7 @@ impl CustomerRouter {
     /// How many messages wait for customer `key` (registered or not).
     pub fn held_for(&self, key: CustomerKey) -> usize {
         let routes = self.routes();
-        routes.held.iter().filter(|(k, _, _)| *k == key).count()
+        routes.held.count_for(key)
     }
 
     /// Bytes held for customers that have not registered.
@@ -424,20 +376,6 @@ impl CustomerRouter {
     pub fn unregister(&self, key: CustomerKey) {
         self.routes().customers.remove(&key);
     }
-}
-
-/// Takes what is held for `key` that `ready` lets through: in order, up to
-/// the first delivery it does not take.
-fn take_ready(held: &mut HoldQueue<Held>, key: CustomerKey, ready: Ready) -> Vec<Delivery> {
-    let mut blocked = false;
-    let taken = held.take_if(|(k, delivery, _)| {
-        if *k != key || blocked {
-            return false;
-        }
-        blocked = !ready.takes(delivery);
-        !blocked
-    });
-    taken.into_iter().map(|(_, delivery, _)| delivery).collect()
 }
 
 impl Routes {
@@ -454,7 +392,7 @@ impl Routes {
         if always {
             return Some(route);
         }
-        let waits = self.held.iter().any(|(k, _, _)| *k == key);
+        let waits = self.held.count_for(key) > 0;
         (takes(route.ready) && !waits).then_some(route)
     }
 }
