@@ -20,6 +20,15 @@
 #   re-exported by pslite_postoffice (postoffice/src/lib.rs).
 # - the core's components (Scheduler, Member, replica, resender, effects,
 #   Core, Output...) are not re-exported by van/src/lib.rs (issue 42).
+# - one style of component in the core (issue 42): no product code of
+#   van/core/src (tests, the harness and inline test modules aside) declares
+#   a fn returning `Vec<Effect>` or a `fn take_output`: components emit
+#   into the `Effects` (or `Cx`) passed in. Two exceptions, neither a
+#   component: `Core::take_output` (van/core/src/core.rs), the core's
+#   interface to its driver (what raft-rs's `ready()` is to its
+#   application), and `Effects::take` (van/core/src/effects.rs), the sink
+#   itself, which the core drains. (Member, van/core/src/member*, is being
+#   reworked to this style on its own branch: excepted until that lands.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail=0
@@ -68,6 +77,27 @@ if [ -n "$bad" ]; then
     fail=1
 else
     echo "no Instant::now/SystemTime::now in van/core/src product code"
+fi
+
+styles=$(grep -rnE --include='*.rs' -e '->[[:space:]]*Vec<Effect>|fn take_output\b' van/core/src \
+    | grep -Ev '^van/core/src/(harness\.rs|harness/)|/tests\.rs:|_tests\.rs:|^[^:]*:[0-9]+:[[:space:]]*//' \
+    | grep -Ev '^van/core/src/core\.rs:[0-9]+:[[:space:]]*pub fn take_output\(&mut self\) -> Vec<Output>' \
+    | grep -Ev '^van/core/src/effects\.rs:[0-9]+:[[:space:]]*pub fn take\(&mut self\) -> Vec<Effect>' \
+    | grep -Ev '^van/core/src/member(\.rs|/)' || true)
+bad=""
+while IFS= read -r hit; do
+    [ -n "$hit" ] || continue
+    file=${hit%%:*}
+    rest=${hit#*:}
+    line=${rest%%:*}
+    if [ "$line" -le "$(product_lines "$file")" ]; then bad+="$hit"$'\n'; fi
+done <<< "$styles"
+if [ -n "$bad" ]; then
+    echo "FAIL: a component of the core returns Vec<Effect> or keeps output for a take_output (emit into the Effects passed in):"
+    printf '%s' "$bad"
+    fail=1
+else
+    echo "no inherent Vec<Effect> APIs or take_output in the core (but Core::take_output, the driver's)"
 fi
 
 envs=$(git ls-files '*.rs' \

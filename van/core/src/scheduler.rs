@@ -1,6 +1,6 @@
 //! The scheduler's control plane as a state machine, with no sockets and no
 //! clock: the core feeds it each control message and the current time, and
-//! carries out the [`Effect`]s it returns (a [`Component`] of the core).
+//! carries out the [`crate::effects::Effect`]s it emits (a [`Component`] of the core).
 //!
 //! It collects ADD_NODE registrations until `num_servers + num_workers` have
 //! arrived, orders them by (hostname, port, customer id), assigns ids (server
@@ -46,7 +46,7 @@ use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
 use crate::component::{Component, Cx};
 use crate::config::VanConfig;
-use crate::effects::{Effect, Event};
+use crate::effects::{Effects, Event};
 use crate::rendezvous::Rendezvous;
 
 /// What the scheduler needs to know: its own node and the cluster's
@@ -82,7 +82,7 @@ pub struct Scheduler {
     /// last recovery; a repeat means the process restarted again.
     recovered_customers: HashMap<NodeId, HashSet<i32>>,
     /// Restarted nodes that arrived before a node of their role was dead:
-    /// they take the first one that dies (see [`Scheduler::tick`]).
+    /// they take the first one that dies (see [`Scheduler::on_tick`]).
     waiting: Vec<Node>,
     /// The latest counters each process sent with a heartbeat, and when.
     counters: HashMap<NodeId, (NodeCounters, Instant)>,
@@ -205,7 +205,7 @@ impl Scheduler {
         }
     }
 
-    /// When [`Scheduler::tick`] has work next.
+    /// When [`Scheduler::on_tick`] has work next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.stopping.is_some() {
             return self.stopping_timeout();
@@ -242,9 +242,9 @@ impl Scheduler {
     }
 
     /// Handles one control message addressed to the scheduler.
-    pub fn handle(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+    pub fn on_message(&mut self, msg: &Message, now: Instant, fx: &mut Effects) {
         let sender = msg.meta.sender;
-        let mut back = Vec::new();
+        let mut back = Effects::default();
         if sender != K_EMPTY && self.is_member(sender) {
             self.last_seen.insert(sender, now);
             if self.outage.is_some() {
@@ -255,41 +255,38 @@ impl Scheduler {
                 // it is taken back, and everyone is told at once.
                 warn!("scheduler: node {sender}, held dead, is back");
                 self.dead_since.remove(&sender);
-                back = self.tell_dead_nodes(now);
+                self.tell_dead_nodes(now, &mut back);
                 if self.is_pslite(sender) {
                     // What changed while it was held dead (a replacement's
                     // new address and key, say) was not sent to it.
-                    back.push(Effect::Send(self.table_to(sender)));
+                    back.send(self.table_to(sender));
                 }
-                back.push(Effect::Event(Event::Back(sender)));
+                back.event(Event::Back(sender));
             }
         }
-        let mut actions = self.handle_command(msg, now);
+        let mut actions = Effects::default();
+        self.handle_command(msg, now, &mut actions);
         actions.extend(back);
-        self.announce(actions)
+        self.announce(actions, fx);
     }
 
-    /// What others must learn of a call's `actions`: restarted processes
-    /// taking over ids (before anything else: the range map drops them
-    /// first), the table if it changed, and the takeovers done (last).
-    pub(super) fn announce(&mut self, actions: Vec<Effect>) -> Vec<Effect> {
+    /// Emits a call's `actions` with what others must learn of them:
+    /// restarted processes taking over ids (before anything else: the range
+    /// map drops them first), the table if it changed, and the takeovers
+    /// done (last).
+    pub(super) fn announce(&mut self, actions: Effects, fx: &mut Effects) {
         let replacing = std::mem::take(&mut self.replacing);
         let changed = std::mem::take(&mut self.table_changed) && self.ready;
-        if replacing.is_empty() && !changed {
-            return actions;
-        }
-        let mut out = Vec::with_capacity(actions.len() + 3);
         if !replacing.is_empty() {
-            out.push(Effect::Event(Event::Replacing(replacing.clone())));
+            fx.event(Event::Replacing(replacing.clone()));
         }
-        out.extend(actions);
+        fx.extend(actions);
         if changed {
-            out.push(Effect::Event(Event::TableChanged(self.table())));
+            fx.event(Event::TableChanged(self.table()));
         }
         if !replacing.is_empty() {
-            out.push(Effect::Event(Event::Replaced(replacing)));
+            fx.event(Event::Replaced(replacing));
         }
-        out
     }
 
     /// The node table as the nodes get it: every entry, this scheduler last.
@@ -312,14 +309,14 @@ impl Scheduler {
         servers
     }
 
-    fn handle_command(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+    fn handle_command(&mut self, msg: &Message, now: Instant, fx: &mut Effects) {
         let sender = msg.meta.sender;
         match msg.meta.control.cmd {
-            Command::AddNode => self.add_node(msg, now),
-            Command::Barrier => self.barrier(msg, now),
-            Command::Heartbeat => self.heartbeat(msg, now),
-            Command::Status => self.status(msg, now),
-            Command::Leave if self.elastic.is_some() => self.leave(sender, now),
+            Command::AddNode => self.add_node(msg, now, fx),
+            Command::Barrier => self.barrier(msg, now, fx),
+            Command::Heartbeat => self.heartbeat(msg, now, fx),
+            Command::Status => self.status(msg, now, fx),
+            Command::Leave if self.elastic.is_some() => self.leave(sender, now, fx),
             cmd => {
                 self.dropped(
                     sender,
@@ -328,7 +325,6 @@ impl Scheduler {
                         "scheduler: dropping {cmd:?} from node {sender}: not a scheduler command"
                     ),
                 );
-                Vec::new()
             }
         }
     }
@@ -338,13 +334,11 @@ impl Component for Scheduler {
     /// A registration (checked), a barrier request, a heartbeat, a status
     /// request, an elastic worker's LEAVE.
     fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
-        let effects = Scheduler::handle(self, &msg, now);
-        cx.fx.extend(effects);
+        self.on_message(&msg, now, cx.fx);
     }
 
     fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
-        let effects = Scheduler::tick(self, now);
-        cx.fx.extend(effects);
+        self.on_tick(now, cx.fx);
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -354,17 +348,16 @@ impl Component for Scheduler {
     /// A registration whose address answered; replicated ranges failing
     /// over, and servers leaving.
     fn on_event(&mut self, event: &Event, now: Instant, cx: &mut Cx<'_>) {
-        let effects = match event {
-            Event::Registered(msg) => Scheduler::handle(self, msg, now),
+        match event {
+            Event::Registered(msg) => self.on_message(msg, now, cx.fx),
             Event::FailedOver {
                 server,
                 failed_over,
-            } => self.set_failed_over(*server, *failed_over),
-            Event::ServerLeft(id) => self.server_left(*id, now),
-            Event::StopJob(why) => self.stop_job(why, now),
-            _ => return,
-        };
-        cx.fx.extend(effects);
+            } => self.set_failed_over(*server, *failed_over, cx.fx),
+            Event::ServerLeft(id) => self.server_left(*id, now, cx.fx),
+            Event::StopJob(why) => self.stop_job(why, now, cx.fx),
+            _ => {}
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use pslite_proto::ids;
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
-use pslite_van_core::effects::Effect;
+use pslite_van_core::effects::{Effect, Effects};
 use pslite_van_core::scheduler::{Scheduler, SchedulerConfig};
 use pslite_van_core::VanConfig;
 
@@ -79,9 +79,10 @@ proptest! {
         let mut now = t0;
         for (msg, dt) in msgs {
             now += Duration::from_millis(dt);
-            let mut actions = s.handle(&msg, now);
-            actions.extend(s.tick(now));
-            for a in actions {
+            let mut fx = Effects::default();
+            s.on_message(&msg, now, &mut fx);
+            s.on_tick(now, &mut fx);
+            for a in fx {
                 if let Effect::Send(m) = a {
                     prop_assert!(m.meta.recver != K_EMPTY);
                 }

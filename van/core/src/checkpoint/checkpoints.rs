@@ -141,12 +141,13 @@ impl Checkpoints {
     /// A file operation the driver carried out for token `token`.
     pub fn io_done(&mut self, token: u64, result: IoResult, now: Instant, cx: &mut Cx<'_>) {
         self.wall_clock(cx.facts, now);
+        let (mut master, mut server) = (Vec::new(), Vec::new());
         if let Some(m) = &mut self.master {
-            m.io_done(token, result, now);
+            m.io_done(token, result, now, &mut master);
         } else if let Some(s) = &mut self.server {
-            s.io_done(token, result, now);
+            s.io_done(token, result, now, &mut server);
         }
-        self.flush(now, cx);
+        self.carry(master, server, now, cx);
     }
 
     /// App `app`'s answer to snapshot request `token`: its state, or why
@@ -160,13 +161,14 @@ impl Checkpoints {
         cx: &mut Cx<'_>,
     ) {
         self.wall_clock(cx.facts, now);
+        let mut out = Vec::new();
         if let Some(s) = &mut self.server {
             match data {
-                Ok(data) => s.snapshot_taken(token, app, data),
-                Err(why) => s.snapshot_failed(token, app, &why),
+                Ok(data) => s.snapshot_taken(token, app, data, &mut out),
+                Err(why) => s.snapshot_failed(token, app, &why, &mut out),
             }
         }
-        self.flush(now, cx);
+        self.carry(Vec::new(), out, now, cx);
     }
 
     /// App `app`'s answer to restore request `token`: restored, or why it
@@ -179,13 +181,14 @@ impl Checkpoints {
         now: Instant,
         cx: &mut Cx<'_>,
     ) {
+        let mut out = Vec::new();
         if let Some(s) = &mut self.server {
             match result {
-                Ok(()) => s.restored(token, app, now),
-                Err(why) => s.restore_failed(token, app, &why),
+                Ok(()) => s.restored(token, app, now, &mut out),
+                Err(why) => s.restore_failed(token, app, &why, &mut out),
             }
         }
-        self.flush(now, cx);
+        self.carry(Vec::new(), out, now, cx);
     }
 
     /// The restore is abandoned (too much arrived meanwhile: the node
@@ -269,12 +272,13 @@ impl Checkpoints {
             None => vec![ids::id_to_rank(me) as u32],
         };
         let mut s = new_server(cx.facts, me, &self.apps);
-        s.on_info(info, ranges, true, now);
+        let mut out = Vec::new();
+        s.on_info(info, ranges, true, now, &mut out);
         if s.holds() {
             cx.holds.start_restore();
         }
         self.server = Some(s);
-        self.flush(now, cx);
+        self.carry(Vec::new(), out, now, cx);
     }
 
     /// On the scheduler, once every release of a barrier came through the
@@ -298,7 +302,9 @@ impl Checkpoints {
             .filter(|n| n.pslite)
             .map(|n| n.id)
             .collect();
-        let held = m.releases(group, &releases, || plan, |id| pslite.contains(&id), now);
+        let mut out = Vec::new();
+        let pslite = |id| pslite.contains(&id);
+        let held = m.releases(group, &releases, || plan, pslite, now, &mut out);
         for msg in releases {
             if !held {
                 cx.send(msg);
@@ -306,7 +312,7 @@ impl Checkpoints {
                 cx.send(refused.item);
             }
         }
-        self.flush(now, cx);
+        self.carry(out, Vec::new(), now, cx);
     }
 
     /// Sends a requester its answer.
@@ -330,54 +336,45 @@ impl Checkpoints {
         }
     }
 
-    /// Carries out what the checkpoint state machines asked for.
-    fn flush(&mut self, now: Instant, cx: &mut Cx<'_>) {
-        loop {
-            let master = self
-                .master
-                .as_mut()
-                .map(CheckpointMaster::take_output)
-                .unwrap_or_default();
-            let server = self
-                .server
-                .as_mut()
-                .map(CheckpointServer::take_output)
-                .unwrap_or_default();
-            if master.is_empty() && server.is_empty() {
-                return;
-            }
-            for out in master {
-                match out {
-                    MasterOut::Send(msg) => cx.send(*msg),
-                    MasterOut::Release => {
-                        for msg in cx.holds.release(|r| r == Reason::Checkpoint) {
-                            cx.send(msg);
-                        }
+    /// Carries out what the checkpoint state machines decided, in order.
+    fn carry(
+        &mut self,
+        master: Vec<MasterOut>,
+        server: Vec<ServerOut>,
+        now: Instant,
+        cx: &mut Cx<'_>,
+    ) {
+        for out in master {
+            match out {
+                MasterOut::Send(msg) => cx.send(*msg),
+                MasterOut::Release => {
+                    for msg in cx.holds.release(|r| r == Reason::Checkpoint) {
+                        cx.send(msg);
                     }
-                    MasterOut::Answer(to, ck) => Self::answer_requester(to, ck, cx),
-                    MasterOut::Io { token, io } => cx.out(Output::Checkpoint { token, io }),
                 }
+                MasterOut::Answer(to, ck) => Self::answer_requester(to, ck, cx),
+                MasterOut::Io { token, io } => cx.out(Output::Checkpoint { token, io }),
             }
-            for out in server {
-                match out {
-                    ServerOut::Send(msg) => cx.send(*msg),
-                    ServerOut::Apps(out) => cx.for_apps(*out),
-                    ServerOut::Io { token, io } => cx.out(Output::Checkpoint { token, io }),
-                    ServerOut::Failed(detail) => {
-                        // Reported to the scheduler, which stops the job:
-                        // this server fails on its notice (so the report is
-                        // not lost with it), or after STOP_GRACE; it serves
-                        // nothing meanwhile.
-                        error!("{detail}");
-                        cx.holds.drop_restore_held();
-                        self.stopping = Some((detail, now + STOP_GRACE));
-                    }
-                    ServerOut::Restored => {
-                        let held = cx.holds.restored();
-                        debug!("delivering {} messages held while restoring", held.len());
-                        for out in held {
-                            cx.for_apps(out);
-                        }
+        }
+        for out in server {
+            match out {
+                ServerOut::Send(msg) => cx.send(*msg),
+                ServerOut::Apps(out) => cx.for_apps(*out),
+                ServerOut::Io { token, io } => cx.out(Output::Checkpoint { token, io }),
+                ServerOut::Failed(detail) => {
+                    // Reported to the scheduler, which stops the job:
+                    // this server fails on its notice (so the report is
+                    // not lost with it), or after STOP_GRACE; it serves
+                    // nothing meanwhile.
+                    error!("{detail}");
+                    cx.holds.drop_restore_held();
+                    self.stopping = Some((detail, now + STOP_GRACE));
+                }
+                ServerOut::Restored => {
+                    let held = cx.holds.restored();
+                    debug!("delivering {} messages held while restoring", held.len());
+                    for out in held {
+                        cx.for_apps(out);
                     }
                 }
             }
@@ -407,6 +404,7 @@ impl Component for Checkpoints {
             return;
         };
         let is_scheduler = cx.facts.config().role == Role::Scheduler;
+        let (mut master, mut server) = (Vec::new(), Vec::new());
         match ck.op {
             CheckpointOp::Request if msg.meta.request && is_scheduler => {
                 let from = if sender == K_EMPTY {
@@ -432,7 +430,10 @@ impl Component for Checkpoints {
                 };
                 let label = ck.label.clone();
                 match &mut self.master {
-                    Some(m) => m.request(from, &label, plan::current(cx.facts, now).refused),
+                    Some(m) => {
+                        let refused = plan::current(cx.facts, now).refused;
+                        m.request(from, &label, refused, &mut master);
+                    }
                     None => {
                         let mut no = CheckpointMsg::new(CheckpointOp::Accepted, 0);
                         no.error = "this cluster takes no checkpoints: its scheduler has no \
@@ -457,13 +458,13 @@ impl Component for Checkpoints {
                     return;
                 }
                 if let Some(m) = &mut self.master {
-                    m.done(sender, ck, now);
+                    m.done(sender, ck, now, &mut master);
                 }
             }
             CheckpointOp::Take if sender == SCHEDULER && cx.facts.config().role == Role::Server => {
                 let s = self.server(cx.facts);
                 s.set_wall_clock(cx.facts.unix_ms(now));
-                s.on_take(ck);
+                s.on_take(ck, &mut server);
             }
             // The scheduler stops the job: a server could not restore.
             CheckpointOp::Result
@@ -485,7 +486,7 @@ impl Component for Checkpoints {
             }
             _ => self.drop_logged(sender, "not for this node"),
         }
-        self.flush(now, cx);
+        self.carry(master, server, now, cx);
     }
 
     /// Intervals, deadlines, servers that died during a checkpoint, and a
@@ -512,15 +513,16 @@ impl Component for Checkpoints {
                 cx.fail(Failure::Checkpoint { detail });
             }
         }
+        let (mut master, mut server) = (Vec::new(), Vec::new());
         if let Some(m) = &mut self.master {
             let dead = cx.facts.dead_nodes(now);
-            m.servers_dead(&dead, now);
-            m.tick(now);
+            m.servers_dead(&dead, now, &mut master);
+            m.tick(now, &mut master);
         }
         if let Some(s) = &mut self.server {
-            s.tick(now);
+            s.tick(now, &mut server);
         }
-        self.flush(now, cx);
+        self.carry(master, server, now, cx);
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -540,13 +542,12 @@ impl Component for Checkpoints {
 
     /// The cluster formed (the tables that restore went out); a barrier's
     /// releases follow.
-    fn on_event(&mut self, event: &Event, now: Instant, cx: &mut Cx<'_>) {
+    fn on_event(&mut self, event: &Event, now: Instant, _cx: &mut Cx<'_>) {
         match event {
             Event::Formed(_) => {
                 if let Some(m) = &mut self.master {
                     m.formed(now);
                 }
-                self.flush(now, cx);
             }
             Event::Releasing { group, to } if self.master.is_some() && !to.is_empty() => {
                 self.releasing = Some(Releasing::new(*group, to));

@@ -145,7 +145,6 @@ pub struct CheckpointMaster {
     next_interval: Option<Instant>,
     /// Each worker's requests in flight at its latest barrier arrival.
     arrivals: HashMap<NodeId, u64>,
-    out: Vec<MasterOut>,
     /// Wall-clock time in ms since the Unix epoch, as the core last said
     /// (for the manifest's metadata).
     unix_ms: u64,
@@ -167,7 +166,6 @@ impl CheckpointMaster {
             removed: BTreeSet::new(),
             next_interval: None,
             arrivals: HashMap::new(),
-            out: Vec::new(),
             unix_ms: 0,
         }
     }
@@ -181,11 +179,6 @@ impl CheckpointMaster {
     /// manifests written from now on say they were made at.
     pub fn set_wall_clock(&mut self, unix_ms: u64) {
         self.unix_ms = unix_ms;
-    }
-
-    /// What to carry out, in order.
-    pub fn take_output(&mut self) -> Vec<MasterOut> {
-        std::mem::take(&mut self.out)
     }
 
     /// The id of the checkpoint the job restored, if any.
@@ -219,11 +212,17 @@ impl CheckpointMaster {
 
     /// A checkpoint requested by `from` (`refused`: why none can be taken
     /// in this cluster).
-    pub fn request(&mut self, from: Requester, label: &str, refused: Option<String>) {
+    pub fn request(
+        &mut self,
+        from: Requester,
+        label: &str,
+        refused: Option<String>,
+        out: &mut Vec<MasterOut>,
+    ) {
         let mut answer = CheckpointMsg::new(CheckpointOp::Accepted, 0);
         if let Some(why) = refused {
             answer.error = why;
-            self.out.push(MasterOut::Answer(from, answer));
+            out.push(MasterOut::Answer(from, answer));
             return;
         }
         let id = self.pend(label);
@@ -232,7 +231,7 @@ impl CheckpointMaster {
         }
         answer.id = id;
         answer.label = label.to_string();
-        self.out.push(MasterOut::Answer(from, answer));
+        out.push(MasterOut::Answer(from, answer));
     }
 
     /// The pending checkpoint's id, made pending if none is.
@@ -276,6 +275,7 @@ impl CheckpointMaster {
         plan: impl FnOnce() -> Plan,
         pslite: impl Fn(NodeId) -> bool,
         now: Instant,
+        out: &mut Vec<MasterOut>,
     ) -> bool {
         if group & ids::WORKER_GROUP == 0 {
             return false;
@@ -338,6 +338,7 @@ impl CheckpointMaster {
                 &pending.label,
                 Err(&why),
                 0,
+                out,
             );
             return false;
         }
@@ -364,7 +365,7 @@ impl CheckpointMaster {
             let mut msg = Message::control(Command::Checkpoint, *server);
             msg.meta.request = true;
             msg.meta.checkpoint = Some(Box::new(take));
-            self.out.push(MasterOut::Send(Box::new(msg)));
+            out.push(MasterOut::Send(Box::new(msg)));
         }
         self.running = Some(Running {
             id: pending.id,
@@ -400,9 +401,15 @@ impl CheckpointMaster {
     }
 
     /// Server `from`'s report on checkpoint `msg.id`.
-    pub fn done(&mut self, from: NodeId, msg: &CheckpointMsg, now: Instant) {
+    pub fn done(
+        &mut self,
+        from: NodeId,
+        msg: &CheckpointMsg,
+        now: Instant,
+        out: &mut Vec<MasterOut>,
+    ) {
         if self.running.as_ref().is_none_or(|r| r.id != msg.id) {
-            self.ended(msg.id, Some(from), now);
+            self.ended(msg.id, Some(from), now, out);
             return;
         }
         let Some(run) = &mut self.running else {
@@ -413,7 +420,7 @@ impl CheckpointMaster {
         }
         if !msg.error.is_empty() {
             let why = format!("server {from}: {}", msg.error);
-            self.fail(&why, now);
+            self.fail(&why, now, out);
             return;
         }
         run.files.extend(msg.files.iter().cloned().map(|mut f| {
@@ -428,7 +435,7 @@ impl CheckpointMaster {
             .collect();
         if !missing.is_empty() {
             let why = format!("no server wrote key ranges {missing:?}");
-            self.fail(&why, now);
+            self.fail(&why, now, out);
             return;
         }
         run.files.sort_by_key(|f| f.node);
@@ -442,7 +449,7 @@ impl CheckpointMaster {
         };
         run.writing = true;
         let path = disk::checkpoint_dir(&self.cfg.dir, run.id).join(disk::MANIFEST);
-        self.out.push(MasterOut::Io {
+        out.push(MasterOut::Io {
             token: run.id,
             io: Io::Complete {
                 manifest: path,
@@ -454,21 +461,27 @@ impl CheckpointMaster {
     }
 
     /// The manifest write `token` ended.
-    pub fn io_done(&mut self, token: u64, result: IoResult, now: Instant) {
+    pub fn io_done(
+        &mut self,
+        token: u64,
+        result: IoResult,
+        now: Instant,
+        out: &mut Vec<MasterOut>,
+    ) {
         let ours = self
             .running
             .as_ref()
             .is_some_and(|r| r.id == token && r.writing);
         if !ours {
             // The manifest of a checkpoint that failed meanwhile (timeout).
-            self.ended(token, None, now);
+            self.ended(token, None, now, out);
             return;
         }
         if let IoResult::Failed(why) = result {
             if let Some(run) = &mut self.running {
                 run.writing = false;
             }
-            self.fail(&why, now);
+            self.fail(&why, now, out);
             return;
         }
         let Some(run) = self.running.take() else {
@@ -492,12 +505,12 @@ impl CheckpointMaster {
             .to_string();
         result.elapsed_ms = elapsed.as_millis() as u64;
         for r in &run.requesters {
-            self.out.push(MasterOut::Answer(r.clone(), result.clone()));
+            out.push(MasterOut::Answer(r.clone(), result.clone()));
         }
-        self.out.push(MasterOut::Release);
+        out.push(MasterOut::Release);
         let below = self.keep_from(run.id);
         if below > 0 {
-            self.out.push(MasterOut::Io {
+            out.push(MasterOut::Io {
                 token: 0,
                 io: Io::Prune {
                     dir: self.cfg.dir.clone(),
@@ -509,7 +522,7 @@ impl CheckpointMaster {
     }
 
     /// The running checkpoint failed: requesters told, barrier released.
-    fn fail(&mut self, why: &str, now: Instant) {
+    fn fail(&mut self, why: &str, now: Instant, out: &mut Vec<MasterOut>) {
         let Some(run) = self.running.take() else {
             return;
         };
@@ -518,8 +531,8 @@ impl CheckpointMaster {
             run.id,
             now.saturating_duration_since(run.started).as_millis()
         );
-        self.answer_all(&run.requesters, run.id, &run.label, Err(why), 0);
-        self.out.push(MasterOut::Release);
+        self.answer_all(&run.requesters, run.id, &run.label, Err(why), 0, out);
+        out.push(MasterOut::Release);
         // A failed checkpoint leaves nothing: its directory is deleted once
         // nothing writes into it any more.
         self.failed.push(Failed {
@@ -528,12 +541,12 @@ impl CheckpointMaster {
             manifest: run.writing,
             deadline: now + self.cfg.timeout,
         });
-        self.cleanup(now);
+        self.cleanup(now, out);
     }
 
     /// A writer of failed checkpoint `id` ended: server `from` reported
     /// (`None`: the manifest's write ended).
-    fn ended(&mut self, id: u64, from: Option<NodeId>, now: Instant) {
+    fn ended(&mut self, id: u64, from: Option<NodeId>, now: Instant, out: &mut Vec<MasterOut>) {
         if let Some(f) = self.failed.iter_mut().find(|f| f.id == id) {
             match from {
                 Some(server) => {
@@ -541,7 +554,7 @@ impl CheckpointMaster {
                 }
                 None => f.manifest = false,
             }
-            self.cleanup(now);
+            self.cleanup(now, out);
         } else if let Some(server) = from.filter(|_| self.removed.contains(&id)) {
             let dir = disk::checkpoint_dir(&self.cfg.dir, id);
             warn!(
@@ -549,7 +562,7 @@ impl CheckpointMaster {
                  deleted: deleting what it wrote",
                 dir.display()
             );
-            self.out.push(MasterOut::Io {
+            out.push(MasterOut::Io {
                 token: 0,
                 io: Io::Remove { dir },
             });
@@ -558,7 +571,7 @@ impl CheckpointMaster {
 
     /// Deletes the directories of the failed checkpoints nothing writes
     /// into any more (every writer ended, or the deadline passed).
-    fn cleanup(&mut self, now: Instant) {
+    fn cleanup(&mut self, now: Instant, out: &mut Vec<MasterOut>) {
         let (done, left): (Vec<Failed>, Vec<Failed>) = std::mem::take(&mut self.failed)
             .into_iter()
             .partition(|f| (f.writers.is_empty() && !f.manifest) || f.deadline <= now);
@@ -579,7 +592,7 @@ impl CheckpointMaster {
                     dir.display()
                 );
             }
-            self.out.push(MasterOut::Io {
+            out.push(MasterOut::Io {
                 token: 0,
                 io: Io::Remove { dir },
             });
@@ -597,6 +610,7 @@ impl CheckpointMaster {
         label: &str,
         result: Result<(), &str>,
         elapsed_ms: u64,
+        out: &mut Vec<MasterOut>,
     ) {
         let mut msg = CheckpointMsg::new(CheckpointOp::Result, id);
         msg.label = label.to_string();
@@ -605,14 +619,14 @@ impl CheckpointMaster {
             msg.error = why.to_string();
         }
         for r in requesters {
-            self.out.push(MasterOut::Answer(r.clone(), msg.clone()));
+            out.push(MasterOut::Answer(r.clone(), msg.clone()));
         }
     }
 
     /// Servers declared dead: the running checkpoint fails if it waits
     /// for one.
     /// A dead server is no writer of a failed checkpoint any more.
-    pub fn servers_dead(&mut self, dead: &[NodeId], now: Instant) {
+    pub fn servers_dead(&mut self, dead: &[NodeId], now: Instant, out: &mut Vec<MasterOut>) {
         let gone = self
             .failed
             .iter()
@@ -621,7 +635,7 @@ impl CheckpointMaster {
             for f in &mut self.failed {
                 f.writers.retain(|w| !dead.contains(w));
             }
-            self.cleanup(now);
+            self.cleanup(now, out);
         }
         let Some(run) = &mut self.running else {
             return;
@@ -629,12 +643,12 @@ impl CheckpointMaster {
         if let Some(&d) = dead.iter().find(|d| run.waiting.contains(d)) {
             run.waiting.remove(&d);
             let why = format!("server {d} died before writing its file");
-            self.fail(&why, now);
+            self.fail(&why, now, out);
         }
     }
 
     /// Time-driven work: the interval, the running checkpoint's deadline.
-    pub fn tick(&mut self, now: Instant) {
+    pub fn tick(&mut self, now: Instant, out: &mut Vec<MasterOut>) {
         if self.next_interval.is_some_and(|at| at <= now) {
             self.next_interval = self.cfg.interval.map(|i| now + i);
             if self.pending.is_none() {
@@ -657,10 +671,10 @@ impl CheckpointMaster {
                     "servers {waiting:?} did not write their files within PS_CHECKPOINT_TIMEOUT"
                 )
             };
-            self.fail(&why, now);
+            self.fail(&why, now, out);
         }
         if self.failed.iter().any(|f| f.deadline <= now) {
-            self.cleanup(now);
+            self.cleanup(now, out);
         }
     }
 

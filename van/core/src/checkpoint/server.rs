@@ -103,7 +103,6 @@ pub struct CheckpointServer {
     restoring: Option<Restoring>,
     /// The restore failed: requests stay held until the node fails.
     refused: bool,
-    out: Vec<ServerOut>,
     /// Wall-clock time in ms since the Unix epoch, as the core last said
     /// (for the files' metadata).
     unix_ms: u64,
@@ -128,7 +127,6 @@ impl CheckpointServer {
             abandoned: BTreeSet::new(),
             restoring: None,
             refused: false,
-            out: Vec::new(),
             unix_ms: 0,
         }
     }
@@ -144,11 +142,6 @@ impl CheckpointServer {
     /// files written from now on say they were made at.
     pub fn set_wall_clock(&mut self, unix_ms: u64) {
         self.unix_ms = unix_ms;
-    }
-
-    /// What to carry out, in order.
-    pub fn take_output(&mut self) -> Vec<ServerOut> {
-        std::mem::take(&mut self.out)
     }
 
     /// Whether the apps' outputs are held (restoring).
@@ -168,24 +161,30 @@ impl CheckpointServer {
             .unwrap_or_else(|| PathBuf::from(scheduler_dir))
     }
 
-    fn report(&mut self, id: u64, file: Option<CheckpointFile>, error: String) {
+    fn report(
+        &mut self,
+        id: u64,
+        file: Option<CheckpointFile>,
+        error: String,
+        out: &mut Vec<ServerOut>,
+    ) {
         let mut done = CheckpointMsg::new(CheckpointOp::Done, id);
         done.files = file.into_iter().collect();
         done.error = error;
         let mut msg = Message::control(Command::Checkpoint, SCHEDULER);
         msg.meta.checkpoint = Some(Box::new(done));
-        self.out.push(ServerOut::Send(Box::new(msg)));
+        out.push(ServerOut::Send(Box::new(msg)));
     }
 
     /// The scheduler's order to write checkpoint `msg.id`.
-    pub fn on_take(&mut self, msg: &CheckpointMsg) {
+    pub fn on_take(&mut self, msg: &CheckpointMsg, out: &mut Vec<ServerOut>) {
         if let Some(old) = self.take.take().filter(|old| old.id != msg.id) {
             warn!("checkpoint {} abandoned for checkpoint {}", old.id, msg.id);
             if old.written.is_some() {
                 self.abandoned.insert(old.id);
             } else {
                 let why = format!("abandoned for checkpoint {}", msg.id);
-                self.report(old.id, None, why);
+                self.report(old.id, None, why, out);
             }
         }
         let ranges = msg
@@ -194,11 +193,21 @@ impl CheckpointServer {
             .map(|f| f.ranges.clone())
             .unwrap_or_default();
         if msg.dir.is_empty() && self.own_dir.is_none() {
-            self.report(msg.id, None, "this server has no PS_CHECKPOINT_DIR".into());
+            self.report(
+                msg.id,
+                None,
+                "this server has no PS_CHECKPOINT_DIR".into(),
+                out,
+            );
             return;
         }
         if let Some(&r) = ranges.iter().find(|&&r| r as usize >= msg.bounds.len()) {
-            self.report(msg.id, None, format!("key range {r} is not in the order"));
+            self.report(
+                msg.id,
+                None,
+                format!("key range {r} is not in the order"),
+                out,
+            );
             return;
         }
         let own_dir = self.dir(&msg.dir);
@@ -237,12 +246,12 @@ impl CheckpointServer {
             })));
         }
         self.take = Some(take);
-        self.out.extend(asks);
-        self.maybe_write();
+        out.extend(asks);
+        self.maybe_write(out);
     }
 
     /// App `app`'s copy for snapshot `token`.
-    pub fn snapshot_taken(&mut self, token: u64, app: i32, data: Bytes) {
+    pub fn snapshot_taken(&mut self, token: u64, app: i32, data: Bytes, out: &mut Vec<ServerOut>) {
         let Some(take) = &mut self.take else {
             return;
         };
@@ -253,11 +262,11 @@ impl CheckpointServer {
         if self.apps.iter().all(|a| take.parts.contains_key(&(r, *a))) {
             take.tokens.remove(&token);
         }
-        self.maybe_write();
+        self.maybe_write(out);
     }
 
     /// App `app` cannot copy its state (no snapshot support).
-    pub fn snapshot_failed(&mut self, token: u64, app: i32, why: &str) {
+    pub fn snapshot_failed(&mut self, token: u64, app: i32, why: &str, out: &mut Vec<ServerOut>) {
         let Some(take) = &self.take else {
             return;
         };
@@ -266,10 +275,15 @@ impl CheckpointServer {
         }
         let id = take.id;
         self.take = None;
-        self.report(id, None, format!("app {app} cannot copy its state: {why}"));
+        self.report(
+            id,
+            None,
+            format!("app {app} cannot copy its state: {why}"),
+            out,
+        );
     }
 
-    fn maybe_write(&mut self) {
+    fn maybe_write(&mut self, out: &mut Vec<ServerOut>) {
         let Some(take) = &mut self.take else {
             return;
         };
@@ -292,7 +306,7 @@ impl CheckpointServer {
         };
         let bytes = Bytes::from(format::encode_server(&file));
         take.written = Some((bytes.len() as u64, format::content_crc(&bytes).unwrap_or(0)));
-        self.out.push(ServerOut::Io {
+        out.push(ServerOut::Io {
             token: take.id,
             io: Io::Write {
                 path: take.path.clone(),
@@ -302,9 +316,15 @@ impl CheckpointServer {
     }
 
     /// A file operation ended.
-    pub fn io_done(&mut self, token: u64, result: IoResult, now: Instant) {
+    pub fn io_done(
+        &mut self,
+        token: u64,
+        result: IoResult,
+        now: Instant,
+        out: &mut Vec<ServerOut>,
+    ) {
         if token == READ_TOKEN {
-            self.read_done(result, now);
+            self.read_done(result, now, out);
             return;
         }
         if self.abandoned.remove(&token) {
@@ -312,7 +332,7 @@ impl CheckpointServer {
                 IoResult::Failed(why) => why,
                 _ => "abandoned for a newer checkpoint".to_string(),
             };
-            self.report(token, None, why);
+            self.report(token, None, why, out);
             return;
         }
         let Some(take) = self.take.take_if(|t| t.id == token && t.written.is_some()) else {
@@ -322,7 +342,7 @@ impl CheckpointServer {
             return;
         };
         if let IoResult::Failed(why) = result {
-            self.report(take.id, None, why);
+            self.report(take.id, None, why, out);
             return;
         }
         info!(
@@ -338,9 +358,9 @@ impl CheckpointServer {
             crc,
             ranges: take.ranges.clone(),
         };
-        self.report(take.id, Some(file), String::new());
+        self.report(take.id, Some(file), String::new(), out);
         if take.keep_from > 0 {
-            self.out.push(ServerOut::Io {
+            out.push(ServerOut::Io {
                 token: 0,
                 io: Io::Prune {
                     dir: take.own_dir,
@@ -354,7 +374,14 @@ impl CheckpointServer {
     /// The node table's checkpoint part, on the table that made this node
     /// join (`first`), with the ranges this server holds: restores them if
     /// it names a checkpoint.
-    pub fn on_info(&mut self, msg: &CheckpointMsg, ranges: Vec<u32>, first: bool, now: Instant) {
+    pub fn on_info(
+        &mut self,
+        msg: &CheckpointMsg,
+        ranges: Vec<u32>,
+        first: bool,
+        now: Instant,
+        out: &mut Vec<ServerOut>,
+    ) {
         if !first || msg.id == 0 || ranges.is_empty() {
             return;
         }
@@ -391,21 +418,21 @@ impl CheckpointServer {
             started: now,
             reading: true,
         });
-        self.out.push(ServerOut::Io {
+        out.push(ServerOut::Io {
             token: READ_TOKEN,
             io: Io::Read { paths: wanted },
         });
     }
 
-    fn fail_restore(&mut self, why: String) {
+    fn fail_restore(&mut self, why: String, out: &mut Vec<ServerOut>) {
         let id = self.restoring.as_ref().map_or(0, |r| r.id);
         self.restoring = None;
         self.refused = true;
         let why = format!("cannot restore checkpoint {id}: {why}; nothing of it was served");
         // The scheduler stops the job with it: a job must not run on a
         // checkpoint only some servers restored.
-        self.report(id, None, why.clone());
-        self.out.push(ServerOut::Failed(why));
+        self.report(id, None, why.clone(), out);
+        out.push(ServerOut::Failed(why));
     }
 
     /// Checks one file read for the restore: against the manifest, then
@@ -464,7 +491,7 @@ impl CheckpointServer {
         Ok(file)
     }
 
-    fn read_done(&mut self, result: IoResult, now: Instant) {
+    fn read_done(&mut self, result: IoResult, now: Instant, out: &mut Vec<ServerOut>) {
         let Some(restoring) = &mut self.restoring else {
             return;
         };
@@ -474,8 +501,8 @@ impl CheckpointServer {
         restoring.reading = false;
         let files = match result {
             IoResult::Read(files) => files,
-            IoResult::Failed(why) => return self.fail_restore(why),
-            IoResult::Done => return self.fail_restore("the read returned nothing".into()),
+            IoResult::Failed(why) => return self.fail_restore(why, out),
+            IoResult::Done => return self.fail_restore("the read returned nothing".into(), out),
         };
         let mut sections: BTreeMap<(u32, i32), Bytes> = BTreeMap::new();
         for (path, bytes) in &files {
@@ -485,7 +512,7 @@ impl CheckpointServer {
                         sections.entry((s.range, s.app)).or_insert(s.data);
                     }
                 }
-                Err(why) => return self.fail_restore(why),
+                Err(why) => return self.fail_restore(why, out),
             }
         }
         let apps: Vec<i32> = self.apps.iter().copied().collect();
@@ -497,9 +524,10 @@ impl CheckpointServer {
                 match sections.get(&(r, app)) {
                     Some(d) => data.push(d.clone()),
                     None => {
-                        return self.fail_restore(format!(
-                            "its files hold no state of app {app} for key range {r}"
-                        ))
+                        return self.fail_restore(
+                            format!("its files hold no state of app {app} for key range {r}"),
+                            out,
+                        )
                     }
                 }
             }
@@ -508,7 +536,7 @@ impl CheckpointServer {
                 .as_ref()
                 .and_then(|s| s.bounds.get(r as usize))
             else {
-                return self.fail_restore(format!("key range {r} is not in the plan"));
+                return self.fail_restore(format!("key range {r} is not in the plan"), out);
             };
             let token = self.token();
             if let Some(s) = &mut self.restoring {
@@ -523,30 +551,30 @@ impl CheckpointServer {
                 data,
             })));
         }
-        self.out.extend(asks);
-        self.maybe_restored(now);
+        out.extend(asks);
+        self.maybe_restored(now, out);
     }
 
     /// App `app` restored its part of `token`.
-    pub fn restored(&mut self, token: u64, app: i32, now: Instant) {
+    pub fn restored(&mut self, token: u64, app: i32, now: Instant, out: &mut Vec<ServerOut>) {
         if let Some(r) = &mut self.restoring {
             r.left.remove(&(token, app));
         }
-        self.maybe_restored(now);
+        self.maybe_restored(now, out);
     }
 
     /// App `app` refused its part of `token`.
-    pub fn restore_failed(&mut self, token: u64, app: i32, why: &str) {
+    pub fn restore_failed(&mut self, token: u64, app: i32, why: &str, out: &mut Vec<ServerOut>) {
         if self
             .restoring
             .as_ref()
             .is_some_and(|r| r.left.contains(&(token, app)))
         {
-            self.fail_restore(format!("app {app} refused its state: {why}"));
+            self.fail_restore(format!("app {app} refused its state: {why}"), out);
         }
     }
 
-    fn maybe_restored(&mut self, now: Instant) {
+    fn maybe_restored(&mut self, now: Instant, out: &mut Vec<ServerOut>) {
         let Some(r) = &self.restoring else {
             return;
         };
@@ -560,11 +588,11 @@ impl CheckpointServer {
             now.saturating_duration_since(r.started).as_millis()
         );
         self.restoring = None;
-        self.out.push(ServerOut::Restored);
+        out.push(ServerOut::Restored);
     }
 
     /// Time-driven work: a restore past its deadline fails.
-    pub fn tick(&mut self, now: Instant) {
+    pub fn tick(&mut self, now: Instant, out: &mut Vec<ServerOut>) {
         let Some(r) = &self.restoring else {
             return;
         };
@@ -572,10 +600,13 @@ impl CheckpointServer {
             return;
         }
         let apps: BTreeSet<i32> = r.left.iter().map(|&(_, a)| a).collect();
-        self.fail_restore(format!(
+        self.fail_restore(
+            format!(
             "apps {apps:?} did not restore their state within PS_CHECKPOINT_TIMEOUT (does this \
              server create a KVServer for each with set_replicated_handle?)"
-        ));
+        ),
+            out,
+        );
     }
 
     /// When [`CheckpointServer::tick`] has work next.

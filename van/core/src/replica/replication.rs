@@ -34,7 +34,7 @@ use super::master::{LeaveRefused, RangeMaster};
 use super::server::ReplicaServer;
 use crate::component::{Component, Cx, Facts};
 use crate::config::VanConfig;
-use crate::effects::{Effect, Event, Output};
+use crate::effects::{Effect, Effects, Event, Output};
 use crate::error::Failure;
 use crate::hold::{Holds, Reason};
 use crate::log_once::LogOnce;
@@ -65,8 +65,9 @@ pub struct Replication {
     dead: BTreeSet<NodeId>,
     /// On a server: the apps whose state is copied to joining servers.
     apps: BTreeSet<i32>,
-    /// On a server: the timestamp of its next replication control message.
-    next_ts: i32,
+    /// On a server: the timestamp of its first replication control
+    /// message (its [`ReplicaServer`] counts from it).
+    first_ts: i32,
     /// A map that came with a node table, applied once membership took
     /// the table.
     pending: Option<RangeMap>,
@@ -92,7 +93,7 @@ impl Replication {
             mode,
             dead: BTreeSet::new(),
             apps: BTreeSet::from([0]),
-            next_ts: first_ts,
+            first_ts,
             pending: None,
             dropped: LogOnce::new(log::Level::Warn),
         }
@@ -150,34 +151,14 @@ impl Replication {
     /// App `app` answered snapshot request `token` with `data`.
     pub fn snapshot_taken(&mut self, token: u64, app: i32, data: Bytes, cx: &mut Cx<'_>) {
         if let Mode::Server(s) = &mut self.mode {
-            s.snapshot_taken(token, app, data);
+            s.snapshot_taken(token, app, data, cx.fx);
         }
-        self.flush(cx);
     }
 
     /// App `app` finished restore request `token`.
     pub fn restored(&mut self, token: u64, app: i32, cx: &mut Cx<'_>) {
         if let Mode::Server(s) = &mut self.mode {
-            s.restored(token, app);
-        }
-        self.flush(cx);
-    }
-
-    /// Carries out what the server side asked for: its control messages
-    /// get timestamps from this node's own counter.
-    fn flush(&mut self, cx: &mut Cx<'_>) {
-        let Mode::Server(s) = &mut self.mode else {
-            return;
-        };
-        for effect in s.take_output() {
-            match effect {
-                Effect::Send(mut msg) if msg.is_control() => {
-                    msg.meta.timestamp = self.next_ts;
-                    self.next_ts = self.next_ts.wrapping_add(1) & i32::MAX;
-                    cx.send(msg);
-                }
-                effect => cx.fx.push(effect),
-            }
+            s.restored(token, app, cx.fx);
         }
     }
 
@@ -188,6 +169,8 @@ impl Replication {
             return;
         }
         cx.event(Event::Replicated);
+        // What the server does follows the map's output.
+        let mut served = Effects::default();
         match &mut self.mode {
             Mode::Off => match cx.facts.config().role {
                 Role::Server => {
@@ -196,9 +179,9 @@ impl Replication {
                          by the scheduler's map",
                         map.replicas
                     );
-                    let mut s = ReplicaServer::new(me);
+                    let mut s = ReplicaServer::new(me, self.first_ts);
                     s.set_apps(self.apps.clone());
-                    s.on_map(map, cx.holds);
+                    s.on_map(map, cx.holds, &mut served);
                     self.mode = Mode::Server(Box::new(s));
                 }
                 Role::Worker => {
@@ -207,7 +190,7 @@ impl Replication {
                 }
                 Role::Scheduler => {}
             },
-            Mode::Server(s) => s.on_map(map, cx.holds),
+            Mode::Server(s) => s.on_map(map, cx.holds, &mut served),
             Mode::Client(c) => {
                 let rerouted = c.on_map(map);
                 for msg in rerouted.resend {
@@ -223,7 +206,7 @@ impl Replication {
         if let Some(map) = self.range_map().cloned() {
             cx.out(Output::RangeMap(map));
         }
-        self.flush(cx);
+        cx.fx.extend(served);
         if matches!(self.mode, Mode::Server(_)) {
             // What peers sent before this server had a map.
             for msg in cx.holds.release(|r| r == Reason::NoMap) {
@@ -256,8 +239,7 @@ impl Replication {
                 }
             }
             (Mode::Server(s), _) if ids::role_of_id(sender) == Some(Role::Server) => {
-                s.handle(msg, cx.holds);
-                self.flush(cx);
+                s.handle(msg, cx.holds, cx.fx);
             }
             _ => {
                 self.dropped.log((sender, "not for this node"), || {
@@ -496,7 +478,7 @@ impl Component for Replication {
             return self.control(msg, cx);
         }
         match &mut self.mode {
-            Mode::Server(s) => s.handle(msg, cx.holds),
+            Mode::Server(s) => s.handle(msg, cx.holds, cx.fx),
             Mode::Client(c) => {
                 let range = msg.meta.replica.as_ref().map_or(0, |r| r.range);
                 if let Some(msg) = c.on_response(msg) {
@@ -513,7 +495,6 @@ impl Component for Replication {
             }
             Mode::Off | Mode::Master(_) => {}
         }
-        self.flush(cx);
     }
 
     /// On the scheduler: servers newly declared dead leave the map (their
@@ -602,10 +583,9 @@ impl Component for Replication {
                     None => return Err(Failure::RangeLost { range }),
                 }
             }
-            Mode::Server(s) if msg.meta.replica.is_none() => s.on_answer(msg),
+            Mode::Server(s) if msg.meta.replica.is_none() => s.on_answer(msg, cx.fx),
             _ => Some(msg),
         };
-        self.flush(cx);
         Ok(out)
     }
 

@@ -54,7 +54,7 @@ use pslite_proto::ids::NodeId;
 use pslite_proto::replica::{Applied, RangeMap, ReplicaMsg, ReplicaOp};
 use pslite_proto::{Command, Message, K_EMPTY};
 
-use crate::effects::{Effect, Output};
+use crate::effects::{Effect, Effects, Output};
 use crate::hold::{Holds, Reason};
 
 /// One logged request of a range.
@@ -332,7 +332,8 @@ pub struct ReplicaServer {
     snapshots: BTreeMap<u64, (u32, NodeId)>,
     /// Restores asked of the apps: token -> range.
     restores: BTreeMap<u64, u32>,
-    out: Vec<Effect>,
+    /// The timestamp of its next replication control message.
+    next_ts: i32,
     /// Apps that answer snapshot and restore requests.
     apps: BTreeSet<i32>,
     /// Snapshot parts received so far: token -> (app, bytes).
@@ -347,8 +348,9 @@ pub struct ReplicaServer {
 const MAX_AHEAD: usize = 100_000;
 
 impl ReplicaServer {
-    /// Server `me`, with an empty map (it acts once a map arrives).
-    pub fn new(me: NodeId) -> ReplicaServer {
+    /// Server `me`, with an empty map (it acts once a map arrives); its
+    /// control messages get timestamps counted from `first_ts`.
+    pub fn new(me: NodeId, first_ts: i32) -> ReplicaServer {
         ReplicaServer {
             me,
             map: RangeMap::default(),
@@ -358,7 +360,7 @@ impl ReplicaServer {
             next_token: 1,
             snapshots: BTreeMap::new(),
             restores: BTreeMap::new(),
-            out: Vec::new(),
+            next_ts: first_ts,
             apps: BTreeSet::from([0]),
             parts: BTreeMap::new(),
             restores_left: BTreeMap::new(),
@@ -377,11 +379,6 @@ impl ReplicaServer {
     /// The current map.
     pub fn map(&self) -> &RangeMap {
         &self.map
-    }
-
-    /// What to carry out, in order.
-    pub fn take_output(&mut self) -> Vec<Effect> {
-        std::mem::take(&mut self.out)
     }
 
     /// Each range's state, described (for logs and test failures), with
@@ -420,9 +417,13 @@ impl ReplicaServer {
             .is_some_and(|s| s.role == Role::Primary && s.sync.is_none())
     }
 
-    fn send(&mut self, mut msg: Message, to: NodeId) {
+    fn send(&mut self, mut msg: Message, to: NodeId, fx: &mut Effects) {
         msg.meta.recver = to;
-        self.out.push(Effect::Send(msg));
+        if msg.is_control() {
+            msg.meta.timestamp = self.next_ts;
+            self.next_ts = self.next_ts.wrapping_add(1) & i32::MAX;
+        }
+        fx.send(msg);
     }
 
     fn control(op: ReplicaOp, range: u32, version: u64) -> (Message, ReplicaMsg) {
@@ -432,11 +433,11 @@ impl ReplicaServer {
         (msg, rep)
     }
 
-    fn send_control(&mut self, rep: ReplicaMsg, to: NodeId, data: Vec<Bytes>) {
+    fn send_control(&mut self, rep: ReplicaMsg, to: NodeId, data: Vec<Bytes>, fx: &mut Effects) {
         let (mut msg, _) = Self::control(rep.op, rep.range, rep.version);
         msg.meta.replica = Some(Box::new(rep));
         msg.data = data;
-        self.send(msg, to);
+        self.send(msg, to, fx);
     }
 
     fn next_local_ts(&mut self) -> i32 {
@@ -447,7 +448,7 @@ impl ReplicaServer {
 
     /// A message with a replication part, from a member (one of a map not
     /// received yet waits for it in `holds`).
-    pub fn handle(&mut self, msg: Message, holds: &mut Holds) {
+    pub fn handle(&mut self, msg: Message, holds: &mut Holds, fx: &mut Effects) {
         let Some(rep) = msg.meta.replica.as_deref() else {
             return;
         };
@@ -458,12 +459,12 @@ impl ReplicaServer {
             return;
         }
         match rep.op {
-            ReplicaOp::Request => self.on_request(msg, holds),
-            ReplicaOp::Entry => self.on_entry(msg, holds),
-            ReplicaOp::Applied => self.on_applied(&msg),
-            ReplicaOp::Sync => self.on_sync(&msg),
-            ReplicaOp::SyncReply => self.on_sync_reply(&msg, holds),
-            ReplicaOp::Snapshot => self.on_snapshot(msg),
+            ReplicaOp::Request => self.on_request(msg, holds, fx),
+            ReplicaOp::Entry => self.on_entry(msg, holds, fx),
+            ReplicaOp::Applied => self.on_applied(&msg, fx),
+            ReplicaOp::Sync => self.on_sync(&msg, fx),
+            ReplicaOp::SyncReply => self.on_sync_reply(&msg, holds, fx),
+            ReplicaOp::Snapshot => self.on_snapshot(msg, fx),
             op => debug!(
                 "dropping a replication {op:?} from node {}: not for a server",
                 msg.meta.sender

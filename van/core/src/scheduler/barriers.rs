@@ -11,7 +11,7 @@ use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Role};
 
 use super::Scheduler;
-use crate::effects::{Effect, Event};
+use crate::effects::{Effect, Effects, Event};
 
 #[derive(Default)]
 pub(super) struct BarrierRound {
@@ -33,25 +33,24 @@ impl BarrierRound {
     }
 
     /// The release of this barrier over `group`, one message to each of `to`.
-    pub(super) fn release(&self, group: i32, to: BTreeSet<NodeId>) -> Vec<Effect> {
+    pub(super) fn release(&self, group: i32, to: BTreeSet<NodeId>, fx: &mut Effects) {
         let releasing = Event::Releasing {
             group,
             to: to.iter().copied().collect(),
         };
-        std::iter::once(Effect::Event(releasing))
-            .chain(to.into_iter().map(|id| {
-                let mut reply = Message::control(Command::Barrier, id);
-                reply.meta.control.barrier_group = group;
-                reply.meta.app_id = self.app_id;
-                reply.meta.customer_id = self.customer_id;
-                Effect::Send(reply)
-            }))
-            .collect()
+        fx.event(releasing);
+        for id in to {
+            let mut reply = Message::control(Command::Barrier, id);
+            reply.meta.control.barrier_group = group;
+            reply.meta.app_id = self.app_id;
+            reply.meta.customer_id = self.customer_id;
+            fx.send(reply);
+        }
     }
 }
 
 impl Scheduler {
-    pub(super) fn barrier(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+    pub(super) fn barrier(&mut self, msg: &Message, now: Instant, fx: &mut Effects) {
         let sender = msg.meta.sender;
         let group = msg.meta.control.barrier_group;
         if !msg.meta.request {
@@ -60,7 +59,7 @@ impl Scheduler {
                 "a BARRIER reply from node _",
                 format!("scheduler: dropping a BARRIER reply from node {sender}"),
             );
-            return Vec::new();
+            return;
         }
         if !ids::is_role_group(group) {
             self.dropped(
@@ -70,7 +69,7 @@ impl Scheduler {
                     "scheduler: dropping BARRIER from node {sender}: group {group} is not 1..=7"
                 ),
             );
-            return Vec::new();
+            return;
         }
         if !self.ready {
             self.dropped(
@@ -80,7 +79,7 @@ impl Scheduler {
                     "scheduler: dropping BARRIER from node {sender}: the cluster has not formed"
                 ),
             );
-            return Vec::new();
+            return;
         }
         if !self.is_member(sender) || !ids::group_contains(group, sender) {
             self.dropped(
@@ -90,7 +89,7 @@ impl Scheduler {
                     "scheduler: dropping BARRIER from node {sender}: not a member of group {group}"
                 ),
             );
-            return Vec::new();
+            return;
         }
         if let Some(dead) = self.given_up_in(group, now) {
             if sender == SCHEDULER || self.is_pslite(sender) {
@@ -99,7 +98,7 @@ impl Scheduler {
                     customer_id: msg.meta.customer_id,
                     ..BarrierRound::default()
                 };
-                return vec![self.barrier_failure(sender, group, dead, &round)];
+                return fx.push(self.barrier_failure(sender, group, dead, &round));
             }
         }
         if let Some(e) = &mut self.elastic {
@@ -110,25 +109,25 @@ impl Scheduler {
             round.arrived.insert((sender, msg.meta.customer_id));
             round.app_id = msg.meta.app_id;
             round.customer_id = msg.meta.customer_id;
-            return self.settle_barriers(now);
+            return self.settle_barriers(now, fx);
         }
         let round = self.barriers.entry(group).or_default();
         round.arrived.insert((sender, msg.meta.customer_id));
         round.app_id = msg.meta.app_id;
         round.customer_id = msg.meta.customer_id;
-        self.try_release(group)
+        self.try_release(group, fx)
     }
 
     /// Releases the barrier over `group` if every member arrived (servers
     /// that failed over excepted).
-    pub(super) fn try_release(&mut self, group: i32) -> Vec<Effect> {
+    pub(super) fn try_release(&mut self, group: i32, fx: &mut Effects) {
         let failed_over = self
             .failed_over
             .iter()
             .filter(|&&id| ids::group_contains(group, id));
         let expected = self.group_size(group) - failed_over.count() as i32;
         let Some(round) = self.barriers.get(&group) else {
-            return Vec::new();
+            return;
         };
         let arrived = round
             .arrived
@@ -137,7 +136,7 @@ impl Scheduler {
             .count() as i32;
         debug!("scheduler: barrier {group}: {arrived}/{expected} arrived");
         if arrived < expected {
-            return Vec::new();
+            return;
         }
         let round = self.barriers.remove(&group).unwrap_or_default();
         // A failed-over server that arrived waits too (stopped, say, and
@@ -154,28 +153,27 @@ impl Scheduler {
         if group & ids::SCHEDULER_GROUP != 0 {
             members.insert(SCHEDULER);
         }
-        round.release(group, members)
+        round.release(group, members, fx)
     }
 
     /// Replicated key ranges: server `id` failed over (`failed_over`: its ranges
     /// moved to the others, so barriers stop waiting for it) or a
     /// replacement took its id (it counts again). Returns the barriers
     /// this completes.
-    pub fn set_failed_over(&mut self, id: NodeId, failed_over: bool) -> Vec<Effect> {
+    pub fn set_failed_over(&mut self, id: NodeId, failed_over: bool, fx: &mut Effects) {
         let changed = if failed_over {
             self.failed_over.insert(id)
         } else {
             self.failed_over.remove(&id)
         };
         if !changed || self.elastic.is_some() {
-            return Vec::new();
+            return;
         }
         let mut groups: Vec<i32> = self.barriers.keys().copied().collect();
         groups.sort_unstable();
-        groups
-            .into_iter()
-            .flat_map(|g| self.try_release(g))
-            .collect()
+        for g in groups {
+            self.try_release(g, fx);
+        }
     }
 
     /// A member of `group` dead for longer than the recovery timeout.
@@ -193,9 +191,9 @@ impl Scheduler {
 
     /// Ends the barrier round over `group`: its pslite waiters learn that
     /// node `dead` will not come (C++ nodes cannot be told; they wait).
-    pub(super) fn fail_barrier(&mut self, group: i32, dead: NodeId) -> Vec<Effect> {
+    pub(super) fn fail_barrier(&mut self, group: i32, dead: NodeId, fx: &mut Effects) {
         let Some(round) = self.barriers.remove(&group) else {
-            return Vec::new();
+            return;
         };
         warn!(
             "scheduler: barrier over group {group} fails: node {dead} is dead and was not \
@@ -203,11 +201,11 @@ impl Scheduler {
             self.cfg.van.recovery_timeout.as_secs()
         );
         let waiting: BTreeSet<NodeId> = round.arrived.iter().map(|&(id, _)| id).collect();
-        waiting
-            .into_iter()
-            .filter(|&id| id == SCHEDULER || self.is_pslite(id))
-            .map(|id| self.barrier_failure(id, group, dead, &round))
-            .collect()
+        for id in waiting {
+            if id == SCHEDULER || self.is_pslite(id) {
+                fx.push(self.barrier_failure(id, group, dead, &round));
+            }
+        }
     }
 
     pub(super) fn barrier_failure(
@@ -251,10 +249,9 @@ impl Scheduler {
 
     /// Elastic mode: releases every barrier whose arrivals are complete;
     /// waiting workers are admitted at a barrier over the workers first.
-    pub(super) fn settle_barriers(&mut self, now: Instant) -> Vec<Effect> {
-        let mut actions = Vec::new();
+    pub(super) fn settle_barriers(&mut self, now: Instant, fx: &mut Effects) {
         if !self.ready {
-            return actions;
+            return;
         }
         loop {
             let mut groups: Vec<i32> = self.barriers.keys().copied().collect();
@@ -265,12 +262,11 @@ impl Scheduler {
             if group & ids::WORKER_GROUP != 0 {
                 if let Some(e) = &mut self.elastic {
                     let events = e.rdzv.admit_waiting(now);
-                    actions.extend(self.on_rounds(events, now));
+                    self.on_rounds(events, now, fx);
                 }
             }
-            actions.extend(self.release_arrivals(group));
+            self.release_arrivals(group, fx);
         }
-        actions
     }
 
     /// Elastic mode: whether the barrier over `group` has every arrival of
@@ -311,9 +307,9 @@ impl Scheduler {
 
     /// Elastic mode: releases the barrier over `group` to those that
     /// arrived at it and are still members.
-    pub(super) fn release_arrivals(&mut self, group: i32) -> Vec<Effect> {
+    pub(super) fn release_arrivals(&mut self, group: i32, fx: &mut Effects) {
         let Some(round) = self.barriers.remove(&group) else {
-            return Vec::new();
+            return;
         };
         let ids: HashSet<NodeId> = self.nodes.iter().map(|n| n.id).collect();
         let waiting: BTreeSet<NodeId> = round
@@ -323,6 +319,6 @@ impl Scheduler {
             .filter(|&id| id == SCHEDULER || ids.contains(&id))
             .collect();
         debug!("scheduler: barrier {group} released to {waiting:?}");
-        round.release(group, waiting)
+        round.release(group, waiting, fx)
     }
 }

@@ -13,7 +13,7 @@ use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
 use super::table::Tables;
 use super::Scheduler;
-use crate::effects::{Effect, Event};
+use crate::effects::{Effect, Effects, Event};
 use crate::error::Failure;
 use crate::rendezvous::RendezvousEvent;
 
@@ -29,9 +29,9 @@ impl Scheduler {
     }
 
     /// Elastic mode: deaths of round members, the last call, the timeout.
-    pub(super) fn elastic_tick(&mut self, now: Instant) -> Vec<Effect> {
+    pub(super) fn elastic_tick(&mut self, now: Instant, fx: &mut Effects) {
         let Some(e) = &self.elastic else {
-            return Vec::new();
+            return;
         };
         // Before the cluster forms nobody has been heard from as a member.
         let mut dead: Vec<NodeId> = e
@@ -47,7 +47,6 @@ impl Scheduler {
                 dead.push(id);
             }
         }
-        let mut actions = Vec::new();
         for id in dead {
             if self.gone(id, now) {
                 warn!(
@@ -61,38 +60,36 @@ impl Scheduler {
                     self.cfg.van.heartbeat_timeout.unwrap_or_default().as_secs()
                 );
             }
-            actions.extend(self.leave(id, now));
+            self.leave(id, now, fx);
         }
         let Some(e) = &mut self.elastic else {
-            return actions;
+            return;
         };
         let events = e.rdzv.tick(now);
-        actions.extend(self.on_rounds(events, now));
-        actions.extend(self.settle_barriers(now));
-        actions
+        self.on_rounds(events, now, fx);
+        self.settle_barriers(now, fx);
     }
 
     /// Elastic mode: worker `id` died or left.
-    pub(super) fn leave(&mut self, id: NodeId, now: Instant) -> Vec<Effect> {
+    pub(super) fn leave(&mut self, id: NodeId, now: Instant, fx: &mut Effects) {
         let Some(e) = &mut self.elastic else {
-            return Vec::new();
+            return;
         };
         let known = e.members.contains(&id) || e.outside.iter().any(|n| n.id == id);
         if !known || ids::role_of_id(id) != Some(Role::Worker) {
             debug!("scheduler: ignoring LEAVE from node {id}: not an elastic worker");
-            return Vec::new();
+            return;
         }
         info!("scheduler: worker {id} leaves the job");
         e.outside.retain(|n| n.id != id);
         e.members.retain(|&m| m != id);
         let events = e.rdzv.leave(id, now);
-        let mut actions = self.on_rounds(events, now);
+        self.on_rounds(events, now, fx);
         // Not in the table any more (if the round went on without it).
         self.nodes.retain(|n| n.id != id);
         self.table_changed = true;
         self.forget(id);
-        actions.extend(self.settle_barriers(now));
-        actions
+        self.settle_barriers(now, fx);
     }
 
     pub(super) fn forget(&mut self, id: NodeId) {
@@ -110,15 +107,16 @@ impl Scheduler {
         node: &Node,
         sender: NodeId,
         now: Instant,
-    ) -> Vec<Effect> {
+        fx: &mut Effects,
+    ) {
         let servers = self.count(Role::Server);
         let Some(e) = &mut self.elastic else {
-            return Vec::new();
+            return;
         };
         if !node.pslite {
             self.dropped(sender, "ADD_NODE from _: elastic mode (DMLC_NUM_WORKER=MIN:MAX)", format!("scheduler: dropping ADD_NODE from {node}: elastic mode (DMLC_NUM_WORKER=MIN:MAX) \
                  is pslite-only, C++ ps-lite nodes cannot join it"));
-            return Vec::new();
+            return;
         }
         let known = self
             .nodes
@@ -138,7 +136,7 @@ impl Scheduler {
                         known.role
                     ),
                 );
-                return Vec::new();
+                return;
             }
             let repeat = self
                 .nodes
@@ -147,7 +145,7 @@ impl Scheduler {
                 .any(|n| n.same_process(node) && n.customer_id == node.customer_id);
             if repeat {
                 debug!("scheduler: ignoring a repeated ADD_NODE from {node}");
-                return Vec::new();
+                return;
             }
             // Another customer of a registered process: it shares the id.
             let mut entry = node.clone();
@@ -155,14 +153,14 @@ impl Scheduler {
             entry.is_recovery = false;
             if e.outside.iter().any(|n| n.id == known.id) {
                 e.outside.push(entry);
-                return Vec::new();
+                return;
             }
             self.nodes.push(entry);
             self.table_changed = true;
             if !self.ready {
-                return Vec::new();
+                return;
             }
-            return vec![Effect::Send(self.table_to(known.id))];
+            return fx.send(self.table_to(known.id));
         }
         if let Some((have, min, secs)) = e.failed {
             let mut entry = node.clone();
@@ -172,7 +170,7 @@ impl Scheduler {
                 "scheduler: {} registers after the elastic job failed: telling it",
                 node.address()
             );
-            return self.tell_failure(&[entry], have, min, secs, now);
+            return self.tell_failure(&[entry], have, min, secs, now, fx);
         }
         let mut entry = node.clone();
         entry.is_recovery = false;
@@ -187,7 +185,7 @@ impl Scheduler {
                         self.cfg.van.num_servers
                     ),
                 );
-                return Vec::new();
+                return;
             }
             entry.id = ids::server_rank_to_id(e.next_server);
             e.next_server += 1;
@@ -198,7 +196,7 @@ impl Scheduler {
             );
             self.nodes.push(entry);
             self.table_changed = true;
-            return self.maybe_form(now);
+            return self.maybe_form(now, fx);
         }
         entry.id = ids::worker_rank_to_id(e.next_worker);
         e.next_worker += 1;
@@ -220,21 +218,24 @@ impl Scheduler {
                 node.address()
             );
         }
-        let mut actions: Vec<Effect> = link.into_iter().collect();
-        actions.extend(self.on_rounds(events, now));
-        actions.extend(self.settle_barriers(now));
-        actions
+        fx.extend(link);
+        self.on_rounds(events, now, fx);
+        self.settle_barriers(now, fx);
     }
 
     /// Elastic mode: carries out what the rounds decided.
-    pub(super) fn on_rounds(&mut self, events: Vec<RendezvousEvent>, now: Instant) -> Vec<Effect> {
-        let mut actions = Vec::new();
+    pub(super) fn on_rounds(
+        &mut self,
+        events: Vec<RendezvousEvent>,
+        now: Instant,
+        fx: &mut Effects,
+    ) {
         for event in events {
             match event {
                 RendezvousEvent::RoundBegan { number, members } => {
                     info!("scheduler: elastic round {number} began with workers {members:?}");
-                    actions.extend(self.round_began(&members, now));
-                    actions.push(Effect::Event(Event::Round {
+                    self.round_began(&members, now, fx);
+                    fx.push(Effect::Event(Event::Round {
                         round: number,
                         workers: members,
                     }));
@@ -254,12 +255,11 @@ impl Scheduler {
                         everyone.extend(e.outside.iter().cloned());
                         e.failed = Some((have, min, waited.as_secs()));
                     }
-                    actions.extend(self.tell_failure(&everyone, have, min, waited.as_secs(), now));
-                    actions.push(Effect::Fail(failure));
+                    self.tell_failure(&everyone, have, min, waited.as_secs(), now, fx);
+                    fx.push(Effect::Fail(failure));
                 }
             }
         }
-        actions
     }
 
     /// LEAVE to every process in `nodes`: the job failed.
@@ -270,14 +270,14 @@ impl Scheduler {
         min: usize,
         secs: u64,
         now: Instant,
-    ) -> Vec<Effect> {
-        let mut actions = Vec::new();
+        fx: &mut Effects,
+    ) {
         let mut told = HashSet::new();
         for node in nodes {
             if !told.insert(node.id) || (self.ready && self.is_dead(node.id, now)) {
                 continue;
             }
-            actions.extend(self.link(node));
+            fx.extend(self.link(node));
             let mut msg = Message::control(Command::Leave, node.id);
             // Its own entry, with its key: a node that has not joined yet
             // (no table, so no scheduler's key to check) knows it comes
@@ -285,9 +285,8 @@ impl Scheduler {
             msg.meta.control.node = vec![node.clone()];
             msg.meta.control.round = Some(secs);
             msg.meta.control.round_members = vec![have as NodeId, min as NodeId];
-            actions.push(Effect::Send(msg));
+            fx.push(Effect::Send(msg));
         }
-        actions
     }
 
     /// A connection to `node`, if none was opened yet.
@@ -300,9 +299,9 @@ impl Scheduler {
 
     /// Elastic mode: a round began with `members`: the table becomes the
     /// servers and the members, and everyone in it is told.
-    pub(super) fn round_began(&mut self, members: &[NodeId], now: Instant) -> Vec<Effect> {
+    pub(super) fn round_began(&mut self, members: &[NodeId], now: Instant, fx: &mut Effects) {
         let Some(e) = &mut self.elastic else {
-            return Vec::new();
+            return;
         };
         let waiting: HashSet<NodeId> = e.rdzv.waiting().iter().copied().collect();
         let mut all = std::mem::take(&mut self.nodes);
@@ -336,23 +335,23 @@ impl Scheduler {
             self.forget(id);
         }
         if !self.ready {
-            return self.maybe_form(now);
+            return self.maybe_form(now, fx);
         }
         for &id in &newcomers {
             self.last_seen.insert(id, now);
         }
-        self.send_table(now)
+        self.send_table(now, fx)
     }
 
     /// The table to every live process in it: to a process that holds the
     /// round last sent, as the change from it (the workers that joined and
     /// left since: O(change) bytes); to the others, whole.
-    pub(super) fn send_table(&mut self, now: Instant) -> Vec<Effect> {
+    pub(super) fn send_table(&mut self, now: Instant, fx: &mut Effects) {
         let tables = Tables::new(self.table_message());
         let table = tables.full();
         let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
         let Some(e) = &self.elastic else {
-            return Vec::new();
+            return;
         };
         let members = &e.members;
         let current: HashSet<NodeId> = members.iter().copied().collect();
@@ -377,7 +376,7 @@ impl Scheduler {
         change.meta.control.round_members = newcomers;
         change.meta.control.round_left = gone.clone();
         let Some(e) = &mut self.elastic else {
-            return Vec::new();
+            return;
         };
         let base = e.table_round.filter(|_| rebuilds);
         change.meta.control.round_base = base;
@@ -398,29 +397,27 @@ impl Scheduler {
         }
         e.table_round = number;
         e.sent_round.retain(|id, _| !gone.contains(id));
-        let mut actions = Vec::new();
         for (node, mut msg) in sends {
             if self.is_dead(node.id, now) {
                 continue;
             }
-            actions.extend(self.link(&node));
+            fx.extend(self.link(&node));
             msg.meta.recver = node.id;
-            actions.push(Effect::Send(msg));
+            fx.push(Effect::Send(msg));
         }
-        actions
     }
 
     /// Elastic mode: a member that holds another round than a change it got
     /// applies to asks for the whole table (an ADD_NODE from its id with
     /// `round_base`): it gets it.
-    pub(super) fn table_asked(&mut self, sender: NodeId) -> Vec<Effect> {
+    pub(super) fn table_asked(&mut self, sender: NodeId, fx: &mut Effects) {
         if self.elastic.is_none() || !self.ready || !self.nodes.iter().any(|n| n.id == sender) {
-            return Vec::new();
+            return;
         }
         debug!("scheduler: node {sender} asked for the whole table");
         let mut table = self.table_to(sender);
         let Some(e) = &mut self.elastic else {
-            return Vec::new();
+            return;
         };
         if table.meta.control.round.is_none() {
             // Between rounds: the last one sent, as everyone holds it.
@@ -432,17 +429,17 @@ impl Scheduler {
             None => e.sent_round.remove(&sender),
         };
         table.meta.recver = sender;
-        vec![Effect::Send(table)]
+        fx.send(table);
     }
 
     /// Elastic mode: the cluster forms once every server registered and
     /// the first round began.
-    pub(super) fn maybe_form(&mut self, now: Instant) -> Vec<Effect> {
+    pub(super) fn maybe_form(&mut self, now: Instant, fx: &mut Effects) {
         if self.ready
             || self.round().is_none()
             || self.count(Role::Server) < self.cfg.van.num_servers
         {
-            return Vec::new();
+            return;
         }
         self.ready = true;
         for id in self.processes() {
@@ -452,11 +449,10 @@ impl Scheduler {
             info!("scheduler: assigned id {} to {}", node.id, node.address());
         }
         // The range map forms before the tables that carry it.
-        let mut actions = vec![Effect::Event(Event::Forming(self.server_ids()))];
-        actions.extend(self.send_table(now));
+        fx.event(Event::Forming(self.server_ids()));
+        self.send_table(now, fx);
         self.table_changed = false;
-        actions.push(Effect::Event(Event::Formed(self.table())));
-        actions
+        fx.push(Effect::Event(Event::Formed(self.table())));
     }
 }
 

@@ -73,7 +73,7 @@ impl Scheduler {
     }
 
     /// When the scheduler will have heard nobody for the outage gap, if
-    /// nothing arrives before (a deadline for [`Scheduler::tick`]); `None`
+    /// nothing arrives before (a deadline for [`Scheduler::on_tick`]); `None`
     /// while an outage lasts (the nodes' longer silence deadlines stand).
     pub(super) fn outage_timeout(&self) -> Option<Instant> {
         if self.outage.is_some() {

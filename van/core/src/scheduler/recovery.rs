@@ -12,7 +12,7 @@ use pslite_proto::ids::{self, NodeId};
 use pslite_proto::{Command, Message, Node, Role};
 
 use super::Scheduler;
-use crate::effects::Effect;
+use crate::effects::Effects;
 use crate::member::{LINK_GRACE, PAUSE_SLACK};
 
 impl Scheduler {
@@ -20,14 +20,15 @@ impl Scheduler {
     /// nodes that have died, tells the pslite nodes which nodes are dead,
     /// and fails the barriers that wait for a node dead for longer than the
     /// recovery timeout.
-    pub fn tick(&mut self, now: Instant) -> Vec<Effect> {
-        let actions = self.run_clock(now);
-        self.announce(actions)
+    pub fn on_tick(&mut self, now: Instant, fx: &mut Effects) {
+        let mut actions = Effects::default();
+        self.run_clock(now, &mut actions);
+        self.announce(actions, fx);
     }
 
-    fn run_clock(&mut self, now: Instant) -> Vec<Effect> {
+    fn run_clock(&mut self, now: Instant, fx: &mut Effects) {
         if self.stopping.is_some() {
-            return self.stopping_tick(now);
+            return self.stopping_tick(now, fx);
         }
         if let Some(due) = self.poll_timeout() {
             let late = now.saturating_duration_since(due);
@@ -36,16 +37,16 @@ impl Scheduler {
             }
         }
         if self.deaf_since.is_some() {
-            return self.keepalive(now);
+            return self.keepalive(now, fx);
         }
-        let mut actions = self.elastic_tick(now);
+        self.elastic_tick(now, fx);
         if !self.ready {
-            return actions;
+            return;
         }
         self.watch_outage(now);
         for node in std::mem::take(&mut self.waiting) {
             match self.dead_of_role(node.role, now) {
-                Some(pid) => actions.extend(self.recover(pid, &node, now)),
+                Some(pid) => self.recover(pid, &node, now, fx),
                 None => self.waiting.push(node),
             }
         }
@@ -69,15 +70,14 @@ impl Scheduler {
                 self.dead_since.insert(id, now);
             }
             self.dead_since.retain(|id, _| dead.contains(id));
-            actions.extend(self.tell_dead_nodes(now));
+            self.tell_dead_nodes(now, fx);
         }
         let groups: Vec<i32> = self.barriers.keys().copied().collect();
         for group in groups {
             if let Some(id) = self.given_up_in(group, now) {
-                actions.extend(self.fail_barrier(group, id));
+                self.fail_barrier(group, id, fx);
             }
         }
-        actions
     }
 
     /// The scheduler stops reading what arrives (`deaf`), or reads again:
@@ -110,16 +110,16 @@ impl Scheduler {
     /// While deaf: the nodes cannot hear it answer their heartbeats, so it
     /// tells the pslite ones it lives (the dead list, as every heartbeat
     /// answer), three times per heartbeat timeout.
-    pub(super) fn keepalive(&mut self, now: Instant) -> Vec<Effect> {
+    pub(super) fn keepalive(&mut self, now: Instant, fx: &mut Effects) {
         let (Some(at), Some(timeout)) = (self.next_keepalive, self.cfg.van.heartbeat_timeout)
         else {
-            return Vec::new();
+            return;
         };
         if now < at {
-            return Vec::new();
+            return;
         }
         self.next_keepalive = Some(now + (timeout / 3).max(Duration::from_millis(10)));
-        self.tell_dead_nodes(now)
+        self.tell_dead_nodes(now, fx)
     }
 
     /// This process was stopped for about `paused` (its clock jumped): the
@@ -192,18 +192,16 @@ impl Scheduler {
     }
 
     /// The dead list, as a HEARTBEAT to every live pslite node.
-    pub(super) fn tell_dead_nodes(&self, now: Instant) -> Vec<Effect> {
+    pub(super) fn tell_dead_nodes(&self, now: Instant, fx: &mut Effects) {
         let dead = self.dead_list();
-        self.process_nodes()
-            .into_iter()
-            .filter(|n| n.pslite && !self.is_dead(n.id, now))
-            .map(|n| {
+        for n in self.process_nodes() {
+            if n.pslite && !self.is_dead(n.id, now) {
                 let mut msg = Message::control(Command::Heartbeat, n.id);
                 msg.meta.control.node = vec![self.cfg.me.clone()];
                 msg.meta.control.dead_nodes = dead.clone();
-                Effect::Send(msg)
-            })
-            .collect()
+                fx.send(msg);
+            }
+        }
     }
 
     /// The dead processes, in id order.
@@ -249,11 +247,11 @@ impl Scheduler {
             .collect()
     }
 
-    pub(super) fn heartbeat(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+    pub(super) fn heartbeat(&mut self, msg: &Message, now: Instant, fx: &mut Effects) {
         let sender = msg.meta.sender;
         if !self.is_member(sender) {
             debug!("scheduler: dropping HEARTBEAT from unknown node {sender}");
-            return Vec::new();
+            return;
         }
         self.heartbeating.insert(sender);
         if let Some(counters) = &msg.meta.counters {
@@ -264,7 +262,7 @@ impl Scheduler {
         if self.is_pslite(sender) {
             ack.meta.control.dead_nodes = self.dead_list();
         }
-        vec![Effect::Send(ack)]
+        fx.send(ack);
     }
 
     pub(super) fn is_dead(&self, id: NodeId, now: Instant) -> bool {

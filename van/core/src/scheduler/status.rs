@@ -9,15 +9,15 @@ use pslite_proto::stats::NodeStatus;
 use pslite_proto::{Command, Message, Node, K_EMPTY};
 
 use super::Scheduler;
-use crate::effects::Effect;
+use crate::effects::{Effect, Effects};
 
 impl Scheduler {
     /// An admin client's STATUS request: answer with
     /// [`Scheduler::status_table`] on the connection it came on.
-    pub(super) fn status(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+    pub(super) fn status(&mut self, msg: &Message, now: Instant, fx: &mut Effects) {
         if !msg.meta.request {
             debug!("scheduler: dropping a STATUS answer: the scheduler only answers them");
-            return Vec::new();
+            return;
         }
         let Some(route) = msg.meta.route.clone() else {
             debug!(
@@ -25,13 +25,13 @@ impl Scheduler {
                  identity",
                 msg.meta.sender
             );
-            return Vec::new();
+            return;
         };
         debug!("scheduler: status request from an admin client");
         let mut answer = Message::control(Command::Status, K_EMPTY);
         answer.meta.status = self.status_table(now);
         answer.meta.timestamp = msg.meta.timestamp;
-        vec![Effect::Reply(route, answer)]
+        fx.push(Effect::Reply(route, answer));
     }
 
     /// The scheduler first, then every process (by id; before the cluster

@@ -24,7 +24,7 @@ use pslite_proto::ids::NodeId;
 use pslite_proto::{Command, Message, Node};
 
 use super::Scheduler;
-use crate::effects::Effect;
+use crate::effects::{Effect, Effects};
 use crate::error::Failure;
 
 /// How long a scheduler that told every node the job stops waits for them
@@ -73,9 +73,9 @@ impl Scheduler {
     }
 
     /// Stops the job (`why`): every live pslite process is told at once.
-    pub(super) fn stop_job(&mut self, why: &str, now: Instant) -> Vec<Effect> {
+    pub(super) fn stop_job(&mut self, why: &str, now: Instant, fx: &mut Effects) {
         if self.stopping.is_some() {
-            return Vec::new();
+            return;
         }
         error!("scheduler: {why}; the job stops: telling every node");
         let told: Vec<Node> = self
@@ -84,7 +84,9 @@ impl Scheduler {
             .filter(|n| n.pslite && !self.is_dead(n.id, now))
             .cloned()
             .collect();
-        let actions = told.iter().map(|n| Effect::Send(leave(n, why))).collect();
+        for n in &told {
+            fx.send(leave(n, why));
+        }
         self.stopping = Some(Stopping {
             why: why.to_string(),
             told,
@@ -92,30 +94,27 @@ impl Scheduler {
             fail_at: Some(now + STOP_GRACE),
             failed: false,
         });
-        actions
     }
 
     /// A registration while the job stops: the process is told why (once).
-    pub(super) fn tell_registered(&mut self, node: &Node, now: Instant) -> Vec<Effect> {
+    pub(super) fn tell_registered(&mut self, node: &Node, now: Instant, fx: &mut Effects) {
         let everyone = (self.cfg.van.num_servers + self.cfg.van.num_workers).max(1) as usize;
         let Some(s) = &mut self.stopping else {
-            return Vec::new();
+            return;
         };
         if s.failed || s.told.iter().any(|n| n.same_process(node)) {
-            return Vec::new();
+            return;
         }
         let mut entry = node.clone();
         entry.id = TOLD_IDS + s.told.len() as NodeId;
-        let actions = if node.pslite {
+        if node.pslite {
             warn!(
                 "scheduler: telling {} ({}) that the job stops",
                 node.address(),
                 node.role
             );
-            vec![
-                Effect::Connect(entry.clone()),
-                Effect::Send(leave(&entry, &s.why)),
-            ]
+            fx.push(Effect::Connect(entry.clone()));
+            fx.send(leave(&entry, &s.why));
         } else {
             // LEAVE is pslite's: a C++ node finds the scheduler gone.
             warn!(
@@ -123,13 +122,11 @@ impl Scheduler {
                 node.address(),
                 node.role
             );
-            Vec::new()
-        };
+        }
         s.told.push(entry);
         if s.told.len() >= everyone && s.fail_at.is_none() {
             s.fail_at = Some(now + STOP_GRACE);
         }
-        actions
     }
 
     /// Whether every process told has left (its connection closed, or it
@@ -144,24 +141,24 @@ impl Scheduler {
 
     /// Clock-driven work of a job that stops: the scheduler fails once
     /// every process told has left, or at the deadline.
-    pub(super) fn stopping_tick(&mut self, now: Instant) -> Vec<Effect> {
+    pub(super) fn stopping_tick(&mut self, now: Instant, fx: &mut Effects) {
         let left = self.told_have_left(now);
         let Some(s) = &mut self.stopping else {
-            return Vec::new();
+            return;
         };
         if s.failed {
-            return Vec::new();
+            return;
         }
         let all_told = s.fail_at.is_some();
         let due = (all_told && (left || s.fail_at.is_some_and(|t| now >= t)))
             || s.until.is_some_and(|t| now >= t);
         if !due {
-            return Vec::new();
+            return;
         }
         s.failed = true;
-        vec![Effect::Fail(Failure::JobStopped {
+        fx.push(Effect::Fail(Failure::JobStopped {
             reason: s.why.clone(),
-        })]
+        }));
     }
 
     /// When [`Scheduler::stopping_tick`] has work next: at once if every

@@ -11,10 +11,10 @@ use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Node, Role, SharedNodes, K_EMPTY};
 
 use super::Scheduler;
-use crate::effects::{Effect, Event};
+use crate::effects::{Effect, Effects, Event};
 
 impl Scheduler {
-    pub(super) fn add_node(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+    pub(super) fn add_node(&mut self, msg: &Message, now: Instant, fx: &mut Effects) {
         let sender = msg.meta.sender;
         let [node] = msg.meta.control.node.as_slice() else {
             self.dropped(
@@ -25,7 +25,7 @@ impl Scheduler {
                     msg.meta.control.node.len()
                 ),
             );
-            return Vec::new();
+            return;
         };
         if node.role == Role::Scheduler {
             self.dropped(
@@ -33,7 +33,7 @@ impl Scheduler {
                 "ADD_NODE from _: a second scheduler cannot join",
                 format!("scheduler: dropping ADD_NODE from {node}: a second scheduler cannot join"),
             );
-            return Vec::new();
+            return;
         }
         if node.hostname.is_empty() || !(1..=65535).contains(&node.port) {
             self.dropped(
@@ -44,19 +44,19 @@ impl Scheduler {
                     node.address()
                 ),
             );
-            return Vec::new();
+            return;
         }
         if self.stopping.is_some() {
-            return self.tell_registered(node, now);
+            return self.tell_registered(node, now, fx);
         }
         if msg.meta.control.round_base.is_some() && sender != K_EMPTY {
-            return self.table_asked(sender);
+            return self.table_asked(sender, fx);
         }
         if self.elastic.is_some() && (node.role == Role::Worker || !self.ready) {
-            return self.elastic_add_node(node, sender, now);
+            return self.elastic_add_node(node, sender, now, fx);
         }
         if self.ready {
-            return self.late_add_node(node, sender, now);
+            return self.late_add_node(node, sender, now, fx);
         }
         if sender != K_EMPTY {
             // No process has an id before the cluster forms: a registration
@@ -71,7 +71,7 @@ impl Scheduler {
                      the cluster forms (a stranger using a member's identity)"
                 ),
             );
-            return Vec::new();
+            return;
         }
         if self
             .nodes
@@ -86,7 +86,7 @@ impl Scheduler {
                     node.address()
                 ),
             );
-            return Vec::new();
+            return;
         }
         let duplicate = self
             .nodes
@@ -94,7 +94,7 @@ impl Scheduler {
             .any(|n| n.same_process(node) && n.customer_id == node.customer_id);
         if duplicate {
             debug!("scheduler: ignoring a repeated ADD_NODE from {node}");
-            return Vec::new();
+            return;
         }
         let (have, want) = match node.role {
             Role::Server => (self.count(Role::Server), self.cfg.van.num_servers),
@@ -111,7 +111,7 @@ impl Scheduler {
                     node.role.as_str().to_uppercase()
                 ),
             );
-            return Vec::new();
+            return;
         }
         let mut node = node.clone();
         node.id = K_EMPTY;
@@ -130,9 +130,7 @@ impl Scheduler {
             None => self.nodes.len() as i32 == self.cfg.van.num_servers + self.cfg.van.num_workers,
         };
         if complete {
-            self.form_cluster(now)
-        } else {
-            Vec::new()
+            self.form_cluster(now, fx);
         }
     }
 
@@ -141,7 +139,7 @@ impl Scheduler {
     }
 
     /// Assigns ids in (hostname, port, customer) order and sends the table.
-    pub(super) fn form_cluster(&mut self, now: Instant) -> Vec<Effect> {
+    pub(super) fn form_cluster(&mut self, now: Instant, fx: &mut Effects) {
         self.nodes.sort_by(|a, b| {
             (&a.hostname, a.port, a.customer_id).cmp(&(&b.hostname, b.port, b.customer_id))
         });
@@ -162,20 +160,19 @@ impl Scheduler {
             }
         }
         // The range map forms before the tables that carry it.
-        let mut actions = vec![Effect::Event(Event::Forming(self.server_ids()))];
+        fx.event(Event::Forming(self.server_ids()));
         let tables = Tables::new(self.table_message());
         let processes: Vec<Node> = self.process_nodes().into_iter().cloned().collect();
         for node in processes {
             info!("scheduler: assigned id {} to {}", node.id, node.address());
             self.last_seen.insert(node.id, now);
             let msg = tables.to(&node);
-            actions.push(Effect::Connect(node));
-            actions.push(Effect::Send(msg));
+            fx.push(Effect::Connect(node));
+            fx.push(Effect::Send(msg));
         }
         self.ready = true;
         self.table_changed = false;
-        actions.push(Effect::Event(Event::Formed(self.table())));
-        actions
+        fx.push(Effect::Event(Event::Formed(self.table())));
     }
 
     /// An ADD_NODE after the cluster formed: a restarted node recovering.
@@ -184,7 +181,8 @@ impl Scheduler {
         node: &Node,
         sender: NodeId,
         now: Instant,
-    ) -> Vec<Effect> {
+        fx: &mut Effects,
+    ) {
         // The same process (same address) registering again.
         if let Some(existing) = self.nodes.iter().find(|n| n.same_process(node)) {
             if existing.role != node.role {
@@ -197,7 +195,7 @@ impl Scheduler {
                         existing.role
                     ),
                 );
-                return Vec::new();
+                return;
             }
             let pid = existing.id;
             if sender != K_EMPTY && sender != pid {
@@ -209,17 +207,17 @@ impl Scheduler {
                         node.address()
                     ),
                 );
-                return Vec::new();
+                return;
             }
             let seen = self.recovered_customers.entry(pid).or_default();
             let restarted = seen.is_empty() || seen.contains(&node.customer_id);
             if sender == K_EMPTY && restarted {
                 // First contact from a known address: the process restarted.
-                return self.recover(pid, node, now);
+                return self.recover(pid, node, now, fx);
             }
             // Another customer of a process that already has its id.
             seen.insert(node.customer_id);
-            return vec![Effect::Send(self.table_to(pid))];
+            return fx.send(self.table_to(pid));
         }
         if sender != K_EMPTY {
             self.dropped(
@@ -227,11 +225,13 @@ impl Scheduler {
                 "ADD_NODE from node _: it is not in the table",
                 format!("scheduler: dropping ADD_NODE from node {sender}: it is not in the table"),
             );
-            return Vec::new();
+            return;
         }
         match self.dead_of_role(node.role, now) {
-            Some(pid) => self.recover(pid, node, now),
-            None if node.role == Role::Server && self.server_room() => self.join_server(node, now),
+            Some(pid) => self.recover(pid, node, now, fx),
+            None if node.role == Role::Server && self.server_room() => {
+                self.join_server(node, now, fx)
+            }
             None if self.cfg.van.heartbeat_timeout.is_some() => {
                 info!(
                     "scheduler: {} waits to replace the next {} that stops sending heartbeats",
@@ -240,7 +240,6 @@ impl Scheduler {
                 );
                 self.waiting.retain(|n| !n.same_process(node));
                 self.waiting.push(node.clone());
-                Vec::new()
             }
             None => {
                 warn!(
@@ -249,7 +248,6 @@ impl Scheduler {
                     node.role,
                     node.address()
                 );
-                Vec::new()
             }
         }
     }
@@ -270,7 +268,7 @@ impl Scheduler {
     /// for its id goes into the table, and it takes it as a replacement
     /// would (so the range map copies its ranges to it, and it skips the
     /// start barrier everyone else is past).
-    pub(super) fn join_server(&mut self, node: &Node, now: Instant) -> Vec<Effect> {
+    pub(super) fn join_server(&mut self, node: &Node, now: Instant, fx: &mut Effects) {
         let rank = self
             .process_nodes()
             .iter()
@@ -286,7 +284,7 @@ impl Scheduler {
         entry.key = 0;
         self.nodes.push(entry);
         self.table_changed = true;
-        self.recover(id, node, now)
+        self.recover(id, node, now, fx)
     }
 
     /// Server `id` left the job by itself, its ranges handed over (see
@@ -294,13 +292,13 @@ impl Scheduler {
     /// failing for it, and barriers stop waiting for it. A later server may
     /// take its id; the others are not told it died (see
     /// `Scheduler::dead_list`). Returns the barriers this completes.
-    pub fn server_left(&mut self, id: NodeId, now: Instant) -> Vec<Effect> {
+    pub fn server_left(&mut self, id: NodeId, now: Instant, fx: &mut Effects) {
         if !self.left.insert(id) {
-            return Vec::new();
+            return;
         }
         info!("scheduler: server {id} left the job (its ranges moved to the others)");
         self.dead_since.insert(id, now);
-        self.set_failed_over(id, true)
+        self.set_failed_over(id, true, fx)
     }
 
     /// Whether server `id` left the job (and nothing took its id since).
@@ -309,7 +307,7 @@ impl Scheduler {
     }
 
     /// Gives process `pid`'s id to `node` and tells everyone.
-    pub(super) fn recover(&mut self, pid: NodeId, node: &Node, now: Instant) -> Vec<Effect> {
+    pub(super) fn recover(&mut self, pid: NodeId, node: &Node, now: Instant, fx: &mut Effects) {
         let mut recovered = None;
         if let Some(old) = self.nodes.iter().find(|n| n.id == pid && n.key != 0) {
             if self.replaced.len() >= 64 {
@@ -329,7 +327,7 @@ impl Scheduler {
             recovered.get_or_insert_with(|| entry.clone());
         }
         let Some(recovered) = recovered else {
-            return Vec::new();
+            return;
         };
         self.table_changed = true;
         self.replacing.push(pid);
@@ -346,20 +344,17 @@ impl Scheduler {
         // Barrier arrivals of the earlier incarnation still count: the new
         // one skips the start barrier, and arriving again at a later one
         // counts once (arrivals are a set).
-        let mut actions = vec![
-            Effect::Connect(recovered.clone()),
-            Effect::Event(Event::PeerReplaced(pid)),
-        ];
-        actions.push(Effect::Send(self.table_to(pid)));
+        fx.push(Effect::Connect(recovered.clone()));
+        fx.event(Event::PeerReplaced(pid));
+        fx.push(Effect::Send(self.table_to(pid)));
         for other in self.processes() {
             if other == pid || self.is_dead(other, now) {
                 continue;
             }
             let mut update = Message::control(Command::AddNode, other);
             update.meta.control.node = vec![recovered.clone()];
-            actions.push(Effect::Send(update));
+            fx.push(Effect::Send(update));
         }
-        actions
     }
 
     /// ADD_NODE carrying the whole table: every entry, then the scheduler;

@@ -2,7 +2,7 @@
 //! is an `Instant` the test advances.
 
 use super::*;
-use crate::effects::{Effect, Event};
+use crate::effects::{Effect, Effects, Event};
 use crate::member::LINK_GRACE;
 use crate::rendezvous::RendezvousConfig;
 use pslite_proto::ids::{self, SCHEDULER};
@@ -46,6 +46,21 @@ fn barrier(sender: NodeId, customer_id: i32, group: i32) -> Message {
     msg.meta.customer_id = customer_id;
     msg.meta.control.barrier_group = group;
     msg
+}
+
+/// The scheduler driven one call at a time, its effects returned.
+impl Scheduler {
+    fn handle(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+        let mut fx = Effects::default();
+        self.on_message(msg, now, &mut fx);
+        fx.take()
+    }
+
+    fn tick(&mut self, now: Instant) -> Vec<Effect> {
+        let mut fx = Effects::default();
+        self.on_tick(now, &mut fx);
+        fx.take()
+    }
 }
 
 fn sends(actions: &[Effect]) -> Vec<&Message> {

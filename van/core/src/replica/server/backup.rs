@@ -8,7 +8,7 @@ use pslite_proto::Message;
 use super::*;
 
 impl ReplicaServer {
-    pub(super) fn on_entry(&mut self, msg: Message, holds: &mut Holds) {
+    pub(super) fn on_entry(&mut self, msg: Message, holds: &mut Holds, fx: &mut Effects) {
         let Some(rep) = msg.meta.replica.as_deref().cloned() else {
             return;
         };
@@ -55,34 +55,34 @@ impl ReplicaServer {
                 state.log.entry(rep.seq).or_insert(entry);
             }
             if state.role != Role::Primary {
-                self.ack(r);
+                self.ack(r, fx);
             }
             return;
         }
         if state.buffered.len() < MAX_AHEAD {
             state.buffered.insert(rep.seq, entry);
         }
-        self.apply_buffered(r);
-        self.sync_progress(r, holds);
+        self.apply_buffered(r, fx);
+        self.sync_progress(r, holds, fx);
     }
 
     /// Applies the buffered entries that are next in order, then tells the
     /// primary how far this replica got.
-    pub(super) fn apply_buffered(&mut self, r: u32) {
+    pub(super) fn apply_buffered(&mut self, r: u32, fx: &mut Effects) {
         let Some(before) = self.ranges.get(&r).map(|s| s.delivered) else {
             return;
         };
-        self.deliver_buffered(r);
+        self.deliver_buffered(r, fx);
         if self
             .ranges
             .get(&r)
             .is_some_and(|s| s.delivered > before && s.role != Role::Primary)
         {
-            self.ack(r);
+            self.ack(r, fx);
         }
     }
 
-    pub(super) fn deliver_buffered(&mut self, r: u32) {
+    pub(super) fn deliver_buffered(&mut self, r: u32, fx: &mut Effects) {
         loop {
             let Some(state) = self.ranges.get_mut(&r) else {
                 return;
@@ -109,7 +109,7 @@ impl ReplicaServer {
                     entry.request_id,
                     version,
                 );
-                self.out.push(Effect::Send(answer));
+                fx.send(answer);
                 if cfg!(test) {
                     self.trace
                         .push(format!("answer r{r} seq {next} to {}", entry.origin));
@@ -140,14 +140,14 @@ impl ReplicaServer {
                     entry.request_id, entry.origin
                 ));
             }
-            self.out.push(Effect::ForApps(Output::Deliver(msg)));
+            fx.push(Effect::ForApps(Output::Deliver(msg)));
         }
     }
 
     /// Tells the primary how far this replica got: every entry up to
     /// `delivered` is in its apps' queue, in order (each is applied before
     /// anything delivered later, a new primary's requests included).
-    pub(super) fn ack(&mut self, r: u32) {
+    pub(super) fn ack(&mut self, r: u32, fx: &mut Effects) {
         let Some(state) = self.ranges.get(&r) else {
             return;
         };
@@ -163,6 +163,6 @@ impl ReplicaServer {
                 rep.seq, rep.version
             ));
         }
-        self.send_control(rep, primary, Vec::new());
+        self.send_control(rep, primary, Vec::new(), fx);
     }
 }

@@ -12,7 +12,7 @@ use super::*;
 
 impl ReplicaServer {
     /// A serving primary starts copying the range to joiners it has not.
-    pub(super) fn start_catch_ups(&mut self, r: u32) {
+    pub(super) fn start_catch_ups(&mut self, r: u32, fx: &mut Effects) {
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
@@ -29,13 +29,13 @@ impl ReplicaServer {
             .filter(|j| !state.catch_up.contains_key(j))
             .collect();
         for j in new {
-            self.copy_to(r, j, false);
+            self.copy_to(r, j, false, fx);
         }
     }
 
     /// Sends node `j` a snapshot of range `r` and the entries after it: a
     /// joiner, or a `backup` the log can no longer bring up to date.
-    pub(super) fn copy_to(&mut self, r: u32, j: NodeId, backup: bool) {
+    pub(super) fn copy_to(&mut self, r: u32, j: NodeId, backup: bool, fx: &mut Effects) {
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
@@ -61,7 +61,7 @@ impl ReplicaServer {
             "range {r}: copying it to node {j} (snapshot at seq {})",
             state.delivered
         );
-        self.out.push(Effect::ForApps(Output::Snapshot {
+        fx.push(Effect::ForApps(Output::Snapshot {
             token,
             range: r,
             begin,
@@ -71,7 +71,7 @@ impl ReplicaServer {
     }
 
     /// The apps' copy for snapshot `token` (app `app`'s part).
-    pub fn snapshot_taken(&mut self, token: u64, app: i32, data: Bytes) {
+    pub fn snapshot_taken(&mut self, token: u64, app: i32, data: Bytes, fx: &mut Effects) {
         let parts = self.parts.entry(token).or_default();
         parts.push((app, data));
         if parts.len() < self.apps.len() {
@@ -109,13 +109,13 @@ impl ReplicaServer {
         let data = parts.into_iter().map(|(_, d)| d).collect();
         let tail = log_between(&state.log, stable, s0);
         let version = state.version;
-        self.send_control(rep, j, data);
+        self.send_control(rep, j, data, fx);
         for (seq, entry) in tail {
-            self.send_entry(r, seq, &entry, (version, stable), j, None);
+            self.send_entry((r, seq), &entry, (version, stable), j, None, fx);
         }
     }
 
-    pub(super) fn on_snapshot(&mut self, msg: Message) {
+    pub(super) fn on_snapshot(&mut self, msg: Message, fx: &mut Effects) {
         let Some(rep) = msg.meta.replica.as_deref().cloned() else {
             return;
         };
@@ -153,10 +153,10 @@ impl ReplicaServer {
         let (begin, end) = (range.begin, range.end);
         if rep.apps.is_empty() {
             self.restores_left.remove(&token);
-            self.finish_restore(token);
+            self.finish_restore(token, fx);
             return;
         }
-        self.out.push(Effect::ForApps(Output::Restore {
+        fx.push(Effect::ForApps(Output::Restore {
             token,
             range: r,
             begin,
@@ -167,18 +167,18 @@ impl ReplicaServer {
     }
 
     /// App `app` restored its part of restore `token`.
-    pub fn restored(&mut self, token: u64, app: i32) {
+    pub fn restored(&mut self, token: u64, app: i32, fx: &mut Effects) {
         let Some(left) = self.restores_left.get_mut(&token) else {
             return;
         };
         left.remove(&app);
         if left.is_empty() {
             self.restores_left.remove(&token);
-            self.finish_restore(token);
+            self.finish_restore(token, fx);
         }
     }
 
-    pub(super) fn finish_restore(&mut self, token: u64) {
+    pub(super) fn finish_restore(&mut self, token: u64, fx: &mut Effects) {
         let Some(r) = self.restores.remove(&token) else {
             return;
         };
@@ -217,7 +217,7 @@ impl ReplicaServer {
                 c.ids.insert(a.request_id, a.seq);
             }
         }
-        self.ack(r);
-        self.apply_buffered(r);
+        self.ack(r, fx);
+        self.apply_buffered(r, fx);
     }
 }

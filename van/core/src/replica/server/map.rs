@@ -13,7 +13,7 @@ use super::*;
 
 impl ReplicaServer {
     /// A new map from the scheduler (what waited for it is handled now).
-    pub fn on_map(&mut self, map: RangeMap, holds: &mut Holds) {
+    pub fn on_map(&mut self, map: RangeMap, holds: &mut Holds, fx: &mut Effects) {
         if map.version <= self.map.version {
             return;
         }
@@ -128,7 +128,7 @@ impl ReplicaServer {
                         let mut rep = ReplicaMsg::new(ReplicaOp::Sync, r);
                         rep.version = version;
                         rep.seq = from;
-                        self.send_control(rep, s, Vec::new());
+                        self.send_control(rep, s, Vec::new(), fx);
                     }
                 }
                 (Role::Primary, Role::Backup) => {
@@ -167,9 +167,9 @@ impl ReplicaServer {
                     holds.discard(Reason::Sync(r));
                 }
             }
-            self.sync_progress(r, holds);
-            self.start_catch_ups(r);
-            self.release(r);
+            self.sync_progress(r, holds, fx);
+            self.start_catch_ups(r, fx);
+            self.release(r, fx);
         }
         // Our deliveries of ranges we no longer hold answer nobody.
         let ranges = &self.ranges;
@@ -177,7 +177,7 @@ impl ReplicaServer {
             Local::Request { range, .. } | Local::Entry { range, .. } => ranges.contains_key(range),
         });
         for msg in holds.release(|r| matches!(r, Reason::Map(_))) {
-            self.handle(msg, holds);
+            self.handle(msg, holds, fx);
         }
     }
 }

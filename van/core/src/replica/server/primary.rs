@@ -11,7 +11,7 @@ use pslite_proto::{Command, Message};
 use super::*;
 
 impl ReplicaServer {
-    pub(super) fn on_request(&mut self, msg: Message, holds: &mut Holds) {
+    pub(super) fn on_request(&mut self, msg: Message, holds: &mut Holds, fx: &mut Effects) {
         let Some(rep) = msg.meta.replica.as_deref().cloned() else {
             return;
         };
@@ -51,7 +51,7 @@ impl ReplicaServer {
                 // The primary answers this one (and the first, again).
                 state.tail.remove(&seq);
                 state.pending.entry(seq).or_default().push(answer);
-                self.release(r);
+                self.release(r, fx);
                 return;
             }
             // A push-pull: read the values as they are.
@@ -93,7 +93,7 @@ impl ReplicaServer {
             let (stable, version) = (state.stable, state.version);
             for s in to {
                 let answer = (Some(s) == tail).then_some((ts, rep.version));
-                self.send_entry(r, seq, &entry, (version, stable), s, answer);
+                self.send_entry((r, seq), &entry, (version, stable), s, answer, fx);
             }
             Some(seq)
         };
@@ -118,17 +118,17 @@ impl ReplicaServer {
                 self.local.get(&local)
             ));
         }
-        self.out.push(Effect::ForApps(Output::Deliver(deliver)));
+        fx.push(Effect::ForApps(Output::Deliver(deliver)));
     }
 
     pub(super) fn send_entry(
         &mut self,
-        r: u32,
-        seq: u64,
+        (r, seq): (u32, u64),
         entry: &Entry,
         (version, stable): (u64, u64),
         to: NodeId,
         answer: Option<(i32, u64)>,
+        fx: &mut Effects,
     ) {
         let mut msg = Message::control(Command::Replica, to);
         msg.meta.app_id = entry.msg.meta.app_id;
@@ -147,10 +147,10 @@ impl ReplicaServer {
         rep.stable = stable;
         rep.answer = answer;
         msg.meta.replica = Some(Box::new(rep));
-        self.send(msg, to);
+        self.send(msg, to, fx);
     }
 
-    pub(super) fn on_applied(&mut self, msg: &Message) {
+    pub(super) fn on_applied(&mut self, msg: &Message, fx: &mut Effects) {
         let Some((rep, r, sender)) = part(msg) else {
             return;
         };
@@ -182,12 +182,12 @@ impl ReplicaServer {
                 c.gating = true;
             }
         }
-        self.release(r);
+        self.release(r, fx);
     }
 
     /// Sends the answers every gating replica has acknowledged, and reports
     /// joiners that caught up.
-    pub(super) fn release(&mut self, r: u32) {
+    pub(super) fn release(&mut self, r: u32, fx: &mut Effects) {
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
@@ -246,14 +246,14 @@ impl ReplicaServer {
         }
         for msg in sends {
             let to = msg.meta.recver;
-            self.send(msg, to);
+            self.send(msg, to, fx);
         }
         for (j, since) in ready_joiners {
             info!("range {r}: node {j} caught up; telling the scheduler");
             let mut rep = ReplicaMsg::new(ReplicaOp::Ready, r);
             rep.version = since;
             rep.node = j;
-            self.send_control(rep, SCHEDULER, Vec::new());
+            self.send_control(rep, SCHEDULER, Vec::new(), fx);
         }
     }
 
@@ -261,7 +261,7 @@ impl ReplicaServer {
     /// `msg.meta.timestamp`: the message to send now (an answer to a pull),
     /// or `None` (held for acknowledgements, or an entry's answer, which
     /// goes nowhere). Answers to deliveries not made here pass unchanged.
-    pub fn on_answer(&mut self, mut msg: Message) -> Option<Message> {
+    pub fn on_answer(&mut self, mut msg: Message, fx: &mut Effects) -> Option<Message> {
         if msg.meta.request || !msg.meta.control.is_empty() || msg.meta.simple_app {
             return Some(msg);
         }
@@ -292,14 +292,14 @@ impl ReplicaServer {
                 }
                 state.mark_answered(seq);
                 state.pending.entry(seq).or_default().push(msg);
-                self.release(range);
+                self.release(range, fx);
                 None
             }
             Local::Entry { range, seq } => {
                 let state = self.ranges.get_mut(&range)?;
                 state.mark_answered(seq);
                 if state.role == Role::Primary {
-                    self.release(range);
+                    self.release(range, fx);
                 }
                 None
             }

@@ -9,7 +9,7 @@ use pslite_proto::Message;
 use super::*;
 
 impl ReplicaServer {
-    pub(super) fn on_sync(&mut self, msg: &Message) {
+    pub(super) fn on_sync(&mut self, msg: &Message, fx: &mut Effects) {
         let Some((rep, r, sender)) = part(msg) else {
             return;
         };
@@ -36,16 +36,16 @@ impl ReplicaServer {
         }
         let (delivered, version, stable) = (state.delivered, self.map.version, state.stable);
         for (seq, entry) in entries {
-            self.send_entry(r, seq, &entry, (version, stable), sender, None);
+            self.send_entry((r, seq), &entry, (version, stable), sender, None, fx);
         }
         let mut reply = ReplicaMsg::new(ReplicaOp::SyncReply, r);
         reply.version = version;
         reply.seq = delivered;
         reply.stable = delivered;
-        self.send_control(reply, sender, Vec::new());
+        self.send_control(reply, sender, Vec::new(), fx);
     }
 
-    pub(super) fn on_sync_reply(&mut self, msg: &Message, holds: &mut Holds) {
+    pub(super) fn on_sync_reply(&mut self, msg: &Message, holds: &mut Holds, fx: &mut Effects) {
         let Some((rep, r, sender)) = part(msg) else {
             return;
         };
@@ -62,11 +62,11 @@ impl ReplicaServer {
         sync.replies.insert(sender, rep.seq);
         let acked = state.acked.entry(sender).or_insert(0);
         *acked = (*acked).max(rep.stable);
-        self.sync_progress(r, holds);
+        self.sync_progress(r, holds, fx);
     }
 
     /// Ends a sync once every replica replied and their entries are applied.
-    pub(super) fn sync_progress(&mut self, r: u32, holds: &mut Holds) {
+    pub(super) fn sync_progress(&mut self, r: u32, holds: &mut Holds, fx: &mut Effects) {
         let Some(state) = self.ranges.get_mut(&r) else {
             return;
         };
@@ -104,15 +104,15 @@ impl ReplicaServer {
         );
         let waiting = holds.release(|x| x == Reason::Sync(r));
         for (seq, entry, to) in sends {
-            self.send_entry(r, seq, &entry, (version, stable), to, None);
+            self.send_entry((r, seq), &entry, (version, stable), to, None, fx);
         }
         for s in copies {
-            self.copy_to(r, s, true);
+            self.copy_to(r, s, true, fx);
         }
         for msg in waiting {
-            self.on_request(msg, holds);
+            self.on_request(msg, holds, fx);
         }
-        self.start_catch_ups(r);
-        self.release(r);
+        self.start_catch_ups(r, fx);
+        self.release(r, fx);
     }
 }
