@@ -288,7 +288,7 @@ impl Core {
             .as_ref()
             .filter(|_| self.deaf_since.is_none())
             .and_then(Resender::poll_timeout);
-        let waits = self.waits.poll_timeout();
+        let waits = self.waits.tickets.poll_timeout();
         if let Some(drain) = &self.drain {
             let deadline = drain.outcome.is_none().then_some(drain.deadline);
             return [resends, deadline, waits].into_iter().flatten().min();
@@ -324,7 +324,7 @@ impl Core {
         if self.deaf_since.is_none() {
             self.with_resender(now, |r, cx| crate::component::Component::tick(r, now, cx));
         }
-        if self.waits.tick(now) {
+        if self.waits.tickets.tick(now) {
             self.changed = true;
         }
         self.check_drain(now);

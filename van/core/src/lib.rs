@@ -17,6 +17,8 @@
 //! - [`replica`]: replicated key ranges; [`checkpoint`]: checkpoints.
 //! - [`partition`]: large data messages cut into parts for pslite peers
 //!   and put back together ([`partition::Partitions`]).
+//! - [`admin`]: a client outside the cluster asking the scheduler
+//!   (`pslite status`, `pslite store`), on the same tickets as `core.rs`.
 //! - `core.rs`: the parts composed behind one interface ([`Core`]); it
 //!   decides what to accept, hold back, send, deliver or give up, and every
 //!   deadline a caller waits under. Each effect for the driver is an
@@ -34,6 +36,7 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod address;
+pub mod admin;
 pub mod carry;
 pub mod checkpoint;
 pub mod component;
@@ -58,6 +61,7 @@ pub mod resender;
 pub mod scheduler;
 pub mod staleness;
 pub mod store;
+mod tickets;
 
 pub use crate::core::{
     Call, Core, Done, DrainOutcome, IdentityRefused, Ticket, DRAIN_RESEND_TIMEOUTS, EXIT_FLUSH,

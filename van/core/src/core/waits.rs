@@ -7,16 +7,18 @@
 //! call and no clock of its own, and no component keeps a caller's
 //! deadline.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use pslite_proto::checkpoint::CheckpointMsg;
 use pslite_proto::ids;
+use pslite_proto::stats::NodeStatus;
 use pslite_proto::store::StoreMsg;
 
 use super::Core;
 use crate::effects::Effect;
 use crate::error::{Failure, VanError};
+pub use crate::tickets::Ticket;
+use crate::tickets::Tickets;
 
 /// How long the exit flush ([`Call::Flush`]) waits for the driver to
 /// write what waits in its links before the sockets close.
@@ -57,6 +59,10 @@ pub enum Call {
         /// From the acceptance.
         request: u64,
     },
+    /// The scheduler's status table: itself first, then every node with
+    /// its liveness and last counters ([`Done::Status`]). An admin
+    /// client's call (`crate::admin`); a member does not make it.
+    Status,
     /// On a server of a job whose servers join and leave: leave it once
     /// its ranges are on the other servers.
     Leave,
@@ -74,7 +80,7 @@ pub enum Call {
 
 /// What the core waits on for a ticket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wait {
+pub(super) enum Wait {
     Join,
     Barrier { token: u64, group: i32 },
     Store(u64),
@@ -85,10 +91,6 @@ enum Wait {
     Flush,
 }
 
-/// A call under way: ask [`Core::outcome`], then [`Core::end_wait`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Ticket(u64);
-
 /// How a call ended well.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Done {
@@ -96,6 +98,8 @@ pub enum Done {
     Ok,
     /// A store request's answer.
     Store(StoreMsg),
+    /// The scheduler's status table.
+    Status(Vec<NodeStatus>),
     /// A checkpoint request's acceptance or result.
     Checkpoint {
         /// The request, for [`Call::CheckpointResult`].
@@ -125,43 +129,12 @@ impl Done {
     }
 }
 
-struct Waiting {
-    wait: Wait,
-    /// When it times out, and its limit (for the error).
-    deadline: Option<(Instant, Duration)>,
-    timed_out: bool,
-}
-
 /// The waits under way.
 #[derive(Default)]
 pub(super) struct Waits {
-    waiting: BTreeMap<Ticket, Waiting>,
-    next: u64,
+    pub(super) tickets: Tickets<Wait>,
     /// The driver's links have nothing waiting (see [`Call::Flush`]).
     flushed: bool,
-}
-
-impl Waits {
-    /// The earliest deadline of a wait not timed out yet.
-    pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        self.waiting
-            .values()
-            .filter(|w| !w.timed_out)
-            .filter_map(|w| w.deadline.map(|d| d.0))
-            .min()
-    }
-
-    /// Times out the waits whose deadline passed; whether any did.
-    pub(super) fn tick(&mut self, now: Instant) -> bool {
-        let mut any = false;
-        for w in self.waiting.values_mut() {
-            if !w.timed_out && w.deadline.is_some_and(|d| now >= d.0) {
-                w.timed_out = true;
-                any = true;
-            }
-        }
-        any
-    }
 }
 
 impl Core {
@@ -198,6 +171,12 @@ impl Core {
                 Wait::CheckpointAccepted(self.with_checkpoints(now, |c, cx| c.request(&label, cx))?)
             }
             Call::CheckpointResult { request } => Wait::CheckpointResult(request),
+            Call::Status => {
+                return Err(VanError::Setup {
+                    what: "ask for the status table",
+                    detail: "only an admin client asks for it (`pslite status`)".into(),
+                })
+            }
             Call::Leave => {
                 self.with_leave(now, |l, cx| l.ask(cx))?;
                 Wait::Leave
@@ -212,24 +191,13 @@ impl Core {
                 Wait::Flush
             }
         };
-        let waits = &mut self.waits;
-        let ticket = Ticket(waits.next);
-        waits.next += 1;
-        waits.waiting.insert(
-            ticket,
-            Waiting {
-                wait,
-                deadline: limit.map(|l| (now + l, l)),
-                timed_out: false,
-            },
-        );
-        Ok(ticket)
+        Ok(self.waits.tickets.start(wait, limit, now))
     }
 
     /// How the call of `ticket` ended; `None` while it goes on.
     pub fn outcome(&self, ticket: Ticket) -> Option<Result<Done, VanError>> {
-        let w = self.waits.waiting.get(&ticket)?;
-        let limit = w.deadline.map_or(Duration::ZERO, |d| d.1);
+        let w = self.waits.tickets.get(ticket)?;
+        let limit = w.limit();
         match w.wait {
             Wait::Join => self.join_status().map(|r| r.map(|()| Done::Ok)),
             Wait::Barrier { token, group } => {
@@ -326,7 +294,7 @@ impl Core {
     /// forgotten (an accepted checkpoint's request stays, for its result).
     pub fn end_wait(&mut self, ticket: Ticket) {
         let accepted = matches!(self.outcome(ticket), Some(Ok(_)));
-        let Some(w) = self.waits.waiting.remove(&ticket) else {
+        let Some(w) = self.waits.tickets.end(ticket) else {
             return;
         };
         match w.wait {
