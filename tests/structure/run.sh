@@ -18,8 +18,9 @@
 #   outside a string literal or a comment (a log target such as
 #   "pslite_van::van" is a string): what the apps need of the driver is
 #   re-exported by pslite_postoffice (postoffice/src/lib.rs).
-# - the core's components (Scheduler, Member, replica, resender, effects,
-#   Core, Output...) are not re-exported by van/src/lib.rs (issue 42).
+# - the core's components (Scheduler, NodeTable, Liveness, Barriers,
+#   replica, resender, effects, Core, Output...) are not re-exported by
+#   van/src/lib.rs (issue 42).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail=0
@@ -128,8 +129,8 @@ names = set()
 for m in re.finditer(r"^pub use pslite_van_core::(\{[^}]*\}|[^;]+);", src, re.M):
     names |= {n.strip().split("::")[0] for n in m.group(1).strip("{}").split(",") if n.strip()}
 bad = names & {"scheduler", "replica", "resender", "effects", "carry", "component", "member",
-               "checkpoint", "Core", "Member", "MemberConfig", "Scheduler", "SchedulerConfig",
-               "Resender", "ReplicaServer", "Output", "Route"}
+               "checkpoint", "Core", "NodeTable", "Liveness", "Barriers", "Scheduler",
+               "SchedulerConfig", "Resender", "ReplicaServer", "Output", "Route"}
 print(" ".join(sorted(bad)))
 PY
 )

@@ -15,7 +15,6 @@ use pslite_proto::ids;
 use pslite_proto::store::StoreMsg;
 
 use super::Core;
-use crate::effects::Effect;
 use crate::error::{Failure, VanError};
 
 /// How long the exit flush ([`Call::Flush`]) waits for the driver to
@@ -27,7 +26,7 @@ pub const EXIT_FLUSH: Duration = Duration::from_secs(1);
 pub enum Call {
     /// Join the cluster as customer `customer` (ADD_NODE to the scheduler;
     /// on the scheduler, every node registering). Its deadline is
-    /// `PS_START_TIMEOUT`'s, kept by the member; returns at once if joined.
+    /// `PS_START_TIMEOUT`'s, kept by the node table; returns at once if joined.
     Join {
         /// The customer joining.
         customer: i32,
@@ -176,7 +175,7 @@ impl Core {
     ) -> Result<Ticket, VanError> {
         let wait = match call {
             Call::Join { customer } => {
-                self.with_member(now, |m, cx| cx.fx.extend(m.register(customer, now)));
+                self.with_table(now, |t, cx| t.register(customer, now, cx));
                 Wait::Join
             }
             Call::Barrier { customer, group } => {
@@ -186,11 +185,7 @@ impl Core {
                 if !self.is_joined() {
                     return Err(VanError::NotReady);
                 }
-                let token = self.with_member(now, |m, cx| {
-                    let (token, request) = m.barrier(customer, group);
-                    cx.fx.push(Effect::Send(request));
-                    token
-                });
+                let token = self.with_barriers(now, |b, cx| b.wait(customer, group, cx));
                 Wait::Barrier { token, group }
             }
             Call::Store(req) => Wait::Store(self.with_store(now, |s, cx| s.request(req, cx))?),
@@ -238,7 +233,7 @@ impl Core {
                     secs: limit.as_secs(),
                     identity_conflicts: self.identity_conflicts(),
                 };
-                match self.parts.member.barrier_outcome(token) {
+                match self.parts.barriers.outcome(token) {
                     Some(Ok(())) => Some(Ok(Done::Ok)),
                     Some(Err(f)) => Some(Err(f.into())),
                     None => w.timed_out.then_some(Err(timeout)),
@@ -330,7 +325,7 @@ impl Core {
             return;
         };
         match w.wait {
-            Wait::Barrier { token, .. } => self.parts.member.end_barrier(token),
+            Wait::Barrier { token, .. } => self.parts.barriers.end(token),
             Wait::Store(id) => self.parts.store.end(id),
             Wait::CheckpointResult(request) => self.parts.checkpoints.end(request),
             Wait::CheckpointAccepted(request) if !accepted => self.parts.checkpoints.end(request),
