@@ -18,17 +18,18 @@
 #   outside a string literal or a comment (a log target such as
 #   "pslite_van::van" is a string): what the apps need of the driver is
 #   re-exported by pslite_postoffice (postoffice/src/lib.rs).
-# - the core's components (Scheduler, Member, replica, resender, effects,
-#   Core, Output...) are not re-exported by van/src/lib.rs (issue 42).
+# - the core's components (Scheduler, NodeTable, Liveness, Barriers,
+#   replica, resender, effects, Core, Output...) are not re-exported by
+#   van/src/lib.rs (issue 42).
 # - one style of component in the core (issue 42): no product code of
 #   van/core/src (tests, the harness and inline test modules aside) declares
 #   a fn returning `Vec<Effect>` or a `fn take_output`: components emit
-#   into the `Effects` (or `Cx`) passed in. Two exceptions, neither a
-#   component: `Core::take_output` (van/core/src/core.rs), the core's
-#   interface to its driver (what raft-rs's `ready()` is to its
-#   application), and `Effects::take` (van/core/src/effects.rs), the sink
-#   itself, which the core drains. (Member, van/core/src/member*, is being
-#   reworked to this style on its own branch: excepted until that lands.)
+#   into the `Effects` (or `Cx`) passed in. Three exceptions, none a
+#   component: `Core::take_output` (van/core/src/core.rs) and
+#   `Admin::take_output` (van/core/src/admin.rs, the admin client's
+#   machine), each a whole machine's interface to its driver (what
+#   raft-rs's `ready()` is to its application), and `Effects::take`
+#   (van/core/src/effects.rs), the sink itself, which the core drains.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail=0
@@ -82,8 +83,8 @@ fi
 styles=$(grep -rnE --include='*.rs' -e '->[[:space:]]*Vec<Effect>|fn take_output\b' van/core/src \
     | grep -Ev '^van/core/src/(harness\.rs|harness/)|/tests\.rs:|_tests\.rs:|^[^:]*:[0-9]+:[[:space:]]*//' \
     | grep -Ev '^van/core/src/core\.rs:[0-9]+:[[:space:]]*pub fn take_output\(&mut self\) -> Vec<Output>' \
-    | grep -Ev '^van/core/src/effects\.rs:[0-9]+:[[:space:]]*pub fn take\(&mut self\) -> Vec<Effect>' \
-    | grep -Ev '^van/core/src/member(\.rs|/)' || true)
+    | grep -Ev '^van/core/src/admin\.rs:[0-9]+:[[:space:]]*pub fn take_output\(&mut self\) -> Vec<Message>' \
+    | grep -Ev '^van/core/src/effects\.rs:[0-9]+:[[:space:]]*pub fn take\(&mut self\) -> Vec<Effect>' || true)
 bad=""
 while IFS= read -r hit; do
     [ -n "$hit" ] || continue
@@ -97,7 +98,7 @@ if [ -n "$bad" ]; then
     printf '%s' "$bad"
     fail=1
 else
-    echo "no inherent Vec<Effect> APIs or take_output in the core (but Core::take_output, the driver's)"
+    echo "no inherent Vec<Effect> APIs or take_output in the core (but Core's and Admin's take_output, their drivers')"
 fi
 
 envs=$(git ls-files '*.rs' \
@@ -158,8 +159,8 @@ names = set()
 for m in re.finditer(r"^pub use pslite_van_core::(\{[^}]*\}|[^;]+);", src, re.M):
     names |= {n.strip().split("::")[0] for n in m.group(1).strip("{}").split(",") if n.strip()}
 bad = names & {"scheduler", "replica", "resender", "effects", "carry", "component", "member",
-               "checkpoint", "Core", "Member", "MemberConfig", "Scheduler", "SchedulerConfig",
-               "Resender", "ReplicaServer", "Output", "Route"}
+               "checkpoint", "Core", "NodeTable", "Liveness", "Barriers", "Scheduler",
+               "SchedulerConfig", "Resender", "ReplicaServer", "Output", "Route"}
 print(" ".join(sorted(bad)))
 PY
 )

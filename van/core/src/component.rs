@@ -24,8 +24,8 @@ use crate::hold::Holds;
 /// One part of a node's control plane.
 ///
 /// Besides the three calls every state machine of this crate has
-/// (`handle`, `tick`, `poll_timeout`), a component may take part in the
-/// two stages where features meet:
+/// (`handle`, `tick`, `poll_timeout`: no clock-driven work unless it says
+/// so), a component may take part in the two stages where features meet:
 /// - the **outgoing pipeline** ([`Component::outgoing`]): every message
 ///   the apps send passes each component's stage in the core's order; a
 ///   message a component emits passes the stages after its own;
@@ -42,10 +42,14 @@ pub trait Component {
 
     /// Clock-driven work at `now` (the core ticks every component when any
     /// deadline is due).
-    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>);
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        let _ = (now, cx);
+    }
 
     /// When [`Component::tick`] has work next.
-    fn poll_timeout(&self) -> Option<Instant>;
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
 
     /// What another component announced.
     fn on_event(&mut self, event: &Event, now: Instant, cx: &mut Cx<'_>) {

@@ -33,10 +33,11 @@ use crate::config::VanConfig;
 use crate::counters::Counters;
 use crate::effects::Output;
 use crate::effects::{Effect, Effects};
+use crate::error::Failure;
 use crate::hold::{ForApps, Holds};
 use crate::leave::Leave;
 use crate::log_once::LogOnce;
-use crate::member::{Member, MemberConfig};
+use crate::member::{Barriers, Liveness, NodeTable};
 use crate::partition::{PartialBound, Partitions};
 use crate::registration::Registrations;
 use crate::replica::replication::Replication;
@@ -79,6 +80,8 @@ pub struct Core {
     waits: waits::Waits,
     /// Effects emitted and not carried out yet.
     fx: Effects,
+    /// Why the node failed, if it did (see [`Core::fail`]).
+    failure: Option<Failure>,
     /// What the driver must do, in order.
     out: Vec<Output>,
     /// This node as it registers (what a component reads of itself is
@@ -176,20 +179,14 @@ impl Core {
                 now,
             )
         });
-        let member = Member::new(
-            MemberConfig {
-                me: me.clone(),
-                scheduler: scheduler_node.clone(),
-                van: cfg.clone(),
-            },
-            now,
-        );
         let replies = Replies::new(cfg.store_limits.max_total);
         // From a counter that starts at random: a process that replaces a
         // server must not repeat its predecessor's signatures.
         let replica_ts = rng.random::<i32>() & i32::MAX;
         let parts = Parts {
-            member,
+            table: NodeTable::new(me.clone()),
+            liveness: Liveness::new(cfg, scheduler_node.clone(), now),
+            barriers: Barriers::default(),
             scheduler,
             registrations: Registrations::with_limit(cfg.hold_limit),
             store: Store::new(cfg, replies.clone()),
@@ -219,6 +216,7 @@ impl Core {
             holds: Holds::new(cfg.hold_limit),
             waits: waits::Waits::default(),
             fx: Effects::default(),
+            failure: None,
             out: Vec::new(),
             blank: me.clone(),
             next_timestamp: 0,
@@ -258,7 +256,7 @@ impl Core {
     /// pslite node, `0`, would); before it registers.
     #[cfg(any(test, feature = "harness"))]
     pub fn set_features(&mut self, features: u32) {
-        self.parts.member.set_features(features);
+        self.parts.table.set_features(features);
         self.blank.features = features;
     }
 
@@ -296,7 +294,8 @@ impl Core {
         use crate::component::Component;
         [
             waits,
-            p.member.poll_timeout(),
+            p.table.poll_timeout(),
+            p.liveness.poll_timeout(),
             p.scheduler.as_ref().and_then(Component::poll_timeout),
             resends,
             p.registrations.poll_timeout(),

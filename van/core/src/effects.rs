@@ -159,6 +159,9 @@ pub enum Event {
     /// This server left the job (its ranges are on the others): its waits
     /// are over, and closed connections are no deaths any more.
     Left,
+    /// This node failed (the core announces it once): every wait ends
+    /// with it, and nobody is watched any more.
+    Failed(Failure),
     /// The resender gave up on a data message (never acknowledged, or its
     /// receiver is dead): its request fails, unless the range map decides
     /// where it goes next.

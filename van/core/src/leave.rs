@@ -112,10 +112,4 @@ impl Component for Leave {
             self.answered(rep.op, rep.node, cx);
         }
     }
-
-    fn tick(&mut self, _now: Instant, _cx: &mut Cx<'_>) {}
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        None
-    }
 }

@@ -7,8 +7,9 @@
 //!
 //! - `scheduler.rs`: the scheduler's membership, barrier, heartbeat and
 //!   recovery logic ([`Scheduler`]).
-//! - `member.rs`: the node side: joining, node-table updates, barrier
-//!   waits, heartbeats, scheduler loss ([`Member`]).
+//! - `member.rs`: the node side: joining and node-table updates
+//!   ([`NodeTable`]), heartbeats and scheduler loss ([`Liveness`]), barrier
+//!   waits ([`Barriers`]).
 //! - `resender.rs`: acknowledgements and resends under `PS_RESEND=1`
 //!   ([`Resender`]).
 //! - `store.rs`: the key-value store the scheduler hosts ([`store::StoreHost`])
@@ -75,7 +76,7 @@ pub use error::{identity_hint, Cause, Failure, StartTimeout, VanError};
 pub use hold::HoldQueue;
 pub use log_once::LogOnce;
 pub use member::{
-    BarrierOutcome, Member, MemberConfig, LINK_GRACE, PAUSE_SLACK, WAIT_LOG_INTERVAL,
+    BarrierOutcome, Barriers, Liveness, NodeTable, LINK_GRACE, PAUSE_SLACK, WAIT_LOG_INTERVAL,
 };
 pub use registration::MAX_CHECKS;
 pub use resender::Resender;

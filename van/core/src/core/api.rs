@@ -24,17 +24,17 @@ impl Core {
 
     /// This node as the cluster knows it (its id once joined).
     pub fn me(&self) -> &Node {
-        self.parts.member.me()
+        self.parts.table.me()
     }
 
     /// The entry of node `id` in the node table, if it has one.
     pub fn node(&self, id: NodeId) -> Option<&Node> {
-        self.parts.member.node(id)
+        self.parts.table.node(id)
     }
 
     /// The node table: servers, workers and the scheduler, once joined.
     pub fn nodes(&self) -> Vec<Node> {
-        self.parts.member.table().to_vec()
+        self.parts.table.nodes().to_vec()
     }
 
     /// What this node holds for its peers within `PS_HOLD_LIMIT`, in
@@ -50,19 +50,19 @@ impl Core {
 
     /// Whether this node has joined the cluster.
     pub fn is_joined(&self) -> bool {
-        self.parts.member.is_joined()
+        self.parts.table.is_joined()
     }
 
     /// Elastic mode: the current round and its workers in rank order, once
     /// known.
     pub fn round(&self) -> Option<(u64, Vec<NodeId>)> {
-        self.parts.member.round().map(|(n, m)| (n, m.to_vec()))
+        self.parts.table.round().map(|(n, m)| (n, m.to_vec()))
     }
 
     /// Elastic mode: the round this node joined in (a worker admitted after
     /// the first round skips the start barrier: the others are past it).
     pub fn joined_round(&self) -> Option<u64> {
-        self.parts.member.joined_round()
+        self.parts.table.joined_round()
     }
 
     /// Elastic mode, on a worker: leaves the job (its round ends).
@@ -76,7 +76,7 @@ impl Core {
 
     /// Why the node failed, if it did.
     pub fn failure(&self) -> Option<&Failure> {
-        self.parts.member.failure()
+        self.failure.as_ref()
     }
 
     /// Identities heard from before they could have been assigned: a hint
@@ -120,14 +120,14 @@ impl Core {
 
     /// `None` while joining; then joined, or why not.
     pub(crate) fn join_status(&self) -> Option<Result<(), VanError>> {
-        let member = &self.parts.member;
-        if member.is_joined() {
+        let table = &self.parts.table;
+        if table.is_joined() {
             return Some(Ok(()));
         }
-        if let Some(f) = member.failure() {
+        if let Some(f) = &self.failure {
             return Some(Err(f.clone().into()));
         }
-        let waited = member.timed_out()?;
+        let waited = table.timed_out()?;
         let missing = self.parts.scheduler.as_ref().map(|s| s.missing());
         Some(Err(VanError::StartTimeout(Box::new(StartTimeout {
             waited,
@@ -136,7 +136,7 @@ impl Core {
             num_servers: self.cfg.num_servers,
             num_workers: self.cfg.num_workers,
             scheduler: format!("{}:{}", self.cfg.scheduler_host, self.cfg.scheduler_port),
-            advertised: member.me().address(),
+            advertised: table.me().address(),
             identity_conflicts: self.identity_conflicts(),
             refused_registrations: self.parts.registrations.refused().into(),
         }))))

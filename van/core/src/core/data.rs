@@ -43,7 +43,7 @@ impl Core {
             self.reject(&msg, "its identity lacks the key of its node's process");
             return;
         }
-        if !self.parts.member.is_member(sender) {
+        if !self.parts.table.is_member(sender) {
             if self.is_newcomer(sender) {
                 self.hold_newcomer(msg);
             } else {
@@ -133,7 +133,7 @@ impl Core {
     /// Whether `sender` is a member of this node's table other than this
     /// node (whose messages' identities are checked as they arrive).
     pub(super) fn is_peer(&self, sender: NodeId) -> bool {
-        self.is_joined() && sender != self.me().id && self.parts.member.is_member(sender)
+        self.is_joined() && sender != self.me().id && self.parts.table.is_member(sender)
     }
 
     /// Elastic mode, on a server: whether a worker id the table does not

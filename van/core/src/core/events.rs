@@ -21,21 +21,28 @@ fn listeners(event: &Event) -> &'static [Part] {
         Event::Forming(_) | Event::Replacing(_) | Event::Replaced(_) | Event::Back(_) => {
             &[Part::Replication]
         }
-        Event::PeerReplaced(_) => &[Part::Store, Part::Partition, Part::Staleness],
+        Event::PeerReplaced(_) => &[
+            Part::Liveness,
+            Part::Store,
+            Part::Partition,
+            Part::Staleness,
+        ],
         Event::PeerDead(_) => &[Part::Partition, Part::Staleness],
-        Event::Formed(_) => &[Part::Member, Part::Checkpoints],
-        Event::TableChanged(_) | Event::Round { .. } | Event::Replicated | Event::Left => {
-            &[Part::Member]
-        }
+        Event::Formed(_) => &[Part::Table, Part::Checkpoints],
+        Event::TableChanged(_) | Event::Round { .. } => &[Part::Table],
+        Event::Joined | Event::Replicated => &[Part::Liveness],
+        Event::Failed(_) => &[Part::Liveness, Part::Barriers],
+        Event::Left => &[Part::Barriers],
         Event::TableTaken => &[Part::Replication, Part::Staleness],
-        Event::RoundBegan { .. } | Event::DeadNodes(_) => &[Part::Staleness],
+        Event::RoundBegan { .. } => &[Part::Liveness, Part::Staleness],
+        Event::DeadNodes(_) => &[Part::Staleness],
         Event::Releasing { .. } => &[Part::Checkpoints],
         Event::Registered(_)
         | Event::FailedOver { .. }
         | Event::ServerLeft(_)
         | Event::StopJob(_) => &[Part::Scheduler],
         Event::Answered { .. } => &[Part::Resender],
-        Event::Joined | Event::Waiting { .. } | Event::GaveUp(_) => &[],
+        Event::Waiting { .. } | Event::GaveUp(_) => &[],
     }
 }
 
@@ -64,7 +71,7 @@ impl Core {
                 self.changed = true;
                 self.out.push(Output::RoundBegan { round, workers });
                 for msg in self.holds.release(|r| r == Reason::Newcomer) {
-                    if self.parts.member.is_member(msg.meta.sender) {
+                    if self.parts.table.is_member(msg.meta.sender) {
                         self.data(msg, now);
                     } else {
                         self.reject(&msg, "its sender is not in the node table");

@@ -11,8 +11,9 @@ use pslite_proto::ids::SCHEDULER;
 use pslite_proto::store::StoreOp;
 use pslite_proto::{Command, Message, NodeId};
 
+use super::parts::Origin;
 use super::Core;
-use crate::effects::Output;
+use crate::effects::{Event, Output};
 use crate::error::Failure;
 
 /// The exit drain: a stopping node gives what it sent time to be
@@ -80,7 +81,7 @@ impl Core {
     /// [`Core::finalizing`].
     pub(super) fn leaving(&mut self, now: Instant) {
         self.finalizing = true;
-        self.parts.member.scheduler_link(true, now);
+        self.parts.liveness.scheduler_link(true, now);
         if let Some(s) = &mut self.parts.scheduler {
             s.forget_closed_links();
         }
@@ -125,7 +126,7 @@ impl Core {
     /// Ends the exit drain if nothing is left to wait for, or at its
     /// deadline (saying what it waited for).
     pub(super) fn check_drain(&mut self, now: Instant) {
-        let failed = self.parts.member.failure().is_some();
+        let failed = self.failure.is_some();
         let flushed =
             !failed && !self.has_unacknowledged_at_exit() && self.nodes_still_here(now).is_empty();
         let left = if !failed && !flushed && self.drain.as_ref().is_some_and(|d| now >= d.deadline)
@@ -206,14 +207,26 @@ impl Core {
     /// Stops the node: every wait ends with [`Failure::Stopped`].
     pub fn stop(&mut self, now: Instant) {
         self.stopped = true;
-        self.with_member(now, |m, cx| cx.fx.extend(m.fail(Failure::Stopped)));
+        self.failed(Failure::Stopped, now);
         self.changed = true;
     }
 
     /// Fails the node (the receive thread died, say).
     pub fn fail(&mut self, failure: Failure, now: Instant) {
-        self.with_member(now, |m, cx| cx.fx.extend(m.fail(failure)));
+        self.failed(failure, now);
         self.check_drain(now);
+    }
+
+    /// The node fails with `failure`, the first time only: the driver is
+    /// told, and the components ([`Event::Failed`]: every wait ends).
+    fn failed(&mut self, failure: Failure, now: Instant) {
+        if self.failure.is_some() {
+            return;
+        }
+        self.failure = Some(failure.clone());
+        self.changed = true;
+        self.out.push(Output::Failed(failure.clone()));
+        self.route_event(Event::Failed(failure), Origin::Core, now);
     }
 
     /// More than `PS_HOLD_LIMIT` bytes arrived while this server restored a
@@ -228,7 +241,7 @@ impl Core {
             ),
         };
         warn!("{failure}");
-        self.with_member(now, |m, cx| cx.fx.extend(m.fail(failure)));
+        self.failed(failure, now);
     }
 
     /// The apps could not take these ([`Output::Deliver`], in order, with
@@ -283,7 +296,7 @@ impl Core {
                     debug!("not reading for now: an app's queue is full");
                 }
                 self.deaf_since = Some(now);
-                self.parts.member.set_deaf(true, now);
+                self.parts.liveness.set_deaf(true, now);
                 if let Some(s) = &mut self.parts.scheduler {
                     s.set_deaf(true, now);
                 }
@@ -292,7 +305,7 @@ impl Core {
                 let deaf = now.saturating_duration_since(since);
                 debug!("reading again after {:.3} s", deaf.as_secs_f64());
                 self.deaf_since = None;
-                self.parts.member.set_deaf(false, now);
+                self.parts.liveness.set_deaf(false, now);
                 if let Some(s) = &mut self.parts.scheduler {
                     s.set_deaf(false, now);
                 }
@@ -320,7 +333,7 @@ impl Core {
         if let Some(s) = &self.parts.scheduler {
             return s.silent_nodes(now, timeout);
         }
-        let silent = now.saturating_duration_since(self.parts.member.last_scheduler_contact());
+        let silent = now.saturating_duration_since(self.parts.liveness.last_scheduler_contact());
         if silent > timeout {
             vec![SCHEDULER]
         } else {

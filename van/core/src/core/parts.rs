@@ -15,7 +15,7 @@ use crate::config::VanConfig;
 use crate::counters::Counters;
 use crate::error::Failure;
 use crate::leave::Leave;
-use crate::member::Member;
+use crate::member::{Barriers, Liveness, NodeTable};
 use crate::partition::Partitions;
 use crate::registration::Registrations;
 use crate::replica::replication::Replication;
@@ -26,8 +26,12 @@ use crate::store::component::Store;
 
 /// The components.
 pub(crate) struct Parts {
-    /// Membership: joining, the node table, barrier waits, heartbeats.
-    pub(crate) member: Member,
+    /// Membership: joining, the node table, rounds.
+    pub(crate) table: NodeTable,
+    /// Heartbeats, the scheduler's loss, dead peers, pauses.
+    pub(crate) liveness: Liveness,
+    /// This node's barrier waits.
+    pub(crate) barriers: Barriers,
     /// On the scheduler: ids, barriers, recovery, rounds, status.
     pub(crate) scheduler: Option<Scheduler>,
     /// On the scheduler: the check of registrations' addresses.
@@ -52,7 +56,9 @@ pub(crate) struct Parts {
 /// A component, by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Part {
-    Member,
+    Table,
+    Liveness,
+    Barriers,
     Scheduler,
     Registrations,
     Store,
@@ -72,8 +78,9 @@ impl Part {
     /// `pipeline.rs`), in order.
     pub(crate) const ATTACHMENTS: [Part; 2] = [Part::Replication, Part::Checkpoints];
     /// The clock, in order (the resender's goes last, while listening).
-    pub(crate) const CLOCK: [Part; 7] = [
-        Part::Member,
+    pub(crate) const CLOCK: [Part; 8] = [
+        Part::Table,
+        Part::Liveness,
         Part::Scheduler,
         Part::Replication,
         Part::Checkpoints,
@@ -113,7 +120,9 @@ pub(crate) struct View<'a> {
     blank: &'a Node,
     listening: bool,
     wall: (Instant, SystemTime),
-    member: Option<&'a Member>,
+    failure: Option<&'a Failure>,
+    /// Membership: the node table.
+    member: Option<&'a NodeTable>,
     scheduler: Option<&'a Scheduler>,
     replication: Option<&'a Replication>,
 }
@@ -126,22 +135,22 @@ impl Facts for View<'_> {
         self.counters
     }
     fn me(&self) -> &Node {
-        self.member.map_or(self.blank, Member::me)
+        self.member.map_or(self.blank, NodeTable::me)
     }
     fn is_joined(&self) -> bool {
-        self.member.is_some_and(Member::is_joined)
+        self.member.is_some_and(NodeTable::is_joined)
     }
     fn is_listening(&self) -> bool {
         self.listening
     }
     fn failure(&self) -> Option<&Failure> {
-        self.member.and_then(Member::failure)
+        self.failure
     }
     fn node(&self, id: NodeId) -> Option<&Node> {
         self.member.and_then(|m| m.node(id))
     }
     fn table(&self) -> &[Node] {
-        self.member.map_or(&[], Member::table)
+        self.member.map_or(&[], NodeTable::nodes)
     }
     fn my_entry<'n>(&self, nodes: &'n [Node]) -> Option<&'n Node> {
         self.member.and_then(|m| m.my_entry(nodes))
@@ -180,9 +189,9 @@ macro_rules! with_part {
             let r = {
                 let listening = self.deaf_since.is_none();
                 let wall = self.wall;
-                let Core { parts, cfg, counters, blank, fx, holds, rng, .. } = self;
+                let Core { parts, cfg, counters, blank, fx, holds, rng, failure, .. } = self;
                 let c = parts.$field.as_mut()?;
-                let view = with_part!(@view cfg, counters, blank, listening, wall, parts, [$($facts),*]);
+                let view = with_part!(@view cfg, counters, blank, listening, wall, failure, parts, [$($facts),*]);
                 f(c, &mut Cx { facts: &view, fx, holds, rng })
             };
             self.settle(Origin::Part($part), now);
@@ -198,16 +207,16 @@ macro_rules! with_part {
             let r = {
                 let listening = self.deaf_since.is_none();
                 let wall = self.wall;
-                let Core { parts, cfg, counters, blank, fx, holds, rng, .. } = self;
+                let Core { parts, cfg, counters, blank, fx, holds, rng, failure, .. } = self;
                 let c = &mut parts.$field;
-                let view = with_part!(@view cfg, counters, blank, listening, wall, parts, [$($facts),*]);
+                let view = with_part!(@view cfg, counters, blank, listening, wall, failure, parts, [$($facts),*]);
                 f(c, &mut Cx { facts: &view, fx, holds, rng })
             };
             self.settle(Origin::Part($part), now);
             r
         }
     };
-    (@view $cfg:ident, $counters:ident, $blank:ident, $listening:ident, $wall:ident, $parts:ident, [$($facts:ident),*]) => {{
+    (@view $cfg:ident, $counters:ident, $blank:ident, $listening:ident, $wall:ident, $failure:ident, $parts:ident, [$($facts:ident),*]) => {{
         #[allow(unused_mut, unused_assignments)]
         let mut view = View {
             cfg: $cfg,
@@ -215,6 +224,7 @@ macro_rules! with_part {
             blank: $blank,
             listening: $listening,
             wall: $wall,
+            failure: $failure.as_ref(),
             member: None,
             scheduler: None,
             replication: None,
@@ -223,7 +233,7 @@ macro_rules! with_part {
         view
     }};
     (@fact $view:ident, member, $parts:ident) => {
-        $view.member = Some(&$parts.member);
+        $view.member = Some(&$parts.table);
     };
     (@fact $view:ident, scheduler, $parts:ident) => {
         $view.scheduler = $parts.scheduler.as_ref();
@@ -234,15 +244,17 @@ macro_rules! with_part {
 }
 
 impl Core {
-    // Membership, the scheduler and replication are the facts the others
-    // read; none of them reads its own through the view.
+    // Membership (the node table), the scheduler and replication are the
+    // facts the others read; none of them reads its own through the view.
     with_part!(
-        with_member,
-        Member,
-        Part::Member,
-        member,
+        with_table,
+        NodeTable,
+        Part::Table,
+        table,
         [scheduler, replication]
     );
+    with_part!(with_liveness, Liveness, Part::Liveness, liveness, [member]);
+    with_part!(with_barriers, Barriers, Part::Barriers, barriers, []);
     with_part!(
         with_scheduler,
         Scheduler,
@@ -318,7 +330,8 @@ impl Core {
             blank: &self.blank,
             listening: self.deaf_since.is_none(),
             wall: self.wall,
-            member: Some(&self.parts.member),
+            failure: self.failure.as_ref(),
+            member: Some(&self.parts.table),
             scheduler: self.parts.scheduler.as_ref(),
             replication: Some(&self.parts.replication),
         }
@@ -328,7 +341,9 @@ impl Core {
     pub(crate) fn part(&self, part: Part) -> Option<&dyn Component> {
         let p = &self.parts;
         match part {
-            Part::Member => Some(&p.member),
+            Part::Table => Some(&p.table),
+            Part::Liveness => Some(&p.liveness),
+            Part::Barriers => Some(&p.barriers),
             Part::Scheduler => p.scheduler.as_ref().map(|s| s as &dyn Component),
             Part::Registrations => Some(&p.registrations),
             Part::Store => Some(&p.store),
@@ -349,7 +364,9 @@ impl Core {
         f: impl FnOnce(&mut dyn Component, &mut Cx<'_>),
     ) {
         match part {
-            Part::Member => self.with_member(now, |c, cx| f(c, cx)),
+            Part::Table => self.with_table(now, |c, cx| f(c, cx)),
+            Part::Liveness => self.with_liveness(now, |c, cx| f(c, cx)),
+            Part::Barriers => self.with_barriers(now, |c, cx| f(c, cx)),
             Part::Scheduler => self.with_scheduler(now, |c, cx| f(c, cx)).unwrap_or(()),
             Part::Registrations => self.with_registrations(now, |c, cx| f(c, cx)),
             Part::Store => self.with_store(now, |c, cx| f(c, cx)),

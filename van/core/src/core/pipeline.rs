@@ -42,13 +42,13 @@ impl Core {
     /// have the push), several when a large message goes in parts to a
     /// pslite peer (the cut, after the stages: see `crate::partition`).
     pub fn send(&mut self, msg: Message, now: Instant) -> Result<Vec<Message>, VanError> {
-        if let Some(f) = self.parts.member.failure() {
+        if let Some(f) = self.failure.as_ref() {
             return Err(f.clone().into());
         }
         let Some(msg) = self.stages(msg, 0, now).map_err(VanError::Failed)? else {
             return Ok(Vec::new());
         };
-        let peer = self.parts.member.node(msg.meta.recver);
+        let peer = self.parts.table.node(msg.meta.recver);
         let by_shm = peer.is_some_and(|n| self.shm_peer_node(n).is_some());
         let parts = self.parts.partition.cut(msg, peer, by_shm);
         parts.into_iter().map(|m| self.wire(m, now)).collect()
@@ -132,7 +132,7 @@ impl Core {
             }
             let node = self
                 .parts
-                .member
+                .table
                 .node(recver)
                 .cloned()
                 .ok_or(VanError::UnknownPeer(recver))?;

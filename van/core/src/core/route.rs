@@ -74,7 +74,7 @@ impl Core {
             return self.refuse_identity(&msg, now);
         }
         if sender != K_EMPTY {
-            self.parts.member.heard_from(sender, now);
+            self.parts.liveness.heard_from(sender, now);
             if self.heard.insert(sender) {
                 debug!("connected to node {sender} (first message heard from it)");
             }
@@ -134,7 +134,7 @@ impl Core {
         if msg.meta.control.cmd == Command::AddNode && sender == SCHEDULER && !self.is_joined() {
             // The table was sent to the id it assigns us: acknowledge as
             // that id, so that its first copy counts.
-            if let Some(mine) = self.parts.member.my_entry(&msg.meta.control.node) {
+            if let Some(mine) = self.parts.table.my_entry(&msg.meta.control.node) {
                 msg.meta.recver = mine.id;
             }
         }
@@ -183,19 +183,19 @@ impl Core {
                 self.to(Part::Scheduler, msg, now)
             }
             Command::Leave if is_scheduler => self.to(Part::Scheduler, msg, now),
-            Command::Leave if sender == SCHEDULER => self.to(Part::Member, msg, now),
+            Command::Leave if sender == SCHEDULER => self.to(Part::Table, msg, now),
             Command::Leave => self.drop_logged(
                 sender,
                 "LEAVE",
                 "only workers send it, and only to the scheduler",
             ),
-            Command::AddNode => self.to(Part::Member, msg, now),
+            Command::AddNode => self.to(Part::Table, msg, now),
             Command::Barrier if sender != SCHEDULER || msg.meta.request => {
                 self.drop_logged(sender, "BARRIER", "only the scheduler releases barriers")
             }
             Command::Barrier => {
                 let answer = (msg.meta.control.barrier_group, msg.meta.request);
-                self.to(Part::Member, msg, now);
+                self.to(Part::Barriers, msg, now);
                 self.settle_with_scheduler(Command::Barrier, answer, now);
                 if self.finalize_pending && !self.finalizing {
                     self.leaving(now);
@@ -206,7 +206,7 @@ impl Core {
                 if sender == SCHEDULER {
                     self.settle_with_scheduler(Command::Heartbeat, answer, now);
                 }
-                self.to(Part::Member, msg, now);
+                self.to(Part::Liveness, msg, now);
             }
             Command::Store => self.to(Part::Store, msg, now),
             Command::Ack => debug!("dropping ACK from node {sender}: resend is off"),
@@ -261,7 +261,7 @@ impl Core {
             );
             return;
         }
-        if !self.parts.member.is_member(sender) {
+        if !self.parts.table.is_member(sender) {
             self.drop_logged(sender, "REPLICA", "its sender is not in the node table");
             return;
         }
@@ -394,8 +394,8 @@ impl Core {
     /// This node's own entry: in the node table once joined, else as it
     /// registers.
     fn my_entry(&self) -> &Node {
-        let me = self.parts.member.me();
-        self.parts.member.node(me.id).unwrap_or(me)
+        let me = self.parts.table.me();
+        self.parts.table.node(me.id).unwrap_or(me)
     }
 
     /// The key `peer` presents in its identity to this node (and this node
@@ -412,7 +412,7 @@ impl Core {
         if self.identity_matches(sender, key) != Some(true) {
             return None;
         }
-        self.parts.member.node(sender)
+        self.parts.table.node(sender)
     }
 
     /// Whether a message from `sender` whose identity carried `key` may be
@@ -422,10 +422,10 @@ impl Core {
         if sender == K_EMPTY {
             return Some(key.is_none());
         }
-        let entry = if sender == self.parts.member.me().id {
+        let entry = if sender == self.parts.table.me().id {
             self.my_entry()
         } else {
-            self.parts.member.node(sender)?
+            self.parts.table.node(sender)?
         };
         Some(self.expected_key_of(entry) == key)
     }
@@ -438,8 +438,8 @@ impl Core {
     /// present): then, as in C++ ps-lite, the first connection keeps it.
     pub fn router_handover(&self) -> bool {
         self.parts
-            .member
-            .table()
+            .table
+            .nodes()
             .iter()
             .all(|n| n.pslite && n.key != 0)
     }
@@ -511,7 +511,7 @@ impl Core {
                     }
                 }
                 if to_scheduler {
-                    self.parts.member.scheduler_link(up, now);
+                    self.parts.liveness.scheduler_link(up, now);
                 }
             }
         }

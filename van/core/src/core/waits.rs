@@ -15,7 +15,6 @@ use pslite_proto::stats::NodeStatus;
 use pslite_proto::store::StoreMsg;
 
 use super::Core;
-use crate::effects::Effect;
 use crate::error::{Failure, VanError};
 pub use crate::tickets::Ticket;
 use crate::tickets::Tickets;
@@ -29,7 +28,7 @@ pub const EXIT_FLUSH: Duration = Duration::from_secs(1);
 pub enum Call {
     /// Join the cluster as customer `customer` (ADD_NODE to the scheduler;
     /// on the scheduler, every node registering). Its deadline is
-    /// `PS_START_TIMEOUT`'s, kept by the member; returns at once if joined.
+    /// `PS_START_TIMEOUT`'s, kept by the node table; returns at once if joined.
     Join {
         /// The customer joining.
         customer: i32,
@@ -149,7 +148,7 @@ impl Core {
     ) -> Result<Ticket, VanError> {
         let wait = match call {
             Call::Join { customer } => {
-                self.with_member(now, |m, cx| cx.fx.extend(m.register(customer, now)));
+                self.with_table(now, |t, cx| t.register(customer, now, cx));
                 Wait::Join
             }
             Call::Barrier { customer, group } => {
@@ -159,11 +158,7 @@ impl Core {
                 if !self.is_joined() {
                     return Err(VanError::NotReady);
                 }
-                let token = self.with_member(now, |m, cx| {
-                    let (token, request) = m.barrier(customer, group);
-                    cx.fx.push(Effect::Send(request));
-                    token
-                });
+                let token = self.with_barriers(now, |b, cx| b.wait(customer, group, cx));
                 Wait::Barrier { token, group }
             }
             Call::Store(req) => Wait::Store(self.with_store(now, |s, cx| s.request(req, cx))?),
@@ -206,7 +201,7 @@ impl Core {
                     secs: limit.as_secs(),
                     identity_conflicts: self.identity_conflicts(),
                 };
-                match self.parts.member.barrier_outcome(token) {
+                match self.parts.barriers.outcome(token) {
                     Some(Ok(())) => Some(Ok(Done::Ok)),
                     Some(Err(f)) => Some(Err(f.into())),
                     None => w.timed_out.then_some(Err(timeout)),
@@ -298,7 +293,7 @@ impl Core {
             return;
         };
         match w.wait {
-            Wait::Barrier { token, .. } => self.parts.member.end_barrier(token),
+            Wait::Barrier { token, .. } => self.parts.barriers.end(token),
             Wait::Store(id) => self.parts.store.end(id),
             Wait::CheckpointResult(request) => self.parts.checkpoints.end(request),
             Wait::CheckpointAccepted(request) if !accepted => self.parts.checkpoints.end(request),

@@ -1,7 +1,7 @@
-//! Liveness: heartbeats to the scheduler, its loss (silence, or a
-//! connection that stays closed), the nodes it declares dead and those
-//! nothing replaced in time, and time this node could not hear (deaf, or
-//! stopped) held against nobody.
+//! Liveness, a component: heartbeats to the scheduler, its loss (silence,
+//! or a connection that stays closed), the nodes it declares dead and
+//! those nothing replaced in time, and time this node could not hear
+//! (deaf, or stopped) held against nobody.
 //!
 //! A scheduler silent for longer than the heartbeat timeout is not given up
 //! at once: the node says so, calls it four times per heartbeat interval,
@@ -12,22 +12,76 @@
 //! `Failure::Replaced`). A closed connection that stays closed (the
 //! scheduler's process is gone) still ends the node at once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
-use pslite_proto::{Command, Message, Role};
+use pslite_proto::{Command, Message, Node, Role};
 
-use super::{Member, LINK_GRACE, PAUSE_SLACK, WAIT_LOG_INTERVAL};
+use super::{LINK_GRACE, PAUSE_SLACK};
+use crate::component::{Component, Cx, Facts};
+use crate::config::VanConfig;
+use crate::effects::Event;
+use crate::error::Failure;
 
 /// The shortest gap between heartbeats to a scheduler that does not
 /// answer.
 const MIN_HEARTBEAT_GAP: Duration = Duration::from_millis(10);
-use crate::effects::{Effect, Event};
-use crate::error::Failure;
 
-impl Member {
+/// What this node knows of who is alive.
+pub struct Liveness {
+    /// The node's settings (heartbeats, `PS_RECOVERY_TIMEOUT`).
+    cfg: VanConfig,
+    /// Where the scheduler is (for the errors that say it was lost).
+    scheduler: Node,
+    /// This node joined ([`Event::Joined`]) and has not failed
+    /// ([`Event::Failed`]): only then does it watch anyone.
+    joined: bool,
+    failed: bool,
+    last_scheduler_contact: Instant,
+    next_heartbeat: Option<Instant>,
+    /// The scheduler has answered a heartbeat (so its silence means loss).
+    scheduler_answers: bool,
+    /// The scheduler has been silent for longer than the heartbeat
+    /// timeout (said once): this node keeps calling it until the recovery
+    /// timeout.
+    scheduler_silent: bool,
+    /// The connection to the scheduler closed, since when (`None`: up).
+    scheduler_closed: Option<Instant>,
+    /// Nodes the scheduler declared dead, since when; and those already
+    /// reported as dead for good.
+    dead: HashMap<NodeId, Instant>,
+    given_up: HashSet<NodeId>,
+    /// Since when this node reads nothing (an app's queue is full): silence
+    /// proves nothing meanwhile.
+    deaf_since: Option<Instant>,
+    /// Key ranges are replicated: a dead server's ranges fail over, nothing
+    /// waits for its replacement.
+    servers_replicated: bool,
+}
+
+impl Liveness {
+    /// The liveness of a node configured by `cfg` whose scheduler is
+    /// `scheduler`, started at `now`.
+    pub fn new(cfg: &VanConfig, scheduler: Node, now: Instant) -> Liveness {
+        Liveness {
+            cfg: cfg.clone(),
+            scheduler,
+            joined: false,
+            failed: false,
+            last_scheduler_contact: now,
+            next_heartbeat: None,
+            scheduler_answers: false,
+            scheduler_silent: false,
+            scheduler_closed: None,
+            dead: HashMap::new(),
+            given_up: HashSet::new(),
+            deaf_since: None,
+            servers_replicated: false,
+        }
+    }
+
     /// Something arrived from node `sender`.
     pub fn heard_from(&mut self, sender: NodeId, now: Instant) {
         if sender == SCHEDULER {
@@ -59,33 +113,26 @@ impl Member {
 
     /// When the scheduler counts as gone if its closed connection stays
     /// closed (watched as its heartbeats are).
-    pub(super) fn scheduler_gone_at(&self) -> Option<Instant> {
+    fn scheduler_gone_at(&self) -> Option<Instant> {
         let since = self.scheduler_closed?;
         self.scheduler_timeout()?;
         Some(since + LINK_GRACE)
     }
 
-    /// The scheduler's HEARTBEAT (the answer to ours): it is alive, and (a
-    /// pslite scheduler) these nodes are dead now.
-    pub fn on_scheduler_heartbeat(&mut self, dead: &[NodeId], now: Instant) {
-        self.scheduler_answers = true;
-        self.on_dead_nodes(dead, now);
-    }
-
     /// The members the scheduler declared dead, in id order.
-    pub(super) fn declared_dead(&self) -> Vec<NodeId> {
+    fn declared_dead(&self) -> Vec<NodeId> {
         let mut dead: Vec<NodeId> = self.dead.keys().copied().collect();
         dead.sort_unstable();
         dead
     }
 
     /// The scheduler says these nodes are dead now (pslite schedulers only).
-    pub(super) fn on_dead_nodes(&mut self, dead: &[NodeId], now: Instant) {
+    fn on_dead_nodes(&mut self, dead: &[NodeId], now: Instant, facts: &dyn Facts) {
         let dead: HashSet<NodeId> = dead.iter().copied().collect();
         self.dead.retain(|id, _| dead.contains(id));
         self.given_up.retain(|id| dead.contains(id));
         for id in dead {
-            if id != self.me.id && self.is_member(id) && !self.dead.contains_key(&id) {
+            if id != facts.me().id && facts.node(id).is_some() && !self.dead.contains_key(&id) {
                 if self.servers_replicated && ids::role_of_id(id) == Some(Role::Server) {
                     warn!(
                         "the scheduler declared server {id} dead: its key ranges fail over to \
@@ -95,18 +142,12 @@ impl Member {
                     warn!(
                         "the scheduler declared node {id} dead: waiting up to {} s for a \
                          replacement (PS_RECOVERY_TIMEOUT)",
-                        self.cfg.van.recovery_timeout.as_secs()
+                        self.cfg.recovery_timeout.as_secs()
                     );
                 }
                 self.dead.insert(id, now);
             }
         }
-    }
-
-    /// Key ranges are replicated (the scheduler's table carried a range
-    /// map): a dead server's ranges fail over.
-    pub fn set_servers_replicated(&mut self) {
-        self.servers_replicated = true;
     }
 
     /// This node stops reading what arrives (`deaf`), or reads again: the
@@ -128,107 +169,65 @@ impl Member {
         }
     }
 
-    /// Clock-driven work: the start deadline and its log lines,
-    /// heartbeats, a silent scheduler, dead nodes that stay
-    /// unreplaced.
-    pub fn tick(&mut self, now: Instant) -> Vec<Effect> {
-        let mut actions = Vec::new();
-        if let Some(due) = self.poll_timeout() {
-            let late = now.saturating_duration_since(due);
-            if late > PAUSE_SLACK && self.joined && self.failure.is_none() {
-                self.resumed(late, now);
-            }
-        }
-        if let Some(j) = &mut self.joining {
-            if now >= j.deadline {
-                let waited = now - j.since;
-                self.joining = None;
-                self.timed_out = Some(waited);
-                if !self.joined {
-                    actions.push(Effect::Changed);
-                }
-                return actions;
-            }
-            if now >= j.next_log {
-                j.next_log = now + WAIT_LOG_INTERVAL;
-                actions.push(Effect::Event(Event::Waiting {
-                    waited: now - j.since,
-                    limit: self.cfg.van.start_timeout,
-                }));
-            }
-        }
-        if !self.joined || self.failure.is_some() {
-            return actions;
-        }
-        if self.me.role != Role::Scheduler {
-            if let (Some(interval), Some(next)) =
-                (self.cfg.van.heartbeat_interval, self.next_heartbeat)
-            {
-                if now >= next {
-                    // Unanswered (the last answer is older than an
-                    // interval): call again sooner.
-                    let silent = now.saturating_duration_since(self.last_scheduler_contact);
-                    let gap = if silent > interval {
-                        (interval / 4).max(MIN_HEARTBEAT_GAP)
-                    } else {
-                        interval
-                    };
-                    self.next_heartbeat = Some(now + gap);
-                    let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
-                    msg.meta.control.node.push(self.me.clone());
-                    actions.push(Effect::Send(msg));
-                }
-            }
-            if self.scheduler_gone_at().is_some_and(|at| now >= at) {
-                actions.extend(self.fail(Failure::SchedulerClosed {
-                    address: self.cfg.scheduler.address(),
-                }));
-                return actions;
-            }
-            if let Some(timeout) = self
-                .scheduler_timeout()
-                .filter(|_| self.deaf_since.is_none())
-            {
+    /// Whether this node watches anyone: joined, and not failed.
+    fn watching(&self) -> bool {
+        self.joined && !self.failed
+    }
+
+    /// Heartbeats and the scheduler's silence or closed connection (not on
+    /// the scheduler); `true` if the scheduler is lost (the node fails).
+    fn watch_scheduler(&mut self, now: Instant, cx: &mut Cx<'_>) -> bool {
+        if let (Some(interval), Some(next)) = (self.cfg.heartbeat_interval, self.next_heartbeat) {
+            if now >= next {
+                // Unanswered (the last answer is older than an interval):
+                // call again sooner.
                 let silent = now.saturating_duration_since(self.last_scheduler_contact);
-                let recovery = self.cfg.van.recovery_timeout;
-                if silent > timeout + recovery {
-                    actions.extend(self.fail(Failure::SchedulerLost {
-                        address: self.cfg.scheduler.address(),
-                        silent_secs: silent.as_secs(),
-                        timeout_secs: timeout.as_secs(),
-                        recovery_secs: recovery.as_secs(),
-                    }));
-                    return actions;
-                }
-                if silent > timeout && !self.scheduler_silent {
-                    self.scheduler_silent = true;
-                    warn!(
-                        "nothing heard from the scheduler at {} for {:.1} s (PS_HEARTBEAT_TIMEOUT                          is {} s): still calling it; this node stops if it stays silent for {} s                          more (PS_RECOVERY_TIMEOUT)",
-                        self.cfg.scheduler.address(),
-                        silent.as_secs_f64(),
-                        timeout.as_secs(),
-                        recovery.as_secs()
-                    );
-                    if self.next_heartbeat.is_some() {
-                        self.next_heartbeat = Some(now);
-                    }
-                }
+                let gap = if silent > interval {
+                    (interval / 4).max(MIN_HEARTBEAT_GAP)
+                } else {
+                    interval
+                };
+                self.next_heartbeat = Some(now + gap);
+                let mut msg = Message::control(Command::Heartbeat, SCHEDULER);
+                msg.meta.control.node.push(cx.facts.me().clone());
+                cx.send(msg);
             }
         }
-        let listening = self.deaf_since.is_none();
-        for (&id, &since) in &self.dead {
-            if listening && now >= since + self.cfg.van.recovery_timeout && self.given_up.insert(id)
-            {
-                warn!(
-                    "node {id} was declared dead {} s ago and nothing replaced it: what waits \
-                     on it fails",
-                    now.saturating_duration_since(since).as_secs()
-                );
-                actions.push(Effect::Changed);
-                actions.push(Effect::Event(Event::PeerDead(id)));
+        let address = self.scheduler.address();
+        if self.scheduler_gone_at().is_some_and(|at| now >= at) {
+            cx.fail(Failure::SchedulerClosed { address });
+            return true;
+        }
+        let Some(timeout) = self
+            .scheduler_timeout()
+            .filter(|_| self.deaf_since.is_none())
+        else {
+            return false;
+        };
+        let silent = now.saturating_duration_since(self.last_scheduler_contact);
+        let recovery = self.cfg.recovery_timeout;
+        if silent > timeout + recovery {
+            cx.fail(Failure::SchedulerLost {
+                address,
+                silent_secs: silent.as_secs(),
+                timeout_secs: timeout.as_secs(),
+                recovery_secs: recovery.as_secs(),
+            });
+            return true;
+        }
+        if silent > timeout && !self.scheduler_silent {
+            self.scheduler_silent = true;
+            warn!(
+                "nothing heard from the scheduler at {address} for {:.1} s (PS_HEARTBEAT_TIMEOUT                          is {} s): still calling it; this node stops if it stays silent for {} s                          more (PS_RECOVERY_TIMEOUT)",
+                silent.as_secs_f64(),
+                timeout.as_secs(),
+                recovery.as_secs()
+            );
+            if self.next_heartbeat.is_some() {
+                self.next_heartbeat = Some(now);
             }
         }
-        actions
+        false
     }
 
     /// This process was stopped for about `paused` (its clock jumped): the
@@ -236,7 +235,7 @@ impl Member {
     /// count that time, and a heartbeat goes out at once so the scheduler
     /// learns this node is back (it may have been declared dead meanwhile;
     /// unless something replaced it, the scheduler takes it back).
-    pub(super) fn resumed(&mut self, paused: Duration, now: Instant) {
+    fn resumed(&mut self, paused: Duration, now: Instant) {
         warn!(
             "this process was stopped for about {} s (its clock jumped: SIGSTOP, a VM pause, \
              a debugger or swapping); not holding that time against its peers",
@@ -251,14 +250,78 @@ impl Member {
         }
     }
 
-    /// When [`Member::tick`] has work next.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    /// After how much silence the scheduler counts as lost, if it is
+    /// watched: always when the timeout was set; by default only while this
+    /// node sends heartbeats and the scheduler has answered one.
+    fn scheduler_timeout(&self) -> Option<Duration> {
+        let answers = self.scheduler_answers && self.cfg.heartbeat_interval.is_some();
+        self.cfg
+            .heartbeat_timeout
+            .filter(|_| self.cfg.watch_all || answers)
+    }
+}
+
+impl Component for Liveness {
+    /// The scheduler's HEARTBEAT (the answer to ours): it is alive, and (a
+    /// pslite scheduler) these nodes are dead now.
+    fn handle(&mut self, msg: Message, now: Instant, cx: &mut Cx<'_>) {
+        let facts = cx.facts;
+        if msg.meta.sender != SCHEDULER || !facts.is_joined() {
+            return;
+        }
+        // Only a pslite scheduler sends a dead list; from a C++ one (whose
+        // identity carries no key) it is forged.
+        let pslite =
+            self.cfg.role == Role::Scheduler || facts.node(SCHEDULER).is_some_and(|n| n.pslite);
+        let dead: &[NodeId] = if pslite {
+            &msg.meta.control.dead_nodes
+        } else {
+            &[]
+        };
+        let before = self.declared_dead();
+        self.scheduler_answers = true;
+        self.on_dead_nodes(dead, now, facts);
+        let after = self.declared_dead();
+        if after != before {
+            cx.event(Event::DeadNodes(after));
+        }
+    }
+
+    /// Heartbeats, a silent scheduler, dead nodes that stay unreplaced.
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        if !self.watching() {
+            return;
+        }
+        if let Some(due) = self.poll_timeout() {
+            let late = now.saturating_duration_since(due);
+            if late > PAUSE_SLACK {
+                self.resumed(late, now);
+            }
+        }
+        if self.cfg.role != Role::Scheduler && self.watch_scheduler(now, cx) {
+            return;
+        }
+        let listening = self.deaf_since.is_none();
+        for (&id, &since) in &self.dead {
+            if listening && now >= since + self.cfg.recovery_timeout && self.given_up.insert(id) {
+                warn!(
+                    "node {id} was declared dead {} s ago and nothing replaced it: what waits \
+                     on it fails",
+                    now.saturating_duration_since(since).as_secs()
+                );
+                cx.changed();
+                cx.event(Event::PeerDead(id));
+            }
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        if !self.watching() {
+            return None;
+        }
         let mut next: Option<Instant> = None;
         let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
-        if let Some(j) = &self.joining {
-            consider(j.deadline.min(j.next_log));
-        }
-        if self.joined && self.failure.is_none() && self.me.role != Role::Scheduler {
+        if self.cfg.role != Role::Scheduler {
             if let Some(t) = self.next_heartbeat {
                 consider(t);
             }
@@ -270,38 +333,45 @@ impl Member {
                 if !self.scheduler_silent {
                     consider(self.last_scheduler_contact + timeout + slack);
                 }
-                let recovery = self.cfg.van.recovery_timeout;
+                let recovery = self.cfg.recovery_timeout;
                 consider(self.last_scheduler_contact + timeout + recovery + slack);
             }
             if let Some(at) = self.scheduler_gone_at() {
                 consider(at + Duration::from_millis(1));
             }
         }
-        // As in tick: a failed node gives up on nobody (it gave up), nor
-        // does a deaf one.
-        if self.joined && self.failure.is_none() && self.deaf_since.is_none() {
+        // As in tick: a deaf node gives up on nobody.
+        if self.deaf_since.is_none() {
             for (id, &since) in &self.dead {
                 if !self.given_up.contains(id) {
-                    consider(since + self.cfg.van.recovery_timeout);
+                    consider(since + self.cfg.recovery_timeout);
                 }
             }
         }
         next
     }
 
-    /// After how much silence the scheduler counts as lost, if it is
-    /// watched: always when the timeout was set; by default only while this
-    /// node sends heartbeats and the scheduler has answered one.
-    pub(super) fn scheduler_timeout(&self) -> Option<Duration> {
-        let answers = self.scheduler_answers && self.cfg.van.heartbeat_interval.is_some();
-        self.cfg
-            .van
-            .heartbeat_timeout
-            .filter(|_| self.cfg.van.watch_all || answers)
-    }
-
-    /// Nodes the scheduler declared dead that nothing replaced in time.
-    pub fn given_up(&self) -> &HashSet<NodeId> {
-        &self.given_up
+    /// Joined (heartbeats start), failed (they stop), replicated ranges;
+    /// a dead node replaced, or gone from the table with a new round.
+    fn on_event(&mut self, event: &Event, now: Instant, cx: &mut Cx<'_>) {
+        match event {
+            Event::Joined => {
+                self.joined = true;
+                self.last_scheduler_contact = now;
+                self.next_heartbeat = self.cfg.heartbeat_interval.map(|_| now);
+            }
+            Event::Failed(_) => self.failed = true,
+            Event::Replicated => self.servers_replicated = true,
+            Event::PeerReplaced(id) => {
+                self.dead.remove(id);
+                self.given_up.remove(id);
+            }
+            Event::RoundBegan { .. } => {
+                let facts = cx.facts;
+                self.dead.retain(|id, _| facts.node(*id).is_some());
+                self.given_up.retain(|id| facts.node(*id).is_some());
+            }
+            _ => {}
+        }
     }
 }

@@ -1,38 +1,133 @@
-//! Joining and the node table: the ADD_NODE this node registers with, the
-//! scheduler's table (checked to come from the scheduler it registered
-//! with), updates after a recovery (a node moved or was replaced), the
-//! tables of new elastic rounds, and the scheduler's LEAVE.
+//! The node table, a component: joining (the ADD_NODE this node registers
+//! with, the start deadline and its log lines), the scheduler's table
+//! (checked to come from the scheduler it registered with), updates after
+//! a recovery (a node moved or was replaced), the tables of new elastic
+//! rounds, and the scheduler's LEAVE.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
 use pslite_proto::ids::{self, NodeId, SCHEDULER};
 use pslite_proto::{Command, Message, Node, Role, K_EMPTY};
 
-use super::{msg_round, older, Joining, Member, WAIT_LOG_INTERVAL};
+use super::{msg_round, older, WAIT_LOG_INTERVAL};
+use crate::component::{Component, Cx};
 use crate::effects::{Effect, Event};
 use crate::error::Failure;
 
-impl Member {
-    /// Starts joining as `customer_id`: the ADD_NODE to send (none on the
+struct Joining {
+    since: Instant,
+    deadline: Instant,
+    next_log: Instant,
+}
+
+/// Who this node is and the node table it knows.
+pub struct NodeTable {
+    me: Node,
+    table: Vec<Node>,
+    /// Elastic mode: the newest round that came as a change before this
+    /// node had joined (it overtook the table): once joined at an older
+    /// round, the node asks for the whole table.
+    early_change: Option<u64>,
+    joined: bool,
+    joining: Option<Joining>,
+    timed_out: Option<Duration>,
+    /// Ignored node tables (logged once).
+    ignored_tables: u32,
+    /// The timestamp of the scheduler's message that last set each entry
+    /// of the table: an update older than that (resent after a newer one
+    /// that arrived first) is stale.
+    set_at: HashMap<NodeId, i32>,
+    /// Elastic mode: the current round and its workers in rank order, and
+    /// the round this node joined in.
+    round: Option<(u64, Vec<NodeId>)>,
+    joined_round: Option<u64>,
+}
+
+impl NodeTable {
+    /// The table of node `me` (id [`K_EMPTY`], or [`SCHEDULER`] on the
+    /// scheduler), which has not joined yet.
+    pub fn new(me: Node) -> NodeTable {
+        NodeTable {
+            me,
+            table: Vec::new(),
+            early_change: None,
+            joined: false,
+            joining: None,
+            timed_out: None,
+            ignored_tables: 0,
+            set_at: HashMap::new(),
+            round: None,
+            joined_round: None,
+        }
+    }
+
+    /// This node as the cluster knows it.
+    pub fn me(&self) -> &Node {
+        &self.me
+    }
+
+    /// Tests: this node advertises `features` (as an older pslite node,
+    /// `0`, would).
+    #[cfg(any(test, feature = "harness"))]
+    pub(crate) fn set_features(&mut self, features: u32) {
+        self.me.features = features;
+    }
+
+    /// The node table (servers, workers and the scheduler) once joined.
+    pub fn nodes(&self) -> &[Node] {
+        &self.table
+    }
+
+    /// Whether this node has joined.
+    pub fn is_joined(&self) -> bool {
+        self.joined
+    }
+
+    /// How long this node waited before giving up joining, if it did.
+    pub fn timed_out(&self) -> Option<Duration> {
+        self.timed_out
+    }
+
+    /// Elastic mode: the current round and its workers in rank order.
+    pub fn round(&self) -> Option<(u64, &[NodeId])> {
+        self.round.as_ref().map(|(n, m)| (*n, m.as_slice()))
+    }
+
+    /// Elastic mode: the round this node joined in.
+    pub fn joined_round(&self) -> Option<u64> {
+        self.joined_round
+    }
+
+    /// Whether `id` is in the node table.
+    pub fn is_member(&self, id: NodeId) -> bool {
+        self.table.iter().any(|n| n.id == id)
+    }
+
+    /// The table entry of `id`.
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.table.iter().find(|n| n.id == id)
+    }
+
+    /// Starts joining as `customer_id`: sends the ADD_NODE (none on the
     /// scheduler, nor once joined). The start deadline runs from the first
     /// call.
-    pub fn register(&mut self, customer_id: i32, now: Instant) -> Vec<Effect> {
+    pub fn register(&mut self, customer_id: i32, now: Instant, cx: &mut Cx<'_>) {
         if self.joined {
-            return Vec::new();
+            return;
         }
-        let mut actions = Vec::new();
         if self.joining.is_none() {
+            let limit = cx.facts.config().start_timeout;
             self.joining = Some(Joining {
                 since: now,
-                deadline: now + self.cfg.van.start_timeout,
+                deadline: now + limit,
                 next_log: now + WAIT_LOG_INTERVAL,
             });
-            actions.push(Effect::Event(Event::Waiting {
+            cx.event(Event::Waiting {
                 waited: Duration::ZERO,
-                limit: self.cfg.van.start_timeout,
-            }));
+                limit,
+            });
         }
         if self.me.role != Role::Scheduler {
             let mut me = self.me.clone();
@@ -40,73 +135,70 @@ impl Member {
             me.id = K_EMPTY;
             let mut msg = Message::control(Command::AddNode, SCHEDULER);
             msg.meta.control.node.push(me);
-            actions.push(Effect::Send(msg));
+            cx.send(msg);
         }
-        actions
     }
 
     /// The scheduler (this node) formed the cluster: `table` holds every
     /// server and worker and the scheduler.
-    pub fn formed(&mut self, table: Vec<Node>) -> Vec<Effect> {
+    fn formed(&mut self, table: Vec<Node>, cx: &mut Cx<'_>) {
         self.table = table;
         if self.joined {
-            return Vec::new();
+            return;
         }
         self.joined = true;
         self.joining = None;
-        vec![Effect::Changed, Effect::Event(Event::Joined)]
+        cx.changed();
+        cx.event(Event::Joined);
     }
 
     /// The scheduler's ADD_NODE: the whole table when joining, or the
     /// entries of recovered nodes afterwards.
-    pub fn on_node_table(&mut self, msg: &Message, now: Instant) -> Vec<Effect> {
+    fn on_node_table(&mut self, msg: &Message, cx: &mut Cx<'_>) {
         if msg.meta.sender != SCHEDULER {
             self.ignore_table(format!(
                 "from node {}: only the scheduler sends node tables",
                 msg.meta.sender
             ));
-            return Vec::new();
+            return;
         }
         if self.me.role == Role::Scheduler {
-            return Vec::new();
+            return;
         }
         let nodes = &msg.meta.control.node;
         if !self.joined {
             if let (Some(number), Some(_)) = (msg.meta.control.round, msg.meta.control.round_base) {
                 // A change that overtook this node's table: asked for later.
                 self.early_change = self.early_change.max(Some(number));
-                return Vec::new();
+                return;
             }
-            return self.join(msg, nodes, now);
+            return self.join(msg, nodes, cx);
         }
         let c = &msg.meta.control;
         if let (Some(number), Some(base)) = (c.round, c.round_base) {
-            return self.next_round_change(msg, number, base);
+            return self.next_round_change(msg, number, base, cx);
         }
         if let Some((number, workers)) = msg_round(msg) {
-            return self.next_round(nodes, number, workers, msg.meta.timestamp);
+            return self.next_round(nodes, number, workers, msg.meta.timestamp, cx);
         }
-        self.update(nodes, msg.meta.timestamp)
+        self.update(nodes, msg.meta.timestamp, cx)
     }
 
     /// An elastic round this node is not part of: a worker has left the
     /// job (its waits fail with `LeftRound`); any other node ignores the
     /// table, saying `why`.
-    fn round_without_me(&mut self, number: u64, why: &str) -> Vec<Effect> {
+    fn round_without_me(&mut self, number: u64, why: &str, cx: &mut Cx<'_>) {
         if self.me.role == Role::Worker {
-            return self
-                .fail(Failure::LeftRound {
-                    id: self.me.id,
-                    round: number,
-                })
-                .into_iter()
-                .collect();
+            cx.fail(Failure::LeftRound {
+                id: self.me.id,
+                round: number,
+            });
+        } else {
+            self.ignore_table(why.to_string());
         }
-        self.ignore_table(why.to_string());
-        Vec::new()
     }
 
-    pub(super) fn ignore_table(&mut self, why: String) {
+    fn ignore_table(&mut self, why: String) {
         self.ignored_tables += 1;
         if self.ignored_tables == 1 {
             warn!("ignoring a node table {why} (logged once)");
@@ -123,7 +215,7 @@ impl Member {
             .filter(|n| ids::role_of_id(n.id) == Some(self.me.role) && n.role == self.me.role)
     }
 
-    pub(super) fn join(&mut self, msg: &Message, nodes: &[Node], now: Instant) -> Vec<Effect> {
+    fn join(&mut self, msg: &Message, nodes: &[Node], cx: &mut Cx<'_>) {
         let Some(mine) = self.my_entry(nodes).cloned() else {
             self.ignore_table(format!(
                 "without a usable entry for this {} at {} (check DMLC_NODE_HOST); still \
@@ -131,11 +223,11 @@ impl Member {
                 self.me.role,
                 self.me.address()
             ));
-            return Vec::new();
+            return;
         };
         let Some(scheduler) = nodes.iter().find(|n| n.id == SCHEDULER) else {
             self.ignore_table("without the scheduler's entry".to_string());
-            return Vec::new();
+            return;
         };
         // A pslite scheduler's table carries every process's key, ours
         // included (we sent it only to the scheduler), and comes on a
@@ -154,7 +246,7 @@ impl Member {
                  this node registered with)"
                     .to_string(),
             );
-            return Vec::new();
+            return;
         }
         self.me.id = mine.id;
         self.me.is_recovery = mine.is_recovery;
@@ -169,19 +261,16 @@ impl Member {
         let round = msg_round(msg);
         self.joined = true;
         self.joining = None;
-        self.last_scheduler_contact = now;
-        self.next_heartbeat = self.cfg.van.heartbeat_interval.map(|_| now);
         // Reconnect to the scheduler under the new identity, and connect to
         // this node itself. Other peers are connected on first send (the
         // core's `prepare`): C++ ps-lite connects to every node of the other
         // role here, which at 100 + 100 nodes is 20 000 TCP handshakes on
         // the start path, most of them for peers a node never talks to.
-        let mut actions = Vec::new();
         let mut connected = HashSet::new();
         for node in nodes {
             let wanted = node.id == SCHEDULER || node.id == mine.id;
             if wanted && connected.insert(node.id) {
-                actions.push(Effect::Connect(node.clone()));
+                cx.fx.push(Effect::Connect(node.clone()));
             }
         }
         info!(
@@ -192,32 +281,35 @@ impl Member {
         );
         if let Some((number, workers)) = round {
             info!("in elastic round {number} with workers {workers:?}");
-            actions.extend(self.set_round(number, workers));
+            self.set_round(number, workers, cx);
             if self.early_change.take().is_some_and(|early| early > number) {
-                actions.push(self.ask_table(number));
+                cx.send(self.ask_table(number));
             }
         }
-        actions.push(Effect::Changed);
-        actions.push(Effect::Event(Event::Joined));
-        actions
+        cx.changed();
+        cx.event(Event::Joined);
     }
 
-    /// Elastic mode: the table of a new round replaces the old one.
-    pub(super) fn next_round(
+    /// Elastic mode: the table of a new round replaces the old one (the
+    /// nodes declared dead that left it are forgotten with
+    /// [`Event::RoundBegan`]).
+    fn next_round(
         &mut self,
         nodes: &[Node],
         number: u64,
         workers: Vec<NodeId>,
         ts: i32,
-    ) -> Vec<Effect> {
+        cx: &mut Cx<'_>,
+    ) {
         if self.round.as_ref().is_some_and(|(n, _)| *n >= number) {
             // The same round again (another customer's table), or an old one.
-            return self.update(nodes, ts);
+            return self.update(nodes, ts, cx);
         }
         if !nodes.iter().any(|n| n.id == self.me.id) || !nodes.iter().any(|n| n.id == SCHEDULER) {
-            return self.round_without_me(number, "of a round without this node or the scheduler");
+            let why = "of a round without this node or the scheduler";
+            return self.round_without_me(number, why, cx);
         }
-        let mut actions: Vec<Effect> = nodes
+        for n in nodes
             .iter()
             .filter(|n| n.id != self.me.id && n.id != SCHEDULER)
             .filter(|n| {
@@ -225,18 +317,15 @@ impl Member {
                     .iter()
                     .any(|t| t.id == n.id && !t.same_process(n))
             })
-            .map(|n| Effect::Connect(n.clone()))
-            .collect();
+        {
+            cx.fx.push(Effect::Connect(n.clone()));
+        }
         self.table = self.kept(nodes);
         if ts != K_EMPTY {
             self.set_at = self.table.iter().map(|n| (n.id, ts)).collect();
         }
-        let table = &self.table;
-        self.dead.retain(|id, _| table.iter().any(|n| n.id == *id));
-        self.given_up.retain(|id| table.iter().any(|n| n.id == *id));
         info!("elastic round {number} began with workers {workers:?}");
-        actions.extend(self.set_round(number, workers));
-        actions
+        self.set_round(number, workers, cx);
     }
 
     /// Elastic mode: round `number` as a change of round `base` (see
@@ -244,18 +333,13 @@ impl Member {
     /// and the round, the joiners' entries come in and they rank after the
     /// others. A node that does not hold round `base` asks the scheduler
     /// for the whole table instead.
-    pub(super) fn next_round_change(
-        &mut self,
-        msg: &Message,
-        number: u64,
-        base: u64,
-    ) -> Vec<Effect> {
+    fn next_round_change(&mut self, msg: &Message, number: u64, base: u64, cx: &mut Cx<'_>) {
         let c = &msg.meta.control;
         let ts = msg.meta.timestamp;
         let held = self.round.as_ref().map(|(n, _)| *n);
         if held.is_some_and(|n| n >= number) {
             // A round this node has (or an older one): only the entries.
-            return self.update(&c.node, ts);
+            return self.update(&c.node, ts, cx);
         }
         let Some(held_members) = self
             .round
@@ -266,10 +350,10 @@ impl Member {
             debug!(
                 "elastic round {number} came as a change of round {base}, and this node holds {held:?}: asking the scheduler for the whole table"
             );
-            return vec![self.ask_table(held.unwrap_or(0))];
+            return cx.send(self.ask_table(held.unwrap_or(0)));
         };
         if c.round_left.contains(&self.me.id) {
-            return self.round_without_me(number, "of a round without this node");
+            return self.round_without_me(number, "of a round without this node", cx);
         }
         let left: HashSet<NodeId> = c.round_left.iter().copied().collect();
         let workers: Vec<NodeId> = held_members
@@ -281,13 +365,10 @@ impl Member {
         self.table.retain(|n| !left.contains(&n.id));
         for id in &left {
             self.set_at.remove(id);
-            self.dead.remove(id);
-            self.given_up.remove(id);
         }
-        let mut actions = self.update(&c.node, ts);
+        self.update(&c.node, ts, cx);
         info!("elastic round {number} began with workers {workers:?}");
-        actions.extend(self.set_round(number, workers));
-        actions
+        self.set_round(number, workers, cx);
     }
 
     /// Whether this node keeps `node`'s entry in its table: a worker keeps
@@ -295,30 +376,29 @@ impl Member {
     /// uses no more (it talks to servers and the scheduler only; barriers,
     /// rounds and recoveries are the scheduler's). Other workers' entries
     /// would cost a job of N workers N^2 entries.
-    pub(super) fn keeps(&self, node: &Node) -> bool {
+    fn keeps(&self, node: &Node) -> bool {
         self.me.role != Role::Worker || node.role != Role::Worker || node.same_process(&self.me)
     }
 
-    /// The entries of `nodes` this node keeps (see [`Member::keeps`]).
+    /// The entries of `nodes` this node keeps (see [`NodeTable::keeps`]).
     fn kept(&self, nodes: &[Node]) -> Vec<Node> {
         nodes.iter().filter(|n| self.keeps(n)).cloned().collect()
     }
 
     /// Elastic mode: asks the scheduler for the whole table (this node
     /// holds round `held`, and a change of another came).
-    fn ask_table(&self, held: u64) -> Effect {
+    fn ask_table(&self, held: u64) -> Message {
         let mut me = self.me.clone();
         me.customer_id = 0;
         let mut ask = Message::control(Command::AddNode, SCHEDULER);
         ask.meta.control.node = vec![me];
         ask.meta.control.round_base = Some(held);
-        Effect::Send(ask)
+        ask
     }
 
     /// Entries of nodes that restarted and took over an id, from the
     /// scheduler's message with timestamp `ts`.
-    pub(super) fn update(&mut self, nodes: &[Node], ts: i32) -> Vec<Effect> {
-        let mut actions = Vec::new();
+    fn update(&mut self, nodes: &[Node], ts: i32, cx: &mut Cx<'_>) {
         let recovery = nodes.len() == 1;
         for node in nodes {
             if node.id == self.me.id || node.id == SCHEDULER || !self.keeps(node) {
@@ -366,41 +446,35 @@ impl Member {
             }
             if moved {
                 info!("node {} moved to {}: reconnecting", node.id, node.address());
-                actions.push(Effect::Connect(node.clone()));
+                cx.fx.push(Effect::Connect(node.clone()));
             }
             if recovery && node.is_recovery {
-                self.dead.remove(&node.id);
-                self.given_up.remove(&node.id);
-                actions.push(Effect::Event(Event::PeerReplaced(node.id)));
+                cx.event(Event::PeerReplaced(node.id));
             }
         }
-        actions
     }
 
     /// Elastic mode: round `number` with `workers` is current (the
-    /// scheduler's own view). Reports it if it is news.
-    pub fn set_round(&mut self, number: u64, workers: Vec<NodeId>) -> Vec<Effect> {
+    /// scheduler's own view). Announces it if it is news.
+    fn set_round(&mut self, number: u64, workers: Vec<NodeId>, cx: &mut Cx<'_>) {
         if self.round.as_ref().is_some_and(|(n, _)| *n == number) {
-            return Vec::new();
+            return;
         }
         self.joined_round.get_or_insert(number);
         self.round = Some((number, workers.clone()));
-        vec![Effect::Event(Event::RoundBegan {
+        cx.event(Event::RoundBegan {
             round: number,
             workers,
-        })]
+        });
     }
 
-    /// The scheduler's LEAVE: the elastic job failed (too few workers for
-    /// too long); `round` carries the seconds waited, `round_members` the
-    /// workers it had and the minimum.
-    /// Without `round`, the scheduler fences this node: its id was given to
-    /// the process in `node` while this one was stopped or cut off, and it
-    /// must not come back.
-    pub fn on_leave(&mut self, msg: &Message) -> Vec<Effect> {
-        if msg.meta.sender != SCHEDULER {
-            return Vec::new();
-        }
+    /// The scheduler's LEAVE (the core's table lets no other through): the
+    /// elastic job failed (too few workers for too long); `round` carries
+    /// the seconds waited, `round_members` the workers it had and the
+    /// minimum. Without `round`, the scheduler fences this node: its id was
+    /// given to the process in `node` while this one was stopped or cut
+    /// off, and it must not come back.
+    fn on_leave(&mut self, msg: &Message, cx: &mut Cx<'_>) {
         let c = &msg.meta.control;
         // Once joined, the identity's key proved the sender; before, only
         // the scheduler knows this node's key.
@@ -410,7 +484,7 @@ impl Member {
                 .any(|n| n.same_process(&self.me) && n.key == self.me.key);
         if !proven {
             debug!("dropping LEAVE: it does not carry this node's key (not from its scheduler)");
-            return Vec::new();
+            return;
         }
         if let Some(reason) = &c.stop {
             // The job stops: the scheduler says why, before it exits.
@@ -418,7 +492,7 @@ impl Member {
                 reason: reason.clone(),
             };
             error!("{failure}");
-            return self.fail(failure).into_iter().collect();
+            return cx.fail(failure);
         }
         if c.round.is_none() {
             if c.node
@@ -428,24 +502,73 @@ impl Member {
                 // It names this process as the replacement: meant for the
                 // process it replaced, at the same address.
                 debug!("dropping LEAVE: it fences the process this one replaced");
-                return Vec::new();
+                return;
             }
             let by = c
                 .node
                 .iter()
                 .find(|n| n.id == self.me.id && !n.same_process(&self.me));
-            let failure = Failure::Replaced {
+            return cx.fail(Failure::Replaced {
                 id: self.me.id,
                 by: by.map_or_else(|| "another process".to_string(), Node::address),
-            };
-            return self.fail(failure).into_iter().collect();
+            });
         }
         let count = |i: usize| c.round_members.get(i).map_or(0, |&n| n.max(0) as usize);
-        let failure = Failure::RendezvousFailed {
+        cx.fail(Failure::RendezvousFailed {
             have: count(0),
             min: count(1),
             waited_secs: c.round.unwrap_or(0),
+        });
+    }
+}
+
+impl Component for NodeTable {
+    /// The scheduler's node table (or an update of it), its LEAVE.
+    fn handle(&mut self, msg: Message, _now: Instant, cx: &mut Cx<'_>) {
+        match msg.meta.control.cmd {
+            Command::AddNode => {
+                self.on_node_table(&msg, cx);
+                if msg.meta.sender == SCHEDULER {
+                    cx.event(Event::TableTaken);
+                }
+            }
+            Command::Leave => self.on_leave(&msg, cx),
+            _ => {}
+        }
+    }
+
+    /// The start deadline and its log lines.
+    fn tick(&mut self, now: Instant, cx: &mut Cx<'_>) {
+        let Some(j) = &mut self.joining else {
+            return;
         };
-        self.fail(failure).into_iter().collect()
+        let waited = now - j.since;
+        if now >= j.deadline {
+            self.joining = None;
+            self.timed_out = Some(waited);
+            if !self.joined {
+                cx.changed();
+            }
+        } else if now >= j.next_log {
+            j.next_log = now + WAIT_LOG_INTERVAL;
+            cx.event(Event::Waiting {
+                waited,
+                limit: cx.facts.config().start_timeout,
+            });
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.joining.as_ref().map(|j| j.deadline.min(j.next_log))
+    }
+
+    /// The scheduler's own table (this node is the scheduler), its rounds.
+    fn on_event(&mut self, event: &Event, _now: Instant, cx: &mut Cx<'_>) {
+        match event {
+            Event::Formed(table) => self.formed(table.clone(), cx),
+            Event::TableChanged(table) if self.joined => self.formed(table.clone(), cx),
+            Event::Round { round, workers } => self.set_round(*round, workers.clone(), cx),
+            _ => {}
+        }
     }
 }

@@ -409,7 +409,7 @@ impl Scheduler {
 
 /// Whether `node` (a process's entry) gets a trimmed table: a pslite worker
 /// keeps the servers, the scheduler and its own entries only (as a C++
-/// worker uses no more; see `Member::keeps`). A C++ node reads the whole
+/// worker uses no more; see `NodeTable::keeps`). A C++ node reads the whole
 /// table, and servers answer every worker.
 fn trimmed_for(node: &Node) -> bool {
     node.pslite && node.role == Role::Worker

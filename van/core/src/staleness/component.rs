@@ -171,12 +171,6 @@ impl Component for Staleness {
         }
     }
 
-    fn tick(&mut self, _now: Instant, _cx: &mut Cx<'_>) {}
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        None
-    }
-
     /// Membership: a worker given up as dead leaves the bound, a replaced
     /// one starts again, a round's workers are the bound.
     fn on_event(&mut self, event: &Event, _now: Instant, cx: &mut Cx<'_>) {
