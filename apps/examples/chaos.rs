@@ -47,7 +47,7 @@ fn run() -> Result<(), Error> {
     let po = Postoffice::from_env()?;
     po.start(0, true)?;
     if po.is_scheduler() {
-        return Ok(po.finalize(0, true)?);
+        return po.finalize(0, true);
     }
     if po.is_server() {
         let server = KVServer::<f64>::new(&po, 0)?;
@@ -58,7 +58,7 @@ fn run() -> Result<(), Error> {
             me.id,
             if me.is_recovery { " (replacement)" } else { "" }
         );
-        let result = po.finalize(0, true).map_err(Error::from);
+        let result = po.finalize(0, true);
         drop(server);
         return result;
     }
@@ -185,13 +185,13 @@ fn pusher(po: &Postoffice) -> Result<(), Error> {
                 now(),
                 json_str(&e.to_string())
             ))?;
-            return Err(e.into());
+            return Err(e);
         }
         std::thread::sleep(pause);
     }
     history.line(format!("{{\"left\":true,\"t\":{}}}", now()))?;
     println!("chaos pusher node {me} leaves after {id} pushes");
-    Ok(po.finalize(0, false)?)
+    po.finalize(0, false)
 }
 
 fn reader(po: &Postoffice) -> Result<(), Error> {
@@ -233,5 +233,5 @@ fn reader(po: &Postoffice) -> Result<(), Error> {
     std::fs::write(&out, text)
         .map_err(|e| Error::App(format!("cannot write {}: {e}", out.display())))?;
     println!("chaos reader node {me}: wrote {}", out.display());
-    Ok(po.finalize(0, true)?)
+    po.finalize(0, true)
 }

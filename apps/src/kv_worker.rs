@@ -534,7 +534,7 @@ impl<V: Val> KVWorker<V> {
                 let reason = e.to_string();
                 self.customer
                     .fail_request(ts, Failure::SendFailed { peer, reason });
-                return Err(e.into());
+                return Err(e);
             }
         }
         Ok(KVRequest { request })

@@ -65,7 +65,6 @@ pub mod compression;
 mod customer;
 pub mod embedding;
 mod engine;
-mod error;
 mod kv_pairs;
 mod kv_server;
 mod kv_worker;
@@ -86,7 +85,6 @@ pub use compression::{parse_compression, Compression, CompressionKind, KeyState}
 pub use customer::{Customer, Handler, Request};
 /// Which engine thread owns a key (`PS_SERVER_THREADS`).
 pub use engine::shard_of;
-pub use error::{Error, Failure};
 pub use kv_pairs::{KVMeta, KVPairs, Key, RawByte, Val};
 pub use kv_server::{ConcurrentHandle, DefaultHandle, KVServer, ReplicatedHandle};
 pub use kv_worker::{
@@ -105,7 +103,7 @@ pub use pslite_postoffice::launched;
 /// Every environment variable pslite reads, declared once (the README's
 /// table comes from it).
 pub use pslite_postoffice::settings;
-pub use pslite_postoffice::store::{CompareSet, Store, StoreError, StoreEvent, StoreLimit, Watch};
+pub use pslite_postoffice::store::{CompareSet, Store, StoreEvent, StoreLimit, Watch};
 /// The process's file descriptor limit, raised for a large job (see
 /// the Van's `context`).
 pub use pslite_postoffice::{fit_descriptor_limit, DescriptorFit};
@@ -113,6 +111,10 @@ pub use pslite_postoffice::{key_ranges, Config, ConfigError, KeyRange, Membershi
 /// A blocking call of the runtime (joining, a barrier, a store request, a
 /// checkpoint, a server's leave), given to `Van::call`, and how it ended.
 pub use pslite_postoffice::{Call, Done};
+/// The one error of pslite (configuration, start-up, the transport, the
+/// store, the apps' arguments, remote failures) and the typed cause of a
+/// failure inside it.
+pub use pslite_postoffice::{Error, Failure, StartTimeout};
 /// The wire format crate: protobuf structs, codec, golden frames.
 pub use pslite_proto as proto;
 pub use pslite_proto::ids::{self, NodeId, ALL_GROUP, SCHEDULER_GROUP, SERVER_GROUP, WORKER_GROUP};

@@ -71,7 +71,7 @@ pub(crate) fn send_request<H: Handler>(
                 reason: e.to_string(),
             };
             customer.fail_request(request.ts(), failure);
-            return Err(e.into());
+            return Err(e);
         }
     }
     Ok(request)

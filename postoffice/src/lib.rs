@@ -44,9 +44,9 @@ pub use pslite_van::context::{fit_descriptor_limit, DescriptorFit};
 pub use pslite_van::shm::Tracked;
 /// A worker's clock under bounded staleness (`PS_STALENESS`).
 pub use pslite_van::staleness::WorkerClock;
-/// Why a request, a barrier or the node failed; an error of the Van; one
-/// log line per peer and cause.
-pub use pslite_van::{Call, Done, Failure, LogOnce, VanError};
+/// Why a request, a barrier or the node failed; one log line per peer and
+/// cause.
+pub use pslite_van::{Call, Done, Failure, LogOnce, StartTimeout};
 pub use queue::{CustomerQueue, Deliveries};
 pub use router::{CustomerKey, CustomerRouter, Delivery, Inline, Ready};
-pub use store::{Store, StoreError, StoreEvent, Watch};
+pub use store::{Store, StoreEvent, Watch};

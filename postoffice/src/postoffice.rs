@@ -414,9 +414,7 @@ impl Postoffice {
         let id = self.my_id()?;
         if self.is_elastic() && self.is_worker() {
             let position = self.membership().workers.iter().position(|&w| w == id);
-            return position
-                .map(|p| p as i32)
-                .ok_or(Error::Van(VanError::NotReady));
+            return position.map(|p| p as i32).ok_or(Error::NotJoined);
         }
         Ok(ids::id_to_rank(id))
     }
@@ -583,7 +581,7 @@ impl Postoffice {
                 }
             }
             VanError::Resolve { host } => Error::BindHost { host },
-            other => Error::Van(other),
+            other => other.into(),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! Every call is one request to the scheduler, which applies requests one at
 //! a time: each key is linearizable. [`Store::get`] and [`Store::wait`] wait
 //! until their keys exist, up to the handle's timeout ([`Store::with_timeout`],
-//! 300 s by default); every call fails with a typed [`StoreError`] at its
+//! 300 s by default); every call fails with a typed [`Error`] at its
 //! deadline, when the scheduler is lost, or when a value is over the limit.
 //! Values are bytes; [`Store::add`] keeps a decimal integer.
 //!
@@ -23,71 +23,32 @@
 //! ```
 //!
 //! The scheduler must be pslite: with a C++ ps-lite scheduler every call
-//! fails with [`pslite_van::VanError::StoreUnsupported`].
+//! fails with [`Error::StoreUnsupported`].
 
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pslite_proto::store::{OverLimit, StoreMsg, StoreOp, StoreStatus};
-use pslite_van::{Call, Van, VanError};
+use pslite_proto::store::{StoreMsg, StoreOp, StoreStatus};
+use pslite_van::{Call, Van};
 
-/// Which bound of the store a request went over (see [`StoreError::TooLarge`]).
+use crate::Error;
+
+/// Which bound of the store a request went over (see [`Error::TooLarge`]).
 pub use pslite_proto::store::StoreLimit;
 
 /// Bytes, as the store holds them.
 pub type Bytes = pslite_proto::store::Bytes;
 
-/// Why a store call failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    /// The keys did not exist before the deadline.
-    #[error("store: {} not set within {secs:.1} s", quoted(keys))]
-    Timeout {
-        /// The keys still missing.
-        keys: Vec<String>,
-        /// How long the call waited.
-        secs: f64,
-    },
-    /// The request went over a bound of the store: a value, key, the
-    /// store's bytes or keys, this node's waiting requests or watches. The
-    /// message names the bound and the scheduler's variable that raises it
-    /// (`PS_STORE_MAX_VALUE`, ...).
-    #[error("store: {}", OverLimit { which: *which, size: *size as u64, limit: *limit as u64 })]
-    TooLarge {
-        /// The bound.
-        which: StoreLimit,
-        /// What the request asked for: bytes, or a count.
-        size: usize,
-        /// The bound's value.
-        limit: usize,
-    },
-    /// The scheduler refused the request.
-    #[error("store: the scheduler refused the request: {0}")]
-    Refused(String),
-    /// The node failed, the scheduler was lost or did not answer, or the
-    /// scheduler has no store (C++ ps-lite).
-    #[error("store: {0}")]
-    Van(#[from] VanError),
-}
-
 /// The error of a refused answer: typed for a bound, else the reason.
-fn refused(answer: StoreMsg) -> StoreError {
+fn refused(answer: StoreMsg) -> Error {
     match answer.limit {
-        Some(o) => StoreError::TooLarge {
+        Some(o) => Error::TooLarge {
             which: o.which,
             size: o.size.min(usize::MAX as u64) as usize,
             limit: o.limit.min(usize::MAX as u64) as usize,
         },
-        None => StoreError::Refused(answer.error.unwrap_or_else(|| "no reason given".into())),
-    }
-}
-
-fn quoted(keys: &[String]) -> String {
-    let list: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
-    match list.len() {
-        1 => format!("key {}", list[0]),
-        _ => format!("keys {}", list.join(", ")),
+        None => Error::StoreRefused(answer.error.unwrap_or_else(|| "no reason given".into())),
     }
 }
 
@@ -217,12 +178,12 @@ impl Store {
         self.timeout
     }
 
-    fn call(&self, req: StoreMsg) -> Result<StoreMsg, StoreError> {
+    fn call(&self, req: StoreMsg) -> Result<StoreMsg, Error> {
         // Refused here rather than sent: a 2 GB value never leaves.
         let max = self.van.config().store_limits.max_value;
         let values = req.value.iter().chain(&req.values);
         if let Some(v) = values.into_iter().find(|v| v.len() > max) {
-            return Err(StoreError::TooLarge {
+            return Err(Error::TooLarge {
                 which: StoreLimit::Value,
                 size: v.len(),
                 limit: max,
@@ -238,7 +199,7 @@ impl Store {
         let answer = self.van.call(Call::Store(req), Some(limit))?.store()?;
         match answer.status {
             StoreStatus::Ok => Ok(answer),
-            StoreStatus::Timeout => Err(StoreError::Timeout {
+            StoreStatus::Timeout => Err(Error::StoreTimeout {
                 keys: answer.keys,
                 secs: waits.as_secs_f64(),
             }),
@@ -251,20 +212,20 @@ impl Store {
     }
 
     /// Sets `key` to `value`.
-    pub fn set(&self, key: &str, value: impl Into<Bytes>) -> Result<(), StoreError> {
+    pub fn set(&self, key: &str, value: impl Into<Bytes>) -> Result<(), Error> {
         let mut req = Store::one(StoreOp::Set, key);
         req.value = Some(value.into());
         self.call(req).map(drop)
     }
 
     /// The value of `key`, waiting until it is set (up to the handle's timeout).
-    pub fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+    pub fn get(&self, key: &str) -> Result<Bytes, Error> {
         self.get_within(key, self.timeout)
     }
 
     /// [`Store::get`], waiting up to `timeout` ([`Store::NO_TIMEOUT`]:
     /// without a deadline).
-    pub fn get_within(&self, key: &str, timeout: Duration) -> Result<Bytes, StoreError> {
+    pub fn get_within(&self, key: &str, timeout: Duration) -> Result<Bytes, Error> {
         let mut req = Store::one(StoreOp::Get, key);
         req.timeout = deadline(timeout);
         Ok(self.call(req)?.value.unwrap_or_default())
@@ -272,16 +233,12 @@ impl Store {
 
     /// The values of `keys`, in order, read at one instant, waiting until
     /// every key is set (up to the handle's timeout).
-    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Bytes>, StoreError> {
+    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Bytes>, Error> {
         self.multi_get_within(keys, self.timeout)
     }
 
     /// [`Store::multi_get`], waiting up to `timeout`.
-    pub fn multi_get_within(
-        &self,
-        keys: &[&str],
-        timeout: Duration,
-    ) -> Result<Vec<Bytes>, StoreError> {
+    pub fn multi_get_within(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Bytes>, Error> {
         let keys = keys.iter().map(|k| k.to_string()).collect();
         let mut req = StoreMsg::request(StoreOp::MultiGet, keys);
         req.timeout = deadline(timeout);
@@ -293,7 +250,7 @@ impl Store {
     pub fn multi_set<K: AsRef<str>, V: Into<Bytes>>(
         &self,
         pairs: impl IntoIterator<Item = (K, V)>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), Error> {
         let (keys, values): (Vec<String>, Vec<Bytes>) = pairs
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_string(), v.into()))
@@ -305,7 +262,7 @@ impl Store {
 
     /// Appends `value` to `key`'s value (absent: sets it); returns the new
     /// length in bytes.
-    pub fn append(&self, key: &str, value: impl Into<Bytes>) -> Result<usize, StoreError> {
+    pub fn append(&self, key: &str, value: impl Into<Bytes>) -> Result<usize, Error> {
         let mut req = Store::one(StoreOp::Append, key);
         req.value = Some(value.into());
         Ok(self.call(req)?.number.max(0) as usize)
@@ -313,7 +270,7 @@ impl Store {
 
     /// Adds `delta` to the integer in `key` (absent: 0) and returns the sum.
     /// The value is decimal text, so [`Store::get`] reads e.g. `b"42"`.
-    pub fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+    pub fn add(&self, key: &str, delta: i64) -> Result<i64, Error> {
         let mut req = Store::one(StoreOp::Add, key);
         req.number = delta;
         Ok(self.call(req)?.number)
@@ -326,7 +283,7 @@ impl Store {
         key: &str,
         expected: Option<&[u8]>,
         desired: impl Into<Bytes>,
-    ) -> Result<CompareSet, StoreError> {
+    ) -> Result<CompareSet, Error> {
         let mut req = Store::one(StoreOp::CompareSet, key);
         req.expected = expected.map(Bytes::copy_from_slice);
         req.value = Some(desired.into());
@@ -338,18 +295,18 @@ impl Store {
     }
 
     /// Deletes `key`; whether it existed.
-    pub fn delete(&self, key: &str) -> Result<bool, StoreError> {
+    pub fn delete(&self, key: &str) -> Result<bool, Error> {
         Ok(self.call(Store::one(StoreOp::Delete, key))?.found)
     }
 
     /// Whether every key of `keys` exists (no waiting).
-    pub fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
+    pub fn check(&self, keys: &[&str]) -> Result<bool, Error> {
         let keys = keys.iter().map(|k| k.to_string()).collect();
         Ok(self.call(StoreMsg::request(StoreOp::Check, keys))?.found)
     }
 
     /// How many keys the store holds.
-    pub fn num_keys(&self) -> Result<usize, StoreError> {
+    pub fn num_keys(&self) -> Result<usize, Error> {
         let n = self
             .call(StoreMsg::request(StoreOp::NumKeys, Vec::new()))?
             .number;
@@ -357,20 +314,20 @@ impl Store {
     }
 
     /// Every key, sorted.
-    pub fn keys(&self) -> Result<Vec<String>, StoreError> {
+    pub fn keys(&self) -> Result<Vec<String>, Error> {
         Ok(self
             .call(StoreMsg::request(StoreOp::Keys, Vec::new()))?
             .keys)
     }
 
     /// Waits until every key of `keys` exists (up to the handle's timeout).
-    pub fn wait(&self, keys: &[&str]) -> Result<(), StoreError> {
+    pub fn wait(&self, keys: &[&str]) -> Result<(), Error> {
         self.wait_within(keys, self.timeout)
     }
 
     /// [`Store::wait`], waiting up to `timeout` ([`Store::NO_TIMEOUT`]:
     /// without a deadline).
-    pub fn wait_within(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
+    pub fn wait_within(&self, keys: &[&str], timeout: Duration) -> Result<(), Error> {
         let keys = keys.iter().map(|k| k.to_string()).collect();
         let mut req = StoreMsg::request(StoreOp::Wait, keys);
         req.timeout = deadline(timeout);
@@ -379,7 +336,7 @@ impl Store {
 
     /// Every later change of `key` (set or delete), in order, until the
     /// returned [`Watch`] is dropped.
-    pub fn watch(&self, key: &str) -> Result<Watch, StoreError> {
+    pub fn watch(&self, key: &str) -> Result<Watch, Error> {
         let (tx, rx) = mpsc::channel();
         let answer = self.van.store_watch(key, tx, self.timeout + ANSWER_GRACE)?;
         match answer.status {
@@ -397,7 +354,7 @@ impl Store {
         &self,
         key: &str,
         mut callback: impl FnMut(StoreEvent) + Send + 'static,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), Error> {
         let watch = self.watch(key)?;
         std::thread::Builder::new()
             .name(format!("pslite-watch-{key}"))
@@ -406,12 +363,7 @@ impl Store {
                     callback(event);
                 }
             })
-            .map_err(|e| {
-                StoreError::Van(VanError::Setup {
-                    what: "start a watch thread",
-                    detail: e.to_string(),
-                })
-            })?;
+            .map_err(|e| Error::Transport(format!("cannot start a watch thread: {e}")))?;
         Ok(())
     }
 }

@@ -1,7 +1,10 @@
 """pslite's exceptions: every failure raised by pslite is a `pslite.Error`.
 
-The class says what happened, the message (the Rust error's, unchanged) says
-what to do. A remote failure (a request, a barrier or the node itself) is
+Each variant of the Rust `pslite::Error` has its own class (one to one), a
+subclass of the broader class it belongs to (`BarrierTimeout` of `Timeout`,
+`DuplicateKey` of `InvalidInput`, `StoreTimeout` of both `StoreError` and
+`Timeout`, ...). The class says what happened, the message (the Rust
+error's, unchanged) says what to do. A remote failure (a request, a barrier or the node itself) is
 raised as the class named after its kind, a subclass of `Failure`:
 `PeerDead`, `SchedulerLost`, `HandlerPanicked`, ... Exceptions that name a
 node carry it in `node`, request failures their timestamp in `timestamp`
@@ -21,18 +24,85 @@ class ConfigError(Error, ValueError):
     message names the variable to fix)."""
 
 
+class CannotListen(Error):
+    """This node cannot listen on its port (taken, or the host is not of this
+    machine): choose a free port, or set PS_BIND_HOST."""
+
+
+class UnresolvedHost(Error):
+    """The host to bind does not resolve: set PS_BIND_HOST to an IP of this
+    machine."""
+
+
+class TransportError(Error):
+    """ZeroMQ, a thread or a socket of the transport failed (the message
+    names what)."""
+
+
+class UnknownPeer(Error):
+    """A message names a node that is not in the node table."""
+
+
+class Malformed(Error):
+    """A peer sent something that cannot be read; the message was dropped."""
+
+
+class AppError(Error):
+    """A failure of the program itself (`pslite::Error::App`)."""
+
+
 class InvalidInput(Error, ValueError):
-    """An argument pslite cannot use: unsorted or repeated keys, values that
-    do not fit the keys or lens, an unknown timestamp, an invalid group."""
+    """An argument pslite cannot use; the subclasses name which."""
+
+
+class UnsortedKeys(InvalidInput):
+    """Keys must be sorted in ascending order."""
+
+
+class DuplicateKey(InvalidInput):
+    """A key appears twice: keys must be unique."""
+
+
+class LensMismatch(InvalidInput):
+    """`lens` needs exactly one length per key."""
+
+
+class ValsMismatch(InvalidInput):
+    """The values do not fit the keys (or lens)."""
+
+
+class UnknownTimestamp(InvalidInput):
+    """This app sent no request with that timestamp."""
+
+
+class InvalidGroup(InvalidInput):
+    """A barrier group this node is not part of (or no group at all)."""
+
+
+class DuplicateCustomer(InvalidInput):
+    """An app with this app and customer id exists already in this process."""
 
 
 class Timeout(Error, TimeoutError):
-    """A wait passed its deadline: a request, a barrier, the cluster's start
-    (PS_START_TIMEOUT), a store call."""
+    """A wait passed its deadline: raised as such for a request; the
+    subclasses are the other waits."""
+
+
+class StartTimeout(Timeout):
+    """The cluster did not form within PS_START_TIMEOUT (the message names
+    who is missing and what to check)."""
+
+
+class BarrierTimeout(Timeout):
+    """A barrier was not released before its deadline."""
 
 
 class NotStarted(Error, RuntimeError):
-    """Used before Postoffice.start() (or before the node joined)."""
+    """Used before Postoffice.start()."""
+
+
+class NotJoined(NotStarted):
+    """Used before the node joined the cluster (start() has not finished)."""
 
 
 class Failure(Error):
@@ -149,6 +219,14 @@ class StoreError(Error):
     """A store call failed."""
 
 
+class StoreTimeout(StoreError, Timeout):
+    """The store's keys were not set before the call's deadline."""
+
+
+class StoreNoAnswer(StoreError, Timeout):
+    """The scheduler did not answer a store request in time: is it running?"""
+
+
 class TooLarge(StoreError):
     """A store request went over a bound of the store; the message names the
     scheduler's variable that raises it (PS_STORE_MAX_VALUE, ...)."""
@@ -163,36 +241,13 @@ class StoreUnsupported(StoreError):
 
 
 __all__ = [
-    "Error",
-    "ConfigError",
-    "InvalidInput",
-    "Timeout",
-    "NotStarted",
-    "Failure",
-    "SchedulerLost",
-    "NotAcknowledged",
-    "PeerDead",
-    "PeerRestarted",
-    "Stopped",
-    "HandlerPanicked",
-    "ReceiveThreadDied",
-    "SendFailed",
-    "BadResponse",
-    "AuthRefused",
-    "RendezvousFailed",
-    "LeftRound",
-    "Replaced",
-    "AppDropped",
-    "RangeLost",
-    "JobStopped",
-    "CheckpointFailed",
-    "RequestRefused",
-    "DtypeMismatch",
-    "LengthMismatch",
-    "UnknownApp",
-    "WorkerFinished",
-    "StoreError",
-    "TooLarge",
-    "Refused",
-    "StoreUnsupported",
+    "Error", "ConfigError", "CannotListen", "UnresolvedHost", "TransportError", "UnknownPeer",
+    "Malformed", "AppError", "InvalidInput", "UnsortedKeys", "DuplicateKey", "LensMismatch",
+    "ValsMismatch", "UnknownTimestamp", "InvalidGroup", "DuplicateCustomer", "Timeout",
+    "StartTimeout", "BarrierTimeout", "NotStarted", "NotJoined", "Failure", "SchedulerLost",
+    "NotAcknowledged", "PeerDead", "PeerRestarted", "Stopped", "HandlerPanicked",
+    "ReceiveThreadDied", "SendFailed", "BadResponse", "AuthRefused", "RendezvousFailed",
+    "LeftRound", "Replaced", "AppDropped", "RangeLost", "JobStopped", "CheckpointFailed",
+    "RequestRefused", "DtypeMismatch", "LengthMismatch", "UnknownApp", "WorkerFinished",
+    "StoreError", "StoreTimeout", "StoreNoAnswer", "TooLarge", "Refused", "StoreUnsupported",
 ]

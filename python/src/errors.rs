@@ -2,14 +2,13 @@
 //!
 //! The exception classes live in `pslite/errors.py` (so that they can also
 //! be built-in exceptions: `Timeout` is a `TimeoutError`, `InvalidInput` a
-//! `ValueError`); this module picks the class for each Rust error and raises
-//! it with the Rust error's message, unchanged. A remote failure is raised
-//! as the class named after its [`Failure`] kind (`PeerDead`,
-//! `SchedulerLost`, ...), all under `pslite.Failure` and `pslite.Error`.
+//! `ValueError`); this module picks the class of each variant of
+//! `pslite::Error`, one to one, and raises it with the error's message,
+//! unchanged. A remote failure is raised as the class named after its
+//! [`Failure`] kind (`PeerDead`, `SchedulerLost`, ...), all under
+//! `pslite.Failure` and `pslite.Error`.
 
-use pslite::{Error, Failure, Refusal, StoreError};
-use pslite_postoffice::Error as PoError;
-use pslite_postoffice::VanError;
+use pslite::{Error, Failure, Refusal};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
@@ -57,50 +56,45 @@ fn failure_node(failure: &Failure) -> Option<i32> {
     }
 }
 
-/// The class of a store error.
-fn store_class(e: &StoreError) -> &'static str {
+/// The Python class of `e`: one per variant (no two share one), a failure
+/// raised as the class of its kind. No wildcard: a new variant does not
+/// compile until it has its class in `pslite/errors.py`.
+pub fn class_name(e: &Error) -> &'static str {
     match e {
-        StoreError::Timeout { .. } => "Timeout",
-        StoreError::TooLarge { .. } => "TooLarge",
-        StoreError::Refused(_) => "Refused",
-        StoreError::Van(v) => van_class(v),
+        Error::Config(_) => "ConfigError",
+        Error::Listen { .. } => "CannotListen",
+        Error::BindHost { .. } => "UnresolvedHost",
+        Error::Transport(_) => "TransportError",
+        Error::NotStarted => "NotStarted",
+        Error::NotJoined => "NotJoined",
+        Error::StartTimeout(_) => "StartTimeout",
+        Error::BarrierTimeout { .. } => "BarrierTimeout",
+        Error::InvalidGroup(_) => "InvalidGroup",
+        Error::UnknownPeer(_) => "UnknownPeer",
+        Error::DuplicateCustomer { .. } => "DuplicateCustomer",
+        Error::StoreUnsupported => "StoreUnsupported",
+        Error::StoreNoAnswer { .. } => "StoreNoAnswer",
+        Error::StoreTimeout { .. } => "StoreTimeout",
+        Error::TooLarge { .. } => "TooLarge",
+        Error::StoreRefused(_) => "Refused",
+        Error::UnsortedKeys { .. } => "UnsortedKeys",
+        Error::DuplicateKey { .. } => "DuplicateKey",
+        Error::LensMismatch { .. } => "LensMismatch",
+        Error::ValsMismatch { .. } => "ValsMismatch",
+        Error::InvalidInput(_) => "InvalidInput",
+        Error::Malformed { .. } => "Malformed",
+        Error::Timeout { .. } => "Timeout",
+        Error::UnknownTimestamp(_) => "UnknownTimestamp",
+        Error::Failed(f) | Error::RequestFailed { cause: f, .. } => failure_kind(f),
+        Error::App(_) => "AppError",
     }
 }
 
-fn van_class(e: &VanError) -> &'static str {
+/// The node `e` names, if any (`node` of the exception).
+fn node(e: &Error) -> Option<i32> {
     match e {
-        VanError::Failed(f) => failure_kind(f),
-        VanError::StartTimeout(_)
-        | VanError::BarrierTimeout { .. }
-        | VanError::StoreNoAnswer { .. } => "Timeout",
-        VanError::StoreUnsupported => "StoreUnsupported",
-        VanError::InvalidGroup(_) => "InvalidInput",
-        VanError::NotReady => "NotStarted",
-        _ => "Error",
-    }
-}
-
-/// The class name, and the node concerned, for `e`.
-fn classify(e: &Error) -> (&'static str, Option<i32>) {
-    match e {
-        Error::Postoffice(p) => match p {
-            PoError::Config(_) => ("ConfigError", None),
-            PoError::Van(v) => (van_class(v), v.failure().and_then(failure_node)),
-            PoError::DuplicateCustomer { .. } => ("InvalidInput", None),
-            PoError::Store(s) => (store_class(s), None),
-            PoError::NotStarted => ("NotStarted", None),
-            _ => ("Error", None),
-        },
-        Error::UnsortedKeys { .. }
-        | Error::DuplicateKey { .. }
-        | Error::LensMismatch { .. }
-        | Error::ValsMismatch { .. }
-        | Error::InvalidInput(_)
-        | Error::UnknownTimestamp(_) => ("InvalidInput", None),
-        Error::Timeout { .. } => ("Timeout", None),
-        Error::RequestFailed { cause, .. } => (failure_kind(cause), failure_node(cause)),
-        Error::Malformed { sender, .. } => ("Error", Some(*sender)),
-        Error::App(_) => ("Error", None),
+        Error::UnknownPeer(id) | Error::Malformed { sender: id, .. } => Some(*id),
+        _ => e.failure().and_then(failure_node),
     }
 }
 
@@ -143,18 +137,12 @@ pub fn raise(
 /// `e` as the Python exception of its kind, with the same message.
 pub fn to_py(e: Error) -> PyErr {
     Python::attach(|py| {
-        let (name, node) = classify(&e);
         let ts = match &e {
             Error::RequestFailed { ts, .. } | Error::Timeout { ts, .. } => Some(*ts),
             _ => None,
         };
-        raise(py, name, e.to_string(), node, ts)
+        raise(py, class_name(&e), e.to_string(), node(&e), ts)
     })
-}
-
-/// A store error as a Python exception.
-pub fn store_to_py(e: StoreError) -> PyErr {
-    to_py(Error::from(e))
 }
 
 /// An `InvalidInput` exception (a `ValueError`) with `message`.
@@ -171,5 +159,123 @@ pub trait IntoPy<T> {
 impl<T, E: Into<Error>> IntoPy<T> for Result<T, E> {
     fn py(self) -> PyResult<T> {
         self.map_err(|e| to_py(e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pslite::{ConfigError, StartTimeout, StoreLimit};
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    /// One error of every variant.
+    fn one_of_each() -> Vec<Error> {
+        let start = StartTimeout {
+            waited: Duration::from_secs(1),
+            missing_servers: None,
+            missing_workers: None,
+            num_servers: 1,
+            num_workers: 1,
+            scheduler: "127.0.0.1:9000".into(),
+            advertised: "127.0.0.1:9001".into(),
+            identity_conflicts: Vec::new(),
+            refused_registrations: Box::new([]),
+        };
+        let s = || "x".to_string();
+        vec![
+            Error::Config(ConfigError::Missing {
+                var: "V",
+                hint: "h",
+            }),
+            Error::Listen {
+                endpoint: s(),
+                reason: s(),
+                var: "PORT",
+                value: s(),
+            },
+            Error::BindHost { host: s() },
+            Error::Transport(s()),
+            Error::NotStarted,
+            Error::NotJoined,
+            Error::StartTimeout(Box::new(start)),
+            Error::BarrierTimeout {
+                group: 7,
+                secs: 1,
+                identity_conflicts: Vec::new(),
+            },
+            Error::InvalidGroup(0),
+            Error::UnknownPeer(9),
+            Error::DuplicateCustomer {
+                app_id: 0,
+                customer_id: 0,
+            },
+            Error::StoreUnsupported,
+            Error::StoreNoAnswer { secs: 1.0 },
+            Error::StoreTimeout {
+                keys: vec![s()],
+                secs: 1.0,
+            },
+            Error::TooLarge {
+                which: StoreLimit::Value,
+                size: 2,
+                limit: 1,
+            },
+            Error::StoreRefused(s()),
+            Error::UnsortedKeys { index: 1 },
+            Error::DuplicateKey { key: 1 },
+            Error::LensMismatch { keys: 1, lens: 2 },
+            Error::ValsMismatch {
+                vals: 1,
+                expected: s(),
+            },
+            Error::InvalidInput(s()),
+            Error::Malformed {
+                sender: 9,
+                what: s(),
+            },
+            Error::Timeout { ts: 1, secs: 1.0 },
+            Error::UnknownTimestamp(1),
+            Error::Failed(Failure::Stopped),
+            Error::RequestFailed {
+                ts: 1,
+                cause: Failure::PeerDead { id: 9, secs: 1 },
+            },
+            Error::App(s()),
+        ]
+    }
+
+    #[test]
+    fn every_variant_raises_its_own_class_of_pslite_errors() {
+        let errors = one_of_each();
+        let variants: HashSet<String> = errors
+            .iter()
+            .map(|e| {
+                format!("{e:?}")
+                    .split([' ', '(', '{'])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let classes: HashSet<&str> = errors.iter().map(class_name).collect();
+        assert_eq!(variants.len(), errors.len(), "one sample per variant");
+        assert_eq!(
+            classes.len(),
+            errors.len(),
+            "two variants share a class: {classes:?}"
+        );
+        // Each class exists (`class` would fall back to `pslite.Error`).
+        let module = include_str!("../pslite/errors.py");
+        for name in classes {
+            assert!(
+                module.contains(&format!("\nclass {name}(")),
+                "no class {name} in errors.py"
+            );
+            assert!(
+                module.contains(&format!("\"{name}\"")),
+                "{name} not in __all__"
+            );
+        }
     }
 }

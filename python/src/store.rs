@@ -8,7 +8,7 @@ use pslite::{Store, StoreEvent, Watch};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::errors::{invalid, store_to_py};
+use crate::errors::{invalid, to_py};
 use crate::wait::{interruptible, seconds, sliced, Slice};
 
 /// A key or value argument: `str` (as UTF-8) or bytes-like.
@@ -133,10 +133,10 @@ impl PyStore {
         &self,
         py: Python<'_>,
         what: &str,
-        f: impl FnOnce(Store) -> Result<T, pslite::StoreError> + Send + 'static,
+        f: impl FnOnce(Store) -> Result<T, pslite::Error> + Send + 'static,
     ) -> PyResult<T> {
         let store = self.store.clone();
-        interruptible(py, what, move || f(store))?.map_err(store_to_py)
+        interruptible(py, what, move || f(store))?.map_err(to_py)
     }
 }
 

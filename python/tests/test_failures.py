@@ -31,7 +31,7 @@ def test_missing_scheduler_raises_timeout_with_rusts_message():
                         timeout=60)
     m = re.search(r"^raised (\w+): (.*)$", py.stdout, re.M)
     assert m, py.stdout + py.stderr
-    assert m.group(1) == "Timeout", py.stdout
+    assert m.group(1) == "StartTimeout", py.stdout  # a pslite.Timeout, a TimeoutError
     assert "no node table from the scheduler at 127.0.0.1:" in m.group(2)
     assert "(PS_START_TIMEOUT)" in m.group(2)
     rust = subprocess.run([rust_example("kv_app")], env=e, capture_output=True, text=True,
@@ -53,6 +53,23 @@ def test_bad_environment_raises_config_error_with_rusts_message():
                           timeout=60)
     assert rust.returncode == 2
     assert rust.stderr.strip() == f"error: {py.stdout.strip()}"
+
+
+def test_errors_before_start_raise_the_class_of_their_variant():
+    # One class per variant of pslite::Error, under the broader ones that
+    # `except` clauses name (features.py checks those of a running cluster).
+    code = "import pslite\npo = pslite.Postoffice.from_env()\n" \
+           "try:\n    po.my_rank()\nexcept pslite.NotStarted as e:\n" \
+           "    print(type(e).__name__, isinstance(e, RuntimeError), e)\n"
+    py = subprocess.run([sys.executable, "-c", code], env=lone_worker(), capture_output=True,
+                        text=True, timeout=60, cwd=NODES)
+    assert py.stdout.startswith("NotStarted True the postoffice has not started"), \
+        py.stdout + py.stderr
+    import pslite
+    assert issubclass(pslite.BarrierTimeout, pslite.Timeout)
+    assert issubclass(pslite.StoreTimeout, pslite.Timeout)
+    assert issubclass(pslite.StoreTimeout, pslite.StoreError)
+    assert issubclass(pslite.DuplicateKey, ValueError)
 
 
 DEAD_SERVER = "node 8 is dead and no replacement arrived within 1 s (PS_RECOVERY_TIMEOUT)"

@@ -8,7 +8,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use pslite::{Store, StoreError, StoreLimit};
+use pslite::{Error, Store, StoreLimit};
 use pslite_tests::{node_command, node_env_with, pslite_command, run, spawn, Launch, LocalCluster};
 
 /// Waits (up to 10 s) until `what` of the scheduler's Van is `n` (the Van
@@ -88,7 +88,7 @@ fn every_store_operation_works_across_nodes() {
     w0.wait(&["leader", "config/lr"]).unwrap();
     let t0 = Instant::now();
     match w1.wait_within(&["leader", "never"], Duration::from_millis(500)) {
-        Err(StoreError::Timeout { keys, .. }) => assert_eq!(keys, vec!["never".to_string()]),
+        Err(Error::StoreTimeout { keys, .. }) => assert_eq!(keys, vec!["never".to_string()]),
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(t0.elapsed() >= Duration::from_millis(500));
@@ -103,7 +103,7 @@ fn every_store_operation_works_across_nodes() {
     // A too-large value gets a clear error, not an allocation on the scheduler.
     let big = vec![0u8; 64 * 1024 * 1024 + 1];
     let e = w0.set("big", big).unwrap_err();
-    assert!(matches!(e, StoreError::TooLarge { .. }), "{e:?}");
+    assert!(matches!(e, Error::TooLarge { .. }), "{e:?}");
     assert!(e.to_string().contains("over the store's limit"), "{e}");
     assert!(!w0.check(&["big"]).unwrap());
 
@@ -319,7 +319,7 @@ fn configured_bounds_refuse_with_typed_errors() {
     });
     let w = store(&c.workers[0]);
     match w.set("k", vec![7u8; 17]) {
-        Err(StoreError::TooLarge {
+        Err(Error::TooLarge {
             which: StoreLimit::Value,
             size: 17,
             limit: 16,
@@ -333,7 +333,7 @@ fn configured_bounds_refuse_with_typed_errors() {
     assert!(
         matches!(
             e,
-            StoreError::TooLarge {
+            Error::TooLarge {
                 which: StoreLimit::Keys,
                 ..
             }

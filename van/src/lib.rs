@@ -54,8 +54,9 @@ pub use dispatch::{Delivered, Dispatch, Room};
 // What the layers above use of the core (the Postoffice's router, settings
 // and metrics; the apps reach these through pslite_postoffice).
 pub use pslite_van_core::{
-    counters, hold, partition, rendezvous, staleness, store, AuthToken, Call, Counters, Done,
-    Failure, HoldQueue, LogOnce, StartTimeout, VanConfig, VanError, DEFAULT_PARTITION_BYTES,
+    counters, hold, identity_hint, partition, rendezvous, staleness, store, AuthToken, Call,
+    Counters, Done, Failure, HoldQueue, LogOnce, StartTimeout, VanConfig, VanError,
+    DEFAULT_PARTITION_BYTES,
 };
 // The core's components and outputs: the driver's own business, not
 // re-exported (issue 42: components private to the core).

@@ -123,11 +123,15 @@ def work(po):
     expect(got.dtype == np.int64 and got.tolist() == [nw * 2**40, -7 * nw], f"int64: {got}")
 
     # Bad input raises InvalidInput (a ValueError) and sends nothing.
+    # Each variant of pslite::Error has its class, under InvalidInput here.
     e = raises(ValueError, kv.push, np.array([5, 1], dtype=np.uint64), np.ones(2, np.float32))
-    expect(isinstance(e, pslite.InvalidInput) and "ascending" in str(e), f"unsorted: {e}")
+    expect(type(e) is pslite.UnsortedKeys and "ascending" in str(e), f"unsorted: {e!r}")
     e = raises(pslite.InvalidInput, kv.push, keys, np.ones(4, dtype=np.float32))
-    expect("do not fit the keys" in str(e), f"vals mismatch: {e}")
-    raises(pslite.InvalidInput, kv.wait, 12345)
+    expect(type(e) is pslite.ValsMismatch and "do not fit the keys" in str(e), f"vals: {e!r}")
+    e = raises(pslite.InvalidInput, kv.wait, 12345)
+    expect(type(e) is pslite.UnknownTimestamp, f"unknown timestamp: {e!r}")
+    e = raises(pslite.InvalidInput, po.barrier, pslite.SERVER_GROUP)
+    expect(type(e) is pslite.InvalidGroup and "is invalid here" in str(e), f"group: {e!r}")
 
     # SimpleApp: every server answers with the body reversed.
     app = pslite.SimpleApp(po, app_id=9)
@@ -156,7 +160,8 @@ def work(po):
         expect(store.compare_set("cas", "x", "b") == b"a", "compare_set mismatch")
         expect(store.compare_set("cas", "a", "b") == b"b", "compare_set swap")
     e = raises(pslite.Timeout, store.wait, ["never-set"], timeout=0.2)
-    expect(isinstance(e, TimeoutError) and "never-set" in str(e), f"store timeout: {e}")
+    expect(type(e) is pslite.StoreTimeout and isinstance(e, pslite.StoreError)
+           and isinstance(e, TimeoutError) and "never-set" in str(e), f"store timeout: {e!r}")
     if watch is not None:
         events = []
         for event in watch:
