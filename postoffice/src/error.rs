@@ -196,6 +196,9 @@ pub enum Error {
     /// `pslite::Error` (e.g. "checks failed").
     #[error("{0}")]
     App(String),
+    /// pslite broke one of its own rules: a bug, never the user's input.
+    #[error("internal error: {0}; this is a bug in pslite, please report it")]
+    Internal(String),
 }
 
 impl From<VanError> for Error {
@@ -222,6 +225,7 @@ impl From<VanError> for Error {
             VanError::StoreUnsupported => Error::StoreUnsupported,
             VanError::StoreNoAnswer { secs } => Error::StoreNoAnswer { secs },
             VanError::Failed(f) => Error::Failed(f),
+            VanError::Internal(what) => Error::Internal(what),
         }
     }
 }

@@ -56,7 +56,8 @@ from ._pslite import (
     misaligned_copies,
 )
 from .errors import (  # noqa: F401
-    Error, ConfigError, CannotListen, UnresolvedHost, TransportError, UnknownPeer, Malformed,
+    Error, ConfigError, CannotListen, UnresolvedHost, TransportError, InternalError, UnknownPeer,
+    Malformed,
     AppError, InvalidInput, UnsortedKeys, DuplicateKey, LensMismatch, ValsMismatch,
     UnknownTimestamp, InvalidGroup, DuplicateCustomer, Timeout, StartTimeout, BarrierTimeout,
     NotStarted, NotJoined, Failure, SchedulerLost, NotAcknowledged, PeerDead, PeerRestarted,
@@ -72,7 +73,8 @@ __all__ = [
     "KVWorker",
     "Membership", "Postoffice", "Request", "SimpleApp", "SimpleData", "Store", "StoreEvent",
     "Watch", "errors", "frozen", "misaligned_copies",
-    "Error", "ConfigError", "CannotListen", "UnresolvedHost", "TransportError", "UnknownPeer",
+    "Error", "ConfigError", "CannotListen", "UnresolvedHost", "TransportError", "InternalError",
+    "UnknownPeer",
     "Malformed", "AppError", "InvalidInput", "UnsortedKeys", "DuplicateKey", "LensMismatch",
     "ValsMismatch", "UnknownTimestamp", "InvalidGroup", "DuplicateCustomer", "Timeout",
     "StartTimeout", "BarrierTimeout", "NotStarted", "NotJoined", "Failure", "SchedulerLost",

@@ -39,6 +39,11 @@ class TransportError(Error):
     names what)."""
 
 
+class InternalError(Error):
+    """pslite broke one of its own rules: a bug, never the program's input
+    (please report it with the message)."""
+
+
 class UnknownPeer(Error):
     """A message names a node that is not in the node table."""
 
@@ -241,7 +246,8 @@ class StoreUnsupported(StoreError):
 
 
 __all__ = [
-    "Error", "ConfigError", "CannotListen", "UnresolvedHost", "TransportError", "UnknownPeer",
+    "Error", "ConfigError", "CannotListen", "UnresolvedHost", "TransportError", "InternalError",
+    "UnknownPeer",
     "Malformed", "AppError", "InvalidInput", "UnsortedKeys", "DuplicateKey", "LensMismatch",
     "ValsMismatch", "UnknownTimestamp", "InvalidGroup", "DuplicateCustomer", "Timeout",
     "StartTimeout", "BarrierTimeout", "NotStarted", "NotJoined", "Failure", "SchedulerLost",

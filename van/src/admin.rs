@@ -30,7 +30,7 @@ use pslite_proto::stats::NodeStatus;
 use pslite_proto::store::StoreMsg;
 use pslite_van_core::admin::{Admin, Handshake};
 pub use pslite_van_core::admin::{AdminError, Connection, ANSWER_GRACE};
-use pslite_van_core::{Ticket, VanError};
+use pslite_van_core::Ticket;
 
 /// How the scheduler is reached (see [`AdminClient::connect_via`]).
 pub use crate::auth::AuthToken;
@@ -148,10 +148,7 @@ impl AdminClient {
     /// The scheduler's status table: itself first, then every node with its
     /// liveness and the counters it last sent with a heartbeat.
     pub fn status(&mut self, timeout: Duration) -> Result<Vec<NodeStatus>, AdminError> {
-        match self.call(Call::Status, timeout)? {
-            Done::Status(rows) => Ok(rows),
-            _ => Err(VanError::NotReady.into()),
-        }
+        Ok(self.call(Call::Status, timeout)?.status()?)
     }
 
     /// Asks the scheduler for a checkpoint labelled `label` (see

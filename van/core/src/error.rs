@@ -357,6 +357,10 @@ pub enum VanError {
     /// The node, a barrier or a request failed remotely, or the node stopped.
     #[error("{0}")]
     Failed(Failure),
+    /// pslite broke one of its own rules (a call answered with another
+    /// call's outcome): a bug, never the user's input.
+    #[error("internal error: {0}; this is a bug in pslite, please report it")]
+    Internal(String),
 }
 
 impl From<Failure> for VanError {

@@ -352,3 +352,20 @@ fn a_member_call_is_refused_without_sending() {
     );
     assert!(a.take_output().is_empty());
 }
+
+#[test]
+fn an_outcome_of_another_call_is_an_internal_error_not_the_users() {
+    let status = Done::Status(Vec::new());
+    let err = status
+        .store()
+        .expect_err("a status table is no store answer");
+    assert!(matches!(err, VanError::Internal(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("a store call ended with a status table") && text.contains("a bug in pslite"),
+        "{text}"
+    );
+    assert!(matches!(Done::Ok.status(), Err(VanError::Internal(_))));
+    assert!(matches!(Done::Ok.checkpoint(), Err(VanError::Internal(_))));
+    assert!(Done::Status(Vec::new()).status().is_ok());
+}

@@ -110,21 +110,40 @@ pub enum Done {
 }
 
 impl Done {
-    /// A store call's answer ([`VanError::NotReady`] for another call's).
+    /// A store call's answer ([`VanError::Internal`] for another call's).
     pub fn store(self) -> Result<StoreMsg, VanError> {
         match self {
             Done::Store(answer) => Ok(answer),
-            _ => Err(VanError::NotReady),
+            other => Err(other.mismatch("a store call")),
         }
     }
 
-    /// A checkpoint call's request and answer ([`VanError::NotReady`] for
+    /// A status call's table ([`VanError::Internal`] for another call's).
+    pub fn status(self) -> Result<Vec<NodeStatus>, VanError> {
+        match self {
+            Done::Status(rows) => Ok(rows),
+            other => Err(other.mismatch("a status call")),
+        }
+    }
+
+    /// A checkpoint call's request and answer ([`VanError::Internal`] for
     /// another call's).
     pub fn checkpoint(self) -> Result<(u64, CheckpointMsg), VanError> {
         match self {
             Done::Checkpoint { request, answer } => Ok((request, answer)),
-            _ => Err(VanError::NotReady),
+            other => Err(other.mismatch("a checkpoint call")),
         }
+    }
+
+    /// The error of `call` ended with this outcome, another call's.
+    fn mismatch(&self, call: &str) -> VanError {
+        let what = match self {
+            Done::Ok => "no answer",
+            Done::Store(_) => "a store answer",
+            Done::Status(_) => "a status table",
+            Done::Checkpoint { .. } => "a checkpoint answer",
+        };
+        VanError::Internal(format!("{call} ended with {what}"))
     }
 }
 
